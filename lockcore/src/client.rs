@@ -1,0 +1,700 @@
+//! The client layer: everything about locking that is the same on every
+//! store. Backends only speak their protocol (see [`crate::backend`]).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::backend::{AcquireRequest, Acquired, Backend, LockKind, LockState, StoreSession};
+use crate::signal::{LossReason, SessionLiveness};
+use crate::{Error, ErrorKind, LockName, Result};
+
+/// A handle to one store, cheap to clone; all clones share one session.
+///
+/// The session is opened on the first acquire, kept alive by the backend's
+/// one background task, and replaced transparently by the next acquire
+/// after it is lost. Every guard of a lost session reports the loss.
+///
+/// Within one client, each lock name has a local FIFO queue: at most one
+/// owner of this client contends for a name on the store at a time, and
+/// the next local owner enters the store only after the previous one's
+/// entry is gone. Different owners in one process therefore exclude each
+/// other exactly as different processes do.
+#[derive(Clone)]
+pub struct LockClient {
+    inner: Arc<ClientInner>,
+}
+
+struct ClientInner {
+    backend: Arc<dyn Backend>,
+    session: tokio::sync::Mutex<Option<Arc<SessionSlot>>>,
+    local: StdMutex<HashMap<LockName, Arc<Semaphore>>>,
+    cleanup: Cleanup,
+    runtime: tokio::runtime::Handle,
+}
+
+/// The current store session and its liveness.
+struct SessionSlot {
+    store: Arc<dyn StoreSession>,
+    liveness: Arc<SessionLiveness>,
+}
+
+/// Background release/abandon jobs and a way to wait for them.
+#[derive(Default)]
+struct Cleanup {
+    pending: AtomicUsize,
+    idle: Notify,
+}
+
+impl fmt::Debug for LockClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockClient")
+            .field("store", &self.inner.backend.describe())
+            .finish()
+    }
+}
+
+impl LockClient {
+    /// A client over `backend`. Must be called inside a tokio runtime.
+    pub fn new(backend: Arc<dyn Backend>) -> Self {
+        LockClient {
+            inner: Arc::new(ClientInner {
+                backend,
+                session: tokio::sync::Mutex::new(None),
+                local: StdMutex::new(HashMap::new()),
+                cleanup: Cleanup::default(),
+                runtime: tokio::runtime::Handle::current(),
+            }),
+        }
+    }
+
+    /// A handle to the lock `name`; the name is checked here, before
+    /// anything touches the store.
+    pub fn lock(&self, name: impl AsRef<str>) -> Result<Lock> {
+        Ok(Lock {
+            client: self.clone(),
+            name: LockName::new(name.as_ref())?,
+        })
+    }
+
+    /// The backend, for admin operations and tests.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.inner.backend
+    }
+
+    /// Holders and waiters of `name`.
+    ///
+    /// # Cancel safety
+    /// Read-only; safe to drop.
+    pub async fn inspect(&self, name: impl AsRef<str>) -> Result<LockState> {
+        let name = LockName::new(name.as_ref())?;
+        self.inner.backend.inspect(&name).await
+    }
+
+    /// Asks the holder of `name` to let go (cooperative revoke); its
+    /// guard's [`LockGuard::revoke_requested`] fires. Returns whether the
+    /// lock was held.
+    ///
+    /// # Cancel safety
+    /// One store write; dropping it may or may not have marked the holder.
+    pub async fn request_revoke(&self, name: impl AsRef<str>) -> Result<bool> {
+        let name = LockName::new(name.as_ref())?;
+        self.inner.backend.request_revoke(&name).await
+    }
+
+    /// Forcibly breaks `name`: the holder's entry is deleted and its guard
+    /// reports [`LossReason::EntryDeleted`]. Returns whether it was held.
+    ///
+    /// # Cancel safety
+    /// Dropping it may or may not have broken the lock.
+    pub async fn break_lock(&self, name: impl AsRef<str>) -> Result<bool> {
+        let name = LockName::new(name.as_ref())?;
+        self.inner.backend.break_lock(&name).await
+    }
+
+    /// The id of the current store session, if one is open and alive.
+    pub async fn session_id(&self) -> Option<String> {
+        let cur = self.inner.session.lock().await;
+        cur.as_ref()
+            .filter(|s| s.liveness.is_alive())
+            .map(|s| s.store.id())
+    }
+
+    /// Waits until every background release and abandon has finished.
+    ///
+    /// # Cancel safety
+    /// Only waits; safe to drop.
+    pub async fn wait_idle(&self) {
+        let cleanup = &self.inner.cleanup;
+        loop {
+            let notified = cleanup.idle.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if cleanup.pending.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Waits for background cleanup, then ends the session on the store.
+    /// Guards still held report [`LossReason::ClientClosed`]; a later
+    /// acquire opens a new session.
+    ///
+    /// # Cancel safety
+    /// Dropping it may leave the session open; it then expires by its TTL.
+    pub async fn close(&self) {
+        self.wait_idle().await;
+        let old = self.inner.session.lock().await.take();
+        if let Some(slot) = old {
+            slot.liveness.lose(LossReason::ClientClosed);
+            if let Err(e) = slot.store.close().await {
+                tracing::warn!(error = %e, "closing the session failed; it will expire by TTL");
+            }
+        }
+    }
+
+    /// The current session, opened if there is none or it was lost.
+    async fn session(&self) -> Result<Arc<SessionSlot>> {
+        let mut cur = self.inner.session.lock().await;
+        if let Some(slot) = cur.as_ref() {
+            if slot.liveness.is_alive() {
+                return Ok(slot.clone());
+            }
+            let old = cur.take().expect("checked above");
+            old.liveness.lose(LossReason::SessionExpired);
+            self.inner.runtime.spawn(async move {
+                let _ = old.store.close().await;
+            });
+        }
+        let liveness = Arc::new(SessionLiveness::new());
+        let store = self
+            .inner
+            .backend
+            .open_session(liveness.clone())
+            .instrument(tracing::debug_span!("open_session"))
+            .await?;
+        if !liveness.is_alive() {
+            let _ = store.close().await;
+            return Err(Error::new(
+                ErrorKind::Internal,
+                "backend opened a session without confirming it",
+            ));
+        }
+        tracing::debug!(session = %store.id(), "session opened");
+        self.inner.runtime.spawn(liveness.clone().watchdog());
+        let slot = Arc::new(SessionSlot { store, liveness });
+        *cur = Some(slot.clone());
+        Ok(slot)
+    }
+
+    /// The local FIFO queue of `name` (one permit: one store contender).
+    fn local_queue(&self, name: &LockName) -> Arc<Semaphore> {
+        let mut map = self.inner.local.lock().expect("local queue map poisoned");
+        map.entry(name.clone())
+            .or_insert_with(|| Arc::new(Semaphore::new(1)))
+            .clone()
+    }
+
+    async fn acquire(&self, name: &LockName, kind: LockKind, mode: Mode) -> Result<LockGuard> {
+        let span = tracing::debug_span!("acquire", lock = %name, ?mode);
+        async move {
+            let deadline = match mode {
+                Mode::Until(d) => Some(d),
+                _ => None,
+            };
+            let queue = self.local_queue(name);
+            let permit = match mode {
+                Mode::Try => queue.clone().try_acquire_owned().map_err(|_| would_block(name)),
+                Mode::Wait => Ok(queue.clone().acquire_owned().await.expect("never closed")),
+                Mode::Until(d) => tokio::time::timeout_at(d, queue.clone().acquire_owned())
+                    .await
+                    .map(|p| p.expect("never closed"))
+                    .map_err(|_| timed_out(name)),
+            };
+            drop(queue);
+            let mut ticket = LocalTicket {
+                client: self.inner.clone(),
+                name: name.clone(),
+                permit: Some(permit?),
+            };
+            let mut backoff = Backoff::default();
+            loop {
+                let session = until(deadline, self.session()).await.ok_or_else(|| timed_out(name))??;
+                let req = AcquireRequest::new(name.clone(), kind, mode != Mode::Try);
+                let pending = PendingAcquire {
+                    client: self.inner.clone(),
+                    session: session.clone(),
+                    req: Some(req.clone()),
+                    ticket: Some(ticket),
+                };
+                let attempt = async {
+                    tokio::select! {
+                        r = session.store.acquire(&req) => r,
+                        reason = session.liveness.lost() => Err(Error::new(
+                            ErrorKind::SessionLost,
+                            format!("session lost while acquiring: {reason}"),
+                        )),
+                    }
+                };
+                let outcome = until(deadline, attempt).await;
+                match outcome {
+                    Some(Ok(acquired)) if session.liveness.is_alive() => {
+                        let ticket = pending.disarm();
+                        tracing::debug!(token = acquired.token, entry = %acquired.entry, "acquired");
+                        return Ok(LockGuard {
+                            held: Some(Held {
+                                client: self.inner.clone(),
+                                session,
+                                req,
+                                acquired,
+                                ticket,
+                            }),
+                            depth: 1,
+                        });
+                    }
+                    Some(Ok(_)) => {
+                        // Granted, but the session died meanwhile: never
+                        // grant on a session that may have expired.
+                        ticket = pending.abandon_now().await;
+                        if mode == Mode::Try {
+                            return Err(Error::new(ErrorKind::SessionLost, "session lost while acquiring"));
+                        }
+                    }
+                    Some(Err(e)) if e.kind() == ErrorKind::WouldBlock => {
+                        // The backend removed its entry already.
+                        drop(pending.disarm());
+                        return Err(e);
+                    }
+                    Some(Err(e)) if e.is_retryable() && mode != Mode::Try => {
+                        tracing::debug!(error = %e, "acquire attempt failed, retrying");
+                        ticket = pending.abandon_now().await;
+                        if until(deadline, backoff.wait()).await.is_none() {
+                            return Err(timed_out(name));
+                        }
+                    }
+                    Some(Err(e)) => {
+                        drop(pending); // abandon in the background
+                        return Err(e);
+                    }
+                    None => {
+                        pending.abandon_now().await;
+                        return Err(timed_out(name));
+                    }
+                }
+            }
+        }
+        .instrument(span)
+        .await
+    }
+}
+
+fn spawn_cleanup(inner: &Arc<ClientInner>, job: impl Future<Output = ()> + Send + 'static) {
+    inner.cleanup.pending.fetch_add(1, Ordering::AcqRel);
+    let inner2 = inner.clone();
+    inner.runtime.spawn(async move {
+        job.await;
+        if inner2.cleanup.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+            inner2.cleanup.idle.notify_waiters();
+        }
+    });
+}
+
+fn would_block(name: &LockName) -> Error {
+    Error::new(ErrorKind::WouldBlock, format!("lock {name} is held"))
+}
+
+fn timed_out(name: &LockName) -> Error {
+    Error::new(ErrorKind::Timeout, format!("lock {name} was not acquired in time"))
+}
+
+/// Runs `f` until `deadline`; `None` if the deadline came first.
+async fn until<F: Future>(deadline: Option<Instant>, f: F) -> Option<F::Output> {
+    match deadline {
+        None => Some(f.await),
+        Some(d) => tokio::time::timeout_at(d, f).await.ok(),
+    }
+}
+
+/// Removes a store entry, retrying transient failures until it is gone or
+/// the session is dead (then the store removes it with the session).
+async fn remove_entry(session: &SessionSlot, req: &AcquireRequest, held: Option<&Acquired>) {
+    let mut backoff = Backoff::default();
+    loop {
+        if !session.liveness.is_alive() {
+            return;
+        }
+        let r = match held {
+            Some(h) => session.store.release(req, h).await,
+            None => session.store.abandon(req).await,
+        };
+        match r {
+            Ok(()) => return,
+            Err(e) if e.is_retryable() => {
+                tracing::debug!(error = %e, lock = %req.name, "removing entry failed, retrying");
+                backoff.wait().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, lock = %req.name, "removing entry failed");
+                return;
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Try,
+    Wait,
+    Until(Instant),
+}
+
+/// Exponential backoff from 50 ms to 2 s.
+#[derive(Default)]
+struct Backoff {
+    next: Option<Duration>,
+}
+
+impl Backoff {
+    async fn wait(&mut self) {
+        let d = self.next.unwrap_or(Duration::from_millis(50));
+        self.next = Some((d * 2).min(Duration::from_secs(2)));
+        tokio::time::sleep(d).await;
+    }
+}
+
+/// The local queue slot of one owner; dropping it lets the next local
+/// owner contend, and forgets the queue once nobody uses it.
+struct LocalTicket {
+    client: Arc<ClientInner>,
+    name: LockName,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Drop for LocalTicket {
+    fn drop(&mut self) {
+        drop(self.permit.take());
+        let mut map = self.client.local.lock().expect("local queue map poisoned");
+        if map.get(&self.name).is_some_and(|q| Arc::strong_count(q) == 1) {
+            map.remove(&self.name);
+        }
+    }
+}
+
+/// An acquire attempt in flight. Dropped before it is disarmed (the
+/// acquire future was cancelled, or failed), it abandons the attempt in the
+/// background and frees the local slot only afterwards.
+struct PendingAcquire {
+    client: Arc<ClientInner>,
+    session: Arc<SessionSlot>,
+    req: Option<AcquireRequest>,
+    ticket: Option<LocalTicket>,
+}
+
+impl PendingAcquire {
+    fn disarm(mut self) -> LocalTicket {
+        self.req = None;
+        self.ticket.take().expect("ticket taken once")
+    }
+
+    async fn abandon_now(mut self) -> LocalTicket {
+        if let Some(req) = self.req.take() {
+            remove_entry(&self.session, &req, None).await;
+            req.signals.finish();
+        }
+        self.ticket.take().expect("ticket taken once")
+    }
+}
+
+impl Drop for PendingAcquire {
+    fn drop(&mut self) {
+        let Some(req) = self.req.take() else { return };
+        let session = self.session.clone();
+        let ticket = self.ticket.take();
+        tracing::debug!(lock = %req.name, "acquire cancelled; abandoning in the background");
+        spawn_cleanup(&self.client, async move {
+            remove_entry(&session, &req, None).await;
+            req.signals.finish();
+            drop(ticket);
+        });
+    }
+}
+
+/// A named lock on a client: acquire it, try it, or wait with a timeout.
+#[derive(Clone, Debug)]
+pub struct Lock {
+    client: LockClient,
+    name: LockName,
+}
+
+impl Lock {
+    /// The lock's name.
+    pub fn name(&self) -> &LockName {
+        &self.name
+    }
+
+    /// Waits until the lock is held. Waiters are served in arrival order.
+    ///
+    /// # Cancel safety
+    /// Dropping the future at any await point leaves nothing on the store
+    /// once the background cleanup has run ([`LockClient::wait_idle`]).
+    pub async fn acquire(&self) -> Result<LockGuard> {
+        self.client
+            .acquire(&self.name, LockKind::Exclusive, Mode::Wait)
+            .await
+    }
+
+    /// Takes the lock only if it is free now; else
+    /// [`ErrorKind::WouldBlock`].
+    ///
+    /// # Cancel safety
+    /// As [`acquire`](Self::acquire).
+    pub async fn try_acquire(&self) -> Result<LockGuard> {
+        self.client
+            .acquire(&self.name, LockKind::Exclusive, Mode::Try)
+            .await
+    }
+
+    /// Waits at most `timeout`; then [`ErrorKind::Timeout`], with our
+    /// waiting entry already removed from the store.
+    ///
+    /// # Cancel safety
+    /// As [`acquire`](Self::acquire).
+    pub async fn acquire_timeout(&self, timeout: Duration) -> Result<LockGuard> {
+        let deadline = Instant::now() + timeout;
+        self.client
+            .acquire(&self.name, LockKind::Exclusive, Mode::Until(deadline))
+            .await
+    }
+
+    /// Holders and waiters of this lock.
+    ///
+    /// # Cancel safety
+    /// Read-only; safe to drop.
+    pub async fn inspect(&self) -> Result<LockState> {
+        self.client.inner.backend.inspect(&self.name).await
+    }
+}
+
+/// Proof that a lock is held, with its fencing token.
+///
+/// Dropping the guard queues the release in the background (the next
+/// local owner waits until the store entry is gone);
+/// [`release`](Self::release) does it now and confirms.
+///
+/// # Reentrancy
+/// Ownership is the guard itself: [`reenter`](Self::reenter) borrows the
+/// guard mutably and returns a nested hold with the same token (count + 1).
+/// Calling `lock.acquire()` again is always a *new* owner and waits. We
+/// chose this over thread- or task-scoped owners because async code moves
+/// tasks between threads and runs many futures in one task (`join!`,
+/// `select!`): a task id would silently let two concurrent futures share a
+/// lock. A `&mut` borrow makes such sharing a compile error.
+pub struct LockGuard {
+    held: Option<Held>,
+    depth: usize,
+}
+
+struct Held {
+    client: Arc<ClientInner>,
+    session: Arc<SessionSlot>,
+    req: AcquireRequest,
+    acquired: Acquired,
+    ticket: LocalTicket,
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let held = self.held();
+        f.debug_struct("LockGuard")
+            .field("name", &held.req.name)
+            .field("token", &held.acquired.token)
+            .field("held", &self.is_held())
+            .field("depth", &self.depth)
+            .finish()
+    }
+}
+
+impl LockGuard {
+    fn held(&self) -> &Held {
+        self.held.as_ref().expect("guard used after release")
+    }
+
+    /// The fencing token: pass it to the resource you protect and let it
+    /// reject writes carrying a lower token than it has seen.
+    pub fn token(&self) -> u64 {
+        self.held().acquired.token
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &LockName {
+        &self.held().req.name
+    }
+
+    /// The store's name of our entry (node path or key).
+    pub fn entry(&self) -> &str {
+        &self.held().acquired.entry
+    }
+
+    /// The store session that holds the lock.
+    pub fn session_id(&self) -> String {
+        self.held().session.store.id()
+    }
+
+    /// Whether the lock can still be assumed held: no loss reported and
+    /// the session's local deadline not passed. No I/O.
+    pub fn is_held(&self) -> bool {
+        let h = self.held();
+        h.session.liveness.is_alive() && h.req.signals.loss().is_none()
+    }
+
+    /// Why the lock was lost, if it was.
+    pub fn loss(&self) -> Option<LossReason> {
+        let h = self.held();
+        h.req.signals.loss().or_else(|| h.session.liveness.loss())
+    }
+
+    /// A future that resolves when the lock can no longer be assumed held
+    /// (session expired, local deadline passed, entry deleted, client
+    /// closed). It fires before another client can acquire the lock, given
+    /// clocks that run at the same rate. Independent of the guard's
+    /// lifetime, so it can be moved into a `select!` or another task.
+    pub fn lost(&self) -> impl Future<Output = LossReason> + Send + 'static {
+        let h = self.held();
+        let liveness = h.session.liveness.clone();
+        let signals = h.req.signals.clone();
+        async move {
+            tokio::select! {
+                r = liveness.lost() => r,
+                r = signals.lost() => r,
+            }
+        }
+    }
+
+    /// Whether someone asked us to let go ([`LockClient::request_revoke`]).
+    pub fn is_revoke_requested(&self) -> bool {
+        self.held().req.signals.is_revoke_requested()
+    }
+
+    /// Resolves when someone asks us to let go. The lock stays held until
+    /// we release it.
+    pub fn revoke_requested(&self) -> impl Future<Output = ()> + Send + 'static {
+        let signals = self.held().req.signals.clone();
+        async move { signals.revoke_requested().await }
+    }
+
+    /// Re-enters the lock as the same owner: the nested hold has the same
+    /// token and ends when dropped; the store entry stays until this guard
+    /// is released.
+    pub fn reenter(&mut self) -> Reentry<'_> {
+        self.depth += 1;
+        Reentry { guard: self }
+    }
+
+    /// How many holds this owner has (1 + live reentries).
+    pub fn hold_count(&self) -> usize {
+        self.depth
+    }
+
+    /// Releases the lock now and confirms that our entry is gone (or that
+    /// the session that held it is dead, which removes it).
+    ///
+    /// Returns [`ErrorKind::LockLost`] if the lock had been lost before the
+    /// release: the work done under it was not protected.
+    ///
+    /// # Cancel safety
+    /// If dropped, the release continues in the background.
+    pub async fn release(mut self) -> Result<()> {
+        let held = self.held.take().expect("guard used after release");
+        let lost = held.req.signals.loss().or_else(|| held.session.liveness.loss());
+        let finish = ReleaseOnDrop(Some(held));
+        let h = finish.0.as_ref().expect("set above");
+        remove_entry(&h.session, &h.req, Some(&h.acquired))
+            .instrument(tracing::debug_span!("release", lock = %h.req.name, token = h.acquired.token))
+            .await;
+        let held = finish.defuse();
+        held.req.signals.finish();
+        drop(held.ticket);
+        match lost {
+            None => Ok(()),
+            Some(reason) => Err(Error::new(
+                ErrorKind::LockLost,
+                format!("lock {} was lost before release: {reason}", held.req.name),
+            )),
+        }
+    }
+}
+
+/// Finishes a release in the background if `release()` is dropped midway.
+struct ReleaseOnDrop(Option<Held>);
+
+impl ReleaseOnDrop {
+    fn defuse(mut self) -> Held {
+        self.0.take().expect("defused once")
+    }
+}
+
+impl Drop for ReleaseOnDrop {
+    fn drop(&mut self) {
+        if let Some(held) = self.0.take() {
+            queue_release(held);
+        }
+    }
+}
+
+fn queue_release(held: Held) {
+    let client = held.client.clone();
+    spawn_cleanup(&client, async move {
+        remove_entry(&held.session, &held.req, Some(&held.acquired))
+            .instrument(tracing::debug_span!("release", lock = %held.req.name, token = held.acquired.token))
+            .await;
+        held.req.signals.finish();
+        drop(held.ticket);
+    });
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if let Some(held) = self.held.take() {
+            queue_release(held);
+        }
+    }
+}
+
+/// A nested hold of a lock by its owner; see [`LockGuard::reenter`].
+/// Derefs to the guard for the token, loss and revoke signals.
+pub struct Reentry<'a> {
+    guard: &'a mut LockGuard,
+}
+
+impl std::ops::Deref for Reentry<'_> {
+    type Target = LockGuard;
+    fn deref(&self) -> &LockGuard {
+        self.guard
+    }
+}
+
+impl std::ops::DerefMut for Reentry<'_> {
+    fn deref_mut(&mut self) -> &mut LockGuard {
+        self.guard
+    }
+}
+
+impl Drop for Reentry<'_> {
+    fn drop(&mut self) {
+        self.guard.depth -= 1;
+    }
+}
+
+impl fmt::Debug for Reentry<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Reentry").field(&*self.guard).finish()
+    }
+}

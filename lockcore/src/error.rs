@@ -1,0 +1,170 @@
+//! The one error type of quorumlock.
+
+use std::borrow::Cow;
+use std::error::Error as StdError;
+use std::fmt;
+
+/// What went wrong, as a closed-for-matching, open-for-growth list.
+///
+/// Tests and callers match on the kind; the message is for humans and the
+/// `source` keeps the store client's own error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// A lock name broke one of the rules in [`crate::LockName`].
+    InvalidName,
+    /// A connection URL could not be parsed or has a bad option value.
+    InvalidUrl,
+    /// The URL scheme is not known to quorumlock at all.
+    UnknownScheme,
+    /// The URL scheme is known but its cargo feature is not enabled.
+    FeatureDisabled,
+    /// A try-acquire found the lock held.
+    WouldBlock,
+    /// An acquire did not succeed before its deadline.
+    Timeout,
+    /// The store session ended (expired, revoked, keepalive failed).
+    SessionLost,
+    /// The lock was lost while held (session loss, forced break).
+    LockLost,
+    /// The entry on the store belongs to another recipe or another
+    /// configuration (different flags, different permit count).
+    Conflict,
+    /// The store rejected the credentials.
+    Unauthenticated,
+    /// The credentials are valid but lack permission.
+    PermissionDenied,
+    /// The store could not be reached or the connection broke.
+    Connection,
+    /// The store answered with an error not covered by another kind.
+    Store,
+    /// A read holder asked to upgrade to write; refused instead of
+    /// deadlocking.
+    UpgradeRefused,
+    /// The client was closed.
+    Closed,
+    /// A bug in quorumlock or a backend: an invariant did not hold.
+    Internal,
+}
+
+impl ErrorKind {
+    /// A short, stable, lowercase name of the kind.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::InvalidName => "invalid name",
+            ErrorKind::InvalidUrl => "invalid url",
+            ErrorKind::UnknownScheme => "unknown scheme",
+            ErrorKind::FeatureDisabled => "feature disabled",
+            ErrorKind::WouldBlock => "would block",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::SessionLost => "session lost",
+            ErrorKind::LockLost => "lock lost",
+            ErrorKind::Conflict => "conflict",
+            ErrorKind::Unauthenticated => "unauthenticated",
+            ErrorKind::PermissionDenied => "permission denied",
+            ErrorKind::Connection => "connection",
+            ErrorKind::Store => "store",
+            ErrorKind::UpgradeRefused => "upgrade refused",
+            ErrorKind::Closed => "closed",
+            ErrorKind::Internal => "internal",
+        }
+    }
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The error of every quorumlock operation.
+pub struct Error {
+    kind: ErrorKind,
+    message: Cow<'static, str>,
+    source: Option<Box<dyn StdError + Send + Sync + 'static>>,
+}
+
+/// `Result` with quorumlock's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// A new error of `kind` with a human message.
+    pub fn new(kind: ErrorKind, message: impl Into<Cow<'static, str>>) -> Self {
+        Error {
+            kind,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// Keeps the underlying error (usually the store client's) as `source`.
+    pub fn with_source(mut self, source: impl Into<Box<dyn StdError + Send + Sync>>) -> Self {
+        self.source = Some(source.into());
+        self
+    }
+
+    /// What went wrong.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// The human message, without the kind.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// Whether the same call may succeed if tried again later: connection
+    /// trouble and lost sessions are, bad input and bad credentials are not.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self.kind,
+            ErrorKind::Connection
+                | ErrorKind::SessionLost
+                | ErrorKind::Timeout
+                | ErrorKind::WouldBlock
+        )
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("Error");
+        d.field("kind", &self.kind).field("message", &self.message);
+        if let Some(s) = &self.source {
+            d.field("source", &format_args!("{s}"));
+        }
+        d.finish()
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.kind, self.message)?;
+        if let Some(s) = &self.source {
+            write!(f, ": {s}")?;
+        }
+        Ok(())
+    }
+}
+
+impl StdError for Error {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn StdError + 'static))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_has_kind_message_and_source() {
+        let e = Error::new(ErrorKind::Connection, "etcd unreachable")
+            .with_source(std::io::Error::other("refused"));
+        assert_eq!(e.to_string(), "connection: etcd unreachable: refused");
+        assert!(e.is_retryable());
+        assert!(!Error::new(ErrorKind::InvalidName, "x").is_retryable());
+    }
+}

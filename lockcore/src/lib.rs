@@ -1,0 +1,18 @@
+#![doc = include_str!("../README.md")]
+#![deny(missing_docs)]
+
+pub mod backend;
+mod client;
+mod error;
+pub mod mem;
+mod name;
+pub mod signal;
+pub mod url;
+
+pub use backend::{
+    AcquireRequest, Acquired, Backend, Capabilities, Contender, LockKind, LockState, StoreSession,
+};
+pub use client::{Lock, LockClient, LockGuard, Reentry};
+pub use error::{Error, ErrorKind, Result};
+pub use name::{LockName, MAX_NAME_LEN, MAX_SEGMENT_LEN};
+pub use signal::{EntrySignals, LossReason, SessionLiveness};

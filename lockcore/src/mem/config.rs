@@ -1,0 +1,76 @@
+use std::time::Duration;
+
+use crate::url::{self, Url};
+use crate::{Error, ErrorKind, Result};
+
+/// Configuration of a `mem://` client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemConfig {
+    /// Which in-process store (the URL host; `default` when empty).
+    pub store: String,
+    /// Namespace prefix (the URL path).
+    pub namespace: String,
+    /// Session TTL (`ttl=`, default 10 s, 100 ms..=1 h).
+    pub ttl: Duration,
+}
+
+const KNOWN: &[&str] = &["ttl"];
+
+impl MemConfig {
+    /// Parses `mem://[store][/namespace][?ttl=..]`.
+    pub fn from_url(url: &Url) -> Result<Self> {
+        if url.scheme() != "mem" {
+            return Err(Error::new(
+                ErrorKind::InvalidUrl,
+                format!("expected a mem:// URL, got {}://", url.scheme()),
+            ));
+        }
+        if !url.username().is_empty() || url.password().is_some() || url.port().is_some() {
+            return Err(Error::new(
+                ErrorKind::InvalidUrl,
+                "mem:// takes no credentials and no port",
+            ));
+        }
+        let store = match url.host_str().unwrap_or("") {
+            "" => "default".to_string(),
+            h => h.to_string(),
+        };
+        let namespace = url::namespace(url)?;
+        let mut opts = url::Options::new(url)?;
+        let ttl = opts.duration(
+            "ttl",
+            Duration::from_secs(10),
+            Duration::from_millis(100),
+            Duration::from_secs(3600),
+        )?;
+        opts.finish(KNOWN)?;
+        Ok(MemConfig {
+            store,
+            namespace,
+            ttl,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_store_namespace_and_ttl() {
+        let c = MemConfig::from_url(&url::parse("mem://s1/app/x?ttl=2s").unwrap()).unwrap();
+        assert_eq!(c.store, "s1");
+        assert_eq!(c.namespace, "app/x");
+        assert_eq!(c.ttl, Duration::from_secs(2));
+        let c = MemConfig::from_url(&url::parse("mem://").unwrap()).unwrap();
+        assert_eq!((c.store.as_str(), c.namespace.as_str()), ("default", ""));
+    }
+
+    #[test]
+    fn rejects_bad_options() {
+        for u in ["mem://s?ttl=0s", "mem://s?ttl=abc", "mem://s?color=red", "mem://u:p@s"] {
+            let e = MemConfig::from_url(&url::parse(u).unwrap()).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidUrl, "{u}");
+        }
+    }
+}

@@ -1,0 +1,148 @@
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::backend::MemBackend;
+use super::store::{self, Standing};
+use crate::backend::{AcquireRequest, Acquired, StoreSession};
+use crate::signal::{LossReason, SessionLiveness};
+use crate::{Error, ErrorKind, Result};
+
+/// One session on a `mem://` store, renewed at a third of its TTL.
+pub(super) struct MemSession {
+    backend: MemBackend,
+    id: u64,
+    stop: CancellationToken,
+}
+
+impl fmt::Debug for MemSession {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemSession").field("id", &self.id).finish()
+    }
+}
+
+impl MemSession {
+    pub(super) fn open(backend: &MemBackend, liveness: Arc<SessionLiveness>) -> Self {
+        let ttl = backend.config().ttl;
+        let sent = Instant::now();
+        let id = backend.store().state().open_session(ttl, &liveness);
+        backend.count_request();
+        liveness.confirm(sent, ttl);
+        let stop = CancellationToken::new();
+        tokio::spawn(keepalive(backend.clone(), id, ttl, liveness, stop.clone()));
+        MemSession {
+            backend: backend.clone(),
+            id,
+            stop,
+        }
+    }
+}
+
+async fn keepalive(
+    backend: MemBackend,
+    id: u64,
+    ttl: Duration,
+    liveness: Arc<SessionLiveness>,
+    stop: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = liveness.lost() => return,
+            _ = tokio::time::sleep(ttl / 3) => {}
+        }
+        if backend.keepalive_paused() {
+            continue;
+        }
+        let sent = Instant::now();
+        backend.count_request();
+        if backend.store().state().renew(id) {
+            liveness.confirm(sent, ttl);
+        } else {
+            liveness.lose(LossReason::SessionExpired);
+            return;
+        }
+    }
+}
+
+#[async_trait]
+impl StoreSession for MemSession {
+    fn id(&self) -> String {
+        store::session_id(self.id)
+    }
+
+    async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired> {
+        let key = self.backend.key(&req.name);
+        self.backend.count_request();
+        let (index, wake) = self
+            .backend
+            .store()
+            .state()
+            .enqueue(&key, self.id, req.contender, req.kind, req.signals.clone())
+            .ok_or_else(|| Error::new(ErrorKind::SessionLost, "mem session expired"))?;
+        loop {
+            let standing = self.backend.store().state().standing(&key, index);
+            match standing {
+                Standing::Gone => {
+                    return Err(Error::new(
+                        ErrorKind::SessionLost,
+                        "our entry vanished while waiting (session expired or entry deleted)",
+                    ))
+                }
+                Standing::Holds => {
+                    return Ok(Acquired {
+                        token: index,
+                        entry: store::entry_name(&key, index),
+                    })
+                }
+                Standing::Waits { .. } if !req.wait => {
+                    self.backend.store().state().remove_index(&key, index);
+                    return Err(Error::new(ErrorKind::WouldBlock, format!("lock {} is held", req.name)));
+                }
+                Standing::Waits { ahead_expires } => {
+                    // Woken by the store when we become head; also re-check
+                    // when the session ahead would expire unrenewed.
+                    tokio::select! {
+                        _ = wake.notified() => {}
+                        _ = tokio::time::sleep_until(ahead_expires + Duration::from_millis(1)) => {}
+                    }
+                    self.backend.count_request();
+                }
+            }
+        }
+    }
+
+    async fn release(&self, req: &AcquireRequest, held: &Acquired) -> Result<()> {
+        let key = self.backend.key(&req.name);
+        self.backend.count_request();
+        self.backend.store().state().remove_index(&key, held.token);
+        Ok(())
+    }
+
+    async fn abandon(&self, req: &AcquireRequest) -> Result<()> {
+        let key = self.backend.key(&req.name);
+        self.backend.count_request();
+        self.backend.store().state().remove_contender(&key, req.contender);
+        Ok(())
+    }
+
+    async fn close(&self) -> Result<()> {
+        self.stop.cancel();
+        self.backend.count_request();
+        self.backend
+            .store()
+            .state()
+            .end_session(self.id, LossReason::ClientClosed);
+        Ok(())
+    }
+}
+
+impl Drop for MemSession {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}

@@ -1,0 +1,279 @@
+//! The shared in-process state of one `mem://` store.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::backend::{Contender, LockKind};
+use crate::signal::{EntrySignals, LossReason, SessionLiveness};
+
+/// Stores by name, shared by every client of this process that names them.
+pub(super) fn store(name: &str) -> Arc<MemStore> {
+    static REGISTRY: OnceLock<Mutex<HashMap<String, Weak<MemStore>>>> = OnceLock::new();
+    let mut reg = REGISTRY.get_or_init(Default::default).lock().expect("registry poisoned");
+    if let Some(s) = reg.get(name).and_then(Weak::upgrade) {
+        return s;
+    }
+    reg.retain(|_, w| w.strong_count() > 0);
+    let s = Arc::new(MemStore::default());
+    reg.insert(name.to_string(), Arc::downgrade(&s));
+    s
+}
+
+#[derive(Debug, Default)]
+pub(super) struct MemStore {
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct State {
+    last_index: u64,
+    last_session: u64,
+    sessions: HashMap<u64, SessionRec>,
+    /// Queue per full key (namespace + name), ordered by index.
+    queues: BTreeMap<String, Vec<Entry>>,
+}
+
+#[derive(Debug)]
+struct SessionRec {
+    ttl: Duration,
+    expires: Instant,
+    liveness: Weak<SessionLiveness>,
+}
+
+#[derive(Debug)]
+pub(super) struct Entry {
+    index: u64,
+    session: u64,
+    contender: uuid::Uuid,
+    kind: LockKind,
+    signals: EntrySignals,
+    wake: Arc<Notify>,
+    created: SystemTime,
+}
+
+/// Where an entry stands in its queue.
+pub(super) enum Standing {
+    /// Gone (released, broken, or its session expired).
+    Gone,
+    /// First in the queue: holds the lock.
+    Holds,
+    /// Behind others; the entry ahead belongs to a session that expires
+    /// at the given instant unless renewed.
+    Waits { ahead_expires: Instant },
+}
+
+impl MemStore {
+    /// Locks the state, first expiring sessions whose TTL ran out.
+    pub(super) fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        let mut st = self.state.lock().expect("mem store poisoned");
+        st.expire_due(Instant::now());
+        st
+    }
+}
+
+impl State {
+    pub(super) fn open_session(&mut self, ttl: Duration, liveness: &Arc<SessionLiveness>) -> u64 {
+        self.last_session += 1;
+        self.sessions.insert(
+            self.last_session,
+            SessionRec {
+                ttl,
+                expires: Instant::now() + ttl,
+                liveness: Arc::downgrade(liveness),
+            },
+        );
+        self.last_session
+    }
+
+    /// Renews a session; false if it no longer exists.
+    pub(super) fn renew(&mut self, id: u64) -> bool {
+        match self.sessions.get_mut(&id) {
+            Some(s) => {
+                s.expires = Instant::now() + s.ttl;
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub(super) fn session_exists(&self, id: u64) -> bool {
+        self.sessions.contains_key(&id)
+    }
+
+    /// Ends a session: its entries go, their holders and the session's
+    /// client learn of it at once.
+    pub(super) fn end_session(&mut self, id: u64, reason: LossReason) -> bool {
+        let Some(rec) = self.sessions.remove(&id) else {
+            return false;
+        };
+        if let Some(l) = rec.liveness.upgrade() {
+            l.lose(reason);
+        }
+        let keys: Vec<String> = self.queues.keys().cloned().collect();
+        for key in keys {
+            self.remove_where(&key, |e| e.session == id, Some(reason));
+        }
+        true
+    }
+
+    fn expire_due(&mut self, now: Instant) {
+        let due: Vec<u64> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.expires <= now)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in due {
+            tracing::debug!(session = id, "mem session expired");
+            self.end_session(id, LossReason::SessionExpired);
+        }
+    }
+
+    /// Appends an entry; `None` if the session is gone.
+    pub(super) fn enqueue(
+        &mut self,
+        key: &str,
+        session: u64,
+        contender: uuid::Uuid,
+        kind: LockKind,
+        signals: EntrySignals,
+    ) -> Option<(u64, Arc<Notify>)> {
+        if !self.sessions.contains_key(&session) {
+            return None;
+        }
+        self.last_index += 1;
+        let wake = Arc::new(Notify::new());
+        self.queues.entry(key.to_string()).or_default().push(Entry {
+            index: self.last_index,
+            session,
+            contender,
+            kind,
+            signals,
+            wake: wake.clone(),
+            created: SystemTime::now(),
+        });
+        Some((self.last_index, wake))
+    }
+
+    pub(super) fn standing(&self, key: &str, index: u64) -> Standing {
+        let Some(q) = self.queues.get(key) else {
+            return Standing::Gone;
+        };
+        match q.iter().position(|e| e.index == index) {
+            None => Standing::Gone,
+            Some(0) => Standing::Holds,
+            Some(i) => {
+                let ahead = &q[i - 1];
+                let ahead_expires = self
+                    .sessions
+                    .get(&ahead.session)
+                    .map_or_else(Instant::now, |s| s.expires);
+                Standing::Waits { ahead_expires }
+            }
+        }
+    }
+
+    /// Removes the entries of `key` matching `pred`. If the head went, the
+    /// new head alone is woken (herd-free). Removed entries are told
+    /// `lost` when a reason is given (break, expiry), not on release.
+    pub(super) fn remove_where(
+        &mut self,
+        key: &str,
+        pred: impl Fn(&Entry) -> bool,
+        lost: Option<LossReason>,
+    ) -> usize {
+        let Some(q) = self.queues.get_mut(key) else {
+            return 0;
+        };
+        let head_before = q.first().map(|e| e.index);
+        let mut removed = 0;
+        q.retain(|e| {
+            if pred(e) {
+                if let Some(r) = lost {
+                    e.signals.lose(r);
+                }
+                removed += 1;
+                false
+            } else {
+                true
+            }
+        });
+        match q.first() {
+            Some(head) if Some(head.index) != head_before => head.wake.notify_one(),
+            Some(_) => {}
+            None => {
+                self.queues.remove(key);
+            }
+        }
+        removed
+    }
+
+    pub(super) fn remove_index(&mut self, key: &str, index: u64) -> usize {
+        self.remove_where(key, |e| e.index == index, None)
+    }
+
+    pub(super) fn remove_contender(&mut self, key: &str, contender: uuid::Uuid) -> usize {
+        self.remove_where(key, |e| e.contender == contender, None)
+    }
+
+    /// Breaks the lock: the holder's entry goes and its guard is told.
+    pub(super) fn break_holder(&mut self, key: &str) -> bool {
+        let Some(head) = self.queues.get(key).and_then(|q| q.first()).map(|e| e.index) else {
+            return false;
+        };
+        self.remove_where(key, |e| e.index == head, Some(LossReason::EntryDeleted)) > 0
+    }
+
+    pub(super) fn revoke_holder(&mut self, key: &str) -> bool {
+        match self.queues.get(key).and_then(|q| q.first()) {
+            Some(head) => {
+                head.signals.request_revoke();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Contenders of `key` in queue order.
+    pub(super) fn contenders(&self, key: &str) -> Vec<Contender> {
+        self.queues
+            .get(key)
+            .into_iter()
+            .flatten()
+            .map(|e| Contender {
+                session: session_id(e.session),
+                token: e.index,
+                entry: entry_name(key, e.index),
+                kind: e.kind,
+                since: Some(e.created),
+            })
+            .collect()
+    }
+
+    /// Entries under `prefix`, as entry names.
+    pub(super) fn entries_under(&self, prefix: &str) -> Vec<String> {
+        self.queues
+            .iter()
+            .filter(|(k, _)| k.starts_with(prefix))
+            .flat_map(|(k, q)| q.iter().map(move |e| entry_name(k, e.index)))
+            .collect()
+    }
+}
+
+/// The text id of a mem session.
+pub(super) fn session_id(id: u64) -> String {
+    format!("mem-{id:x}")
+}
+
+/// Parses [`session_id`]'s text back.
+pub(super) fn parse_session_id(s: &str) -> Option<u64> {
+    u64::from_str_radix(s.strip_prefix("mem-")?, 16).ok()
+}
+
+pub(super) fn entry_name(key: &str, index: u64) -> String {
+    format!("{key}#{index}")
+}

@@ -1,0 +1,274 @@
+//! Signals between a backend and the client layer: session liveness with a
+//! local deadline, and per-entry loss and revoke requests.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// Why a held lock can no longer be assumed held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// The store ended the session (expired, revoked, destroyed).
+    SessionExpired,
+    /// No keepalive was confirmed in time: the local deadline passed, so
+    /// the store may already have expired the session.
+    DeadlinePassed,
+    /// The lock entry was deleted behind our back (forced break).
+    EntryDeleted,
+    /// The client was closed while the lock was held.
+    ClientClosed,
+}
+
+impl std::fmt::Display for LossReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LossReason::SessionExpired => "session expired",
+            LossReason::DeadlinePassed => "keepalive deadline passed",
+            LossReason::EntryDeleted => "lock entry deleted",
+            LossReason::ClientClosed => "client closed",
+        })
+    }
+}
+
+/// A flag that is set once, with a reason, and can be awaited.
+#[derive(Debug, Default)]
+struct Latch {
+    token: CancellationToken,
+    reason: OnceLock<LossReason>,
+}
+
+impl Latch {
+    fn set(&self, reason: LossReason) {
+        let _ = self.reason.set(reason);
+        self.token.cancel();
+    }
+    fn get(&self) -> Option<LossReason> {
+        if self.token.is_cancelled() {
+            self.reason.get().copied()
+        } else {
+            None
+        }
+    }
+}
+
+/// Liveness of one store session, shared by the backend (which confirms
+/// keepalives) and the client layer (which enforces the local deadline).
+///
+/// The deadline is `send time of the last confirmed keepalive + TTL -
+/// margin`: the store cannot have expired the session before the TTL has
+/// run from the moment the confirmed request left us, so a holder that
+/// stops at the deadline stops before anyone else can acquire.
+#[derive(Debug)]
+pub struct SessionLiveness {
+    epoch: Instant,
+    /// Nanoseconds after `epoch`; 0 means "never confirmed".
+    deadline_ns: AtomicU64,
+    lost: Latch,
+}
+
+impl Default for SessionLiveness {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SessionLiveness {
+    /// A session that is not yet confirmed (and so not alive).
+    pub fn new() -> Self {
+        SessionLiveness {
+            epoch: Instant::now(),
+            deadline_ns: AtomicU64::new(0),
+            lost: Latch::default(),
+        }
+    }
+
+    /// The safety margin subtracted from a TTL: a fifth of it, so that
+    /// clock-rate drift and scheduling delays stay on the safe side.
+    pub fn margin(ttl: Duration) -> Duration {
+        ttl / 5
+    }
+
+    /// Records that a keepalive (or the session grant) sent at `sent_at`
+    /// was confirmed by the store, with `ttl` granted.
+    /// The deadline only moves forward.
+    pub fn confirm(&self, sent_at: Instant, ttl: Duration) {
+        let deadline = sent_at + ttl - Self::margin(ttl);
+        let ns = deadline.saturating_duration_since(self.epoch).as_nanos() as u64;
+        self.deadline_ns.fetch_max(ns.max(1), Ordering::AcqRel);
+    }
+
+    /// The current local deadline (`None` before the first confirmation).
+    pub fn deadline(&self) -> Option<Instant> {
+        match self.deadline_ns.load(Ordering::Acquire) {
+            0 => None,
+            ns => Some(self.epoch + Duration::from_nanos(ns)),
+        }
+    }
+
+    /// Declares the session lost. The first reason wins.
+    pub fn lose(&self, reason: LossReason) {
+        if self.lost.get().is_none() {
+            tracing::debug!(%reason, "session lost");
+        }
+        self.lost.set(reason);
+    }
+
+    /// Why the session was lost, if it was.
+    pub fn loss(&self) -> Option<LossReason> {
+        if let Some(r) = self.lost.get() {
+            return Some(r);
+        }
+        match self.deadline() {
+            Some(d) if Instant::now() < d => None,
+            Some(_) => Some(LossReason::DeadlinePassed),
+            None => Some(LossReason::DeadlinePassed),
+        }
+    }
+
+    /// Whether the session can still be assumed alive: not lost, and the
+    /// local deadline not passed. Cheap: an atomic load and a clock read.
+    pub fn is_alive(&self) -> bool {
+        self.loss().is_none()
+    }
+
+    /// Resolves when [`lose`](Self::lose) is called. The deadline is turned
+    /// into a `lose` by the client's watchdog.
+    pub fn lost(&self) -> impl Future<Output = LossReason> + Send + '_ {
+        async move {
+            self.lost.token.cancelled().await;
+            self.lost.get().unwrap_or(LossReason::SessionExpired)
+        }
+    }
+
+    /// Runs until the session is lost, turning a passed deadline into a
+    /// loss. The client layer spawns one per session.
+    pub async fn watchdog(self: Arc<Self>) {
+        loop {
+            let Some(deadline) = self.deadline() else {
+                self.lose(LossReason::DeadlinePassed);
+                return;
+            };
+            tokio::select! {
+                _ = self.lost.token.cancelled() => return,
+                _ = tokio::time::sleep_until(deadline) => {
+                    if self.deadline().is_some_and(|d| Instant::now() >= d) {
+                        tracing::warn!("no keepalive confirmed before the local deadline");
+                        self.lose(LossReason::DeadlinePassed);
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Per-entry signals: the backend reports that the entry was deleted or
+/// that a revoke was requested; the client layer tells the backend when
+/// the entry is finished with (released or abandoned) so that watchers
+/// of it can stop.
+#[derive(Debug, Clone, Default)]
+pub struct EntrySignals {
+    inner: Arc<EntrySignalsInner>,
+}
+
+#[derive(Debug, Default)]
+struct EntrySignalsInner {
+    lost: Latch,
+    revoke: CancellationToken,
+    finished: CancellationToken,
+}
+
+impl EntrySignals {
+    /// Fresh signals, nothing set.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Backend: the entry is gone or no longer ours.
+    pub fn lose(&self, reason: LossReason) {
+        self.inner.lost.set(reason);
+    }
+
+    /// Why the entry was lost, if it was.
+    pub fn loss(&self) -> Option<LossReason> {
+        self.inner.lost.get()
+    }
+
+    /// Resolves when the entry is lost.
+    pub async fn lost(&self) -> LossReason {
+        self.inner.lost.token.cancelled().await;
+        self.inner.lost.get().unwrap_or(LossReason::EntryDeleted)
+    }
+
+    /// Backend: someone asked the holder to let go.
+    pub fn request_revoke(&self) {
+        self.inner.revoke.cancel();
+    }
+
+    /// Whether a revoke was requested.
+    pub fn is_revoke_requested(&self) -> bool {
+        self.inner.revoke.is_cancelled()
+    }
+
+    /// Resolves when a revoke is requested.
+    pub async fn revoke_requested(&self) {
+        self.inner.revoke.cancelled().await
+    }
+
+    /// Client layer: the entry was released or abandoned.
+    pub fn finish(&self) {
+        self.inner.finished.cancel();
+    }
+
+    /// Whether [`finish`](Self::finish) was called.
+    pub fn is_finished(&self) -> bool {
+        self.inner.finished.is_cancelled()
+    }
+
+    /// Resolves when the entry is finished with: watchers select on it.
+    pub async fn finished(&self) {
+        self.inner.finished.cancelled().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn deadline_is_send_time_plus_ttl_minus_margin() {
+        let l = Arc::new(SessionLiveness::new());
+        assert!(!l.is_alive(), "not alive before the first confirmation");
+        let sent = Instant::now();
+        l.confirm(sent, Duration::from_secs(10));
+        assert_eq!(l.deadline(), Some(sent + Duration::from_secs(8)));
+        assert!(l.is_alive());
+        // An older confirmation never moves the deadline back.
+        l.confirm(sent - Duration::from_secs(5), Duration::from_secs(10));
+        assert_eq!(l.deadline(), Some(sent + Duration::from_secs(8)));
+        let dog = tokio::spawn(l.clone().watchdog());
+        tokio::time::sleep(Duration::from_millis(7_900)).await;
+        assert!(l.is_alive());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!l.is_alive());
+        assert_eq!(l.lost().await, LossReason::DeadlinePassed);
+        dog.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn entry_signals_first_reason_wins() {
+        let s = EntrySignals::new();
+        assert_eq!(s.loss(), None);
+        s.lose(LossReason::EntryDeleted);
+        s.lose(LossReason::SessionExpired);
+        assert_eq!(s.lost().await, LossReason::EntryDeleted);
+        assert!(!s.is_revoke_requested());
+        s.request_revoke();
+        s.revoke_requested().await;
+    }
+}

@@ -1,0 +1,241 @@
+//! URL helpers shared by every backend's `config.rs`: option parsing with
+//! typed errors, the namespace from the path, and secret redaction.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+pub use url::Url;
+
+use crate::{Error, ErrorKind, Result};
+
+/// A secret (password, token): never shown by `Debug` or `Display`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret value.
+    pub fn new(s: impl Into<String>) -> Self {
+        Secret(s.into())
+    }
+    /// The secret itself, for the one place that sends it to the store.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("\"<redacted>\"")
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// Query parameters whose values are secrets.
+const SECRET_PARAMS: [&str; 3] = ["token", "password", "secret"];
+
+/// The URL as text with the password and secret query values replaced by
+/// `***`, for `Debug`, `Display` and logs.
+pub fn redact(url: &Url) -> String {
+    let mut u = url.clone();
+    if u.password().is_some() {
+        let _ = u.set_password(Some("***"));
+    }
+    let pairs: Vec<(String, String)> = u
+        .query_pairs()
+        .map(|(k, v)| {
+            let v = if SECRET_PARAMS.contains(&k.as_ref()) {
+                "***".to_string()
+            } else {
+                v.into_owned()
+            };
+            (k.into_owned(), v)
+        })
+        .collect();
+    if !pairs.is_empty() {
+        u.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    u.to_string()
+}
+
+/// Parses `url` with a typed error that never echoes the password.
+pub fn parse(url: &str) -> Result<Url> {
+    Url::parse(url).map_err(|e| {
+        Error::new(
+            ErrorKind::InvalidUrl,
+            format!("cannot parse the store URL: {e}"),
+        )
+    })
+}
+
+/// The namespace from the URL path: `""` for none, else the path without
+/// its leading and trailing `/`, each segment checked like a lock name
+/// segment.
+pub fn namespace(url: &Url) -> Result<String> {
+    let path = url.path().trim_matches('/');
+    if path.is_empty() {
+        return Ok(String::new());
+    }
+    crate::LockName::new(path).map_err(|e| {
+        Error::new(
+            ErrorKind::InvalidUrl,
+            format!("the URL path is the namespace, and {}", e.message()),
+        )
+    })?;
+    Ok(path.to_string())
+}
+
+/// Query options of a URL, taken one by one; anything left at the end is
+/// an unknown option and an error (a typo must not be silently ignored).
+#[derive(Debug)]
+pub struct Options {
+    scheme: String,
+    pairs: BTreeMap<String, String>,
+}
+
+impl Options {
+    /// Collects the query options; a repeated key is an error.
+    pub fn new(url: &Url) -> Result<Self> {
+        let mut pairs = BTreeMap::new();
+        for (k, v) in url.query_pairs() {
+            if pairs.insert(k.to_string(), v.to_string()).is_some() {
+                return Err(Error::new(
+                    ErrorKind::InvalidUrl,
+                    format!("URL option {k:?} is given twice"),
+                ));
+            }
+        }
+        Ok(Options {
+            scheme: url.scheme().to_string(),
+            pairs,
+        })
+    }
+
+    /// The raw value of `key`, if given.
+    pub fn take(&mut self, key: &str) -> Option<String> {
+        self.pairs.remove(key)
+    }
+
+    /// A duration option (`500ms`, `10s`, `2m`, `1h`) within `min..=max`.
+    pub fn duration(
+        &mut self,
+        key: &str,
+        default: Duration,
+        min: Duration,
+        max: Duration,
+    ) -> Result<Duration> {
+        let Some(v) = self.take(key) else {
+            return Ok(default);
+        };
+        let d = parse_duration(&v).map_err(|why| {
+            Error::new(
+                ErrorKind::InvalidUrl,
+                format!("URL option {key}={v:?}: {why}"),
+            )
+        })?;
+        if d < min || d > max {
+            return Err(Error::new(
+                ErrorKind::InvalidUrl,
+                format!("URL option {key}={v:?} is out of range {min:?}..={max:?}"),
+            ));
+        }
+        Ok(d)
+    }
+
+    /// A boolean option (`true`/`false`/`1`/`0`).
+    pub fn flag(&mut self, key: &str, default: bool) -> Result<bool> {
+        match self.take(key).as_deref() {
+            None => Ok(default),
+            Some("true" | "1" | "yes") => Ok(true),
+            Some("false" | "0" | "no") => Ok(false),
+            Some(v) => Err(Error::new(
+                ErrorKind::InvalidUrl,
+                format!("URL option {key}={v:?} is not a boolean"),
+            )),
+        }
+    }
+
+    /// Fails on any option not taken, naming the options this scheme knows.
+    pub fn finish(self, known: &[&str]) -> Result<()> {
+        if let Some(k) = self.pairs.keys().next() {
+            return Err(Error::new(
+                ErrorKind::InvalidUrl,
+                format!(
+                    "unknown URL option {k:?} for {}:// (known: {})",
+                    self.scheme,
+                    known.join(", ")
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Parses `500ms`, `10s`, `2m`, `1h`, or a bare number of seconds.
+pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| "expected a whole number with a unit such as 500ms, 10s, 2m".to_string())?;
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "" | "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.saturating_mul(60)),
+        "h" => Duration::from_secs(n.saturating_mul(3600)),
+        u => return Err(format!("unknown unit {u:?} (use ms, s, m or h)")),
+    };
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_password_and_token() {
+        let u = parse("etcd://alice:hunter2@127.0.0.1:2379/ns?token=abc&ttl=5s").unwrap();
+        let r = redact(&u);
+        assert!(!r.contains("hunter2") && !r.contains("abc"), "{r}");
+        assert!(r.contains("alice") && r.contains("ttl=5s"), "{r}");
+        assert_eq!(format!("{:?}", Secret::new("hunter2")), "\"<redacted>\"");
+    }
+
+    #[test]
+    fn durations_and_unknown_options() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("abc").is_err());
+        assert!(parse_duration("5 parsecs").is_err());
+        let u = parse("mem://x/ns?ttl=2s&tll=3s").unwrap();
+        let mut o = Options::new(&u).unwrap();
+        let ttl = o
+            .duration("ttl", Duration::from_secs(1), Duration::ZERO, Duration::MAX)
+            .unwrap();
+        assert_eq!(ttl, Duration::from_secs(2));
+        let e = o.finish(&["ttl"]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidUrl);
+        assert!(e.to_string().contains("tll"), "{e}");
+        let u = parse("mem://x?ttl=1ms").unwrap();
+        let e = Options::new(&u)
+            .unwrap()
+            .duration("ttl", Duration::from_secs(1), Duration::from_millis(100), Duration::MAX)
+            .unwrap_err();
+        assert!(e.to_string().contains("out of range"), "{e}");
+    }
+
+    #[test]
+    fn namespace_is_checked() {
+        assert_eq!(namespace(&parse("zk://h:1/a/b/").unwrap()).unwrap(), "a/b");
+        assert_eq!(namespace(&parse("zk://h:1").unwrap()).unwrap(), "");
+        let e = namespace(&parse("zk://h:1/a/%20b").unwrap()).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidUrl);
+    }
+}

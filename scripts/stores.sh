@@ -1,0 +1,568 @@
+#!/usr/bin/env bash
+# stores.sh — install and run real ZooKeeper, etcd (3.4 and 3.5) and Consul
+# servers on loopback, as plain processes (no docker), for quorumlock's tests.
+#
+#   scripts/stores.sh install [STORE...]   install what is missing, start nothing
+#   scripts/stores.sh up      [STORE...]   install, start (idempotent), print env
+#   scripts/stores.sh down    [STORE...]   stop what `up` started, remove state
+#   scripts/stores.sh status  [STORE...]   one line per store; exit 3 if any is down
+#   scripts/stores.sh env     [STORE...]   print the export lines, start nothing
+#
+# STORE is any of: zk etcd etcd35 consul (default: all four).
+#
+#   eval "$(scripts/stores.sh up)"        # progress goes to stderr
+#
+# Stores (all on 127.0.0.1):
+#   zk      ZooKeeper 3.8 (bookworm) standalone   client 2181, tickTime 200 ms
+#   etcd    etcd 3.4 (bookworm)                   client 2379, peer 2380
+#   etcd35  etcd 3.5 (trixie .deb, unpacked)      client 2479, peer 2480
+#   consul  Consul 1.8.7 (bullseye .deb, unpacked) `agent -dev`: HTTP 8500,
+#           server RPC 8300, serf 8301/8302, gRPC 8502, DNS 8600
+#
+# Environment:
+#   QUORUMLOCK_CACHE   downloaded/unpacked packages (default ~/.cache/quorumlock)
+#   QUORUMLOCK_STATE   data dirs, pid files, logs (default /tmp/quorumlock-stores)
+#                      logs: $QUORUMLOCK_STATE/<store>/log
+#   QUORUMLOCK_STORES_TIMEOUT  seconds to wait for each store (default 60)
+#   QUORUMLOCK_ZK_TICK_MS      ZooKeeper tickTime (default 200; sessions are
+#                              clamped to 2..20 ticks)
+#
+# Needs root (apt-get, dpkg-deb) only when something is missing. Traffic goes
+# to the machine's configured Debian mirror (install) and to loopback.
+set -euo pipefail
+
+CACHE=${QUORUMLOCK_CACHE:-$HOME/.cache/quorumlock}
+STATE=${QUORUMLOCK_STATE:-/tmp/quorumlock-stores}
+TIMEOUT=${QUORUMLOCK_STORES_TIMEOUT:-60}
+ZK_TICK_MS=${QUORUMLOCK_ZK_TICK_MS:-200}
+
+HOST=127.0.0.1
+ZK_PORT=2181
+ETCD_PORT=2379
+ETCD_PEER_PORT=2380
+ETCD35_PORT=2479
+ETCD35_PEER_PORT=2480
+CONSUL_HTTP_PORT=8500
+# Every port `consul agent -dev -client 127.0.0.1` opens (TCP side).
+CONSUL_PORTS=(8500 8300 8301 8302 8502 8600)
+
+ALL_STORES=(zk etcd etcd35 consul)
+
+# Debian packages from the machine's own suite (bookworm).
+APT_PACKAGES=(zookeeper etcd-server etcd-client protobuf-compiler libcurator-recipes-java)
+
+# Binaries unpacked from other suites (see fetch_foreign).
+TRIXIE_DIR=$CACHE/apt-trixie
+BULLSEYE_DIR=$CACHE/apt-bullseye
+ETCD35_BIN=$TRIXIE_DIR/root/usr/bin/etcd
+ETCDCTL35_BIN=$TRIXIE_DIR/root/usr/bin/etcdctl
+CONSUL_BIN=$BULLSEYE_DIR/root/usr/bin/consul
+ETCD_BIN=/usr/bin/etcd
+ETCDCTL_BIN=/usr/bin/etcdctl
+ZK_JAR=/usr/share/java/zookeeper.jar
+JAVA_DIR=/usr/share/java
+
+log() { printf 'stores.sh: %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+usage() {
+  sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//' >&2
+  exit "${1:-2}"
+}
+
+# ---------------------------------------------------------------- install ---
+
+pkg_installed() {
+  [ "$(dpkg-query -W -f='${db:Status-Abbrev}' "$1" 2>/dev/null || true)" = "ii " ]
+}
+
+apt_lists_present() {
+  compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null
+}
+
+# Keep package maintainer scripts from starting system services (etcd-server
+# ships an init script that would grab 127.0.0.1:2379). Only when the machine
+# has no policy of its own; removed again on exit.
+POLICY_RC=/usr/sbin/policy-rc.d
+POLICY_RC_OURS=0
+deny_service_starts() {
+  if [ ! -e "$POLICY_RC" ]; then
+    printf '#!/bin/sh\n# temporary, written by quorumlock scripts/stores.sh\nexit 101\n' >"$POLICY_RC"
+    chmod 755 "$POLICY_RC"
+    POLICY_RC_OURS=1
+  fi
+}
+restore_service_starts() {
+  if [ "$POLICY_RC_OURS" = 1 ]; then rm -f "$POLICY_RC"; POLICY_RC_OURS=0; fi
+}
+
+install_apt_packages() {
+  local missing=() p
+  for p in "${APT_PACKAGES[@]}"; do
+    pkg_installed "$p" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  [ "$(id -u)" = 0 ] || die "missing packages (${missing[*]}) and not root"
+  local apt=(apt-get -q -y -o DPkg::Lock::Timeout=300 --no-install-recommends)
+  local need_update=0 cand
+  if ! apt_lists_present; then
+    need_update=1
+  else
+    for p in "${missing[@]}"; do
+      cand=$(apt-cache policy "$p" 2>/dev/null | awk '/Candidate:/{print $2}')
+      if [ -z "$cand" ] || [ "$cand" = "(none)" ]; then need_update=1; break; fi
+    done
+  fi
+  if [ "$need_update" = 1 ]; then
+    log "apt-get update"
+    apt-get -q -o DPkg::Lock::Timeout=300 update >&2
+  fi
+  log "apt-get install ${missing[*]}"
+  deny_service_starts
+  trap restore_service_starts EXIT
+  if ! DEBIAN_FRONTEND=noninteractive "${apt[@]}" install "${missing[@]}" >&2; then
+    log "install failed; retrying after apt-get update"
+    apt-get -q -o DPkg::Lock::Timeout=300 update >&2
+    DEBIAN_FRONTEND=noninteractive "${apt[@]}" install "${missing[@]}" >&2
+  fi
+  restore_service_starts
+  trap - EXIT
+}
+
+mirror_uri() {
+  local uri=""
+  if [ -r /etc/apt/sources.list.d/debian.sources ]; then
+    uri=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources)
+  fi
+  if [ -z "$uri" ] && [ -r /etc/apt/sources.list ]; then
+    uri=$(awk '$1=="deb" && $0 !~ /security/ {for(i=2;i<=NF;i++) if ($i ~ /^[a-z]+:\/\//) {print $i; exit}}' /etc/apt/sources.list)
+  fi
+  [ -n "$uri" ] || die "cannot find the Debian mirror URI in /etc/apt"
+  printf '%s\n' "$uri"
+}
+
+# fetch_foreign SUITE PACKAGE... : download PACKAGEs from another Debian suite
+# with a private apt state (the system's sources and lists stay untouched),
+# unpack them into $CACHE/apt-SUITE/root. Optional packages end with '?'.
+fetch_foreign() {
+  local suite=$1; shift
+  local d=$CACHE/apt-$suite
+  [ -f "$d/root/.complete" ] && return 0
+  log "fetching $* from Debian $suite into $d"
+  rm -rf "$d/root" "$d/debs"
+  mkdir -p "$d/lists/partial" "$d/cache/archives/partial" "$d/debs"
+  local keyring=/usr/share/keyrings/debian-archive-keyring.gpg
+  local signed=""
+  [ -r "$keyring" ] && signed="[signed-by=$keyring] "
+  printf 'deb %s%s %s main\n' "$signed" "$(mirror_uri)" "$suite" >"$d/sources.list"
+  local o=(-o "Dir::Etc::sourcelist=$d/sources.list" -o Dir::Etc::sourceparts=/dev/null
+           -o "Dir::State::Lists=$d/lists" -o "Dir::Cache=$d/cache"
+           -o Acquire::Languages=none -o APT::Sandbox::User=root -q)
+  apt-get "${o[@]}" update >&2
+  local p want=()
+  for p in "$@"; do
+    case $p in
+      *\?) p=${p%\?}
+           if apt-cache "${o[@]}" show "$p" >/dev/null 2>&1; then want+=("$p")
+           else log "$suite has no package $p; skipped"; fi ;;
+      *) want+=("$p") ;;
+    esac
+  done
+  (cd "$d/debs" && apt-get "${o[@]}" download "${want[@]}" >&2)
+  local deb
+  for deb in "$d"/debs/*.deb; do
+    dpkg-deb -x "$deb" "$d/root"
+  done
+  # The lists are only needed for the download; keep the cache small.
+  rm -rf "$d/lists" "$d/cache"
+  touch "$d/root/.complete"
+}
+
+install_stores() {
+  local s want_trixie=0 want_bullseye=0
+  for s in "$@"; do
+    case $s in
+      etcd35) want_trixie=1 ;;
+      consul) want_bullseye=1 ;;
+    esac
+  done
+  mkdir -p "$CACHE"
+  # Serialise concurrent installs. The lock fd lives only in this subshell so
+  # that no server started later inherits it.
+  (
+    if command -v flock >/dev/null; then flock 9; fi
+    install_apt_packages
+    if [ "$want_trixie" = 1 ]; then fetch_foreign trixie etcd-server 'etcd-client?'; fi
+    if [ "$want_bullseye" = 1 ]; then fetch_foreign bullseye consul; fi
+  ) 9>"$CACHE/.install.lock"
+  command -v java >/dev/null || die "java not found (the zookeeper package should have pulled in default-jre)"
+  for s in "$@"; do
+    case $s in
+      zk) [ -r "$ZK_JAR" ] || die "$ZK_JAR missing" ;;
+      etcd) [ -x "$ETCD_BIN" ] && [ -x "$ETCDCTL_BIN" ] || die "$ETCD_BIN or $ETCDCTL_BIN missing" ;;
+      etcd35) [ -x "$ETCD35_BIN" ] || die "$ETCD35_BIN missing (rm -rf $TRIXIE_DIR and retry)" ;;
+      consul) [ -x "$CONSUL_BIN" ] || die "$CONSUL_BIN missing (rm -rf $BULLSEYE_DIR and retry)" ;;
+    esac
+  done
+}
+
+# ------------------------------------------------------------- classpath ---
+
+# Curator + ZooKeeper client classpath from Debian's jars: the closure of the
+# manifests' Class-Path entries (followed with python3 or unzip when present),
+# plus slf4j-nop so that the client does not warn about a missing binding
+# (swap in slf4j-simple.jar to see Curator's logs).
+curator_classpath() {
+  local roots=(curator-recipes curator-framework curator-client zookeeper zookeeper-jute guava slf4j-api)
+  local jars=() j
+  for j in "${roots[@]}"; do jars+=("$JAVA_DIR/$j.jar"); done
+  local closure=""
+  if command -v python3 >/dev/null; then
+    closure=$(python3 - "${jars[@]}" <<'EOF' 2>/dev/null || true
+import sys, zipfile
+seen, todo = [], list(sys.argv[1:])
+while todo:
+    j = todo.pop(0)
+    if j in seen:
+        continue
+    seen.append(j)
+    try:
+        m = zipfile.ZipFile(j).read("META-INF/MANIFEST.MF").decode("utf-8", "replace")
+    except Exception:
+        continue
+    m = m.replace("\r", "").replace("\n ", "")
+    for line in m.split("\n"):
+        if line.startswith("Class-Path:"):
+            todo += [p for p in line.split(":", 1)[1].split() if p.startswith("/")]
+print("\n".join(seen))
+EOF
+)
+  elif command -v unzip >/dev/null; then
+    local seen=() todo=("${jars[@]}") cp
+    while [ ${#todo[@]} -gt 0 ]; do
+      j=${todo[0]}; todo=("${todo[@]:1}")
+      case " ${seen[*]} " in *" $j "*) continue ;; esac
+      seen+=("$j")
+      cp=$(unzip -p "$j" META-INF/MANIFEST.MF 2>/dev/null | tr -d '\r' |
+           sed -e ':a' -e 'N' -e '$!ba' -e 's/\n //g' | sed -n 's/^Class-Path: *//p' || true)
+      for p in $cp; do case $p in /*) todo+=("$p") ;; esac; done
+    done
+    closure=$(printf '%s\n' "${seen[@]}")
+  fi
+  if [ -z "$closure" ]; then
+    closure=$(printf '%s\n' "${jars[@]}")
+  fi
+  closure+=$'\n'"$JAVA_DIR/slf4j-nop.jar"
+  local out=() seen_cp=" "
+  while IFS= read -r j; do
+    [ -n "$j" ] && [ -e "$j" ] || continue
+    case $seen_cp in *" $j "*) continue ;; esac
+    seen_cp+="$j "
+    out+=("$j")
+  done <<<"$closure"
+  local IFS=:
+  printf '%s\n' "${out[*]}"
+}
+
+# ----------------------------------------------------------------- probes ---
+
+# tcp_open PORT: something accepts TCP connections on 127.0.0.1:PORT.
+tcp_open() {
+  timeout 2 bash -c 'exec 3<>"/dev/tcp/$0/$1"' "$HOST" "$1" 2>/dev/null
+}
+
+# zk_4lw WORD: a ZooKeeper four-letter-word command, answer on stdout.
+zk_4lw() {
+  timeout 3 bash -c 'exec 3<>"/dev/tcp/$0/$1" && printf %s "$2" >&3 && cat <&3' \
+    "$HOST" "$ZK_PORT" "$1" 2>/dev/null || true
+}
+
+# http_get PORT PATH: response body on stdout (curl, else bash /dev/tcp).
+http_get() {
+  if command -v curl >/dev/null; then
+    curl -fsS -m 3 "http://$HOST:$1$2" 2>/dev/null || true
+  else
+    timeout 3 bash -c 'exec 3<>"/dev/tcp/$0/$1" &&
+      printf "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n" "$2" "$0" >&3 && cat <&3' \
+      "$HOST" "$1" "$2" 2>/dev/null | sed '1,/^\r*$/d' || true
+  fi
+}
+
+etcd_healthy() { # PORT
+  ETCDCTL_API=3 "$ETCDCTL_BIN" --endpoints="http://$HOST:$1" --dial-timeout=2s \
+    --command-timeout=3s endpoint health >/dev/null 2>&1
+}
+
+healthy() { # STORE
+  case $1 in
+    zk) [ "$(zk_4lw ruok)" = imok ] ;;
+    etcd) etcd_healthy "$ETCD_PORT" ;;
+    etcd35) etcd_healthy "$ETCD35_PORT" ;;
+    consul)
+      local leader
+      leader=$(http_get "$CONSUL_HTTP_PORT" /v1/status/leader)
+      [ -n "$leader" ] && [ "$leader" != '""' ] ;;
+  esac
+}
+
+ports_of() { # STORE
+  case $1 in
+    zk) echo "$ZK_PORT" ;;
+    etcd) echo "$ETCD_PORT $ETCD_PEER_PORT" ;;
+    etcd35) echo "$ETCD35_PORT $ETCD35_PEER_PORT" ;;
+    consul) echo "${CONSUL_PORTS[*]}" ;;
+  esac
+}
+
+# ------------------------------------------------------------- processes ---
+
+store_dir() { printf '%s/%s\n' "$STATE" "$1"; }
+
+# alive PID: the process exists and is not a zombie (an exited daemon stays a
+# zombie until init reaps it, which can take seconds in a container).
+alive() {
+  kill -0 "$1" 2>/dev/null || return 1
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  stat=${stat##*) }
+  [ "${stat%% *}" != Z ]
+}
+
+# pid_of STORE: the pid from our pid file, if that process is alive and is
+# the one we started (its command line names our state dir).
+pid_of() {
+  local dir pid
+  dir=$(store_dir "$1")
+  [ -r "$dir/pid" ] || return 1
+  pid=$(cat "$dir/pid" 2>/dev/null) || return 1
+  [[ $pid =~ ^[0-9]+$ ]] || return 1
+  alive "$pid" || return 1
+  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$dir" || return 1
+  printf '%s\n' "$pid"
+}
+
+# launch STORE CMD...: start CMD detached (own session, no inherited stdio)
+# with its output appended to STORE's log, and record its pid.
+launch() {
+  local store=$1; shift
+  local dir
+  dir=$(store_dir "$store")
+  printf '=== %s starting: %s\n' "$(date -u +%FT%TZ)" "$*" >>"$dir/log"
+  nohup setsid "$@" >>"$dir/log" 2>&1 </dev/null &
+  echo "$!" >"$dir/pid"
+}
+
+start_zk() {
+  local dir=$1
+  mkdir -p "$dir/data"
+  cat >"$dir/zoo.cfg" <<EOF
+tickTime=$ZK_TICK_MS
+dataDir=$dir/data
+clientPort=$ZK_PORT
+clientPortAddress=$HOST
+maxClientCnxns=0
+admin.enableServer=false
+4lw.commands.whitelist=ruok,srvr,mntr
+EOF
+  local cp=$ZK_JAR
+  [ -r "$JAVA_DIR/slf4j-simple.jar" ] && cp+=":$JAVA_DIR/slf4j-simple.jar"
+  launch zk java -Xmx256m -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true \
+    -Dzookeeper.admin.enableServer=false \
+    -Dorg.slf4j.simpleLogger.showDateTime=true \
+    -Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS \
+    -cp "$cp" org.apache.zookeeper.server.quorum.QuorumPeerMain "$dir/zoo.cfg"
+}
+
+start_etcd() { # DIR BIN NAME CLIENT_PORT PEER_PORT
+  local dir=$1 bin=$2 name=$3 cport=$4 pport=$5
+  local curl=http://$HOST:$cport purl=http://$HOST:$pport
+  mkdir -p "$dir"
+  launch "$name" "$bin" --name "$name" --data-dir "$dir/data" \
+    --listen-client-urls "$curl" --advertise-client-urls "$curl" \
+    --listen-peer-urls "$purl" --initial-advertise-peer-urls "$purl" \
+    --initial-cluster "$name=$purl" --initial-cluster-state new \
+    --logger zap --log-outputs stderr
+}
+
+start_consul() {
+  local dir=$1
+  # CHECKPOINT_DISABLE and disable_update_check: no call home (loopback only).
+  CHECKPOINT_DISABLE=1 launch consul "$CONSUL_BIN" agent -dev \
+    -bind "$HOST" -client "$HOST" -node quorumlock-dev \
+    -hcl 'disable_update_check = true' -pid-file "$dir/consul-agent.pid"
+}
+
+start_store() { # STORE; sets STARTED=1 if it started it, 0 if already running
+  local s=$1 dir pid p
+  dir=$(store_dir "$s")
+  STARTED=0
+  if pid=$(pid_of "$s"); then
+    log "$s: already running (pid $pid)"
+    return 0
+  fi
+  for p in $(ports_of "$s"); do
+    if tcp_open "$p"; then
+      die "$s: port $HOST:$p is already in use by a process that this script did not start (state dir $STATE); stop it or use QUORUMLOCK_STATE of the run that started it"
+    fi
+  done
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  case $s in
+    zk) start_zk "$dir" ;;
+    etcd) start_etcd "$dir" "$ETCD_BIN" etcd "$ETCD_PORT" "$ETCD_PEER_PORT" ;;
+    etcd35) start_etcd "$dir" "$ETCD35_BIN" etcd35 "$ETCD35_PORT" "$ETCD35_PEER_PORT" ;;
+    consul) start_consul "$dir" ;;
+  esac
+  log "$s: started (pid $(cat "$dir/pid")), log $dir/log"
+  STARTED=1
+}
+
+fail_store() { # STORE MESSAGE
+  local s=$1 dir pid
+  dir=$(store_dir "$s")
+  log "$s: $2; last lines of $dir/log:"
+  tail -n 40 "$dir/log" >&2 2>/dev/null || true
+  if pid=$(pid_of "$s"); then
+    kill "$pid" 2>/dev/null || true
+  fi
+  exit 1
+}
+
+wait_healthy() { # STORE
+  local s=$1 dir deadline
+  dir=$(store_dir "$s")
+  deadline=$((SECONDS + TIMEOUT))
+  while :; do
+    if healthy "$s"; then
+      pid_of "$s" >/dev/null || fail_store "$s" "answers, but not from the process we started"
+      log "$s: ready"
+      return 0
+    fi
+    pid_of "$s" >/dev/null || fail_store "$s" "process exited"
+    [ "$SECONDS" -lt "$deadline" ] || fail_store "$s" "not ready after ${TIMEOUT}s"
+    sleep 0.2
+  done
+}
+
+stop_store() { # STORE
+  local s=$1 dir pid i
+  dir=$(store_dir "$s")
+  [ -d "$dir" ] || { log "$s: not running"; return 0; }
+  if pid=$(pid_of "$s"); then
+    log "$s: stopping pid $pid"
+    kill -TERM "$pid" 2>/dev/null || true
+    for ((i = 0; i < 300; i++)); do
+      alive "$pid" || break
+      sleep 0.1
+    done
+    if alive "$pid"; then
+      log "$s: pid $pid still alive after 30s; SIGKILL"
+      kill -KILL "$pid" 2>/dev/null || true
+      for ((i = 0; i < 50; i++)); do alive "$pid" || break; sleep 0.1; done
+    fi
+  else
+    log "$s: not running (stale state removed)"
+  fi
+  rm -rf "$dir"
+}
+
+# ------------------------------------------------------------------- env ---
+
+emit_env() {
+  local s has_zk=0 has_etcd=0 has_consul=0
+  for s in "$@"; do
+    case $s in
+      zk) has_zk=1; echo "export QUORUMLOCK_TEST_ZK_URL=zk://$HOST:$ZK_PORT" ;;
+      etcd) has_etcd=1; echo "export QUORUMLOCK_TEST_ETCD_URL=etcd://$HOST:$ETCD_PORT" ;;
+      etcd35) has_etcd=1; echo "export QUORUMLOCK_TEST_ETCD35_URL=etcd://$HOST:$ETCD35_PORT" ;;
+      consul) has_consul=1; echo "export QUORUMLOCK_TEST_CONSUL_URL=consul://$HOST:$CONSUL_HTTP_PORT" ;;
+    esac
+  done
+  if [ "$has_etcd" = 1 ]; then
+    printf 'export QUORUMLOCK_ETCDCTL=%q\n' "$ETCDCTL_BIN"
+    [ -x "$ETCDCTL35_BIN" ] && printf 'export QUORUMLOCK_ETCDCTL35=%q\n' "$ETCDCTL35_BIN"
+  fi
+  [ "$has_consul" = 1 ] && printf 'export QUORUMLOCK_CONSUL_BIN=%q\n' "$CONSUL_BIN"
+  [ "$has_zk" = 1 ] && printf 'export QUORUMLOCK_CURATOR_CP=%q\n' "$(curator_classpath)"
+  true
+}
+
+# ------------------------------------------------------------------ main ---
+
+select_stores() {
+  SELECTED=()
+  local s a
+  if [ $# -eq 0 ] || [ "$*" = all ]; then
+    SELECTED=("${ALL_STORES[@]}")
+    return
+  fi
+  # Keep the canonical order whatever order the arguments come in.
+  for a in "$@"; do
+    case " ${ALL_STORES[*]} " in *" $a "*) ;; *) log "unknown store '$a' (zk etcd etcd35 consul)"; usage 2 ;; esac
+  done
+  for s in "${ALL_STORES[@]}"; do
+    for a in "$@"; do
+      if [ "$a" = "$s" ]; then SELECTED+=("$s"); break; fi
+    done
+  done
+}
+
+cmd_up() {
+  install_stores "$@"
+  mkdir -p "$STATE"
+  local s started=()
+  for s in "$@"; do
+    start_store "$s"
+    if [ "$STARTED" = 1 ]; then started+=("$s"); fi
+  done
+  for s in "$@"; do
+    wait_healthy "$s"
+  done
+  if [ ${#started[@]} -eq 0 ]; then log "all selected stores were already running"; fi
+  emit_env "$@"
+}
+
+cmd_down() {
+  local i
+  for ((i = $# ; i >= 1; i--)); do stop_store "${!i}"; done
+  rmdir "$STATE" 2>/dev/null || true
+}
+
+cmd_status() {
+  local s pid dir rc=0 ports health
+  for s in "$@"; do
+    dir=$(store_dir "$s")
+    ports=$(ports_of "$s"); ports=${ports%% *}
+    if pid=$(pid_of "$s"); then
+      if healthy "$s"; then health=healthy; else health=unhealthy; rc=3; fi
+      printf '%-7s running  pid %-7s %s:%-5s %-9s log %s\n' "$s" "$pid" "$HOST" "$ports" "$health" "$dir/log"
+    else
+      rc=3
+      if [ -d "$dir" ]; then
+        printf '%-7s stopped  (stale state in %s)\n' "$s" "$dir"
+      else
+        printf '%-7s stopped\n' "$s"
+      fi
+    fi
+  done
+  return "$rc"
+}
+
+main() {
+  [ $# -ge 1 ] || usage 2
+  local cmd=$1; shift
+  case $cmd in
+    -h|--help|help) usage 0 ;;
+  esac
+  select_stores "$@"
+  case $cmd in
+    install) install_stores "${SELECTED[@]}" ;;
+    up) cmd_up "${SELECTED[@]}" ;;
+    down) cmd_down "${SELECTED[@]}" ;;
+    status) cmd_status "${SELECTED[@]}" ;;
+    env) emit_env "${SELECTED[@]}" ;;
+    *) log "unknown command '$cmd'"; usage 2 ;;
+  esac
+}
+
+main "$@"
