@@ -146,8 +146,7 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     ///   `liveness.lose(LossReason::SessionExpired)`.
     /// - Stop the keepalive when [`StoreSession::close`] is called or the
     ///   session is lost.
-    async fn open_session(&self, liveness: Arc<SessionLiveness>)
-        -> Result<Arc<dyn StoreSession>>;
+    async fn open_session(&self, liveness: Arc<SessionLiveness>) -> Result<Arc<dyn StoreSession>>;
 
     /// Holders and waiters of `name`, holders first, waiters in queue order.
     async fn inspect(&self, name: &LockName) -> Result<LockState>;

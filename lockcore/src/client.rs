@@ -312,7 +312,10 @@ fn would_block(name: &LockName) -> Error {
 }
 
 fn timed_out(name: &LockName) -> Error {
-    Error::new(ErrorKind::Timeout, format!("lock {name} was not acquired in time"))
+    Error::new(
+        ErrorKind::Timeout,
+        format!("lock {name} was not acquired in time"),
+    )
 }
 
 /// Runs `f` until `deadline`; `None` if the deadline came first.
@@ -382,7 +385,10 @@ impl Drop for LocalTicket {
     fn drop(&mut self) {
         drop(self.permit.take());
         let mut map = self.client.local.lock().expect("local queue map poisoned");
-        if map.get(&self.name).is_some_and(|q| Arc::strong_count(q) == 1) {
+        if map
+            .get(&self.name)
+            .is_some_and(|q| Arc::strong_count(q) == 1)
+        {
             map.remove(&self.name);
         }
     }
@@ -613,11 +619,17 @@ impl LockGuard {
     /// If dropped, the release continues in the background.
     pub async fn release(mut self) -> Result<()> {
         let held = self.held.take().expect("guard used after release");
-        let lost = held.req.signals.loss().or_else(|| held.session.liveness.loss());
+        let lost = held
+            .req
+            .signals
+            .loss()
+            .or_else(|| held.session.liveness.loss());
         let finish = ReleaseOnDrop(Some(held));
         let h = finish.0.as_ref().expect("set above");
         remove_entry(&h.session, &h.req, Some(&h.acquired))
-            .instrument(tracing::debug_span!("release", lock = %h.req.name, token = h.acquired.token))
+            .instrument(
+                tracing::debug_span!("release", lock = %h.req.name, token = h.acquired.token),
+            )
             .await;
         let held = finish.defuse();
         held.req.signals.finish();
@@ -653,7 +665,9 @@ fn queue_release(held: Held) {
     let client = held.client.clone();
     spawn_cleanup(&client, async move {
         remove_entry(&held.session, &held.req, Some(&held.acquired))
-            .instrument(tracing::debug_span!("release", lock = %held.req.name, token = held.acquired.token))
+            .instrument(
+                tracing::debug_span!("release", lock = %held.req.name, token = held.acquired.token),
+            )
             .await;
         held.req.signals.finish();
         drop(held.ticket);

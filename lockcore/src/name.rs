@@ -56,7 +56,10 @@ impl LockName {
 fn invalid(name: &str, rule: &str) -> Error {
     Error::new(
         ErrorKind::InvalidName,
-        format!("lock name {:?} is invalid: {rule}", name.escape_debug().to_string()),
+        format!(
+            "lock name {:?} is invalid: {rule}",
+            name.escape_debug().to_string()
+        ),
     )
 }
 
@@ -67,7 +70,10 @@ fn validate(name: &str) -> Result<()> {
     if name.len() > MAX_NAME_LEN {
         return Err(invalid(
             name,
-            &format!("it is {} bytes long, the limit is {MAX_NAME_LEN}", name.len()),
+            &format!(
+                "it is {} bytes long, the limit is {MAX_NAME_LEN}",
+                name.len()
+            ),
         ));
     }
     if let Some(c) = name.chars().find(|c| c.is_control()) {
@@ -179,7 +185,13 @@ mod tests {
 
     #[test]
     fn accepts_ordinary_names() {
-        for n in ["jobs", "jobs/nightly", "a:b.c-d_e", "db/shard-7/primary", "9lives"] {
+        for n in [
+            "jobs",
+            "jobs/nightly",
+            "a:b.c-d_e",
+            "db/shard-7/primary",
+            "9lives",
+        ] {
             LockName::new(n).unwrap_or_else(|e| panic!("{n}: {e}"));
         }
     }
@@ -209,8 +221,14 @@ mod tests {
             assert!(e.to_string().contains(why), "{n}: {e}");
         }
         let long = "a".repeat(MAX_NAME_LEN + 1);
-        assert!(LockName::new(long).unwrap_err().to_string().contains("limit"));
+        assert!(LockName::new(long)
+            .unwrap_err()
+            .to_string()
+            .contains("limit"));
         let long_seg = "a".repeat(MAX_SEGMENT_LEN + 1);
-        assert!(LockName::new(long_seg).unwrap_err().to_string().contains("longer"));
+        assert!(LockName::new(long_seg)
+            .unwrap_err()
+            .to_string()
+            .contains("longer"));
     }
 }

@@ -226,7 +226,12 @@ mod tests {
         let u = parse("mem://x?ttl=1ms").unwrap();
         let e = Options::new(&u)
             .unwrap()
-            .duration("ttl", Duration::from_secs(1), Duration::from_millis(100), Duration::MAX)
+            .duration(
+                "ttl",
+                Duration::from_secs(1),
+                Duration::from_millis(100),
+                Duration::MAX,
+            )
             .unwrap_err();
         assert!(e.to_string().contains("out of range"), "{e}");
     }

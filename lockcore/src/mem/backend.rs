@@ -28,7 +28,9 @@ struct Inner {
 
 impl fmt::Debug for MemBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MemBackend").field("config", &self.inner.config).finish()
+        f.debug_struct("MemBackend")
+            .field("config", &self.inner.config)
+            .finish()
     }
 }
 
@@ -144,12 +146,22 @@ impl Backend for MemBackend {
     async fn kill_session(&self, session: &str) -> Result<()> {
         self.count_request();
         let id = store::parse_session_id(session).ok_or_else(|| {
-            Error::new(ErrorKind::Store, format!("{session:?} is not a mem session id"))
+            Error::new(
+                ErrorKind::Store,
+                format!("{session:?} is not a mem session id"),
+            )
         })?;
-        if self.store().state().end_session(id, LossReason::SessionExpired) {
+        if self
+            .store()
+            .state()
+            .end_session(id, LossReason::SessionExpired)
+        {
             Ok(())
         } else {
-            Err(Error::new(ErrorKind::Store, format!("no session {session}")))
+            Err(Error::new(
+                ErrorKind::Store,
+                format!("no session {session}"),
+            ))
         }
     }
 

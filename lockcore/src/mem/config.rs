@@ -68,7 +68,12 @@ mod tests {
 
     #[test]
     fn rejects_bad_options() {
-        for u in ["mem://s?ttl=0s", "mem://s?ttl=abc", "mem://s?color=red", "mem://u:p@s"] {
+        for u in [
+            "mem://s?ttl=0s",
+            "mem://s?ttl=abc",
+            "mem://s?color=red",
+            "mem://u:p@s",
+        ] {
             let e = MemConfig::from_url(&url::parse(u).unwrap()).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::InvalidUrl, "{u}");
         }

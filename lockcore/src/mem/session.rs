@@ -101,7 +101,10 @@ impl StoreSession for MemSession {
                 }
                 Standing::Waits { .. } if !req.wait => {
                     self.backend.store().state().remove_index(&key, index);
-                    return Err(Error::new(ErrorKind::WouldBlock, format!("lock {} is held", req.name)));
+                    return Err(Error::new(
+                        ErrorKind::WouldBlock,
+                        format!("lock {} is held", req.name),
+                    ));
                 }
                 Standing::Waits { ahead_expires } => {
                     // Woken by the store when we become head; also re-check
@@ -126,7 +129,10 @@ impl StoreSession for MemSession {
     async fn abandon(&self, req: &AcquireRequest) -> Result<()> {
         let key = self.backend.key(&req.name);
         self.backend.count_request();
-        self.backend.store().state().remove_contender(&key, req.contender);
+        self.backend
+            .store()
+            .state()
+            .remove_contender(&key, req.contender);
         Ok(())
     }
 

@@ -13,7 +13,10 @@ use crate::signal::{EntrySignals, LossReason, SessionLiveness};
 /// Stores by name, shared by every client of this process that names them.
 pub(super) fn store(name: &str) -> Arc<MemStore> {
     static REGISTRY: OnceLock<Mutex<HashMap<String, Weak<MemStore>>>> = OnceLock::new();
-    let mut reg = REGISTRY.get_or_init(Default::default).lock().expect("registry poisoned");
+    let mut reg = REGISTRY
+        .get_or_init(Default::default)
+        .lock()
+        .expect("registry poisoned");
     if let Some(s) = reg.get(name).and_then(Weak::upgrade) {
         return s;
     }
@@ -222,7 +225,12 @@ impl State {
 
     /// Breaks the lock: the holder's entry goes and its guard is told.
     pub(super) fn break_holder(&mut self, key: &str) -> bool {
-        let Some(head) = self.queues.get(key).and_then(|q| q.first()).map(|e| e.index) else {
+        let Some(head) = self
+            .queues
+            .get(key)
+            .and_then(|q| q.first())
+            .map(|e| e.index)
+        else {
             return false;
         };
         self.remove_where(key, |e| e.index == head, Some(LossReason::EntryDeleted)) > 0

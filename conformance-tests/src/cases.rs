@@ -1,0 +1,616 @@
+//! The cases. Each takes a [`Harness`], uses a fresh namespace, asserts
+//! something a broken backend would fail, and ends with the leak check.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::stream::{self, StreamExt};
+use lockcore::{ErrorKind, LockClient, LockGuard, LossReason};
+use tokio::time::Instant;
+
+use crate::Harness;
+
+/// Generous bound for anything that should happen "soon" on a real store.
+const SOON: Duration = Duration::from_secs(30);
+
+/// Polls `check` every 20 ms until it holds, panicking after `SOON`.
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !check().await {
+        assert!(start.elapsed() < SOON, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn waiters(c: &LockClient, name: &str) -> usize {
+    c.inspect(name).await.expect("inspect").waiters.len()
+}
+
+async fn acquire(c: &LockClient, name: &str) -> LockGuard {
+    tokio::time::timeout(SOON, c.lock(name).unwrap().acquire())
+        .await
+        .unwrap_or_else(|_| panic!("acquiring {name} took longer than {SOON:?}"))
+        .unwrap_or_else(|e| panic!("acquiring {name}: {e}"))
+}
+
+async fn wait_lost(g: &LockGuard) -> LossReason {
+    tokio::time::timeout(SOON, g.lost())
+        .await
+        .expect("the loss future did not fire")
+}
+
+fn assert_kind<T: std::fmt::Debug>(r: lockcore::Result<T>, kind: ErrorKind, what: &str) {
+    match r {
+        Err(e) => assert_eq!(e.kind(), kind, "{what}: {e}"),
+        Ok(v) => panic!("{what}: expected {kind}, got Ok({v:?})"),
+    }
+}
+
+/// Counts holders inside the critical section and records every token in
+/// the order the holders got the lock.
+#[derive(Default)]
+struct CriticalSection {
+    inside: AtomicUsize,
+    overlaps: AtomicUsize,
+    tokens: Mutex<Vec<u64>>,
+}
+
+impl CriticalSection {
+    async fn run(&self, g: &LockGuard) {
+        if self.inside.fetch_add(1, Ordering::SeqCst) != 0 {
+            self.overlaps.fetch_add(1, Ordering::SeqCst);
+        }
+        assert!(
+            g.is_held(),
+            "guard says not held inside the critical section"
+        );
+        self.tokens.lock().unwrap().push(g.token());
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        self.inside.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    fn check(&self, expected_rounds: usize) {
+        assert_eq!(
+            self.overlaps.load(Ordering::SeqCst),
+            0,
+            "two holders at once"
+        );
+        let tokens = self.tokens.lock().unwrap();
+        assert_eq!(tokens.len(), expected_rounds);
+        for w in tokens.windows(2) {
+            assert!(
+                w[0] < w[1],
+                "fencing tokens not strictly increasing: {tokens:?}"
+            );
+        }
+    }
+}
+
+async fn contend(clients: &[LockClient], tasks_per_client: usize, rounds: usize) {
+    let cs = Arc::new(CriticalSection::default());
+    let mut tasks = Vec::new();
+    for (ci, c) in clients.iter().enumerate() {
+        for t in 0..tasks_per_client {
+            let (c, cs) = (c.clone(), cs.clone());
+            tasks.push(tokio::spawn(async move {
+                for r in 0..rounds {
+                    let g = acquire(&c, "contended").await;
+                    cs.run(&g).await;
+                    // Half the releases confirm, half go through Drop.
+                    if (ci + t + r) % 2 == 0 {
+                        g.release().await.expect("release");
+                    } else {
+                        drop(g);
+                    }
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.expect("contender task panicked");
+    }
+    cs.check(clients.len() * tasks_per_client * rounds);
+}
+
+/// Many tasks on several clients: never two holders, tokens increase in
+/// the order the lock was held.
+pub async fn exclusion_under_contention(h: &Harness) {
+    let case = h.case();
+    let clients = case.clients(3).await;
+    contend(&clients, 3, 4).await;
+    case.finish().await;
+}
+
+/// Owners inside one client exclude each other like separate processes.
+pub async fn local_owners_exclude_each_other(h: &Harness) {
+    let case = h.case();
+    let clients = case.clients(1).await;
+    contend(&clients, 6, 4).await;
+    case.finish().await;
+}
+
+/// Successive holders on different clients get strictly larger tokens.
+pub async fn tokens_strictly_increase(h: &Harness) {
+    let case = h.case();
+    let clients = case.clients(2).await;
+    let mut last = 0;
+    for i in 0..8 {
+        let g = acquire(&clients[i % 2], "fenced").await;
+        assert!(g.token() > last, "token {} after {last}", g.token());
+        last = g.token();
+        g.release().await.unwrap();
+    }
+    case.finish().await;
+}
+
+/// Try-acquire fails at once while the lock is held (by another client or
+/// another owner of the same client), and leaves no waiter behind.
+pub async fn try_acquire_when_held(h: &Harness) {
+    let case = h.case();
+    let (a, b) = (case.client().await, case.client().await);
+    let g = acquire(&a, "busy").await;
+    let start = Instant::now();
+    assert_kind(
+        b.lock("busy").unwrap().try_acquire().await,
+        ErrorKind::WouldBlock,
+        "other client",
+    );
+    assert_kind(
+        a.lock("busy").unwrap().try_acquire().await,
+        ErrorKind::WouldBlock,
+        "other owner",
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "try-acquire waited"
+    );
+    let state = b.inspect("busy").await.unwrap();
+    assert_eq!(state.holders.len(), 1);
+    assert!(
+        state.waiters.is_empty(),
+        "try-acquire left a waiter: {state:?}"
+    );
+    g.release().await.unwrap();
+    let g = b
+        .lock("busy")
+        .unwrap()
+        .try_acquire()
+        .await
+        .expect("free now");
+    g.release().await.unwrap();
+    case.finish().await;
+}
+
+/// A timed acquire gives up near its deadline and removes its waiter.
+pub async fn timeout_bounds_and_no_leftover_waiter(h: &Harness) {
+    let case = h.case();
+    let (a, b) = (case.client().await, case.client().await);
+    let g = acquire(&a, "slow").await;
+    let start = Instant::now();
+    let r = b
+        .lock("slow")
+        .unwrap()
+        .acquire_timeout(Duration::from_millis(600))
+        .await;
+    let took = start.elapsed();
+    assert_kind(r, ErrorKind::Timeout, "timed acquire of a held lock");
+    assert!(
+        took >= Duration::from_millis(600),
+        "gave up early: {took:?}"
+    );
+    assert!(took < Duration::from_secs(10), "gave up late: {took:?}");
+    assert_eq!(waiters(&a, "slow").await, 0, "timed-out waiter left behind");
+    g.release().await.unwrap();
+    let g = b
+        .lock("slow")
+        .unwrap()
+        .acquire_timeout(Duration::from_secs(10))
+        .await
+        .expect("free lock within the timeout");
+    g.release().await.unwrap();
+    case.finish().await;
+}
+
+/// Waiters on different clients get the lock in arrival order.
+pub async fn fifo_order_across_clients(h: &Harness) {
+    let case = h.case();
+    let holder = case.client().await;
+    let clients = case.clients(5).await;
+    let g = acquire(&holder, "queue").await;
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for (i, c) in clients.iter().enumerate() {
+        let (c, order) = (c.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let g = acquire(&c, "queue").await;
+            order.lock().unwrap().push((i, g.token()));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            g.release().await.unwrap();
+        }));
+        eventually("the waiter to queue", || async {
+            waiters(&holder, "queue").await == i + 1
+        })
+        .await;
+    }
+    g.release().await.unwrap();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    let who: Vec<usize> = order.iter().map(|(i, _)| *i).collect();
+    assert_eq!(who, vec![0, 1, 2, 3, 4], "not served in arrival order");
+    assert!(
+        order.windows(2).all(|w| w[0].1 < w[1].1),
+        "tokens {order:?}"
+    );
+    case.finish().await;
+}
+
+/// Re-entering through the guard keeps the token and the store entry; the
+/// lock is released only with the outer guard.
+pub async fn reentrancy_by_guard(h: &Harness) {
+    let case = h.case();
+    let (a, b) = (case.client().await, case.client().await);
+    let mut g = acquire(&a, "reentrant").await;
+    let token = g.token();
+    {
+        let mut r = g.reenter();
+        assert_eq!(r.token(), token);
+        assert_eq!(r.hold_count(), 2);
+        let r2 = r.reenter();
+        assert_eq!(r2.hold_count(), 3);
+        assert_eq!(r2.token(), token);
+    }
+    assert_eq!(g.hold_count(), 1);
+    // Dropping the nested holds released nothing.
+    assert_kind(
+        b.lock("reentrant").unwrap().try_acquire().await,
+        ErrorKind::WouldBlock,
+        "other client",
+    );
+    assert_kind(
+        a.lock("reentrant").unwrap().try_acquire().await,
+        ErrorKind::WouldBlock,
+        "new owner, same client",
+    );
+    let state = b.inspect("reentrant").await.unwrap();
+    assert_eq!(state.holders.len(), 1);
+    assert_eq!(state.holders[0].token, token);
+    g.release().await.unwrap();
+    let g = b
+        .lock("reentrant")
+        .unwrap()
+        .try_acquire()
+        .await
+        .expect("released at count 0");
+    g.release().await.unwrap();
+    case.finish().await;
+}
+
+/// Drop releases in the background; `release()` confirms before returning.
+pub async fn release_by_drop_and_by_release(h: &Harness) {
+    let case = h.case();
+    let (a, b) = (case.client().await, case.client().await);
+    let g = acquire(&a, "rel").await;
+    drop(g);
+    let g = acquire(&b, "rel").await;
+    g.release().await.unwrap();
+    let state = a.inspect("rel").await.unwrap();
+    assert!(
+        state.is_free(),
+        "release() returned before the entry was gone: {state:?}"
+    );
+    case.finish().await;
+}
+
+/// The store ends the holder's session: its loss future fires, and a
+/// waiter gets the lock with a larger token.
+pub async fn session_expiry_fires_loss_and_waiter_gets_larger_token(h: &Harness) {
+    let case = h.case();
+    let (a, b) = (case.client().await, case.client().await);
+    if !a.backend().capabilities().kill_session {
+        eprintln!("SKIPPED (capability): {} cannot kill a session", h.store());
+        return case.finish().await;
+    }
+    let g = acquire(&a, "expiring").await;
+    let b2 = b.clone();
+    let waiter = tokio::spawn(async move { acquire(&b2, "expiring").await });
+    eventually("the waiter to queue", || async {
+        waiters(&a, "expiring").await == 1
+    })
+    .await;
+    b.backend()
+        .kill_session(&g.session_id())
+        .await
+        .expect("kill session");
+    let reason = wait_lost(&g).await;
+    assert!(
+        matches!(
+            reason,
+            LossReason::SessionExpired | LossReason::EntryDeleted | LossReason::DeadlinePassed
+        ),
+        "{reason:?}"
+    );
+    assert!(!g.is_held());
+    let g2 = tokio::time::timeout(SOON, waiter)
+        .await
+        .expect("waiter not granted")
+        .unwrap();
+    assert!(
+        g2.token() > g.token(),
+        "token {} not above {}",
+        g2.token(),
+        g.token()
+    );
+    assert_kind(g.release().await, ErrorKind::LockLost, "release after loss");
+    g2.release().await.unwrap();
+    case.finish().await;
+}
+
+/// After its session is lost, a client opens a new one on the next acquire.
+pub async fn new_session_after_loss(h: &Harness) {
+    let case = h.case();
+    let a = case.client().await;
+    if !a.backend().capabilities().kill_session {
+        eprintln!("SKIPPED (capability): {} cannot kill a session", h.store());
+        return case.finish().await;
+    }
+    let g = acquire(&a, "again").await;
+    let old = g.session_id();
+    a.backend().kill_session(&old).await.expect("kill session");
+    wait_lost(&g).await;
+    drop(g);
+    let g = acquire(&a, "again").await;
+    assert_ne!(g.session_id(), old, "reused a dead session");
+    assert!(g.is_held());
+    g.release().await.unwrap();
+    case.finish().await;
+}
+
+/// An operator breaks the lock: the holder is told, others can take it.
+pub async fn forced_break_reports_loss(h: &Harness) {
+    let case = h.case();
+    let (a, b) = (case.client().await, case.client().await);
+    assert!(!b.break_lock("brk").await.unwrap(), "broke a free lock");
+    let g = acquire(&a, "brk").await;
+    assert!(b.break_lock("brk").await.unwrap(), "break found no holder");
+    assert_eq!(wait_lost(&g).await, LossReason::EntryDeleted);
+    assert!(!g.is_held());
+    let g2 = acquire(&b, "brk").await;
+    assert!(g2.token() > g.token());
+    assert_kind(
+        g.release().await,
+        ErrorKind::LockLost,
+        "release after break",
+    );
+    // The broken holder's release must not touch the new holder.
+    assert!(g2.is_held());
+    assert_eq!(a.inspect("brk").await.unwrap().holders[0].token, g2.token());
+    g2.release().await.unwrap();
+    case.finish().await;
+}
+
+/// A revoke request reaches the holder, which keeps the lock until it lets go.
+pub async fn cooperative_revoke(h: &Harness) {
+    let case = h.case();
+    let (a, b) = (case.client().await, case.client().await);
+    assert!(
+        !b.request_revoke("rv").await.unwrap(),
+        "revoked a free lock"
+    );
+    let g = acquire(&a, "rv").await;
+    assert!(!g.is_revoke_requested());
+    assert!(b.request_revoke("rv").await.unwrap());
+    tokio::time::timeout(SOON, g.revoke_requested())
+        .await
+        .expect("revoke request not seen");
+    assert!(g.is_revoke_requested());
+    assert!(g.is_held(), "a revoke request is not a loss");
+    assert_kind(
+        b.lock("rv").unwrap().try_acquire().await,
+        ErrorKind::WouldBlock,
+        "still held",
+    );
+    g.release().await.unwrap();
+    let g = acquire(&b, "rv").await;
+    assert!(
+        !g.is_revoke_requested(),
+        "a new holder inherited an old revoke request"
+    );
+    g.release().await.unwrap();
+    case.finish().await;
+}
+
+/// Polls `fut` `polls` times, letting I/O progress between polls.
+async fn poll_n<F: Future>(fut: std::pin::Pin<&mut F>, polls: usize) -> Option<F::Output> {
+    let mut fut = fut;
+    for _ in 0..polls {
+        if let std::task::Poll::Ready(v) = futures::poll!(fut.as_mut()) {
+            return Some(v);
+        }
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    None
+}
+
+/// Dropping a waiting acquire at any await point leaves no waiter.
+pub async fn cancelled_acquire_at_each_await_point_leaves_nothing(h: &Harness) {
+    let case = h.case();
+    let (a, b) = (case.client().await, case.client().await);
+    let g = acquire(&a, "cancel").await;
+    let lock = b.lock("cancel").unwrap();
+    for polls in 0..10 {
+        let mut fut = Box::pin(lock.acquire());
+        assert!(
+            poll_n(fut.as_mut(), polls).await.is_none(),
+            "acquired a held lock"
+        );
+        drop(fut);
+    }
+    for i in 0..6u64 {
+        let _ = tokio::time::timeout(Duration::from_millis(i * 7), lock.acquire()).await;
+    }
+    tokio::time::timeout(SOON, b.wait_idle())
+        .await
+        .expect("cleanup stuck");
+    let state = a.inspect("cancel").await.unwrap();
+    assert!(
+        state.waiters.is_empty(),
+        "cancelled acquires left waiters: {state:?}"
+    );
+    assert_eq!(state.holders.len(), 1);
+    g.release().await.unwrap();
+    // The local queue is not stuck either.
+    let g = lock
+        .try_acquire()
+        .await
+        .expect("lock free after cancellations");
+    g.release().await.unwrap();
+    case.finish().await;
+}
+
+/// Dropping an acquire of a free lock midway never leaves a phantom holder.
+pub async fn cancelled_acquire_of_free_lock_leaves_no_holder(h: &Harness) {
+    let case = h.case();
+    let (a, b) = (case.client().await, case.client().await);
+    let lock = b.lock("phantom").unwrap();
+    for polls in 0..10 {
+        let mut fut = Box::pin(lock.acquire());
+        if let Some(r) = poll_n(fut.as_mut(), polls).await {
+            drop(r.expect("acquire of a free lock"));
+        }
+        drop(fut);
+        tokio::time::timeout(SOON, b.wait_idle())
+            .await
+            .expect("cleanup stuck");
+        let state = a.inspect("phantom").await.unwrap();
+        assert!(state.is_free(), "after {polls} polls: {state:?}");
+    }
+    let g = a
+        .lock("phantom")
+        .unwrap()
+        .try_acquire()
+        .await
+        .expect("free");
+    g.release().await.unwrap();
+    case.finish().await;
+}
+
+/// A thousand locks held on one client share its single session.
+pub async fn thousand_locks_on_one_session(h: &Harness) {
+    let case = h.case();
+    let a = case.client().await;
+    let guards: Vec<LockGuard> = stream::iter(0..1000)
+        .map(|i| {
+            let a = a.clone();
+            async move { acquire(&a, &format!("bulk/l{i}")).await }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    let sid = guards[0].session_id();
+    assert!(guards.iter().all(|g| g.session_id() == sid && g.is_held()));
+    assert_eq!(a.session_id().await.as_deref(), Some(sid.as_str()));
+    let st = a.inspect("bulk/l999").await.unwrap();
+    assert_eq!(st.holders.len(), 1);
+    assert_eq!(st.holders[0].session, sid);
+    stream::iter(guards)
+        .map(|g| async move { g.release().await.unwrap() })
+        .buffer_unordered(32)
+        .collect::<Vec<()>>()
+        .await;
+    case.finish().await;
+}
+
+/// Bad names get `InvalidName` and nothing reaches the store.
+pub async fn invalid_names_rejected_and_nothing_written(h: &Harness) {
+    let case = h.case();
+    let a = case.client().await;
+    let before = a.backend().requests_sent();
+    for bad in [
+        "",
+        "/x",
+        "x/",
+        "a//b",
+        "a/../b",
+        "sp ace",
+        "ctl\u{7}",
+        ".lock",
+        "x/0lock-1",
+        &"n".repeat(300),
+    ] {
+        assert_kind(a.lock(bad).map(|_| ()), ErrorKind::InvalidName, bad);
+        assert_kind(
+            a.inspect(bad).await.map(|_| ()),
+            ErrorKind::InvalidName,
+            bad,
+        );
+        assert_kind(a.break_lock(bad).await, ErrorKind::InvalidName, bad);
+        assert_kind(a.request_revoke(bad).await, ErrorKind::InvalidName, bad);
+    }
+    assert_eq!(
+        a.backend().requests_sent(),
+        before,
+        "invalid input reached the store"
+    );
+    assert_eq!(a.session_id().await, None, "invalid input opened a session");
+    case.finish().await;
+}
+
+/// `inspect` shows the holder (token, session) and the waiters in order.
+pub async fn inspect_reports_holder_and_waiters_in_order(h: &Harness) {
+    let case = h.case();
+    let (a, b, c) = (
+        case.client().await,
+        case.client().await,
+        case.client().await,
+    );
+    let g = acquire(&a, "seen").await;
+    let mut tasks = Vec::new();
+    for (i, w) in [b.clone(), c.clone()].into_iter().enumerate() {
+        tasks.push(tokio::spawn(async move {
+            acquire(&w, "seen").await.release().await
+        }));
+        eventually("the waiter to queue", || async {
+            waiters(&a, "seen").await == i + 1
+        })
+        .await;
+    }
+    let state = a.inspect("seen").await.unwrap();
+    assert_eq!(state.holders.len(), 1);
+    assert_eq!(state.holders[0].token, g.token());
+    assert_eq!(state.holders[0].session, g.session_id());
+    let sessions: Vec<String> = state.waiters.iter().map(|w| w.session.clone()).collect();
+    let expected = vec![b.session_id().await.unwrap(), c.session_id().await.unwrap()];
+    assert_eq!(sessions, expected, "waiters not in arrival order");
+    g.release().await.unwrap();
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    case.finish().await;
+}
+
+/// The loss future is independent of the guard, and closing the client
+/// fires it.
+pub async fn loss_future_outlives_guard_and_fires_on_client_close(h: &Harness) {
+    let case = h.case();
+    let a = case.client().await;
+    let g = acquire(&a, "closing").await;
+    let lost = tokio::spawn(g.lost());
+    assert!(g.is_held());
+    a.close().await;
+    let reason = tokio::time::timeout(SOON, lost)
+        .await
+        .expect("loss not signalled")
+        .unwrap();
+    assert_eq!(reason, LossReason::ClientClosed);
+    assert!(!g.is_held());
+    drop(g);
+    case.finish().await;
+}

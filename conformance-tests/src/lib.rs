@@ -1,0 +1,65 @@
+#![doc = include_str!("../README.md")]
+#![deny(missing_docs)]
+
+pub mod cases;
+mod harness;
+
+pub use harness::{BackendFactory, Case, Harness};
+
+/// Every case of the suite, for [`suite!`].
+#[macro_export]
+macro_rules! for_each_case {
+    ($($m:ident)::+, $h:expr) => {
+        $($m)::+!($h;
+            exclusion_under_contention,
+            tokens_strictly_increase,
+            try_acquire_when_held,
+            timeout_bounds_and_no_leftover_waiter,
+            fifo_order_across_clients,
+            reentrancy_by_guard,
+            local_owners_exclude_each_other,
+            release_by_drop_and_by_release,
+            session_expiry_fires_loss_and_waiter_gets_larger_token,
+            new_session_after_loss,
+            forced_break_reports_loss,
+            cooperative_revoke,
+            cancelled_acquire_at_each_await_point_leaves_nothing,
+            cancelled_acquire_of_free_lock_leaves_no_holder,
+            thousand_locks_on_one_session,
+            invalid_names_rejected_and_nothing_written,
+            inspect_reports_holder_and_waiters_in_order,
+            loss_future_outlives_guard_and_fires_on_client_close
+        );
+    };
+}
+
+/// Expands to one `#[tokio::test]` per case of the suite, each running
+/// against the [`Harness`] that `$harness` (an expression of type
+/// `Option<Harness>`, evaluated in each test) gives. `None` skips loudly.
+///
+/// ```ignore
+/// conformance_tests::suite!(conformance_tests::Harness::from_env(
+///     "QUORUMLOCK_TEST_ETCD_URL",
+///     |url| async move { Ok(std::sync::Arc::new(MyBackend::connect(&url).await?) as _) },
+/// ));
+/// ```
+#[macro_export]
+macro_rules! suite {
+    ($harness:expr) => {
+        $crate::for_each_case!($crate::__conformance_tests_expand, $harness);
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_tests_expand {
+    ($h:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let Some(harness) = $h else { return };
+                $crate::cases::$case(&harness).await;
+            }
+        )*
+    };
+}
