@@ -1,0 +1,162 @@
+//! The suite must fail on broken backends: each mutant wraps the in-memory
+//! backend and breaks one promise, and the cases that guard that promise
+//! must panic.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use conformance_tests::{cases, Harness};
+use lockcore::backend::{AcquireRequest, Acquired, Capabilities, LockState, StoreSession};
+use lockcore::mem::MemBackend;
+use lockcore::{Backend, ErrorKind, LockName, Result, SessionLiveness};
+
+#[derive(Debug, Clone, Copy)]
+enum Mutation {
+    /// Grants a held lock to a second contender.
+    NoExclusion,
+    /// Hands out decreasing tokens.
+    ReversedTokens,
+    /// Leaves the entry of a cancelled acquire on the store.
+    AbandonDoesNothing,
+    /// Reports waiters newest first.
+    InspectReversed,
+}
+
+#[derive(Debug)]
+struct Mutant {
+    inner: MemBackend,
+    mutation: Mutation,
+}
+
+#[derive(Debug)]
+struct MutantSession {
+    inner: Arc<dyn StoreSession>,
+    mutation: Mutation,
+}
+
+#[async_trait]
+impl Backend for Mutant {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn describe(&self) -> String {
+        format!("mutant {:?} of {}", self.mutation, self.inner.describe())
+    }
+    async fn open_session(&self, l: Arc<SessionLiveness>) -> Result<Arc<dyn StoreSession>> {
+        Ok(Arc::new(MutantSession {
+            inner: self.inner.open_session(l).await?,
+            mutation: self.mutation,
+        }))
+    }
+    async fn inspect(&self, name: &LockName) -> Result<LockState> {
+        let mut s = self.inner.inspect(name).await?;
+        if let Mutation::InspectReversed = self.mutation {
+            s.waiters.reverse();
+        }
+        Ok(s)
+    }
+    async fn break_lock(&self, name: &LockName) -> Result<bool> {
+        self.inner.break_lock(name).await
+    }
+    async fn request_revoke(&self, name: &LockName) -> Result<bool> {
+        self.inner.request_revoke(name).await
+    }
+    async fn kill_session(&self, session: &str) -> Result<()> {
+        self.inner.kill_session(session).await
+    }
+    async fn leftovers(&self) -> Result<Vec<String>> {
+        self.inner.leftovers().await
+    }
+    fn requests_sent(&self) -> u64 {
+        self.inner.requests_sent()
+    }
+}
+
+#[async_trait]
+impl StoreSession for MutantSession {
+    fn id(&self) -> String {
+        self.inner.id()
+    }
+    async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired> {
+        match self.mutation {
+            Mutation::NoExclusion => {
+                let mut tried = req.clone();
+                tried.wait = false;
+                match self.inner.acquire(&tried).await {
+                    Err(e) if e.kind() == ErrorKind::WouldBlock && req.wait => Ok(Acquired {
+                        token: u64::MAX / 2,
+                        entry: "phantom".into(),
+                    }),
+                    r => r,
+                }
+            }
+            Mutation::ReversedTokens => {
+                let mut a = self.inner.acquire(req).await?;
+                a.token = u64::MAX - a.token;
+                Ok(a)
+            }
+            Mutation::InspectReversed | Mutation::AbandonDoesNothing => {
+                self.inner.acquire(req).await
+            }
+        }
+    }
+    async fn release(&self, req: &AcquireRequest, held: &Acquired) -> Result<()> {
+        if held.entry == "phantom" {
+            return Ok(());
+        }
+        let mut h = held.clone();
+        if let Mutation::ReversedTokens = self.mutation {
+            h.token = u64::MAX - h.token;
+        }
+        self.inner.release(req, &h).await
+    }
+    async fn abandon(&self, req: &AcquireRequest) -> Result<()> {
+        match self.mutation {
+            Mutation::AbandonDoesNothing => Ok(()),
+            _ => self.inner.abandon(req).await,
+        }
+    }
+    async fn close(&self) -> Result<()> {
+        self.inner.close().await
+    }
+}
+
+fn mutant(m: Mutation) -> Harness {
+    let base = lockcore::url::parse("mem://mutants?ttl=2s").unwrap();
+    Harness::new("mutant", base, move |url| async move {
+        Ok(Arc::new(Mutant {
+            inner: MemBackend::from_url(&url)?,
+            mutation: m,
+        }) as Arc<dyn Backend>)
+    })
+}
+
+macro_rules! must_fail {
+    ($($test:ident: $mutation:ident => $case:ident;)*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            #[should_panic]
+            async fn $test() {
+                cases::$case(&mutant(Mutation::$mutation)).await;
+            }
+        )*
+    };
+}
+
+must_fail! {
+    no_exclusion_caught_by_contention: NoExclusion => exclusion_under_contention;
+    reversed_tokens_caught_by_contention: ReversedTokens => exclusion_under_contention;
+    reversed_tokens_caught_by_token_case: ReversedTokens => tokens_strictly_increase;
+    reversed_tokens_caught_by_expiry_case: ReversedTokens => session_expiry_fires_loss_and_waiter_gets_larger_token;
+    abandon_noop_caught_by_cancel_case: AbandonDoesNothing => cancelled_acquire_at_each_await_point_leaves_nothing;
+    abandon_noop_caught_by_timeout_case: AbandonDoesNothing => timeout_bounds_and_no_leftover_waiter;
+    reversed_inspect_caught_by_inspect_case: InspectReversed => inspect_reports_holder_and_waiters_in_order;
+}
+
+/// The unmutated wrapper passes, so the failures above come from the
+/// mutations and not from the wrapper.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrapper_without_effect_passes() {
+    cases::exclusion_under_contention(&mutant(Mutation::InspectReversed)).await;
+    cases::tokens_strictly_increase(&mutant(Mutation::AbandonDoesNothing)).await;
+}
