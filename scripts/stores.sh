@@ -157,7 +157,9 @@ fetch_foreign() {
   printf 'deb %s%s %s main\n' "$signed" "$(mirror_uri)" "$suite" >"$d/sources.list"
   local o=(-o "Dir::Etc::sourcelist=$d/sources.list" -o Dir::Etc::sourceparts=/dev/null
            -o "Dir::State::Lists=$d/lists" -o "Dir::Cache=$d/cache"
-           -o Acquire::Languages=none -o APT::Sandbox::User=root -q)
+           -o Acquire::Languages=none -o APT::Sandbox::User=root -q
+           -o Acquire::IndexTargets::deb::DEP-11::DefaultEnabled=false
+           -o Acquire::IndexTargets::deb::DEP-11-icons-small::DefaultEnabled=false)
   apt-get "${o[@]}" update >&2
   local p want=()
   for p in "$@"; do
@@ -173,8 +175,9 @@ fetch_foreign() {
   for deb in "$d"/debs/*.deb; do
     dpkg-deb -x "$deb" "$d/root"
   done
-  # The lists are only needed for the download; keep the cache small.
-  rm -rf "$d/lists" "$d/cache"
+  log "$suite: unpacked $(cd "$d/debs" && echo *.deb)"
+  # Only the unpacked tree is used from now on; keep the cache small.
+  rm -rf "$d/lists" "$d/cache" "$d/debs"
   touch "$d/root/.complete"
 }
 
@@ -199,7 +202,7 @@ install_stores() {
   for s in "$@"; do
     case $s in
       zk) [ -r "$ZK_JAR" ] || die "$ZK_JAR missing" ;;
-      etcd) [ -x "$ETCD_BIN" ] && [ -x "$ETCDCTL_BIN" ] || die "$ETCD_BIN or $ETCDCTL_BIN missing" ;;
+      etcd) if [ ! -x "$ETCD_BIN" ] || [ ! -x "$ETCDCTL_BIN" ]; then die "$ETCD_BIN or $ETCDCTL_BIN missing"; fi ;;
       etcd35) [ -x "$ETCD35_BIN" ] || die "$ETCD35_BIN missing (rm -rf $TRIXIE_DIR and retry)" ;;
       consul) [ -x "$CONSUL_BIN" ] || die "$CONSUL_BIN missing (rm -rf $BULLSEYE_DIR and retry)" ;;
     esac
@@ -255,7 +258,7 @@ EOF
   closure+=$'\n'"$JAVA_DIR/slf4j-nop.jar"
   local out=() seen_cp=" "
   while IFS= read -r j; do
-    [ -n "$j" ] && [ -e "$j" ] || continue
+    if [ -z "$j" ] || [ ! -e "$j" ]; then continue; fi
     case $seen_cp in *" $j "*) continue ;; esac
     seen_cp+="$j "
     out+=("$j")
