@@ -1,0 +1,169 @@
+#![doc = include_str!("../README.md")]
+#![deny(missing_docs)]
+
+use std::sync::Arc;
+
+pub use lockcore::backend;
+pub use lockcore::url;
+pub use lockcore::{
+    Backend, Capabilities, Contender, Error, ErrorKind, Lock, LockClient, LockGuard, LockKind,
+    LockName, LockState, LossReason, Reentry, Result,
+};
+
+#[cfg(feature = "mem")]
+pub use lockcore::mem;
+
+#[cfg(feature = "consul")]
+pub use backend_consul as consul;
+#[cfg(feature = "etcd")]
+pub use backend_etcd as etcd;
+#[cfg(feature = "zk")]
+pub use backend_zk as zk;
+
+/// The environment variable [`connect_from_env`] reads.
+pub const URL_ENV: &str = "QUORUMLOCK_URL";
+
+/// The URL [`connect_from_env`] uses when [`URL_ENV`] is unset.
+pub const DEFAULT_URL: &str = "mem://";
+
+/// Every scheme quorumlock knows, with the cargo feature that enables it.
+pub const SCHEMES: &[(&str, &str)] = &[
+    ("mem", "mem"),
+    ("etcd", "etcd"),
+    ("etcds", "etcd"),
+    ("zk", "zk"),
+    ("consul", "consul"),
+    ("consuls", "consul"),
+];
+
+/// Connects to the store named by `url` and returns a client.
+///
+/// | scheme | feature | example |
+/// |---|---|---|
+/// | `mem` | `mem` (default) | `mem://` or `mem://store/namespace?ttl=10s` |
+/// | `etcd`, `etcds` | `etcd` | `etcd://user:pass@127.0.0.1:2379/namespace?ttl=10s` |
+/// | `zk` | `zk` | `zk://127.0.0.1:2181,127.0.0.2:2181/namespace` |
+/// | `consul`, `consuls` | `consul` | `consul://127.0.0.1:8500/namespace?token=...` |
+///
+/// The URL path is the namespace; query parameters are the backend's
+/// options (see each backend's README). An unknown scheme is
+/// [`ErrorKind::UnknownScheme`]; a known one whose feature is off is
+/// [`ErrorKind::FeatureDisabled`], naming the feature. Credentials never
+/// appear in errors or logs.
+///
+/// # Cancel safety
+/// Dropping it before it returns leaves nothing on the store: no session
+/// is opened until the first acquire.
+pub async fn connect(url: &str) -> Result<LockClient> {
+    let url = lockcore::url::parse(url)?;
+    let backend = backend_for(&url).await?;
+    tracing::debug!(store = %backend.describe(), "connected");
+    Ok(LockClient::new(backend))
+}
+
+/// [`connect`] to the URL in `QUORUMLOCK_URL`, or to `mem://` if unset.
+///
+/// # Cancel safety
+/// As [`connect`].
+pub async fn connect_from_env() -> Result<LockClient> {
+    match std::env::var(URL_ENV) {
+        Ok(u) if !u.is_empty() => connect(&u).await,
+        _ => connect(DEFAULT_URL).await,
+    }
+}
+
+async fn backend_for(url: &lockcore::url::Url) -> Result<Arc<dyn Backend>> {
+    let scheme = url.scheme();
+    match feature_of(scheme)? {
+        "mem" => {
+            #[cfg(feature = "mem")]
+            return Ok(Arc::new(lockcore::mem::MemBackend::from_url(url)?));
+        }
+        "etcd" => {
+            #[cfg(feature = "etcd")]
+            return Ok(Arc::new(backend_etcd::EtcdBackend::connect(url).await?));
+        }
+        "zk" => {
+            #[cfg(feature = "zk")]
+            return Ok(Arc::new(backend_zk::ZkBackend::connect(url).await?));
+        }
+        "consul" => {
+            #[cfg(feature = "consul")]
+            return Ok(Arc::new(backend_consul::ConsulBackend::connect(url).await?));
+        }
+        _ => {}
+    }
+    let feature = feature_of(scheme)?;
+    Err(Error::new(
+        ErrorKind::FeatureDisabled,
+        format!(
+            "{scheme}:// needs the `{feature}` feature of quorumlock \
+             (quorumlock = {{ version = \"*\", features = [\"{feature}\"] }})"
+        ),
+    ))
+}
+
+/// The feature that serves `scheme`, or [`ErrorKind::UnknownScheme`].
+fn feature_of(scheme: &str) -> Result<&'static str> {
+    SCHEMES
+        .iter()
+        .find(|(s, _)| *s == scheme)
+        .map(|(_, f)| *f)
+        .ok_or_else(|| {
+            let known: Vec<&str> = SCHEMES.iter().map(|(s, _)| *s).collect();
+            Error::new(
+                ErrorKind::UnknownScheme,
+                format!("unknown scheme {scheme}:// (known: {})", known.join(", ")),
+            )
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn unknown_scheme_lists_the_known_ones() {
+        let e = connect("redis://127.0.0.1:6379").await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::UnknownScheme);
+        assert!(e.to_string().contains("etcd") && e.to_string().contains("consul"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn bad_urls_are_typed_errors() {
+        for u in ["not a url", "mem://?ttl=forever", "mem://x/a//b"] {
+            let e = connect(u).await.unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidUrl, "{u}: {e}");
+        }
+    }
+
+    #[tokio::test]
+    async fn disabled_feature_is_named_and_secrets_stay_hidden() {
+        for (scheme, feature) in SCHEMES {
+            let enabled = match *feature {
+                "mem" => cfg!(feature = "mem"),
+                "etcd" => cfg!(feature = "etcd"),
+                "zk" => cfg!(feature = "zk"),
+                "consul" => cfg!(feature = "consul"),
+                f => panic!("feature {f} missing from this test"),
+            };
+            if enabled {
+                continue;
+            }
+            let e = connect(&format!("{scheme}://bob:s3cret@127.0.0.1:1/ns")).await.unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::FeatureDisabled, "{scheme}");
+            assert!(e.to_string().contains(&format!("`{feature}`")), "{e}");
+            assert!(!format!("{e} {e:?}").contains("s3cret"), "{e:?}");
+        }
+    }
+
+    #[cfg(feature = "mem")]
+    #[tokio::test]
+    async fn mem_by_default() {
+        let c = connect_from_env().await.unwrap();
+        let g = c.lock("facade/test").unwrap().acquire().await.unwrap();
+        assert!(g.token() > 0);
+        g.release().await.unwrap();
+        c.close().await;
+    }
+}

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# quickstart.sh — the README's main command. Runs the quickstart example on
+# the embedded mem:// store, or on the store in QUORUMLOCK_URL
+# (etcd://, zk://, consul://). Installs protoc first if it is missing (the
+# etcd client needs it to build).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! command -v protoc >/dev/null; then
+  echo "quickstart.sh: installing protobuf-compiler (needed to build the etcd client)" >&2
+  if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq protobuf-compiler >/dev/null
+  else sudo apt-get update -qq && sudo apt-get install -y -qq protobuf-compiler >/dev/null; fi
+fi
+exec cargo run -q -p quorumlock --all-features --example quickstart

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# test.sh — the whole test run, on a fresh machine or a used one:
+# installs what is missing (stores, protoc, Curator), starts real ZooKeeper,
+# etcd 3.4, etcd 3.5 and Consul on loopback, runs formatting, lints, every
+# test of the workspace against them (skipping is an error), the docs and
+# the quickstart on every store, and stops the stores even on failure.
+#
+#   scripts/test.sh            # everything
+#   scripts/test.sh -- ARGS    # extra arguments for `cargo test`
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*" >&2; }
+extra=()
+if [ "${1:-}" = "--" ]; then shift; extra=("$@"); fi
+
+command -v cargo >/dev/null || { echo "test.sh: cargo is missing (install Rust with rustup)" >&2; exit 1; }
+
+step "installing and starting the stores"
+scripts/stores.sh install
+trap 'step "stopping the stores"; scripts/stores.sh down || true' EXIT
+eval "$(scripts/stores.sh up)"
+export QUORUMLOCK_TEST_REQUIRE=1
+export CARGO_TERM_COLOR=never
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy (all targets, all features, warnings are errors)"
+cargo clippy --workspace --all-targets --all-features -- -D warnings
+
+step "cargo test (every crate, against the real stores)"
+cargo test --workspace --all-features --no-fail-fast -- "${extra[@]}"
+
+step "cargo doc"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps
+
+step "quickstart on every store"
+for url in "mem://" "$QUORUMLOCK_TEST_ETCD_URL/quickstart" "$QUORUMLOCK_TEST_ZK_URL/quickstart" "$QUORUMLOCK_TEST_CONSUL_URL/quickstart"; do
+  out=$(QUORUMLOCK_URL=$url cargo run -q -p quorumlock --all-features --example quickstart)
+  echo "$out"
+  grep -q "all workers done" <<<"$out" || { echo "quickstart failed on $url" >&2; exit 1; }
+done
+
+step "all passed"
