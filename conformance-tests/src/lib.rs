@@ -2,6 +2,7 @@
 #![deny(missing_docs)]
 
 pub mod cases;
+pub mod faults;
 mod harness;
 
 pub use harness::{BackendFactory, Case, Harness};
