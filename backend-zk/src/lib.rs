@@ -1,0 +1,13 @@
+#![doc = include_str!("../README.md")]
+#![deny(missing_docs)]
+
+mod backend;
+mod config;
+mod error;
+mod session;
+
+pub use backend::ZkBackend;
+pub use config::{ZkConfig, DEFAULT_PORT};
+
+/// URL schemes this backend serves.
+pub const SCHEMES: &[&str] = &["zk"];
