@@ -614,3 +614,34 @@ pub async fn loss_future_outlives_guard_and_fires_on_client_close(h: &Harness) {
     drop(g);
     case.finish().await;
 }
+
+/// Dropping every handle of a client without `close()` ends its session
+/// on the store; nothing stays alive until a TTL runs out.
+pub async fn dropped_client_ends_its_session(h: &Harness) {
+    let case = h.case();
+    let observer = case.client().await;
+    let backend = h.backend(case.namespace()).await;
+    let sid = {
+        let a = LockClient::new(backend.clone());
+        let g = acquire(&a, "dropped").await;
+        let sid = g.session_id();
+        drop(g);
+        sid
+    };
+    // The guard's background release and the session close run on their
+    // own, well before the TTL would have ended the session anyway.
+    let bound = backend.capabilities().session_ttl / 2;
+    let start = Instant::now();
+    while !backend.leftovers().await.expect("leftovers").is_empty() {
+        assert!(
+            start.elapsed() < bound,
+            "session {sid} outlived its client by {bound:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        observer.inspect("dropped").await.unwrap().is_free(),
+        "session {sid} still holds"
+    );
+    case.finish().await;
+}

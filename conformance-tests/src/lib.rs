@@ -29,7 +29,8 @@ macro_rules! for_each_case {
             thousand_locks_on_one_session,
             invalid_names_rejected_and_nothing_written,
             inspect_reports_holder_and_waiters_in_order,
-            loss_future_outlives_guard_and_fires_on_client_close
+            loss_future_outlives_guard_and_fires_on_client_close,
+            dropped_client_ends_its_session
         );
     };
 }

@@ -40,6 +40,22 @@ struct ClientInner {
     runtime: tokio::runtime::Handle,
 }
 
+/// The last handle (client, guard or background job) is gone: end the
+/// session so that its keepalive stops and the store frees it now rather
+/// than after the TTL.
+impl Drop for ClientInner {
+    fn drop(&mut self) {
+        if let Some(slot) = self.session.get_mut().take() {
+            slot.liveness.lose(LossReason::ClientClosed);
+            self.runtime.spawn(async move {
+                if let Err(e) = slot.store.close().await {
+                    tracing::debug!(error = %e, "closing a dropped client's session failed");
+                }
+            });
+        }
+    }
+}
+
 /// The current store session and its liveness.
 struct SessionSlot {
     store: Arc<dyn StoreSession>,
