@@ -1,0 +1,447 @@
+//! [`EtcdBackend`]: the connection, the key layout, and the admin
+//! operations (inspect, break, revoke, kill a lease, leftovers).
+
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{
+    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, GetResponse, Identity,
+    KeyValue, PutOptions, SortOrder, SortTarget, TlsOptions, Txn, TxnOp, TxnOpResponse,
+    TxnResponse,
+};
+use lockcore::url::Url;
+use lockcore::{
+    Backend, Capabilities, Contender, Error, ErrorKind, LockKind, LockName, LockState, Result,
+    SessionLiveness, StoreSession,
+};
+
+use crate::config::EtcdConfig;
+use crate::error;
+use crate::session::EtcdSession;
+use crate::watch::WatchHub;
+
+/// The etcd backend: one connection (a balanced gRPC channel over the
+/// URL's endpoints), one watch stream shared by every watch, and the
+/// sessions (leases) opened through it. Cheap to clone.
+#[derive(Clone)]
+pub struct EtcdBackend {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) config: EtcdConfig,
+    pub(crate) client: Client,
+    pub(crate) requests: Arc<AtomicU64>,
+    pub(crate) hub: WatchHub,
+    /// Leases this instance granted, for `leftovers`.
+    opened: Mutex<Vec<i64>>,
+}
+
+impl fmt::Debug for EtcdBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdBackend")
+            .field("url", &self.inner.config.display)
+            .finish()
+    }
+}
+
+impl EtcdBackend {
+    /// Parses `url` ([`EtcdConfig::from_url`]) and connects.
+    ///
+    /// Nothing is written to etcd; with credentials in the URL, one
+    /// `Authenticate` request checks them (bad ones give
+    /// [`ErrorKind::Unauthenticated`]).
+    ///
+    /// # Cancel safety
+    /// Writes nothing; safe to drop at any point.
+    pub async fn connect(url: &Url) -> Result<EtcdBackend> {
+        let config = EtcdConfig::from_url(url)?;
+        Self::new(config).await
+    }
+
+    /// Connects with a parsed configuration (reads the TLS files first).
+    ///
+    /// # Cancel safety
+    /// Writes nothing; safe to drop at any point.
+    pub async fn new(config: EtcdConfig) -> Result<EtcdBackend> {
+        let mut opts = ConnectOptions::new()
+            .with_connect_timeout(config.timeout)
+            .with_keep_alive(Duration::from_secs(10), config.timeout)
+            .with_auto_token_refresh(true);
+        let requests = Arc::new(AtomicU64::new(0));
+        if let (Some(user), Some(pw)) = (&config.user, &config.password) {
+            opts = opts.with_user(user.clone(), pw.expose().to_string());
+            requests.fetch_add(1, Ordering::Relaxed); // Authenticate
+        }
+        if config.tls {
+            let mut tls = TlsOptions::new();
+            if let Some(ca) = &config.ca {
+                tls = tls.ca_certificate(Certificate::from_pem(read_file(ca, "ca")?));
+            }
+            if let Some((cert, key)) = &config.client_cert {
+                tls = tls.identity(Identity::from_pem(
+                    read_file(cert, "cert")?,
+                    read_file(key, "key")?,
+                ));
+            }
+            opts = opts.with_tls(tls);
+        }
+        let connect = Client::connect(config.endpoints.clone(), Some(opts));
+        let client = match tokio::time::timeout(config.timeout, connect).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return Err(error::map(e, "connecting to etcd")),
+            Err(_) => {
+                return Err(Error::new(
+                    ErrorKind::Connection,
+                    format!("connecting to etcd took longer than {:?}", config.timeout),
+                ))
+            }
+        };
+        let hub = WatchHub::new(client.watch_client(), requests.clone());
+        tracing::debug!(url = %config.display, "etcd backend ready");
+        Ok(EtcdBackend {
+            inner: Arc::new(Inner {
+                config,
+                client,
+                requests,
+                hub,
+                opened: Mutex::new(Vec::new()),
+            }),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EtcdConfig {
+        &self.inner.config
+    }
+}
+
+fn read_file(p: &std::path::Path, what: &str) -> Result<Vec<u8>> {
+    std::fs::read(p).map_err(|e| {
+        Error::new(
+            ErrorKind::InvalidUrl,
+            format!("URL option {what}={}: cannot read the file", p.display()),
+        )
+        .with_source(e)
+    })
+}
+
+/// `key` is a contender of the lock whose keys start with `pfx_slash`: a
+/// direct child (`<pfx>/<lease hex>`). Keys of nested lock names
+/// (`<pfx>/<child>/<lease hex>`) share the prefix but are not contenders.
+pub(crate) fn is_contender(pfx_slash: &str, key: &[u8]) -> bool {
+    key.strip_prefix(pfx_slash.as_bytes())
+        .is_some_and(|rest| !rest.is_empty() && !rest.contains(&b'/'))
+}
+
+/// The first response of a txn's op responses as a range response.
+pub(crate) fn range_at(resp: &TxnResponse, i: usize) -> Result<GetResponse> {
+    match resp.op_responses().into_iter().nth(i) {
+        Some(TxnOpResponse::Get(g)) => Ok(g),
+        _ => Err(Error::new(
+            ErrorKind::Internal,
+            "etcd txn answered without the expected range response",
+        )),
+    }
+}
+
+pub(crate) fn header_revision(resp: &TxnResponse) -> i64 {
+    resp.header().map_or(0, |h| h.revision())
+}
+
+/// Range of the oldest contender (what Go's `WithFirstCreate` asks).
+pub(crate) fn first_created() -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+}
+
+/// Range of the newest contender created before `rev` (Go's
+/// `WithLastCreate` + `WithMaxCreateRev`).
+pub(crate) fn last_created_before(rev: i64) -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_max_create_revision(rev - 1)
+        .with_sort(SortTarget::Create, SortOrder::Descend)
+}
+
+impl Inner {
+    /// `<ns>/<name>` (or `<name>` without a namespace): Go's mutex prefix
+    /// without its trailing slash.
+    pub(crate) fn lock_prefix(&self, name: &LockName) -> String {
+        match self.config.namespace.as_str() {
+            "" => name.as_str().to_string(),
+            ns => format!("{ns}/{name}"),
+        }
+    }
+
+    /// The revoke marker of a lock: outside `<ns>/<name>/` so that Go
+    /// clients do not count it as a contender; `.revoke` cannot collide
+    /// with a lock name (names never start with `.`).
+    pub(crate) fn marker_key(&self, name: &LockName) -> String {
+        match self.config.namespace.as_str() {
+            "" => format!(".revoke/{name}"),
+            ns => format!("{ns}/.revoke/{name}"),
+        }
+    }
+
+    fn namespace_prefix(&self) -> String {
+        match self.config.namespace.as_str() {
+            "" => String::new(),
+            ns => format!("{ns}/"),
+        }
+    }
+
+    /// Runs one request: counts it, bounds it by the configured timeout and
+    /// maps its error.
+    pub(crate) async fn call<T>(
+        &self,
+        what: &str,
+        f: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
+    ) -> Result<T> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        match tokio::time::timeout(self.config.timeout, f).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(error::map(e, what)),
+            Err(_) => Err(Error::new(
+                ErrorKind::Connection,
+                format!("{what}: no answer from etcd within {:?}", self.config.timeout),
+            )),
+        }
+    }
+
+    pub(crate) async fn txn(&self, what: &str, txn: Txn) -> Result<TxnResponse> {
+        let mut kv = self.client.kv_client();
+        self.call(what, kv.txn(txn)).await
+    }
+
+    pub(crate) async fn get(
+        &self,
+        what: &str,
+        key: impl Into<Vec<u8>>,
+        opts: GetOptions,
+    ) -> Result<GetResponse> {
+        let mut kv = self.client.kv_client();
+        self.call(what, kv.get(key, Some(opts))).await
+    }
+
+    /// The first contender among `kvs` (a range answer with `limit 1` of
+    /// `opts`); if that one was a nested lock's key, the whole range is
+    /// read again without a limit and filtered.
+    pub(crate) async fn first_contender(
+        &self,
+        pfx_slash: &str,
+        kvs: &[KeyValue],
+        opts: GetOptions,
+    ) -> Result<Option<KeyValue>> {
+        match kvs.first() {
+            None => return Ok(None),
+            Some(kv) if is_contender(pfx_slash, kv.key()) => return Ok(Some(kv.clone())),
+            Some(_) => {}
+        }
+        let all = self.get("range contenders", pfx_slash, opts).await?;
+        Ok(all
+            .kvs()
+            .iter()
+            .find(|kv| is_contender(pfx_slash, kv.key()))
+            .cloned())
+    }
+
+    /// Contenders of a lock in queue (create revision) order.
+    async fn contenders(&self, name: &LockName) -> Result<Vec<KeyValue>> {
+        let pfx_slash = format!("{}/", self.lock_prefix(name));
+        let resp = self.get("range contenders", pfx_slash.clone(), first_created()).await?;
+        Ok(resp
+            .kvs()
+            .iter()
+            .filter(|kv| is_contender(&pfx_slash, kv.key()))
+            .cloned()
+            .collect())
+    }
+
+    /// The current holder: the contender with the lowest create revision.
+    async fn holder(&self, name: &LockName) -> Result<Option<KeyValue>> {
+        let pfx_slash = format!("{}/", self.lock_prefix(name));
+        let resp = self
+            .get("range holder", pfx_slash.clone(), first_created().with_limit(1))
+            .await?;
+        self.first_contender(&pfx_slash, resp.kvs(), first_created()).await
+    }
+
+    pub(crate) fn record_lease(&self, id: i64) {
+        let mut opened = self.opened.lock().expect("poisoned");
+        opened.push(id);
+    }
+
+    /// Whether etcd still has lease `id` (TimeToLive reports ttl > 0).
+    pub(crate) async fn lease_alive(&self, id: i64) -> Result<bool> {
+        let mut lease = self.client.lease_client();
+        let r = self.call("lease time-to-live", lease.time_to_live(id, None)).await?;
+        Ok(r.ttl() > 0)
+    }
+}
+
+/// The session id of a key: its lease in hex, or the key's last segment for
+/// keys without a lease.
+fn session_of(kv: &KeyValue) -> String {
+    if kv.lease() != 0 {
+        return format!("{:x}", kv.lease());
+    }
+    let key = String::from_utf8_lossy(kv.key());
+    key.rsplit('/').next().unwrap_or_default().to_string()
+}
+
+fn contender(kv: &KeyValue) -> Contender {
+    Contender {
+        session: session_of(kv),
+        token: kv.create_revision() as u64,
+        entry: String::from_utf8_lossy(kv.key()).into_owned(),
+        kind: LockKind::Exclusive,
+        since: None,
+    }
+}
+
+#[async_trait]
+impl Backend for EtcdBackend {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            kill_session: true,
+            rwlock: false,
+            semaphore: false,
+            session_ttl: self.inner.config.ttl,
+        }
+    }
+
+    fn describe(&self) -> String {
+        self.inner.config.display.clone()
+    }
+
+    async fn open_session(&self, liveness: Arc<SessionLiveness>) -> Result<Arc<dyn StoreSession>> {
+        let s = EtcdSession::open(self.inner.clone(), liveness).await?;
+        Ok(Arc::new(s))
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<LockState> {
+        let mut all: Vec<Contender> = self.inner.contenders(name).await?.iter().map(contender).collect();
+        let waiters = if all.is_empty() { Vec::new() } else { all.split_off(1) };
+        Ok(LockState {
+            name: name.clone(),
+            holders: all,
+            waiters,
+        })
+    }
+
+    async fn break_lock(&self, name: &LockName) -> Result<bool> {
+        let marker = self.inner.marker_key(name);
+        // The holder may release between our read and our delete; then the
+        // next holder is the one to break.
+        for _ in 0..10 {
+            let Some(h) = self.inner.holder(name).await? else {
+                return Ok(false);
+            };
+            let txn = Txn::new()
+                .when([Compare::create_revision(h.key(), CompareOp::Equal, h.create_revision())])
+                .and_then([
+                    TxnOp::delete(h.key(), None),
+                    TxnOp::delete(marker.clone(), None),
+                ]);
+            if self.inner.txn("break lock", txn).await?.succeeded() {
+                tracing::info!(lock = %name, key = %String::from_utf8_lossy(h.key()), "lock broken");
+                return Ok(true);
+            }
+        }
+        Err(Error::new(
+            ErrorKind::Store,
+            format!("lock {name} changed holders ten times while breaking it"),
+        ))
+    }
+
+    async fn request_revoke(&self, name: &LockName) -> Result<bool> {
+        let marker = self.inner.marker_key(name);
+        for _ in 0..10 {
+            let Some(h) = self.inner.holder(name).await? else {
+                return Ok(false);
+            };
+            // Bound to the holder's lease, so it goes with the holder's
+            // session; written only if that holder still holds.
+            let put = match h.lease() {
+                0 => None,
+                l => Some(PutOptions::new().with_lease(l)),
+            };
+            let txn = Txn::new()
+                .when([Compare::create_revision(h.key(), CompareOp::Equal, h.create_revision())])
+                .and_then([TxnOp::put(marker.clone(), h.key().to_vec(), put)]);
+            if self.inner.txn("request revoke", txn).await?.succeeded() {
+                return Ok(true);
+            }
+        }
+        Err(Error::new(
+            ErrorKind::Store,
+            format!("lock {name} changed holders ten times while revoking it"),
+        ))
+    }
+
+    async fn kill_session(&self, session: &str) -> Result<()> {
+        let id = u64::from_str_radix(session, 16).map_err(|_| {
+            Error::new(
+                ErrorKind::Store,
+                format!("{session:?} is not an etcd lease id in hex"),
+            )
+        })? as i64;
+        let mut lease = self.inner.client.lease_client();
+        self.inner.call("lease revoke", lease.revoke(id)).await?;
+        Ok(())
+    }
+
+    async fn leftovers(&self) -> Result<Vec<String>> {
+        let prefix = self.inner.namespace_prefix();
+        let opts = if prefix.is_empty() {
+            GetOptions::new().with_all_keys().with_keys_only()
+        } else {
+            GetOptions::new().with_prefix().with_keys_only()
+        };
+        let key = if prefix.is_empty() { vec![0] } else { prefix.into_bytes() };
+        let resp = self.inner.get("range namespace", key, opts).await?;
+        let mut out: Vec<String> = resp
+            .kvs()
+            .iter()
+            .map(|kv| format!("key {}", String::from_utf8_lossy(kv.key())))
+            .collect();
+        let leases: Vec<i64> = self.inner.opened.lock().expect("poisoned").clone();
+        let mut dead = Vec::new();
+        for id in leases {
+            if self.inner.lease_alive(id).await? {
+                out.push(format!("lease {id:x}"));
+            } else {
+                dead.push(id);
+            }
+        }
+        self.inner
+            .opened
+            .lock()
+            .expect("poisoned")
+            .retain(|id| !dead.contains(id));
+        Ok(out)
+    }
+
+    fn requests_sent(&self) -> u64 {
+        self.inner.requests.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn contenders_are_direct_children() {
+        assert!(is_contender("ns/a/", b"ns/a/694d7c3a2f1b4e05"));
+        assert!(!is_contender("ns/a/", b"ns/a/"));
+        assert!(!is_contender("ns/a/", b"ns/a/beef/694d"));
+        assert!(!is_contender("ns/a/", b"ns/ab/694d"));
+    }
+}

@@ -1,0 +1,112 @@
+//! The one mapping from `etcd-client` errors to quorumlock errors.
+
+use etcd_client::Error as EtcdError;
+use lockcore::{Error, ErrorKind};
+use tonic::Code;
+
+/// Maps an `etcd-client` error of the request `what` to a quorumlock error
+/// kind, keeping the original as `source`.
+///
+/// - transport trouble, no leader, deadlines: [`ErrorKind::Connection`]
+///   (retryable);
+/// - bad user or password, invalid token: [`ErrorKind::Unauthenticated`];
+///   missing permission: [`ErrorKind::PermissionDenied`] (both final);
+/// - "requested lease not found": [`ErrorKind::SessionLost`] (our lease is
+///   gone; the client layer opens a new one);
+/// - malformed endpoints: [`ErrorKind::InvalidUrl`];
+/// - anything else the server says: [`ErrorKind::Store`].
+pub(crate) fn map(e: EtcdError, what: &str) -> Error {
+    let kind = kind_of(&e);
+    let msg = match kind {
+        ErrorKind::Unauthenticated => {
+            format!("{what}: etcd rejected the credentials (check user and password in the URL)")
+        }
+        ErrorKind::PermissionDenied => {
+            format!("{what}: the etcd user lacks permission on the namespace's keys")
+        }
+        ErrorKind::SessionLost => format!("{what}: our etcd lease no longer exists"),
+        ErrorKind::Connection => format!("{what}: etcd is unreachable or has no leader"),
+        _ => format!("{what} failed"),
+    };
+    Error::new(kind, msg).with_source(e)
+}
+
+fn kind_of(e: &EtcdError) -> ErrorKind {
+    match e {
+        EtcdError::GRpcStatus(s) => {
+            let m = s.message();
+            match s.code() {
+                Code::Unavailable
+                | Code::DeadlineExceeded
+                | Code::Cancelled
+                | Code::Aborted
+                | Code::ResourceExhausted => ErrorKind::Connection,
+                // etcd says "authentication failed, invalid user ID or
+                // password" with InvalidArgument.
+                Code::InvalidArgument if m.contains("authentication failed") => {
+                    ErrorKind::Unauthenticated
+                }
+                Code::InvalidArgument if m.contains("user name is empty") => {
+                    ErrorKind::Unauthenticated
+                }
+                Code::Unauthenticated => ErrorKind::Unauthenticated,
+                Code::PermissionDenied => ErrorKind::PermissionDenied,
+                Code::FailedPrecondition if m.contains("permission denied") => {
+                    ErrorKind::PermissionDenied
+                }
+                Code::NotFound if m.contains("lease not found") => ErrorKind::SessionLost,
+                // tonic reports broken connections as Unknown with a
+                // transport message.
+                Code::Unknown if m.contains("transport") || m.contains("connect") => {
+                    ErrorKind::Connection
+                }
+                _ => ErrorKind::Store,
+            }
+        }
+        EtcdError::TransportError(_) | EtcdError::IoError(_) | EtcdError::WatchError(_) => {
+            ErrorKind::Connection
+        }
+        EtcdError::LeaseKeepAliveError(m) if m.contains("not found") => ErrorKind::SessionLost,
+        EtcdError::LeaseKeepAliveError(_) => ErrorKind::Connection,
+        EtcdError::InvalidArgs(_) | EtcdError::InvalidUri(_) => ErrorKind::InvalidUrl,
+        _ => ErrorKind::Store,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::Status;
+
+    fn k(s: Status) -> ErrorKind {
+        map(EtcdError::GRpcStatus(s), "test").kind()
+    }
+
+    #[test]
+    fn kinds() {
+        assert_eq!(k(Status::unavailable("etcdserver: no leader")), ErrorKind::Connection);
+        assert_eq!(
+            k(Status::invalid_argument(
+                "etcdserver: authentication failed, invalid user ID or password"
+            )),
+            ErrorKind::Unauthenticated
+        );
+        assert_eq!(
+            k(Status::unauthenticated("etcdserver: invalid auth token")),
+            ErrorKind::Unauthenticated
+        );
+        assert_eq!(
+            k(Status::permission_denied("etcdserver: permission denied")),
+            ErrorKind::PermissionDenied
+        );
+        assert_eq!(
+            k(Status::not_found("etcdserver: requested lease not found")),
+            ErrorKind::SessionLost
+        );
+        assert_eq!(k(Status::out_of_range("compacted")), ErrorKind::Store);
+        let e = map(EtcdError::LeaseKeepAliveError("lease not found".into()), "keepalive");
+        assert_eq!(e.kind(), ErrorKind::SessionLost);
+        assert!(!map(EtcdError::GRpcStatus(Status::unauthenticated("x")), "t").is_retryable());
+        assert!(map(EtcdError::GRpcStatus(Status::unavailable("x")), "t").is_retryable());
+    }
+}
