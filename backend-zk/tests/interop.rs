@@ -1,0 +1,376 @@
+//! Curator's own `InterProcessMutex` (Debian's libcurator-recipes-java,
+//! compiled here with `javac`) against our client on the same path:
+//! mutual exclusion over several rounds, FIFO across the two kinds of
+//! client, and cooperative revoke both ways (Curator's `Revoker` reaches
+//! our holder; our `request_revoke` reaches a revocable Curator holder).
+//!
+//! Needs `QUORUMLOCK_TEST_ZK_URL`, `javac`/`java`, and the Curator jars
+//! (`QUORUMLOCK_CURATOR_CP`, else the Debian jars under /usr/share/java).
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use backend_zk::{ZkBackend, ZkConfig};
+use conformance_tests::{Case, Harness};
+use lockcore::LockClient;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+
+const SOON: Duration = Duration::from_secs(15);
+const JARS: &[&str] = &[
+    "curator-recipes",
+    "curator-framework",
+    "curator-client",
+    "zookeeper",
+    "zookeeper-jute",
+    "guava",
+    "slf4j-api",
+    "slf4j-nop",
+];
+
+fn harness() -> Option<Harness> {
+    Harness::from_env("QUORUMLOCK_TEST_ZK_URL", |url| async move {
+        Ok(Arc::new(ZkBackend::connect(&url).await?) as _)
+    })
+}
+
+fn require() -> bool {
+    std::env::var("QUORUMLOCK_TEST_REQUIRE").is_ok_and(|v| v == "1")
+}
+
+fn skip(why: &str) -> Option<String> {
+    if require() {
+        panic!("{why} and QUORUMLOCK_TEST_REQUIRE=1");
+    }
+    eprintln!("SKIPPED: {why}");
+    None
+}
+
+/// The Curator class path: `QUORUMLOCK_CURATOR_CP`, else Debian's jars.
+fn curator_classpath() -> Option<String> {
+    if let Ok(cp) = std::env::var("QUORUMLOCK_CURATOR_CP") {
+        if !cp.is_empty() {
+            return Some(cp);
+        }
+    }
+    let mut parts = Vec::new();
+    for jar in JARS {
+        let p = PathBuf::from(format!("/usr/share/java/{jar}.jar"));
+        if !p.exists() {
+            return skip(&format!(
+                "{} is missing (apt-get install libcurator-recipes-java zookeeper libslf4j-java, or set QUORUMLOCK_CURATOR_CP)",
+                p.display()
+            ));
+        }
+        parts.push(p.display().to_string());
+    }
+    Some(parts.join(":"))
+}
+
+/// Compiles tests/java/CuratorPeer.java into a temporary directory.
+async fn compile_peer(cp: &str) -> Option<(tempdir::Dir, String)> {
+    let dir = tempdir::Dir::new();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/java/CuratorPeer.java");
+    let out = match Command::new("javac")
+        .arg("-d")
+        .arg(dir.path())
+        .arg("-cp")
+        .arg(cp)
+        .arg(&src)
+        .output()
+        .await
+    {
+        Ok(o) => o,
+        Err(e) => return skip(&format!("javac not runnable ({e})")).map(|_| unreachable!()),
+    };
+    assert!(
+        out.status.success(),
+        "javac failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run_cp = format!("{}:{cp}", dir.path().display());
+    Some((dir, run_cp))
+}
+
+/// A tiny self-deleting temporary directory (no extra dependency).
+mod tempdir {
+    use std::path::{Path, PathBuf};
+
+    pub struct Dir(PathBuf);
+
+    impl Dir {
+        pub fn new() -> Dir {
+            let p = std::env::temp_dir().join(format!("qlzk-{}", uuid::Uuid::new_v4().simple()));
+            std::fs::create_dir_all(&p).expect("temp dir");
+            Dir(p)
+        }
+        pub fn path(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// A running CuratorPeer process.
+struct Peer {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Lines<BufReader<ChildStdout>>,
+    /// Lines read while looking for another one.
+    seen: Vec<String>,
+}
+
+impl Peer {
+    async fn start(cp: &str, connect: &str) -> Peer {
+        let mut child = Command::new("java")
+            .arg("-Xmx128m")
+            .arg("-cp")
+            .arg(cp)
+            .arg("CuratorPeer")
+            .arg(connect)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("starting java");
+        let stdin = child.stdin.take().unwrap();
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut p = Peer {
+            child,
+            stdin,
+            lines,
+            seen: Vec::new(),
+        };
+        p.expect("ready").await;
+        p
+    }
+
+    async fn send(&mut self, cmd: &str) {
+        self.stdin
+            .write_all(format!("{cmd}\n").as_bytes())
+            .await
+            .unwrap();
+        self.stdin.flush().await.unwrap();
+    }
+
+    /// Waits for a line starting with `prefix` (also among lines seen
+    /// before); fails on an `error` line.
+    async fn expect(&mut self, prefix: &str) -> String {
+        if let Some(i) = self.seen.iter().position(|l| l.starts_with(prefix)) {
+            return self.seen.remove(i);
+        }
+        let read = async {
+            loop {
+                let line = self
+                    .lines
+                    .next_line()
+                    .await
+                    .unwrap()
+                    .expect("CuratorPeer exited");
+                assert!(!line.starts_with("error"), "CuratorPeer: {line}");
+                if line.starts_with(prefix) {
+                    return line;
+                }
+                self.seen.push(line);
+            }
+        };
+        tokio::time::timeout(SOON, read)
+            .await
+            .unwrap_or_else(|_| panic!("CuratorPeer did not say {prefix:?}"))
+    }
+
+    /// Whether a line starting with `prefix` arrives within `wait`.
+    async fn says_within(&mut self, prefix: &str, wait: Duration) -> bool {
+        if self.seen.iter().any(|l| l.starts_with(prefix)) {
+            return true;
+        }
+        tokio::time::timeout(wait, self.expect(prefix)).await.is_ok()
+    }
+
+    async fn quit(mut self) {
+        self.send("quit").await;
+        self.expect("bye").await;
+        let _ = tokio::time::timeout(SOON, self.child.wait()).await;
+    }
+}
+
+struct Setup {
+    case: Case,
+    peer: Peer,
+    ns_path: String,
+    _classes: tempdir::Dir,
+}
+
+async fn setup() -> Option<Setup> {
+    let h = harness()?;
+    let cp = curator_classpath()?;
+    let (classes, run_cp) = compile_peer(&cp).await?;
+    let case = h.case();
+    let cfg = ZkConfig::from_url(&h.url_for(case.namespace())).unwrap();
+    let peer = Peer::start(&run_cp, &cfg.connect_string()).await;
+    Some(Setup {
+        ns_path: format!("/{}", cfg.namespace),
+        case,
+        peer,
+        _classes: classes,
+    })
+}
+
+async fn waiters(c: &LockClient, name: &str) -> usize {
+    c.inspect(name).await.unwrap().waiters.len()
+}
+
+async fn wait_waiters(c: &LockClient, name: &str, n: usize) {
+    let t = tokio::time::timeout(SOON, async {
+        while waiters(c, name).await != n {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    });
+    t.await
+        .unwrap_or_else(|_| panic!("never saw {n} waiters on {name}"));
+}
+
+/// Several rounds each, both kinds of client on one path at once: never
+/// two holders (every `start` line is followed by its own `end`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curator_and_ours_exclude_each_other() {
+    let Some(mut s) = setup().await else { return };
+    let dir = tempdir::Dir::new();
+    let file = dir.path().join("history");
+    std::fs::write(&file, "").unwrap();
+    let rounds = 8;
+    s.peer
+        .send(&format!(
+            "rounds {}/shared {rounds} {}",
+            s.ns_path,
+            file.display()
+        ))
+        .await;
+    let mut tasks = Vec::new();
+    for who in ["ours-a", "ours-b"] {
+        let c = s.case.client().await;
+        let file = file.clone();
+        tasks.push(tokio::spawn(async move {
+            let lock = c.lock("shared").unwrap();
+            for i in 0..rounds {
+                let g = lock.acquire().await.unwrap();
+                append(&file, &format!("start {who} {i}"));
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                append(&file, &format!("end {who} {i}"));
+                g.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(60), t)
+            .await
+            .expect("our rounds stuck")
+            .unwrap();
+    }
+    s.peer.expect("rounds-done").await;
+    let history = std::fs::read_to_string(&file).unwrap();
+    let lines: Vec<&str> = history.lines().collect();
+    assert_eq!(lines.len(), 2 * 3 * rounds, "{history}");
+    for pair in lines.chunks(2) {
+        let (a, b) = (pair[0], pair[1]);
+        assert!(
+            a.starts_with("start ") && b == a.replacen("start", "end", 1),
+            "two holders at once:\n{history}"
+        );
+    }
+    let switches = lines
+        .chunks(2)
+        .zip(lines.chunks(2).skip(1))
+        .filter(|(x, y)| x[0].contains("curator") != y[0].contains("curator"))
+        .count();
+    eprintln!("history: {} holds, {switches} hand-overs between Curator and ours", lines.len() / 2);
+    s.peer.quit().await;
+    s.case.finish().await;
+}
+
+fn append(file: &Path, line: &str) {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new().append(true).open(file).unwrap();
+    f.write_all(format!("{line}\n").as_bytes()).unwrap();
+}
+
+/// Our holder, then a Curator waiter, then our waiter: the lock goes to
+/// Curator first, then to ours, in queue order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifo_across_curator_and_ours() {
+    let Some(mut s) = setup().await else { return };
+    let (a, b) = (s.case.client().await, s.case.client().await);
+    let g = a.lock("fifo").unwrap().acquire().await.unwrap();
+    s.peer
+        .send(&format!("lock c1 {}/fifo", s.ns_path))
+        .await;
+    s.peer.expect("ok").await;
+    s.peer.send("acquire c1").await;
+    wait_waiters(&a, "fifo", 1).await;
+    let b2 = b.clone();
+    let ours = tokio::spawn(async move { b2.lock("fifo").unwrap().acquire().await });
+    wait_waiters(&a, "fifo", 2).await;
+    let st = a.inspect("fifo").await.unwrap();
+    assert_eq!(st.waiters[1].session, b.session_id().await.unwrap());
+    let first_token = g.token();
+    g.release().await.unwrap();
+    let line = s.peer.expect("acquired c1").await;
+    eprintln!("Curator: {line}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!ours.is_finished(), "our waiter overtook Curator's");
+    let st = a.inspect("fifo").await.unwrap();
+    assert!(line.ends_with(&st.holders[0].entry), "{line} vs {st:?}");
+    s.peer.send("release c1").await;
+    s.peer.expect("released c1").await;
+    let g2 = tokio::time::timeout(SOON, ours)
+        .await
+        .expect("our waiter not granted after Curator released")
+        .unwrap()
+        .unwrap();
+    assert!(g2.token() > first_token);
+    g2.release().await.unwrap();
+    s.peer.quit().await;
+    s.case.finish().await;
+}
+
+/// Curator's `Revoker.attemptRevoke` on our holder's node fires our
+/// guard's `revoke_requested()`; our `request_revoke` reaches a Curator
+/// holder that called `makeRevocable`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoke_both_ways() {
+    let Some(mut s) = setup().await else { return };
+    let a = s.case.client().await;
+    // Curator -> ours.
+    let g = a.lock("rv").unwrap().acquire().await.unwrap();
+    assert!(!g.is_revoke_requested());
+    s.peer.send(&format!("revoke {}", g.entry())).await;
+    s.peer.expect("revoked").await;
+    tokio::time::timeout(SOON, g.revoke_requested())
+        .await
+        .expect("Revoker.attemptRevoke did not reach our holder");
+    assert!(g.is_held(), "a revoke request is not a loss");
+    g.release().await.unwrap();
+    // Ours -> Curator.
+    s.peer.send(&format!("lock c2 {}/rv", s.ns_path)).await;
+    s.peer.expect("ok").await;
+    s.peer.send("acquire c2").await;
+    s.peer.expect("acquired c2").await;
+    assert!(a.request_revoke("rv").await.unwrap());
+    assert!(
+        s.peer
+            .says_within("revoke-requested c2", SOON)
+            .await,
+        "our request_revoke did not reach Curator's revocable holder"
+    );
+    s.peer.send("release c2").await;
+    s.peer.expect("released c2").await;
+    s.peer.quit().await;
+    s.case.finish().await;
+}
