@@ -3,7 +3,8 @@
 
 use std::fmt;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -28,6 +29,9 @@ pub(crate) struct EtcdSession {
     lease: i64,
     liveness: Arc<SessionLiveness>,
     stop: CancellationToken,
+    /// Watchers of held entries by key, stopped by release/abandon before
+    /// the key is deleted (so that our own delete is not taken for a loss).
+    watchers: Mutex<HashMap<String, CancellationToken>>,
 }
 
 impl fmt::Debug for EtcdSession {
@@ -71,6 +75,7 @@ impl EtcdSession {
             lease: id,
             liveness,
             stop,
+            watchers: Mutex::new(HashMap::new()),
         })
     }
 
@@ -94,7 +99,17 @@ impl EtcdSession {
     /// Starts watching a held entry: its own key for deletion, the revoke
     /// marker for a put naming it. Stops when the entry is finished.
     fn watch_held(&self, req: &AcquireRequest, key: String, token: i64, rev: i64) {
+        let stop = CancellationToken::new();
+        let old = self
+            .watchers
+            .lock()
+            .expect("poisoned")
+            .insert(key.clone(), stop.clone());
+        if let Some(old) = old {
+            old.cancel();
+        }
         let held = Held {
+            stop,
             inner: self.inner.clone(),
             liveness: self.liveness.clone(),
             lease: self.lease,
@@ -105,6 +120,14 @@ impl EtcdSession {
         };
         tokio::spawn(held.run(rev + 1));
     }
+
+    /// Stops the watcher of `key` before we delete it ourselves.
+    fn stop_watching(&self, key: &str) {
+        if let Some(t) = self.watchers.lock().expect("poisoned").remove(key) {
+            t.cancel();
+        }
+    }
+
 }
 
 /// The keepalive loop: one `LeaseKeepAlive` stream, one request every
@@ -185,6 +208,7 @@ async fn keepalive(
 
 /// Watches one held entry until the client layer finishes with it.
 struct Held {
+    stop: CancellationToken,
     inner: Arc<Inner>,
     liveness: Arc<SessionLiveness>,
     lease: i64,
@@ -209,6 +233,7 @@ impl Held {
             loop {
                 tokio::select! {
                     _ = self.signals.finished() => return,
+                    _ = self.stop.cancelled() => return,
                     ev = own.next() => match ev {
                         WatchEvent::Delete => return self.deleted().await,
                         WatchEvent::Put(_) => {}
@@ -227,6 +252,7 @@ impl Held {
             loop {
                 tokio::select! {
                     _ = self.signals.finished() => return,
+                    _ = self.stop.cancelled() => return,
                     _ = tokio::time::sleep(delay) => {}
                 }
                 delay = (delay * 2).min(Duration::from_secs(2));
@@ -392,6 +418,7 @@ impl StoreSession for EtcdSession {
         // key of the same lease), and the revoke marker with it.
         let pfx = self.inner.lock_prefix(&req.name);
         let key = self.key(&pfx);
+        self.stop_watching(&key);
         let txn = Txn::new()
             .when([Compare::create_revision(
                 key.clone(),
@@ -412,6 +439,7 @@ impl StoreSession for EtcdSession {
         let pfx = self.inner.lock_prefix(&req.name);
         let key = self.key(&pfx);
         let marker = self.inner.marker_key(&req.name);
+        self.stop_watching(&key);
         let txn = Txn::new()
             .when([Compare::value(marker.clone(), CompareOp::Equal, key.clone())])
             .and_then([TxnOp::delete(key.clone(), None), TxnOp::delete(marker, None)])
