@@ -1,0 +1,241 @@
+//! `etcdctl lock` (Go's `concurrency.Mutex`) and our client on the same
+//! name exclude each other: both append "start <who>" / "end <who>" lines
+//! to one file inside the lock, and the lines never interleave.
+//!
+//! etcdctl comes from `QUORUMLOCK_ETCDCTL`, else `etcdctl` on PATH.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use conformance_tests::Harness;
+use lockcore::url::Url;
+use lockcore::LockClient;
+use tokio::process::Command;
+use tokio::time::Instant;
+
+const ROUNDS: usize = 4;
+
+fn harness() -> Option<Harness> {
+    Harness::from_env("QUORUMLOCK_TEST_ETCD_URL", |url| async move {
+        Ok(Arc::new(backend_etcd::EtcdBackend::connect(&url).await?) as _)
+    })
+}
+
+fn etcdctl_bin() -> String {
+    std::env::var("QUORUMLOCK_ETCDCTL").unwrap_or_else(|_| "etcdctl".to_string())
+}
+
+/// `etcdctl` with the endpoint and credentials of `url`.
+fn etcdctl(url: &Url) -> Command {
+    let config = backend_etcd::EtcdConfig::from_url(url).expect("test URL");
+    let mut cmd = Command::new(etcdctl_bin());
+    cmd.env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={}", config.endpoints.join(",")))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    if let (Some(u), Some(p)) = (&config.user, &config.password) {
+        cmd.arg(format!("--user={u}:{}", p.expose()));
+    }
+    if let Some(ca) = &config.ca {
+        cmd.arg(format!("--cacert={}", ca.display()));
+    }
+    cmd
+}
+
+/// `etcdctl lock <ns>/<name> -- sh -c '<append start, sleep, append end>'`.
+fn etcdctl_lock(url: &Url, ns: &str, name: &str, file: &Path, who: &str, hold: Duration) -> Command {
+    let script = format!(
+        "echo 'start {who}' >> '{f}'; sleep {s}; echo 'end {who}' >> '{f}'",
+        f = file.display(),
+        s = hold.as_secs_f64()
+    );
+    let mut cmd = etcdctl(url);
+    cmd.arg("lock")
+        .arg(format!("{ns}/{name}"))
+        .arg("--")
+        .arg("sh")
+        .arg("-c")
+        .arg(script);
+    cmd
+}
+
+fn append(file: &Path, line: &str) {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(file)
+        .unwrap();
+    f.write_all(format!("{line}\n").as_bytes()).unwrap();
+}
+
+fn lines(file: &Path) -> Vec<String> {
+    std::fs::read_to_string(file)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Checks that start/end lines come in non-overlapping pairs; returns the
+/// rounds per side.
+fn check_no_overlap(file: &Path) -> (usize, usize) {
+    let ls = lines(file);
+    let (mut ours, mut theirs) = (0, 0);
+    let mut it = ls.iter();
+    while let Some(start) = it.next() {
+        let who = start
+            .strip_prefix("start ")
+            .unwrap_or_else(|| panic!("expected a start line, got {start:?} in {ls:#?}"));
+        let end = it.next().unwrap_or_else(|| panic!("no end after {start:?} in {ls:#?}"));
+        assert_eq!(end, &format!("end {who}"), "holders overlapped: {ls:#?}");
+        if who.starts_with("etcdctl") {
+            theirs += 1;
+        } else {
+            ours += 1;
+        }
+    }
+    (ours, theirs)
+}
+
+fn temp_file(tag: &str) -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "quorumlock-etcd-interop-{tag}-{}",
+        uuid::Uuid::new_v4().simple()
+    ))
+}
+
+async fn run_ok(mut cmd: Command, what: &str) {
+    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
+        .await
+        .unwrap_or_else(|_| panic!("{what} took more than 60 s"))
+        .unwrap_or_else(|e| panic!("{what}: cannot run {}: {e}", etcdctl_bin()));
+    assert!(
+        out.status.success(),
+        "{what} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+async fn our_rounds(c: LockClient, name: &str, file: PathBuf, rounds: usize, hold: Duration) {
+    for r in 0..rounds {
+        let g = tokio::time::timeout(Duration::from_secs(60), c.lock(name).unwrap().acquire())
+            .await
+            .expect("our acquire took more than 60 s")
+            .unwrap();
+        append(&file, &format!("start ours-{r}"));
+        tokio::time::sleep(hold).await;
+        assert!(g.is_held());
+        append(&file, &format!("end ours-{r}"));
+        g.release().await.unwrap();
+        // Give the other side a chance to queue.
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+}
+
+/// Several rounds each, concurrently, on the same name and file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_lock_and_ours_never_overlap() {
+    let Some(h) = harness() else { return };
+    let case = h.case();
+    let url = h.url_for(case.namespace());
+    let ours = case.client().await;
+    let file = temp_file("rounds");
+
+    let (u, ns, f) = (url.clone(), case.namespace().to_string(), file.clone());
+    let theirs = tokio::spawn(async move {
+        for r in 0..ROUNDS {
+            let cmd = etcdctl_lock(&u, &ns, "shared", &f, &format!("etcdctl-{r}"), Duration::from_millis(150));
+            run_ok(cmd, "etcdctl lock").await;
+        }
+    });
+    our_rounds(ours.clone(), "shared", file.clone(), ROUNDS, Duration::from_millis(150)).await;
+    theirs.await.unwrap();
+
+    let (o, t) = check_no_overlap(&file);
+    assert_eq!((o, t), (ROUNDS, ROUNDS), "{:#?}", lines(&file));
+    let _ = std::fs::remove_file(&file);
+    assert!(ours.inspect("shared").await.unwrap().is_free());
+    case.finish().await;
+}
+
+/// etcdctl holds; our waiter is granted only after etcdctl lets go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn our_waiter_behind_etcdctl_holder() {
+    let Some(h) = harness() else { return };
+    let case = h.case();
+    let url = h.url_for(case.namespace());
+    let ours = case.client().await;
+    let file = temp_file("waiter");
+
+    let mut holder = etcdctl_lock(&url, case.namespace(), "held", &file, "etcdctl", Duration::from_millis(1500))
+        .spawn()
+        .expect("spawn etcdctl");
+    let start = Instant::now();
+    while !lines(&file).contains(&"start etcdctl".to_string()) {
+        assert!(start.elapsed() < Duration::from_secs(30), "etcdctl never got the lock");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let state = ours.inspect("held").await.unwrap();
+    assert_eq!(state.holders.len(), 1, "etcdctl's key is not seen as the holder: {state:?}");
+    assert_eq!(
+        ours.lock("held").unwrap().try_acquire().await.unwrap_err().kind(),
+        lockcore::ErrorKind::WouldBlock
+    );
+    let g = ours.lock("held").unwrap().acquire().await.unwrap();
+    append(&file, "start ours");
+    assert_eq!(
+        lines(&file).iter().filter(|l| *l == "end etcdctl").count(),
+        1,
+        "granted while etcdctl held: {:#?}",
+        lines(&file)
+    );
+    append(&file, "end ours");
+    g.release().await.unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(30), holder.wait())
+        .await
+        .expect("etcdctl did not exit")
+        .unwrap();
+    assert!(status.success());
+    assert_eq!(check_no_overlap(&file), (1, 1));
+    let _ = std::fs::remove_file(&file);
+    case.finish().await;
+}
+
+/// We hold; `etcdctl lock` waits until we release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_waiter_behind_our_holder() {
+    let Some(h) = harness() else { return };
+    let case = h.case();
+    let url = h.url_for(case.namespace());
+    let ours = case.client().await;
+    let file = temp_file("holder");
+
+    let g = ours.lock("ours").unwrap().acquire().await.unwrap();
+    append(&file, "start ours");
+    let waiter = etcdctl_lock(&url, case.namespace(), "ours", &file, "etcdctl", Duration::from_millis(10))
+        .spawn()
+        .expect("spawn etcdctl");
+    let start = Instant::now();
+    while ours.inspect("ours").await.unwrap().waiters.is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(30), "etcdctl never queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(lines(&file), vec!["start ours".to_string()], "etcdctl got in while we hold");
+    append(&file, "end ours");
+    g.release().await.unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(30), waiter.wait_with_output())
+        .await
+        .expect("etcdctl was not granted after our release")
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(check_no_overlap(&file), (1, 1));
+    let _ = std::fs::remove_file(&file);
+    case.finish().await;
+}
