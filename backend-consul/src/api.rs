@@ -1,0 +1,420 @@
+//! The few Consul HTTP API calls this backend needs, on `reqwest`.
+//!
+//! There is no maintained async Consul client crate, so this is a thin,
+//! typed layer: KV listing (plain and blocking), `/v1/txn`, and the
+//! session endpoints. Every request is counted in `requests`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use base64::Engine as _;
+use lockcore::url::{Secret, Url};
+use lockcore::{Error, ErrorKind, Result};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::sync::Semaphore;
+
+use crate::config::ConsulConfig;
+use crate::error::ApiError;
+
+/// Timeout of an ordinary (non-blocking) request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// At most this many ordinary requests in flight per backend instance:
+/// Consul limits concurrent connections per client address (200 by
+/// default), and long polls need some of them.
+const MAX_IN_FLIGHT: usize = 32;
+
+/// One KV entry as Consul returns it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub(crate) struct KvEntry {
+    pub key: String,
+    #[serde(default)]
+    pub flags: u64,
+    /// Base64 of the value.
+    #[serde(default)]
+    pub value: Option<String>,
+    /// The session that holds the entry, if any.
+    #[serde(default)]
+    pub session: Option<String>,
+    #[serde(default)]
+    pub create_index: u64,
+    #[serde(default)]
+    pub modify_index: u64,
+}
+
+impl KvEntry {
+    /// The holding session, if the entry is locked.
+    pub fn holder(&self) -> Option<&str> {
+        self.session.as_deref().filter(|s| !s.is_empty())
+    }
+
+    /// The value decoded as our JSON record, if it is one.
+    pub fn record(&self) -> Option<Record> {
+        let raw = base64::engine::general_purpose::STANDARD
+            .decode(self.value.as_deref()?)
+            .ok()?;
+        let r: Record = serde_json::from_slice(&raw).ok()?;
+        (r.quorumlock == 1).then_some(r)
+    }
+}
+
+/// The JSON value we write into our keys (`.lock`, queue keys, `.revoke`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Record {
+    /// Always 1: marks the value as ours.
+    pub quorumlock: u32,
+    /// The acquire attempt that wrote it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub contender: Option<String>,
+    /// Milliseconds since the Unix epoch when it was written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since_ms: Option<u64>,
+    /// For `.revoke`: the token of the holder asked to let go.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<u64>,
+}
+
+impl Record {
+    /// The record as a base64 KV value.
+    pub fn encode(&self) -> String {
+        let json = serde_json::to_vec(self).expect("a record always serializes");
+        base64::engine::general_purpose::STANDARD.encode(json)
+    }
+}
+
+/// How a read waits.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Block {
+    /// Blocking query: return once the index moves past this (0: at once).
+    pub index: u64,
+    /// Longest wait of a blocking query.
+    pub wait: Duration,
+    /// `?consistent`: the leader checks with a quorum that it still leads.
+    pub consistent: bool,
+}
+
+/// The outcome of a `/v1/txn` call that the agent answered.
+#[derive(Debug)]
+pub(crate) enum Txn {
+    /// Committed (or read); the results in op order, checks included.
+    Done(Vec<KvEntry>),
+    /// Rolled back; which ops failed and why.
+    Failed(Vec<TxnError>),
+}
+
+/// One failed op of a rolled-back txn.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub(crate) struct TxnError {
+    pub op_index: usize,
+    pub what: String,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct TxnBody {
+    #[serde(default)]
+    results: Option<Vec<TxnResult>>,
+    #[serde(default)]
+    errors: Option<Vec<TxnError>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct TxnResult {
+    #[serde(rename = "KV")]
+    kv: Option<KvEntry>,
+}
+
+/// The HTTP client of one backend instance.
+pub(crate) struct Api {
+    http: reqwest::Client,
+    base: Url,
+    token: Option<Secret>,
+    dc: Option<String>,
+    requests: AtomicU64,
+    in_flight: Semaphore,
+}
+
+impl std::fmt::Debug for Api {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Api").field("base", &self.base.as_str()).finish()
+    }
+}
+
+type ApiResult<T> = std::result::Result<T, ApiError>;
+
+impl Api {
+    /// A client for the agent of `config`. Reads the CA file, if any.
+    pub fn new(config: &ConsulConfig) -> Result<Api> {
+        let mut b = reqwest::Client::builder()
+            .use_rustls_tls()
+            .connect_timeout(Duration::from_secs(5))
+            .pool_max_idle_per_host(8)
+            .pool_idle_timeout(Duration::from_secs(20))
+            .tcp_nodelay(true);
+        if let Some(path) = &config.ca_file {
+            let pem = std::fs::read(path).map_err(|e| {
+                Error::new(
+                    ErrorKind::InvalidUrl,
+                    format!("URL option ca={}: cannot read it", path.display()),
+                )
+                .with_source(e)
+            })?;
+            let cert = reqwest::Certificate::from_pem(&pem).map_err(|e| {
+                Error::new(
+                    ErrorKind::InvalidUrl,
+                    format!("URL option ca={}: not a PEM certificate", path.display()),
+                )
+                .with_source(e)
+            })?;
+            b = b.add_root_certificate(cert);
+        }
+        let http = b.build().map_err(|e| {
+            Error::new(ErrorKind::Internal, "building the HTTP client failed").with_source(e)
+        })?;
+        Ok(Api {
+            http,
+            base: config.agent_url()?,
+            token: config.token.clone(),
+            dc: config.datacenter.clone(),
+            requests: AtomicU64::new(0),
+            in_flight: Semaphore::new(MAX_IN_FLIGHT),
+        })
+    }
+
+    /// Requests sent so far.
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    fn url(&self, path: &str) -> Url {
+        // Keys use only [A-Za-z0-9-_.:/] (lock names, namespaces and
+        // session UUIDs are validated), so they go into the path as-is.
+        let mut u = self
+            .base
+            .join(path)
+            .unwrap_or_else(|_| self.base.clone());
+        if let Some(dc) = &self.dc {
+            u.query_pairs_mut().append_pair("dc", dc);
+        }
+        u
+    }
+
+    fn request(&self, method: reqwest::Method, u: Url) -> reqwest::RequestBuilder {
+        let mut r = self.http.request(method, u);
+        if let Some(t) = &self.token {
+            r = r.header("X-Consul-Token", t.expose());
+        }
+        r
+    }
+
+    /// Sends `r`, counting it. `uncapped` requests (long polls, each
+    /// waiter holds one; session renewals, which must never queue behind
+    /// other work) skip the in-flight cap.
+    async fn send(
+        &self,
+        r: reqwest::RequestBuilder,
+        uncapped: bool,
+    ) -> ApiResult<reqwest::Response> {
+        let _permit = if uncapped {
+            None
+        } else {
+            Some(self.in_flight.acquire().await.expect("never closed"))
+        };
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        r.send().await.map_err(ApiError::Transport)
+    }
+
+    async fn body(resp: reqwest::Response) -> ApiResult<(u16, String)> {
+        let code = resp.status().as_u16();
+        let text = resp.text().await.map_err(ApiError::Transport)?;
+        Ok((code, text))
+    }
+
+    fn decode<T: for<'de> Deserialize<'de>>(text: &str) -> ApiResult<T> {
+        serde_json::from_str(text).map_err(|e| ApiError::Decode(format!("{e}: {text:.200}")))
+    }
+
+    /// Every entry whose key starts with `prefix`, and the index of the
+    /// answer (`X-Consul-Index`). With `block.index > 0`, a blocking query.
+    pub async fn kv_list(&self, prefix: &str, block: Block) -> ApiResult<(u64, Vec<KvEntry>)> {
+        let mut u = self.url(&format!("v1/kv/{prefix}"));
+        {
+            let mut q = u.query_pairs_mut();
+            q.append_key_only("recurse");
+            if block.consistent {
+                q.append_key_only("consistent");
+            }
+            if block.index > 0 {
+                q.append_pair("index", &block.index.to_string());
+                q.append_pair("wait", &format!("{}ms", block.wait.as_millis()));
+            }
+        }
+        let timeout = if block.index > 0 {
+            // Consul adds up to wait/16 of jitter.
+            block.wait + block.wait / 16 + REQUEST_TIMEOUT
+        } else {
+            REQUEST_TIMEOUT
+        };
+        let r = self.request(reqwest::Method::GET, u).timeout(timeout);
+        let resp = self.send(r, block.index > 0).await?;
+        let index = resp
+            .headers()
+            .get("X-Consul-Index")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+        let (code, text) = Self::body(resp).await?;
+        match code {
+            200 => Ok((index, Self::decode(&text)?)),
+            404 => Ok((index, Vec::new())),
+            _ => Err(ApiError::Status { code, body: text }),
+        }
+    }
+
+    /// Runs one transaction of KV ops (`{"KV": {...}}` objects).
+    pub async fn txn(&self, ops: Vec<Value>) -> ApiResult<Txn> {
+        let ops: Vec<Value> = ops
+            .into_iter()
+            .map(|kv| serde_json::json!({ "KV": kv }))
+            .collect();
+        let r = self
+            .request(reqwest::Method::PUT, self.url("v1/txn"))
+            .timeout(REQUEST_TIMEOUT)
+            .json(&ops);
+        let (code, text) = Self::body(self.send(r, false).await?).await?;
+        match code {
+            200 => {
+                let b: TxnBody = Self::decode(&text)?;
+                Ok(Txn::Done(
+                    b.results
+                        .unwrap_or_default()
+                        .into_iter()
+                        .filter_map(|r| r.kv)
+                        .collect(),
+                ))
+            }
+            409 => {
+                let b: TxnBody = Self::decode(&text)?;
+                Ok(Txn::Failed(b.errors.unwrap_or_default()))
+            }
+            _ => Err(ApiError::Status { code, body: text }),
+        }
+    }
+
+    /// Creates a session; returns its id.
+    pub async fn session_create(&self, body: &Value) -> ApiResult<String> {
+        #[derive(Deserialize)]
+        struct Created {
+            #[serde(rename = "ID")]
+            id: String,
+        }
+        let r = self
+            .request(reqwest::Method::PUT, self.url("v1/session/create"))
+            .timeout(REQUEST_TIMEOUT)
+            .json(body);
+        let (code, text) = Self::body(self.send(r, false).await?).await?;
+        match code {
+            200 => Ok(Self::decode::<Created>(&text)?.id),
+            _ => Err(ApiError::Status { code, body: text }),
+        }
+    }
+
+    /// Renews a session; `Ok(false)` if the store no longer has it.
+    pub async fn session_renew(&self, id: &str, timeout: Duration) -> ApiResult<bool> {
+        let r = self
+            .request(
+                reqwest::Method::PUT,
+                self.url(&format!("v1/session/renew/{id}")),
+            )
+            .timeout(timeout);
+        let (code, text) = Self::body(self.send(r, true).await?).await?;
+        match code {
+            200 => Ok(true),
+            404 => Ok(false),
+            _ => Err(ApiError::Status { code, body: text }),
+        }
+    }
+
+    /// Destroys a session (its locked keys go with it: behavior `delete`).
+    pub async fn session_destroy(&self, id: &str) -> ApiResult<()> {
+        let r = self
+            .request(
+                reqwest::Method::PUT,
+                self.url(&format!("v1/session/destroy/{id}")),
+            )
+            .timeout(REQUEST_TIMEOUT);
+        let (code, text) = Self::body(self.send(r, false).await?).await?;
+        match code {
+            200 => Ok(()),
+            _ => Err(ApiError::Status { code, body: text }),
+        }
+    }
+
+    /// Whether the store still has session `id`.
+    pub async fn session_exists(&self, id: &str) -> ApiResult<bool> {
+        let r = self
+            .request(
+                reqwest::Method::GET,
+                self.url(&format!("v1/session/info/{id}")),
+            )
+            .timeout(REQUEST_TIMEOUT);
+        let (code, text) = Self::body(self.send(r, false).await?).await?;
+        match code {
+            200 => Ok(!Self::decode::<Vec<Value>>(&text)?.is_empty()),
+            _ => Err(ApiError::Status { code, body: text }),
+        }
+    }
+
+    /// The current leader's address (`""` while there is none).
+    pub async fn leader(&self) -> ApiResult<String> {
+        let r = self
+            .request(reqwest::Method::GET, self.url("v1/status/leader"))
+            .timeout(REQUEST_TIMEOUT);
+        let (code, text) = Self::body(self.send(r, false).await?).await?;
+        match code {
+            200 => Self::decode::<String>(&text),
+            _ => Err(ApiError::Status { code, body: text }),
+        }
+    }
+}
+
+/// KV txn ops, as `{"Verb": ..}` objects for [`Api::txn`].
+pub(crate) mod op {
+    use serde_json::{json, Value};
+
+    /// Take `key` with `session` (fails if another session holds it).
+    pub fn lock(key: &str, session: &str, flags: u64, value_b64: &str) -> Value {
+        json!({"Verb": "lock", "Key": key, "Session": session, "Flags": flags, "Value": value_b64})
+    }
+    /// Read `key` (fails the txn if it is missing).
+    pub fn get(key: &str) -> Value {
+        json!({"Verb": "get", "Key": key})
+    }
+    /// Read every key starting with `prefix`.
+    pub fn get_tree(prefix: &str) -> Value {
+        json!({"Verb": "get-tree", "Key": prefix})
+    }
+    /// Fail unless `key`'s ModifyIndex is `index`.
+    pub fn check_index(key: &str, index: u64) -> Value {
+        json!({"Verb": "check-index", "Key": key, "Index": index})
+    }
+    /// Fail if `key` exists.
+    pub fn check_not_exists(key: &str) -> Value {
+        json!({"Verb": "check-not-exists", "Key": key})
+    }
+    /// Fail unless `session` holds `key`.
+    pub fn check_session(key: &str, session: &str) -> Value {
+        json!({"Verb": "check-session", "Key": key, "Session": session})
+    }
+    /// Delete `key` (no error if missing).
+    pub fn delete(key: &str) -> Value {
+        json!({"Verb": "delete", "Key": key})
+    }
+    /// Delete `key` if its ModifyIndex is `index`, else fail.
+    pub fn delete_cas(key: &str, index: u64) -> Value {
+        json!({"Verb": "delete-cas", "Key": key, "Index": index})
+    }
+}

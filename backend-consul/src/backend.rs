@@ -1,0 +1,399 @@
+//! The Consul backend: admin operations and the session factory.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use lockcore::url::Url;
+use lockcore::{
+    Backend, Capabilities, Contender, Error, ErrorKind, LockKind, LockName, LockState, Result,
+    SessionLiveness, StoreSession,
+};
+
+use crate::api::{op, Api, Block, KvEntry, Record, Txn};
+use crate::config::ConsulConfig;
+use crate::error::map;
+use crate::session::ConsulSession;
+
+/// The `Flags` value of `api.Lock` / `consul lock` on `<prefix>/.lock`.
+/// A `.lock` key with other flags belongs to another recipe (for example
+/// a `consul lock -n N` semaphore): acquiring reports a conflict.
+pub const LOCK_FLAGS: u64 = 0x2ddc_cbc0_58a5_0c18;
+
+/// The `Flags` of our queue (contender) keys, `<prefix>/.queue/<session>`.
+pub const QUEUE_FLAGS: u64 = 0x716c_6f63_6b71_7565; // "qlockque"
+
+/// The `Flags` of revoke markers, `<prefix>/.revoke`.
+pub const REVOKE_FLAGS: u64 = 0x716c_6f63_6b72_766b; // "qlockrvk"
+
+/// How many times an admin operation re-reads and retries when the lock
+/// changed under it.
+const ADMIN_RETRIES: usize = 8;
+
+/// The Consul backend: one instance per [`lockcore::LockClient`].
+///
+/// Each [`StoreSession`] is one Consul session (TTL, behavior `delete`)
+/// renewed by one task. See the crate documentation for the key layout.
+#[derive(Clone)]
+pub struct ConsulBackend {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub config: ConsulConfig,
+    pub api: Api,
+    /// Sessions this instance created, for `leftovers()`.
+    opened: Mutex<Vec<String>>,
+}
+
+impl fmt::Debug for ConsulBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConsulBackend")
+            .field("url", &self.inner.config.display)
+            .finish()
+    }
+}
+
+/// The keys of one lock.
+#[derive(Debug, Clone)]
+pub(crate) struct Keys {
+    /// `<ns>/<name>/.lock`: the key `consul lock` uses.
+    pub lock: String,
+    /// `<ns>/<name>/.revoke`: our cooperative revoke marker.
+    pub revoke: String,
+    /// `<ns>/<name>/.queue/`: prefix of our contender keys.
+    pub queue_prefix: String,
+    /// `<ns>/<name>/.`: prefix of every key of this lock (and no nested
+    /// lock's, since name segments never start with `.`).
+    pub tree: String,
+}
+
+impl Keys {
+    pub fn new(config: &ConsulConfig, name: &LockName) -> Keys {
+        let base = config.lock_prefix(name.as_str());
+        Keys {
+            lock: format!("{base}/.lock"),
+            revoke: format!("{base}/.revoke"),
+            queue_prefix: format!("{base}/.queue/"),
+            tree: format!("{base}/."),
+        }
+    }
+
+    /// The queue key of `session`.
+    pub fn queue(&self, session: &str) -> String {
+        format!("{}{session}", self.queue_prefix)
+    }
+}
+
+/// What the store holds for one lock.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct View {
+    /// `.lock`, if it exists.
+    pub lock: Option<KvEntry>,
+    /// `.revoke`, if it exists.
+    pub revoke: Option<KvEntry>,
+    /// Our queue keys that a live session holds, by CreateIndex.
+    pub queue: Vec<KvEntry>,
+}
+
+impl View {
+    pub fn from_entries(keys: &Keys, entries: Vec<KvEntry>) -> View {
+        let mut v = View::default();
+        for e in entries {
+            if e.key == keys.lock {
+                v.lock = Some(e);
+            } else if e.key == keys.revoke {
+                v.revoke = Some(e);
+            } else if e.key.starts_with(&keys.queue_prefix) && e.holder().is_some() {
+                v.queue.push(e);
+            }
+        }
+        v.queue.sort_by_key(|e| e.create_index);
+        v
+    }
+
+    /// The session holding `.lock`, if any.
+    pub fn holder(&self) -> Option<&str> {
+        self.lock.as_ref().and_then(KvEntry::holder)
+    }
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn since(e: &KvEntry) -> Option<SystemTime> {
+    let ms = e.record()?.since_ms?;
+    Some(UNIX_EPOCH + Duration::from_millis(ms))
+}
+
+impl ConsulBackend {
+    /// A backend for `config`. Reads the CA file if one is configured;
+    /// contacts nothing.
+    pub fn new(config: ConsulConfig) -> Result<ConsulBackend> {
+        let api = Api::new(&config)?;
+        Ok(ConsulBackend {
+            inner: Arc::new(Inner {
+                config,
+                api,
+                opened: Mutex::new(Vec::new()),
+            }),
+        })
+    }
+
+    /// Parses and checks `url` (nothing is written for bad input), then
+    /// checks that the agent answers and has a leader.
+    ///
+    /// # Cancel safety
+    /// Only reads; safe to drop.
+    pub async fn connect(url: &Url) -> Result<ConsulBackend> {
+        let b = Self::new(ConsulConfig::from_url(url)?)?;
+        let leader = b
+            .inner
+            .api
+            .leader()
+            .await
+            .map_err(|e| map(e, "asking the agent for its leader"))?;
+        if leader.is_empty() {
+            tracing::warn!(url = %b.inner.config.display, "the Consul agent has no leader yet");
+        }
+        Ok(b)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ConsulConfig {
+        &self.inner.config
+    }
+
+    async fn view(&self, keys: &Keys) -> Result<View> {
+        read_view(&self.inner.api, keys).await
+    }
+}
+
+/// Reads every key of one lock in one request (a read-only txn with
+/// `get-tree`, because a `<name>/.` prefix cannot go into a URL path).
+pub(crate) async fn read_view(api: &Api, keys: &Keys) -> Result<View> {
+    match api
+        .txn(vec![op::get_tree(&keys.tree)])
+        .await
+        .map_err(|e| map(e, "reading a lock"))?
+    {
+        Txn::Done(entries) => Ok(View::from_entries(keys, entries)),
+        Txn::Failed(errs) => Err(Error::new(
+            ErrorKind::Store,
+            format!("Consul: reading {} failed: {errs:?}", keys.tree),
+        )),
+    }
+}
+
+#[async_trait]
+impl Backend for ConsulBackend {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            kill_session: true,
+            rwlock: false,
+            semaphore: false,
+            session_ttl: self.inner.config.ttl,
+        }
+    }
+
+    fn describe(&self) -> String {
+        self.inner.config.display.clone()
+    }
+
+    async fn open_session(
+        &self,
+        liveness: Arc<SessionLiveness>,
+    ) -> Result<Arc<dyn StoreSession>> {
+        let s = ConsulSession::open(self.inner.clone(), liveness).await?;
+        self.inner
+            .opened
+            .lock()
+            .expect("poisoned")
+            .push(s.id_str().to_string());
+        Ok(Arc::new(s))
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<LockState> {
+        let keys = Keys::new(&self.inner.config, name);
+        let v = self.view(&keys).await?;
+        let mut state = LockState::free(name.clone());
+        let holder = v.holder().map(str::to_string);
+        if let (Some(l), Some(h)) = (&v.lock, &holder) {
+            state.holders.push(Contender {
+                session: h.clone(),
+                token: l.modify_index,
+                entry: l.key.clone(),
+                kind: LockKind::Exclusive,
+                since: since(l),
+            });
+        }
+        for q in &v.queue {
+            if q.holder() == holder.as_deref() {
+                continue;
+            }
+            state.waiters.push(Contender {
+                session: q.holder().unwrap_or_default().to_string(),
+                token: q.create_index,
+                entry: q.key.clone(),
+                kind: LockKind::Exclusive,
+                since: since(q),
+            });
+        }
+        Ok(state)
+    }
+
+    async fn break_lock(&self, name: &LockName) -> Result<bool> {
+        let keys = Keys::new(&self.inner.config, name);
+        for _ in 0..ADMIN_RETRIES {
+            let v = self.view(&keys).await?;
+            let (Some(l), Some(h)) = (&v.lock, v.holder()) else {
+                return Ok(false);
+            };
+            // Delete `.lock` at the index we read (the holder's monitor
+            // sees it gone), the holder's queue key (so our next waiter,
+            // which watches it, moves up), and any revoke marker.
+            let ops = vec![
+                op::delete_cas(&keys.lock, l.modify_index),
+                op::delete(&keys.queue(h)),
+                op::delete(&keys.revoke),
+            ];
+            match self
+                .inner
+                .api
+                .txn(ops)
+                .await
+                .map_err(|e| map(e, "breaking a lock"))?
+            {
+                Txn::Done(_) => {
+                    tracing::info!(lock = %name, session = h, token = l.modify_index, "lock broken");
+                    return Ok(true);
+                }
+                Txn::Failed(errs) => {
+                    tracing::debug!(?errs, "the lock changed while breaking it; re-reading");
+                }
+            }
+        }
+        Err(Error::new(
+            ErrorKind::Store,
+            format!("lock {name} kept changing while breaking it"),
+        ))
+    }
+
+    async fn request_revoke(&self, name: &LockName) -> Result<bool> {
+        let keys = Keys::new(&self.inner.config, name);
+        for _ in 0..ADMIN_RETRIES {
+            let v = self.view(&keys).await?;
+            let (Some(l), Some(h)) = (&v.lock, v.holder()) else {
+                return Ok(false);
+            };
+            if l.record().is_none() {
+                tracing::warn!(lock = %name, session = h,
+                    "the holder is not a quorumlock client (consul lock?); it cannot see revoke requests");
+                return Ok(true);
+            }
+            // The marker is locked with the holder's session, and written
+            // only while `.lock` is still at the holder's index: it can
+            // neither outlive the holder's session nor reach a later holder.
+            let rec = Record {
+                quorumlock: 1,
+                since_ms: Some(now_ms()),
+                token: Some(l.modify_index),
+                ..Record::default()
+            };
+            let ops = vec![
+                op::check_index(&keys.lock, l.modify_index),
+                op::lock(&keys.revoke, h, REVOKE_FLAGS, &rec.encode()),
+            ];
+            match self
+                .inner
+                .api
+                .txn(ops)
+                .await
+                .map_err(|e| map(e, "requesting a revoke"))?
+            {
+                Txn::Done(_) => return Ok(true),
+                Txn::Failed(errs) => {
+                    tracing::debug!(?errs, "the lock changed while marking it; re-reading");
+                }
+            }
+        }
+        Err(Error::new(
+            ErrorKind::Store,
+            format!("lock {name} kept changing while requesting a revoke"),
+        ))
+    }
+
+    async fn kill_session(&self, session: &str) -> Result<()> {
+        if session.is_empty() || !session.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+            return Err(Error::new(
+                ErrorKind::Store,
+                format!("{session:?} is not a Consul session id"),
+            ));
+        }
+        self.inner
+            .api
+            .session_destroy(session)
+            .await
+            .map_err(|e| map(e, "destroying a session"))
+    }
+
+    async fn leftovers(&self) -> Result<Vec<String>> {
+        let prefix = self.inner.config.namespace_prefix();
+        let (_, entries) = self
+            .inner
+            .api
+            .kv_list(
+                &prefix,
+                Block {
+                    index: 0,
+                    wait: Duration::ZERO,
+                    consistent: true,
+                },
+            )
+            .await
+            .map_err(|e| map(e, "listing the namespace"))?;
+        let mut out: Vec<String> = entries
+            .into_iter()
+            .filter(|e| {
+                // With an empty namespace the whole KV store is listed:
+                // report only keys of our layout there.
+                !prefix.is_empty()
+                    || e.key.ends_with("/.lock")
+                    || e.key.ends_with("/.revoke")
+                    || e.key.contains("/.queue/")
+            })
+            .map(|e| e.key)
+            .collect();
+        let opened = self.inner.opened.lock().expect("poisoned").clone();
+        let mut gone = Vec::new();
+        for id in opened {
+            if self
+                .inner
+                .api
+                .session_exists(&id)
+                .await
+                .map_err(|e| map(e, "reading a session"))?
+            {
+                out.push(format!("session {id}"));
+            } else {
+                gone.push(id);
+            }
+        }
+        self.inner
+            .opened
+            .lock()
+            .expect("poisoned")
+            .retain(|id| !gone.contains(id));
+        Ok(out)
+    }
+
+    fn requests_sent(&self) -> u64 {
+        self.inner.api.requests()
+    }
+}

@@ -1,0 +1,618 @@
+//! One Consul session: acquire/release/abandon, the renew task and the
+//! monitor of held locks.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lockcore::{
+    AcquireRequest, Acquired, EntrySignals, Error, ErrorKind, LockKind, LossReason, Result,
+    SessionLiveness, StoreSession,
+};
+use serde_json::{json, Value};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::api::{op, Block, KvEntry, Record, Txn, TxnError};
+use crate::backend::{now_ms, read_view, Inner, Keys, View, LOCK_FLAGS, QUEUE_FLAGS};
+use crate::error::map;
+
+/// Longest wait of one blocking query (Consul caps it at 10 minutes).
+const LONG_POLL: Duration = Duration::from_secs(300);
+/// The monitor waits at least this long between two namespace reads, so
+/// that a busy namespace costs a bounded request rate per client.
+const MONITOR_MIN_GAP: Duration = Duration::from_millis(50);
+/// Consecutive failed monitor reads tolerated before the held locks are
+/// declared lost (with backoff, about 7 s).
+const MONITOR_MAX_FAILURES: u32 = 6;
+/// Unexpected txn failures tolerated in one acquire before giving up.
+const MAX_ACQUIRE_RETRIES: u32 = 20;
+
+/// One Consul session (behavior `delete`, TTL renewed at TTL/2).
+pub(crate) struct ConsulSession {
+    s: Arc<Shared>,
+}
+
+struct Shared {
+    backend: Arc<Inner>,
+    id: String,
+    liveness: Arc<SessionLiveness>,
+    stop: CancellationToken,
+    watch: Mutex<Watch>,
+    watch_changed: Notify,
+    /// Per-lock write serialization: a write of an acquire runs to its end
+    /// even if the acquire is dropped, and `abandon` queues behind it.
+    ops: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// Held locks that the monitor watches, and the index of its read in
+/// flight (`None`: no read in flight).
+#[derive(Default)]
+struct Watch {
+    entries: HashMap<String, Watched>,
+    inflight: Option<u64>,
+}
+
+struct Watched {
+    token: u64,
+    revoke_key: String,
+    signals: EntrySignals,
+    /// Compared with a namespace read at or after `token` at least once.
+    checked: bool,
+}
+
+impl fmt::Debug for ConsulSession {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConsulSession")
+            .field("id", &self.s.id)
+            .finish()
+    }
+}
+
+fn go_duration(d: Duration) -> String {
+    format!("{}ms", d.as_millis())
+}
+
+fn session_lost(msg: impl Into<String>) -> Error {
+    Error::new(ErrorKind::SessionLost, msg.into())
+}
+
+fn would_block(keys: &Keys) -> Error {
+    Error::new(ErrorKind::WouldBlock, format!("lock {} is held", keys.lock))
+}
+
+fn failed(what: &str, errs: &[TxnError]) -> Error {
+    Error::new(
+        ErrorKind::Store,
+        format!("Consul: {what} was rolled back: {errs:?}"),
+    )
+}
+
+impl ConsulSession {
+    /// Creates the session, confirms it with the send time of the create,
+    /// and starts the renew task and the monitor.
+    pub(crate) async fn open(
+        backend: Arc<Inner>,
+        liveness: Arc<SessionLiveness>,
+    ) -> Result<ConsulSession> {
+        let cfg = &backend.config;
+        let body = json!({
+            "Name": format!("quorumlock:{}", cfg.namespace),
+            "TTL": go_duration(cfg.ttl),
+            "LockDelay": go_duration(cfg.lock_delay),
+            "Behavior": "delete",
+            // Both fields: Consul 1.8 takes `Checks: []` as "no node checks"
+            // and otherwise defers to `NodeChecks`.
+            "Checks": cfg.checks,
+            "NodeChecks": cfg.checks,
+        });
+        let sent = Instant::now();
+        let id = backend
+            .api
+            .session_create(&body)
+            .await
+            .map_err(|e| map(e, "creating a session"))?;
+        liveness.confirm(sent, cfg.ttl);
+        tracing::debug!(session = %id, ttl = ?cfg.ttl, "Consul session created");
+        let s = Arc::new(Shared {
+            backend,
+            id,
+            liveness,
+            stop: CancellationToken::new(),
+            watch: Mutex::new(Watch::default()),
+            watch_changed: Notify::new(),
+            ops: Mutex::new(HashMap::new()),
+        });
+        tokio::spawn(keepalive(s.clone()));
+        tokio::spawn(monitor(s.clone()));
+        Ok(ConsulSession { s })
+    }
+
+    pub(crate) fn id_str(&self) -> &str {
+        &self.s.id
+    }
+
+    /// Runs a write txn for one lock. The txn runs in its own task under
+    /// the lock's write mutex, so dropping the caller never leaves a write
+    /// half-known: a later `abandon` of the same lock runs after it.
+    async fn write(&self, keys: &Keys, ops: Vec<Value>, what: &'static str) -> Result<Txn> {
+        let m = {
+            let mut map = self.s.ops.lock().expect("poisoned");
+            map.entry(keys.tree.clone()).or_default().clone()
+        };
+        let guard = m.lock_owned().await;
+        // No await between taking the mutex and spawning: a drop of the
+        // caller either sent nothing or leaves the write running.
+        let s = self.s.clone();
+        let tree = keys.tree.clone();
+        let task = tokio::spawn(async move {
+            let r = s.backend.api.txn(ops).await;
+            drop(guard);
+            let mut map = s.ops.lock().expect("poisoned");
+            if map.get(&tree).is_some_and(|m| Arc::strong_count(m) == 1) {
+                map.remove(&tree);
+            }
+            r
+        });
+        task.await
+            .map_err(|e| Error::new(ErrorKind::Internal, "a Consul write task failed").with_source(e))?
+            .map_err(|e| map(e, what))
+    }
+
+    async fn leave_queue(&self, keys: &Keys) -> Result<()> {
+        match self
+            .write(keys, vec![op::delete(&keys.queue(&self.s.id))], "leaving the queue")
+            .await?
+        {
+            Txn::Done(_) => Ok(()),
+            Txn::Failed(errs) => Err(failed("leaving the queue", &errs)),
+        }
+    }
+
+    /// Waits until `pred` (the queue key ahead of ours) is gone.
+    async fn wait_gone(&self, pred: &KvEntry) -> Result<()> {
+        let mut index = pred.modify_index.max(1);
+        loop {
+            let (idx, entries) = self
+                .s
+                .backend
+                .api
+                .kv_list(
+                    &pred.key,
+                    Block {
+                        index,
+                        wait: LONG_POLL,
+                        consistent: false,
+                    },
+                )
+                .await
+                .map_err(|e| map(e, "waiting for the contender ahead"))?;
+            let still = entries.iter().any(|e| {
+                e.key == pred.key && e.create_index == pred.create_index && e.holder().is_some()
+            });
+            if !still {
+                return Ok(());
+            }
+            index = idx.max(1);
+        }
+    }
+
+    /// Waits until `.lock` (held by another session) changes; returns it
+    /// as it is then.
+    async fn wait_lock(&self, keys: &Keys, held: &KvEntry) -> Result<Option<KvEntry>> {
+        let (_, entries) = self
+            .s
+            .backend
+            .api
+            .kv_list(
+                &keys.lock,
+                Block {
+                    index: held.modify_index.max(1),
+                    wait: LONG_POLL,
+                    consistent: true,
+                },
+            )
+            .await
+            .map_err(|e| map(e, "waiting for the holder"))?;
+        Ok(entries.into_iter().find(|e| e.key == keys.lock))
+    }
+
+    /// Hands a granted lock to the monitor.
+    fn watch(&self, keys: &Keys, token: u64, signals: &EntrySignals) {
+        let mut w = self.s.watch.lock().expect("poisoned");
+        w.entries.insert(
+            keys.lock.clone(),
+            Watched {
+                token,
+                revoke_key: keys.revoke.clone(),
+                signals: signals.clone(),
+                checked: false,
+            },
+        );
+        // A read in flight from before the grant (index < token) returns
+        // by itself, since the grant moved the namespace's index; one at
+        // or past it may have been judged without this entry: redo it.
+        let wake = w.inflight.map_or(true, |q| q >= token);
+        drop(w);
+        if wake {
+            self.s.watch_changed.notify_one();
+        }
+    }
+
+    fn unwatch(&self, keys: &Keys) {
+        self.s
+            .watch
+            .lock()
+            .expect("poisoned")
+            .entries
+            .remove(&keys.lock);
+    }
+}
+
+#[async_trait]
+impl StoreSession for ConsulSession {
+    fn id(&self) -> String {
+        self.s.id.clone()
+    }
+
+    async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired> {
+        if req.kind != LockKind::Exclusive {
+            return Err(Error::new(
+                ErrorKind::Store,
+                "the Consul backend has exclusive locks only",
+            ));
+        }
+        let s = &self.s;
+        if !s.liveness.is_alive() {
+            return Err(session_lost("the Consul session is lost"));
+        }
+        let keys = Keys::new(&s.backend.config, &req.name);
+        let qkey = keys.queue(&s.id);
+        let record = |token| Record {
+            quorumlock: 1,
+            contender: Some(req.contender.to_string()),
+            since_ms: Some(now_ms()),
+            token,
+        };
+
+        // 1. Join our queue and read the whole lock in one request.
+        let ops = vec![
+            op::lock(&qkey, &s.id, QUEUE_FLAGS, &record(None).encode()),
+            op::get_tree(&keys.tree),
+        ];
+        let mut view = match self.write(&keys, ops, "joining the queue").await? {
+            Txn::Done(mut results) => {
+                if !results.is_empty() {
+                    results.remove(0); // the lock op's own result
+                }
+                View::from_entries(&keys, results)
+            }
+            Txn::Failed(errs) if errs.iter().any(|e| e.what.contains("invalid session")) => {
+                return Err(session_lost("the Consul session is gone"));
+            }
+            Txn::Failed(errs) => return Err(failed("joining the queue", &errs)),
+        };
+
+        let mut retries = 0;
+        let mut delay_wait = Duration::from_millis(50);
+        loop {
+            let Some(pos) = view
+                .queue
+                .iter()
+                .position(|e| e.key == qkey && e.holder() == Some(s.id.as_str()))
+            else {
+                return Err(session_lost(
+                    "our queue entry is gone (session expired or entry deleted)",
+                ));
+            };
+            if pos > 0 {
+                // 2. Not first among our contenders: wait for the one just
+                // ahead to leave (herd-free: nobody else watches it).
+                if !req.wait {
+                    self.leave_queue(&keys).await?;
+                    return Err(would_block(&keys));
+                }
+                let pred = view.queue[pos - 1].clone();
+                self.wait_gone(&pred).await?;
+                view = read_view(&s.backend.api, &keys).await?;
+                continue;
+            }
+            // 3. First in our queue: only we look at `.lock`.
+            if let Some(l) = &view.lock {
+                if l.flags != LOCK_FLAGS {
+                    return Err(Error::new(
+                        ErrorKind::Conflict,
+                        format!(
+                            "{} has flags {:#x}, not the lock flags {LOCK_FLAGS:#x}: another recipe (a consul lock -n semaphore?) owns it",
+                            keys.lock, l.flags
+                        ),
+                    ));
+                }
+                if let Some(h) = l.holder() {
+                    if h != s.id {
+                        if !req.wait {
+                            self.leave_queue(&keys).await?;
+                            return Err(would_block(&keys));
+                        }
+                        let held = l.clone();
+                        view.lock = self.wait_lock(&keys, &held).await?;
+                        continue;
+                    }
+                }
+            }
+            let check = match &view.lock {
+                Some(l) => op::check_index(&keys.lock, l.modify_index),
+                None => op::check_not_exists(&keys.lock),
+            };
+            let ops = vec![
+                check,
+                op::check_session(&qkey, &s.id),
+                op::lock(&keys.lock, &s.id, LOCK_FLAGS, &record(None).encode()),
+                op::get(&keys.lock),
+            ];
+            match self.write(&keys, ops, "taking the lock").await? {
+                Txn::Done(results) => {
+                    let token = results
+                        .iter()
+                        .rev()
+                        .find(|e| e.key == keys.lock)
+                        .map(|e| e.modify_index)
+                        .ok_or_else(|| {
+                            Error::new(ErrorKind::Internal, "Consul txn returned no .lock entry")
+                        })?;
+                    self.watch(&keys, token, &req.signals);
+                    return Ok(Acquired {
+                        token,
+                        entry: keys.lock.clone(),
+                    });
+                }
+                Txn::Failed(errs) => {
+                    let first = errs.first().cloned();
+                    let (at, what) = first
+                        .map(|e| (e.op_index, e.what))
+                        .unwrap_or((usize::MAX, String::new()));
+                    if at == 1 || what.contains("invalid session") {
+                        return Err(session_lost(
+                            "our queue entry or session is gone (session expired?)",
+                        ));
+                    }
+                    if what.contains("lock delay") {
+                        // The previous holder's session was invalidated
+                        // within its lock-delay; nothing will wake us.
+                        if !req.wait {
+                            self.leave_queue(&keys).await?;
+                            return Err(would_block(&keys));
+                        }
+                        tracing::debug!(lock = %keys.lock, "lock-delay in force; retrying");
+                        tokio::time::sleep(delay_wait).await;
+                        delay_wait = (delay_wait * 2).min(Duration::from_secs(1));
+                    } else if at != 0 {
+                        retries += 1;
+                        if retries > MAX_ACQUIRE_RETRIES {
+                            return Err(failed("taking the lock", &errs));
+                        }
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    // `.lock` changed since we read it (or we slept): re-read.
+                    view = read_view(&s.backend.api, &keys).await?;
+                }
+            }
+        }
+    }
+
+    async fn release(&self, req: &AcquireRequest, held: &Acquired) -> Result<()> {
+        let keys = Keys::new(&self.s.backend.config, &req.name);
+        self.unwatch(&keys);
+        let qkey = keys.queue(&self.s.id);
+        // `.lock` only at our token: never a newer holder's, never a newer
+        // lock of this session (etcd #22082). A revoke marker can only be
+        // there for our token (it is written under a check of `.lock`).
+        let ops = vec![
+            op::delete_cas(&keys.lock, held.token),
+            op::delete(&qkey),
+            op::delete(&keys.revoke),
+        ];
+        match self.write(&keys, ops, "releasing").await? {
+            Txn::Done(_) => Ok(()),
+            Txn::Failed(errs) => {
+                tracing::debug!(lock = %keys.lock, ?errs, "the lock was no longer ours; removing our queue key only");
+                self.leave_queue(&keys).await
+            }
+        }
+    }
+
+    async fn abandon(&self, req: &AcquireRequest) -> Result<()> {
+        let keys = Keys::new(&self.s.backend.config, &req.name);
+        self.unwatch(&keys);
+        let qkey = keys.queue(&self.s.id);
+        // The client layer has at most one request per (session, name), so
+        // a `.lock` that this session holds is this request's.
+        let ops = vec![
+            op::check_session(&keys.lock, &self.s.id),
+            op::delete(&keys.lock),
+            op::delete(&qkey),
+            op::delete(&keys.revoke),
+        ];
+        match self.write(&keys, ops, "abandoning").await? {
+            Txn::Done(_) => Ok(()),
+            Txn::Failed(_) => self.leave_queue(&keys).await,
+        }
+    }
+
+    async fn close(&self) -> Result<()> {
+        self.s.stop.cancel();
+        self.s
+            .backend
+            .api
+            .session_destroy(&self.s.id)
+            .await
+            .map_err(|e| map(e, "destroying the session"))
+    }
+}
+
+impl Drop for ConsulSession {
+    fn drop(&mut self) {
+        self.s.stop.cancel();
+    }
+}
+
+/// The one keepalive task: renews at TTL/2, confirms each success with
+/// its send time, declares the session lost on a 404, retries transient
+/// failures quickly (the client's local deadline fires if they last).
+async fn keepalive(s: Arc<Shared>) {
+    let ttl = s.backend.config.ttl;
+    let timeout = (ttl / 4).max(Duration::from_secs(2));
+    let mut next = ttl / 2;
+    loop {
+        tokio::select! {
+            _ = s.stop.cancelled() => return,
+            _ = s.liveness.lost() => return,
+            _ = tokio::time::sleep(next) => {}
+        }
+        let sent = Instant::now();
+        match s.backend.api.session_renew(&s.id, timeout).await {
+            Ok(true) => {
+                s.liveness.confirm(sent, ttl);
+                next = ttl / 2;
+            }
+            Ok(false) => {
+                tracing::warn!(session = %s.id, "Consul says the session is gone");
+                s.liveness.lose(LossReason::SessionExpired);
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(session = %s.id, error = %e, "renewing the session failed; retrying");
+                next = Duration::from_millis(500);
+            }
+        }
+    }
+}
+
+/// Watches every held lock of the session with ONE blocking query over
+/// the namespace (`<ns>/?recurse&consistent`), and dispatches what it
+/// sees: `.lock` gone or not ours at our token -> loss; a `.revoke`
+/// marker for our token -> revoke request.
+async fn monitor(s: Arc<Shared>) {
+    let prefix = s.backend.config.namespace_prefix();
+    let mut index: u64 = 0;
+    let mut failures: u32 = 0;
+    loop {
+        let query = {
+            let mut w = s.watch.lock().expect("poisoned");
+            w.entries.retain(|_, e| !e.signals.is_finished());
+            let q = if w.entries.is_empty() {
+                None
+            } else {
+                let unchecked = w
+                    .entries
+                    .values()
+                    .filter(|e| !e.checked)
+                    .map(|e| e.token)
+                    .min();
+                Some(match (index, unchecked) {
+                    (0, Some(t)) => t,
+                    (i, Some(t)) => i.min(t),
+                    (i, None) => i,
+                })
+            };
+            w.inflight = q;
+            q
+        };
+        let r = tokio::select! {
+            biased;
+            _ = s.stop.cancelled() => return,
+            _ = s.liveness.lost() => return,
+            _ = s.watch_changed.notified() => continue,
+            r = async {
+                match query {
+                    Some(q) => s.backend.api.kv_list(&prefix, Block { index: q, wait: LONG_POLL, consistent: true }).await,
+                    None => std::future::pending().await,
+                }
+            } => r,
+        };
+        s.watch.lock().expect("poisoned").inflight = None;
+        let gap = match r {
+            Ok((idx, entries)) => {
+                failures = 0;
+                index = idx;
+                let watched = evaluate(&s, idx, &entries).await;
+                MONITOR_MIN_GAP + Duration::from_micros(100 * watched as u64)
+            }
+            Err(e) => {
+                failures += 1;
+                tracing::debug!(session = %s.id, error = %e, failures, "monitor read failed");
+                if failures >= MONITOR_MAX_FAILURES {
+                    tracing::warn!(session = %s.id, error = %e,
+                        "cannot watch the held locks; declaring them lost");
+                    let mut w = s.watch.lock().expect("poisoned");
+                    for (_, e) in w.entries.drain() {
+                        e.signals.lose(LossReason::DeadlinePassed);
+                    }
+                    failures = 0;
+                    index = 0;
+                }
+                Duration::from_millis(250 << failures.min(3))
+            }
+        };
+        tokio::select! {
+            _ = s.stop.cancelled() => return,
+            _ = tokio::time::sleep(gap) => {}
+        }
+    }
+}
+
+/// Judges every watched lock against a namespace read at index `idx`;
+/// returns how many locks are watched.
+async fn evaluate(s: &Shared, idx: u64, entries: &[KvEntry]) -> usize {
+    let by_key: HashMap<&str, &KvEntry> = entries.iter().map(|e| (e.key.as_str(), e)).collect();
+    let mut lost = Vec::new();
+    let watched = {
+        let mut w = s.watch.lock().expect("poisoned");
+        for (key, e) in w.entries.iter_mut() {
+            if e.token > idx {
+                continue; // granted after this read was taken
+            }
+            e.checked = true;
+            let ours = by_key.get(key.as_str()).is_some_and(|l| {
+                l.holder() == Some(s.id.as_str()) && l.modify_index == e.token
+            });
+            if !ours {
+                lost.push((key.clone(), e.token));
+                continue;
+            }
+            if let Some(r) = by_key.get(e.revoke_key.as_str()) {
+                if r.holder() == Some(s.id.as_str())
+                    && r.record().and_then(|r| r.token) == Some(e.token)
+                    && !e.signals.is_revoke_requested()
+                {
+                    tracing::debug!(lock = %key, "revoke requested");
+                    e.signals.request_revoke();
+                }
+            }
+        }
+        w.entries.len()
+    };
+    if lost.is_empty() {
+        return watched;
+    }
+    // Gone because the session is gone, or deleted behind our back?
+    let reason = match s.backend.api.session_exists(&s.id).await {
+        Ok(false) => {
+            s.liveness.lose(LossReason::SessionExpired);
+            LossReason::SessionExpired
+        }
+        _ => LossReason::EntryDeleted,
+    };
+    let mut w = s.watch.lock().expect("poisoned");
+    for (key, token) in lost {
+        if w.entries.get(&key).is_some_and(|e| e.token == token) {
+            let e = w.entries.remove(&key).expect("checked above");
+            tracing::info!(lock = %key, token, %reason, "held lock lost");
+            e.signals.lose(reason);
+        }
+    }
+    w.entries.len()
+}
