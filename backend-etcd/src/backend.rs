@@ -101,7 +101,7 @@ impl EtcdBackend {
                 ))
             }
         };
-        let hub = WatchHub::new(client.watch_client(), requests.clone());
+        let hub = WatchHub::new(client.watch_client(), requests.clone(), config.timeout);
         tracing::debug!(url = %config.display, "etcd backend ready");
         Ok(EtcdBackend {
             inner: Arc::new(Inner {
@@ -209,7 +209,10 @@ impl Inner {
             Ok(Err(e)) => Err(error::map(e, what)),
             Err(_) => Err(Error::new(
                 ErrorKind::Connection,
-                format!("{what}: no answer from etcd within {:?}", self.config.timeout),
+                format!(
+                    "{what}: no answer from etcd within {:?}",
+                    self.config.timeout
+                ),
             )),
         }
     }
@@ -254,7 +257,9 @@ impl Inner {
     /// Contenders of a lock in queue (create revision) order.
     async fn contenders(&self, name: &LockName) -> Result<Vec<KeyValue>> {
         let pfx_slash = format!("{}/", self.lock_prefix(name));
-        let resp = self.get("range contenders", pfx_slash.clone(), first_created()).await?;
+        let resp = self
+            .get("range contenders", pfx_slash.clone(), first_created())
+            .await?;
         Ok(resp
             .kvs()
             .iter()
@@ -267,9 +272,14 @@ impl Inner {
     async fn holder(&self, name: &LockName) -> Result<Option<KeyValue>> {
         let pfx_slash = format!("{}/", self.lock_prefix(name));
         let resp = self
-            .get("range holder", pfx_slash.clone(), first_created().with_limit(1))
+            .get(
+                "range holder",
+                pfx_slash.clone(),
+                first_created().with_limit(1),
+            )
             .await?;
-        self.first_contender(&pfx_slash, resp.kvs(), first_created()).await
+        self.first_contender(&pfx_slash, resp.kvs(), first_created())
+            .await
     }
 
     pub(crate) fn record_lease(&self, id: i64) {
@@ -280,7 +290,9 @@ impl Inner {
     /// Whether etcd still has lease `id` (TimeToLive reports ttl > 0).
     pub(crate) async fn lease_alive(&self, id: i64) -> Result<bool> {
         let mut lease = self.client.lease_client();
-        let r = self.call("lease time-to-live", lease.time_to_live(id, None)).await?;
+        let r = self
+            .call("lease time-to-live", lease.time_to_live(id, None))
+            .await?;
         Ok(r.ttl() > 0)
     }
 }
@@ -326,8 +338,18 @@ impl Backend for EtcdBackend {
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
-        let mut all: Vec<Contender> = self.inner.contenders(name).await?.iter().map(contender).collect();
-        let waiters = if all.is_empty() { Vec::new() } else { all.split_off(1) };
+        let mut all: Vec<Contender> = self
+            .inner
+            .contenders(name)
+            .await?
+            .iter()
+            .map(contender)
+            .collect();
+        let waiters = if all.is_empty() {
+            Vec::new()
+        } else {
+            all.split_off(1)
+        };
         Ok(LockState {
             name: name.clone(),
             holders: all,
@@ -344,7 +366,11 @@ impl Backend for EtcdBackend {
                 return Ok(false);
             };
             let txn = Txn::new()
-                .when([Compare::create_revision(h.key(), CompareOp::Equal, h.create_revision())])
+                .when([Compare::create_revision(
+                    h.key(),
+                    CompareOp::Equal,
+                    h.create_revision(),
+                )])
                 .and_then([
                     TxnOp::delete(h.key(), None),
                     TxnOp::delete(marker.clone(), None),
@@ -373,7 +399,11 @@ impl Backend for EtcdBackend {
                 l => Some(PutOptions::new().with_lease(l)),
             };
             let txn = Txn::new()
-                .when([Compare::create_revision(h.key(), CompareOp::Equal, h.create_revision())])
+                .when([Compare::create_revision(
+                    h.key(),
+                    CompareOp::Equal,
+                    h.create_revision(),
+                )])
                 .and_then([TxnOp::put(marker.clone(), h.key().to_vec(), put)]);
             if self.inner.txn("request revoke", txn).await?.succeeded() {
                 return Ok(true);
@@ -404,7 +434,11 @@ impl Backend for EtcdBackend {
         } else {
             GetOptions::new().with_prefix().with_keys_only()
         };
-        let key = if prefix.is_empty() { vec![0] } else { prefix.into_bytes() };
+        let key = if prefix.is_empty() {
+            vec![0]
+        } else {
+            prefix.into_bytes()
+        };
         let resp = self.inner.get("range namespace", key, opts).await?;
         let mut out: Vec<String> = resp
             .kvs()

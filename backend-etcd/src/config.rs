@@ -223,7 +223,10 @@ mod tests {
         assert_eq!(c.namespace, "");
         assert_eq!(c.ttl, DEFAULT_TTL);
         assert_eq!(c.timeout, DEFAULT_TIMEOUT);
-        assert_eq!((c.user, c.password, c.ca, c.client_cert), (None, None, None, None));
+        assert_eq!(
+            (c.user, c.password, c.ca, c.client_cert),
+            (None, None, None, None)
+        );
     }
 
     #[test]
@@ -234,7 +237,10 @@ mod tests {
         assert_eq!(c.ttl, Duration::from_secs(3));
         assert_eq!(c.ttl_secs(), 3);
         assert_eq!(c.timeout, Duration::from_millis(750));
-        assert_eq!(cfg("etcd://h?ttl=2m").unwrap().ttl, Duration::from_secs(120));
+        assert_eq!(
+            cfg("etcd://h?ttl=2m").unwrap().ttl,
+            Duration::from_secs(120)
+        );
     }
 
     #[test]
@@ -252,7 +258,10 @@ mod tests {
         assert_eq!(c.user.as_deref(), Some("alice"));
         assert_eq!(c.password.as_ref().unwrap().expose(), "hun@ter2");
         let dbg = format!("{c:?}");
-        assert!(!dbg.contains("hun@ter2") && !dbg.contains("hun%40ter2"), "{dbg}");
+        assert!(
+            !dbg.contains("hun@ter2") && !dbg.contains("hun%40ter2"),
+            "{dbg}"
+        );
         assert!(!c.display.contains("hun"), "{}", c.display);
         assert!(c.display.contains("alice"), "{}", c.display);
     }

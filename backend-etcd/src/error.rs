@@ -84,7 +84,10 @@ mod tests {
 
     #[test]
     fn kinds() {
-        assert_eq!(k(Status::unavailable("etcdserver: no leader")), ErrorKind::Connection);
+        assert_eq!(
+            k(Status::unavailable("etcdserver: no leader")),
+            ErrorKind::Connection
+        );
         assert_eq!(
             k(Status::invalid_argument(
                 "etcdserver: authentication failed, invalid user ID or password"
@@ -104,7 +107,10 @@ mod tests {
             ErrorKind::SessionLost
         );
         assert_eq!(k(Status::out_of_range("compacted")), ErrorKind::Store);
-        let e = map(EtcdError::LeaseKeepAliveError("lease not found".into()), "keepalive");
+        let e = map(
+            EtcdError::LeaseKeepAliveError("lease not found".into()),
+            "keepalive",
+        );
         assert_eq!(e.kind(), ErrorKind::SessionLost);
         assert!(!map(EtcdError::GRpcStatus(Status::unauthenticated("x")), "t").is_retryable());
         assert!(map(EtcdError::GRpcStatus(Status::unavailable("x")), "t").is_retryable());

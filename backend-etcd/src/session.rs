@@ -1,16 +1,16 @@
 //! One etcd lease per client session, its ONE keepalive task, and the lock
 //! protocol of Go's `concurrency.Mutex` on top of it.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::Ordering;
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{
-    Compare, CompareOp, KeyValue, LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn,
-    TxnOp, WatchFilterType,
+    Compare, CompareOp, KeyValue, LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn, TxnOp,
+    WatchFilterType,
 };
 use lockcore::{
     AcquireRequest, Acquired, EntrySignals, Error, ErrorKind, LossReason, Result, SessionLiveness,
@@ -54,7 +54,11 @@ impl EtcdSession {
         if resp.ttl() <= 0 || resp.id() == 0 {
             return Err(Error::new(
                 ErrorKind::Store,
-                format!("etcd granted a lease with ttl {} and id {}", resp.ttl(), resp.id()),
+                format!(
+                    "etcd granted a lease with ttl {} and id {}",
+                    resp.ttl(),
+                    resp.id()
+                ),
             ));
         }
         let id = resp.id();
@@ -121,13 +125,29 @@ impl EtcdSession {
         tokio::spawn(held.run(rev + 1));
     }
 
+    /// Runs a read-only or idempotent txn, retrying connection trouble
+    /// while the lease can still be alive: a waiter keeps its place in the
+    /// queue across a short outage instead of re-queueing at the end.
+    async fn retrying(&self, what: &str, txn: Txn) -> Result<etcd_client::TxnResponse> {
+        let mut delay = Duration::from_millis(50);
+        loop {
+            match self.inner.txn(what, txn.clone()).await {
+                Err(e) if e.kind() == ErrorKind::Connection && self.liveness.is_alive() => {
+                    tracing::debug!(error = %e, "{what} failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(1));
+                }
+                r => return r,
+            }
+        }
+    }
+
     /// Stops the watcher of `key` before we delete it ourselves.
     fn stop_watching(&self, key: &str) {
         if let Some(t) = self.watchers.lock().expect("poisoned").remove(key) {
             t.cancel();
         }
     }
-
 }
 
 /// The keepalive loop: one `LeaseKeepAlive` stream, one request every
@@ -226,10 +246,10 @@ impl Held {
                 .inner
                 .hub
                 .watch(self.key.clone(), from, WatchFilterType::NoPut);
-            let mut mark = self
-                .inner
-                .hub
-                .watch(self.marker.clone(), from, WatchFilterType::NoDelete);
+            let mut mark =
+                self.inner
+                    .hub
+                    .watch(self.marker.clone(), from, WatchFilterType::NoDelete);
             loop {
                 tokio::select! {
                     _ = self.signals.finished() => return,
@@ -326,14 +346,24 @@ impl StoreSession for EtcdSession {
         let txn = Txn::new()
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
             .and_then([
-                TxnOp::put(key.clone(), "", Some(PutOptions::new().with_lease(self.lease))),
+                TxnOp::put(
+                    key.clone(),
+                    "",
+                    Some(PutOptions::new().with_lease(self.lease)),
+                ),
                 TxnOp::get(pfx_slash.clone(), Some(first_created().with_limit(1))),
             ])
             .or_else([
                 TxnOp::get(key.clone(), None),
                 TxnOp::get(pfx_slash.clone(), Some(first_created().with_limit(1))),
             ]);
-        let resp = self.inner.txn("enqueue", txn).await?;
+        // A lost reply is retried with the same txn: it finds the key the
+        // first try created instead of creating a second one.
+        let resp = if req.wait {
+            self.retrying("enqueue", txn).await?
+        } else {
+            self.inner.txn("enqueue", txn).await?
+        };
         let mut rev = header_revision(&resp);
         let my_rev = if resp.succeeded() {
             rev
@@ -368,7 +398,7 @@ impl StoreSession for EtcdSession {
                     ),
                     TxnOp::get(key.clone(), None),
                 ]);
-                let resp = self.inner.txn("find predecessor", txn).await?;
+                let resp = self.retrying("find predecessor", txn).await?;
                 rev = header_revision(&resp);
                 // Never grant on an expired lease (etcd #11456, #9921).
                 match range_at(&resp, 1)?.kvs().first() {
@@ -388,10 +418,10 @@ impl StoreSession for EtcdSession {
                     )
                     .await?;
                 let Some(pred) = pred else { break };
-                let mut w = self
-                    .inner
-                    .hub
-                    .watch(pred.key().to_vec(), rev + 1, WatchFilterType::NoPut);
+                let mut w =
+                    self.inner
+                        .hub
+                        .watch(pred.key().to_vec(), rev + 1, WatchFilterType::NoPut);
                 tracing::trace!(
                     lock = %req.name,
                     waits_for = %String::from_utf8_lossy(pred.key()),
@@ -441,8 +471,15 @@ impl StoreSession for EtcdSession {
         let marker = self.inner.marker_key(&req.name);
         self.stop_watching(&key);
         let txn = Txn::new()
-            .when([Compare::value(marker.clone(), CompareOp::Equal, key.clone())])
-            .and_then([TxnOp::delete(key.clone(), None), TxnOp::delete(marker, None)])
+            .when([Compare::value(
+                marker.clone(),
+                CompareOp::Equal,
+                key.clone(),
+            )])
+            .and_then([
+                TxnOp::delete(key.clone(), None),
+                TxnOp::delete(marker, None),
+            ])
             .or_else([TxnOp::delete(key, None)]);
         self.inner.txn("abandon", txn).await?;
         Ok(())
@@ -451,7 +488,11 @@ impl StoreSession for EtcdSession {
     async fn close(&self) -> Result<()> {
         self.stop.cancel();
         let mut lease = self.inner.client.lease_client();
-        match self.inner.call("lease revoke", lease.revoke(self.lease)).await {
+        match self
+            .inner
+            .call("lease revoke", lease.revoke(self.lease))
+            .await
+        {
             Ok(_) => Ok(()),
             Err(e) if e.kind() == ErrorKind::SessionLost => Ok(()),
             Err(e) => Err(e),
@@ -464,4 +505,3 @@ impl Drop for EtcdSession {
         self.stop.cancel();
     }
 }
-

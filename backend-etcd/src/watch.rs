@@ -14,6 +14,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use etcd_client::{
     EventType, KeyValue, WatchClient, WatchFilterType, WatchOptions, WatchRequestSender,
@@ -75,9 +76,13 @@ impl Drop for Watch {
 impl WatchHub {
     /// Starts the watch task; it opens the stream on the first watch and
     /// ends when the hub and all its watches are dropped.
-    pub(crate) fn new(client: WatchClient, requests: Arc<AtomicU64>) -> Self {
+    pub(crate) fn new(
+        client: WatchClient,
+        requests: Arc<AtomicU64>,
+        open_timeout: Duration,
+    ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(client, rx, requests));
+        tokio::spawn(run(client, rx, requests, open_timeout));
         WatchHub {
             cmd: tx,
             next_id: AtomicI64::new(1),
@@ -120,14 +125,21 @@ struct Stream {
     responses: WatchResponseStream,
 }
 
-async fn next_response(stream: &mut Option<Stream>) -> Result<Option<WatchResponse>, etcd_client::Error> {
+async fn next_response(
+    stream: &mut Option<Stream>,
+) -> Result<Option<WatchResponse>, etcd_client::Error> {
     match stream {
         Some(s) => s.responses.message().await,
         None => std::future::pending().await,
     }
 }
 
-async fn run(mut client: WatchClient, mut rx: mpsc::UnboundedReceiver<Cmd>, requests: Arc<AtomicU64>) {
+async fn run(
+    mut client: WatchClient,
+    mut rx: mpsc::UnboundedReceiver<Cmd>,
+    requests: Arc<AtomicU64>,
+    open_timeout: Duration,
+) {
     let mut subs: HashMap<i64, mpsc::UnboundedSender<WatchEvent>> = HashMap::new();
     let mut stream: Option<Stream> = None;
     loop {
@@ -147,7 +159,10 @@ async fn run(mut client: WatchClient, mut rx: mpsc::UnboundedReceiver<Cmd>, requ
                         Some(s) => s.sender.watch(key, Some(opts)).await.map_err(|e| {
                             tracing::debug!(error = %e, "etcd watch stream closed");
                         }),
-                        None => match client.watch(key, Some(opts)).await {
+                        None => match tokio::time::timeout(open_timeout, client.watch(key, Some(opts)))
+                            .await
+                            .unwrap_or_else(|_| Err(etcd_client::Error::WatchError("opening the watch stream timed out".into())))
+                        {
                             Ok(ws) => {
                                 let (sender, responses) = ws.split();
                                 stream = Some(Stream { sender, responses });
@@ -196,7 +211,10 @@ async fn run(mut client: WatchClient, mut rx: mpsc::UnboundedReceiver<Cmd>, requ
     }
 }
 
-fn break_stream(stream: &mut Option<Stream>, subs: &mut HashMap<i64, mpsc::UnboundedSender<WatchEvent>>) {
+fn break_stream(
+    stream: &mut Option<Stream>,
+    subs: &mut HashMap<i64, mpsc::UnboundedSender<WatchEvent>>,
+) {
     *stream = None;
     for (_, tx) in subs.drain() {
         let _ = tx.send(WatchEvent::Lost);

@@ -54,7 +54,10 @@ async fn requests_per_release(h: &Harness, waiters: usize) -> u64 {
         // Queue them one by one, so the arrival order is known.
         let start = tokio::time::Instant::now();
         while holder.inspect("herd").await.unwrap().waiters.len() < i + 1 {
-            assert!(start.elapsed() < Duration::from_secs(30), "waiter {i} never queued");
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "waiter {i} never queued"
+            );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
@@ -104,5 +107,8 @@ async fn one_release_costs_the_same_with_4_and_16_waiters() {
     // release txn + 2 watch cancels (holder); watch cancel + 1 txn
     // (re-check) + 2 watch creates (next holder): 7, measured 7.
     assert!(four <= 10, "{four} requests for one release with 4 waiters");
-    assert_eq!(four, sixteen, "the cost of a release grows with the waiters");
+    assert_eq!(
+        four, sixteen,
+        "the cost of a release grows with the waiters"
+    );
 }

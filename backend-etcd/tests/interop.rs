@@ -48,7 +48,14 @@ fn etcdctl(url: &Url) -> Command {
 }
 
 /// `etcdctl lock <ns>/<name> -- sh -c '<append start, sleep, append end>'`.
-fn etcdctl_lock(url: &Url, ns: &str, name: &str, file: &Path, who: &str, hold: Duration) -> Command {
+fn etcdctl_lock(
+    url: &Url,
+    ns: &str,
+    name: &str,
+    file: &Path,
+    who: &str,
+    hold: Duration,
+) -> Command {
     let script = format!(
         "echo 'start {who}' >> '{f}'; sleep {s}; echo 'end {who}' >> '{f}'",
         f = file.display(),
@@ -91,7 +98,9 @@ fn check_no_overlap(file: &Path) -> (usize, usize) {
         let who = start
             .strip_prefix("start ")
             .unwrap_or_else(|| panic!("expected a start line, got {start:?} in {ls:#?}"));
-        let end = it.next().unwrap_or_else(|| panic!("no end after {start:?} in {ls:#?}"));
+        let end = it
+            .next()
+            .unwrap_or_else(|| panic!("no end after {start:?} in {ls:#?}"));
         assert_eq!(end, &format!("end {who}"), "holders overlapped: {ls:#?}");
         if who.starts_with("etcdctl") {
             theirs += 1;
@@ -150,11 +159,25 @@ async fn etcdctl_lock_and_ours_never_overlap() {
     let (u, ns, f) = (url.clone(), case.namespace().to_string(), file.clone());
     let theirs = tokio::spawn(async move {
         for r in 0..ROUNDS {
-            let cmd = etcdctl_lock(&u, &ns, "shared", &f, &format!("etcdctl-{r}"), Duration::from_millis(150));
+            let cmd = etcdctl_lock(
+                &u,
+                &ns,
+                "shared",
+                &f,
+                &format!("etcdctl-{r}"),
+                Duration::from_millis(150),
+            );
             run_ok(cmd, "etcdctl lock").await;
         }
     });
-    our_rounds(ours.clone(), "shared", file.clone(), ROUNDS, Duration::from_millis(150)).await;
+    our_rounds(
+        ours.clone(),
+        "shared",
+        file.clone(),
+        ROUNDS,
+        Duration::from_millis(150),
+    )
+    .await;
     theirs.await.unwrap();
 
     let (o, t) = check_no_overlap(&file);
@@ -173,18 +196,37 @@ async fn our_waiter_behind_etcdctl_holder() {
     let ours = case.client().await;
     let file = temp_file("waiter");
 
-    let mut holder = etcdctl_lock(&url, case.namespace(), "held", &file, "etcdctl", Duration::from_millis(1500))
-        .spawn()
-        .expect("spawn etcdctl");
+    let mut holder = etcdctl_lock(
+        &url,
+        case.namespace(),
+        "held",
+        &file,
+        "etcdctl",
+        Duration::from_millis(1500),
+    )
+    .spawn()
+    .expect("spawn etcdctl");
     let start = Instant::now();
     while !lines(&file).contains(&"start etcdctl".to_string()) {
-        assert!(start.elapsed() < Duration::from_secs(30), "etcdctl never got the lock");
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "etcdctl never got the lock"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let state = ours.inspect("held").await.unwrap();
-    assert_eq!(state.holders.len(), 1, "etcdctl's key is not seen as the holder: {state:?}");
     assert_eq!(
-        ours.lock("held").unwrap().try_acquire().await.unwrap_err().kind(),
+        state.holders.len(),
+        1,
+        "etcdctl's key is not seen as the holder: {state:?}"
+    );
+    assert_eq!(
+        ours.lock("held")
+            .unwrap()
+            .try_acquire()
+            .await
+            .unwrap_err()
+            .kind(),
         lockcore::ErrorKind::WouldBlock
     );
     let g = ours.lock("held").unwrap().acquire().await.unwrap();
@@ -218,23 +260,41 @@ async fn etcdctl_waiter_behind_our_holder() {
 
     let g = ours.lock("ours").unwrap().acquire().await.unwrap();
     append(&file, "start ours");
-    let waiter = etcdctl_lock(&url, case.namespace(), "ours", &file, "etcdctl", Duration::from_millis(10))
-        .spawn()
-        .expect("spawn etcdctl");
+    let waiter = etcdctl_lock(
+        &url,
+        case.namespace(),
+        "ours",
+        &file,
+        "etcdctl",
+        Duration::from_millis(10),
+    )
+    .spawn()
+    .expect("spawn etcdctl");
     let start = Instant::now();
     while ours.inspect("ours").await.unwrap().waiters.is_empty() {
-        assert!(start.elapsed() < Duration::from_secs(30), "etcdctl never queued");
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "etcdctl never queued"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(lines(&file), vec!["start ours".to_string()], "etcdctl got in while we hold");
+    assert_eq!(
+        lines(&file),
+        vec!["start ours".to_string()],
+        "etcdctl got in while we hold"
+    );
     append(&file, "end ours");
     g.release().await.unwrap();
     let out = tokio::time::timeout(Duration::from_secs(30), waiter.wait_with_output())
         .await
         .expect("etcdctl was not granted after our release")
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(check_no_overlap(&file), (1, 1));
     let _ = std::fs::remove_file(&file);
     case.finish().await;
