@@ -1,0 +1,269 @@
+//! `consul lock` (Consul's own CLI, Go `api.Lock` underneath) and our
+//! client on the same key exclude each other, both ways.
+//!
+//! Needs `QUORUMLOCK_TEST_CONSUL_URL` and the `consul` binary
+//! (`QUORUMLOCK_CONSUL_BIN`, else `consul` on `PATH`).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use conformance_tests::{Case, Harness};
+use lockcore::{ErrorKind, LockClient};
+use tokio::process::Command;
+use tokio::time::Instant;
+
+const ROUNDS: usize = 4;
+const HOLD: Duration = Duration::from_millis(250);
+
+fn harness() -> Option<Harness> {
+    Harness::from_env("QUORUMLOCK_TEST_CONSUL_URL", |url| async move {
+        Ok(Arc::new(backend_consul::ConsulBackend::connect(&url).await?) as _)
+    })
+}
+
+fn consul_bin() -> String {
+    std::env::var("QUORUMLOCK_CONSUL_BIN")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "consul".to_string())
+}
+
+/// `consul lock` on `<ns>/<name>` (so on `<ns>/<name>/.lock`) running
+/// `sh -c script`, against the agent of the case's URL.
+fn consul_lock(case: &Case, name: &str, extra: &[&str], script: &str) -> Command {
+    let url = case.harness().url_for(case.namespace());
+    let addr = format!(
+        "{}:{}",
+        url.host_str().expect("host"),
+        url.port().unwrap_or(backend_consul::DEFAULT_PORT)
+    );
+    let mut c = Command::new(consul_bin());
+    c.arg("lock")
+        .arg("-shell=false")
+        .args(extra)
+        .arg(format!("{}/{name}", case.namespace()))
+        .args(["sh", "-c", script])
+        .env("CONSUL_HTTP_ADDR", addr)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    c
+}
+
+fn scratch(case: &Case, what: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("ql-consul-{}-{what}", case.namespace()))
+}
+
+fn append(path: &Path, line: &str) {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap();
+    writeln!(f, "{line}").unwrap();
+}
+
+async fn run_ok(mut cmd: Command, what: &str) {
+    let out = cmd.output().await.unwrap_or_else(|e| {
+        panic!(
+            "running {} failed ({e}); set QUORUMLOCK_CONSUL_BIN",
+            consul_bin()
+        )
+    });
+    assert!(
+        out.status.success(),
+        "{what}: {} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+async fn wait_for_file(path: &Path) {
+    let start = Instant::now();
+    while !path.exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{} never appeared",
+            path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Several rounds each of `consul lock` and our client on one key, both
+/// appending start/end lines to one file: the lines never interleave.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consul_lock_and_ours_never_hold_together() {
+    let Some(h) = harness() else { return };
+    let case = h.case();
+    let ours = case.client().await;
+    let log = scratch(&case, "log");
+    let _ = std::fs::remove_file(&log);
+
+    let script = format!(
+        "echo 'consul start' >> {0}; sleep {1}; echo 'consul end' >> {0}",
+        log.display(),
+        HOLD.as_secs_f64()
+    );
+    let theirs = {
+        let cmds: Vec<Command> = (0..ROUNDS)
+            .map(|_| consul_lock(&case, "shared", &[], &script))
+            .collect();
+        tokio::spawn(async move {
+            for (i, c) in cmds.into_iter().enumerate() {
+                run_ok(c, &format!("consul lock round {i}")).await;
+            }
+        })
+    };
+    let mine = {
+        let (ours, log) = (ours.clone(), log.clone());
+        tokio::spawn(async move {
+            let lock = ours.lock("shared").unwrap();
+            let mut last = 0;
+            for _ in 0..ROUNDS {
+                let g = tokio::time::timeout(Duration::from_secs(60), lock.acquire())
+                    .await
+                    .expect("our acquire took over 60 s")
+                    .unwrap();
+                assert!(g.token() > last, "tokens must increase");
+                last = g.token();
+                append(&log, "ours start");
+                tokio::time::sleep(HOLD).await;
+                assert!(g.is_held());
+                append(&log, "ours end");
+                g.release().await.unwrap();
+                // Give `consul lock` (which polls after a release) a chance.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+    mine.await.unwrap();
+    theirs.await.unwrap();
+
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 4 * ROUNDS, "{text}");
+    for pair in lines.chunks(2) {
+        let who = pair[0].strip_suffix(" start").expect(&text);
+        assert_eq!(pair[1], format!("{who} end"), "two holders at once:\n{text}");
+    }
+    let _ = std::fs::remove_file(&log);
+    case.finish().await;
+}
+
+/// While we hold, `consul lock` waits (and gives up on its timeout without
+/// running its command); after our release it gets the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consul_lock_waits_for_us() {
+    let Some(h) = harness() else { return };
+    let case = h.case();
+    let ours = case.client().await;
+    let marker = scratch(&case, "ran");
+    let _ = std::fs::remove_file(&marker);
+    let script = format!("echo ran >> {}", marker.display());
+
+    let g = ours.lock("mine").unwrap().acquire().await.unwrap();
+    let mut c = consul_lock(&case, "mine", &["-timeout=1s"], &script);
+    let out = c.output().await.expect("running consul lock");
+    assert!(!out.status.success(), "consul lock got a lock we hold");
+    assert!(!marker.exists(), "consul lock ran its command while we held the lock");
+
+    // Now a patient one: it runs only after our release.
+    let waiting = tokio::spawn({
+        let c = consul_lock(&case, "mine", &["-timeout=30s"], &script);
+        async move { run_ok(c, "consul lock after our release").await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!marker.exists(), "consul lock ran while we held the lock");
+    g.release().await.unwrap();
+    waiting.await.unwrap();
+    assert!(marker.exists());
+    let _ = std::fs::remove_file(&marker);
+    case.finish().await;
+}
+
+/// While `consul lock` holds, our try-acquire says WouldBlock, inspect
+/// shows the foreign holder and our waiter, and our acquire is granted
+/// only after its command ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn we_wait_for_consul_lock() {
+    let Some(h) = harness() else { return };
+    let case = h.case();
+    let ours: LockClient = case.client().await;
+    let (held, done) = (scratch(&case, "held"), scratch(&case, "done"));
+    let _ = std::fs::remove_file(&held);
+    let _ = std::fs::remove_file(&done);
+    let script = format!(
+        "touch {}; sleep 1.5; touch {}",
+        held.display(),
+        done.display()
+    );
+    let theirs = tokio::spawn({
+        let c = consul_lock(&case, "theirs", &[], &script);
+        async move { run_ok(c, "consul lock holding").await }
+    });
+    wait_for_file(&held).await;
+
+    let lock = ours.lock("theirs").unwrap();
+    let e = lock.try_acquire().await.expect_err("try-acquire of a held lock");
+    assert_eq!(e.kind(), ErrorKind::WouldBlock, "{e}");
+
+    let waiter = tokio::spawn({
+        let lock = lock.clone();
+        async move { lock.acquire().await }
+    });
+    let start = Instant::now();
+    loop {
+        let st = ours.inspect("theirs").await.unwrap();
+        if st.waiters.len() == 1 {
+            assert_eq!(st.holders.len(), 1, "{st:?}");
+            assert_ne!(Some(&st.holders[0].session), ours.session_id().await.as_ref());
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "never queued: {st:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let g = tokio::time::timeout(Duration::from_secs(30), waiter)
+        .await
+        .expect("not granted after consul lock ended")
+        .unwrap()
+        .unwrap();
+    assert!(done.exists(), "granted while consul lock's command still ran");
+    assert!(g.is_held());
+    theirs.await.unwrap();
+    g.release().await.unwrap();
+    let _ = std::fs::remove_file(&held);
+    let _ = std::fs::remove_file(&done);
+    case.finish().await;
+}
+
+/// A `consul lock -n 2` semaphore on the same prefix is another recipe:
+/// its `.lock` has other flags, and our acquire reports a conflict.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphore_prefix_is_a_conflict() {
+    let Some(h) = harness() else { return };
+    let case = h.case();
+    let ours = case.client().await;
+    let held = scratch(&case, "sem");
+    let _ = std::fs::remove_file(&held);
+    let script = format!("touch {}; sleep 1", held.display());
+    let theirs = tokio::spawn({
+        let c = consul_lock(&case, "sem", &["-n=2"], &script);
+        async move { run_ok(c, "consul lock -n 2").await }
+    });
+    wait_for_file(&held).await;
+    let e = ours
+        .lock("sem")
+        .unwrap()
+        .acquire()
+        .await
+        .expect_err("acquired a semaphore's prefix as a mutex");
+    assert_eq!(e.kind(), ErrorKind::Conflict, "{e}");
+    theirs.await.unwrap();
+    let _ = std::fs::remove_file(&held);
+    case.finish().await;
+}
