@@ -1,0 +1,206 @@
+//! The in-memory network: faults for `mem://`, where there is no socket to
+//! proxy. A wrapper backend runs every call through a simulated link, and
+//! the keepalive of the wrapped [`MemBackend`] stops while the link is down.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use lockcore::backend::{AcquireRequest, Acquired, Capabilities, LockState, StoreSession};
+use lockcore::mem::MemBackend;
+use lockcore::{Backend, Error, ErrorKind, LockName, Result, SessionLiveness};
+use tokio::sync::watch;
+
+use super::{NetControl, NetMode};
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Link {
+    mode: NetMode,
+    /// Bumped by cut and reset: calls in flight from an older epoch fail
+    /// (their reply is lost; what they did on the store stays done).
+    epoch: u64,
+}
+
+/// The simulated link of one `mem://` client.
+///
+/// - `Blackhole`: calls wait (request and reply held) until healed; the
+///   session's keepalive stops, so the store expires it after its TTL.
+/// - `Cut`: calls fail with [`ErrorKind::Connection`], calls in flight
+///   lose their reply; the keepalive stops.
+/// - `Reset`: calls in flight lose their reply, new calls fail; the
+///   keepalive goes on (a client reconnects at once).
+/// - `Delay(d)`: `d` before each request and each reply (the keepalive is
+///   internal to the mem backend and is not delayed).
+pub struct SimNet {
+    link: watch::Sender<Link>,
+    mem: MemBackend,
+    faults: AtomicU64,
+}
+
+impl fmt::Debug for SimNet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SimNet")
+            .field("link", &*self.link.borrow())
+            .finish()
+    }
+}
+
+impl SimNet {
+    /// A link to `mem` and the backend to give the client.
+    pub fn wrap(mem: MemBackend) -> (Arc<SimNet>, Arc<dyn Backend>) {
+        let (tx, rx) = watch::channel(Link {
+            mode: NetMode::Pass,
+            epoch: 0,
+        });
+        let net = Arc::new(SimNet {
+            link: tx,
+            mem: mem.clone(),
+            faults: AtomicU64::new(0),
+        });
+        let backend = Arc::new(SimBackend {
+            inner: Arc::new(mem),
+            link: rx,
+        });
+        (net, backend)
+    }
+}
+
+impl NetControl for SimNet {
+    fn set_mode(&self, mode: NetMode) {
+        if mode != NetMode::Pass {
+            self.faults.fetch_add(1, Ordering::Relaxed);
+        }
+        self.mem
+            .pause_keepalive(matches!(mode, NetMode::Blackhole | NetMode::Cut));
+        self.link.send_modify(|l| {
+            if matches!(mode, NetMode::Cut | NetMode::Reset) {
+                l.epoch += 1;
+            }
+            l.mode = mode;
+        });
+    }
+
+    fn mode(&self) -> NetMode {
+        self.link.borrow().mode
+    }
+
+    fn faults(&self) -> u64 {
+        self.faults.load(Ordering::Relaxed)
+    }
+}
+
+fn broken() -> Error {
+    Error::new(ErrorKind::Connection, "simulated link is down")
+}
+
+/// Waits until the link lets a message through; `Err` if it is cut.
+async fn pass(link: &mut watch::Receiver<Link>, epoch: Option<u64>) -> Result<()> {
+    loop {
+        let l = *link.borrow_and_update();
+        if epoch.is_some_and(|e| e != l.epoch) {
+            return Err(broken());
+        }
+        match l.mode {
+            NetMode::Pass => return Ok(()),
+            NetMode::Delay(d) => {
+                tokio::time::sleep(d).await;
+                return Ok(());
+            }
+            NetMode::Cut | NetMode::Reset => return Err(broken()),
+            NetMode::Blackhole => {
+                if link.changed().await.is_err() {
+                    return Err(broken());
+                }
+            }
+        }
+    }
+}
+
+/// Resolves when the link's epoch moves past `epoch`.
+async fn broken_since(mut link: watch::Receiver<Link>, epoch: u64) {
+    let _ = link.wait_for(|l| l.epoch != epoch).await;
+}
+
+async fn through<T>(
+    link: &watch::Receiver<Link>,
+    call: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    let mut rx = link.clone();
+    pass(&mut rx, None).await?;
+    let epoch = rx.borrow().epoch;
+    let r = tokio::select! {
+        r = call => r,
+        _ = broken_since(link.clone(), epoch) => return Err(broken()),
+    };
+    // The reply crosses the link too.
+    pass(&mut rx, Some(epoch)).await?;
+    r
+}
+
+#[derive(Debug)]
+struct SimBackend {
+    inner: Arc<MemBackend>,
+    link: watch::Receiver<Link>,
+}
+
+#[derive(Debug)]
+struct SimSession {
+    inner: Arc<dyn StoreSession>,
+    link: watch::Receiver<Link>,
+}
+
+#[async_trait]
+impl Backend for SimBackend {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn describe(&self) -> String {
+        format!("simnet {}", self.inner.describe())
+    }
+    async fn open_session(&self, l: Arc<SessionLiveness>) -> Result<Arc<dyn StoreSession>> {
+        let inner = through(&self.link, self.inner.open_session(l)).await?;
+        Ok(Arc::new(SimSession {
+            inner,
+            link: self.link.clone(),
+        }))
+    }
+    async fn inspect(&self, name: &LockName) -> Result<LockState> {
+        through(&self.link, self.inner.inspect(name)).await
+    }
+    async fn break_lock(&self, name: &LockName) -> Result<bool> {
+        through(&self.link, self.inner.break_lock(name)).await
+    }
+    async fn request_revoke(&self, name: &LockName) -> Result<bool> {
+        through(&self.link, self.inner.request_revoke(name)).await
+    }
+    async fn kill_session(&self, session: &str) -> Result<()> {
+        through(&self.link, self.inner.kill_session(session)).await
+    }
+    async fn leftovers(&self) -> Result<Vec<String>> {
+        through(&self.link, self.inner.leftovers()).await
+    }
+    fn requests_sent(&self) -> u64 {
+        self.inner.requests_sent()
+    }
+}
+
+#[async_trait]
+impl StoreSession for SimSession {
+    fn id(&self) -> String {
+        self.inner.id()
+    }
+    async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired> {
+        through(&self.link, self.inner.acquire(req)).await
+    }
+    async fn release(&self, req: &AcquireRequest, held: &Acquired) -> Result<()> {
+        through(&self.link, self.inner.release(req, held)).await
+    }
+    async fn abandon(&self, req: &AcquireRequest) -> Result<()> {
+        through(&self.link, self.inner.abandon(req)).await
+    }
+    async fn close(&self) -> Result<()> {
+        through(&self.link, self.inner.close()).await
+    }
+}
