@@ -10,7 +10,7 @@ use futures::stream::{self, StreamExt};
 use lockcore::{ErrorKind, LockClient, LockGuard, LossReason};
 use tokio::time::Instant;
 
-use crate::Harness;
+use crate::{Flavor, Harness};
 
 /// Generous bound for anything that should happen "soon" on a real store.
 const SOON: Duration = Duration::from_secs(30);
@@ -32,8 +32,48 @@ async fn waiters(c: &LockClient, name: &str) -> usize {
     c.inspect(name).await.expect("inspect").waiters.len()
 }
 
-async fn acquire(c: &LockClient, name: &str) -> LockGuard {
-    tokio::time::timeout(SOON, c.lock(name).unwrap().acquire())
+/// The lock `name` on `c`, as the flavor under test.
+#[derive(Debug)]
+enum Handle {
+    Mutex(lockcore::Lock),
+    Semaphore(lockcore::Semaphore),
+    Write(lockcore::RwLock),
+}
+
+fn handle(f: Flavor, c: &LockClient, name: &str) -> Handle {
+    match f {
+        Flavor::Mutex => Handle::Mutex(c.lock(name).unwrap()),
+        Flavor::Semaphore1 => Handle::Semaphore(c.semaphore(name, 1).unwrap()),
+        Flavor::RwWrite => Handle::Write(c.rwlock(name).unwrap()),
+    }
+}
+
+impl Handle {
+    async fn acquire(&self) -> lockcore::Result<LockGuard> {
+        match self {
+            Handle::Mutex(l) => l.acquire().await,
+            Handle::Semaphore(s) => s.acquire().await,
+            Handle::Write(rw) => rw.write().await,
+        }
+    }
+    async fn try_acquire(&self) -> lockcore::Result<LockGuard> {
+        match self {
+            Handle::Mutex(l) => l.try_acquire().await,
+            Handle::Semaphore(s) => s.try_acquire().await,
+            Handle::Write(rw) => rw.try_write().await,
+        }
+    }
+    async fn acquire_timeout(&self, d: Duration) -> lockcore::Result<LockGuard> {
+        match self {
+            Handle::Mutex(l) => l.acquire_timeout(d).await,
+            Handle::Semaphore(s) => s.acquire_timeout(d).await,
+            Handle::Write(rw) => rw.write_timeout(d).await,
+        }
+    }
+}
+
+async fn acquire(f: Flavor, c: &LockClient, name: &str) -> LockGuard {
+    tokio::time::timeout(SOON, handle(f, c, name).acquire())
         .await
         .unwrap_or_else(|_| panic!("acquiring {name} took longer than {SOON:?}"))
         .unwrap_or_else(|e| panic!("acquiring {name}: {e}"))
@@ -92,7 +132,7 @@ impl CriticalSection {
     }
 }
 
-async fn contend(clients: &[LockClient], tasks_per_client: usize, rounds: usize) {
+async fn contend(f: Flavor, clients: &[LockClient], tasks_per_client: usize, rounds: usize) {
     let cs = Arc::new(CriticalSection::default());
     let mut tasks = Vec::new();
     for (ci, c) in clients.iter().enumerate() {
@@ -100,7 +140,7 @@ async fn contend(clients: &[LockClient], tasks_per_client: usize, rounds: usize)
             let (c, cs) = (c.clone(), cs.clone());
             tasks.push(tokio::spawn(async move {
                 for r in 0..rounds {
-                    let g = acquire(&c, "contended").await;
+                    let g = acquire(f, &c, "contended").await;
                     cs.run(&g).await;
                     // Half the releases confirm, half go through Drop.
                     if (ci + t + r) % 2 == 0 {
@@ -122,26 +162,29 @@ async fn contend(clients: &[LockClient], tasks_per_client: usize, rounds: usize)
 /// the order the lock was held.
 pub async fn exclusion_under_contention(h: &Harness) {
     let case = h.case();
+    let f = h.flavor();
     let clients = case.clients(3).await;
-    contend(&clients, 3, 4).await;
+    contend(f, &clients, 3, 4).await;
     case.finish().await;
 }
 
 /// Owners inside one client exclude each other like separate processes.
 pub async fn local_owners_exclude_each_other(h: &Harness) {
     let case = h.case();
+    let f = h.flavor();
     let clients = case.clients(1).await;
-    contend(&clients, 6, 4).await;
+    contend(f, &clients, 6, 4).await;
     case.finish().await;
 }
 
 /// Successive holders on different clients get strictly larger tokens.
 pub async fn tokens_strictly_increase(h: &Harness) {
     let case = h.case();
+    let f = h.flavor();
     let clients = case.clients(2).await;
     let mut last = 0;
     for i in 0..8 {
-        let g = acquire(&clients[i % 2], "fenced").await;
+        let g = acquire(f, &clients[i % 2], "fenced").await;
         assert!(g.token() > last, "token {} after {last}", g.token());
         last = g.token();
         g.release().await.unwrap();
@@ -153,16 +196,17 @@ pub async fn tokens_strictly_increase(h: &Harness) {
 /// another owner of the same client), and leaves no waiter behind.
 pub async fn try_acquire_when_held(h: &Harness) {
     let case = h.case();
+    let f = h.flavor();
     let (a, b) = (case.client().await, case.client().await);
-    let g = acquire(&a, "busy").await;
+    let g = acquire(f, &a, "busy").await;
     let start = Instant::now();
     assert_kind(
-        b.lock("busy").unwrap().try_acquire().await,
+        handle(f, &b, "busy").try_acquire().await,
         ErrorKind::WouldBlock,
         "other client",
     );
     assert_kind(
-        a.lock("busy").unwrap().try_acquire().await,
+        handle(f, &a, "busy").try_acquire().await,
         ErrorKind::WouldBlock,
         "other owner",
     );
@@ -177,12 +221,7 @@ pub async fn try_acquire_when_held(h: &Harness) {
         "try-acquire left a waiter: {state:?}"
     );
     g.release().await.unwrap();
-    let g = b
-        .lock("busy")
-        .unwrap()
-        .try_acquire()
-        .await
-        .expect("free now");
+    let g = handle(f, &b, "busy").try_acquire().await.expect("free now");
     g.release().await.unwrap();
     case.finish().await;
 }
@@ -190,12 +229,11 @@ pub async fn try_acquire_when_held(h: &Harness) {
 /// A timed acquire gives up near its deadline and removes its waiter.
 pub async fn timeout_bounds_and_no_leftover_waiter(h: &Harness) {
     let case = h.case();
+    let f = h.flavor();
     let (a, b) = (case.client().await, case.client().await);
-    let g = acquire(&a, "slow").await;
+    let g = acquire(f, &a, "slow").await;
     let start = Instant::now();
-    let r = b
-        .lock("slow")
-        .unwrap()
+    let r = handle(f, &b, "slow")
         .acquire_timeout(Duration::from_millis(600))
         .await;
     let took = start.elapsed();
@@ -207,9 +245,7 @@ pub async fn timeout_bounds_and_no_leftover_waiter(h: &Harness) {
     assert!(took < Duration::from_secs(10), "gave up late: {took:?}");
     assert_eq!(waiters(&a, "slow").await, 0, "timed-out waiter left behind");
     g.release().await.unwrap();
-    let g = b
-        .lock("slow")
-        .unwrap()
+    let g = handle(f, &b, "slow")
         .acquire_timeout(Duration::from_secs(10))
         .await
         .expect("free lock within the timeout");
@@ -220,15 +256,16 @@ pub async fn timeout_bounds_and_no_leftover_waiter(h: &Harness) {
 /// Waiters on different clients get the lock in arrival order.
 pub async fn fifo_order_across_clients(h: &Harness) {
     let case = h.case();
+    let f = h.flavor();
     let holder = case.client().await;
     let clients = case.clients(5).await;
-    let g = acquire(&holder, "queue").await;
+    let g = acquire(f, &holder, "queue").await;
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for (i, c) in clients.iter().enumerate() {
         let (c, order) = (c.clone(), order.clone());
         tasks.push(tokio::spawn(async move {
-            let g = acquire(&c, "queue").await;
+            let g = acquire(f, &c, "queue").await;
             order.lock().unwrap().push((i, g.token()));
             tokio::time::sleep(Duration::from_millis(20)).await;
             g.release().await.unwrap();
@@ -256,8 +293,9 @@ pub async fn fifo_order_across_clients(h: &Harness) {
 /// lock is released only with the outer guard.
 pub async fn reentrancy_by_guard(h: &Harness) {
     let case = h.case();
+    let f = h.flavor();
     let (a, b) = (case.client().await, case.client().await);
-    let mut g = acquire(&a, "reentrant").await;
+    let mut g = acquire(f, &a, "reentrant").await;
     let token = g.token();
     {
         let mut r = g.reenter();
@@ -270,12 +308,12 @@ pub async fn reentrancy_by_guard(h: &Harness) {
     assert_eq!(g.hold_count(), 1);
     // Dropping the nested holds released nothing.
     assert_kind(
-        b.lock("reentrant").unwrap().try_acquire().await,
+        handle(f, &b, "reentrant").try_acquire().await,
         ErrorKind::WouldBlock,
         "other client",
     );
     assert_kind(
-        a.lock("reentrant").unwrap().try_acquire().await,
+        handle(f, &a, "reentrant").try_acquire().await,
         ErrorKind::WouldBlock,
         "new owner, same client",
     );
@@ -283,9 +321,7 @@ pub async fn reentrancy_by_guard(h: &Harness) {
     assert_eq!(state.holders.len(), 1);
     assert_eq!(state.holders[0].token, token);
     g.release().await.unwrap();
-    let g = b
-        .lock("reentrant")
-        .unwrap()
+    let g = handle(f, &b, "reentrant")
         .try_acquire()
         .await
         .expect("released at count 0");
@@ -296,10 +332,11 @@ pub async fn reentrancy_by_guard(h: &Harness) {
 /// Drop releases in the background; `release()` confirms before returning.
 pub async fn release_by_drop_and_by_release(h: &Harness) {
     let case = h.case();
+    let f = h.flavor();
     let (a, b) = (case.client().await, case.client().await);
-    let g = acquire(&a, "rel").await;
+    let g = acquire(f, &a, "rel").await;
     drop(g);
-    let g = acquire(&b, "rel").await;
+    let g = acquire(f, &b, "rel").await;
     g.release().await.unwrap();
     let state = a.inspect("rel").await.unwrap();
     assert!(
@@ -313,14 +350,15 @@ pub async fn release_by_drop_and_by_release(h: &Harness) {
 /// waiter gets the lock with a larger token.
 pub async fn session_expiry_fires_loss_and_waiter_gets_larger_token(h: &Harness) {
     let case = h.case();
+    let f = h.flavor();
     let (a, b) = (case.client().await, case.client().await);
     if !a.backend().capabilities().kill_session {
         eprintln!("SKIPPED (capability): {} cannot kill a session", h.store());
         return case.finish().await;
     }
-    let g = acquire(&a, "expiring").await;
+    let g = acquire(f, &a, "expiring").await;
     let b2 = b.clone();
-    let waiter = tokio::spawn(async move { acquire(&b2, "expiring").await });
+    let waiter = tokio::spawn(async move { acquire(f, &b2, "expiring").await });
     eventually("the waiter to queue", || async {
         waiters(&a, "expiring").await == 1
     })
@@ -356,17 +394,18 @@ pub async fn session_expiry_fires_loss_and_waiter_gets_larger_token(h: &Harness)
 /// After its session is lost, a client opens a new one on the next acquire.
 pub async fn new_session_after_loss(h: &Harness) {
     let case = h.case();
+    let f = h.flavor();
     let a = case.client().await;
     if !a.backend().capabilities().kill_session {
         eprintln!("SKIPPED (capability): {} cannot kill a session", h.store());
         return case.finish().await;
     }
-    let g = acquire(&a, "again").await;
+    let g = acquire(f, &a, "again").await;
     let old = g.session_id();
     a.backend().kill_session(&old).await.expect("kill session");
     wait_lost(&g).await;
     drop(g);
-    let g = acquire(&a, "again").await;
+    let g = acquire(f, &a, "again").await;
     assert_ne!(g.session_id(), old, "reused a dead session");
     assert!(g.is_held());
     g.release().await.unwrap();
@@ -376,13 +415,14 @@ pub async fn new_session_after_loss(h: &Harness) {
 /// An operator breaks the lock: the holder is told, others can take it.
 pub async fn forced_break_reports_loss(h: &Harness) {
     let case = h.case();
+    let f = h.flavor();
     let (a, b) = (case.client().await, case.client().await);
     assert!(!b.break_lock("brk").await.unwrap(), "broke a free lock");
-    let g = acquire(&a, "brk").await;
+    let g = acquire(f, &a, "brk").await;
     assert!(b.break_lock("brk").await.unwrap(), "break found no holder");
     assert_eq!(wait_lost(&g).await, LossReason::EntryDeleted);
     assert!(!g.is_held());
-    let g2 = acquire(&b, "brk").await;
+    let g2 = acquire(f, &b, "brk").await;
     assert!(g2.token() > g.token());
     assert_kind(
         g.release().await,
@@ -399,12 +439,13 @@ pub async fn forced_break_reports_loss(h: &Harness) {
 /// A revoke request reaches the holder, which keeps the lock until it lets go.
 pub async fn cooperative_revoke(h: &Harness) {
     let case = h.case();
+    let f = h.flavor();
     let (a, b) = (case.client().await, case.client().await);
     assert!(
         !b.request_revoke("rv").await.unwrap(),
         "revoked a free lock"
     );
-    let g = acquire(&a, "rv").await;
+    let g = acquire(f, &a, "rv").await;
     assert!(!g.is_revoke_requested());
     assert!(b.request_revoke("rv").await.unwrap());
     tokio::time::timeout(SOON, g.revoke_requested())
@@ -413,12 +454,12 @@ pub async fn cooperative_revoke(h: &Harness) {
     assert!(g.is_revoke_requested());
     assert!(g.is_held(), "a revoke request is not a loss");
     assert_kind(
-        b.lock("rv").unwrap().try_acquire().await,
+        handle(f, &b, "rv").try_acquire().await,
         ErrorKind::WouldBlock,
         "still held",
     );
     g.release().await.unwrap();
-    let g = acquire(&b, "rv").await;
+    let g = acquire(f, &b, "rv").await;
     assert!(
         !g.is_revoke_requested(),
         "a new holder inherited an old revoke request"
@@ -442,9 +483,10 @@ async fn poll_n<F: Future>(fut: std::pin::Pin<&mut F>, polls: usize) -> Option<F
 /// Dropping a waiting acquire at any await point leaves no waiter.
 pub async fn cancelled_acquire_at_each_await_point_leaves_nothing(h: &Harness) {
     let case = h.case();
+    let f = h.flavor();
     let (a, b) = (case.client().await, case.client().await);
-    let g = acquire(&a, "cancel").await;
-    let lock = b.lock("cancel").unwrap();
+    let g = acquire(f, &a, "cancel").await;
+    let lock = handle(f, &b, "cancel");
     for polls in 0..10 {
         let mut fut = Box::pin(lock.acquire());
         assert!(
@@ -478,8 +520,9 @@ pub async fn cancelled_acquire_at_each_await_point_leaves_nothing(h: &Harness) {
 /// Dropping an acquire of a free lock midway never leaves a phantom holder.
 pub async fn cancelled_acquire_of_free_lock_leaves_no_holder(h: &Harness) {
     let case = h.case();
+    let f = h.flavor();
     let (a, b) = (case.client().await, case.client().await);
-    let lock = b.lock("phantom").unwrap();
+    let lock = handle(f, &b, "phantom");
     for polls in 0..10 {
         let mut fut = Box::pin(lock.acquire());
         if let Some(r) = poll_n(fut.as_mut(), polls).await {
@@ -492,12 +535,7 @@ pub async fn cancelled_acquire_of_free_lock_leaves_no_holder(h: &Harness) {
         let state = a.inspect("phantom").await.unwrap();
         assert!(state.is_free(), "after {polls} polls: {state:?}");
     }
-    let g = a
-        .lock("phantom")
-        .unwrap()
-        .try_acquire()
-        .await
-        .expect("free");
+    let g = handle(f, &a, "phantom").try_acquire().await.expect("free");
     g.release().await.unwrap();
     case.finish().await;
 }
@@ -505,11 +543,12 @@ pub async fn cancelled_acquire_of_free_lock_leaves_no_holder(h: &Harness) {
 /// A thousand locks held on one client share its single session.
 pub async fn thousand_locks_on_one_session(h: &Harness) {
     let case = h.case();
+    let f = h.flavor();
     let a = case.client().await;
     let guards: Vec<LockGuard> = stream::iter(0..1000)
         .map(|i| {
             let a = a.clone();
-            async move { acquire(&a, &format!("bulk/l{i}")).await }
+            async move { acquire(f, &a, &format!("bulk/l{i}")).await }
         })
         .buffer_unordered(32)
         .collect()
@@ -566,16 +605,17 @@ pub async fn invalid_names_rejected_and_nothing_written(h: &Harness) {
 /// `inspect` shows the holder (token, session) and the waiters in order.
 pub async fn inspect_reports_holder_and_waiters_in_order(h: &Harness) {
     let case = h.case();
+    let f = h.flavor();
     let (a, b, c) = (
         case.client().await,
         case.client().await,
         case.client().await,
     );
-    let g = acquire(&a, "seen").await;
+    let g = acquire(f, &a, "seen").await;
     let mut tasks = Vec::new();
     for (i, w) in [b.clone(), c.clone()].into_iter().enumerate() {
         tasks.push(tokio::spawn(async move {
-            acquire(&w, "seen").await.release().await
+            acquire(f, &w, "seen").await.release().await
         }));
         eventually("the waiter to queue", || async {
             waiters(&a, "seen").await == i + 1
@@ -600,8 +640,9 @@ pub async fn inspect_reports_holder_and_waiters_in_order(h: &Harness) {
 /// fires it.
 pub async fn loss_future_outlives_guard_and_fires_on_client_close(h: &Harness) {
     let case = h.case();
+    let f = h.flavor();
     let a = case.client().await;
-    let g = acquire(&a, "closing").await;
+    let g = acquire(f, &a, "closing").await;
     let lost = tokio::spawn(g.lost());
     assert!(g.is_held());
     a.close().await;
@@ -619,11 +660,12 @@ pub async fn loss_future_outlives_guard_and_fires_on_client_close(h: &Harness) {
 /// on the store; nothing stays alive until a TTL runs out.
 pub async fn dropped_client_ends_its_session(h: &Harness) {
     let case = h.case();
+    let f = h.flavor();
     let observer = case.client().await;
     let backend = h.backend(case.namespace()).await;
     let sid = {
         let a = LockClient::new(backend.clone());
-        let g = acquire(&a, "dropped").await;
+        let g = acquire(f, &a, "dropped").await;
         let sid = g.session_id();
         drop(g);
         sid
@@ -643,5 +685,319 @@ pub async fn dropped_client_ends_its_session(h: &Harness) {
         observer.inspect("dropped").await.unwrap().is_free(),
         "session {sid} still holds"
     );
+    case.finish().await;
+}
+
+// ---- read-write locks -------------------------------------------------
+
+async fn read(c: &LockClient, name: &str) -> LockGuard {
+    tokio::time::timeout(SOON, c.rwlock(name).unwrap().read())
+        .await
+        .unwrap_or_else(|_| panic!("read hold of {name} took longer than {SOON:?}"))
+        .unwrap_or_else(|e| panic!("read hold of {name}: {e}"))
+}
+
+/// Readers on different clients hold at the same time.
+pub async fn rw_readers_overlap(h: &Harness) {
+    let case = h.case();
+    let clients = case.clients(3).await;
+    let mut guards = Vec::new();
+    for c in &clients {
+        guards.push(read(c, "shared").await);
+    }
+    assert!(guards.iter().all(|g| g.is_held()));
+    let state = clients[0].inspect("shared").await.unwrap();
+    assert_eq!(
+        state.holders.len(),
+        3,
+        "readers did not hold together: {state:?}"
+    );
+    assert!(state
+        .holders
+        .iter()
+        .all(|h| h.kind == lockcore::LockKind::Read));
+    for g in guards {
+        g.release().await.unwrap();
+    }
+    case.finish().await;
+}
+
+/// A writer holds alone: no reader or writer beside it, and readers keep
+/// writers out.
+pub async fn rw_writer_excludes_readers_and_writers(h: &Harness) {
+    let case = h.case();
+    let (a, b) = (case.client().await, case.client().await);
+    let w = a.rwlock("wx").unwrap().write().await.unwrap();
+    assert_kind(
+        b.rwlock("wx").unwrap().try_read().await,
+        ErrorKind::WouldBlock,
+        "read beside a writer",
+    );
+    assert_kind(
+        b.rwlock("wx").unwrap().try_write().await,
+        ErrorKind::WouldBlock,
+        "write beside a writer",
+    );
+    w.release().await.unwrap();
+    let r1 = read(&a, "wx").await;
+    let r2 = read(&b, "wx").await;
+    assert_kind(
+        b.rwlock("wx").unwrap().try_write().await,
+        ErrorKind::WouldBlock,
+        "write beside readers",
+    );
+    assert_eq!(waiters(&a, "wx").await, 0, "try_write left a waiter");
+    r1.release().await.unwrap();
+    assert_kind(
+        a.rwlock("wx").unwrap().try_write().await,
+        ErrorKind::WouldBlock,
+        "write beside a reader",
+    );
+    r2.release().await.unwrap();
+    let w = a.rwlock("wx").unwrap().try_write().await.expect("free now");
+    w.release().await.unwrap();
+    case.finish().await;
+}
+
+/// A reader that arrives after a waiting writer waits behind it: a stream
+/// of readers cannot starve a writer.
+pub async fn rw_writer_not_starved_by_readers(h: &Harness) {
+    let case = h.case();
+    let (a, b, c) = (
+        case.client().await,
+        case.client().await,
+        case.client().await,
+    );
+    let r1 = read(&a, "fair").await;
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let (b2, o) = (b.clone(), order.clone());
+    let writer = tokio::spawn(async move {
+        let w = b2.rwlock("fair").unwrap().write().await.unwrap();
+        o.lock().unwrap().push(("writer", w.token()));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        w.release().await.unwrap();
+    });
+    eventually("the writer to queue", || async {
+        waiters(&a, "fair").await == 1
+    })
+    .await;
+    assert_kind(
+        c.rwlock("fair").unwrap().try_read().await,
+        ErrorKind::WouldBlock,
+        "reader overtaking a writer",
+    );
+    let (c2, o) = (c.clone(), order.clone());
+    let late_reader = tokio::spawn(async move {
+        let r = read(&c2, "fair").await;
+        o.lock().unwrap().push(("reader", r.token()));
+        r.release().await.unwrap();
+    });
+    eventually("the late reader to queue", || async {
+        waiters(&a, "fair").await == 2
+    })
+    .await;
+    r1.release().await.unwrap();
+    writer.await.unwrap();
+    late_reader.await.unwrap();
+    let order = order.lock().unwrap().clone();
+    assert_eq!(
+        order.iter().map(|(w, _)| *w).collect::<Vec<_>>(),
+        ["writer", "reader"]
+    );
+    assert!(order[0].1 < order[1].1, "tokens {order:?}");
+    case.finish().await;
+}
+
+/// A write holder may re-enter for reading (downgrade); a read holder's
+/// request to write is refused at once, never a deadlock.
+pub async fn rw_downgrade_allowed_upgrade_refused(h: &Harness) {
+    let case = h.case();
+    let (a, b) = (case.client().await, case.client().await);
+    let mut w = a.rwlock("grade").unwrap().write().await.unwrap();
+    let token = w.token();
+    {
+        let r = w.reenter_read();
+        assert_eq!(r.token(), token);
+        assert_eq!(r.hold_count(), 2);
+    }
+    assert!(
+        w.reenter_write().is_ok(),
+        "a writer may re-enter for writing"
+    );
+    w.release().await.unwrap();
+    let mut r = read(&b, "grade").await;
+    let start = Instant::now();
+    assert_kind(
+        r.reenter_write().map(|_| ()),
+        ErrorKind::UpgradeRefused,
+        "upgrade",
+    );
+    assert!(start.elapsed() < Duration::from_secs(1));
+    assert_eq!(r.reenter_read().hold_count(), 2);
+    r.release().await.unwrap();
+    case.finish().await;
+}
+
+/// Readers and writers of one client are separate owners: readers share,
+/// a writer of the same client waits for them.
+pub async fn rw_owners_in_one_client(h: &Harness) {
+    let case = h.case();
+    let a = case.client().await;
+    let rw = a.rwlock("local").unwrap();
+    let r1 = rw.read().await.unwrap();
+    let r2 = tokio::time::timeout(SOON, rw.read())
+        .await
+        .expect("second local reader waited")
+        .unwrap();
+    assert_kind(
+        rw.try_write().await,
+        ErrorKind::WouldBlock,
+        "local writer beside local readers",
+    );
+    let rw2 = rw.clone();
+    let writer = tokio::spawn(async move { rw2.write().await.unwrap().release().await.unwrap() });
+    eventually("the local writer to queue", || async {
+        waiters(&a, "local").await == 1
+    })
+    .await;
+    r1.release().await.unwrap();
+    r2.release().await.unwrap();
+    tokio::time::timeout(SOON, writer)
+        .await
+        .expect("writer not granted")
+        .unwrap();
+    case.finish().await;
+}
+
+// ---- semaphores -------------------------------------------------------
+
+/// Many clients contend for 3 permits: never more than 3 holders, and 3 at
+/// once is reached (it is not a mutex).
+pub async fn semaphore_never_exceeds_permits(h: &Harness) {
+    let case = h.case();
+    let clients = case.clients(6).await;
+    let inside = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for c in &clients {
+        let (c, inside, most) = (c.clone(), inside.clone(), most.clone());
+        tasks.push(tokio::spawn(async move {
+            let sem = c.semaphore("pool", 3).unwrap();
+            for _ in 0..3 {
+                let g = tokio::time::timeout(SOON, sem.acquire())
+                    .await
+                    .expect("permit")
+                    .unwrap();
+                let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(60)).await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                g.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert!(
+        most.load(Ordering::SeqCst) <= 3,
+        "more than 3 holders at once"
+    );
+    assert_eq!(
+        most.load(Ordering::SeqCst),
+        3,
+        "never 3 holders at once: not a semaphore"
+    );
+    case.finish().await;
+}
+
+/// Asking with a different permit count than the holders use is a clear
+/// conflict, not a wait; zero permits is rejected before any I/O.
+pub async fn semaphore_permit_count_conflict(h: &Harness) {
+    let case = h.case();
+    let (a, b) = (case.client().await, case.client().await);
+    assert_kind(
+        a.semaphore("limit", 0).map(|_| ()),
+        ErrorKind::InvalidArgument,
+        "zero permits",
+    );
+    let g = a.semaphore("limit", 3).unwrap().acquire().await.unwrap();
+    assert_kind(
+        b.semaphore("limit", 2).unwrap().try_acquire().await,
+        ErrorKind::Conflict,
+        "try with 2 of 3",
+    );
+    let r = tokio::time::timeout(SOON, b.semaphore("limit", 2).unwrap().acquire()).await;
+    assert_kind(
+        r.expect("a conflicting acquire must fail, not wait"),
+        ErrorKind::Conflict,
+        "acquire with 2 of 3",
+    );
+    assert_eq!(
+        waiters(&a, "limit").await,
+        0,
+        "conflicting request left an entry"
+    );
+    g.release().await.unwrap();
+    case.finish().await;
+}
+
+/// Permits go to waiters in arrival order.
+pub async fn semaphore_fifo(h: &Harness) {
+    let case = h.case();
+    let holders = case.clients(2).await;
+    let clients = case.clients(3).await;
+    let mut held = Vec::new();
+    for c in &holders {
+        held.push(c.semaphore("fifo", 2).unwrap().acquire().await.unwrap());
+    }
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for (i, c) in clients.iter().enumerate() {
+        let (c, order) = (c.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let g = c.semaphore("fifo", 2).unwrap().acquire().await.unwrap();
+            order.lock().unwrap().push(i);
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            g.release().await.unwrap();
+        }));
+        eventually("the waiter to queue", || async {
+            waiters(&holders[0], "fifo").await == i + 1
+        })
+        .await;
+    }
+    // Release one permit at a time so the order is observable.
+    for g in held {
+        g.release().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    assert_eq!(order[0], 0, "first waiter not served first: {order:?}");
+    assert_eq!(order.len(), 3);
+    case.finish().await;
+}
+
+/// One client holds at most one permit of a semaphore at a time; its other
+/// owners queue locally (as `consul lock -n` counts one holder per session).
+pub async fn semaphore_one_permit_per_client(h: &Harness) {
+    let case = h.case();
+    let a = case.client().await;
+    let sem = a.semaphore("per-client", 3).unwrap();
+    let g = sem.acquire().await.unwrap();
+    assert_kind(
+        sem.try_acquire().await,
+        ErrorKind::WouldBlock,
+        "second permit on one client",
+    );
+    g.release().await.unwrap();
+    sem.try_acquire()
+        .await
+        .expect("free again")
+        .release()
+        .await
+        .unwrap();
     case.finish().await;
 }

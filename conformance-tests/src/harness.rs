@@ -14,12 +14,25 @@ use lockcore::{Backend, LockClient};
 pub type BackendFactory =
     Arc<dyn Fn(Url) -> BoxFuture<'static, lockcore::Result<Arc<dyn Backend>>> + Send + Sync>;
 
+/// Which lock the mutex cases run on: they hold for a mutex, a semaphore
+/// of one permit and the write side of a read-write lock alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavor {
+    /// `client.lock(name)`.
+    Mutex,
+    /// `client.semaphore(name, 1)`.
+    Semaphore1,
+    /// `client.rwlock(name).write()`.
+    RwWrite,
+}
+
 /// A store under test.
 #[derive(Clone)]
 pub struct Harness {
     store: String,
     base: Url,
     factory: BackendFactory,
+    flavor: Flavor,
 }
 
 impl std::fmt::Debug for Harness {
@@ -43,7 +56,19 @@ impl Harness {
             store: store.to_string(),
             base,
             factory: Arc::new(move |u| Box::pin(factory(u))),
+            flavor: Flavor::Mutex,
         }
+    }
+
+    /// The same store, with the mutex cases run on `flavor`.
+    pub fn with_flavor(mut self, flavor: Flavor) -> Self {
+        self.flavor = flavor;
+        self
+    }
+
+    /// Which lock the mutex cases use.
+    pub fn flavor(&self) -> Flavor {
+        self.flavor
     }
 
     /// A harness for the URL in the environment variable `var`. Unset:

@@ -5,7 +5,7 @@ pub mod cases;
 pub mod faults;
 mod harness;
 
-pub use harness::{BackendFactory, Case, Harness};
+pub use harness::{BackendFactory, Case, Flavor, Harness};
 
 /// Every case of the suite, for [`suite!`].
 #[macro_export]
@@ -32,6 +32,78 @@ macro_rules! for_each_case {
             loss_future_outlives_guard_and_fires_on_client_close,
             dropped_client_ends_its_session
         );
+    };
+}
+
+/// The mutex cases that also run on a semaphore of one permit and on the
+/// write side of a read-write lock.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! for_each_flavored_case {
+    ($($m:ident)::+, $h:expr) => {
+        $($m)::+!($h;
+            exclusion_under_contention,
+            local_owners_exclude_each_other,
+            tokens_strictly_increase,
+            try_acquire_when_held,
+            timeout_bounds_and_no_leftover_waiter,
+            fifo_order_across_clients,
+            release_by_drop_and_by_release,
+            session_expiry_fires_loss_and_waiter_gets_larger_token,
+            forced_break_reports_loss,
+            cooperative_revoke,
+            cancelled_acquire_at_each_await_point_leaves_nothing,
+            cancelled_acquire_of_free_lock_leaves_no_holder
+        );
+    };
+}
+
+/// Read-write lock cases, plus the flavored mutex cases on the write side.
+/// For backends whose capabilities include `rwlock`.
+#[macro_export]
+macro_rules! rwlock_suite {
+    ($harness:expr) => {
+        mod rwlock {
+            use super::*;
+            $crate::__conformance_tests_expand!($harness;
+                rw_readers_overlap,
+                rw_writer_excludes_readers_and_writers,
+                rw_writer_not_starved_by_readers,
+                rw_downgrade_allowed_upgrade_refused,
+                rw_owners_in_one_client
+            );
+            mod write_side {
+                use super::*;
+                $crate::for_each_flavored_case!(
+                    $crate::__conformance_tests_expand,
+                    ($harness).map(|h: $crate::Harness| h.with_flavor($crate::Flavor::RwWrite))
+                );
+            }
+        }
+    };
+}
+
+/// Semaphore cases, plus the flavored mutex cases on a semaphore of one.
+/// For backends whose capabilities include `semaphore`.
+#[macro_export]
+macro_rules! semaphore_suite {
+    ($harness:expr) => {
+        mod semaphore {
+            use super::*;
+            $crate::__conformance_tests_expand!($harness;
+                semaphore_never_exceeds_permits,
+                semaphore_permit_count_conflict,
+                semaphore_fifo,
+                semaphore_one_permit_per_client
+            );
+            mod one_permit {
+                use super::*;
+                $crate::for_each_flavored_case!(
+                    $crate::__conformance_tests_expand,
+                    ($harness).map(|h: $crate::Harness| h.with_flavor($crate::Flavor::Semaphore1))
+                );
+            }
+        }
     };
 }
 

@@ -14,3 +14,5 @@ fn harness() -> Option<Harness> {
 }
 
 conformance_tests::suite!(harness());
+conformance_tests::rwlock_suite!(harness());
+conformance_tests::semaphore_suite!(harness());

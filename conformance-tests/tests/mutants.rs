@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use conformance_tests::{cases, Harness};
 use lockcore::backend::{AcquireRequest, Acquired, Capabilities, LockState, StoreSession};
 use lockcore::mem::MemBackend;
-use lockcore::{Backend, ErrorKind, LockName, Result, SessionLiveness};
+use lockcore::{Backend, ErrorKind, LockKind, LockName, Result, SessionLiveness};
 
 #[derive(Debug, Clone, Copy)]
 enum Mutation {
@@ -20,6 +20,12 @@ enum Mutation {
     AbandonDoesNothing,
     /// Reports waiters newest first.
     InspectReversed,
+    /// Takes every read hold as a write hold: readers never share.
+    ReadersExclusive,
+    /// Takes a semaphore permit as a read hold: no limit at all.
+    SemaphoreUnbounded,
+    /// Takes a semaphore permit as a mutex hold: a limit of one.
+    SemaphoreAsMutex,
 }
 
 #[derive(Debug)]
@@ -95,6 +101,20 @@ impl StoreSession for MutantSession {
                 a.token = u64::MAX - a.token;
                 Ok(a)
             }
+            Mutation::ReadersExclusive
+            | Mutation::SemaphoreUnbounded
+            | Mutation::SemaphoreAsMutex => {
+                let mut r = req.clone();
+                r.kind = match (self.mutation, req.kind) {
+                    (Mutation::ReadersExclusive, LockKind::Read) => LockKind::Write,
+                    (Mutation::SemaphoreUnbounded, LockKind::Semaphore { .. }) => LockKind::Read,
+                    (Mutation::SemaphoreAsMutex, LockKind::Semaphore { .. }) => {
+                        LockKind::Semaphore { permits: 1 }
+                    }
+                    (_, k) => k,
+                };
+                self.inner.acquire(&r).await
+            }
             Mutation::InspectReversed | Mutation::AbandonDoesNothing => {
                 self.inner.acquire(req).await
             }
@@ -151,6 +171,9 @@ must_fail! {
     abandon_noop_caught_by_cancel_case: AbandonDoesNothing => cancelled_acquire_at_each_await_point_leaves_nothing;
     abandon_noop_caught_by_timeout_case: AbandonDoesNothing => timeout_bounds_and_no_leftover_waiter;
     reversed_inspect_caught_by_inspect_case: InspectReversed => inspect_reports_holder_and_waiters_in_order;
+    exclusive_readers_caught_by_overlap_case: ReadersExclusive => rw_readers_overlap;
+    unbounded_semaphore_caught_by_limit_case: SemaphoreUnbounded => semaphore_never_exceeds_permits;
+    mutex_semaphore_caught_by_limit_case: SemaphoreAsMutex => semaphore_never_exceeds_permits;
 }
 
 /// The unmutated wrapper passes, so the failures above come from the

@@ -52,6 +52,20 @@ impl Default for Capabilities {
 }
 
 /// The kind of entry a contender puts on the store.
+///
+/// Entries of one name form one queue in arrival order. An entry holds
+/// when:
+/// - `Exclusive` or `Write`: it is first;
+/// - `Read`: no `Exclusive` or `Write` entry is ahead of it;
+/// - `Semaphore { permits }`: fewer than `permits` entries are ahead of it.
+///
+/// A waiter watches only what it waits for (herd-free): a writer its
+/// predecessor, a reader the nearest writer ahead, a semaphore waiter the
+/// entry `permits` places ahead. Semaphore entries with a different
+/// `permits`, or mixed with lock entries, are [`crate::ErrorKind::Conflict`].
+/// `Read`/`Write` entries are one per owner (several per session), so their
+/// layout must not be keyed by session alone; `Exclusive` and `Semaphore`
+/// entries are at most one per session and name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum LockKind {
@@ -151,7 +165,8 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Holders and waiters of `name`, holders first, waiters in queue order.
     async fn inspect(&self, name: &LockName) -> Result<LockState>;
 
-    /// Forced break: deletes the holders' entries. The holders' guards
+    /// Forced break: deletes the holders' entries (every reader of a
+    /// read-write lock, every permit of a semaphore). The holders' guards
     /// report [`crate::LossReason::EntryDeleted`]. Returns whether anything
     /// was held.
     async fn break_lock(&self, name: &LockName) -> Result<bool>;
@@ -177,9 +192,11 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
 /// One store session (ZooKeeper session, etcd lease, Consul session).
 ///
 /// # Contract
-/// - At most one entry per request at any time; the client layer sends at
-///   most one request per (session, name) at a time, so layouts that key
-///   entries by session (etcd, Consul) are safe.
+/// - At most one entry per request at any time. For `Exclusive` and
+///   `Semaphore` the client layer sends at most one request per (session,
+///   name) at a time, so layouts that key those entries by session (etcd,
+///   Consul) are safe; `Read` and `Write` requests of one session may
+///   overlap on one name.
 /// - `acquire` returns only when our entry holds the lock, after checking
 ///   that the entry still exists (a waiter whose session expired while
 ///   queued is never granted). While the entry is held, the backend

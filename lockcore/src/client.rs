@@ -100,6 +100,32 @@ impl LockClient {
         })
     }
 
+    /// A handle to the read-write lock `name`: readers hold together, a
+    /// writer holds alone, and arrival order is kept across both, so a
+    /// stream of readers cannot starve a waiting writer.
+    pub fn rwlock(&self, name: impl AsRef<str>) -> Result<crate::RwLock> {
+        Ok(crate::RwLock::new(
+            self.clone(),
+            LockName::new(name.as_ref())?,
+        ))
+    }
+
+    /// A handle to the counting semaphore `name` with `permits` holders at
+    /// most. Every user of one semaphore must agree on `permits`; a
+    /// different count is [`ErrorKind::Conflict`] at acquire. One client
+    /// holds at most one permit of a semaphore at a time (its owners queue
+    /// locally), as `consul lock -n` counts one holder per session.
+    pub fn semaphore(&self, name: impl AsRef<str>, permits: u32) -> Result<crate::Semaphore> {
+        let name = LockName::new(name.as_ref())?;
+        if permits == 0 {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("semaphore {name} needs at least one permit"),
+            ));
+        }
+        Ok(crate::Semaphore::new(self.clone(), name, permits))
+    }
+
     /// The backend, for admin operations and tests.
     pub fn backend(&self) -> &Arc<dyn Backend> {
         &self.inner.backend
@@ -211,36 +237,60 @@ impl LockClient {
         Ok(slot)
     }
 
-    /// The local FIFO queue of `name` (one permit: one store contender).
-    fn local_queue(&self, name: &LockName) -> Arc<Semaphore> {
-        let mut map = self.inner.local.lock().expect("local queue map poisoned");
-        map.entry(name.clone())
-            .or_insert_with(|| Arc::new(Semaphore::new(1)))
-            .clone()
+    /// A place in the local FIFO queue of `name` (one permit: one store
+    /// contender per client), for the kinds whose store layout keys entries
+    /// by session: mutexes (etcd's and Consul's native layouts) and
+    /// semaphores (`consul lock -n` counts one holder per session).
+    /// Readers and writers of a read-write lock have one entry each and are
+    /// ordered by the store alone, so none of them can overtake a waiter
+    /// of another client.
+    async fn local_ticket(
+        &self,
+        name: &LockName,
+        kind: LockKind,
+        mode: Mode,
+    ) -> Result<LocalTicket> {
+        if matches!(kind, LockKind::Read | LockKind::Write) {
+            return Ok(LocalTicket {
+                client: self.inner.clone(),
+                name: name.clone(),
+                permit: None,
+            });
+        }
+        let queue = {
+            let mut map = self.inner.local.lock().expect("local queue map poisoned");
+            map.entry(name.clone())
+                .or_insert_with(|| Arc::new(Semaphore::new(1)))
+                .clone()
+        };
+        let permit = match mode {
+            Mode::Try => queue.try_acquire_owned().map_err(|_| would_block(name))?,
+            Mode::Wait => queue.acquire_owned().await.expect("never closed"),
+            Mode::Until(d) => tokio::time::timeout_at(d, queue.acquire_owned())
+                .await
+                .map_err(|_| timed_out(name))?
+                .expect("never closed"),
+        };
+        Ok(LocalTicket {
+            client: self.inner.clone(),
+            name: name.clone(),
+            permit: Some(permit),
+        })
     }
 
-    async fn acquire(&self, name: &LockName, kind: LockKind, mode: Mode) -> Result<LockGuard> {
-        let span = tracing::debug_span!("acquire", lock = %name, ?mode);
+    pub(crate) async fn acquire(
+        &self,
+        name: &LockName,
+        kind: LockKind,
+        mode: Mode,
+    ) -> Result<LockGuard> {
+        let span = tracing::debug_span!("acquire", lock = %name, ?kind, ?mode);
         async move {
             let deadline = match mode {
                 Mode::Until(d) => Some(d),
                 _ => None,
             };
-            let queue = self.local_queue(name);
-            let permit = match mode {
-                Mode::Try => queue.clone().try_acquire_owned().map_err(|_| would_block(name)),
-                Mode::Wait => Ok(queue.clone().acquire_owned().await.expect("never closed")),
-                Mode::Until(d) => tokio::time::timeout_at(d, queue.clone().acquire_owned())
-                    .await
-                    .map(|p| p.expect("never closed"))
-                    .map_err(|_| timed_out(name)),
-            };
-            drop(queue);
-            let mut ticket = LocalTicket {
-                client: self.inner.clone(),
-                name: name.clone(),
-                permit: Some(permit?),
-            };
+            let mut ticket = self.local_ticket(name, kind, mode).await?;
             let mut backoff = Backoff::default();
             loop {
                 let session = until(deadline, self.session()).await.ok_or_else(|| timed_out(name))??;
@@ -368,8 +418,9 @@ async fn remove_entry(session: &SessionSlot, req: &AcquireRequest, held: Option<
     }
 }
 
+/// How long an acquire may wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode {
+pub(crate) enum Mode {
     Try,
     Wait,
     Until(Instant),
@@ -399,7 +450,9 @@ struct LocalTicket {
 
 impl Drop for LocalTicket {
     fn drop(&mut self) {
-        drop(self.permit.take());
+        if self.permit.take().is_none() {
+            return;
+        }
         let mut map = self.client.local.lock().expect("local queue map poisoned");
         if map
             .get(&self.name)
@@ -618,6 +671,34 @@ impl LockGuard {
     pub fn reenter(&mut self) -> Reentry<'_> {
         self.depth += 1;
         Reentry { guard: self }
+    }
+
+    /// Re-enters for reading: always allowed (a writer may read; that is
+    /// how a write holder downgrades).
+    pub fn reenter_read(&mut self) -> Reentry<'_> {
+        self.reenter()
+    }
+
+    /// Re-enters for writing. A read holder is refused with
+    /// [`ErrorKind::UpgradeRefused`] instead of deadlocking: two readers
+    /// upgrading would wait for each other forever.
+    pub fn reenter_write(&mut self) -> Result<Reentry<'_>> {
+        if self.kind() == LockKind::Read {
+            return Err(Error::new(
+                ErrorKind::UpgradeRefused,
+                format!(
+                    "{} is held for reading; release it and acquire for writing",
+                    self.name()
+                ),
+            ));
+        }
+        Ok(self.reenter())
+    }
+
+    /// What is held: a mutex, the read or write side of a read-write lock,
+    /// or a semaphore permit.
+    pub fn kind(&self) -> LockKind {
+        self.held().req.kind
     }
 
     /// How many holds this owner has (1 + live reentries).

@@ -15,6 +15,8 @@ pub enum ErrorKind {
     InvalidName,
     /// A connection URL could not be parsed or has a bad option value.
     InvalidUrl,
+    /// An argument is out of its range (a semaphore with 0 permits).
+    InvalidArgument,
     /// The URL scheme is not known to quorumlock at all.
     UnknownScheme,
     /// The URL scheme is known but its cargo feature is not enabled.
@@ -53,6 +55,7 @@ impl ErrorKind {
         match self {
             ErrorKind::InvalidName => "invalid name",
             ErrorKind::InvalidUrl => "invalid url",
+            ErrorKind::InvalidArgument => "invalid argument",
             ErrorKind::UnknownScheme => "unknown scheme",
             ErrorKind::FeatureDisabled => "feature disabled",
             ErrorKind::WouldBlock => "would block",

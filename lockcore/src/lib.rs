@@ -6,6 +6,7 @@ mod client;
 mod error;
 pub mod mem;
 mod name;
+mod rw;
 pub mod signal;
 pub mod url;
 
@@ -15,4 +16,5 @@ pub use backend::{
 pub use client::{Lock, LockClient, LockGuard, Reentry};
 pub use error::{Error, ErrorKind, Result};
 pub use name::{LockName, MAX_NAME_LEN, MAX_SEGMENT_LEN};
+pub use rw::{RwLock, Semaphore};
 pub use signal::{EntrySignals, LossReason, SessionLiveness};

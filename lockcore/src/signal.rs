@@ -1,7 +1,6 @@
 //! Signals between a backend and the client layer: session liveness with a
 //! local deadline, and per-entry loss and revoke requests.
 
-use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -138,11 +137,9 @@ impl SessionLiveness {
 
     /// Resolves when [`lose`](Self::lose) is called. The deadline is turned
     /// into a `lose` by the client's watchdog.
-    pub fn lost(&self) -> impl Future<Output = LossReason> + Send + '_ {
-        async move {
-            self.lost.token.cancelled().await;
-            self.lost.get().unwrap_or(LossReason::SessionExpired)
-        }
+    pub async fn lost(&self) -> LossReason {
+        self.lost.token.cancelled().await;
+        self.lost.get().unwrap_or(LossReason::SessionExpired)
     }
 
     /// Runs until the session is lost, turning a passed deadline into a

@@ -98,8 +98,8 @@ impl Backend for MemBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             kill_session: true,
-            rwlock: false,
-            semaphore: false,
+            rwlock: true,
+            semaphore: true,
             session_ttl: self.inner.config.ttl,
         }
     }
@@ -120,27 +120,22 @@ impl Backend for MemBackend {
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
         self.count_request();
-        let mut contenders = self.store().state().contenders(&self.key(name));
-        let waiters = if contenders.is_empty() {
-            Vec::new()
-        } else {
-            contenders.split_off(1)
-        };
+        let (holders, waiters) = self.store().state().contenders(&self.key(name));
         Ok(LockState {
             name: name.clone(),
-            holders: contenders,
+            holders,
             waiters,
         })
     }
 
     async fn break_lock(&self, name: &LockName) -> Result<bool> {
         self.count_request();
-        Ok(self.store().state().break_holder(&self.key(name)))
+        Ok(self.store().state().break_holders(&self.key(name)))
     }
 
     async fn request_revoke(&self, name: &LockName) -> Result<bool> {
         self.count_request();
-        Ok(self.store().state().revoke_holder(&self.key(name)))
+        Ok(self.store().state().revoke_holders(&self.key(name)))
     }
 
     async fn kill_session(&self, session: &str) -> Result<()> {

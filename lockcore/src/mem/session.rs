@@ -78,12 +78,13 @@ impl StoreSession for MemSession {
     async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired> {
         let key = self.backend.key(&req.name);
         self.backend.count_request();
-        let (index, wake) = self
-            .backend
-            .store()
-            .state()
-            .enqueue(&key, self.id, req.contender, req.kind, req.signals.clone())
-            .ok_or_else(|| Error::new(ErrorKind::SessionLost, "mem session expired"))?;
+        let (index, wake) = self.backend.store().state().enqueue(
+            &key,
+            self.id,
+            req.contender,
+            req.kind,
+            req.signals.clone(),
+        )?;
         loop {
             let standing = self.backend.store().state().standing(&key, index);
             match standing {

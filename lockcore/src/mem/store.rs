@@ -136,7 +136,10 @@ impl State {
         }
     }
 
-    /// Appends an entry; `None` if the session is gone.
+    /// Appends an entry, or says why not: the session is gone
+    /// (`SessionLost`), or the queue holds entries of an incompatible kind
+    /// (`Conflict`: a semaphore with another permit count, or a semaphore
+    /// mixed with locks).
     pub(super) fn enqueue(
         &mut self,
         key: &str,
@@ -144,9 +147,20 @@ impl State {
         contender: uuid::Uuid,
         kind: LockKind,
         signals: EntrySignals,
-    ) -> Option<(u64, Arc<Notify>)> {
+    ) -> crate::Result<(u64, Arc<Notify>)> {
         if !self.sessions.contains_key(&session) {
-            return None;
+            return Err(crate::Error::new(
+                crate::ErrorKind::SessionLost,
+                "mem session expired",
+            ));
+        }
+        if let Some(other) = self.queues.get(key).and_then(|q| q.first()) {
+            if conflicts(other.kind, kind) {
+                return Err(crate::Error::new(
+                    crate::ErrorKind::Conflict,
+                    format!("{key} is in use as {:?}, not {kind:?}", other.kind),
+                ));
+            }
         }
         self.last_index += 1;
         let wake = Arc::new(Notify::new());
@@ -159,7 +173,7 @@ impl State {
             wake: wake.clone(),
             created: SystemTime::now(),
         });
-        Some((self.last_index, wake))
+        Ok((self.last_index, wake))
     }
 
     pub(super) fn standing(&self, key: &str, index: u64) -> Standing {
@@ -168,13 +182,13 @@ impl State {
         };
         match q.iter().position(|e| e.index == index) {
             None => Standing::Gone,
-            Some(0) => Standing::Holds,
+            Some(i) if holds(q, i) => Standing::Holds,
             Some(i) => {
-                let ahead = &q[i - 1];
-                let ahead_expires = self
-                    .sessions
-                    .get(&ahead.session)
-                    .map_or_else(Instant::now, |s| s.expires);
+                let ahead_expires = q[..i]
+                    .iter()
+                    .filter_map(|e| self.sessions.get(&e.session).map(|s| s.expires))
+                    .min()
+                    .unwrap_or_else(Instant::now);
                 Standing::Waits { ahead_expires }
             }
         }
@@ -192,7 +206,7 @@ impl State {
         let Some(q) = self.queues.get_mut(key) else {
             return 0;
         };
-        let head_before = q.first().map(|e| e.index);
+        let holders_before = holder_indexes(q);
         let mut removed = 0;
         q.retain(|e| {
             if pred(e) {
@@ -205,11 +219,14 @@ impl State {
                 true
             }
         });
-        match q.first() {
-            Some(head) if Some(head.index) != head_before => head.wake.notify_one(),
-            Some(_) => {}
-            None => {
-                self.queues.remove(key);
+        if q.is_empty() {
+            self.queues.remove(key);
+            return removed;
+        }
+        // Herd-free: wake only the entries that hold now and did not before.
+        for (i, e) in q.iter().enumerate() {
+            if holds(q, i) && !holders_before.contains(&e.index) {
+                e.wake.notify_one();
             }
         }
         removed
@@ -223,43 +240,55 @@ impl State {
         self.remove_where(key, |e| e.contender == contender, None)
     }
 
-    /// Breaks the lock: the holder's entry goes and its guard is told.
-    pub(super) fn break_holder(&mut self, key: &str) -> bool {
-        let Some(head) = self
+    /// Breaks the lock: the holders' entries go and their guards are told.
+    pub(super) fn break_holders(&mut self, key: &str) -> bool {
+        let holders = self
             .queues
             .get(key)
-            .and_then(|q| q.first())
-            .map(|e| e.index)
-        else {
+            .map(|q| holder_indexes(q))
+            .unwrap_or_default();
+        self.remove_where(
+            key,
+            |e| holders.contains(&e.index),
+            Some(LossReason::EntryDeleted),
+        ) > 0
+    }
+
+    pub(super) fn revoke_holders(&mut self, key: &str) -> bool {
+        let Some(q) = self.queues.get(key) else {
             return false;
         };
-        self.remove_where(key, |e| e.index == head, Some(LossReason::EntryDeleted)) > 0
-    }
-
-    pub(super) fn revoke_holder(&mut self, key: &str) -> bool {
-        match self.queues.get(key).and_then(|q| q.first()) {
-            Some(head) => {
-                head.signals.request_revoke();
-                true
+        let mut any = false;
+        for (i, e) in q.iter().enumerate() {
+            if holds(q, i) {
+                e.signals.request_revoke();
+                any = true;
             }
-            None => false,
         }
+        any
     }
 
-    /// Contenders of `key` in queue order.
-    pub(super) fn contenders(&self, key: &str) -> Vec<Contender> {
-        self.queues
-            .get(key)
-            .into_iter()
-            .flatten()
-            .map(|e| Contender {
+    /// Holders and waiters of `key`, each in queue order.
+    pub(super) fn contenders(&self, key: &str) -> (Vec<Contender>, Vec<Contender>) {
+        let (mut holders, mut waiters) = (Vec::new(), Vec::new());
+        let Some(q) = self.queues.get(key) else {
+            return (holders, waiters);
+        };
+        for (i, e) in q.iter().enumerate() {
+            let c = Contender {
                 session: session_id(e.session),
                 token: e.index,
                 entry: entry_name(key, e.index),
                 kind: e.kind,
                 since: Some(e.created),
-            })
-            .collect()
+            };
+            if holds(q, i) {
+                holders.push(c);
+            } else {
+                waiters.push(c);
+            }
+        }
+        (holders, waiters)
     }
 
     /// Entries under `prefix`, as entry names.
@@ -269,6 +298,35 @@ impl State {
             .filter(|(k, _)| k.starts_with(prefix))
             .flat_map(|(k, q)| q.iter().map(move |e| entry_name(k, e.index)))
             .collect()
+    }
+}
+
+/// Whether entry `i` of a queue holds: a mutex or writer when first, a
+/// reader when no mutex or writer is ahead, a semaphore permit when fewer
+/// than `permits` entries are ahead.
+fn holds(q: &[Entry], i: usize) -> bool {
+    match q[i].kind {
+        LockKind::Read => !q[..i].iter().any(|e| e.kind != LockKind::Read),
+        LockKind::Semaphore { permits } => i < permits as usize,
+        _ => i == 0,
+    }
+}
+
+fn holder_indexes(q: &[Entry]) -> Vec<u64> {
+    (0..q.len())
+        .filter(|&i| holds(q, i))
+        .map(|i| q[i].index)
+        .collect()
+}
+
+/// Whether `new` may not queue behind `existing` on one name. Mutexes and
+/// read-write locks share the exclusive/write rule; semaphores only mix
+/// with semaphores of the same permit count.
+fn conflicts(existing: LockKind, new: LockKind) -> bool {
+    match (existing, new) {
+        (LockKind::Semaphore { permits: a }, LockKind::Semaphore { permits: b }) => a != b,
+        (LockKind::Semaphore { .. }, _) | (_, LockKind::Semaphore { .. }) => true,
+        _ => false,
     }
 }
 
