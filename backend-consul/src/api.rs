@@ -139,7 +139,9 @@ pub(crate) struct Api {
 
 impl std::fmt::Debug for Api {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Api").field("base", &self.base.as_str()).finish()
+        f.debug_struct("Api")
+            .field("base", &self.base.as_str())
+            .finish()
     }
 }
 
@@ -192,10 +194,7 @@ impl Api {
     fn url(&self, path: &str) -> Url {
         // Keys use only [A-Za-z0-9-_.:/] (lock names, namespaces and
         // session UUIDs are validated), so they go into the path as-is.
-        let mut u = self
-            .base
-            .join(path)
-            .unwrap_or_else(|_| self.base.clone());
+        let mut u = self.base.join(path).unwrap_or_else(|_| self.base.clone());
         if let Some(dc) = &self.dc {
             u.query_pairs_mut().append_pair("dc", dc);
         }

@@ -206,10 +206,7 @@ impl Backend for ConsulBackend {
         self.inner.config.display.clone()
     }
 
-    async fn open_session(
-        &self,
-        liveness: Arc<SessionLiveness>,
-    ) -> Result<Arc<dyn StoreSession>> {
+    async fn open_session(&self, liveness: Arc<SessionLiveness>) -> Result<Arc<dyn StoreSession>> {
         let s = ConsulSession::open(self.inner.clone(), liveness).await?;
         self.inner
             .opened

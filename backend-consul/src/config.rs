@@ -132,8 +132,12 @@ impl ConsulConfig {
             }
         };
         let ttl = opts.duration("ttl", DEFAULT_TTL, MIN_TTL, MAX_TTL)?;
-        let lock_delay =
-            opts.duration("lock_delay", DEFAULT_LOCK_DELAY, Duration::ZERO, MAX_LOCK_DELAY)?;
+        let lock_delay = opts.duration(
+            "lock_delay",
+            DEFAULT_LOCK_DELAY,
+            Duration::ZERO,
+            MAX_LOCK_DELAY,
+        )?;
         let checks = match opts.take("checks") {
             None => Vec::new(),
             Some(v) if v.is_empty() => Vec::new(),
@@ -299,6 +303,9 @@ mod tests {
         rejects("consuls://h?ca=", "empty");
         rejects("consul://h?ttl=15s&ttl=20s", "twice");
         rejects("consul://h?tll=15s", "unknown URL option");
-        rejects("consul://h?wait=5s", "known: token, dc, ttl, lock_delay, checks, ca");
+        rejects(
+            "consul://h?wait=5s",
+            "known: token, dc, ttl, lock_delay, checks, ca",
+        );
     }
 }

@@ -158,13 +158,19 @@ impl ConsulSession {
             r
         });
         task.await
-            .map_err(|e| Error::new(ErrorKind::Internal, "a Consul write task failed").with_source(e))?
+            .map_err(|e| {
+                Error::new(ErrorKind::Internal, "a Consul write task failed").with_source(e)
+            })?
             .map_err(|e| map(e, what))
     }
 
     async fn leave_queue(&self, keys: &Keys) -> Result<()> {
         match self
-            .write(keys, vec![op::delete(&keys.queue(&self.s.id))], "leaving the queue")
+            .write(
+                keys,
+                vec![op::delete(&keys.queue(&self.s.id))],
+                "leaving the queue",
+            )
             .await?
         {
             Txn::Done(_) => Ok(()),
@@ -418,8 +424,11 @@ impl StoreSession for ConsulSession {
         match self.write(&keys, ops, "releasing").await? {
             Txn::Done(_) => Ok(()),
             Txn::Failed(errs) => {
-                tracing::debug!(lock = %keys.lock, ?errs, "the lock was no longer ours; removing our queue key only");
-                self.leave_queue(&keys).await
+                // `.lock` is not at our token: broken (gone, or another
+                // holder's now) or rewritten behind our back while still
+                // locked by this session. Remove what this session has.
+                tracing::debug!(lock = %keys.lock, ?errs, "the lock was not at our token");
+                self.remove_own(&keys).await
             }
         }
     }
@@ -427,19 +436,7 @@ impl StoreSession for ConsulSession {
     async fn abandon(&self, req: &AcquireRequest) -> Result<()> {
         let keys = Keys::new(&self.s.backend.config, &req.name);
         self.unwatch(&keys);
-        let qkey = keys.queue(&self.s.id);
-        // The client layer has at most one request per (session, name), so
-        // a `.lock` that this session holds is this request's.
-        let ops = vec![
-            op::check_session(&keys.lock, &self.s.id),
-            op::delete(&keys.lock),
-            op::delete(&qkey),
-            op::delete(&keys.revoke),
-        ];
-        match self.write(&keys, ops, "abandoning").await? {
-            Txn::Done(_) => Ok(()),
-            Txn::Failed(_) => self.leave_queue(&keys).await,
-        }
+        self.remove_own(&keys).await
     }
 
     async fn close(&self) -> Result<()> {
@@ -450,6 +447,26 @@ impl StoreSession for ConsulSession {
             .session_destroy(&self.s.id)
             .await
             .map_err(|e| map(e, "destroying the session"))
+    }
+}
+
+impl ConsulSession {
+    /// Removes our queue key, and `.lock` (with any revoke marker) if this
+    /// session holds it. The client layer has at most one request per
+    /// (session, name) and keeps it until this returns, so a `.lock` that
+    /// this session holds belongs to the request being removed.
+    async fn remove_own(&self, keys: &Keys) -> Result<()> {
+        let qkey = keys.queue(&self.s.id);
+        let ops = vec![
+            op::check_session(&keys.lock, &self.s.id),
+            op::delete(&keys.lock),
+            op::delete(&qkey),
+            op::delete(&keys.revoke),
+        ];
+        match self.write(keys, ops, "removing our entry").await? {
+            Txn::Done(_) => Ok(()),
+            Txn::Failed(_) => self.leave_queue(keys).await,
+        }
     }
 }
 
@@ -576,9 +593,9 @@ async fn evaluate(s: &Shared, idx: u64, entries: &[KvEntry]) -> usize {
                 continue; // granted after this read was taken
             }
             e.checked = true;
-            let ours = by_key.get(key.as_str()).is_some_and(|l| {
-                l.holder() == Some(s.id.as_str()) && l.modify_index == e.token
-            });
+            let ours = by_key
+                .get(key.as_str())
+                .is_some_and(|l| l.holder() == Some(s.id.as_str()) && l.modify_index == e.token);
             if !ours {
                 lost.push((key.clone(), e.token));
                 continue;

@@ -149,7 +149,11 @@ async fn consul_lock_and_ours_never_hold_together() {
     assert_eq!(lines.len(), 4 * ROUNDS, "{text}");
     for pair in lines.chunks(2) {
         let who = pair[0].strip_suffix(" start").expect(&text);
-        assert_eq!(pair[1], format!("{who} end"), "two holders at once:\n{text}");
+        assert_eq!(
+            pair[1],
+            format!("{who} end"),
+            "two holders at once:\n{text}"
+        );
     }
     let _ = std::fs::remove_file(&log);
     case.finish().await;
@@ -170,7 +174,10 @@ async fn consul_lock_waits_for_us() {
     let mut c = consul_lock(&case, "mine", &["-timeout=1s"], &script);
     let out = c.output().await.expect("running consul lock");
     assert!(!out.status.success(), "consul lock got a lock we hold");
-    assert!(!marker.exists(), "consul lock ran its command while we held the lock");
+    assert!(
+        !marker.exists(),
+        "consul lock ran its command while we held the lock"
+    );
 
     // Now a patient one: it runs only after our release.
     let waiting = tokio::spawn({
@@ -209,7 +216,10 @@ async fn we_wait_for_consul_lock() {
     wait_for_file(&held).await;
 
     let lock = ours.lock("theirs").unwrap();
-    let e = lock.try_acquire().await.expect_err("try-acquire of a held lock");
+    let e = lock
+        .try_acquire()
+        .await
+        .expect_err("try-acquire of a held lock");
     assert_eq!(e.kind(), ErrorKind::WouldBlock, "{e}");
 
     let waiter = tokio::spawn({
@@ -221,10 +231,16 @@ async fn we_wait_for_consul_lock() {
         let st = ours.inspect("theirs").await.unwrap();
         if st.waiters.len() == 1 {
             assert_eq!(st.holders.len(), 1, "{st:?}");
-            assert_ne!(Some(&st.holders[0].session), ours.session_id().await.as_ref());
+            assert_ne!(
+                Some(&st.holders[0].session),
+                ours.session_id().await.as_ref()
+            );
             break;
         }
-        assert!(start.elapsed() < Duration::from_secs(10), "never queued: {st:?}");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "never queued: {st:?}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let g = tokio::time::timeout(Duration::from_secs(30), waiter)
@@ -232,7 +248,10 @@ async fn we_wait_for_consul_lock() {
         .expect("not granted after consul lock ended")
         .unwrap()
         .unwrap();
-    assert!(done.exists(), "granted while consul lock's command still ran");
+    assert!(
+        done.exists(),
+        "granted while consul lock's command still ran"
+    );
     assert!(g.is_held());
     theirs.await.unwrap();
     g.release().await.unwrap();
