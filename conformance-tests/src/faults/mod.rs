@@ -103,7 +103,12 @@ pub struct FaultTarget {
     base: Url,
     factory: BackendFactory,
     link: Link,
+    wrap: Option<Wrap>,
 }
+
+/// Wraps every backend a [`FaultTarget`] makes; see
+/// [`FaultTarget::wrap_backends`].
+pub type Wrap = Arc<dyn Fn(Arc<dyn Backend>) -> Arc<dyn Backend> + Send + Sync>;
 
 impl fmt::Debug for FaultTarget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -161,6 +166,7 @@ impl FaultTarget {
             base,
             factory: Arc::new(move |u| Box::pin(factory(u))),
             link: Link::Proxy(target),
+            wrap: None,
         }
     }
 
@@ -175,6 +181,7 @@ impl FaultTarget {
                 Box::pin(async move { Ok(Arc::new(MemBackend::from_url(&u)?) as Arc<dyn Backend>) })
             }),
             link: Link::Mem,
+            wrap: None,
         }
     }
 
@@ -185,6 +192,24 @@ impl FaultTarget {
         self
     }
 
+    /// The same target with every backend (direct or behind a faulty
+    /// link) passed through `wrap`, e.g. to prove that the scenarios fail
+    /// on a backend that breaks a promise.
+    pub fn wrap_backends(
+        mut self,
+        wrap: impl Fn(Arc<dyn Backend>) -> Arc<dyn Backend> + Send + Sync + 'static,
+    ) -> FaultTarget {
+        self.wrap = Some(Arc::new(wrap));
+        self
+    }
+
+    fn wrapped(&self, b: Arc<dyn Backend>) -> Arc<dyn Backend> {
+        match &self.wrap {
+            Some(w) => w(b),
+            None => b,
+        }
+    }
+
     /// The store's name in the results table.
     pub fn name(&self) -> &str {
         &self.name
@@ -192,8 +217,17 @@ impl FaultTarget {
 
     /// A [`Harness`] over the same store, for the conformance cases.
     pub fn harness(&self) -> Harness {
-        let f = self.factory.clone();
-        Harness::new(&self.name, self.base.clone(), move |u| f(u))
+        let (f, w) = (self.factory.clone(), self.wrap.clone());
+        Harness::new(&self.name, self.base.clone(), move |u| {
+            let (f, w) = (f.clone(), w.clone());
+            async move {
+                let b = f(u).await?;
+                Ok(match w {
+                    Some(w) => w(b),
+                    None => b,
+                })
+            }
+        })
     }
 
     fn url_for(&self, namespace: &str) -> Url {
@@ -206,9 +240,10 @@ impl FaultTarget {
     /// A backend for `namespace` with a direct link.
     pub async fn backend(&self, namespace: &str) -> Arc<dyn Backend> {
         let u = self.url_for(namespace);
-        (self.factory)(u.clone())
+        let b = (self.factory)(u.clone())
             .await
-            .unwrap_or_else(|e| panic!("connecting to {}: {e}", url::redact(&u)))
+            .unwrap_or_else(|e| panic!("connecting to {}: {e}", url::redact(&u)));
+        self.wrapped(b)
     }
 
     /// A backend for `namespace` behind a faulty link, and the link.
@@ -218,7 +253,7 @@ impl FaultTarget {
             Link::Mem => {
                 let mem = MemBackend::from_url(&u).expect("mem URL");
                 let (net, backend) = SimNet::wrap(mem);
-                (backend, net)
+                (self.wrapped(backend), net)
             }
             Link::Proxy(target) => {
                 let proxy = Arc::new(TcpProxy::start(*target).await.expect("starting a proxy"));
@@ -227,7 +262,7 @@ impl FaultTarget {
                 let backend = (self.factory)(u.clone()).await.unwrap_or_else(|e| {
                     panic!("connecting through the proxy to {}: {e}", url::redact(&u))
                 });
-                (backend, Arc::new(proxy))
+                (self.wrapped(backend), Arc::new(proxy))
             }
         }
     }

@@ -55,10 +55,18 @@ impl Row {
 
     /// Adds a note.
     pub fn note(&mut self, s: impl AsRef<str>) {
+        const MAX: usize = 400;
         if !self.notes.is_empty() {
             self.notes.push_str("; ");
         }
-        self.notes.push_str(s.as_ref());
+        let s = s.as_ref();
+        match s.char_indices().nth(MAX) {
+            Some((cut, _)) => {
+                self.notes.push_str(&s[..cut]);
+                self.notes.push_str("...");
+            }
+            None => self.notes.push_str(s),
+        }
     }
 
     /// Header of [`tsv`](Self::tsv).

@@ -1,0 +1,178 @@
+//! The fault scenarios must fail on broken backends: each mutant wraps the
+//! in-memory backend (behind its simulated link) and breaks one promise,
+//! and the scenario that guards that promise must panic.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use conformance_tests::faults::{scenarios, FaultTarget};
+use lockcore::backend::{AcquireRequest, Acquired, Capabilities, LockState, StoreSession};
+use lockcore::{Backend, EntrySignals, LockName, Result, SessionLiveness};
+
+#[derive(Debug, Clone, Copy)]
+enum Mutation {
+    /// Computes the local deadline from twice the TTL and ignores the
+    /// store's word that the session expired: a partitioned holder
+    /// believes it holds after the store gave the lock away.
+    LateDeadline,
+    /// Leaves the entry of a cancelled or failed acquire on the store.
+    AbandonDoesNothing,
+    /// Every holder gets the same token: fencing cannot tell them apart.
+    ConstantToken,
+}
+
+#[derive(Debug)]
+struct Mutant {
+    inner: Arc<dyn Backend>,
+    mutation: Mutation,
+}
+
+#[derive(Debug)]
+struct MutantSession {
+    inner: Arc<dyn StoreSession>,
+    mutation: Mutation,
+}
+
+fn target(mutation: Mutation) -> FaultTarget {
+    FaultTarget::mem("mem://mutants?ttl=1s")
+        .wrap_backends(move |inner| Arc::new(Mutant { inner, mutation }) as Arc<dyn Backend>)
+}
+
+#[async_trait]
+impl Backend for Mutant {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn describe(&self) -> String {
+        format!("mutant {:?} of {}", self.mutation, self.inner.describe())
+    }
+    async fn open_session(&self, outer: Arc<SessionLiveness>) -> Result<Arc<dyn StoreSession>> {
+        if let Mutation::LateDeadline = self.mutation {
+            let ttl = self.inner.capabilities().session_ttl;
+            let inner_l = Arc::new(SessionLiveness::new());
+            let session = self.inner.open_session(inner_l.clone()).await?;
+            // Forward confirmations with twice the TTL; never forward a loss.
+            let fwd = |l: &SessionLiveness| {
+                if let Some(d) = l.deadline() {
+                    outer.confirm(d - (ttl - SessionLiveness::margin(ttl)), ttl * 2);
+                }
+            };
+            fwd(&inner_l);
+            let weak = Arc::downgrade(&outer);
+            tokio::spawn(async move {
+                while let Some(outer) = weak.upgrade() {
+                    if let Some(d) = inner_l.deadline() {
+                        outer.confirm(d - (ttl - SessionLiveness::margin(ttl)), ttl * 2);
+                    }
+                    if outer.loss().is_some() {
+                        return;
+                    }
+                    drop(outer);
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            });
+            return Ok(Arc::new(MutantSession {
+                inner: session,
+                mutation: self.mutation,
+            }));
+        }
+        Ok(Arc::new(MutantSession {
+            inner: self.inner.open_session(outer).await?,
+            mutation: self.mutation,
+        }))
+    }
+    async fn inspect(&self, name: &LockName) -> Result<LockState> {
+        self.inner.inspect(name).await
+    }
+    async fn break_lock(&self, name: &LockName) -> Result<bool> {
+        self.inner.break_lock(name).await
+    }
+    async fn request_revoke(&self, name: &LockName) -> Result<bool> {
+        self.inner.request_revoke(name).await
+    }
+    async fn kill_session(&self, session: &str) -> Result<()> {
+        self.inner.kill_session(session).await
+    }
+    async fn leftovers(&self) -> Result<Vec<String>> {
+        self.inner.leftovers().await
+    }
+    fn requests_sent(&self) -> u64 {
+        self.inner.requests_sent()
+    }
+}
+
+#[async_trait]
+impl StoreSession for MutantSession {
+    fn id(&self) -> String {
+        self.inner.id()
+    }
+    async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired> {
+        if let Mutation::LateDeadline = self.mutation {
+            // Deaf to the store: the entry's loss is never reported.
+            let mut deaf = req.clone();
+            deaf.signals = EntrySignals::new();
+            return self.inner.acquire(&deaf).await;
+        }
+        let mut a = self.inner.acquire(req).await?;
+        if let Mutation::ConstantToken = self.mutation {
+            a.token = 1;
+        }
+        Ok(a)
+    }
+    async fn release(&self, req: &AcquireRequest, held: &Acquired) -> Result<()> {
+        if let Mutation::ConstantToken = self.mutation {
+            // The real index is not known any more: remove by contender.
+            return self.inner.abandon(req).await;
+        }
+        self.inner.release(req, held).await
+    }
+    async fn abandon(&self, req: &AcquireRequest) -> Result<()> {
+        match self.mutation {
+            Mutation::AbandonDoesNothing => Ok(()),
+            _ => self.inner.abandon(req).await,
+        }
+    }
+    async fn close(&self) -> Result<()> {
+        self.inner.close().await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[should_panic(expected = "two holders believed they held the lock at once")]
+async fn late_deadline_is_caught_by_partitioned_holder() {
+    scenarios::partitioned_holder(&target(Mutation::LateDeadline)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[should_panic(expected = "two holders believed they held the lock at once")]
+async fn late_deadline_is_caught_by_keepalive_failure() {
+    scenarios::keepalive_delay_then_failure(&target(Mutation::LateDeadline)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[should_panic(expected = "lock not free after the cancellations")]
+async fn orphaned_entries_are_caught_by_cancellations() {
+    scenarios::cancelled_acquires_under_contention(&target(Mutation::AbandonDoesNothing)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[should_panic(expected = "two entries of one session")]
+async fn orphaned_entries_are_caught_by_resets() {
+    scenarios::reset_during_acquire(&target(Mutation::AbandonDoesNothing)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[should_panic(expected = "stale write of the paused holder was accepted")]
+async fn constant_tokens_are_caught_by_fencing() {
+    scenarios::paused_holder_fenced(&target(Mutation::ConstantToken)).await;
+}
+
+/// The unmutated wrapper passes: the failures above come from the
+/// mutations, not from the wrapping.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identity_wrapper_passes() {
+    let t = FaultTarget::mem("mem://mutants?ttl=1s").wrap_backends(|b| b);
+    scenarios::partitioned_holder(&t).await;
+    scenarios::paused_holder_fenced(&t).await;
+}
