@@ -38,7 +38,9 @@ impl Proxy {
         let rx = state.subscribe();
         tokio::spawn(async move {
             loop {
-                let Ok((mut inbound, _)) = listener.accept().await else { return };
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    return;
+                };
                 let mut rx = rx.clone();
                 let (cut, epoch) = *rx.borrow();
                 if cut {
@@ -46,7 +48,9 @@ impl Proxy {
                     continue;
                 }
                 tokio::spawn(async move {
-                    let Ok(mut outbound) = TcpStream::connect(target).await else { return };
+                    let Ok(mut outbound) = TcpStream::connect(target).await else {
+                        return;
+                    };
                     tokio::select! {
                         _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
                         _ = rx.wait_for(|(_, e)| *e != epoch) => {}
@@ -135,7 +139,10 @@ async fn short_outage_loses_nothing() {
 
     proxy.cut();
     let cut_at = Instant::now();
-    let e = holder.inspect("x").await.expect_err("the proxy did not cut");
+    let e = holder
+        .inspect("x")
+        .await
+        .expect_err("the proxy did not cut");
     assert_eq!(e.kind(), lockcore::ErrorKind::Connection, "{e}");
     tokio::time::sleep_until(cut_at + Duration::from_millis(1500)).await;
     proxy.pass();
@@ -157,10 +164,16 @@ async fn short_outage_loses_nothing() {
         .expect("waiter not granted after the outage")
         .unwrap()
         .unwrap();
-    assert_eq!(g2.token(), place, "the waiter re-queued instead of keeping its key");
+    assert_eq!(
+        g2.token(),
+        place,
+        "the waiter re-queued instead of keeping its key"
+    );
     // The new holder's own-key watch works: a forced break is reported.
     assert!(admin.break_lock("x").await.unwrap());
-    let reason = tokio::time::timeout(SOON, g2.lost()).await.expect("break not seen");
+    let reason = tokio::time::timeout(SOON, g2.lost())
+        .await
+        .expect("break not seen");
     assert_eq!(reason, LossReason::EntryDeleted);
     drop(g2);
     for c in [&holder, &waiter] {
@@ -202,7 +215,11 @@ async fn long_partition_fires_loss_before_anyone_else_acquires() {
         lost_at - cut_at,
         granted_at - cut_at
     );
-    assert!(lost_at - cut_at < Duration::from_secs(2), "loss fired late: {:?}", lost_at - cut_at);
+    assert!(
+        lost_at - cut_at < Duration::from_secs(2),
+        "loss fired late: {:?}",
+        lost_at - cut_at
+    );
     assert!(g2.token() > g.token());
 
     proxy.pass();
