@@ -1,0 +1,373 @@
+//! `quorumlock lock NAME -- CMD`: run a command while holding a lock.
+
+use std::io::IsTerminal;
+use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
+use std::process::ExitStatus;
+
+use quorumlock::{ErrorKind, LockClient, LockGuard};
+use tokio::signal::unix::{signal, Signal, SignalKind};
+use tokio::time::Instant;
+
+use super::exit::{self, Failure};
+use super::spinner::Spinner;
+use super::LockArgs;
+
+/// The signals forwarded to the command (and that stop a wait).
+pub struct Signals {
+    int: Signal,
+    term: Signal,
+    hup: Signal,
+}
+
+impl Signals {
+    /// Installs the handlers: from here on these signals no longer end
+    /// this process by themselves.
+    pub fn install() -> Result<Self, Failure> {
+        let make = |k: SignalKind| {
+            signal(k).map_err(|e| {
+                Failure::new(
+                    exit::SOFTWARE,
+                    format!("cannot install signal handlers: {e}"),
+                )
+            })
+        };
+        Ok(Signals {
+            int: make(SignalKind::interrupt())?,
+            term: make(SignalKind::terminate())?,
+            hup: make(SignalKind::hangup())?,
+        })
+    }
+
+    /// The next signal received.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a signal that arrives while nobody waits is kept for
+    /// the next call.
+    pub async fn recv(&mut self) -> i32 {
+        tokio::select! {
+            _ = self.int.recv() => libc::SIGINT,
+            _ = self.term.recv() => libc::SIGTERM,
+            _ = self.hup.recv() => libc::SIGHUP,
+        }
+    }
+}
+
+/// Runs `quorumlock lock`.
+///
+/// # Cancel safety
+/// Not cancel safe: it owns a child process; run it to completion.
+pub async fn run(client: &LockClient, args: &LockArgs) -> Result<u8, Failure> {
+    let mut signals = Signals::install()?;
+    run_with(client, args, &mut signals).await
+}
+
+/// [`run`] with the signal source given (tests share one).
+///
+/// # Cancel safety
+/// As [`run`].
+pub async fn run_with(
+    client: &LockClient,
+    args: &LockArgs,
+    signals: &mut Signals,
+) -> Result<u8, Failure> {
+    let lock = client.lock(&args.name)?;
+    // One read first: an unreachable store fails now with 69 instead of
+    // the acquire retrying quietly.
+    lock.inspect().await?;
+
+    let guard = {
+        let acquire = async {
+            match args.timeout {
+                None => lock.acquire().await,
+                Some(d) if d.is_zero() => lock.try_acquire().await,
+                Some(d) => lock.acquire_timeout(d).await,
+            }
+        };
+        tokio::pin!(acquire);
+        let spinner = std::io::stderr()
+            .is_terminal()
+            .then(|| Spinner::start(client.clone(), args.name.clone()));
+        if spinner.is_none() {
+            tracing::info!(lock = %args.name, "waiting for the lock");
+        }
+        let outcome = tokio::select! {
+            r = &mut acquire => Ok(r),
+            sig = signals.recv() => Err(sig),
+        };
+        if let Some(s) = spinner {
+            s.stop().await;
+        }
+        match outcome {
+            Ok(Ok(g)) => g,
+            Ok(Err(e)) if e.kind() == ErrorKind::WouldBlock => {
+                return Err(Failure::new(
+                    exit::NOT_ACQUIRED,
+                    format!("{} is held by someone else", args.name),
+                ))
+            }
+            Ok(Err(e)) => return Err(e.into()),
+            Err(sig) => {
+                // Dropping the acquire abandons our entry in the background;
+                // the caller's close() waits for that.
+                tracing::info!(signal = sig, "interrupted while waiting");
+                return Ok(exit::SIGNAL_BASE + sig as u8);
+            }
+        }
+    };
+    tracing::info!(lock = %args.name, token = guard.token(), session = %guard.session_id(), "acquired");
+    supervise(guard, args, signals).await
+}
+
+/// How the command ended, and why.
+struct Outcome {
+    status: ExitStatus,
+    lost: Option<String>,
+}
+
+/// Runs the command under `guard`, then releases the lock.
+async fn supervise(
+    guard: LockGuard,
+    args: &LockArgs,
+    signals: &mut Signals,
+) -> Result<u8, Failure> {
+    let (program, rest) = args.command.split_first().expect("clap requires CMD");
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(rest)
+        .env("QUORUMLOCK_NAME", &args.name)
+        .env("QUORUMLOCK_TOKEN", guard.token().to_string());
+    // On a terminal the command stays in our (foreground) process group so
+    // that it can read the terminal; otherwise it gets a group of its own
+    // and every signal goes to the whole group (shells, pipelines).
+    let own_group = !std::io::stdin().is_terminal();
+    if own_group {
+        cmd.as_std_mut().process_group(0);
+    }
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = match e.kind() {
+                std::io::ErrorKind::NotFound => exit::NOT_FOUND,
+                _ => exit::CANNOT_EXECUTE,
+            };
+            let msg = format!("cannot run {}: {e}", program.to_string_lossy());
+            release(guard, &args.name).await;
+            return Err(Failure::new(code, msg));
+        }
+    };
+    let pid = child.id().expect("a child that was just spawned has a pid") as libc::pid_t;
+    let target = if own_group { -pid } else { pid };
+    let send = |sig: i32| {
+        // SAFETY: kill(2) has no memory-safety preconditions. The child is
+        // not reaped until `wait` below returns, so `pid` is still ours.
+        let rc = unsafe { libc::kill(target, sig) };
+        if rc != 0 {
+            tracing::debug!(signal = sig, error = %std::io::Error::last_os_error(), "kill failed");
+        }
+    };
+
+    let lost = guard.lost();
+    tokio::pin!(lost);
+    let revoke = guard.revoke_requested();
+    tokio::pin!(revoke);
+    let mut lost_reason: Option<String> = None;
+    let mut revoked = args.ignore_revoke;
+    let mut kill_at: Option<Instant> = None;
+    let outcome = loop {
+        tokio::select! {
+            status = child.wait() => match status {
+                Ok(status) => break Outcome { status, lost: lost_reason },
+                Err(e) => {
+                    // Only if waitpid fails: make sure it is gone.
+                    send(libc::SIGKILL);
+                    release(guard, &args.name).await;
+                    return Err(Failure::new(exit::SOFTWARE, format!("waiting for the command failed: {e}")));
+                }
+            },
+            sig = signals.recv() => {
+                tracing::info!(signal = sig, "forwarding");
+                send(sig);
+            }
+            reason = &mut lost, if lost_reason.is_none() => {
+                eprintln!(
+                    "quorumlock: lock {} lost ({reason}); sending SIGTERM to the command, SIGKILL in {}",
+                    args.name,
+                    super::human(args.grace)
+                );
+                send(libc::SIGTERM);
+                kill_at = Some(Instant::now() + args.grace);
+                lost_reason = Some(reason.to_string());
+            }
+            _ = &mut revoke, if !revoked => {
+                eprintln!("quorumlock: release of {} requested; sending SIGTERM to the command", args.name);
+                send(libc::SIGTERM);
+                revoked = true;
+            }
+            _ = sleep_until(kill_at), if kill_at.is_some() => {
+                eprintln!("quorumlock: the command outlived the grace period; sending SIGKILL");
+                send(libc::SIGKILL);
+                kill_at = None;
+            }
+        }
+    };
+
+    let released = guard.release().await;
+    if let Some(reason) = outcome.lost {
+        return Err(Failure::new(
+            exit::LOCK_LOST,
+            format!(
+                "lock {} was lost while the command ran: {reason}",
+                args.name
+            ),
+        ));
+    }
+    match released {
+        Ok(()) => {}
+        Err(e) if e.kind() == ErrorKind::LockLost => {
+            // Lost between the command's end and the release: the end of
+            // its work may not have been protected.
+            return Err(Failure::new(exit::LOCK_LOST, e.to_string()));
+        }
+        Err(e) => tracing::warn!(error = %e, "release failed; the entry goes with the session"),
+    }
+    Ok(status_code(outcome.status))
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn release(guard: LockGuard, name: &str) {
+    if let Err(e) = guard.release().await {
+        tracing::warn!(lock = name, error = %e, "release failed");
+    }
+}
+
+/// The shell's view of an exit status: the code, or 128 + signal.
+pub fn status_code(status: ExitStatus) -> u8 {
+    match (status.code(), status.signal()) {
+        (Some(c), _) => c as u8,
+        (None, Some(s)) => exit::SIGNAL_BASE.saturating_add(s as u8),
+        (None, None) => exit::SOFTWARE,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsString;
+    use std::time::Duration;
+
+    fn args(name: &str, cmd: &[&str]) -> LockArgs {
+        LockArgs {
+            timeout: Some(Duration::from_secs(5)),
+            ttl: None,
+            grace: Duration::from_millis(300),
+            ignore_revoke: false,
+            name: name.into(),
+            command: cmd.iter().map(OsString::from).collect(),
+        }
+    }
+
+    async fn client(store: &str) -> LockClient {
+        quorumlock::connect(&format!("mem://{store}/t"))
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn exit_status_and_token_reach_the_caller() {
+        let c = client("lock-status").await;
+        let mut s = Signals::install().unwrap();
+        let a = args(
+            "a",
+            &["sh", "-c", "test -n \"$QUORUMLOCK_TOKEN\" && exit 7"],
+        );
+        assert_eq!(run_with(&c, &a, &mut s).await.unwrap(), 7);
+        assert!(c.inspect("a").await.unwrap().is_free());
+        let a = args("a", &["sh", "-c", "kill -9 $$"]);
+        assert_eq!(run_with(&c, &a, &mut s).await.unwrap(), 128 + 9);
+        let e = run_with(&c, &args("a", &["/nonexistent/cmd"]), &mut s)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, exit::NOT_FOUND);
+        assert!(c.inspect("a").await.unwrap().is_free());
+        c.close().await;
+    }
+
+    #[tokio::test]
+    async fn timeout_is_75_and_leaves_no_waiter() {
+        let holder = client("lock-timeout").await;
+        let other = client("lock-timeout").await;
+        let g = holder.lock("t").unwrap().acquire().await.unwrap();
+        let mut s = Signals::install().unwrap();
+        let mut a = args("t", &["true"]);
+        a.timeout = Some(Duration::from_millis(200));
+        assert_eq!(
+            run_with(&other, &a, &mut s).await.unwrap_err().code,
+            exit::NOT_ACQUIRED
+        );
+        a.timeout = Some(Duration::ZERO);
+        assert_eq!(
+            run_with(&other, &a, &mut s).await.unwrap_err().code,
+            exit::NOT_ACQUIRED
+        );
+        other.wait_idle().await;
+        assert!(other.inspect("t").await.unwrap().waiters.is_empty());
+        g.release().await.unwrap();
+        holder.close().await;
+        other.close().await;
+    }
+
+    #[tokio::test]
+    async fn a_broken_lock_stops_the_command_with_76() {
+        let holder = client("lock-break").await;
+        let admin = client("lock-break").await;
+        let mut s = Signals::install().unwrap();
+        // The command ignores SIGTERM, so SIGKILL after the grace is needed.
+        let a = args("b", &["sh", "-c", "trap '' TERM; sleep 30; sleep 30"]);
+        let task = tokio::spawn(async move {
+            let started = Instant::now();
+            let r = run_with(&holder, &a, &mut s).await;
+            (r, started.elapsed())
+        });
+        let t0 = Instant::now();
+        while admin.inspect("b").await.unwrap().holders.is_empty() {
+            assert!(t0.elapsed() < Duration::from_secs(5), "never held");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(admin.break_lock("b").await.unwrap());
+        let (r, took) = task.await.unwrap();
+        assert_eq!(r.unwrap_err().code, exit::LOCK_LOST);
+        assert!(took < Duration::from_secs(10), "{took:?}");
+        admin.close().await;
+    }
+
+    #[tokio::test]
+    async fn a_revoke_request_sends_sigterm() {
+        let holder = client("lock-revoke").await;
+        let admin = client("lock-revoke").await;
+        let mut s = Signals::install().unwrap();
+        let a = args(
+            "r",
+            &[
+                "sh",
+                "-c",
+                "trap 'exit 3' TERM; while :; do sleep 0.05; done",
+            ],
+        );
+        let task = tokio::spawn(async move { run_with(&holder, &a, &mut s).await });
+        let t0 = Instant::now();
+        while admin.inspect("r").await.unwrap().holders.is_empty() {
+            assert!(t0.elapsed() < Duration::from_secs(5), "never held");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(admin.request_revoke("r").await.unwrap());
+        assert_eq!(task.await.unwrap().unwrap(), 3);
+        admin.close().await;
+    }
+}

@@ -1,0 +1,347 @@
+//! The `quorumlock` command line: argument parsing and dispatch.
+
+use std::ffi::OsString;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use quorumlock::LockClient;
+
+pub mod exit;
+mod lock;
+mod spinner;
+mod status;
+
+use exit::Failure;
+
+const ABOUT: &str = "Distributed locks over ZooKeeper, etcd and Consul, from the shell.";
+
+const LONG_ABOUT: &str = "\
+Distributed locks over ZooKeeper, etcd and Consul, from the shell.
+
+The store is named by a URL (--url or QUORUMLOCK_URL):
+  etcd://127.0.0.1:2379/NAMESPACE      zk://127.0.0.1:2181/NAMESPACE
+  consul://127.0.0.1:8500/NAMESPACE    mem:// (in this process only)
+Query options are the backend's, e.g. ?ttl=10s (see --ttl).";
+
+/// The whole command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "quorumlock",
+    version,
+    about = ABOUT,
+    long_about = LONG_ABOUT,
+    after_help = exit::HELP,
+    propagate_version = true
+)]
+pub struct Cli {
+    /// The store's URL. mem:// lives inside this one process, so it is
+    /// only useful for trying `lock` out.
+    #[arg(
+        long,
+        global = true,
+        env = quorumlock::URL_ENV,
+        default_value = quorumlock::DEFAULT_URL,
+        hide_env_values = true,
+        value_name = "URL"
+    )]
+    pub url: String,
+
+    /// More logs on stderr: -v info, -vv debug, -vvv trace (RUST_LOG
+    /// overrides). Secrets in URLs are never printed.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a command while holding a lock.
+    ///
+    /// The command gets QUORUMLOCK_NAME and QUORUMLOCK_TOKEN (the fencing
+    /// token: pass it to the resource you write to, so that it can reject
+    /// writes from an older holder). SIGINT, SIGTERM and SIGHUP are
+    /// forwarded to it. If the lock is lost while it runs, it gets SIGTERM,
+    /// then SIGKILL after --grace, and quorumlock exits with 76. When the
+    /// command ends, the lock is released and its exit status is passed on.
+    ///
+    /// When stdin is not a terminal the command runs in its own process
+    /// group and signals go to the whole group; on a terminal it stays in
+    /// the foreground group so that it can read the terminal.
+    #[command(after_help = exit::HELP)]
+    Lock(LockArgs),
+
+    /// Show who holds a lock, since when, with which token, and who waits.
+    #[command(after_help = exit::HELP)]
+    Status(StatusArgs),
+
+    /// Ask the holder of a lock to let go (cooperative).
+    ///
+    /// The holder's guard sees the request; a `quorumlock lock` holder
+    /// sends SIGTERM to its command (unless it runs with --ignore-revoke).
+    /// The lock stays held until the holder releases it.
+    #[command(after_help = exit::HELP)]
+    Revoke(NameArg),
+
+    /// Forcibly break a lock: delete the holder's entry (needs --yes).
+    ///
+    /// The holder's guard reports the lock lost; a `quorumlock lock`
+    /// holder stops its command and exits with 76. The next waiter gets
+    /// the lock with a higher fencing token. Use it when a holder is stuck;
+    /// the old holder may still be running, which is what fencing tokens
+    /// are for.
+    #[command(name = "break", after_help = exit::HELP)]
+    Break(BreakArgs),
+}
+
+/// Arguments of `lock`.
+#[derive(Debug, Args)]
+pub struct LockArgs {
+    /// Give up after this long (75); 0 means try once. E.g. 500ms, 10s, 2m.
+    /// Default: wait forever.
+    #[arg(long, value_name = "D", value_parser = parse_duration)]
+    pub timeout: Option<Duration>,
+
+    /// Session TTL: how long the store keeps the lock after this process
+    /// stops renewing it. Sets the `ttl` option of the URL.
+    #[arg(long, value_name = "D", value_parser = parse_duration)]
+    pub ttl: Option<Duration>,
+
+    /// After the lock is lost, how long the command has between SIGTERM
+    /// and SIGKILL.
+    #[arg(long, value_name = "D", value_parser = parse_duration, default_value = "5s")]
+    pub grace: Duration,
+
+    /// Do not send SIGTERM to the command on a cooperative revoke.
+    #[arg(long)]
+    pub ignore_revoke: bool,
+
+    /// The lock's name: segments of [A-Za-z0-9._:-] joined by `/`.
+    pub name: String,
+
+    /// The command to run, after `--`.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
+}
+
+/// Arguments of `status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+
+    /// The lock's name.
+    pub name: String,
+}
+
+/// A lone lock name.
+#[derive(Debug, Args)]
+pub struct NameArg {
+    /// The lock's name.
+    pub name: String,
+}
+
+/// Arguments of `break`.
+#[derive(Debug, Args)]
+pub struct BreakArgs {
+    /// Really break the lock.
+    #[arg(long)]
+    pub yes: bool,
+
+    /// The lock's name.
+    pub name: String,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    quorumlock::url::parse_duration(s)
+}
+
+/// Parses the command line, runs it and returns the exit status.
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            use clap::error::ErrorKind as K;
+            let _ = e.print();
+            return ExitCode::from(match e.kind() {
+                K::DisplayHelp | K::DisplayVersion => exit::OK,
+                _ => exit::USAGE,
+            });
+        }
+    };
+    init_logging(cli.verbose);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("quorumlock: cannot start the runtime: {e}");
+            return ExitCode::from(exit::SOFTWARE);
+        }
+    };
+    let code = match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(f) => {
+            eprintln!("quorumlock: {f}");
+            f.code
+        }
+    };
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    ExitCode::from(code)
+}
+
+fn init_logging(verbose: u8) {
+    use tracing_subscriber::EnvFilter;
+    let level = match verbose {
+        0 => "warn",
+        1 => "info",
+        2 => "debug",
+        _ => "trace",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+}
+
+/// Runs one parsed command line.
+///
+/// # Cancel safety
+/// Not cancel safe: `lock` owns a child process and a held lock; dropping
+/// this future drops the guard (the release is queued in the background)
+/// but does not stop the child. Run it to completion.
+pub async fn run(cli: Cli) -> Result<u8, Failure> {
+    // Check the name first: a typo must not cost a connection.
+    let name = match &cli.command {
+        Command::Lock(a) => &a.name,
+        Command::Status(a) => &a.name,
+        Command::Revoke(a) => &a.name,
+        Command::Break(a) => &a.name,
+    };
+    quorumlock::LockName::new(name.as_str())?;
+    if let Command::Break(a) = &cli.command {
+        if !a.yes {
+            return Err(Failure::usage(format!(
+                "refusing to break {name} without --yes: its holder may still be \
+                 working and will be told it lost the lock (try `quorumlock revoke {name}` \
+                 to ask it to let go)"
+            )));
+        }
+    }
+    let ttl = match &cli.command {
+        Command::Lock(a) => a.ttl,
+        _ => None,
+    };
+    let url = store_url(&cli.url, ttl)?;
+    let client = connect(&url).await?;
+    let result = match &cli.command {
+        Command::Lock(a) => lock::run(&client, a).await,
+        Command::Status(a) => status::status(&client, a).await,
+        Command::Revoke(a) => status::revoke(&client, &a.name).await,
+        Command::Break(a) => status::break_lock(&client, &a.name).await,
+    };
+    close(&client).await;
+    result
+}
+
+/// The store URL with `ttl` set to `ttl`, if given; checked and redacted
+/// for logs.
+pub fn store_url(url: &str, ttl: Option<Duration>) -> Result<String, Failure> {
+    let Some(ttl) = ttl else {
+        return Ok(url.to_string());
+    };
+    let mut u = quorumlock::url::parse(url)?;
+    let pairs: Vec<(String, String)> = u
+        .query_pairs()
+        .filter(|(k, _)| k != "ttl")
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect();
+    let ttl = if ttl.subsec_millis() == 0 {
+        format!("{}s", ttl.as_secs())
+    } else {
+        format!("{}ms", ttl.as_millis())
+    };
+    u.query_pairs_mut()
+        .clear()
+        .extend_pairs(pairs)
+        .append_pair("ttl", &ttl);
+    Ok(u.to_string())
+}
+
+/// Connects, logging the store without secrets.
+async fn connect(url: &str) -> Result<LockClient, Failure> {
+    if let Ok(u) = quorumlock::url::parse(url) {
+        tracing::info!(store = %quorumlock::url::redact(&u), "connecting");
+    }
+    Ok(quorumlock::connect(url).await?)
+}
+
+/// Closes the client, giving up after a few seconds on a dead store (the
+/// session then expires by its TTL).
+async fn close(client: &LockClient) {
+    if tokio::time::timeout(Duration::from_secs(5), client.close())
+        .await
+        .is_err()
+    {
+        tracing::warn!("closing the session timed out; it will expire by its TTL");
+    }
+}
+
+/// Formats a duration for people: `850ms`, `12.3s`, `4m05s`, `2h07m`.
+pub fn human(d: Duration) -> String {
+    let s = d.as_secs();
+    if s == 0 {
+        format!("{}ms", d.as_millis())
+    } else if s < 60 {
+        format!("{:.1}s", d.as_secs_f64())
+    } else if s < 3600 {
+        format!("{}m{:02}s", s / 60, s % 60)
+    } else {
+        format!("{}h{:02}m", s / 3600, (s % 3600) / 60)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_is_added_or_replaced() {
+        assert_eq!(
+            store_url("etcd://127.0.0.1:2379/ns", Some(Duration::from_secs(3))).unwrap(),
+            "etcd://127.0.0.1:2379/ns?ttl=3s"
+        );
+        let u = store_url(
+            "consul://h:1/ns?ttl=9s&token=abc",
+            Some(Duration::from_millis(1500)),
+        )
+        .unwrap();
+        assert_eq!(u, "consul://h:1/ns?token=abc&ttl=1500ms");
+        assert_eq!(store_url("mem://", None).unwrap(), "mem://");
+        let e = store_url("not a url", Some(Duration::from_secs(1))).unwrap_err();
+        assert_eq!(e.code, exit::USAGE);
+    }
+
+    #[test]
+    fn human_durations() {
+        assert_eq!(human(Duration::from_millis(850)), "850ms");
+        assert_eq!(human(Duration::from_millis(12_340)), "12.3s");
+        assert_eq!(human(Duration::from_secs(245)), "4m05s");
+        assert_eq!(human(Duration::from_secs(7620)), "2h07m");
+    }
+
+    #[test]
+    fn command_line_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,186 @@
+//! `status`, `revoke` and `break`.
+
+use std::fmt::Write as _;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use quorumlock::{Contender, LockClient, LockKind, LockState};
+use serde_json::{json, Value};
+
+use super::exit::{self, Failure};
+use super::{human, StatusArgs};
+
+/// Runs `quorumlock status`.
+///
+/// # Cancel safety
+/// Read-only; safe to drop.
+pub async fn status(client: &LockClient, args: &StatusArgs) -> Result<u8, Failure> {
+    let state = client.inspect(&args.name).await?;
+    let store = client.backend().describe();
+    let now = SystemTime::now();
+    if args.json {
+        println!("{}", to_json(&state, &store, now));
+    } else {
+        print!("{}", to_text(&state, &store, now));
+    }
+    Ok(exit::OK)
+}
+
+/// Runs `quorumlock revoke`.
+///
+/// # Cancel safety
+/// One store write; dropping it may or may not have marked the holder.
+pub async fn revoke(client: &LockClient, name: &str) -> Result<u8, Failure> {
+    if client.request_revoke(name).await? {
+        println!("asked the holder of {name} to release it");
+    } else {
+        println!("{name} is not held");
+    }
+    Ok(exit::OK)
+}
+
+/// Runs `quorumlock break --yes`.
+///
+/// # Cancel safety
+/// Dropping it may or may not have broken the lock.
+pub async fn break_lock(client: &LockClient, name: &str) -> Result<u8, Failure> {
+    if client.break_lock(name).await? {
+        println!("broke {name}: its holder is told that it lost the lock");
+    } else {
+        println!("{name} is not held");
+    }
+    Ok(exit::OK)
+}
+
+fn kind(k: LockKind) -> String {
+    match k {
+        LockKind::Exclusive => "exclusive".into(),
+        LockKind::Read => "read".into(),
+        LockKind::Write => "write".into(),
+        LockKind::Semaphore { permits } => format!("semaphore({permits})"),
+        other => format!("{other:?}").to_lowercase(),
+    }
+}
+
+fn age(c: &Contender, now: SystemTime) -> Option<Duration> {
+    c.since.and_then(|s| now.duration_since(s).ok())
+}
+
+fn unix_ms(t: SystemTime) -> Option<u128> {
+    t.duration_since(UNIX_EPOCH).ok().map(|d| d.as_millis())
+}
+
+/// The JSON form: stable field names, times in Unix milliseconds.
+pub fn to_json(state: &LockState, store: &str, now: SystemTime) -> Value {
+    let holders: Vec<Value> = state
+        .holders
+        .iter()
+        .map(|h| {
+            json!({
+                "session": h.session,
+                "token": h.token,
+                "entry": h.entry,
+                "kind": kind(h.kind),
+                "since_unix_ms": h.since.and_then(unix_ms),
+                "held_for_ms": age(h, now).map(|d| d.as_millis()),
+            })
+        })
+        .collect();
+    let waiters: Vec<Value> = state
+        .waiters
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            json!({
+                "position": i + 1,
+                "session": w.session,
+                "queue_key": w.token,
+                "entry": w.entry,
+                "kind": kind(w.kind),
+                "since_unix_ms": w.since.and_then(unix_ms),
+                "waiting_for_ms": age(w, now).map(|d| d.as_millis()),
+            })
+        })
+        .collect();
+    json!({
+        "name": state.name.as_str(),
+        "store": store,
+        "held": !state.holders.is_empty(),
+        "holders": holders,
+        "waiters": waiters,
+    })
+}
+
+/// The text form, one line per holder and waiter.
+pub fn to_text(state: &LockState, store: &str, now: SystemTime) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "lock:    {}", state.name);
+    let _ = writeln!(out, "store:   {store}");
+    if state.holders.is_empty() {
+        let _ = writeln!(out, "holder:  none (free)");
+    }
+    for h in &state.holders {
+        let held = age(h, now).map_or("unknown".to_string(), human);
+        let _ = writeln!(
+            out,
+            "holder:  session {}  token {}  held for {}  ({}, entry {})",
+            h.session,
+            h.token,
+            held,
+            kind(h.kind),
+            h.entry
+        );
+    }
+    let _ = writeln!(out, "waiters: {}", state.waiters.len());
+    for (i, w) in state.waiters.iter().enumerate() {
+        let waited = age(w, now).map_or("unknown".to_string(), human);
+        let _ = writeln!(
+            out,
+            "  {}. session {}  waiting for {}  ({}, entry {})",
+            i + 1,
+            w.session,
+            waited,
+            kind(w.kind),
+            w.entry
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quorumlock::LockName;
+
+    fn contender(session: &str, token: u64, ago: u64, now: SystemTime) -> Contender {
+        Contender {
+            session: session.into(),
+            token,
+            entry: format!("ns/a/{session}"),
+            kind: LockKind::Exclusive,
+            since: Some(now - Duration::from_secs(ago)),
+        }
+    }
+
+    #[test]
+    fn text_and_json_show_holder_token_age_and_queue() {
+        let now = SystemTime::now();
+        let state = LockState {
+            name: LockName::new("a").unwrap(),
+            holders: vec![contender("s1", 42, 75, now)],
+            waiters: vec![contender("s2", 43, 3, now), contender("s3", 44, 1, now)],
+        };
+        let t = to_text(&state, "mem://x/ns", now);
+        assert!(t.contains("session s1  token 42  held for 1m15s"), "{t}");
+        assert!(t.contains("waiters: 2\n  1. session s2"), "{t}");
+        assert!(t.contains("  2. session s3"), "{t}");
+        let j = to_json(&state, "mem://x/ns", now);
+        assert_eq!(j["held"], true);
+        assert_eq!(j["holders"][0]["token"], 42);
+        assert_eq!(j["holders"][0]["held_for_ms"], 75_000);
+        assert_eq!(j["waiters"][1]["position"], 2);
+        assert_eq!(j["waiters"][1]["session"], "s3");
+        let free = LockState::free(LockName::new("a").unwrap());
+        assert!(to_text(&free, "mem://", now).contains("none (free)"));
+        assert_eq!(to_json(&free, "mem://", now)["held"], false);
+    }
+}
