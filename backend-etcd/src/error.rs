@@ -9,6 +9,7 @@ use tonic::Code;
 ///
 /// - transport trouble, no leader, deadlines: [`ErrorKind::Connection`]
 ///   (retryable);
+/// - a TLS certificate rejected by either side: [`ErrorKind::Unauthenticated`];
 /// - bad user or password, invalid token: [`ErrorKind::Unauthenticated`];
 ///   missing permission: [`ErrorKind::PermissionDenied`] (both final);
 /// - "requested lease not found": [`ErrorKind::SessionLost`] (our lease is
@@ -16,6 +17,13 @@ use tonic::Code;
 /// - malformed endpoints: [`ErrorKind::InvalidUrl`];
 /// - anything else the server says: [`ErrorKind::Store`].
 pub(crate) fn map(e: EtcdError, what: &str) -> Error {
+    if is_tls_rejection(&e) {
+        return Error::new(
+            ErrorKind::Unauthenticated,
+            format!("{what}: the TLS handshake with etcd failed (check ca=, cert= and key=)"),
+        )
+        .with_source(e);
+    }
     let kind = kind_of(&e);
     let msg = match kind {
         ErrorKind::Unauthenticated => {
@@ -29,6 +37,21 @@ pub(crate) fn map(e: EtcdError, what: &str) -> Error {
         _ => format!("{what} failed"),
     };
     Error::new(kind, msg).with_source(e)
+}
+
+/// A certificate the client or the server did not accept: a setup error
+/// that retrying cannot fix. tonic reports it as a transport error, with
+/// the rustls reason in the source chain.
+fn is_tls_rejection(e: &EtcdError) -> bool {
+    let text = format!("{e:?}");
+    [
+        "InvalidCertificate",
+        "BadCertificate",
+        "UnknownIssuer",
+        "invalid peer certificate",
+    ]
+    .iter()
+    .any(|m| text.contains(m))
 }
 
 fn kind_of(e: &EtcdError) -> ErrorKind {

@@ -44,6 +44,10 @@ fn etcdctl(url: &Url) -> Command {
     if let Some(ca) = &config.ca {
         cmd.arg(format!("--cacert={}", ca.display()));
     }
+    if let Some((cert, key)) = &config.client_cert {
+        cmd.arg(format!("--cert={}", cert.display()))
+            .arg(format!("--key={}", key.display()));
+    }
     cmd
 }
 
