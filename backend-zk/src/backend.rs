@@ -147,8 +147,10 @@ impl Shared {
         let connect = c.connect(&self.connect_string);
         match tokio::time::timeout(self.config.connect_timeout, connect).await {
             Ok(Ok(client)) => {
-                self.negotiated_ms
-                    .store(client.session_timeout().as_millis() as u64, Ordering::Relaxed);
+                self.negotiated_ms.store(
+                    client.session_timeout().as_millis() as u64,
+                    Ordering::Relaxed,
+                );
                 Ok(client)
             }
             Ok(Err(e)) => Err(map(e, "opening a session")),
@@ -296,7 +298,10 @@ impl ZkBackend {
             // containers (reaped by the server) and ephemeral contenders.
             let owner = stat.ephemeral_owner;
             if owner != 0 {
-                out.push(format!("{p} (ephemeral node of session {})", session_text(owner)));
+                out.push(format!(
+                    "{p} (ephemeral node of session {})",
+                    session_text(owner)
+                ));
             } else if stat.data_length > 0 && p != root {
                 out.push(format!("{p} (parent node with data)"));
             }
@@ -335,7 +340,11 @@ impl Backend for ZkBackend {
         liveness.confirm(sent, client.session_timeout());
         self.shared.record_opened(&client);
         tracing::debug!(session = %client.session_id(), timeout = ?client.session_timeout(), "ZooKeeper session opened");
-        Ok(Arc::new(ZkSession::start(self.shared.clone(), client, liveness)))
+        Ok(Arc::new(ZkSession::start(
+            self.shared.clone(),
+            client,
+            liveness,
+        )))
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
@@ -364,7 +373,11 @@ impl Backend for ZkBackend {
                 Err(e) => return Err(map(e, "reading a contender")),
             }
         }
-        let waiters = if all.is_empty() { Vec::new() } else { all.split_off(1) };
+        let waiters = if all.is_empty() {
+            Vec::new()
+        } else {
+            all.split_off(1)
+        };
         Ok(LockState {
             name: name.clone(),
             holders: all,
@@ -405,7 +418,10 @@ impl Backend for ZkBackend {
                 return Ok(false);
             };
             self.shared.count(1);
-            match c.set_data(&format!("{dir}/{holder}"), REVOKE_MESSAGE, None).await {
+            match c
+                .set_data(&format!("{dir}/{holder}"), REVOKE_MESSAGE, None)
+                .await
+            {
                 Ok(_) => return Ok(true),
                 Err(zk::Error::NoNode) => continue,
                 Err(e) => return Err(map(e, "marking the holder's node for revoke")),
@@ -418,8 +434,17 @@ impl Backend for ZkBackend {
             .strip_prefix("0x")
             .and_then(|h| u64::from_str_radix(h, 16).ok())
             .map(|v| v as i64)
-            .ok_or_else(|| Error::new(ErrorKind::Store, format!("{session:?} is not a ZooKeeper session id (0x...)")))?;
-        let known = registry().lock().expect("registry poisoned").get(&id).cloned();
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Store,
+                    format!("{session:?} is not a ZooKeeper session id (0x...)"),
+                )
+            })?;
+        let known = registry()
+            .lock()
+            .expect("registry poisoned")
+            .get(&id)
+            .cloned();
         let Some((_connect, info)) = known else {
             return Err(Error::new(
                 ErrorKind::Store,
@@ -452,7 +477,10 @@ impl Backend for ZkBackend {
                 Err(e) => return Err(e),
             }
         }
-        Err(Error::new(ErrorKind::Connection, format!("could not end session {session}")))
+        Err(Error::new(
+            ErrorKind::Connection,
+            format!("could not end session {session}"),
+        ))
     }
 
     async fn leftovers(&self) -> Result<Vec<String>> {
@@ -486,7 +514,11 @@ mod tests {
         ];
         assert_eq!(
             sort_contenders(kids),
-            vec!["_c_a-lock-0000000001", "_c_c-lock-0000000002", "_c_b-lock-0000000003"]
+            vec![
+                "_c_a-lock-0000000001",
+                "_c_c-lock-0000000002",
+                "_c_b-lock-0000000003"
+            ]
         );
         assert_eq!(sort_key("_c_x-lock-y-lock-0000000007"), "0000000007");
     }

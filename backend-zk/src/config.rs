@@ -102,7 +102,11 @@ impl ZkConfig {
         let auth = match (u.username(), u.password()) {
             ("", None) => None,
             ("", Some(_)) => return Err(invalid("a password needs a user name (user:password@)")),
-            (_, None) => return Err(invalid("digest auth needs user:password@, the password is missing")),
+            (_, None) => {
+                return Err(invalid(
+                    "digest auth needs user:password@, the password is missing",
+                ))
+            }
             (user, Some(pw)) => {
                 let user = decode(user)?;
                 let pw = decode(pw)?;
@@ -114,7 +118,9 @@ impl ZkConfig {
         };
         let namespace = url::namespace(u)?;
         if namespace.split('/').next() == Some("zookeeper") {
-            return Err(invalid("the namespace must not be under /zookeeper (the server's own tree)"));
+            return Err(invalid(
+                "the namespace must not be under /zookeeper (the server's own tree)",
+            ));
         }
         let mut opts = url::Options::new(u)?;
         let session_timeout = opts.duration(
@@ -158,7 +164,8 @@ impl ZkConfig {
 }
 
 fn decode(s: &str) -> Result<String> {
-    let bytes: Vec<u8> = percent_decode(s).ok_or_else(|| invalid("bad %-escape in the credentials"))?;
+    let bytes: Vec<u8> =
+        percent_decode(s).ok_or_else(|| invalid("bad %-escape in the credentials"))?;
     String::from_utf8(bytes).map_err(|_| invalid("the credentials are not UTF-8"))
 }
 
@@ -182,7 +189,9 @@ fn percent_decode(s: &str) -> Option<Vec<u8>> {
 /// `host[:port],host[:port]`; `shared_port` applies to hosts without one.
 fn parse_servers(list: &str, shared_port: Option<u16>) -> Result<Vec<(String, u16)>> {
     if list.is_empty() {
-        return Err(invalid("a zk:// URL needs at least one server (zk://host:port/namespace)"));
+        return Err(invalid(
+            "a zk:// URL needs at least one server (zk://host:port/namespace)",
+        ));
     }
     let mut out = Vec::new();
     for item in list.split(',') {
@@ -241,7 +250,10 @@ mod tests {
         assert_eq!(c.connect_timeout, Duration::from_secs(5));
         assert_eq!(c.auth, None);
         assert!(c.pipeline);
-        assert_eq!(cfg("zk://zk1").unwrap().servers, vec![("zk1".to_string(), 2181)]);
+        assert_eq!(
+            cfg("zk://zk1").unwrap().servers,
+            vec![("zk1".to_string(), 2181)]
+        );
     }
 
     #[test]
@@ -277,7 +289,11 @@ mod tests {
         assert!(!c.display.contains("hunter"), "{}", c.display);
         let c = ZkConfig::parse("zk://bob:s3cret@a:1,b:2/ns").unwrap();
         assert_eq!(c.auth.as_ref().unwrap().1.expose(), "s3cret");
-        assert!(!c.display.contains("s3cret") && c.display.contains("bob"), "{}", c.display);
+        assert!(
+            !c.display.contains("s3cret") && c.display.contains("bob"),
+            "{}",
+            c.display
+        );
     }
 
     #[test]
@@ -305,7 +321,14 @@ mod tests {
                 .expect_err(u);
             assert_eq!(e.kind(), ErrorKind::InvalidUrl, "{u}: {e}");
         }
-        for s in ["zk://a:0/ns", "zk://a:x/ns", "zk://a:1,/ns", "zk://[::1/ns", "http://a:1", "zk://"] {
+        for s in [
+            "zk://a:0/ns",
+            "zk://a:x/ns",
+            "zk://a:1,/ns",
+            "zk://[::1/ns",
+            "http://a:1",
+            "zk://",
+        ] {
             let e = ZkConfig::parse(s).expect_err(s);
             assert_eq!(e.kind(), ErrorKind::InvalidUrl, "{s}: {e}");
         }

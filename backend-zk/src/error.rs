@@ -31,12 +31,24 @@ mod tests {
 
     #[test]
     fn kinds() {
-        assert_eq!(map(zk::Error::ConnectionLoss, "x").kind(), ErrorKind::Connection);
+        assert_eq!(
+            map(zk::Error::ConnectionLoss, "x").kind(),
+            ErrorKind::Connection
+        );
         assert!(map(zk::Error::ConnectionLoss, "x").is_retryable());
-        assert_eq!(map(zk::Error::SessionExpired, "x").kind(), ErrorKind::SessionLost);
-        assert_eq!(map(zk::Error::AuthFailed, "x").kind(), ErrorKind::Unauthenticated);
+        assert_eq!(
+            map(zk::Error::SessionExpired, "x").kind(),
+            ErrorKind::SessionLost
+        );
+        assert_eq!(
+            map(zk::Error::AuthFailed, "x").kind(),
+            ErrorKind::Unauthenticated
+        );
         assert!(!map(zk::Error::AuthFailed, "x").is_retryable());
-        assert_eq!(map(zk::Error::NoAuth, "x").kind(), ErrorKind::PermissionDenied);
+        assert_eq!(
+            map(zk::Error::NoAuth, "x").kind(),
+            ErrorKind::PermissionDenied
+        );
         assert_eq!(map(zk::Error::NotEmpty, "x").kind(), ErrorKind::Store);
     }
 }

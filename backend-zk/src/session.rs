@@ -57,7 +57,11 @@ fn lost_session(why: &str) -> Error {
 }
 
 impl ZkSession {
-    pub(crate) fn start(shared: Arc<Shared>, client: zk::Client, liveness: Arc<SessionLiveness>) -> Self {
+    pub(crate) fn start(
+        shared: Arc<Shared>,
+        client: zk::Client,
+        liveness: Arc<SessionLiveness>,
+    ) -> Self {
         let inner = Arc::new(Inner {
             id: client.session_id(),
             timeout: client.session_timeout(),
@@ -184,7 +188,9 @@ impl Inner {
         loop {
             attempts += 1;
             if !self.liveness.is_alive() {
-                return Err(lost_session("session lost while creating the contender node"));
+                return Err(lost_session(
+                    "session lost while creating the contender node",
+                ));
             }
             let (created, listed) = if self.shared.config.pipeline {
                 let sent = self.send(2);
@@ -208,8 +214,12 @@ impl Inner {
                 Err(zk::Error::ConnectionLoss) if attempts < 8 => {
                     // The create may have been applied: find it by GUID.
                     tokio::time::sleep(Duration::from_millis(20 * attempts)).await;
-                    let Ok(Some(children)) = self.list(c, dir).await else { continue };
-                    if let Some((node, stat)) = self.find_ours(c, dir, &prefix_name, &children).await? {
+                    let Ok(Some(children)) = self.list(c, dir).await else {
+                        continue;
+                    };
+                    if let Some((node, stat)) =
+                        self.find_ours(c, dir, &prefix_name, &children).await?
+                    {
                         tracing::debug!(%node, "found our contender node after a connection loss");
                         return Ok((node, stat, Some(children)));
                     }
@@ -227,8 +237,15 @@ impl Inner {
             .insert(req.contender, released.clone());
         let span = tracing::debug_span!("holder_watch", %node);
         tokio::spawn(
-            holder_watch(self.clone(), c, node, req.signals.clone(), released, req.contender)
-                .instrument(span),
+            holder_watch(
+                self.clone(),
+                c,
+                node,
+                req.signals.clone(),
+                released,
+                req.contender,
+            )
+            .instrument(span),
         );
     }
 
@@ -378,7 +395,9 @@ impl StoreSession for ZkSession {
             let sorted = backend::sort_contenders(children);
             let Some(index) = sorted.iter().position(|n| *n == our_name) else {
                 // Deleted behind our back, or our session ended: never grant.
-                return Err(lost_session("our contender node is gone (session expired or node deleted)"));
+                return Err(lost_session(
+                    "our contender node is gone (session expired or node deleted)",
+                ));
             };
             if index == 0 {
                 inner.watch_holder(c.clone(), node.clone(), req);
@@ -389,7 +408,10 @@ impl StoreSession for ZkSession {
             }
             if !req.wait {
                 inner.delete(&c, &node).await?;
-                return Err(Error::new(ErrorKind::WouldBlock, format!("lock {} is held", req.name)));
+                return Err(Error::new(
+                    ErrorKind::WouldBlock,
+                    format!("lock {} is held", req.name),
+                ));
             }
             // Watch only the contender just before us (herd-free).
             let pred = format!("{dir}/{}", sorted[index - 1]);

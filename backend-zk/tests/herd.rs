@@ -33,7 +33,10 @@ struct Cost {
 fn totals(bs: &[ZkBackend]) -> Cost {
     use lockcore::Backend;
     Cost {
-        requests: bs.iter().map(|b| b.requests_sent() - b.keepalives_sent()).sum(),
+        requests: bs
+            .iter()
+            .map(|b| b.requests_sent() - b.keepalives_sent())
+            .sum(),
         watch_events: bs.iter().map(|b| b.watch_events()).sum(),
     }
 }
@@ -49,12 +52,7 @@ async fn release_cost(h: &Harness, n: usize) -> Cost {
         clients.push(LockClient::new(Arc::new(b.clone())));
         backends.push(b);
     }
-    let holder = clients[0]
-        .lock("herd")
-        .unwrap()
-        .acquire()
-        .await
-        .unwrap();
+    let holder = clients[0].lock("herd").unwrap().acquire().await.unwrap();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(usize, LockGuard)>();
     for (i, c) in clients.iter().enumerate().skip(1) {
         let (c, tx) = (c.clone(), tx.clone());

@@ -191,7 +191,9 @@ impl Peer {
         if self.seen.iter().any(|l| l.starts_with(prefix)) {
             return true;
         }
-        tokio::time::timeout(wait, self.expect(prefix)).await.is_ok()
+        tokio::time::timeout(wait, self.expect(prefix))
+            .await
+            .is_ok()
     }
 
     async fn quit(mut self) {
@@ -290,7 +292,10 @@ async fn curator_and_ours_exclude_each_other() {
         .zip(lines.chunks(2).skip(1))
         .filter(|(x, y)| x[0].contains("curator") != y[0].contains("curator"))
         .count();
-    eprintln!("history: {} holds, {switches} hand-overs between Curator and ours", lines.len() / 2);
+    eprintln!(
+        "history: {} holds, {switches} hand-overs between Curator and ours",
+        lines.len() / 2
+    );
     s.peer.quit().await;
     s.case.finish().await;
 }
@@ -308,9 +313,7 @@ async fn fifo_across_curator_and_ours() {
     let Some(mut s) = setup().await else { return };
     let (a, b) = (s.case.client().await, s.case.client().await);
     let g = a.lock("fifo").unwrap().acquire().await.unwrap();
-    s.peer
-        .send(&format!("lock c1 {}/fifo", s.ns_path))
-        .await;
+    s.peer.send(&format!("lock c1 {}/fifo", s.ns_path)).await;
     s.peer.expect("ok").await;
     s.peer.send("acquire c1").await;
     wait_waiters(&a, "fifo", 1).await;
@@ -364,9 +367,7 @@ async fn revoke_both_ways() {
     s.peer.expect("acquired c2").await;
     assert!(a.request_revoke("rv").await.unwrap());
     assert!(
-        s.peer
-            .says_within("revoke-requested c2", SOON)
-            .await,
+        s.peer.says_within("revoke-requested c2", SOON).await,
         "our request_revoke did not reach Curator's revocable holder"
     );
     s.peer.send("release c2").await;
