@@ -18,6 +18,7 @@ use lockcore::{
 };
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::backend::{first_created, header_revision, last_created_before, range_at, Inner};
 use crate::error;
@@ -66,13 +67,11 @@ impl EtcdSession {
         inner.record_lease(id);
         liveness.confirm(sent, granted);
         let stop = CancellationToken::new();
-        tokio::spawn(keepalive(
-            inner.clone(),
-            id,
-            granted,
-            liveness.clone(),
-            stop.clone(),
-        ));
+        tokio::spawn(
+            keepalive(inner.clone(), id, granted, liveness.clone(), stop.clone()).instrument(
+                tracing::debug_span!("etcd_keepalive", lease = %format_args!("{id:x}")),
+            ),
+        );
         tracing::debug!(lease = %format_args!("{id:x}"), ttl = ?granted, "etcd lease granted");
         Ok(EtcdSession {
             inner,
