@@ -104,12 +104,40 @@ impl<'a> Scene<'a> {
     /// Spawns a holder that acquires, writes, reports, then holds until
     /// told to release.
     fn waiter(&self, c: &LockClient, who: &str, timeout: Duration) -> Waiter {
+        self.waiter_retrying(c, who, timeout, None)
+    }
+
+    /// As [`waiter`](Self::waiter); with `retries`, a retryable error
+    /// (connection trouble, lost session) makes it try again, as an
+    /// application would, until `timeout` has run; each retry is counted.
+    fn waiter_retrying(
+        &self,
+        c: &LockClient,
+        who: &str,
+        timeout: Duration,
+        retries: Option<Arc<std::sync::Mutex<Vec<String>>>>,
+    ) -> Waiter {
         let (got_tx, got) = oneshot::channel();
         let (release, release_rx) = oneshot::channel::<()>();
         let (c, who) = (c.clone(), who.to_string());
         let (history, register) = (self.history.clone(), self.register.clone());
         let task = tokio::spawn(async move {
-            let g = c.lock(LOCK).unwrap().acquire_timeout(timeout).await?;
+            let deadline = Instant::now() + timeout;
+            let lock = c.lock(LOCK).unwrap();
+            let g = loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                match lock.acquire_timeout(left).await {
+                    Ok(g) => break g,
+                    Err(e) if e.is_retryable() && e.kind() != ErrorKind::Timeout => match &retries {
+                        Some(r) => {
+                            r.lock().unwrap().push(e.to_string());
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                        None => return Err(e),
+                    },
+                    Err(e) => return Err(e),
+                }
+            };
             let tr = history.track(&who, &g);
             if g.is_held() {
                 let _ = register.write(&who, g.token());
@@ -453,7 +481,8 @@ pub async fn partitioned_waiter(t: &FaultTarget) -> Row {
         let ga = acquire(&a, s.soon()).await;
         let tra = s.history.track("a", &ga);
         s.register.write("a", ga.token()).expect("first write");
-        let mut wb = s.waiter(&b, "b", s.soon() * 3);
+        let retries = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut wb = s.waiter_retrying(&b, "b", s.soon() * 3, Some(retries.clone()));
         s.until_waiters(1).await;
         net.set_mode(NetMode::Blackhole);
         // Long enough for the store to expire the waiter's session.
@@ -481,6 +510,10 @@ pub async fn partitioned_waiter(t: &FaultTarget) -> Row {
             s.row.violation("the waiter was granted while cut off");
         }
         wb.release().await.expect("release of b");
+        let retries = std::mem::take(&mut *retries.lock().unwrap());
+        if let Some(last) = retries.last() {
+            s.row.note(format!("the cut-off waiter retried {} time(s), last: {last}", retries.len()));
+        }
         s.row.cycles += 3;
         round += 1;
     }
