@@ -73,6 +73,9 @@ pub(crate) struct Record {
     /// For `.revoke`: the token of the holder asked to let go.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<u64>,
+    /// For `.lock`: broken by an operator, about to be deleted.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub broken: bool,
 }
 
 impl Record {
@@ -303,8 +306,9 @@ impl Api {
         }
     }
 
-    /// Creates a session; returns its id.
-    pub async fn session_create(&self, body: &Value) -> ApiResult<String> {
+    /// Creates a session; returns its id. Waits up to `timeout` for the
+    /// answer: a client cut off from its agent rides out the partition.
+    pub async fn session_create(&self, body: &Value, timeout: Duration) -> ApiResult<String> {
         #[derive(Deserialize)]
         struct Created {
             #[serde(rename = "ID")]
@@ -312,7 +316,7 @@ impl Api {
         }
         let r = self
             .request(reqwest::Method::PUT, self.url("v1/session/create"))
-            .timeout(REQUEST_TIMEOUT)
+            .timeout(timeout)
             .json(body);
         let (code, text) = Self::body(self.send(r, false).await?).await?;
         match code {
@@ -395,6 +399,11 @@ pub(crate) mod op {
     /// Read every key starting with `prefix`.
     pub fn get_tree(prefix: &str) -> Value {
         json!({"Verb": "get-tree", "Key": prefix})
+    }
+    /// Write `key` if its ModifyIndex is `index` (a held key keeps its
+    /// session), else fail.
+    pub fn cas(key: &str, index: u64, flags: u64, value_b64: &str) -> Value {
+        json!({"Verb": "cas", "Key": key, "Index": index, "Flags": flags, "Value": value_b64})
     }
     /// Fail unless `key`'s ModifyIndex is `index`.
     pub fn check_index(key: &str, index: u64) -> Value {

@@ -247,17 +247,53 @@ impl Backend for ConsulBackend {
 
     async fn break_lock(&self, name: &LockName) -> Result<bool> {
         let keys = Keys::new(&self.inner.config, name);
+        let grace = self.inner.config.lock_delay;
         for _ in 0..ADMIN_RETRIES {
             let v = self.view(&keys).await?;
             let (Some(l), Some(h)) = (&v.lock, v.holder()) else {
                 return Ok(false);
             };
-            // Delete `.lock` at the index we read (the holder's monitor
-            // sees it gone), the holder's queue key (so our next waiter,
-            // which watches it, moves up), and any revoke marker.
+            let holder = h.to_string();
+            let mut at = l.modify_index;
+            if !grace.is_zero() {
+                // Phase 1: rewrite `.lock` in place. It stays locked by the
+                // holder's session, so nobody can take it yet, but its index
+                // moves: the holder's monitor reports the loss. Then wait
+                // the lock-delay, as Consul does after invalidating a
+                // session, so the loss fires before anyone else acquires.
+                let rec = Record {
+                    quorumlock: 1,
+                    since_ms: Some(now_ms()),
+                    broken: true,
+                    ..Record::default()
+                };
+                let ops = vec![op::cas(&keys.lock, l.modify_index, l.flags, &rec.encode())];
+                match self
+                    .inner
+                    .api
+                    .txn(ops)
+                    .await
+                    .map_err(|e| map(e, "breaking a lock"))?
+                {
+                    Txn::Done(r) => {
+                        at = r
+                            .iter()
+                            .find(|e| e.key == keys.lock)
+                            .map_or(at, |e| e.modify_index);
+                    }
+                    Txn::Failed(errs) => {
+                        tracing::debug!(?errs, "the lock changed while breaking it; re-reading");
+                        continue;
+                    }
+                }
+                tokio::time::sleep(grace).await;
+            }
+            // Phase 2: delete `.lock` at the index we left it at, the
+            // holder's queue key (so our next waiter, which watches it,
+            // moves up), and any revoke marker.
             let ops = vec![
-                op::delete_cas(&keys.lock, l.modify_index),
-                op::delete(&keys.queue(h)),
+                op::delete_cas(&keys.lock, at),
+                op::delete(&keys.queue(&holder)),
                 op::delete(&keys.revoke),
             ];
             match self
@@ -268,9 +304,12 @@ impl Backend for ConsulBackend {
                 .map_err(|e| map(e, "breaking a lock"))?
             {
                 Txn::Done(_) => {
-                    tracing::info!(lock = %name, session = h, token = l.modify_index, "lock broken");
+                    tracing::info!(lock = %name, session = %holder, "lock broken");
                     return Ok(true);
                 }
+                // During the grace the holder let go (it saw the loss and
+                // released, or its session ended): broken all the same.
+                Txn::Failed(_) if !grace.is_zero() => return Ok(true),
                 Txn::Failed(errs) => {
                     tracing::debug!(?errs, "the lock changed while breaking it; re-reading");
                 }

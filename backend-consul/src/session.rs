@@ -28,6 +28,10 @@ const MONITOR_MIN_GAP: Duration = Duration::from_millis(50);
 /// Consecutive failed monitor reads tolerated before the held locks are
 /// declared lost (with backoff, about 7 s).
 const MONITOR_MAX_FAILURES: u32 = 6;
+/// How long opening a session waits for the agent's answer. Long on
+/// purpose: a waiter whose session was lost to a partition opens a new one
+/// as soon as the partition heals, instead of failing the acquire.
+const SESSION_CREATE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Unexpected txn failures tolerated in one acquire before giving up.
 const MAX_ACQUIRE_RETRIES: u32 = 20;
 
@@ -112,10 +116,23 @@ impl ConsulSession {
         let sent = Instant::now();
         let id = backend
             .api
-            .session_create(&body)
+            .session_create(&body, SESSION_CREATE_TIMEOUT)
             .await
             .map_err(|e| map(e, "creating a session"))?;
         liveness.confirm(sent, cfg.ttl);
+        if sent.elapsed() > cfg.ttl / 4 {
+            // A slow answer (a healed partition): the create's send time
+            // is too old to vouch for the session; renew it now.
+            let sent = Instant::now();
+            match backend.api.session_renew(&id, SESSION_CREATE_TIMEOUT).await {
+                Ok(true) => liveness.confirm(sent, cfg.ttl),
+                Ok(false) => return Err(session_lost("the new Consul session is already gone")),
+                Err(e) => {
+                    let _ = backend.api.session_destroy(&id).await;
+                    return Err(map(e, "renewing a new session"));
+                }
+            }
+        }
         tracing::debug!(session = %id, ttl = ?cfg.ttl, "Consul session created");
         let s = Arc::new(Shared {
             backend,
@@ -277,16 +294,16 @@ impl StoreSession for ConsulSession {
         }
         let keys = Keys::new(&s.backend.config, &req.name);
         let qkey = keys.queue(&s.id);
-        let record = |token| Record {
+        let record = || Record {
             quorumlock: 1,
             contender: Some(req.contender.to_string()),
             since_ms: Some(now_ms()),
-            token,
+            ..Record::default()
         };
 
         // 1. Join our queue and read the whole lock in one request.
         let ops = vec![
-            op::lock(&qkey, &s.id, QUEUE_FLAGS, &record(None).encode()),
+            op::lock(&qkey, &s.id, QUEUE_FLAGS, &record().encode()),
             op::get_tree(&keys.tree),
         ];
         let mut view = match self.write(&keys, ops, "joining the queue").await? {
@@ -356,7 +373,7 @@ impl StoreSession for ConsulSession {
             let ops = vec![
                 check,
                 op::check_session(&qkey, &s.id),
-                op::lock(&keys.lock, &s.id, LOCK_FLAGS, &record(None).encode()),
+                op::lock(&keys.lock, &s.id, LOCK_FLAGS, &record().encode()),
                 op::get(&keys.lock),
             ];
             match self.write(&keys, ops, "taking the lock").await? {
@@ -476,24 +493,26 @@ impl Drop for ConsulSession {
     }
 }
 
-/// The one keepalive task: renews at TTL/2, confirms each success with
-/// its send time, declares the session lost on a 404, retries transient
-/// failures quickly (the client's local deadline fires if they last).
+/// The one keepalive task: renews every TTL/2 (counted from the send time
+/// of the last successful renew, so slow answers do not stretch the
+/// period), confirms each success with its send time, declares the
+/// session lost on a 404, retries transient failures quickly (the
+/// client's local deadline fires if they last).
 async fn keepalive(s: Arc<Shared>) {
     let ttl = s.backend.config.ttl;
     let timeout = (ttl / 4).max(Duration::from_secs(2));
-    let mut next = ttl / 2;
+    let mut next = Instant::now() + ttl / 2;
     loop {
         tokio::select! {
             _ = s.stop.cancelled() => return,
             _ = s.liveness.lost() => return,
-            _ = tokio::time::sleep(next) => {}
+            _ = tokio::time::sleep_until(next) => {}
         }
         let sent = Instant::now();
         match s.backend.api.session_renew(&s.id, timeout).await {
             Ok(true) => {
                 s.liveness.confirm(sent, ttl);
-                next = ttl / 2;
+                next = sent + ttl / 2;
             }
             Ok(false) => {
                 tracing::warn!(session = %s.id, "Consul says the session is gone");
@@ -502,7 +521,7 @@ async fn keepalive(s: Arc<Shared>) {
             }
             Err(e) => {
                 tracing::debug!(session = %s.id, error = %e, "renewing the session failed; retrying");
-                next = Duration::from_millis(500);
+                next = Instant::now() + Duration::from_millis(500);
             }
         }
     }
