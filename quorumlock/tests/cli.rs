@@ -143,6 +143,32 @@ fn mem_killed_child_is_128_plus_signal_and_missing_command_is_127() {
 }
 
 #[test]
+fn mem_command_is_stopped_when_quorumlock_is_killed() {
+    // Nobody watches the lock once quorumlock is gone: the kernel sends
+    // the command SIGTERM (PR_SET_PDEATHSIG).
+    let dir = tmpdir();
+    let pidfile = dir.path().join("pid");
+    let script = format!("echo $$ > {}; exec sleep 30", pidfile.display());
+    let holder = Bg::spawn("mem://", &["lock", "a", "--", "sh", "-c", &script]);
+    let child: i32 = wait_file(&pidfile, Duration::from_secs(10))
+        .parse()
+        .unwrap();
+    assert!(alive(child));
+    // SAFETY: kill(2) on a child we spawned and have not reaped.
+    unsafe { libc::kill(holder.pid(), libc::SIGKILL) };
+    let (code, _) = holder.wait(Duration::from_secs(10));
+    assert_eq!(code, 128 + 9);
+    let t0 = Instant::now();
+    while alive(child) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "the command outlived quorumlock"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
 fn mem_usage_errors_are_64() {
     // A bad lock name, before anything is connected.
     ql("mem://")
@@ -452,7 +478,10 @@ fn revoke_terminates_the_child(url: &str) {
         "trap 'exit 5' TERM; echo up > {}; while :; do sleep 0.1; done",
         ready.display()
     );
-    let holder = Bg::spawn(url, &["lock", "rev", "--", "sh", "-c", &script]);
+    let holder = Bg::spawn(
+        url,
+        &["lock", "--ttl", "10s", "rev", "--", "sh", "-c", &script],
+    );
     wait_file(&ready, Duration::from_secs(15));
     ql(url)
         .args(["revoke", "rev"])

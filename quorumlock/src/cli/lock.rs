@@ -142,6 +142,7 @@ async fn supervise(
     if own_group {
         cmd.as_std_mut().process_group(0);
     }
+    stop_with_parent(&mut cmd);
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
@@ -231,6 +232,31 @@ async fn supervise(
     }
     Ok(status_code(outcome.status))
 }
+
+/// If quorumlock itself dies (SIGKILL, OOM killer), nobody watches the
+/// lock any more: have the kernel send the command SIGTERM (Linux).
+#[cfg(target_os = "linux")]
+fn stop_with_parent(cmd: &mut tokio::process::Command) {
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: the closure runs in the child between fork and exec and only
+    // calls prctl(2), getppid(2) and raise(3), which are async-signal-safe;
+    // it allocates nothing.
+    unsafe {
+        cmd.as_std_mut().pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent may have died before prctl took effect.
+            if libc::getppid() != parent {
+                libc::raise(libc::SIGTERM);
+            }
+            Ok(())
+        });
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn stop_with_parent(_cmd: &mut tokio::process::Command) {}
 
 async fn sleep_until(at: Option<Instant>) {
     match at {

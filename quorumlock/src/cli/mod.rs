@@ -107,7 +107,9 @@ pub struct LockArgs {
     pub timeout: Option<Duration>,
 
     /// Session TTL: how long the store keeps the lock after this process
-    /// stops renewing it. Sets the `ttl` option of the URL.
+    /// stops renewing it. Sets the URL's `ttl` option (`session_timeout`
+    /// on zk://). Ranges: etcd 2s..24h, Consul 10s..24h, ZooKeeper as the
+    /// server allows (2..20 ticks).
     #[arg(long, value_name = "D", value_parser = parse_duration)]
     pub ttl: Option<Duration>,
 
@@ -253,16 +255,20 @@ pub async fn run(cli: Cli) -> Result<u8, Failure> {
     result
 }
 
-/// The store URL with `ttl` set to `ttl`, if given; checked and redacted
-/// for logs.
+/// The store URL with its session TTL option set to `ttl`, if given.
 pub fn store_url(url: &str, ttl: Option<Duration>) -> Result<String, Failure> {
     let Some(ttl) = ttl else {
         return Ok(url.to_string());
     };
     let mut u = quorumlock::url::parse(url)?;
+    // The backends name the session TTL differently.
+    let key = match u.scheme() {
+        "zk" => "session_timeout",
+        _ => "ttl",
+    };
     let pairs: Vec<(String, String)> = u
         .query_pairs()
-        .filter(|(k, _)| k != "ttl")
+        .filter(|(k, _)| k != key)
         .map(|(k, v)| (k.into_owned(), v.into_owned()))
         .collect();
     let ttl = if ttl.subsec_millis() == 0 {
@@ -273,7 +279,7 @@ pub fn store_url(url: &str, ttl: Option<Duration>) -> Result<String, Failure> {
     u.query_pairs_mut()
         .clear()
         .extend_pairs(pairs)
-        .append_pair("ttl", &ttl);
+        .append_pair(key, &ttl);
     Ok(u.to_string())
 }
 
@@ -327,6 +333,14 @@ mod tests {
         .unwrap();
         assert_eq!(u, "consul://h:1/ns?token=abc&ttl=1500ms");
         assert_eq!(store_url("mem://", None).unwrap(), "mem://");
+        assert_eq!(
+            store_url(
+                "zk://h:2181/ns?session_timeout=9s",
+                Some(Duration::from_secs(4))
+            )
+            .unwrap(),
+            "zk://h:2181/ns?session_timeout=4s"
+        );
         let e = store_url("not a url", Some(Duration::from_secs(1))).unwrap_err();
         assert_eq!(e.code, exit::USAGE);
     }
