@@ -15,6 +15,11 @@ pub enum HoldEnd {
     Released,
     /// The guard's loss future fired.
     Lost(LossReason),
+    /// The lock was taken away by force (session killed, entry deleted):
+    /// the holder cannot know before the store tells it, so its belief
+    /// is cut at the moment of the fault; only fencing protects the
+    /// resource until the loss signal arrives.
+    Forced,
 }
 
 /// One holder's belief interval: from the moment its acquire returned
@@ -196,6 +201,11 @@ impl Tracked {
             Some((t, HoldEnd::Lost(_))) => Some(t),
             _ => None,
         }
+    }
+
+    /// Cuts the belief at `at`: the lock was taken away by force.
+    pub fn forced(&self, at: Instant) {
+        self.history.end(self.id, at, HoldEnd::Forced);
     }
 
     /// The end of belief as recorded so far.

@@ -390,6 +390,11 @@ async fn holder_loses(t: &FaultTarget, scenario: &str, blow: Blow) -> Row {
                 "nothing to break"
             ),
         }
+        // The store took the lock at `fault_at`; the holder learns it
+        // only from the store (a watch, a failed keepalive), so a waiter
+        // granted at once may overlap the notification: that window is
+        // what fencing is for, and its length is the loss delay.
+        tra.forced(fault_at);
         s.row.faults += 1;
         let lost = lost_at(&ga, s.soon(), scenario).await;
         s.row.loss_delay(lost - fault_at);
