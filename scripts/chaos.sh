@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# chaos.sh — run quorumlock's fault scenarios for a while against each
+# store and print, per backend and scenario: cycles, faults injected,
+# double-holder overlaps, stale writes rejected/accepted, the longest
+# loss-detection delay and leaked entries.
+#
+#   scripts/chaos.sh [--minutes N] [--backend B]... [--keep-results FILE]
+#
+#   --minutes N   total wall time to spend (default 10), shared evenly by
+#                 the backends; each backend's suite is repeated until its
+#                 share is used (at least once), and each scenario inside
+#                 it repeats its rounds for QUORUMLOCK_CHAOS_SECONDS.
+#   --backend B   mem, etcd, zk or consul (repeatable; default: all four).
+#   --keep-results FILE   append the raw rows (TSV) to FILE.
+#
+# The real stores come from `scripts/stores.sh up` unless the
+# QUORUMLOCK_TEST_<STORE>_URL variables are already set; this script never
+# stops them. A backend runs its fault suite through its test target:
+#   mem      conformance-tests/tests/faults_mem.rs
+#   etcd     backend-etcd/tests/fault_suite.rs
+#   zk       backend-zk/tests/fault_suite.rs
+#   consul   backend-consul/tests/fault_suite.rs
+# (each of those three is one `conformance_tests::fault_suite!(...)` line).
+# Exit status: 0 when every row is ok and every test passed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+minutes=10
+backends=()
+keep=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --minutes) minutes=$2; shift 2 ;;
+    --minutes=*) minutes=${1#*=}; shift ;;
+    --backend) backends+=("$2"); shift 2 ;;
+    --backend=*) backends+=("${1#*=}"); shift ;;
+    --keep-results) keep=$2; shift 2 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "chaos.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+[ ${#backends[@]} -gt 0 ] || backends=(mem etcd zk consul)
+case "$minutes" in ''|*[!0-9.]*) echo "chaos.sh: --minutes takes a number" >&2; exit 2 ;; esac
+
+SCENARIOS=10   # scenarios in conformance_tests::fault_suite!
+log() { printf 'chaos.sh: %s\n' "$*" >&2; }
+
+need_stores=0
+for b in "${backends[@]}"; do
+  case "$b" in
+    mem) ;;
+    etcd) [ -n "${QUORUMLOCK_TEST_ETCD_URL:-}" ] || need_stores=1 ;;
+    zk) [ -n "${QUORUMLOCK_TEST_ZK_URL:-}" ] || need_stores=1 ;;
+    consul) [ -n "${QUORUMLOCK_TEST_CONSUL_URL:-}" ] || need_stores=1 ;;
+    *) echo "chaos.sh: unknown backend $b (mem, etcd, zk, consul)" >&2; exit 2 ;;
+  esac
+done
+if [ "$need_stores" = 1 ]; then
+  log "starting the stores (scripts/stores.sh up; they are left running)"
+  eval "$(scripts/stores.sh up)"
+fi
+
+results=$(mktemp -t quorumlock-chaos.XXXXXX)
+logs=$(mktemp -d -t quorumlock-chaos-logs.XXXXXX)
+export QUORUMLOCK_CHAOS_RESULTS=$results
+export QUORUMLOCK_TEST_REQUIRE=1
+export CARGO_TERM_COLOR=never
+
+# Seconds per backend, and per scenario within one pass of a suite.
+slice=$(awk -v m="$minutes" -v n="${#backends[@]}" 'BEGIN { printf "%d", m * 60 / n }')
+per_scenario=$(awk -v s="$slice" -v k="$SCENARIOS" 'BEGIN { printf "%d", s / k }')
+export QUORUMLOCK_CHAOS_SECONDS=$per_scenario
+log "${#backends[@]} backend(s), ${slice}s each, ${per_scenario}s per scenario per pass"
+
+failed_tests=0
+for b in "${backends[@]}"; do
+  case "$b" in
+    mem) pkg=conformance-tests; target=faults_mem; file=conformance-tests/tests/faults_mem.rs ;;
+    *) pkg=backend-$b; target=fault_suite; file=backend-$b/tests/fault_suite.rs ;;
+  esac
+  if [ ! -f "$file" ]; then
+    log "$b: $file is missing: the fault suite is not wired for this backend"
+    printf '%s\t(not wired: %s missing)\t0\t0\t0\t0\t0\t-\t0\tSKIP\t\n' "$b" "$file" >>"$results"
+    continue
+  fi
+  log "$b: building"
+  cargo test -q -p "$pkg" --test "$target" --no-run >&2
+  start=$(date +%s)
+  pass=0
+  while :; do
+    pass=$((pass + 1))
+    out=$logs/$b.$pass.log
+    log "$b: pass $pass (log: $out)"
+    if ! cargo test -q -p "$pkg" --test "$target" -- --test-threads=1 >"$out" 2>&1; then
+      failed_tests=1
+      # Tests that failed before recording their row still show up.
+      grep -E '^test .* \.\.\. FAILED$' "$out" | awk -v b="$b" '{ printf "%s\t%s\t0\t0\t0\t0\t0\t-\t0\tFAIL\tpanicked before its row (pass log kept)\n", b, $2 }' >>"$results" || true
+      grep -E 'panicked at' -A2 "$out" | head -20 >&2 || true
+    fi
+    now=$(date +%s)
+    [ $((now - start)) -lt "$slice" ] || break
+    # Another pass only if it fits.
+    [ $(( (now - start) / pass + now - start )) -le "$slice" ] || break
+  done
+done
+
+[ -z "$keep" ] || cat "$results" >>"$keep"
+
+echo
+echo "quorumlock chaos: ${minutes} min, $(date -u +%Y-%m-%dT%H:%MZ)"
+awk -F'\t' '
+  {
+    k = $1 "\t" $2
+    if (!(k in runs)) order[n++] = k
+    runs[k]++
+    cyc[k] += $3; flt[k] += $4; ovl[k] += $5; rej[k] += $6; acc[k] += $7; leak[k] += $9
+    if ($8 != "-") { if (!(k in loss)) loss[k] = $8; else if ($8 + 0 > loss[k] + 0) loss[k] = $8 }
+    if (!(k in res) || res[k] == "ok") res[k] = $10
+    if ($10 == "FAIL") res[k] = "FAIL"
+    if ($11 != "" && !(k in note)) note[k] = $11
+  }
+  END {
+    fmt = "%-7s %-38s %5s %8s %7s %8s %9s %9s %10s %6s  %s\n"
+    printf fmt, "backend", "scenario", "runs", "cycles", "faults", "overlaps", "stale_rej", "stale_acc", "max_loss_ms", "leaked", "result"
+    bad = 0
+    for (i = 0; i < n; i++) {
+      k = order[i]; split(k, p, "\t")
+      printf fmt, p[1], p[2], runs[k], cyc[k], flt[k], ovl[k], rej[k], acc[k], (k in loss ? loss[k] : "-"), leak[k], res[k]
+      if (res[k] == "FAIL") { bad = 1; if (k in note) printf "        %s\n", substr(note[k], 1, 300) }
+    }
+    exit bad
+  }' "$results" || failed_tests=1
+echo
+echo "raw rows: $results   logs: $logs"
+exit "$failed_tests"
