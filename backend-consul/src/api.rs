@@ -167,14 +167,20 @@ impl Api {
                 )
                 .with_source(e)
             })?;
-            let cert = reqwest::Certificate::from_pem(&pem).map_err(|e| {
+            let not_pem = || {
                 Error::new(
                     ErrorKind::InvalidUrl,
-                    format!("URL option ca={}: not a PEM certificate", path.display()),
+                    format!("URL option ca={}: no PEM certificate in it", path.display()),
                 )
-                .with_source(e)
-            })?;
-            b = b.add_root_certificate(cert);
+            };
+            let certs = reqwest::Certificate::from_pem_bundle(&pem)
+                .map_err(|e| not_pem().with_source(e))?;
+            if certs.is_empty() {
+                return Err(not_pem());
+            }
+            for cert in certs {
+                b = b.add_root_certificate(cert);
+            }
         }
         let http = b.build().map_err(|e| {
             Error::new(ErrorKind::Internal, "building the HTTP client failed").with_source(e)
@@ -424,5 +430,51 @@ pub(crate) mod op {
     /// Delete `key` if its ModifyIndex is `index`, else fail.
     pub fn delete_cas(key: &str, index: u64) -> Value {
         json!({"Verb": "delete-cas", "Key": key, "Index": index})
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_round_trip_and_foreign_values() {
+        let r = Record {
+            quorumlock: 1,
+            contender: Some("c".into()),
+            since_ms: Some(7),
+            token: Some(9),
+            broken: false,
+        };
+        let e = KvEntry {
+            key: "k".into(),
+            flags: 0,
+            value: Some(r.encode()),
+            session: Some(String::new()),
+            create_index: 1,
+            modify_index: 2,
+        };
+        assert_eq!(e.record(), Some(r));
+        assert_eq!(e.holder(), None, "an empty session is no holder");
+        let foreign = KvEntry {
+            value: Some(base64::engine::general_purpose::STANDARD.encode("not json")),
+            ..e.clone()
+        };
+        assert_eq!(foreign.record(), None);
+        let none = KvEntry { value: None, ..e };
+        assert_eq!(none.record(), None);
+    }
+
+    #[test]
+    fn bad_ca_file_is_an_invalid_url() {
+        let missing = ConsulConfig::parse("consuls://h?ca=/nonexistent/ca.pem").unwrap();
+        let e = Api::new(&missing).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidUrl, "{e}");
+        let junk = std::env::temp_dir().join(format!("ql-consul-junk-{}.pem", std::process::id()));
+        std::fs::write(&junk, "not a certificate").unwrap();
+        let cfg = ConsulConfig::parse(&format!("consuls://h?ca={}", junk.display())).unwrap();
+        let e = Api::new(&cfg).unwrap_err();
+        let _ = std::fs::remove_file(&junk);
+        assert_eq!(e.kind(), ErrorKind::InvalidUrl, "{e}");
     }
 }
