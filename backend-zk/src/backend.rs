@@ -4,14 +4,14 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use lockcore::url::Url;
 use lockcore::{
-    Backend, Capabilities, Contender, Error, ErrorKind, LockKind, LockName, LockState, Result,
-    SessionLiveness, StoreSession,
+    Backend, Capabilities, Contender, Error, ErrorKind, LockKind, LockName, LockState, LossReason,
+    Result, SessionLiveness, StoreSession,
 };
 use tokio::time::Instant;
 use zookeeper_client as zk;
@@ -22,6 +22,10 @@ use crate::session::ZkSession;
 
 /// The data Curator's `Revoker` writes on a holder's node.
 pub(crate) const REVOKE_MESSAGE: &[u8] = b"__REVOKE__";
+/// The data `break_lock` writes on a holder's node before deleting it, so
+/// that our holder (watching its own node) learns of the break one write
+/// before any waiter can be granted.
+pub(crate) const BREAK_MESSAGE: &[u8] = b"__BREAK__";
 /// The text before the sequence number in a contender node's name.
 pub(crate) const LOCK_MARKER: &str = "lock-";
 
@@ -57,20 +61,33 @@ impl fmt::Debug for ZkBackend {
     }
 }
 
+/// A session opened in this process: its id and password, and its
+/// liveness.
+#[derive(Clone)]
+struct Registered {
+    info: zk::SessionInfo,
+    liveness: Weak<SessionLiveness>,
+    state: zk::StateWatcher,
+}
+
 /// Sessions opened in this process, by id, with what it takes to reattach
 /// to them: ZooKeeper ends a session only for a client that presents its
 /// id AND password, so [`Backend::kill_session`] can end sessions opened
 /// by any `ZkBackend` of this process, not of other processes.
-fn registry() -> &'static Mutex<HashMap<i64, (String, zk::SessionInfo)>> {
-    static R: OnceLock<Mutex<HashMap<i64, (String, zk::SessionInfo)>>> = OnceLock::new();
+fn registry() -> &'static Mutex<HashMap<i64, Registered>> {
+    static R: OnceLock<Mutex<HashMap<i64, Registered>>> = OnceLock::new();
     R.get_or_init(Default::default)
 }
 
-pub(crate) fn register_session(connect: &str, info: &zk::SessionInfo) {
-    registry()
-        .lock()
-        .expect("registry poisoned")
-        .insert(info.id().0, (connect.to_string(), info.clone()));
+pub(crate) fn register_session(client: &zk::Client, liveness: &Arc<SessionLiveness>) {
+    registry().lock().expect("registry poisoned").insert(
+        client.session_id().0,
+        Registered {
+            info: client.session().clone(),
+            liveness: Arc::downgrade(liveness),
+            state: client.state_watcher(),
+        },
+    );
 }
 
 pub(crate) fn unregister_session(id: zk::SessionId) {
@@ -133,43 +150,62 @@ impl Shared {
         }
     }
 
-    /// Opens a ZooKeeper session (or reattaches to `session`), within the
-    /// connect timeout.
-    pub(crate) async fn connect(&self, session: Option<zk::SessionInfo>) -> Result<zk::Client> {
-        let mut c = zk::Client::connector().with_session_timeout(self.config.session_timeout);
-        if let Some((user, pw)) = &self.config.auth {
-            c = c.with_auth("digest", format!("{user}:{}", pw.expose()).as_bytes());
-        }
-        if let Some(s) = session {
-            c = c.with_session(s);
-        }
-        self.count(1);
-        let connect = c.connect(&self.connect_string);
-        match tokio::time::timeout(self.config.connect_timeout, connect).await {
-            Ok(Ok(client)) => {
-                self.negotiated_ms.store(
-                    client.session_timeout().as_millis() as u64,
-                    Ordering::Relaxed,
-                );
-                Ok(client)
+    /// Opens a ZooKeeper session (or reattaches to `session`), retrying
+    /// until the connect timeout: the library gives up on one attempt
+    /// after about a session timeout, and a server that is restarting or
+    /// a link that is healing deserves the whole `connect_timeout`.
+    ///
+    /// Returns the client and the start of the attempt that succeeded (no
+    /// later than the server's creation of the session).
+    pub(crate) async fn connect(
+        &self,
+        session: Option<zk::SessionInfo>,
+    ) -> Result<(zk::Client, Instant)> {
+        let deadline = Instant::now() + self.config.connect_timeout;
+        let mut backoff = Duration::from_millis(20);
+        loop {
+            let mut c = zk::Client::connector().with_session_timeout(self.config.session_timeout);
+            if let Some((user, pw)) = &self.config.auth {
+                c = c.with_auth("digest", format!("{user}:{}", pw.expose()).as_bytes());
             }
-            Ok(Err(e)) => Err(map(e, "opening a session")),
-            Err(_) => Err(Error::new(
-                ErrorKind::Connection,
-                format!(
-                    "ZooKeeper: no session with {} within connect_timeout={:?}",
-                    self.config.display, self.config.connect_timeout
+            if let Some(s) = &session {
+                c = c.with_session(s.clone());
+            }
+            self.count(1);
+            let started = Instant::now();
+            let err = match tokio::time::timeout_at(deadline, c.connect(&self.connect_string)).await
+            {
+                Ok(Ok(client)) => {
+                    self.negotiated_ms.store(
+                        client.session_timeout().as_millis() as u64,
+                        Ordering::Relaxed,
+                    );
+                    return Ok((client, started));
+                }
+                Ok(Err(e)) => map(e, "opening a session"),
+                Err(_) => Error::new(
+                    ErrorKind::Connection,
+                    format!(
+                        "ZooKeeper: no session with {} within connect_timeout={:?}",
+                        self.config.display, self.config.connect_timeout
+                    ),
                 ),
-            )),
+            };
+            if err.kind() != ErrorKind::Connection || Instant::now() + backoff >= deadline {
+                return Err(err);
+            }
+            tracing::debug!(error = %err, "connecting failed, retrying");
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_millis(500));
         }
     }
 
-    pub(crate) fn record_opened(&self, client: &zk::Client) {
+    pub(crate) fn record_opened(&self, client: &zk::Client, liveness: &Arc<SessionLiveness>) {
         self.opened
             .lock()
             .expect("poisoned")
             .push((client.session_id(), client.state_watcher()));
-        register_session(&self.connect_string, client.session());
+        register_session(client, liveness);
     }
 
     async fn admin(&self) -> Result<zk::Client> {
@@ -179,7 +215,7 @@ impl Shared {
                 return Ok(c.clone());
             }
         }
-        let c = self.connect(None).await?;
+        let (c, _) = self.connect(None).await?;
         *slot = Some(c.clone());
         Ok(c)
     }
@@ -267,8 +303,9 @@ impl ZkBackend {
         self.shared.keepalives.load(Ordering::Relaxed)
     }
 
-    /// Watch events received by this instance's lock sessions (waiters'
-    /// predecessor watches and holders' own-node watches).
+    /// Wake-ups of waiting acquires: watch events on the predecessor
+    /// node received by this instance's lock sessions (a release should
+    /// cause exactly one, in the next waiter).
     pub fn watch_events(&self) -> u64 {
         self.shared.watch_events.load(Ordering::Relaxed)
     }
@@ -335,10 +372,20 @@ impl Backend for ZkBackend {
     }
 
     async fn open_session(&self, liveness: Arc<SessionLiveness>) -> Result<Arc<dyn StoreSession>> {
-        let sent = Instant::now();
-        let client = self.shared.connect(None).await?;
-        liveness.confirm(sent, client.session_timeout());
-        self.shared.record_opened(&client);
+        let (client, started) = self.shared.connect(None).await?;
+        let timeout = client.session_timeout();
+        liveness.confirm(started, timeout);
+        if !liveness.is_alive() {
+            // The connect took most of a timeout (hosts tried in turn):
+            // confirm with a fresh round trip.
+            self.shared.count(1);
+            let sent = Instant::now();
+            match client.check_stat("/").await {
+                Ok(_) => liveness.confirm(sent, timeout),
+                Err(e) => return Err(map(e, "confirming a new session")),
+            }
+        }
+        self.shared.record_opened(&client, &liveness);
         tracing::debug!(session = %client.session_id(), timeout = ?client.session_timeout(), "ZooKeeper session opened");
         Ok(Arc::new(ZkSession::start(
             self.shared.clone(),
@@ -395,8 +442,17 @@ impl Backend for ZkBackend {
             let Some(holder) = sorted.first() else {
                 return Ok(false);
             };
+            let node = format!("{dir}/{holder}");
+            // Mark first: our holder watches its own node and reports the
+            // loss on this write, before the delete below lets a waiter in.
             self.shared.count(1);
-            match c.delete(&format!("{dir}/{holder}"), None).await {
+            match c.set_data(&node, BREAK_MESSAGE, None).await {
+                Ok(_) => {}
+                Err(zk::Error::NoNode) => continue, // released meanwhile: look again
+                Err(e) => return Err(map(e, "marking the holder's node")),
+            }
+            self.shared.count(1);
+            match c.delete(&node, None).await {
                 Ok(()) => {
                     tracing::info!(lock = %name, node = %holder, "lock broken");
                     return Ok(true);
@@ -445,7 +501,12 @@ impl Backend for ZkBackend {
             .expect("registry poisoned")
             .get(&id)
             .cloned();
-        let Some((_connect, info)) = known else {
+        let Some(Registered {
+            info,
+            liveness,
+            state: victim,
+        }) = known
+        else {
             return Err(Error::new(
                 ErrorKind::Store,
                 format!(
@@ -454,16 +515,25 @@ impl Backend for ZkBackend {
                 ),
             ));
         };
+        // ZooKeeper itself expires a session only after its owner has been
+        // silent for the whole timeout, by which time the owner's local
+        // deadline has fired. Ending it at once from outside has no such
+        // order, so the owner (in this process) is told first.
+        if let Some(l) = liveness.upgrade() {
+            l.lose(LossReason::SessionExpired);
+        }
         // Reattach with the session's id and password, then close it: the
         // server ends the session and drops its ephemeral nodes; the
         // original client learns on its next reconnect that it expired.
         for _ in 0..5 {
             match self.shared.connect(Some(info.clone())).await {
-                Ok(c) => {
+                Ok((c, _)) => {
                     let state = c.state_watcher();
                     self.shared.count(1); // closeSession
                     drop(c);
                     if wait_terminal(state, self.shared.config.connect_timeout).await {
+                        // The owner's client learns on its reconnect.
+                        wait_terminal(victim.clone(), self.shared.config.connect_timeout).await;
                         unregister_session(zk::SessionId(id));
                         tracing::info!(%session, "session killed");
                         return Ok(());
@@ -487,8 +557,16 @@ impl Backend for ZkBackend {
         let c = self.shared.admin().await?;
         let mut out = Vec::new();
         self.walk(&c, self.shared.root(), &mut out).await?;
-        for (id, state) in self.shared.opened.lock().expect("poisoned").iter() {
-            if !state.peek_state().is_terminated() {
+        let opened = self.shared.opened.lock().expect("poisoned").clone();
+        for (id, state) in opened {
+            // A session being closed (or whose expiry its client is about
+            // to learn) gets a moment to reach its terminal state.
+            let limit = self
+                .shared
+                .config
+                .connect_timeout
+                .min(Duration::from_secs(3));
+            if !wait_terminal(state, limit).await {
                 out.push(format!("session {} still open", session_text(id.0)));
             }
         }

@@ -13,7 +13,10 @@ use zookeeper_client as zk;
 pub(crate) fn map(e: zk::Error, what: &str) -> Error {
     use zk::Error as E;
     let kind = match &e {
-        E::ConnectionLoss | E::Timeout | E::NoHosts | E::Throttled => ErrorKind::Connection,
+        // `Custom` carries I/O errors and "no response from connection".
+        E::ConnectionLoss | E::Timeout | E::NoHosts | E::Throttled | E::Custom(_) => {
+            ErrorKind::Connection
+        }
         E::SessionExpired | E::SessionMoved | E::ClientClosed => ErrorKind::SessionLost,
         E::AuthFailed => ErrorKind::Unauthenticated,
         E::NoAuth => ErrorKind::PermissionDenied,

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use zookeeper_client as zk;
 
-use crate::backend::{self, Shared, REVOKE_MESSAGE};
+use crate::backend::{self, Shared, BREAK_MESSAGE, REVOKE_MESSAGE};
 use crate::error::map;
 
 /// A lock session: one ZooKeeper session, shared by every lock of a client.
@@ -50,6 +50,15 @@ impl fmt::Debug for ZkSession {
 
 fn create_options() -> zk::CreateOptions<'static> {
     zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all())
+}
+
+/// Errors after which the session is over for good.
+fn is_terminal(e: &zk::Error) -> bool {
+    use zk::Error as E;
+    matches!(
+        e,
+        E::SessionExpired | E::SessionMoved | E::AuthFailed | E::ClientClosed
+    )
 }
 
 fn lost_session(why: &str) -> Error {
@@ -94,18 +103,27 @@ impl Inner {
     }
 
     /// Any reply from the server proves the session was alive when the
-    /// request left: confirm the local deadline from the send time. A
-    /// terminal session error is a loss.
+    /// request left: confirm the local deadline from the send time. Only
+    /// answers the server itself gives count; the library also fails
+    /// in-flight requests with errors of its own when a connection breaks
+    /// (`ConnectionLoss`, `Timeout`, I/O errors as `Custom`), and those
+    /// prove nothing. A terminal session error is a loss.
     fn heard<T>(&self, sent: Instant, r: &std::result::Result<T, zk::Error>) {
+        use zk::Error as E;
         match r {
             Ok(_) => self.liveness.confirm(sent, self.timeout),
-            Err(zk::Error::SessionExpired | zk::Error::SessionMoved) => {
+            Err(E::SessionExpired | E::SessionMoved | E::AuthFailed) => {
                 self.liveness.lose(LossReason::SessionExpired)
             }
-            Err(zk::Error::ConnectionLoss | zk::Error::Timeout | zk::Error::ClientClosed) => {}
-            Err(zk::Error::AuthFailed) => self.liveness.lose(LossReason::SessionExpired),
-            // A server-side answer such as NoNode or NodeExists.
-            Err(_) => self.liveness.confirm(sent, self.timeout),
+            Err(
+                E::NoNode
+                | E::NodeExists
+                | E::NotEmpty
+                | E::BadVersion
+                | E::NoAuth
+                | E::NoChildrenForEphemerals,
+            ) => self.liveness.confirm(sent, self.timeout),
+            Err(_) => {}
         }
     }
 
@@ -300,6 +318,10 @@ async fn holder_watch(
         match r {
             Ok((data, _stat, watcher)) => {
                 backoff = Duration::from_millis(20);
+                if data == BREAK_MESSAGE {
+                    gone("marked for a forced break");
+                    break;
+                }
                 if data == REVOKE_MESSAGE && !signals.is_revoke_requested() {
                     tracing::info!(%node, "revoke requested");
                     signals.request_revoke();
@@ -309,7 +331,6 @@ async fn holder_watch(
                     _ = inner.stop.cancelled() => break,
                     _ = signals.finished() => break,
                 };
-                inner.shared.count_watch_event();
                 match ev.event_type {
                     zk::EventType::NodeDeleted => {
                         gone("NodeDeleted");
@@ -323,9 +344,10 @@ async fn holder_watch(
                 gone("NoNode");
                 break;
             }
-            Err(zk::Error::ConnectionLoss | zk::Error::Timeout) => {
-                // The local deadline fires the loss if this lasts; keep
-                // trying to re-arm the watch until then.
+            Err(e) if is_terminal(&e) => break, // session over: liveness reports it
+            Err(_) => {
+                // Connection trouble: the local deadline fires the loss if
+                // this lasts; keep trying to re-arm the watch until then.
                 tokio::select! {
                     _ = tokio::time::sleep(backoff) => {}
                     _ = inner.stop.cancelled() => break,
@@ -333,7 +355,6 @@ async fn holder_watch(
                 }
                 backoff = (backoff * 2).min(Duration::from_secs(1));
             }
-            Err(_) => break, // session over: liveness reports it
         }
     }
     inner.released.lock().expect("poisoned").remove(&contender);
@@ -387,10 +408,21 @@ impl StoreSession for ZkSession {
         let c = inner.client()?;
         let (node, stat, mut listed) = inner.create_contender(&c, &dir, req).await?;
         let our_name = node.rsplit('/').next().expect("a path").to_string();
+        let mut backoff = Duration::from_millis(20);
         loop {
             let children = match listed.take() {
                 Some(ch) => ch,
-                None => inner.list(&c, &dir).await?.unwrap_or_default(),
+                None => match inner.list(&c, &dir).await {
+                    Ok(ch) => ch.unwrap_or_default(),
+                    Err(e) if e.kind() == ErrorKind::Connection && inner.liveness.is_alive() => {
+                        // Keep our place in the queue: the library
+                        // reconnects with the same session.
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(1));
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                },
             };
             let sorted = backend::sort_contenders(children);
             let Some(index) = sorted.iter().position(|n| *n == our_name) else {
@@ -424,6 +456,10 @@ impl StoreSession for ZkSession {
                     inner.shared.count_watch_event();
                 }
                 Err(zk::Error::NoNode) => {} // gone already: list again
+                Err(e) if !is_terminal(&e) && inner.liveness.is_alive() => {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                }
                 Err(e) => return Err(map(e, "watching the previous contender")),
             }
         }
