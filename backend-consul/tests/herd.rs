@@ -1,13 +1,16 @@
 //! A release wakes one waiter: the store requests caused by one release
 //! (over every client) are a small constant, the same with 4 waiters as
-//! with 16. (`consul lock` waiters, by contrast, all block on `.lock` and
-//! all wake on each release.)
+//! with 16, and only the releaser and the next holder send any. The
+//! contrast: `consul lock` waiters all block on `.lock` and all wake on
+//! each release (counted through one TCP proxy per waiter).
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use conformance_tests::faults::TcpProxy;
 use conformance_tests::Harness;
 use lockcore::LockClient;
+use tokio::process::Command;
 use tokio::sync::{mpsc, oneshot};
 
 /// A harness whose clients use a one-hour session TTL, so that renewals
@@ -68,6 +71,10 @@ async fn requests_per_release(h: &Harness, waiters: usize) -> u64 {
     everyone.push(holder.clone());
 
     let before = total(&everyone);
+    let per_client: Vec<u64> = everyone
+        .iter()
+        .map(|c| c.backend().requests_sent())
+        .collect();
     g.release().await.unwrap();
     let first = tokio::time::timeout(Duration::from_secs(30), granted_rx.recv())
         .await
@@ -75,6 +82,15 @@ async fn requests_per_release(h: &Harness, waiters: usize) -> u64 {
         .unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let delta = total(&everyone) - before;
+    let woken = everyone
+        .iter()
+        .zip(&per_client)
+        .filter(|(c, n)| c.backend().requests_sent() != **n)
+        .count();
+    assert_eq!(
+        woken, 2,
+        "clients other than the releaser and the next holder sent requests"
+    );
     assert_eq!(first, 0, "the first waiter in line was not served first");
     assert!(
         granted_rx.try_recv().is_err(),
@@ -113,4 +129,81 @@ async fn one_release_costs_the_same_with_4_and_16_waiters() {
         four, sixteen,
         "the cost of a release grows with the waiters"
     );
+}
+
+/// The contrast: `consul lock` waiters (Go `api.Lock`) all block on
+/// `.lock`, and all of them wake when it is released. Each waiter talks to
+/// the agent through its own TCP proxy; after one release, every proxy
+/// carried traffic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consul_lock_waiters_all_wake_on_a_release() {
+    const WAITERS: usize = 4;
+    let Some(h) = harness() else { return };
+    let case = h.case();
+    let ours = case.client().await;
+    let url = h.url_for(case.namespace());
+    let agent = std::net::ToSocketAddrs::to_socket_addrs(&(
+        url.host_str().unwrap().trim_matches(['[', ']']),
+        url.port().unwrap_or(backend_consul::DEFAULT_PORT),
+    ))
+    .unwrap()
+    .next()
+    .unwrap();
+    let bin = std::env::var("QUORUMLOCK_CONSUL_BIN")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "consul".to_string());
+
+    let g = ours.lock("herd").unwrap().acquire().await.unwrap();
+    let mut proxies = Vec::new();
+    let mut children = Vec::new();
+    for _ in 0..WAITERS {
+        let p = TcpProxy::start(agent).await.unwrap();
+        let child = Command::new(&bin)
+            .args(["lock", "-shell=false"])
+            .arg(format!("{}/herd", case.namespace()))
+            .args(["sh", "-c", "sleep 0.1"])
+            .env("CONSUL_HTTP_ADDR", p.addr().to_string())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("running {bin} failed ({e}); set QUORUMLOCK_CONSUL_BIN"));
+        proxies.push(p);
+        children.push(child);
+    }
+    // Wait until every waiter has sent its blocking query and gone quiet.
+    let bytes = |p: &TcpProxy| p.stats().bytes.load(std::sync::atomic::Ordering::Relaxed);
+    let start = tokio::time::Instant::now();
+    let mut last: Vec<u64> = proxies.iter().map(bytes).collect();
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now: Vec<u64> = proxies.iter().map(bytes).collect();
+        if now == last && now.iter().all(|b| *b > 0) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "consul lock waiters never settled"
+        );
+        last = now;
+    }
+    g.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let woken = proxies
+        .iter()
+        .zip(&last)
+        .filter(|(p, b)| bytes(p) != **b)
+        .count();
+    eprintln!("consul lock waiters woken by one release: {woken} of {WAITERS}");
+    assert_eq!(woken, WAITERS, "expected every consul lock waiter to wake");
+    for mut c in children {
+        let st = tokio::time::timeout(Duration::from_secs(60), c.wait())
+            .await
+            .expect("consul lock did not finish")
+            .unwrap();
+        assert!(st.success(), "consul lock: {st}");
+    }
+    case.finish().await;
 }
