@@ -319,6 +319,132 @@ impl ZkBackend {
         }
     }
 
+    /// Runs an admin operation on the admin session; if that session
+    /// turns out to be gone (expired while the server was away), once
+    /// more on a new one.
+    async fn with_admin<'a, T, F, Fut>(&'a self, op: F) -> Result<T>
+    where
+        F: Fn(zk::Client) -> Fut,
+        Fut: std::future::Future<Output = Result<T>> + 'a,
+    {
+        let c = self.shared.admin().await?;
+        match op(c).await {
+            Err(e) if e.kind() == ErrorKind::SessionLost => {
+                tracing::debug!(error = %e, "admin session lost; retrying on a new one");
+                self.shared.admin.lock().await.take();
+                op(self.shared.admin().await?).await
+            }
+            r => r,
+        }
+    }
+
+    async fn inspect_once(&self, c: zk::Client, name: &LockName) -> Result<LockState> {
+        let dir = self.shared.lock_dir(name)?;
+        let Some(sorted) = self.shared.sorted(&c, &dir).await? else {
+            return Ok(LockState::free(name.clone()));
+        };
+        // Pipelined: every request is sent before the first reply is read.
+        self.shared.count(sorted.len() as u64);
+        let paths: Vec<String> = sorted.iter().map(|s| format!("{dir}/{s}")).collect();
+        let stats = futures::future::join_all(paths.iter().map(|p| c.check_stat(p))).await;
+        let mut all = Vec::new();
+        for (path, stat) in paths.into_iter().zip(stats) {
+            match stat {
+                Ok(Some(st)) => all.push(Contender {
+                    session: session_text(st.ephemeral_owner),
+                    token: st.czxid as u64,
+                    entry: path,
+                    kind: LockKind::Exclusive,
+                    since: u64::try_from(st.ctime)
+                        .ok()
+                        .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms)),
+                }),
+                Ok(None) => {} // gone meanwhile
+                Err(e) => return Err(map(e, "reading a contender")),
+            }
+        }
+        let waiters = if all.is_empty() {
+            Vec::new()
+        } else {
+            all.split_off(1)
+        };
+        Ok(LockState {
+            name: name.clone(),
+            holders: all,
+            waiters,
+        })
+    }
+
+    async fn break_once(&self, c: zk::Client, name: &LockName) -> Result<bool> {
+        let dir = self.shared.lock_dir(name)?;
+        loop {
+            let Some(sorted) = self.shared.sorted(&c, &dir).await? else {
+                return Ok(false);
+            };
+            let Some(holder) = sorted.first() else {
+                return Ok(false);
+            };
+            let node = format!("{dir}/{holder}");
+            // Mark first: our holder watches its own node and reports the
+            // loss on this write, before the delete below lets a waiter in.
+            self.shared.count(1);
+            match c.set_data(&node, BREAK_MESSAGE, None).await {
+                Ok(_) => {}
+                Err(zk::Error::NoNode) => continue, // released meanwhile: look again
+                Err(e) => return Err(map(e, "marking the holder's node")),
+            }
+            self.shared.count(1);
+            match c.delete(&node, None).await {
+                Ok(()) => {
+                    tracing::info!(lock = %name, node = %holder, "lock broken");
+                    return Ok(true);
+                }
+                Err(zk::Error::NoNode) => continue, // released meanwhile: look again
+                Err(e) => return Err(map(e, "deleting the holder's node")),
+            }
+        }
+    }
+
+    async fn revoke_once(&self, c: zk::Client, name: &LockName) -> Result<bool> {
+        let dir = self.shared.lock_dir(name)?;
+        loop {
+            let Some(sorted) = self.shared.sorted(&c, &dir).await? else {
+                return Ok(false);
+            };
+            let Some(holder) = sorted.first() else {
+                return Ok(false);
+            };
+            self.shared.count(1);
+            match c
+                .set_data(&format!("{dir}/{holder}"), REVOKE_MESSAGE, None)
+                .await
+            {
+                Ok(_) => return Ok(true),
+                Err(zk::Error::NoNode) => continue,
+                Err(e) => return Err(map(e, "marking the holder's node for revoke")),
+            }
+        }
+    }
+
+    async fn leftovers_once(&self, c: zk::Client) -> Result<Vec<String>> {
+        let mut out = Vec::new();
+        self.walk(&c, self.shared.root(), &mut out).await?;
+        let opened = self.shared.opened.lock().expect("poisoned").clone();
+        for (id, state) in opened {
+            // A session being closed (or whose expiry its client is about
+            // to learn) gets a moment to reach its terminal state.
+            let limit = self
+                .shared
+                .config
+                .connect_timeout
+                .min(Duration::from_secs(3));
+            if !wait_terminal(state, limit).await {
+                out.push(format!("session {} still open", session_text(id.0)));
+            }
+        }
+        Ok(out)
+    }
+
     async fn walk(&self, c: &zk::Client, path: String, out: &mut Vec<String>) -> Result<()> {
         let mut stack = vec![path];
         let root = self.shared.root();
@@ -395,94 +521,22 @@ impl Backend for ZkBackend {
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
-        let dir = self.shared.lock_dir(name)?;
-        let c = self.shared.admin().await?;
-        let Some(sorted) = self.shared.sorted(&c, &dir).await? else {
-            return Ok(LockState::free(name.clone()));
-        };
-        // Pipelined: every request is sent before the first reply is read.
-        self.shared.count(sorted.len() as u64);
-        let paths: Vec<String> = sorted.iter().map(|s| format!("{dir}/{s}")).collect();
-        let stats = futures::future::join_all(paths.iter().map(|p| c.check_stat(p))).await;
-        let mut all = Vec::new();
-        for (path, stat) in paths.into_iter().zip(stats) {
-            match stat {
-                Ok(Some(st)) => all.push(Contender {
-                    session: session_text(st.ephemeral_owner),
-                    token: st.czxid as u64,
-                    entry: path,
-                    kind: LockKind::Exclusive,
-                    since: u64::try_from(st.ctime)
-                        .ok()
-                        .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms)),
-                }),
-                Ok(None) => {} // gone meanwhile
-                Err(e) => return Err(map(e, "reading a contender")),
-            }
-        }
-        let waiters = if all.is_empty() {
-            Vec::new()
-        } else {
-            all.split_off(1)
-        };
-        Ok(LockState {
-            name: name.clone(),
-            holders: all,
-            waiters,
-        })
+        self.shared.lock_dir(name)?; // checked before anything is sent
+        self.with_admin(|c| self.inspect_once(c, name)).await
     }
 
     async fn break_lock(&self, name: &LockName) -> Result<bool> {
-        let dir = self.shared.lock_dir(name)?;
-        let c = self.shared.admin().await?;
-        loop {
-            let Some(sorted) = self.shared.sorted(&c, &dir).await? else {
-                return Ok(false);
-            };
-            let Some(holder) = sorted.first() else {
-                return Ok(false);
-            };
-            let node = format!("{dir}/{holder}");
-            // Mark first: our holder watches its own node and reports the
-            // loss on this write, before the delete below lets a waiter in.
-            self.shared.count(1);
-            match c.set_data(&node, BREAK_MESSAGE, None).await {
-                Ok(_) => {}
-                Err(zk::Error::NoNode) => continue, // released meanwhile: look again
-                Err(e) => return Err(map(e, "marking the holder's node")),
-            }
-            self.shared.count(1);
-            match c.delete(&node, None).await {
-                Ok(()) => {
-                    tracing::info!(lock = %name, node = %holder, "lock broken");
-                    return Ok(true);
-                }
-                Err(zk::Error::NoNode) => continue, // released meanwhile: look again
-                Err(e) => return Err(map(e, "deleting the holder's node")),
-            }
-        }
+        self.shared.lock_dir(name)?; // checked before anything is sent
+        self.with_admin(|c| self.break_once(c, name)).await
     }
 
     async fn request_revoke(&self, name: &LockName) -> Result<bool> {
-        let dir = self.shared.lock_dir(name)?;
-        let c = self.shared.admin().await?;
-        loop {
-            let Some(sorted) = self.shared.sorted(&c, &dir).await? else {
-                return Ok(false);
-            };
-            let Some(holder) = sorted.first() else {
-                return Ok(false);
-            };
-            self.shared.count(1);
-            match c
-                .set_data(&format!("{dir}/{holder}"), REVOKE_MESSAGE, None)
-                .await
-            {
-                Ok(_) => return Ok(true),
-                Err(zk::Error::NoNode) => continue,
-                Err(e) => return Err(map(e, "marking the holder's node for revoke")),
-            }
-        }
+        self.shared.lock_dir(name)?; // checked before anything is sent
+        self.with_admin(|c| self.revoke_once(c, name)).await
+    }
+
+    async fn leftovers(&self) -> Result<Vec<String>> {
+        self.with_admin(|c| self.leftovers_once(c)).await
     }
 
     async fn kill_session(&self, session: &str) -> Result<()> {
@@ -551,26 +605,6 @@ impl Backend for ZkBackend {
             ErrorKind::Connection,
             format!("could not end session {session}"),
         ))
-    }
-
-    async fn leftovers(&self) -> Result<Vec<String>> {
-        let c = self.shared.admin().await?;
-        let mut out = Vec::new();
-        self.walk(&c, self.shared.root(), &mut out).await?;
-        let opened = self.shared.opened.lock().expect("poisoned").clone();
-        for (id, state) in opened {
-            // A session being closed (or whose expiry its client is about
-            // to learn) gets a moment to reach its terminal state.
-            let limit = self
-                .shared
-                .config
-                .connect_timeout
-                .min(Duration::from_secs(3));
-            if !wait_terminal(state, limit).await {
-                out.push(format!("session {} still open", session_text(id.0)));
-            }
-        }
-        Ok(out)
     }
 
     fn requests_sent(&self) -> u64 {
