@@ -262,6 +262,7 @@ fn secrets_in_the_url_are_never_printed() {
     for url in [
         "consul://bob:s3cret@127.0.0.1:1/ns?token=t0ps3cret",
         "etcd://bob:s3cret@127.0.0.1:1/ns",
+        "zk://bob:s3cret@127.0.0.1:1/ns?connect_timeout=500ms",
     ] {
         let out = ql(url)
             .args(["-vvv", "status", "a"])

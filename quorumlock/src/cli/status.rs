@@ -17,11 +17,12 @@ pub async fn status(client: &LockClient, args: &StatusArgs) -> Result<u8, Failur
     let state = client.inspect(&args.name).await?;
     let store = client.backend().describe();
     let now = SystemTime::now();
-    if args.json {
-        println!("{}", to_json(&state, &store, now));
+    let text = if args.json {
+        format!("{}\n", to_json(&state, &store, now))
     } else {
-        print!("{}", to_text(&state, &store, now));
-    }
+        to_text(&state, &store, now)
+    };
+    out(&text);
     Ok(exit::OK)
 }
 
@@ -31,9 +32,9 @@ pub async fn status(client: &LockClient, args: &StatusArgs) -> Result<u8, Failur
 /// One store write; dropping it may or may not have marked the holder.
 pub async fn revoke(client: &LockClient, name: &str) -> Result<u8, Failure> {
     if client.request_revoke(name).await? {
-        println!("asked the holder of {name} to release it");
+        out(&format!("asked the holder of {name} to release it\n"));
     } else {
-        println!("{name} is not held");
+        out(&format!("{name} is not held\n"));
     }
     Ok(exit::OK)
 }
@@ -44,11 +45,22 @@ pub async fn revoke(client: &LockClient, name: &str) -> Result<u8, Failure> {
 /// Dropping it may or may not have broken the lock.
 pub async fn break_lock(client: &LockClient, name: &str) -> Result<u8, Failure> {
     if client.break_lock(name).await? {
-        println!("broke {name}: its holder is told that it lost the lock");
+        out(&format!(
+            "broke {name}: its holder is told that it lost the lock\n"
+        ));
     } else {
-        println!("{name} is not held");
+        out(&format!("{name} is not held\n"));
     }
     Ok(exit::OK)
+}
+
+/// Writes to stdout; a closed pipe (`| head`) is not an error.
+fn out(text: &str) {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush());
 }
 
 fn kind(k: LockKind) -> String {
