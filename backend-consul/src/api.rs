@@ -306,7 +306,21 @@ impl Api {
             }
             409 => {
                 let b: TxnBody = Self::decode(&text)?;
-                Ok(Txn::Failed(b.errors.unwrap_or_default()))
+                let errors = b.errors.unwrap_or_default();
+                // ACL refusals come back as failed ops, not as a 403:
+                // report them as the agent would for a single request.
+                if let Some(e) = errors.iter().find(|e| {
+                    let w = e.what.to_ascii_lowercase();
+                    w.contains("permission denied") || w.contains("acl not found")
+                }) {
+                    let body = if e.what.to_ascii_lowercase().contains("acl not found") {
+                        "ACL not found".to_string()
+                    } else {
+                        e.what.clone()
+                    };
+                    return Err(ApiError::Status { code: 403, body });
+                }
+                Ok(Txn::Failed(errors))
             }
             _ => Err(ApiError::Status { code, body: text }),
         }
