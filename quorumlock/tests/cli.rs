@@ -207,6 +207,23 @@ fn mem_usage_errors_are_64() {
 }
 
 #[test]
+fn unreachable_store_is_69_not_a_hang() {
+    // Nothing listens on port 1. `lock` reads the lock once before it
+    // queues, so it fails at once instead of retrying quietly.
+    for url in [
+        "etcd://127.0.0.1:1/ns?timeout=1s",
+        "zk://127.0.0.1:1/ns?connect_timeout=500ms",
+        "consul://127.0.0.1:1/ns",
+    ] {
+        ql(url)
+            .args(["lock", "a", "--", "true"])
+            .assert()
+            .code(UNAVAILABLE)
+            .stderr(predicate::str::starts_with("quorumlock: connection"));
+    }
+}
+
+#[test]
 fn mem_break_without_yes_is_refused() {
     ql("mem://")
         .args(["break", "a"])
@@ -397,7 +414,10 @@ fn status_and_timeout(url: &str) {
     ql(url)
         .args(["lock", "--timeout", "700ms", "held", "--", "true"])
         .assert()
-        .code(NOT_ACQUIRED);
+        .code(NOT_ACQUIRED)
+        // stderr is not a terminal: no spinner, just the error.
+        .stderr(predicate::str::contains("waiting for").not())
+        .stderr(predicate::str::contains("not acquired in time"));
     assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
     ql(url)
         .args(["lock", "--timeout", "0", "held", "--", "true"])
