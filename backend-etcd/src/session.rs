@@ -1,17 +1,14 @@
 //! One etcd lease per client session, its ONE keepalive task, and the lock
 //! protocol of Go's `concurrency.Mutex` on top of it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{
-    Compare, CompareOp, KeyValue, LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn, TxnOp,
-    WatchFilterType,
-};
+use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp, WatchFilterType};
 use lockcore::{
     AcquireRequest, Acquired, EntrySignals, Error, ErrorKind, LossReason, Result, SessionLiveness,
     StoreSession,
@@ -150,8 +147,12 @@ impl EtcdSession {
 }
 
 /// The keepalive loop: one `LeaseKeepAlive` stream, one request every
-/// TTL/3, each confirmed with its send time; a response with ttl 0 means
-/// the lease is gone.
+/// TTL/3. Requests are not held back by slow answers: etcd answers them in
+/// order, so each answer is matched with its request's send time, and an
+/// answer with `ttl > 0` confirms the lease from that send time, however
+/// late it comes. An answer with ttl 0 (or "lease not found") means the
+/// lease is gone. A stream that breaks, or leaves a request unanswered for
+/// a whole TTL, is replaced.
 async fn keepalive(
     inner: Arc<Inner>,
     id: i64,
@@ -160,7 +161,7 @@ async fn keepalive(
     stop: CancellationToken,
 ) {
     let period = ttl / 3;
-    let mut stream: Option<(LeaseKeeper, LeaseKeepAliveStream)> = None;
+    let retry = period.min(Duration::from_millis(300));
     let mut next = Instant::now() + period;
     loop {
         tokio::select! {
@@ -168,60 +169,83 @@ async fn keepalive(
             _ = liveness.lost() => return,
             _ = tokio::time::sleep_until(next) => {}
         }
+        // Opening the stream sends the first keepalive and waits for its
+        // answer; it fails with "lease not found" when the lease is gone.
         let sent = Instant::now();
         inner.requests.fetch_add(1, Ordering::Relaxed);
-        let attempt = async {
-            match &mut stream {
-                Some((keeper, responses)) => {
-                    keeper.keep_alive().await?;
-                    match responses.message().await? {
-                        Some(r) => Ok(r.ttl()),
-                        None => Err(etcd_client::Error::LeaseKeepAliveError(
-                            "keepalive stream ended".into(),
-                        )),
-                    }
-                }
-                None => {
-                    // Opening the stream sends the first keepalive and
-                    // fails with "lease not found" when ttl <= 0.
-                    let mut lease = inner.client.lease_client();
-                    let s = lease.keep_alive(id).await?;
-                    stream = Some(s);
-                    Ok(ttl.as_secs() as i64)
-                }
-            }
-        };
-        let outcome = tokio::select! {
+        let mut lease = inner.client.lease_client();
+        let opened = tokio::select! {
             _ = stop.cancelled() => return,
-            r = tokio::time::timeout(period.max(Duration::from_millis(500)), attempt) => r,
+            _ = liveness.lost() => return,
+            r = tokio::time::timeout(ttl, lease.keep_alive(id)) => r,
         };
-        match outcome {
-            Ok(Ok(t)) if t > 0 => {
-                liveness.confirm(sent, Duration::from_secs(t as u64));
-                next = sent + period;
-            }
-            Ok(Ok(_)) => {
-                tracing::warn!(lease = %format_args!("{id:x}"), "etcd lease expired");
-                liveness.lose(LossReason::SessionExpired);
-                return;
+        let (mut keeper, mut answers) = match opened {
+            Ok(Ok(s)) => {
+                liveness.confirm(sent, ttl);
+                s
             }
             Ok(Err(e)) => {
                 let e = error::map(e, "lease keepalive");
                 if e.kind() == ErrorKind::SessionLost {
-                    tracing::warn!(lease = %format_args!("{id:x}"), "etcd lease not found");
+                    tracing::warn!("etcd lease not found");
                     liveness.lose(LossReason::SessionExpired);
                     return;
                 }
-                tracing::debug!(error = %e, "keepalive failed; retrying");
-                stream = None;
-                next = Instant::now() + period.min(Duration::from_millis(300));
+                tracing::debug!(error = %e, "opening the keepalive stream failed; retrying");
+                next = Instant::now() + retry;
+                continue;
             }
             Err(_) => {
-                tracing::debug!("keepalive unanswered; reopening the stream");
-                stream = None;
+                tracing::debug!("the keepalive stream did not open within the TTL; retrying");
                 next = Instant::now();
+                continue;
+            }
+        };
+        next = sent + period;
+        let mut pending: VecDeque<Instant> = VecDeque::new();
+        loop {
+            let stale = pending.front().map(|s| *s + ttl);
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = liveness.lost() => return,
+                _ = tokio::time::sleep_until(next) => {
+                    let now = Instant::now();
+                    inner.requests.fetch_add(1, Ordering::Relaxed);
+                    if keeper.keep_alive().await.is_err() {
+                        break;
+                    }
+                    pending.push_back(now);
+                    next = now + period;
+                }
+                answer = answers.message() => match answer {
+                    Ok(Some(r)) => {
+                        let Some(sent) = pending.pop_front() else { continue };
+                        if r.ttl() > 0 {
+                            liveness.confirm(sent, Duration::from_secs(r.ttl() as u64));
+                        } else {
+                            tracing::warn!("etcd lease expired");
+                            liveness.lose(LossReason::SessionExpired);
+                            return;
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        let e = error::map(e, "lease keepalive");
+                        if e.kind() == ErrorKind::SessionLost {
+                            liveness.lose(LossReason::SessionExpired);
+                            return;
+                        }
+                        tracing::debug!(error = %e, "keepalive stream failed");
+                        break;
+                    }
+                },
+                _ = tokio::time::sleep_until(stale.unwrap_or(next)), if stale.is_some() => {
+                    tracing::debug!("a keepalive went unanswered for a TTL; reopening the stream");
+                    break;
+                }
             }
         }
+        next = Instant::now() + retry;
     }
 }
 
