@@ -26,7 +26,7 @@ const LONG_POLL: Duration = Duration::from_secs(300);
 /// that a busy namespace costs a bounded request rate per client.
 const MONITOR_MIN_GAP: Duration = Duration::from_millis(50);
 /// Consecutive failed monitor reads tolerated before the held locks are
-/// declared lost (with backoff, about 7 s).
+/// declared lost (with backoff, about 8 s).
 const MONITOR_MAX_FAILURES: u32 = 6;
 /// How long opening a session waits for the agent's answer. Long on
 /// purpose: a waiter whose session was lost to a partition opens a new one
