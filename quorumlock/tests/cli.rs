@@ -1,5 +1,5 @@
 //! Drives the `quorumlock` binary: on `mem://` (no server) and on each real
-//! store named by `QUORUMLOCK_TEST_{ETCD,ZK,CONSUL}_URL`. A store whose
+//! store named by `QUORUMLOCK_TEST_{ETCD,ETCD35,ZK,CONSUL}_URL`. A store whose
 //! variable is unset is skipped loudly, or fails the test when
 //! `QUORUMLOCK_TEST_REQUIRE=1`.
 #![cfg(feature = "cli")]
@@ -599,5 +599,6 @@ macro_rules! store_tests {
 }
 
 store_tests!(etcd, "QUORUMLOCK_TEST_ETCD_URL");
+store_tests!(etcd35, "QUORUMLOCK_TEST_ETCD35_URL");
 store_tests!(zk, "QUORUMLOCK_TEST_ZK_URL");
 store_tests!(consul, "QUORUMLOCK_TEST_CONSUL_URL");
