@@ -1,0 +1,353 @@
+//! quorumlock's benchmark program.
+//!
+//! ```sh
+//! cargo run --release -p quorumlock-bench --bin bench -- --url etcd://127.0.0.1:2379/bench
+//! ```
+//!
+//! Everything is measured against the same running store in one run, so the
+//! ratios (our cycle over the store's floor) are what to read; absolute
+//! figures depend on the machine.
+
+mod alloc;
+mod floor;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use futures::stream::{self, StreamExt};
+use quorumlock::{LockClient, LockGuard};
+use serde_json::{json, Value};
+
+#[global_allocator]
+static ALLOC: alloc::Counting = alloc::Counting;
+
+/// Histograms in microseconds.
+pub type Histogram = hdrhistogram::Histogram<u64>;
+
+/// Cycles run and thrown away before timing.
+pub const WARMUP: usize = 20;
+
+pub fn histogram() -> Histogram {
+    Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid bounds")
+}
+
+#[derive(Parser, Debug)]
+#[command(about = "Measures quorumlock against the store's own floor")]
+struct Args {
+    /// Store URL (its path is used as the namespace root of the run).
+    #[arg(long, env = "QUORUMLOCK_URL", default_value = "mem://bench")]
+    url: String,
+    /// Timed cycles for the floor and the uncontended cycle.
+    #[arg(long, default_value_t = 500)]
+    cycles: usize,
+    /// Waiter counts for the handoff measurement.
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 4, 16, 64])]
+    waiters: Vec<usize>,
+    /// Handoffs timed per waiter count.
+    #[arg(long, default_value_t = 200)]
+    handoffs: usize,
+    /// Locks held at once by one client for the scale measurement.
+    #[arg(long, default_value_t = 10_000)]
+    scale_locks: usize,
+    /// Rounds of the loss-detection measurement.
+    #[arg(long, default_value_t = 5)]
+    loss_rounds: usize,
+    /// Write the JSON report here as well.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+}
+
+fn summary(h: &Histogram) -> Value {
+    let ms = |us: u64| (us as f64) / 1000.0;
+    json!({
+        "count": h.len(),
+        "p50_ms": ms(h.value_at_quantile(0.5)),
+        "p99_ms": ms(h.value_at_quantile(0.99)),
+        "max_ms": ms(h.max()),
+        "mean_ms": h.mean() / 1000.0,
+    })
+}
+
+/// A fresh namespace under the URL's path, so runs never see each other.
+fn url_in(base: &str, ns: &str) -> String {
+    let (head, query) = base
+        .split_once('?')
+        .map_or((base, None), |(h, q)| (h, Some(q)));
+    let head = head.trim_end_matches('/');
+    match query {
+        Some(q) => format!("{head}/{ns}?{q}"),
+        None => format!("{head}/{ns}"),
+    }
+}
+
+async fn clients(url: &str, n: usize) -> quorumlock::Result<Vec<LockClient>> {
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        v.push(quorumlock::connect(url).await?);
+    }
+    Ok(v)
+}
+
+fn requests(clients: &[LockClient]) -> u64 {
+    clients.iter().map(|c| c.backend().requests_sent()).sum()
+}
+
+async fn uncontended(url: &str, cycles: usize) -> quorumlock::Result<Histogram> {
+    let c = quorumlock::connect(url).await?;
+    let lock = c.lock("uncontended")?;
+    let mut h = histogram();
+    for i in 0..cycles + WARMUP {
+        let t = Instant::now();
+        let g = lock.acquire().await?;
+        g.release().await?;
+        if i >= WARMUP {
+            h.record(t.elapsed().as_micros().max(1) as u64)
+                .expect("in range");
+        }
+    }
+    c.close().await;
+    Ok(h)
+}
+
+/// `waiters` tasks on up to 16 clients contend for one lock; times the gap
+/// from a release starting to the next holder being granted, and counts
+/// store requests per handoff.
+async fn handoff(url: &str, waiters: usize, handoffs: usize) -> quorumlock::Result<Value> {
+    let cs = clients(url, waiters.min(16)).await?;
+    // Open every session before counting.
+    for c in &cs {
+        c.lock("warm")?.acquire().await?.release().await?;
+    }
+    let rounds = handoffs.div_ceil(waiters).max(2);
+    let last_release = Arc::new(Mutex::new(None::<Instant>));
+    let gaps = Arc::new(Mutex::new(histogram()));
+    let before = requests(&cs);
+    let granted = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for w in 0..waiters {
+        let c = cs[w % cs.len()].clone();
+        let (last_release, gaps, granted) = (last_release.clone(), gaps.clone(), granted.clone());
+        tasks.push(tokio::spawn(async move {
+            let lock = c.lock("handoff")?;
+            for _ in 0..rounds {
+                let g = lock.acquire().await?;
+                granted.fetch_add(1, Ordering::Relaxed);
+                if let Some(t) = last_release.lock().unwrap().take() {
+                    gaps.lock()
+                        .unwrap()
+                        .record(t.elapsed().as_micros().max(1) as u64)
+                        .expect("in range");
+                }
+                *last_release.lock().unwrap() = Some(Instant::now());
+                g.release().await?;
+            }
+            Ok::<_, quorumlock::Error>(())
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task panicked")?;
+    }
+    let elapsed = start.elapsed();
+    let sent = requests(&cs) - before;
+    let n = granted.load(Ordering::Relaxed);
+    for c in &cs {
+        c.close().await;
+    }
+    let gaps = gaps.lock().unwrap().clone();
+    Ok(json!({
+        "waiters": waiters,
+        "clients": cs.len(),
+        "handoffs": n,
+        "gap": summary(&gaps),
+        "requests_per_handoff": sent as f64 / n as f64,
+        "handoffs_per_s": n as f64 / elapsed.as_secs_f64(),
+    }))
+}
+
+/// One client holds `count` locks: time to acquire them, keepalive requests
+/// per TTL while they are held (against one lock held), memory per lock.
+async fn scale(url: &str, count: usize) -> quorumlock::Result<Value> {
+    let c = quorumlock::connect(url).await?;
+    let ttl = c.backend().capabilities().session_ttl;
+    let first = c.lock("scale/l0")?.acquire().await?;
+    let idle_requests = |c: LockClient| async move {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let before = c.backend().requests_sent();
+        tokio::time::sleep(ttl).await;
+        c.backend().requests_sent() - before
+    };
+    let with_one = idle_requests(c.clone()).await;
+    let mem_before = alloc::live_bytes();
+    let t = Instant::now();
+    let guards: Vec<LockGuard> = stream::iter(1..count)
+        .map(|i| {
+            let c = c.clone();
+            async move { c.lock(format!("scale/l{i}"))?.acquire().await }
+        })
+        .buffer_unordered(64)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<quorumlock::Result<_>>()?;
+    let acquire_all = t.elapsed();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mem_per_lock = (alloc::live_bytes() - mem_before) as f64 / (count - 1) as f64;
+    let with_all = idle_requests(c.clone()).await;
+    let sessions: std::collections::HashSet<String> =
+        guards.iter().map(|g| g.session_id()).collect();
+    let t = Instant::now();
+    stream::iter(guards)
+        .map(|g| g.release())
+        .buffer_unordered(64)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<quorumlock::Result<Vec<()>>>()?;
+    let release_all = t.elapsed();
+    first.release().await?;
+    c.close().await;
+    Ok(json!({
+        "locks": count,
+        "sessions": sessions.len(),
+        "acquire_all_s": acquire_all.as_secs_f64(),
+        "release_all_s": release_all.as_secs_f64(),
+        "ttl_s": ttl.as_secs_f64(),
+        "requests_per_ttl_one_lock": with_one,
+        "requests_per_ttl_all_locks": with_all,
+        "client_bytes_per_lock": mem_per_lock,
+    }))
+}
+
+/// Time from a forced break and from a session kill to the holder's loss
+/// future firing.
+async fn loss_detection(url: &str, rounds: usize) -> quorumlock::Result<Value> {
+    let cs = clients(url, 2).await?;
+    let (holder, operator) = (&cs[0], &cs[1]);
+    let mut brk = histogram();
+    let mut kill = histogram();
+    for i in 0..rounds {
+        for (h, how) in [(&mut brk, "break"), (&mut kill, "kill")] {
+            let name = format!("loss/{how}{i}");
+            let g = holder.lock(&name)?.acquire().await?;
+            let lost = g.lost();
+            let t = Instant::now();
+            if how == "break" {
+                operator.break_lock(&name).await?;
+            } else {
+                operator.backend().kill_session(&g.session_id()).await?;
+            }
+            tokio::time::timeout(Duration::from_secs(60), lost)
+                .await
+                .map_err(|_| {
+                    quorumlock::Error::new(
+                        quorumlock::ErrorKind::Timeout,
+                        "loss not detected in 60 s",
+                    )
+                })?;
+            h.record(t.elapsed().as_micros().max(1) as u64)
+                .expect("in range");
+            let _ = g.release().await;
+        }
+    }
+    for c in &cs {
+        c.close().await;
+    }
+    Ok(json!({ "break": summary(&brk), "session_kill": summary(&kill) }))
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse();
+    let run = format!("bench-{}", std::process::id());
+    let url = url_in(&args.url, &run);
+    let parsed = quorumlock::url::parse(&url)?;
+    let scheme = parsed.scheme().to_string();
+    eprintln!(
+        "bench: {} (namespace {run})",
+        quorumlock::url::redact(&parsed)
+    );
+
+    eprintln!("bench: floor");
+    let floor = floor::measure(&parsed, args.cycles).await?;
+    eprintln!("bench: uncontended cycle");
+    let cycle = uncontended(&url, args.cycles).await?;
+    let ratio = floor
+        .as_ref()
+        .map(|f| cycle.value_at_quantile(0.5) as f64 / f.value_at_quantile(0.5) as f64);
+    let mut handoffs = Vec::new();
+    for &w in &args.waiters {
+        eprintln!("bench: handoff with {w} waiters");
+        handoffs.push(handoff(&url, w, args.handoffs).await?);
+    }
+    eprintln!("bench: scale ({} locks)", args.scale_locks);
+    let scale = scale(&url, args.scale_locks).await?;
+    eprintln!("bench: loss detection");
+    let loss = loss_detection(&url, args.loss_rounds).await?;
+
+    let report = json!({
+        "store": quorumlock::url::redact(&parsed),
+        "scheme": scheme,
+        "floor_is": floor::describe(&scheme),
+        "floor": floor.as_ref().map(summary),
+        "cycle": summary(&cycle),
+        "cycle_over_floor_p50": ratio,
+        "handoff": handoffs,
+        "scale": scale,
+        "loss_detection": loss,
+    });
+    print_markdown(&report);
+    let text = serde_json::to_string_pretty(&report)?;
+    if let Some(path) = &args.json {
+        std::fs::write(path, &text)?;
+    }
+    println!("\n```json\n{text}\n```");
+    Ok(())
+}
+
+fn print_markdown(r: &Value) {
+    let f = |v: &Value| v.as_f64().map_or("—".to_string(), |x| format!("{x:.3}"));
+    println!("### {}\n", r["store"].as_str().unwrap_or("?"));
+    println!("| measure | p50 ms | p99 ms | note |");
+    println!("|---|---|---|---|");
+    println!(
+        "| floor: {} | {} | {} | |",
+        r["floor_is"].as_str().unwrap_or(""),
+        f(&r["floor"]["p50_ms"]),
+        f(&r["floor"]["p99_ms"])
+    );
+    println!(
+        "| acquire + release, uncontended | {} | {} | {} x floor (p50) |",
+        f(&r["cycle"]["p50_ms"]),
+        f(&r["cycle"]["p99_ms"]),
+        f(&r["cycle_over_floor_p50"])
+    );
+    for h in r["handoff"].as_array().into_iter().flatten() {
+        println!(
+            "| handoff, {} waiters on {} clients | {} | {} | {} store requests per handoff |",
+            h["waiters"],
+            h["clients"],
+            f(&h["gap"]["p50_ms"]),
+            f(&h["gap"]["p99_ms"]),
+            f(&h["requests_per_handoff"])
+        );
+    }
+    let s = &r["scale"];
+    println!(
+        "| {} locks held by one client ({} session) | | | acquire all {} s; keepalive requests per TTL: {} with 1 lock, {} with all; {} bytes per lock |",
+        s["locks"], s["sessions"], f(&s["acquire_all_s"]), s["requests_per_ttl_one_lock"], s["requests_per_ttl_all_locks"], f(&s["client_bytes_per_lock"])
+    );
+    let l = &r["loss_detection"];
+    println!(
+        "| loss detection after forced break | {} | {} | |",
+        f(&l["break"]["p50_ms"]),
+        f(&l["break"]["p99_ms"])
+    );
+    println!(
+        "| loss detection after session kill | {} | {} | |",
+        f(&l["session_kill"]["p50_ms"]),
+        f(&l["session_kill"]["p99_ms"])
+    );
+}
