@@ -32,6 +32,7 @@ use lockcore::{Backend, LockClient};
 
 use crate::{BackendFactory, Harness};
 
+pub mod cluster;
 mod history;
 mod proxy;
 mod register;
@@ -39,6 +40,7 @@ mod report;
 pub mod scenarios;
 mod sim;
 
+pub use cluster::{clusters_enabled, Cluster, StoreKind};
 pub use history::{History, Hold, HoldEnd, Overlap, Tracked};
 pub use proxy::{ProxyStats, TcpProxy};
 pub use register::{FencedRegister, StaleToken, Write};
@@ -168,6 +170,18 @@ impl FaultTarget {
             link: Link::Proxy(target),
             wrap: None,
         }
+    }
+
+    /// A real three-node cluster started by [`Cluster::start`], named
+    /// `<store>-cluster` in the table; faulty links go to its first node.
+    pub fn for_cluster<F, Fut>(cluster: &Cluster, factory: F) -> FaultTarget
+    where
+        F: Fn(Url) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = lockcore::Result<Arc<dyn Backend>>> + Send + 'static,
+    {
+        let name = format!("{:?}-cluster", cluster.kind()).to_lowercase();
+        let url = url::parse(&cluster.url()).expect("cluster URL");
+        Self::new(&name, url, factory)
     }
 
     /// The in-memory backend at `base` (a `mem://` URL; its `ttl` option
@@ -311,6 +325,53 @@ macro_rules! __fault_suite_expand {
             async fn $s() {
                 let Some(target) = $t else { return };
                 $crate::faults::scenarios::$s(&target).await;
+            }
+        )*
+    };
+}
+
+/// Expands to one `#[tokio::test]` per cluster scenario. Each starts its
+/// own three-node cluster of `$kind` ([`StoreKind`]) on 127.0.0.2-4,
+/// connects through `$factory` to [`Cluster::url`] with `$key=$value`
+/// added to the URL (a short TTL), runs, and stops the cluster. Skipped
+/// loudly unless `QUORUMLOCK_TEST_CLUSTERS=1`.
+///
+/// ```ignore
+/// conformance_tests::cluster_fault_suite!(
+///     conformance_tests::faults::StoreKind::Etcd,
+///     |url| async move { Ok(std::sync::Arc::new(backend_etcd::EtcdBackend::connect(&url).await?) as _) },
+///     "ttl", "2s"
+/// );
+/// ```
+#[macro_export]
+macro_rules! cluster_fault_suite {
+    ($kind:expr, $factory:expr, $key:expr, $value:expr) => {
+        $crate::__cluster_fault_suite_expand!($kind, $factory, $key, $value;
+            leader_killed_while_held,
+            cluster_paused_while_held,
+            cluster_restarted_while_held
+        );
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __cluster_fault_suite_expand {
+    ($kind:expr, $factory:expr, $key:expr, $value:expr; $($s:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $s() {
+                if !$crate::faults::clusters_enabled() {
+                    eprintln!("SKIPPED: cluster scenarios run only with QUORUMLOCK_TEST_CLUSTERS=1");
+                    return;
+                }
+                let kind: $crate::faults::StoreKind = $kind;
+                let (mut cluster, _one) = $crate::faults::Cluster::start(kind)
+                    .await
+                    .expect("starting a three-node cluster");
+                let target = $crate::faults::FaultTarget::for_cluster(&cluster, $factory)
+                    .with_option($key, $value);
+                $crate::faults::scenarios::$s(&target, &mut cluster).await;
             }
         )*
     };

@@ -1,0 +1,350 @@
+//! A launcher for three-node clusters of etcd, ZooKeeper and Consul on
+//! loopback (127.0.0.2, .3, .4, each node on its own address, ports of
+//! our own), able to kill -9, stop (SIGSTOP), continue, restart and find
+//! the leader.
+//!
+//! Binaries: `/usr/bin/etcd` (or `QUORUMLOCK_ETCD_BIN`); ZooKeeper through
+//! `java` and `/usr/share/java/zookeeper.jar`; Consul from
+//! `QUORUMLOCK_CONSUL_BIN` (`scripts/stores.sh env` prints it). Every
+//! process is a child of the test and is killed when the [`Cluster`] is
+//! dropped; data lives in a temporary directory removed then.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// Which store a cluster runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreKind {
+    /// etcd (client port 32379, peer port 32380).
+    Etcd,
+    /// ZooKeeper (client 32181, quorum 32888, election 32889, tickTime 200).
+    Zk,
+    /// Consul servers (HTTP 38500, server 38300, serf 38301/38302).
+    Consul,
+}
+
+const IPS: [&str; 3] = ["127.0.0.2", "127.0.0.3", "127.0.0.4"];
+
+/// One node of a [`Cluster`].
+#[derive(Debug)]
+struct Node {
+    ip: &'static str,
+    child: Option<Child>,
+    stopped: bool,
+}
+
+/// A three-node cluster on 127.0.0.2-4.
+#[derive(Debug)]
+pub struct Cluster {
+    kind: StoreKind,
+    dir: PathBuf,
+    nodes: Vec<Node>,
+}
+
+fn tmpdir(kind: StoreKind) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "quorumlock-cluster-{kind:?}-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    ));
+    std::fs::create_dir_all(&d).expect("cluster dir");
+    d
+}
+
+/// Serializes clusters within one test process: they share ports.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Whether the cluster scenarios should run (`QUORUMLOCK_TEST_CLUSTERS=1`).
+pub fn clusters_enabled() -> bool {
+    std::env::var("QUORUMLOCK_TEST_CLUSTERS").is_ok_and(|v| v == "1")
+}
+
+impl Cluster {
+    /// Starts a cluster of `kind` and waits until it has a leader (at most
+    /// 90 s). Clusters of one test process run one at a time: hold the
+    /// returned guard as long as the cluster.
+    pub async fn start(kind: StoreKind) -> std::io::Result<(Cluster, tokio::sync::MutexGuard<'static, ()>)> {
+        let guard = ONE_AT_A_TIME.lock().await;
+        let mut c = Cluster {
+            kind,
+            dir: tmpdir(kind),
+            nodes: IPS
+                .iter()
+                .map(|ip| Node {
+                    ip,
+                    child: None,
+                    stopped: false,
+                })
+                .collect(),
+        };
+        if kind == StoreKind::Zk {
+            c.write_zk_config()?;
+        }
+        for i in 0..3 {
+            c.spawn(i)?;
+        }
+        c.wait_leader(Duration::from_secs(90)).await?;
+        Ok((c, guard))
+    }
+
+    /// The store kind.
+    pub fn kind(&self) -> StoreKind {
+        self.kind
+    }
+
+    /// A URL naming every node, in each backend's syntax.
+    pub fn url(&self) -> String {
+        match self.kind {
+            StoreKind::Etcd => format!(
+                "etcd://{}:32379?endpoints={}:32379,{}:32379",
+                IPS[0], IPS[1], IPS[2]
+            ),
+            StoreKind::Zk => format!("zk://{}:32181,{}:32181,{}:32181", IPS[0], IPS[1], IPS[2]),
+            // A Consul client talks to one agent; node 0 is it.
+            StoreKind::Consul => format!("consul://{}:38500", IPS[0]),
+        }
+    }
+
+    /// The client address of node `i`.
+    pub fn client_addr(&self, i: usize) -> SocketAddr {
+        let port = match self.kind {
+            StoreKind::Etcd => 32379,
+            StoreKind::Zk => 32181,
+            StoreKind::Consul => 38500,
+        };
+        format!("{}:{port}", IPS[i]).parse().expect("addr")
+    }
+
+    fn data(&self, i: usize) -> PathBuf {
+        self.dir.join(format!("n{i}"))
+    }
+
+    fn write_zk_config(&self) -> std::io::Result<()> {
+        for i in 0..3 {
+            let d = self.data(i);
+            std::fs::create_dir_all(&d)?;
+            std::fs::write(d.join("myid"), format!("{}\n", i + 1))?;
+            let mut cfg = format!(
+                "tickTime=200\ninitLimit=50\nsyncLimit=10\ndataDir={}\nclientPort=32181\nclientPortAddress={}\n\
+                 admin.enableServer=false\n4lw.commands.whitelist=ruok,srvr,mntr\nmaxSessionTimeout=20000\n",
+                d.display(),
+                IPS[i]
+            );
+            for (j, ip) in IPS.iter().enumerate() {
+                cfg.push_str(&format!("server.{}={ip}:32888:32889\n", j + 1));
+            }
+            std::fs::write(d.join("zoo.cfg"), cfg)?;
+        }
+        Ok(())
+    }
+
+    fn command(&self, i: usize) -> Command {
+        let ip = IPS[i];
+        let d = self.data(i);
+        match self.kind {
+            StoreKind::Etcd => {
+                let bin = std::env::var("QUORUMLOCK_ETCD_BIN").unwrap_or_else(|_| "/usr/bin/etcd".into());
+                let mut c = Command::new(bin);
+                let cluster: Vec<String> =
+                    IPS.iter().enumerate().map(|(j, ip)| format!("n{j}=http://{ip}:32380")).collect();
+                c.args([
+                    format!("--name=n{i}"),
+                    format!("--data-dir={}", d.display()),
+                    format!("--listen-client-urls=http://{ip}:32379"),
+                    format!("--advertise-client-urls=http://{ip}:32379"),
+                    format!("--listen-peer-urls=http://{ip}:32380"),
+                    format!("--initial-advertise-peer-urls=http://{ip}:32380"),
+                    format!("--initial-cluster={}", cluster.join(",")),
+                    "--initial-cluster-state=new".into(),
+                    "--initial-cluster-token=quorumlock-faults".into(),
+                    "--heartbeat-interval=100".into(),
+                    "--election-timeout=1000".into(),
+                ]);
+                c
+            }
+            StoreKind::Zk => {
+                let mut c = Command::new("java");
+                c.args([
+                    "-Xmx256m".to_string(),
+                    "-Dzookeeper.log.dir=".to_string() + &d.display().to_string(),
+                    "-cp".into(),
+                    "/usr/share/java/zookeeper.jar".into(),
+                    "org.apache.zookeeper.server.quorum.QuorumPeerMain".into(),
+                    d.join("zoo.cfg").display().to_string(),
+                ]);
+                c
+            }
+            StoreKind::Consul => {
+                let bin = std::env::var("QUORUMLOCK_CONSUL_BIN").unwrap_or_else(|_| "consul".into());
+                let mut c = Command::new(bin);
+                c.args([
+                    "agent".to_string(),
+                    "-server".into(),
+                    "-bootstrap-expect=3".into(),
+                    format!("-data-dir={}", d.display()),
+                    format!("-node=qlf-n{i}"),
+                    format!("-bind={ip}"),
+                    format!("-advertise={ip}"),
+                    format!("-client={ip}"),
+                    "-http-port=38500".into(),
+                    "-server-port=38300".into(),
+                    "-serf-lan-port=38301".into(),
+                    "-serf-wan-port=38302".into(),
+                    "-dns-port=-1".into(),
+                    "-grpc-port=-1".into(),
+                ]);
+                for (j, other) in IPS.iter().enumerate() {
+                    if j != i {
+                        c.arg(format!("-retry-join={other}:38301"));
+                    }
+                }
+                c
+            }
+        }
+    }
+
+    fn spawn(&mut self, i: usize) -> std::io::Result<()> {
+        std::fs::create_dir_all(self.data(i))?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.data(i).join("log"))?;
+        let mut cmd = self.command(i);
+        cmd.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
+        self.nodes[i].child = Some(cmd.spawn()?);
+        self.nodes[i].stopped = false;
+        Ok(())
+    }
+
+    fn signal(&self, i: usize, sig: &str) {
+        if let Some(c) = &self.nodes[i].child {
+            let _ = Command::new("kill")
+                .args([format!("-{sig}"), c.id().to_string()])
+                .status();
+        }
+    }
+
+    /// kill -9 node `i` (it stays down until [`restart`](Self::restart)).
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut c) = self.nodes[i].child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGSTOP node `i`.
+    pub fn stop(&mut self, i: usize) {
+        self.signal(i, "STOP");
+        self.nodes[i].stopped = true;
+    }
+
+    /// SIGCONT node `i`.
+    pub fn cont(&mut self, i: usize) {
+        self.signal(i, "CONT");
+        self.nodes[i].stopped = false;
+    }
+
+    /// Starts node `i` again on its data (after [`kill`](Self::kill)).
+    pub fn restart(&mut self, i: usize) -> std::io::Result<()> {
+        self.kill(i);
+        self.spawn(i)
+    }
+
+    /// Whether node `i` runs (not killed).
+    pub fn is_up(&self, i: usize) -> bool {
+        self.nodes[i].child.is_some()
+    }
+
+    /// The current leader's index, asked of every running node.
+    pub async fn leader(&self) -> Option<usize> {
+        let kind = self.kind;
+        let up: Vec<(usize, &'static str)> = (0..3)
+            .filter(|i| self.is_up(*i) && !self.nodes[*i].stopped)
+            .map(|i| (i, self.nodes[i].ip))
+            .collect();
+        tokio::task::spawn_blocking(move || leader_blocking(kind, &up))
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// Waits until a leader is known.
+    pub async fn wait_leader(&self, within: Duration) -> std::io::Result<usize> {
+        let start = Instant::now();
+        loop {
+            if let Some(l) = self.leader().await {
+                return Ok(l);
+            }
+            if start.elapsed() > within {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("{:?} cluster: no leader within {within:?}; logs in {}", self.kind, self.dir.display()),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Where the nodes keep their data and logs.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for i in 0..3 {
+            if self.nodes[i].stopped {
+                self.cont(i);
+            }
+            self.kill(i);
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A plain request on a fresh connection; the whole answer.
+fn ask(addr: &str, req: &[u8]) -> Option<String> {
+    let addr: SocketAddr = addr.parse().ok()?;
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.write_all(req).ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    Some(out)
+}
+
+fn leader_blocking(kind: StoreKind, up: &[(usize, &'static str)]) -> Option<usize> {
+    match kind {
+        StoreKind::Zk => up.iter().find_map(|(i, ip)| {
+            let out = ask(&format!("{ip}:32181"), b"srvr")?;
+            out.contains("Mode: leader").then_some(*i)
+        }),
+        StoreKind::Consul => up.iter().find_map(|(_, ip)| {
+            let out = ask(
+                &format!("{ip}:38500"),
+                b"GET /v1/status/leader HTTP/1.0\r\n\r\n",
+            )?;
+            let body = out.split("\r\n\r\n").nth(1)?.trim().trim_matches('"').to_string();
+            let leader_ip = body.split(':').next()?;
+            IPS.iter().position(|ip| *ip == leader_ip)
+        }),
+        StoreKind::Etcd => up.iter().find_map(|(i, ip)| {
+            // Each member's /v3 maintenance status names the leader's id
+            // and its own; the one where they match leads.
+            let out = ask(
+                &format!("{ip}:32379"),
+                b"POST /v3/maintenance/status HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
+            )?;
+            let body = out.split("\r\n\r\n").nth(1)?;
+            let v: serde_json::Value = serde_json::from_str(body).ok()?;
+            let leader = v.get("leader")?.as_str()?.to_string();
+            let me = v.get("header")?.get("member_id")?.as_str()?.to_string();
+            (leader == me).then_some(*i)
+        }),
+    }
+}
