@@ -52,6 +52,13 @@ fn create_options() -> zk::CreateOptions<'static> {
     zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all())
 }
 
+/// Errors the library makes up for requests in flight when a connection
+/// breaks: the request may or may not have been applied.
+fn is_connection_trouble(e: &zk::Error) -> bool {
+    use zk::Error as E;
+    matches!(e, E::ConnectionLoss | E::Timeout | E::Custom(_))
+}
+
 /// Errors after which the session is over for good.
 fn is_terminal(e: &zk::Error) -> bool {
     use zk::Error as E;
@@ -229,17 +236,35 @@ impl Inner {
                     return Ok((node, stat, listed));
                 }
                 Err(zk::Error::NoNode) if attempts < 8 => self.make_parents(c, dir).await?,
-                Err(zk::Error::ConnectionLoss) if attempts < 8 => {
-                    // The create may have been applied: find it by GUID.
-                    tokio::time::sleep(Duration::from_millis(20 * attempts)).await;
-                    let Ok(Some(children)) = self.list(c, dir).await else {
-                        continue;
-                    };
-                    if let Some((node, stat)) =
-                        self.find_ours(c, dir, &prefix_name, &children).await?
-                    {
-                        tracing::debug!(%node, "found our contender node after a connection loss");
-                        return Ok((node, stat, Some(children)));
+                Err(e) if is_connection_trouble(&e) && attempts < 8 => {
+                    // The create may have been applied: find our node by
+                    // its GUID. Create again only once a listing proves it
+                    // absent (a request of the old connection is applied
+                    // before the session moves, or rejected).
+                    let mut tries = 0u32;
+                    loop {
+                        tries += 1;
+                        tokio::time::sleep(Duration::from_millis(20) * tries).await;
+                        if !self.liveness.is_alive() {
+                            return Err(lost_session(
+                                "session lost while looking for our contender node",
+                            ));
+                        }
+                        match self.list(c, dir).await {
+                            Ok(Some(children)) => {
+                                if let Some((node, stat)) =
+                                    self.find_ours(c, dir, &prefix_name, &children).await?
+                                {
+                                    tracing::debug!(%node, "found our contender node after a connection loss");
+                                    return Ok((node, stat, Some(children)));
+                                }
+                                break; // not applied: create it again
+                            }
+                            Ok(None) => break, // no lock node, so no node of ours
+                            Err(e) if e.kind() == ErrorKind::Connection && tries < 10 => {}
+                            // The client layer abandons (finds by GUID, deletes).
+                            Err(e) => return Err(e),
+                        }
                     }
                 }
                 Err(e) => return Err(map(e, "creating the contender node")),
