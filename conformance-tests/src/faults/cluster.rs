@@ -103,7 +103,9 @@ impl Cluster {
                 "etcd://{}:32379?endpoints={}:32379,{}:32379",
                 IPS[0], IPS[1], IPS[2]
             ),
-            StoreKind::Zk => format!("zk://{}:32181,{}:32181,{}:32181", IPS[0], IPS[1], IPS[2]),
+            // Every node listens on the same port, so the list parses as
+            // one URL host.
+            StoreKind::Zk => format!("zk://{},{},{}:32181", IPS[0], IPS[1], IPS[2]),
             // A Consul client talks to one agent; node 0 is it.
             StoreKind::Consul => format!("consul://{}:38500", IPS[0]),
         }

@@ -125,7 +125,7 @@ impl FaultTarget {
     /// A real store at the URL in `var`, reached through a [`TcpProxy`]
     /// for faulty clients: the URL's host and port are the proxy's target
     /// and are rewritten to the proxy's address (so the URL must name one
-    /// `host:port`). Unset: a loud skip (`None`), or a panic when
+    /// `host:port`; of a host list, faulty clients reach the first only). Unset: a loud skip (`None`), or a panic when
     /// `QUORUMLOCK_TEST_REQUIRE=1`.
     pub fn from_env<F, Fut>(name: &str, var: &str, factory: F) -> Option<FaultTarget>
     where
@@ -158,7 +158,9 @@ impl FaultTarget {
                 url::redact(&base)
             )
         });
-        let target = (host.trim_matches(['[', ']']), port)
+        // A list of hosts sharing one port (`zk://a,b,c:2181`): the first.
+        let first = host.split(',').next().unwrap_or(host);
+        let target = (first.trim_matches(['[', ']']), port)
             .to_socket_addrs()
             .ok()
             .and_then(|mut a| a.next())
