@@ -59,7 +59,7 @@ impl KvEntry {
     }
 }
 
-/// The JSON value we write into our keys (`.lock`, queue keys, `.revoke`).
+/// The JSON value we write into our keys (`.lock`, queue keys, `.lock.revoke`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Record {
     /// Always 1: marks the value as ours.
@@ -70,7 +70,7 @@ pub(crate) struct Record {
     /// Milliseconds since the Unix epoch when it was written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub since_ms: Option<u64>,
-    /// For `.revoke`: the token of the holder asked to let go.
+    /// For `.lock.revoke`: the token of the holder asked to let go.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<u64>,
     /// For `.lock`: broken by an operator, about to be deleted.

@@ -24,7 +24,7 @@ pub const LOCK_FLAGS: u64 = 0x2ddc_cbc0_58a5_0c18;
 /// The `Flags` of our queue (contender) keys, `<prefix>/.queue/<session>`.
 pub const QUEUE_FLAGS: u64 = 0x716c_6f63_6b71_7565; // "qlockque"
 
-/// The `Flags` of revoke markers, `<prefix>/.revoke`.
+/// The `Flags` of revoke markers, `<prefix>/.lock.revoke`.
 pub const REVOKE_FLAGS: u64 = 0x716c_6f63_6b72_766b; // "qlockrvk"
 
 /// How many times an admin operation re-reads and retries when the lock
@@ -60,7 +60,8 @@ impl fmt::Debug for ConsulBackend {
 pub(crate) struct Keys {
     /// `<ns>/<name>/.lock`: the key `consul lock` uses.
     pub lock: String,
-    /// `<ns>/<name>/.revoke`: our cooperative revoke marker.
+    /// `<ns>/<name>/.lock.revoke`: our cooperative revoke marker (under the
+    /// `.lock` prefix, so one blocking query on that prefix sees both).
     pub revoke: String,
     /// `<ns>/<name>/.queue/`: prefix of our contender keys.
     pub queue_prefix: String,
@@ -74,7 +75,7 @@ impl Keys {
         let base = config.lock_prefix(name.as_str());
         Keys {
             lock: format!("{base}/.lock"),
-            revoke: format!("{base}/.revoke"),
+            revoke: format!("{base}/.lock.revoke"),
             queue_prefix: format!("{base}/.queue/"),
             tree: format!("{base}/."),
         }
@@ -91,7 +92,7 @@ impl Keys {
 pub(crate) struct View {
     /// `.lock`, if it exists.
     pub lock: Option<KvEntry>,
-    /// `.revoke`, if it exists.
+    /// `.lock.revoke`, if it exists.
     pub revoke: Option<KvEntry>,
     /// Our queue keys that a live session holds, by CreateIndex.
     pub queue: Vec<KvEntry>,
@@ -401,7 +402,7 @@ impl Backend for ConsulBackend {
                 // report only keys of our layout there.
                 !prefix.is_empty()
                     || e.key.ends_with("/.lock")
-                    || e.key.ends_with("/.revoke")
+                    || e.key.ends_with("/.lock.revoke")
                     || e.key.contains("/.queue/")
             })
             .map(|e| e.key)

@@ -52,12 +52,34 @@ struct Shared {
     ops: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
-/// Held locks that the monitor watches, and the index of its read in
-/// flight (`None`: no read in flight).
+/// Held locks that the monitor watches, and the index and key prefix of
+/// its read in flight (`None`: no read in flight).
 #[derive(Default)]
 struct Watch {
     entries: HashMap<String, Watched>,
-    inflight: Option<u64>,
+    inflight: Option<(u64, String)>,
+}
+
+/// The longest common prefix of the watched `.lock` keys: the narrowest
+/// prefix one blocking query can watch them all under. For one held lock
+/// it is `<ns>/<name>/.lock`, which also covers its `.lock.revoke`.
+fn common_prefix<'a>(mut keys: impl Iterator<Item = &'a String>) -> String {
+    let Some(first) = keys.next() else {
+        return String::new();
+    };
+    let mut len = first.len();
+    for k in keys {
+        len = first
+            .bytes()
+            .zip(k.bytes())
+            .take(len)
+            .take_while(|(a, b)| a == b)
+            .count();
+    }
+    while !first.is_char_boundary(len) {
+        len -= 1;
+    }
+    first[..len].to_string()
 }
 
 struct Watched {
@@ -255,10 +277,14 @@ impl ConsulSession {
                 checked: false,
             },
         );
-        // A read in flight from before the grant (index < token) returns
-        // by itself, since the grant moved the namespace's index; one at
-        // or past it may have been judged without this entry: redo it.
-        let wake = w.inflight.map_or(true, |q| q >= token);
+        // A read in flight from before the grant (index < token) over a
+        // prefix that covers this lock returns by itself, since the grant
+        // moved that prefix's index; one at or past the token may have been
+        // judged without this entry, one over another prefix does not see
+        // it: redo the read.
+        let wake = w.inflight.as_ref().map_or(true, |(q, prefix)| {
+            *q >= token || !keys.lock.starts_with(prefix)
+        });
         drop(w);
         if wake {
             self.s.watch_changed.notify_one();
@@ -527,12 +553,15 @@ async fn keepalive(s: Arc<Shared>) {
     }
 }
 
-/// Watches every held lock of the session with ONE blocking query over
-/// the namespace (`<ns>/?recurse&consistent`), and dispatches what it
-/// sees: `.lock` gone or not ours at our token -> loss; a `.revoke`
-/// marker for our token -> revoke request.
+/// Watches every held lock of the session with ONE blocking query
+/// (`?recurse&consistent`) over the longest common prefix of their keys
+/// (the lock's own `.lock` for one held lock, at most the namespace), and
+/// dispatches what it sees: `.lock` gone or not ours at our token -> loss;
+/// a revoke marker for our token -> revoke request.
+///
+/// An index from a read of a wider prefix is safe to block on with a
+/// narrower one: the wider read saw every change up to it.
 async fn monitor(s: Arc<Shared>) {
-    let prefix = s.backend.config.namespace_prefix();
     let mut index: u64 = 0;
     let mut failures: u32 = 0;
     loop {
@@ -542,19 +571,21 @@ async fn monitor(s: Arc<Shared>) {
             let q = if w.entries.is_empty() {
                 None
             } else {
+                let prefix = common_prefix(w.entries.keys());
                 let unchecked = w
                     .entries
                     .values()
                     .filter(|e| !e.checked)
                     .map(|e| e.token)
                     .min();
-                Some(match (index, unchecked) {
+                let q = match (index, unchecked) {
                     (0, Some(t)) => t,
                     (i, Some(t)) => i.min(t),
                     (i, None) => i,
-                })
+                };
+                Some((q, prefix))
             };
-            w.inflight = q;
+            w.inflight = q.clone();
             q
         };
         let r = tokio::select! {
@@ -563,18 +594,19 @@ async fn monitor(s: Arc<Shared>) {
             _ = s.liveness.lost() => return,
             _ = s.watch_changed.notified() => continue,
             r = async {
-                match query {
-                    Some(q) => s.backend.api.kv_list(&prefix, Block { index: q, wait: LONG_POLL, consistent: true }).await,
+                match &query {
+                    Some((q, prefix)) => s.backend.api.kv_list(prefix, Block { index: *q, wait: LONG_POLL, consistent: true }).await,
                     None => std::future::pending().await,
                 }
             } => r,
         };
+        let prefix = query.map(|(_, p)| p).unwrap_or_default();
         s.watch.lock().expect("poisoned").inflight = None;
         let gap = match r {
             Ok((idx, entries)) => {
                 failures = 0;
                 index = idx;
-                let watched = evaluate(&s, idx, &entries).await;
+                let watched = evaluate(&s, &prefix, idx, &entries).await;
                 MONITOR_MIN_GAP + Duration::from_micros(100 * watched as u64)
             }
             Err(e) => {
@@ -600,16 +632,16 @@ async fn monitor(s: Arc<Shared>) {
     }
 }
 
-/// Judges every watched lock against a namespace read at index `idx`;
-/// returns how many locks are watched.
-async fn evaluate(s: &Shared, idx: u64, entries: &[KvEntry]) -> usize {
+/// Judges every watched lock under `prefix` against a read of it at index
+/// `idx`; returns how many locks are watched.
+async fn evaluate(s: &Shared, prefix: &str, idx: u64, entries: &[KvEntry]) -> usize {
     let by_key: HashMap<&str, &KvEntry> = entries.iter().map(|e| (e.key.as_str(), e)).collect();
     let mut lost = Vec::new();
     let watched = {
         let mut w = s.watch.lock().expect("poisoned");
         for (key, e) in w.entries.iter_mut() {
-            if e.token > idx {
-                continue; // granted after this read was taken
+            if e.token > idx || !key.starts_with(prefix) {
+                continue; // granted after this read, or not covered by it
             }
             e.checked = true;
             let ours = by_key
@@ -651,4 +683,21 @@ async fn evaluate(s: &Shared, idx: u64, entries: &[KvEntry]) -> usize {
         }
     }
     w.entries.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::common_prefix;
+
+    #[test]
+    fn common_prefix_of_lock_keys() {
+        let k = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(common_prefix(k(&[]).iter()), "");
+        assert_eq!(common_prefix(k(&["ns/a/.lock"]).iter()), "ns/a/.lock");
+        assert_eq!(
+            common_prefix(k(&["ns/bulk/l1/.lock", "ns/bulk/l10/.lock", "ns/bulk/l2/.lock"]).iter()),
+            "ns/bulk/l"
+        );
+        assert_eq!(common_prefix(k(&["a/.lock", "b/.lock"]).iter()), "");
+    }
 }

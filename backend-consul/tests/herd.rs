@@ -207,3 +207,62 @@ async fn consul_lock_waiters_all_wake_on_a_release() {
     }
     case.finish().await;
 }
+
+/// A holder's monitor watches its own `.lock` only: waiters queueing on
+/// its lock, and other locks of the namespace changing hands, cost the
+/// holder no request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holder_is_not_woken_by_others() {
+    let Some(h) = harness() else { return };
+    let case = h.case();
+    let holder = case.client().await;
+    let others = case.clients(4).await;
+    let g = holder.lock("held").unwrap().acquire().await.unwrap();
+    // Let the monitor's first blocking query reach the agent.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = holder.backend().requests_sent();
+
+    let mut waiting = Vec::new();
+    for c in &others {
+        let c2 = c.clone();
+        waiting.push(tokio::spawn(async move {
+            c2.lock("held")
+                .unwrap()
+                .acquire()
+                .await
+                .unwrap()
+                .release()
+                .await
+        }));
+        for _ in 0..3 {
+            c.lock("elsewhere")
+                .unwrap()
+                .acquire()
+                .await
+                .unwrap()
+                .release()
+                .await
+                .unwrap();
+        }
+    }
+    let start = tokio::time::Instant::now();
+    while others[0].inspect("held").await.unwrap().waiters.len() < others.len() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "waiters never queued"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let spent = holder.backend().requests_sent() - before;
+    assert_eq!(
+        spent, 0,
+        "the holder sent {spent} requests while others worked"
+    );
+
+    g.release().await.unwrap();
+    for w in waiting {
+        w.await.unwrap().unwrap();
+    }
+    case.finish().await;
+}
