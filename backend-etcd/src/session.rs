@@ -147,7 +147,7 @@ impl EtcdSession {
 }
 
 /// The keepalive loop: one `LeaseKeepAlive` stream, one request every
-/// TTL/3. Requests are not held back by slow answers: etcd answers them in
+/// TTL/3 (every TTL/10 while the link is slow). Requests are not held back by slow answers: etcd answers them in
 /// order, so each answer is matched with its request's send time, and an
 /// answer with `ttl > 0` confirms the lease from that send time, however
 /// late it comes. An answer with ttl 0 (or "lease not found") means the
@@ -161,6 +161,7 @@ async fn keepalive(
     stop: CancellationToken,
 ) {
     let period = ttl / 3;
+    let fast = ttl / 10;
     let retry = period.min(Duration::from_millis(300));
     let mut next = Instant::now() + period;
     loop {
@@ -201,25 +202,42 @@ async fn keepalive(
                 continue;
             }
         };
-        next = sent + period;
+        let mut last_sent = sent;
+        let mut last_rtt = sent.elapsed();
         let mut pending: VecDeque<Instant> = VecDeque::new();
         loop {
             let stale = pending.front().map(|s| *s + ttl);
+            // A slow link (an answer took more than TTL/10, or one is
+            // overdue by that much) renews every TTL/10 instead of TTL/3:
+            // the deadline runs from the send time of the newest answered
+            // request, so sending more often keeps it from falling behind
+            // by the latency plus a whole period.
+            let slow = last_rtt > fast || pending.front().is_some_and(|s| s.elapsed() > fast);
+            let next = last_sent + if slow { fast } else { period };
+            // Also wake when the oldest answer becomes overdue, to switch.
+            let wake = match pending.front() {
+                Some(f) if !slow => next.min(*f + fast),
+                _ => next,
+            };
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = liveness.lost() => return,
-                _ = tokio::time::sleep_until(next) => {
+                _ = tokio::time::sleep_until(wake) => {
                     let now = Instant::now();
+                    if now < next {
+                        continue;
+                    }
                     inner.requests.fetch_add(1, Ordering::Relaxed);
                     if keeper.keep_alive().await.is_err() {
                         break;
                     }
                     pending.push_back(now);
-                    next = now + period;
+                    last_sent = now;
                 }
                 answer = answers.message() => match answer {
                     Ok(Some(r)) => {
                         let Some(sent) = pending.pop_front() else { continue };
+                        last_rtt = sent.elapsed();
                         if r.ttl() > 0 {
                             liveness.confirm(sent, Duration::from_secs(r.ttl() as u64));
                         } else {
