@@ -160,7 +160,12 @@ async fn supervise(
     let send = |sig: i32| {
         // SAFETY: kill(2) has no memory-safety preconditions. The child is
         // not reaped until `wait` below returns, so `pid` is still ours.
-        let rc = unsafe { libc::kill(target, sig) };
+        let mut rc = unsafe { libc::kill(target, sig) };
+        if rc != 0 && target != pid {
+            // The command left its group (setsid): signal it alone.
+            // SAFETY: as above.
+            rc = unsafe { libc::kill(pid, sig) };
+        }
         if rc != 0 {
             tracing::debug!(signal = sig, error = %std::io::Error::last_os_error(), "kill failed");
         }
