@@ -68,7 +68,12 @@ struct Registered {
     info: zk::SessionInfo,
     liveness: Weak<SessionLiveness>,
     state: zk::StateWatcher,
+    /// Drops the owner's client (which then closes the session itself).
+    shutdown: Option<Shutdown>,
 }
+
+/// Stops a lock session's tasks and drops its client.
+pub(crate) type Shutdown = Arc<dyn Fn() + Send + Sync>;
 
 /// Sessions opened in this process, by id, with what it takes to reattach
 /// to them: ZooKeeper ends a session only for a client that presents its
@@ -86,8 +91,15 @@ pub(crate) fn register_session(client: &zk::Client, liveness: &Arc<SessionLivene
             info: client.session().clone(),
             liveness: Arc::downgrade(liveness),
             state: client.state_watcher(),
+            shutdown: None,
         },
     );
+}
+
+pub(crate) fn set_shutdown(id: zk::SessionId, shutdown: Shutdown) {
+    if let Some(r) = registry().lock().expect("registry poisoned").get_mut(&id.0) {
+        r.shutdown = Some(shutdown);
+    }
 }
 
 pub(crate) fn unregister_session(id: zk::SessionId) {
@@ -513,11 +525,10 @@ impl Backend for ZkBackend {
         }
         self.shared.record_opened(&client, &liveness);
         tracing::debug!(session = %client.session_id(), timeout = ?client.session_timeout(), "ZooKeeper session opened");
-        Ok(Arc::new(ZkSession::start(
-            self.shared.clone(),
-            client,
-            liveness,
-        )))
+        let id = client.session_id();
+        let session = ZkSession::start(self.shared.clone(), client, liveness);
+        set_shutdown(id, session.shutdown_handle());
+        Ok(Arc::new(session))
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
@@ -559,6 +570,7 @@ impl Backend for ZkBackend {
             info,
             liveness,
             state: victim,
+            shutdown,
         }) = known
         else {
             return Err(Error::new(
@@ -576,8 +588,18 @@ impl Backend for ZkBackend {
         if let Some(l) = liveness.upgrade() {
             l.lose(LossReason::SessionExpired);
         }
-        // Reattach with the session's id and password, then close it: the
-        // server ends the session and drops its ephemeral nodes; the
+        // The owner's client closes the session itself once dropped; that
+        // is quick when it is connected.
+        if let Some(shutdown) = shutdown {
+            shutdown();
+            if wait_terminal(victim.clone(), Duration::from_secs(1)).await {
+                unregister_session(zk::SessionId(id));
+                tracing::info!(%session, "session killed (closed by its owner's client)");
+                return Ok(());
+            }
+        }
+        // Else reattach with the session's id and password, then close it:
+        // the server ends the session and drops its ephemeral nodes; the
         // original client learns on its next reconnect that it expired.
         for _ in 0..5 {
             match self.shared.connect(Some(info.clone())).await {
@@ -586,8 +608,8 @@ impl Backend for ZkBackend {
                     self.shared.count(1); // closeSession
                     drop(c);
                     if wait_terminal(state, self.shared.config.connect_timeout).await {
-                        // The owner's client learns on its reconnect.
-                        wait_terminal(victim.clone(), self.shared.config.connect_timeout).await;
+                        // Closed on the server; the owner's client learns
+                        // it on its next reconnect.
                         unregister_session(zk::SessionId(id));
                         tracing::info!(%session, "session killed");
                         return Ok(());

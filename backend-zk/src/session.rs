@@ -92,6 +92,18 @@ impl ZkSession {
         tokio::spawn(keepalive(inner.clone()).instrument(span));
         ZkSession { inner }
     }
+
+    /// For `kill_session`: stops this session's tasks and drops its
+    /// client, so that the library closes the session on the server.
+    pub(crate) fn shutdown_handle(&self) -> backend::Shutdown {
+        let weak = Arc::downgrade(&self.inner);
+        Arc::new(move || {
+            if let Some(inner) = weak.upgrade() {
+                inner.stop.cancel();
+                inner.client.lock().expect("poisoned").take();
+            }
+        })
+    }
 }
 
 impl Inner {
