@@ -333,7 +333,8 @@ fn leader_blocking(kind: StoreKind, up: &[(usize, &'static str)]) -> Option<usiz
             )?;
             let body = out.split("\r\n\r\n").nth(1)?.trim().trim_matches('"').to_string();
             let leader_ip = body.split(':').next()?;
-            IPS.iter().position(|ip| *ip == leader_ip)
+            // A follower may still name a leader that was just killed.
+            up.iter().find(|(_, ip)| *ip == leader_ip).map(|(i, _)| *i)
         }),
         StoreKind::Etcd => up.iter().find_map(|(i, ip)| {
             // Each member's /v3 maintenance status names the leader's id
