@@ -67,7 +67,9 @@ impl Cluster {
     /// Starts a cluster of `kind` and waits until it has a leader (at most
     /// 90 s). Clusters of one test process run one at a time: hold the
     /// returned guard as long as the cluster.
-    pub async fn start(kind: StoreKind) -> std::io::Result<(Cluster, tokio::sync::MutexGuard<'static, ()>)> {
+    pub async fn start(
+        kind: StoreKind,
+    ) -> std::io::Result<(Cluster, tokio::sync::MutexGuard<'static, ()>)> {
         let guard = ONE_AT_A_TIME.lock().await;
         let mut c = Cluster {
             kind,
@@ -126,7 +128,7 @@ impl Cluster {
     }
 
     fn write_zk_config(&self) -> std::io::Result<()> {
-        for i in 0..3 {
+        for (i, my_ip) in IPS.iter().enumerate() {
             let d = self.data(i);
             std::fs::create_dir_all(&d)?;
             std::fs::write(d.join("myid"), format!("{}\n", i + 1))?;
@@ -134,7 +136,7 @@ impl Cluster {
                 "tickTime=200\ninitLimit=50\nsyncLimit=10\ndataDir={}\nclientPort=32181\nclientPortAddress={}\n\
                  admin.enableServer=false\n4lw.commands.whitelist=ruok,srvr,mntr\nmaxSessionTimeout=20000\n",
                 d.display(),
-                IPS[i]
+                my_ip
             );
             for (j, ip) in IPS.iter().enumerate() {
                 cfg.push_str(&format!("server.{}={ip}:32888:32889\n", j + 1));
@@ -149,10 +151,14 @@ impl Cluster {
         let d = self.data(i);
         match self.kind {
             StoreKind::Etcd => {
-                let bin = std::env::var("QUORUMLOCK_ETCD_BIN").unwrap_or_else(|_| "/usr/bin/etcd".into());
+                let bin =
+                    std::env::var("QUORUMLOCK_ETCD_BIN").unwrap_or_else(|_| "/usr/bin/etcd".into());
                 let mut c = Command::new(bin);
-                let cluster: Vec<String> =
-                    IPS.iter().enumerate().map(|(j, ip)| format!("n{j}=http://{ip}:32380")).collect();
+                let cluster: Vec<String> = IPS
+                    .iter()
+                    .enumerate()
+                    .map(|(j, ip)| format!("n{j}=http://{ip}:32380"))
+                    .collect();
                 c.args([
                     format!("--name=n{i}"),
                     format!("--data-dir={}", d.display()),
@@ -181,7 +187,8 @@ impl Cluster {
                 c
             }
             StoreKind::Consul => {
-                let bin = std::env::var("QUORUMLOCK_CONSUL_BIN").unwrap_or_else(|_| "consul".into());
+                let bin =
+                    std::env::var("QUORUMLOCK_CONSUL_BIN").unwrap_or_else(|_| "consul".into());
                 let mut c = Command::new(bin);
                 c.args([
                     "agent".to_string(),
@@ -216,7 +223,9 @@ impl Cluster {
             .append(true)
             .open(self.data(i).join("log"))?;
         let mut cmd = self.command(i);
-        cmd.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
+        cmd.stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
         self.nodes[i].child = Some(cmd.spawn()?);
         self.nodes[i].stopped = false;
         Ok(())
@@ -284,7 +293,11 @@ impl Cluster {
             if start.elapsed() > within {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
-                    format!("{:?} cluster: no leader within {within:?}; logs in {}", self.kind, self.dir.display()),
+                    format!(
+                        "{:?} cluster: no leader within {within:?}; logs in {}",
+                        self.kind,
+                        self.dir.display()
+                    ),
                 ));
             }
             tokio::time::sleep(Duration::from_millis(200)).await;

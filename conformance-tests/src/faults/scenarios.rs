@@ -128,13 +128,15 @@ impl<'a> Scene<'a> {
                 let left = deadline.saturating_duration_since(Instant::now());
                 match lock.acquire_timeout(left).await {
                     Ok(g) => break g,
-                    Err(e) if e.is_retryable() && e.kind() != ErrorKind::Timeout => match &retries {
-                        Some(r) => {
-                            r.lock().unwrap().push(e.to_string());
-                            tokio::time::sleep(Duration::from_millis(100)).await;
+                    Err(e) if e.is_retryable() && e.kind() != ErrorKind::Timeout => {
+                        match &retries {
+                            Some(r) => {
+                                r.lock().unwrap().push(e.to_string());
+                                tokio::time::sleep(Duration::from_millis(100)).await;
+                            }
+                            None => return Err(e),
                         }
-                        None => return Err(e),
-                    },
+                    }
                     Err(e) => return Err(e),
                 }
             };
@@ -517,7 +519,10 @@ pub async fn partitioned_waiter(t: &FaultTarget) -> Row {
         wb.release().await.expect("release of b");
         let retries = std::mem::take(&mut *retries.lock().unwrap());
         if let Some(last) = retries.last() {
-            s.row.note(format!("the cut-off waiter retried {} time(s), last: {last}", retries.len()));
+            s.row.note(format!(
+                "the cut-off waiter retried {} time(s), last: {last}",
+                retries.len()
+            ));
         }
         s.row.cycles += 3;
         round += 1;
@@ -559,10 +564,12 @@ pub async fn paused_holder_fenced(t: &FaultTarget) -> Row {
         }
         let rejected = s.register.rejected_of("a") - before;
         if rejected != 3 {
-            s.row.violation(format!("{rejected} of 3 stale writes rejected"));
+            s.row
+                .violation(format!("{rejected} of 3 stale writes rejected"));
         }
         if got.token <= ga.token() {
-            s.row.violation(format!("token {} after {}", got.token, ga.token()));
+            s.row
+                .violation(format!("token {} after {}", got.token, ga.token()));
         }
         if let Some(l) = tra.lost_at() {
             s.row.loss_delay(l - pause);
@@ -884,32 +891,49 @@ pub async fn leader_killed_while_held(t: &FaultTarget, cluster: &mut Cluster) ->
     let kill_at = Instant::now();
     cluster.kill(leader);
     s.row.faults += 1;
-    let new_leader = cluster.wait_leader(Duration::from_secs(60)).await.expect("a new leader");
-    s.row.note(format!("leader n{leader} killed, n{new_leader} elected in {:?}", kill_at.elapsed()));
+    let new_leader = cluster
+        .wait_leader(Duration::from_secs(60))
+        .await
+        .expect("a new leader");
+    s.row.note(format!(
+        "leader n{leader} killed, n{new_leader} elected in {:?}",
+        kill_at.elapsed()
+    ));
     tokio::time::sleep(s.ttl).await;
     if ga.is_held() {
         if s.register.write("a", ga.token()).is_err() {
-            s.row.violation("the holder's write was rejected while it still held");
+            s.row
+                .violation("the holder's write was rejected while it still held");
         }
         s.row.note("the holder kept its lock");
     } else {
-        s.row.note(format!("the holder lost its lock: {:?}", ga.loss()));
+        s.row
+            .note(format!("the holder lost its lock: {:?}", ga.loss()));
         if let Some(l) = tra.lost_at() {
             s.row.loss_delay(l - kill_at);
         }
     }
     cluster.restart(leader).expect("restart the old leader");
-    cluster.wait_leader(Duration::from_secs(60)).await.expect("a leader after the restart");
+    cluster
+        .wait_leader(Duration::from_secs(60))
+        .await
+        .expect("a leader after the restart");
     tra.releasing();
     let _ = ga.release().await;
     let mut order = Vec::new();
     for (mut w, who) in [(wb, "b"), (wc, "c")] {
-        let got = w.holds(s.soon() * 3, &format!("waiter {who} after the leader change")).await;
+        let got = w
+            .holds(
+                s.soon() * 3,
+                &format!("waiter {who} after the leader change"),
+            )
+            .await;
         order.push(got.token);
         w.release().await.ok();
     }
     if order.windows(2).any(|w| w[0] >= w[1]) {
-        s.row.violation(format!("waiter tokens not increasing: {order:?}"));
+        s.row
+            .violation(format!("waiter tokens not increasing: {order:?}"));
     }
     let r = std::mem::take(&mut *retries.lock().unwrap());
     if !r.is_empty() {
@@ -934,7 +958,11 @@ pub async fn cluster_restarted_while_held(t: &FaultTarget, cluster: &mut Cluster
 }
 
 async fn cluster_down_while_held(t: &FaultTarget, cluster: &mut Cluster, kill: bool) -> Row {
-    let name = if kill { "cluster_restarted_while_held" } else { "cluster_paused_while_held" };
+    let name = if kill {
+        "cluster_restarted_while_held"
+    } else {
+        "cluster_paused_while_held"
+    };
     let mut s = Scene::new(t, name).await;
     let (a, b) = (s.client().await, s.client().await);
     let ga = acquire(&a, s.soon()).await;
@@ -963,12 +991,20 @@ async fn cluster_down_while_held(t: &FaultTarget, cluster: &mut Cluster, kill: b
     }
     match lost {
         Ok(_) => s.row.loss_delay(lost_at_local - down),
-        Err(_) => s.row.violation("no loss signalled while the whole cluster was down"),
+        Err(_) => s
+            .row
+            .violation("no loss signalled while the whole cluster was down"),
     }
-    cluster.wait_leader(Duration::from_secs(90)).await.expect("a leader again");
-    let got = wb.holds(s.soon() * 4, "waiter after the cluster came back").await;
+    cluster
+        .wait_leader(Duration::from_secs(90))
+        .await
+        .expect("a leader again");
+    let got = wb
+        .holds(s.soon() * 4, "waiter after the cluster came back")
+        .await;
     if got.token <= ga.token() {
-        s.row.violation(format!("token {} after {}", got.token, ga.token()));
+        s.row
+            .violation(format!("token {} after {}", got.token, ga.token()));
     }
     if s.register.write("a", ga.token()).is_ok() {
         s.row.violation("the old holder's late write was accepted");
@@ -978,7 +1014,10 @@ async fn cluster_down_while_held(t: &FaultTarget, cluster: &mut Cluster, kill: b
     wb.release().await.ok();
     let r = std::mem::take(&mut *retries.lock().unwrap());
     if let Some(last) = r.last() {
-        s.row.note(format!("the waiter retried {} time(s), last: {last}", r.len()));
+        s.row.note(format!(
+            "the waiter retried {} time(s), last: {last}",
+            r.len()
+        ));
     }
     s.row.cycles = 2;
     s.finish().await
