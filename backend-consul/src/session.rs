@@ -90,6 +90,54 @@ struct Watched {
     checked: bool,
 }
 
+/// How an acquire treats transient failures (`ErrorKind::Connection`):
+/// a waiting acquire retries them with backoff while its session is alive
+/// (the client layer cancels it when the session is lost); a try-acquire
+/// returns them.
+struct Transient<'a> {
+    wait: bool,
+    liveness: &'a SessionLiveness,
+    backoff: Duration,
+}
+
+impl<'a> Transient<'a> {
+    fn new(wait: bool, liveness: &'a SessionLiveness) -> Self {
+        Transient {
+            wait,
+            liveness,
+            backoff: Duration::from_millis(50),
+        }
+    }
+
+    /// Returns `e` unless it is transient and we may wait; then sleeps.
+    async fn absorb(&mut self, e: Error) -> Result<()> {
+        if !(self.wait && e.kind() == ErrorKind::Connection && self.liveness.is_alive()) {
+            return Err(e);
+        }
+        tracing::debug!(error = %e, "transient failure while waiting for a lock; retrying");
+        tokio::time::sleep(self.backoff).await;
+        self.backoff = (self.backoff * 2).min(Duration::from_secs(2));
+        Ok(())
+    }
+
+    /// Runs `f` until it succeeds or fails for good.
+    async fn retry<T, F, Fut>(&mut self, mut f: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        loop {
+            match f().await {
+                Err(e) => self.absorb(e).await?,
+                ok => {
+                    self.backoff = Duration::from_millis(50);
+                    return ok;
+                }
+            }
+        }
+    }
+}
+
 impl fmt::Debug for ConsulSession {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ConsulSession")
@@ -327,22 +375,43 @@ impl StoreSession for ConsulSession {
             ..Record::default()
         };
 
+        // A waiting acquire rides out transient trouble (a reset, a leader
+        // election) without losing its place in the queue: reads are
+        // retried, and a write whose answer was lost is checked by reading
+        // back. A try-acquire fails fast instead.
+        let mut transient = Transient::new(req.wait, &s.liveness);
+        let read = || read_view(&s.backend.api, &keys);
+
         // 1. Join our queue and read the whole lock in one request.
-        let ops = vec![
-            op::lock(&qkey, &s.id, QUEUE_FLAGS, &record().encode()),
-            op::get_tree(&keys.tree),
-        ];
-        let mut view = match self.write(&keys, ops, "joining the queue").await? {
-            Txn::Done(mut results) => {
-                if !results.is_empty() {
-                    results.remove(0); // the lock op's own result
+        let mut view = loop {
+            let ops = vec![
+                op::lock(&qkey, &s.id, QUEUE_FLAGS, &record().encode()),
+                op::get_tree(&keys.tree),
+            ];
+            match self.write(&keys, ops, "joining the queue").await {
+                Ok(Txn::Done(mut results)) => {
+                    if !results.is_empty() {
+                        results.remove(0); // the lock op's own result
+                    }
+                    break View::from_entries(&keys, results);
                 }
-                View::from_entries(&keys, results)
+                Ok(Txn::Failed(errs))
+                    if errs.iter().any(|e| e.what.contains("invalid session")) =>
+                {
+                    return Err(session_lost("the Consul session is gone"));
+                }
+                Ok(Txn::Failed(errs)) => return Err(failed("joining the queue", &errs)),
+                Err(e) => {
+                    transient.absorb(e).await?;
+                    let v = transient.retry(read).await?;
+                    if v.queue
+                        .iter()
+                        .any(|e| e.key == qkey && e.holder() == Some(s.id.as_str()))
+                    {
+                        break v; // the join went through; its answer was lost
+                    }
+                }
             }
-            Txn::Failed(errs) if errs.iter().any(|e| e.what.contains("invalid session")) => {
-                return Err(session_lost("the Consul session is gone"));
-            }
-            Txn::Failed(errs) => return Err(failed("joining the queue", &errs)),
         };
 
         let mut retries = 0;
@@ -365,12 +434,25 @@ impl StoreSession for ConsulSession {
                     return Err(would_block(&keys));
                 }
                 let pred = view.queue[pos - 1].clone();
-                self.wait_gone(&pred).await?;
-                view = read_view(&s.backend.api, &keys).await?;
+                transient.retry(|| self.wait_gone(&pred)).await?;
+                view = transient.retry(read).await?;
                 continue;
             }
             // 3. First in our queue: only we look at `.lock`.
             if let Some(l) = &view.lock {
+                let mine = l.holder() == Some(s.id.as_str())
+                    && l.flags == LOCK_FLAGS
+                    && l.record().is_some_and(|r| {
+                        !r.broken && r.contender.as_deref() == Some(&req.contender.to_string())
+                    });
+                if mine {
+                    // Our grant went through but its answer was lost.
+                    self.watch(&keys, l.modify_index, &req.signals);
+                    return Ok(Acquired {
+                        token: l.modify_index,
+                        entry: keys.lock.clone(),
+                    });
+                }
                 if l.flags != LOCK_FLAGS {
                     return Err(Error::new(
                         ErrorKind::Conflict,
@@ -387,7 +469,7 @@ impl StoreSession for ConsulSession {
                             return Err(would_block(&keys));
                         }
                         let held = l.clone();
-                        view.lock = self.wait_lock(&keys, &held).await?;
+                        view.lock = transient.retry(|| self.wait_lock(&keys, &held)).await?;
                         continue;
                     }
                 }
@@ -402,7 +484,17 @@ impl StoreSession for ConsulSession {
                 op::lock(&keys.lock, &s.id, LOCK_FLAGS, &record().encode()),
                 op::get(&keys.lock),
             ];
-            match self.write(&keys, ops, "taking the lock").await? {
+            let outcome = match self.write(&keys, ops, "taking the lock").await {
+                Ok(o) => o,
+                Err(e) => {
+                    // Unknown outcome: read back (step 3 recognizes our
+                    // own grant by its contender id).
+                    transient.absorb(e).await?;
+                    view = transient.retry(read).await?;
+                    continue;
+                }
+            };
+            match outcome {
                 Txn::Done(results) => {
                     let token = results
                         .iter()
@@ -446,7 +538,7 @@ impl StoreSession for ConsulSession {
                         tokio::time::sleep(Duration::from_millis(10)).await;
                     }
                     // `.lock` changed since we read it (or we slept): re-read.
-                    view = read_view(&s.backend.api, &keys).await?;
+                    view = transient.retry(read).await?;
                 }
             }
         }
