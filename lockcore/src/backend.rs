@@ -30,7 +30,9 @@ use crate::{LockName, Result};
 /// backend declares.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Capabilities {
-    /// [`Backend::kill_session`] works on sessions of other clients.
+    /// [`Backend::kill_session`] works on sessions of other clients (on
+    /// ZooKeeper, only on sessions opened in the same process: the server
+    /// closes a session only for a client that knows its password).
     pub kill_session: bool,
     /// Read-write locks.
     pub rwlock: bool,
@@ -203,6 +205,9 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
 ///   watches it and calls `req.signals.lose(..)` if it disappears, and
 ///   `req.signals.request_revoke()` on a cooperative revoke, until
 ///   `req.signals.finished()` resolves.
+///   The client layer calls `finish()` *before* it asks the backend to
+///   release or abandon the entry, so a watcher never mistakes our own
+///   delete for a loss.
 /// - On `wait == false`, an entry that does not hold at once is removed
 ///   before returning `WouldBlock`.
 /// - Waiting is herd-free: a release wakes the next waiter only.

@@ -293,7 +293,20 @@ impl LockClient {
             let mut ticket = self.local_ticket(name, kind, mode).await?;
             let mut backoff = Backoff::default();
             loop {
-                let session = until(deadline, self.session()).await.ok_or_else(|| timed_out(name))??;
+                let session = match until(deadline, self.session()).await {
+                    None => return Err(timed_out(name)),
+                    Some(Ok(s)) => s,
+                    // The store is unreachable for now: a waiting acquire
+                    // keeps trying until its deadline, like a queued one.
+                    Some(Err(e)) if e.is_retryable() && mode != Mode::Try => {
+                        tracing::debug!(error = %e, "opening a session failed, retrying");
+                        if until(deadline, backoff.wait()).await.is_none() {
+                            return Err(timed_out(name));
+                        }
+                        continue;
+                    }
+                    Some(Err(e)) => return Err(e),
+                };
                 let req = AcquireRequest::new(name.clone(), kind, mode != Mode::Try);
                 let pending = PendingAcquire {
                     client: self.inner.clone(),
@@ -481,8 +494,8 @@ impl PendingAcquire {
 
     async fn abandon_now(mut self) -> LocalTicket {
         if let Some(req) = self.req.take() {
-            remove_entry(&self.session, &req, None).await;
             req.signals.finish();
+            remove_entry(&self.session, &req, None).await;
         }
         self.ticket.take().expect("ticket taken once")
     }
@@ -495,8 +508,8 @@ impl Drop for PendingAcquire {
         let ticket = self.ticket.take();
         tracing::debug!(lock = %req.name, "acquire cancelled; abandoning in the background");
         spawn_cleanup(&self.client, async move {
-            remove_entry(&session, &req, None).await;
             req.signals.finish();
+            remove_entry(&session, &req, None).await;
             drop(ticket);
         });
     }
@@ -721,6 +734,8 @@ impl LockGuard {
             .signals
             .loss()
             .or_else(|| held.session.liveness.loss());
+        // Watchers stop first: our own delete is not a loss.
+        held.req.signals.finish();
         let finish = ReleaseOnDrop(Some(held));
         let h = finish.0.as_ref().expect("set above");
         remove_entry(&h.session, &h.req, Some(&h.acquired))
@@ -729,7 +744,6 @@ impl LockGuard {
             )
             .await;
         let held = finish.defuse();
-        held.req.signals.finish();
         drop(held.ticket);
         match lost {
             None => Ok(()),
@@ -760,13 +774,13 @@ impl Drop for ReleaseOnDrop {
 
 fn queue_release(held: Held) {
     let client = held.client.clone();
+    held.req.signals.finish();
     spawn_cleanup(&client, async move {
         remove_entry(&held.session, &held.req, Some(&held.acquired))
             .instrument(
                 tracing::debug_span!("release", lock = %held.req.name, token = held.acquired.token),
             )
             .await;
-        held.req.signals.finish();
         drop(held.ticket);
     });
 }

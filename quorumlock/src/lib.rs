@@ -55,8 +55,7 @@ pub const SCHEMES: &[(&str, &str)] = &[
 /// Dropping it before it returns leaves nothing on the store: no session
 /// is opened until the first acquire.
 pub async fn connect(url: &str) -> Result<LockClient> {
-    let url = lockcore::url::parse(url)?;
-    let backend = backend_for(&url).await?;
+    let backend = backend_for(url).await?;
     tracing::debug!(store = %backend.describe(), "connected");
     Ok(LockClient::new(backend))
 }
@@ -72,24 +71,40 @@ pub async fn connect_from_env() -> Result<LockClient> {
     }
 }
 
-async fn backend_for(url: &lockcore::url::Url) -> Result<Arc<dyn Backend>> {
-    let scheme = url.scheme();
+/// One arm per feature. ZooKeeper takes the URL as text: its
+/// `host:port,host:port` server list is not a URL authority.
+async fn backend_for(url: &str) -> Result<Arc<dyn Backend>> {
+    let scheme = match url.split_once("://") {
+        Some((s, _)) if !s.is_empty() => s,
+        _ => {
+            return Err(Error::new(
+                ErrorKind::InvalidUrl,
+                "expected a store URL such as etcd://host:port/namespace",
+            ))
+        }
+    };
     match feature_of(scheme)? {
         "mem" => {
             #[cfg(feature = "mem")]
-            return Ok(Arc::new(lockcore::mem::MemBackend::from_url(url)?));
+            return Ok(Arc::new(lockcore::mem::MemBackend::from_url(
+                &lockcore::url::parse(url)?,
+            )?));
         }
         "etcd" => {
             #[cfg(feature = "etcd")]
-            return Ok(Arc::new(backend_etcd::EtcdBackend::connect(url).await?));
+            return Ok(Arc::new(
+                backend_etcd::EtcdBackend::connect(&lockcore::url::parse(url)?).await?,
+            ));
         }
         "zk" => {
             #[cfg(feature = "zk")]
-            return Ok(Arc::new(backend_zk::ZkBackend::connect(url).await?));
+            return Ok(Arc::new(backend_zk::ZkBackend::connect_str(url).await?));
         }
         "consul" => {
             #[cfg(feature = "consul")]
-            return Ok(Arc::new(backend_consul::ConsulBackend::connect(url).await?));
+            return Ok(Arc::new(
+                backend_consul::ConsulBackend::connect(&lockcore::url::parse(url)?).await?,
+            ));
         }
         _ => {}
     }
@@ -126,7 +141,10 @@ mod tests {
     async fn unknown_scheme_lists_the_known_ones() {
         let e = connect("redis://127.0.0.1:6379").await.unwrap_err();
         assert_eq!(e.kind(), ErrorKind::UnknownScheme);
-        assert!(e.to_string().contains("etcd") && e.to_string().contains("consul"), "{e}");
+        assert!(
+            e.to_string().contains("etcd") && e.to_string().contains("consul"),
+            "{e}"
+        );
     }
 
     #[tokio::test]
@@ -150,7 +168,9 @@ mod tests {
             if enabled {
                 continue;
             }
-            let e = connect(&format!("{scheme}://bob:s3cret@127.0.0.1:1/ns")).await.unwrap_err();
+            let e = connect(&format!("{scheme}://bob:s3cret@127.0.0.1:1/ns"))
+                .await
+                .unwrap_err();
             assert_eq!(e.kind(), ErrorKind::FeatureDisabled, "{scheme}");
             assert!(e.to_string().contains(&format!("`{feature}`")), "{e}");
             assert!(!format!("{e} {e:?}").contains("s3cret"), "{e:?}");
