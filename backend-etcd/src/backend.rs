@@ -197,29 +197,43 @@ impl Inner {
     }
 
     /// Runs one request: counts it, bounds it by the configured timeout and
-    /// maps its error.
-    pub(crate) async fn call<T>(
-        &self,
-        what: &str,
-        f: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
-    ) -> Result<T> {
-        self.requests.fetch_add(1, Ordering::Relaxed);
-        match tokio::time::timeout(self.config.timeout, f).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(error::map(e, what)),
-            Err(_) => Err(Error::new(
-                ErrorKind::Connection,
-                format!(
-                    "{what}: no answer from etcd within {:?}",
-                    self.config.timeout
-                ),
-            )),
+    /// maps its error. A request that could not even connect (an endpoint
+    /// of several is down, and the balanced channel picked it) never
+    /// reached etcd, so it is sent again at once, up to once per endpoint.
+    pub(crate) async fn call<T, F, Fut>(&self, what: &str, mut f: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let mut attempts = self.config.endpoints.len() + 1;
+        loop {
+            attempts -= 1;
+            self.requests.fetch_add(1, Ordering::Relaxed);
+            match tokio::time::timeout(self.config.timeout, f()).await {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(e)) if attempts > 0 && error::not_sent(&e) => {
+                    tracing::debug!(error = %e, "{what}: endpoint unreachable; trying again");
+                }
+                Ok(Err(e)) => return Err(error::map(e, what)),
+                Err(_) => {
+                    return Err(Error::new(
+                        ErrorKind::Connection,
+                        format!(
+                            "{what}: no answer from etcd within {:?}",
+                            self.config.timeout
+                        ),
+                    ))
+                }
+            }
         }
     }
 
     pub(crate) async fn txn(&self, what: &str, txn: Txn) -> Result<TxnResponse> {
-        let mut kv = self.client.kv_client();
-        self.call(what, kv.txn(txn)).await
+        self.call(what, || {
+            let (mut kv, txn) = (self.client.kv_client(), txn.clone());
+            async move { kv.txn(txn).await }
+        })
+        .await
     }
 
     pub(crate) async fn get(
@@ -228,8 +242,12 @@ impl Inner {
         key: impl Into<Vec<u8>>,
         opts: GetOptions,
     ) -> Result<GetResponse> {
-        let mut kv = self.client.kv_client();
-        self.call(what, kv.get(key, Some(opts))).await
+        let key = key.into();
+        self.call(what, || {
+            let (mut kv, key, opts) = (self.client.kv_client(), key.clone(), opts.clone());
+            async move { kv.get(key, Some(opts)).await }
+        })
+        .await
     }
 
     /// The first contender among `kvs` (a range answer with `limit 1` of
@@ -289,9 +307,11 @@ impl Inner {
 
     /// Whether etcd still has lease `id` (TimeToLive reports ttl > 0).
     pub(crate) async fn lease_alive(&self, id: i64) -> Result<bool> {
-        let mut lease = self.client.lease_client();
         let r = self
-            .call("lease time-to-live", lease.time_to_live(id, None))
+            .call("lease time-to-live", || {
+                let mut lease = self.client.lease_client();
+                async move { lease.time_to_live(id, None).await }
+            })
             .await?;
         Ok(r.ttl() > 0)
     }
@@ -422,8 +442,12 @@ impl Backend for EtcdBackend {
                 format!("{session:?} is not an etcd lease id in hex"),
             )
         })? as i64;
-        let mut lease = self.inner.client.lease_client();
-        self.inner.call("lease revoke", lease.revoke(id)).await?;
+        self.inner
+            .call("lease revoke", || {
+                let mut lease = self.inner.client.lease_client();
+                async move { lease.revoke(id).await }
+            })
+            .await?;
         Ok(())
     }
 

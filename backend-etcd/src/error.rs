@@ -54,6 +54,14 @@ fn is_tls_rejection(e: &EtcdError) -> bool {
     .any(|m| text.contains(m))
 }
 
+/// The request failed before it reached etcd: the connection to the
+/// endpoint could not be made (refused, unreachable). Sending it again is
+/// safe even when it is not idempotent.
+pub(crate) fn not_sent(e: &EtcdError) -> bool {
+    let text = format!("{e:?}");
+    text.contains("ConnectError") || text.contains("tcp connect error")
+}
+
 fn kind_of(e: &EtcdError) -> ErrorKind {
     match e {
         EtcdError::GRpcStatus(s) => {

@@ -44,10 +44,15 @@ impl EtcdSession {
     /// Grants the lease (confirming it with the grant's send time) and
     /// starts the keepalive task.
     pub(crate) async fn open(inner: Arc<Inner>, liveness: Arc<SessionLiveness>) -> Result<Self> {
-        let mut lease = inner.client.lease_client();
+        // A retried grant (see `Inner::call`) keeps the first send time:
+        // earlier is the safe side for the deadline.
         let sent = Instant::now();
+        let ttl_secs = inner.config.ttl_secs();
         let resp = inner
-            .call("lease grant", lease.grant(inner.config.ttl_secs(), None))
+            .call("lease grant", || {
+                let mut lease = inner.client.lease_client();
+                async move { lease.grant(ttl_secs, None).await }
+            })
             .await?;
         if resp.ttl() <= 0 || resp.id() == 0 {
             return Err(Error::new(
@@ -528,10 +533,13 @@ impl StoreSession for EtcdSession {
 
     async fn close(&self) -> Result<()> {
         self.stop.cancel();
-        let mut lease = self.inner.client.lease_client();
+        let id = self.lease;
         match self
             .inner
-            .call("lease revoke", lease.revoke(self.lease))
+            .call("lease revoke", || {
+                let mut lease = self.inner.client.lease_client();
+                async move { lease.revoke(id).await }
+            })
             .await
         {
             Ok(_) => Ok(()),
