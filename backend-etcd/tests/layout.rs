@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use conformance_tests::Harness;
-use etcd_client::{Client, GetOptions};
+use etcd_client::{Certificate, Client, ConnectOptions, GetOptions, Identity, TlsOptions};
 
 fn harness() -> Option<Harness> {
     Harness::from_env("QUORUMLOCK_TEST_ETCD_URL", |url| async move {
@@ -14,23 +14,32 @@ fn harness() -> Option<Harness> {
     })
 }
 
+/// A plain etcd client for the same store, to read the keys directly.
 async fn raw(h: &Harness) -> Client {
     let config = backend_etcd::EtcdConfig::from_url(&h.url_for("x")).unwrap();
-    assert!(
-        !config.tls && config.user.is_none(),
-        "this test reads etcd directly and supports only plain etcd:// URLs"
-    );
-    Client::connect(config.endpoints, None).await.unwrap()
+    let mut opts = ConnectOptions::new();
+    if let (Some(u), Some(p)) = (&config.user, &config.password) {
+        opts = opts.with_user(u.clone(), p.expose().to_string());
+    }
+    if config.tls {
+        let mut tls = TlsOptions::new();
+        if let Some(ca) = &config.ca {
+            tls = tls.ca_certificate(Certificate::from_pem(std::fs::read(ca).unwrap()));
+        }
+        if let Some((c, k)) = &config.client_cert {
+            tls = tls.identity(Identity::from_pem(
+                std::fs::read(c).unwrap(),
+                std::fs::read(k).unwrap(),
+            ));
+        }
+        opts = opts.with_tls(tls);
+    }
+    Client::connect(config.endpoints, Some(opts)).await.unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_are_go_mutex_keys() {
     let Some(h) = harness() else { return };
-    if backend_etcd::EtcdConfig::from_url(&h.url_for("x")).is_ok_and(|c| c.tls || c.user.is_some())
-    {
-        eprintln!("SKIPPED: layout test needs a plain etcd:// URL");
-        return;
-    }
     let case = h.case();
     let ns = case.namespace().to_string();
     let mut kv = raw(&h).await;
