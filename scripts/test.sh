@@ -35,11 +35,16 @@ cargo test --workspace --all-features --no-fail-fast -- "${extra[@]}"
 step "cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps
 
-step "quickstart on every store"
-for url in "mem://" "$QUORUMLOCK_TEST_ETCD_URL/quickstart" "$QUORUMLOCK_TEST_ZK_URL/quickstart" "$QUORUMLOCK_TEST_CONSUL_URL/quickstart"; do
-  out=$(QUORUMLOCK_URL=$url cargo run -q -p quorumlock --all-features --example quickstart)
-  echo "$out"
-  grep -q "all workers done" <<<"$out" || { echo "quickstart failed on $url" >&2; exit 1; }
+step "examples on every store"
+out=$(mktemp)
+for url in "mem://" "$QUORUMLOCK_TEST_ETCD_URL/examples" "$QUORUMLOCK_TEST_ZK_URL/examples" "$QUORUMLOCK_TEST_CONSUL_URL/examples"; do
+  for example in quickstart worker_pool swap_store; do
+    echo "--- $example on $url" >&2
+    if ! QUORUMLOCK_URL=$url cargo run -q -p quorumlock --all-features --example "$example" >"$out" 2>&1; then
+      cat "$out"; echo "example $example failed on $url" >&2; exit 1
+    fi
+  done
 done
+rm -f "$out"
 
 step "all passed"
