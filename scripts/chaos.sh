@@ -12,6 +12,12 @@
 #                 it repeats its rounds for QUORUMLOCK_CHAOS_SECONDS.
 #   --backend B   mem, etcd, zk or consul (repeatable; default: all four).
 #   --keep-results FILE   append the raw rows (TSV) to FILE.
+#   --no-clusters  skip the three-node cluster scenarios.
+#
+# After its timed passes, each real backend runs its cluster scenarios
+# once (three-node clusters on 127.0.0.2-4, started and stopped by the
+# tests; about 20 s for etcd, 2-3 min for ZooKeeper and Consul), through
+# backend-<B>/tests/fault_cluster.rs (one `cluster_fault_suite!(...)`).
 #
 # The real stores come from `scripts/stores.sh up` unless the
 # QUORUMLOCK_TEST_<STORE>_URL variables are already set; this script never
@@ -21,6 +27,9 @@
 #   zk       backend-zk/tests/fault_suite.rs
 #   consul   backend-consul/tests/fault_suite.rs
 # (each of those three is one `conformance_tests::fault_suite!(...)` line).
+# QUORUMLOCK_CHAOS_SUITE_<B> / QUORUMLOCK_CHAOS_CLUSTER_<B> (B upper-case)
+# replace the cargo arguments that select a suite, e.g.
+# "--manifest-path /elsewhere/Cargo.toml --test etcd".
 # Exit status: 0 when every row is ok and every test passed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +37,7 @@ cd "$(dirname "$0")/.."
 minutes=10
 backends=()
 keep=""
+clusters=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --minutes) minutes=$2; shift 2 ;;
@@ -35,6 +45,7 @@ while [ $# -gt 0 ]; do
     --backend) backends+=("$2"); shift 2 ;;
     --backend=*) backends+=("${1#*=}"); shift ;;
     --keep-results) keep=$2; shift 2 ;;
+    --no-clusters) clusters=0; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "chaos.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -72,29 +83,45 @@ per_scenario=$(awk -v s="$slice" -v k="$SCENARIOS" 'BEGIN { printf "%d", s / k }
 export QUORUMLOCK_CHAOS_SECONDS=$per_scenario
 log "${#backends[@]} backend(s), ${slice}s each, ${per_scenario}s per scenario per pass"
 
+# add_missing_rows BACKEND LOG FIRST_LINE: a FAIL row for every test that
+# failed in LOG without recording its own row (rows from line FIRST_LINE on).
+add_missing_rows() {
+  local b=$1 out=$2 first=$3 name
+  for name in $(sed -n 's/^test \(.*\) \.\.\. FAILED$/\1/p' "$out"); do
+    if ! tail -n +"$first" "$results" | grep -q "^$b	$name	"; then
+      printf '%s\t%s\t0\t0\t0\t0\t0\t-\t0\tFAIL\tpanicked before recording its row (see %s)\n' "$b" "$name" "$out" >>"$results"
+    fi
+  done
+}
+
 failed_tests=0
 for b in "${backends[@]}"; do
   case "$b" in
-    mem) pkg=conformance-tests; target=faults_mem; file=conformance-tests/tests/faults_mem.rs ;;
-    *) pkg=backend-$b; target=fault_suite; file=backend-$b/tests/fault_suite.rs ;;
+    mem) file=conformance-tests/tests/faults_mem.rs; suite=(-p conformance-tests --test faults_mem) ;;
+    *) file=backend-$b/tests/fault_suite.rs; suite=(-p "backend-$b" --test fault_suite) ;;
   esac
-  if [ ! -f "$file" ]; then
+  cfile=backend-$b/tests/fault_cluster.rs
+  cluster=(-p "backend-$b" --test fault_cluster)
+  B=$(printf '%s' "$b" | tr '[:lower:]' '[:upper:]')
+  o=QUORUMLOCK_CHAOS_SUITE_$B; if [ -n "${!o:-}" ]; then read -ra suite <<<"${!o}"; file=/dev/null; fi
+  o=QUORUMLOCK_CHAOS_CLUSTER_$B; if [ -n "${!o:-}" ]; then read -ra cluster <<<"${!o}"; cfile=/dev/null; fi
+  if [ ! -e "$file" ]; then
     log "$b: $file is missing: the fault suite is not wired for this backend"
     printf '%s\t(not wired: %s missing)\t0\t0\t0\t0\t0\t-\t0\tSKIP\t\n' "$b" "$file" >>"$results"
     continue
   fi
   log "$b: building"
-  cargo test -q -p "$pkg" --test "$target" --no-run >&2
+  cargo test -q "${suite[@]}" --no-run >&2
   start=$(date +%s)
   pass=0
   while :; do
     pass=$((pass + 1))
     out=$logs/$b.$pass.log
     log "$b: pass $pass (log: $out)"
-    if ! cargo test -q -p "$pkg" --test "$target" -- --test-threads=1 >"$out" 2>&1; then
+    first=$(( $(wc -l <"$results") + 1 ))
+    if ! cargo test "${suite[@]}" -- --test-threads=1 >"$out" 2>&1; then
       failed_tests=1
-      # Tests that failed before recording their row still show up.
-      grep -E '^test .* \.\.\. FAILED$' "$out" | awk -v b="$b" '{ printf "%s\t%s\t0\t0\t0\t0\t0\t-\t0\tFAIL\tpanicked before its row (pass log kept)\n", b, $2 }' >>"$results" || true
+      add_missing_rows "$b" "$out" "$first"
       grep -E 'panicked at' -A2 "$out" | head -20 >&2 || true
     fi
     now=$(date +%s)
@@ -102,6 +129,21 @@ for b in "${backends[@]}"; do
     # Another pass only if it fits.
     [ $(( (now - start) / pass + now - start )) -le "$slice" ] || break
   done
+  if [ "$b" != mem ] && [ "$clusters" = 1 ]; then
+    if [ -e "$cfile" ]; then
+      out=$logs/$b.cluster.log
+      log "$b: cluster scenarios (log: $out)"
+      first=$(( $(wc -l <"$results") + 1 ))
+      if ! QUORUMLOCK_TEST_CLUSTERS=1 QUORUMLOCK_CHAOS_SECONDS=0 \
+          cargo test "${cluster[@]}" -- --test-threads=1 >"$out" 2>&1; then
+        failed_tests=1
+        add_missing_rows "$b-cluster" "$out" "$first"
+        grep -E 'panicked at' -A2 "$out" | head -20 >&2 || true
+      fi
+    else
+      log "$b: $cfile is missing: no cluster scenarios"
+    fi
+  fi
 done
 
 [ -z "$keep" ] || cat "$results" >>"$keep"
@@ -120,7 +162,7 @@ awk -F'\t' '
     if ($11 != "" && !(k in note)) note[k] = $11
   }
   END {
-    fmt = "%-7s %-38s %5s %8s %7s %8s %9s %9s %10s %6s  %s\n"
+    fmt = "%-14s %-38s %5s %8s %7s %8s %9s %9s %10s %6s  %s\n"
     printf fmt, "backend", "scenario", "runs", "cycles", "faults", "overlaps", "stale_rej", "stale_acc", "max_loss_ms", "leaked", "result"
     bad = 0
     for (i = 0; i < n; i++) {
