@@ -7,9 +7,9 @@
 //! sends create and cancel requests, and routes events to the subscriber
 //! of each watch id.
 //!
-//! When the stream breaks, every subscriber gets [`WatchEvent::Lost`] and
-//! decides for itself (re-read, then watch again); the next create opens a
-//! new stream.
+//! When the stream breaks, the task alone reconnects (with a backoff) and
+//! creates every live watch again from its start revision, so an outage
+//! costs one new stream and one create per watch, not a read per lock.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -21,6 +21,7 @@ use etcd_client::{
     WatchResponse, WatchResponseStream,
 };
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 /// What a subscriber hears about its watch.
 #[derive(Debug)]
@@ -29,8 +30,8 @@ pub(crate) enum WatchEvent {
     Put(KeyValue),
     /// The key was deleted (or expired with its lease).
     Delete,
-    /// The watch ended without an event we can trust to be complete
-    /// (stream broken, compaction, server cancel): re-read the state.
+    /// etcd cancelled the watch (its start revision was compacted, or the
+    /// watch was refused): re-read the state instead of trusting it.
     Lost,
 }
 
@@ -125,6 +126,24 @@ struct Stream {
     responses: WatchResponseStream,
 }
 
+/// One watch as the task keeps it: enough to create it again on a new
+/// stream.
+struct Sub {
+    key: Vec<u8>,
+    start_revision: i64,
+    filter: WatchFilterType,
+    tx: mpsc::UnboundedSender<WatchEvent>,
+}
+
+impl Sub {
+    fn options(&self, id: i64) -> WatchOptions {
+        WatchOptions::new()
+            .with_start_revision(self.start_revision)
+            .with_watch_id(id)
+            .with_filters([self.filter])
+    }
+}
+
 async fn next_response(
     stream: &mut Option<Stream>,
 ) -> Result<Option<WatchResponse>, etcd_client::Error> {
@@ -134,15 +153,27 @@ async fn next_response(
     }
 }
 
+/// The watch task. While the stream is up, creates and cancels go to it at
+/// once. When it breaks, the task waits (100 ms, doubling up to 2 s), opens
+/// a new stream and creates every live watch again from its start
+/// revision: subscribers hear nothing of it (an event they already had may
+/// come twice, which every subscriber tolerates). Only a watch the server
+/// cancels (compaction past its start revision) reports
+/// [`WatchEvent::Lost`].
 async fn run(
     mut client: WatchClient,
     mut rx: mpsc::UnboundedReceiver<Cmd>,
     requests: Arc<AtomicU64>,
     open_timeout: Duration,
 ) {
-    let mut subs: HashMap<i64, mpsc::UnboundedSender<WatchEvent>> = HashMap::new();
+    const FIRST_RETRY: Duration = Duration::from_millis(100);
+    let mut subs: HashMap<i64, Sub> = HashMap::new();
     let mut stream: Option<Stream> = None;
+    // When the stream is down: when to try again, and the next pause.
+    let mut reopen_at: Option<Instant> = None;
+    let mut backoff = FIRST_RETRY;
     loop {
+        let reopen = reopen_at.filter(|_| stream.is_none() && !subs.is_empty());
         tokio::select! {
             cmd = rx.recv() => match cmd {
                 None => return,
@@ -150,38 +181,19 @@ async fn run(
                     if tx.is_closed() {
                         continue; // dropped before we got to it
                     }
-                    let opts = WatchOptions::new()
-                        .with_start_revision(start_revision)
-                        .with_watch_id(id)
-                        .with_filters([filter]);
-                    requests.fetch_add(1, Ordering::Relaxed);
-                    let sent = match &mut stream {
-                        Some(s) => s.sender.watch(key, Some(opts)).await.map_err(|e| {
-                            tracing::debug!(error = %e, "etcd watch stream closed");
-                        }),
-                        None => match tokio::time::timeout(open_timeout, client.watch(key, Some(opts)))
-                            .await
-                            .unwrap_or_else(|_| Err(etcd_client::Error::WatchError("opening the watch stream timed out".into())))
-                        {
-                            Ok(ws) => {
-                                let (sender, responses) = ws.split();
-                                stream = Some(Stream { sender, responses });
-                                Ok(())
-                            }
-                            Err(e) => {
-                                tracing::debug!(error = %e, "opening the etcd watch stream failed");
-                                let _ = tx.send(WatchEvent::Lost);
-                                continue;
-                            }
-                        },
-                    };
-                    match sent {
-                        Ok(()) => {
-                            subs.insert(id, tx);
+                    let sub = Sub { key, start_revision, filter, tx };
+                    if let Some(s) = &mut stream {
+                        requests.fetch_add(1, Ordering::Relaxed);
+                        let sent = s.sender.watch(sub.key.clone(), Some(sub.options(id))).await;
+                        subs.insert(id, sub);
+                        if sent.is_err() {
+                            stream = None;
+                            reopen_at = Some(Instant::now());
                         }
-                        Err(()) => {
-                            let _ = tx.send(WatchEvent::Lost);
-                            break_stream(&mut stream, &mut subs);
+                    } else {
+                        subs.insert(id, sub);
+                        if reopen_at.is_none() {
+                            reopen_at = Some(Instant::now());
                         }
                     }
                 }
@@ -190,40 +202,74 @@ async fn run(
                         if let Some(s) = &mut stream {
                             requests.fetch_add(1, Ordering::Relaxed);
                             if s.sender.cancel(id).await.is_err() {
-                                break_stream(&mut stream, &mut subs);
+                                stream = None;
+                                reopen_at = Some(Instant::now() + backoff);
                             }
                         }
                     }
                 }
             },
             msg = next_response(&mut stream) => match msg {
-                Ok(Some(resp)) => dispatch(resp, &mut subs),
-                Ok(None) => {
-                    tracing::debug!("etcd watch stream ended");
-                    break_stream(&mut stream, &mut subs);
+                Ok(Some(resp)) => {
+                    backoff = FIRST_RETRY;
+                    dispatch(resp, &mut subs);
                 }
-                Err(e) => {
-                    tracing::debug!(error = %e, "etcd watch stream failed");
-                    break_stream(&mut stream, &mut subs);
+                Ok(None) | Err(_) => {
+                    tracing::debug!(error = ?msg.err(), watches = subs.len(), "etcd watch stream broke");
+                    stream = None;
+                    reopen_at = Some(Instant::now() + backoff);
                 }
             },
+            _ = tokio::time::sleep_until(reopen.unwrap_or_else(Instant::now)), if reopen.is_some() => {
+                subs.retain(|_, sub| !sub.tx.is_closed());
+                match open(&mut client, &subs, &requests, open_timeout).await {
+                    Ok(s) => {
+                        stream = Some(s);
+                        reopen_at = None;
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "opening the etcd watch stream failed");
+                        reopen_at = Some(Instant::now() + backoff);
+                        backoff = (backoff * 2).min(Duration::from_secs(2));
+                    }
+                }
+            }
         }
     }
 }
 
-fn break_stream(
-    stream: &mut Option<Stream>,
-    subs: &mut HashMap<i64, mpsc::UnboundedSender<WatchEvent>>,
-) {
-    *stream = None;
-    for (_, tx) in subs.drain() {
-        let _ = tx.send(WatchEvent::Lost);
+/// Opens a stream with the first watch and sends every other one on it.
+async fn open(
+    client: &mut WatchClient,
+    subs: &HashMap<i64, Sub>,
+    requests: &AtomicU64,
+    open_timeout: Duration,
+) -> Result<Stream, etcd_client::Error> {
+    let mut all = subs.iter();
+    let Some((&id, first)) = all.next() else {
+        return Err(etcd_client::Error::WatchError(
+            "no watch to open a stream with".into(),
+        ));
+    };
+    requests.fetch_add(1, Ordering::Relaxed);
+    let ws = tokio::time::timeout(
+        open_timeout,
+        client.watch(first.key.clone(), Some(first.options(id))),
+    )
+    .await
+    .unwrap_or_else(|_| Err(etcd_client::Error::WatchError("opening timed out".into())))?;
+    let (mut sender, responses) = ws.split();
+    for (&id, sub) in all {
+        requests.fetch_add(1, Ordering::Relaxed);
+        sender.watch(sub.key.clone(), Some(sub.options(id))).await?;
     }
+    tracing::debug!(watches = subs.len(), "etcd watch stream opened");
+    Ok(Stream { sender, responses })
 }
 
-fn dispatch(resp: WatchResponse, subs: &mut HashMap<i64, mpsc::UnboundedSender<WatchEvent>>) {
+fn dispatch(resp: WatchResponse, subs: &mut HashMap<i64, Sub>) {
     let id = resp.watch_id();
-    if let Some(tx) = subs.get(&id) {
+    if let Some(sub) = subs.get(&id) {
         for ev in resp.events() {
             let e = match ev.event_type() {
                 EventType::Put => match ev.kv() {
@@ -232,18 +278,18 @@ fn dispatch(resp: WatchResponse, subs: &mut HashMap<i64, mpsc::UnboundedSender<W
                 },
                 EventType::Delete => WatchEvent::Delete,
             };
-            let _ = tx.send(e);
+            let _ = sub.tx.send(e);
         }
     }
     if resp.canceled() {
-        if let Some(tx) = subs.remove(&id) {
+        if let Some(sub) = subs.remove(&id) {
             tracing::debug!(
                 watch = id,
                 compact_revision = resp.compact_revision(),
                 reason = resp.cancel_reason(),
                 "etcd cancelled a watch"
             );
-            let _ = tx.send(WatchEvent::Lost);
+            let _ = sub.tx.send(WatchEvent::Lost);
         }
     }
 }

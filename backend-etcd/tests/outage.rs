@@ -239,3 +239,49 @@ async fn long_partition_fires_loss_before_anyone_else_acquires() {
     holder.close().await;
     case.finish().await;
 }
+
+/// The history a broken watch would resume from is compacted during the
+/// outage: etcd refuses the re-created watch, and the holder re-reads its
+/// key and the revoke marker instead, then watches again from there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outage_with_compaction_rereads_and_watches_again() {
+    let Some(h) = harness() else { return };
+    let case = h.case();
+    let admin = case.client().await;
+    let url = h.url_for(case.namespace());
+    let proxy = Proxy::start(target_of(&url)).await;
+    let holder = client_at(&proxy.url(&url)).await;
+    let g = holder.lock("c").unwrap().acquire().await.unwrap();
+
+    proxy.cut();
+    // Move the revision past our watches' start and compact it away.
+    let config = backend_etcd::EtcdConfig::from_url(&url).unwrap();
+    let mut raw = etcd_client::Client::connect(config.endpoints.clone(), None)
+        .await
+        .expect("this test needs a plain etcd:// URL");
+    let scratch = format!("{}/scratch", case.namespace());
+    let put = raw.put(scratch.as_str(), "x", None).await.unwrap();
+    let rev = put.header().unwrap().revision();
+    raw.delete(scratch.as_str(), None).await.unwrap();
+    raw.compact(rev, None).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxy.pass();
+
+    // A revoke request written after the heal reaches the holder.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(admin.request_revoke("c").await.unwrap());
+    tokio::time::timeout(SOON, g.revoke_requested())
+        .await
+        .expect("revoke not seen after an outage with compaction");
+    assert!(g.is_held());
+    // And a forced break is still reported.
+    assert!(admin.break_lock("c").await.unwrap());
+    let reason = tokio::time::timeout(SOON, g.lost())
+        .await
+        .expect("break not seen");
+    assert_eq!(reason, LossReason::EntryDeleted);
+    drop(g);
+    holder.wait_idle().await;
+    holder.close().await;
+    case.finish().await;
+}
