@@ -232,35 +232,128 @@ impl Shared {
         Ok(c)
     }
 
-    /// Contender children of `dir` sorted as Curator sorts them (by the text
-    /// after the last `lock-`); other children (nested locks) are not
-    /// contenders. `None` if the lock node does not exist.
-    pub(crate) async fn sorted(&self, c: &zk::Client, dir: &str) -> Result<Option<Vec<String>>> {
-        self.count(1);
-        match c.list_children(dir).await {
-            Ok(children) => Ok(Some(sort_contenders(children))),
-            Err(zk::Error::NoNode) => Ok(None),
-            Err(e) => Err(map(e, "listing contenders")),
+}
+
+/// The marker of a read contender (Curator's `InterProcessReadWriteLock`).
+pub(crate) const READ_MARKER: &str = "__READ__";
+/// The marker of a write contender.
+pub(crate) const WRITE_MARKER: &str = "__WRIT__";
+/// The marker of a semaphore lease (Curator's `InterProcessSemaphoreV2`).
+pub(crate) const LEASE_MARKER: &str = "lease-";
+/// The child of a semaphore node holding its internal mutex.
+pub(crate) const SEM_LOCKS: &str = "locks";
+/// The child of a semaphore node holding its leases.
+pub(crate) const SEM_LEASES: &str = "leases";
+
+/// What a contender directly under a lock node asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// `-lock-`: a mutex; it waits like a writer.
+    Mutex,
+    /// `-__READ__`.
+    Read,
+    /// `-__WRIT__`.
+    Write,
+}
+
+impl Role {
+    pub(crate) fn of(kind: LockKind) -> Role {
+        match kind {
+            LockKind::Read => Role::Read,
+            LockKind::Write => Role::Write,
+            _ => Role::Mutex,
+        }
+    }
+
+    pub(crate) fn marker(self) -> &'static str {
+        match self {
+            Role::Mutex => LOCK_MARKER,
+            Role::Read => READ_MARKER,
+            Role::Write => WRITE_MARKER,
+        }
+    }
+
+    pub(crate) fn kind(self) -> LockKind {
+        match self {
+            Role::Mutex => LockKind::Exclusive,
+            Role::Read => LockKind::Read,
+            Role::Write => LockKind::Write,
         }
     }
 }
 
-/// The part of a contender's name that orders it (Curator's
-/// `StandardLockInternalsDriver.fixForSorting`).
-pub(crate) fn sort_key(child: &str) -> &str {
-    match child.rfind(LOCK_MARKER) {
-        Some(i) => &child[i + LOCK_MARKER.len()..],
-        None => child,
+/// The role of a contender and the part of its name that orders it: the
+/// text after the LAST marker (Curator's `fixForSorting`, which the
+/// read-write lock applies for both of its markers). `None` for other
+/// children (nested locks, a semaphore's `locks`/`leases`).
+pub(crate) fn classify(child: &str) -> Option<(Role, &str)> {
+    let mut best: Option<(usize, Role)> = None;
+    for role in [Role::Mutex, Role::Read, Role::Write] {
+        if let Some(i) = child.rfind(role.marker()) {
+            match best {
+                Some((j, _)) if j >= i => {}
+                _ => best = Some((i, role)),
+            }
+        }
     }
+    best.map(|(i, role)| (role, &child[i + role.marker().len()..]))
 }
 
+/// The part of a contender's name that orders it.
+pub(crate) fn sort_key(child: &str) -> &str {
+    classify(child).map_or(child, |(_, k)| k)
+}
+
+/// Contender children (mutex, read and write entries: one queue) sorted by
+/// their sequence number; other children (nested locks) are left out.
 pub(crate) fn sort_contenders(children: Vec<String>) -> Vec<String> {
     let mut v: Vec<String> = children
         .into_iter()
-        .filter(|c| c.contains(LOCK_MARKER))
+        .filter(|c| classify(c).is_some())
         .collect();
     v.sort_by(|a, b| sort_key(a).cmp(sort_key(b)));
     v
+}
+
+/// What the entry at `index` of `sorted` (of `role`) waits for: `None` if
+/// it holds, else the index of the one entry it watches. A reader waits
+/// for the nearest mutex or writer ahead of it; anything else for its
+/// predecessor.
+pub(crate) fn blocker(sorted: &[String], index: usize, role: Role) -> Option<usize> {
+    match role {
+        Role::Read => (0..index)
+            .rev()
+            .find(|&j| !matches!(classify(&sorted[j]), Some((Role::Read, _)))),
+        Role::Mutex | Role::Write => index.checked_sub(1),
+    }
+}
+
+/// Lease (or semaphore lock) children sorted by their sequence number.
+pub(crate) fn sort_by_marker(children: Vec<String>, marker: &str) -> Vec<String> {
+    let key = |c: &String| c.rfind(marker).map_or(c.len(), |i| i + marker.len());
+    let mut v: Vec<String> = children.into_iter().filter(|c| c.contains(marker)).collect();
+    v.sort_by(|a, b| a[key(a)..].cmp(&b[key(b)..]));
+    v
+}
+
+/// The data of our semaphore nodes: `permits=<N>`.
+pub(crate) fn permits_data(permits: u32) -> Vec<u8> {
+    format!("permits={permits}").into_bytes()
+}
+
+/// The permit count in a semaphore node's data (ours write `permits=N`,
+/// also after a revoke marker); `None` for Curator's (its host address or
+/// user data).
+pub(crate) fn parse_permits(data: &[u8]) -> Option<u32> {
+    let s = std::str::from_utf8(data).ok()?;
+    let i = s.rfind("permits=")?;
+    s[i + "permits=".len()..].trim().parse().ok()
+}
+
+/// The `_c_<uuid>-` prefix of a protected node name, if it has one.
+pub(crate) fn guid_prefix(child: &str) -> Option<&str> {
+    let rest = child.strip_prefix("_c_")?;
+    (rest.len() > 37 && rest.as_bytes()[36] == b'-').then(|| &child[..3 + 37])
 }
 
 impl ZkBackend {
@@ -352,88 +445,173 @@ impl ZkBackend {
 
     async fn inspect_once(&self, c: zk::Client, name: &LockName) -> Result<LockState> {
         let dir = self.shared.lock_dir(name)?;
-        let Some(sorted) = self.shared.sorted(&c, &dir).await? else {
-            return Ok(LockState::free(name.clone()));
+        let mut state = LockState::free(name.clone());
+        self.shared.count(1);
+        let children = match c.list_children(&dir).await {
+            Ok(ch) => ch,
+            Err(zk::Error::NoNode) => return Ok(state),
+            Err(e) => return Err(map(e, "listing contenders")),
         };
+        let semaphore = children.iter().any(|c| c == SEM_LEASES || c == SEM_LOCKS);
+        let sorted = sort_contenders(children);
         // Pipelined: every request is sent before the first reply is read.
         self.shared.count(sorted.len() as u64);
-        let paths: Vec<String> = sorted.iter().map(|s| format!("{dir}/{s}")).collect();
-        let stats = futures::future::join_all(paths.iter().map(|p| c.check_stat(p))).await;
-        let mut all = Vec::new();
-        for (path, stat) in paths.into_iter().zip(stats) {
+        let stats = futures::future::join_all(
+            sorted.iter().map(|s| c.check_stat(&format!("{dir}/{s}"))),
+        )
+        .await;
+        let mut alive = Vec::new();
+        for (child, stat) in sorted.into_iter().zip(stats) {
             match stat {
-                Ok(Some(st)) => all.push(Contender {
-                    session: session_text(st.ephemeral_owner),
-                    token: st.czxid as u64,
-                    entry: path,
-                    kind: LockKind::Exclusive,
-                    since: u64::try_from(st.ctime)
-                        .ok()
-                        .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms)),
-                }),
+                Ok(Some(st)) => {
+                    let role = classify(&child).map_or(Role::Mutex, |(r, _)| r);
+                    let entry = format!("{dir}/{child}");
+                    alive.push((child, contender(&st, entry, role.kind())));
+                }
                 Ok(None) => {} // gone meanwhile
                 Err(e) => return Err(map(e, "reading a contender")),
             }
         }
-        let waiters = if all.is_empty() {
-            Vec::new()
-        } else {
-            all.split_off(1)
+        let names: Vec<String> = alive.iter().map(|(n, _)| n.clone()).collect();
+        for (i, (child, cont)) in alive.into_iter().enumerate() {
+            let role = classify(&child).map_or(Role::Mutex, |(r, _)| r);
+            if blocker(&names, i, role).is_none() {
+                state.holders.push(cont);
+            } else {
+                state.waiters.push(cont);
+            }
+        }
+        if semaphore {
+            self.inspect_semaphore(&c, &dir, &mut state).await?;
+        }
+        Ok(state)
+    }
+
+    /// Leases (holders: the first `permits` of them by sequence; a lease
+    /// beyond that belongs to the waiter that holds the internal mutex),
+    /// then the internal mutex's queue (without that waiter's node).
+    async fn inspect_semaphore(&self, c: &zk::Client, dir: &str, state: &mut LockState) -> Result<()> {
+        let leases_dir = format!("{dir}/{SEM_LEASES}");
+        let locks_dir = format!("{dir}/{SEM_LOCKS}");
+        self.shared.count(2);
+        let (leases, locks) = futures::join!(c.list_children(&leases_dir), c.list_children(&locks_dir));
+        let leases = match leases {
+            Ok(l) => sort_by_marker(l, LEASE_MARKER),
+            Err(zk::Error::NoNode) => Vec::new(),
+            Err(e) => return Err(map(e, "listing leases")),
         };
-        Ok(LockState {
-            name: name.clone(),
-            holders: all,
-            waiters,
-        })
+        let locks = match locks {
+            Ok(l) => sort_by_marker(l, LOCK_MARKER),
+            Err(zk::Error::NoNode) => Vec::new(),
+            Err(e) => return Err(map(e, "listing the semaphore's queue")),
+        };
+        self.shared.count((leases.len() + locks.len()) as u64);
+        let lease_reads = futures::future::join_all(
+            leases.iter().map(|l| c.get_data(&format!("{leases_dir}/{l}"))),
+        );
+        let lock_stats = futures::future::join_all(
+            locks.iter().map(|l| c.check_stat(&format!("{locks_dir}/{l}"))),
+        );
+        let (lease_reads, lock_stats) = futures::join!(lease_reads, lock_stats);
+        let mut found = Vec::new();
+        let mut permits = None;
+        for (child, r) in leases.iter().zip(lease_reads) {
+            match r {
+                Ok((data, st)) => {
+                    permits = permits.or(parse_permits(&data));
+                    found.push((child, st));
+                }
+                Err(zk::Error::NoNode) => {}
+                Err(e) => return Err(map(e, "reading a lease")),
+            }
+        }
+        let permits = permits.unwrap_or(found.len() as u32);
+        let kind = LockKind::Semaphore { permits };
+        let mut guids = Vec::new();
+        for (i, (child, st)) in found.into_iter().enumerate() {
+            guids.extend(guid_prefix(child));
+            let cont = contender(&st, format!("{leases_dir}/{child}"), kind);
+            if i < permits as usize {
+                state.holders.push(cont);
+            } else {
+                state.waiters.push(cont);
+            }
+        }
+        for (child, r) in locks.iter().zip(lock_stats) {
+            match r {
+                Ok(Some(st)) => {
+                    if guid_prefix(child).is_some_and(|g| guids.contains(&g)) {
+                        continue; // the mutex holder, already shown by its lease
+                    }
+                    state.waiters.push(contender(&st, format!("{locks_dir}/{child}"), kind));
+                }
+                Ok(None) => {}
+                Err(e) => return Err(map(e, "reading a semaphore waiter")),
+            }
+        }
+        Ok(())
     }
 
     async fn break_once(&self, c: zk::Client, name: &LockName) -> Result<bool> {
-        let dir = self.shared.lock_dir(name)?;
         loop {
-            let Some(sorted) = self.shared.sorted(&c, &dir).await? else {
+            let state = self.inspect_once(c.clone(), name).await?;
+            if state.holders.is_empty() {
                 return Ok(false);
-            };
-            let Some(holder) = sorted.first() else {
-                return Ok(false);
-            };
-            let node = format!("{dir}/{holder}");
-            // Mark first: our holder watches its own node and reports the
-            // loss on this write, before the delete below lets a waiter in.
-            self.shared.count(1);
-            match c.set_data(&node, BREAK_MESSAGE, None).await {
-                Ok(_) => {}
-                Err(zk::Error::NoNode) => continue, // released meanwhile: look again
-                Err(e) => return Err(map(e, "marking the holder's node")),
             }
-            self.shared.count(1);
-            match c.delete(&node, None).await {
-                Ok(()) => {
-                    tracing::info!(lock = %name, node = %holder, "lock broken");
-                    return Ok(true);
+            let mut broke = false;
+            for h in &state.holders {
+                // Mark first: our holder watches its own node and reports the
+                // loss on this write, before the delete below lets a waiter in.
+                self.shared.count(1);
+                match c.set_data(&h.entry, BREAK_MESSAGE, None).await {
+                    Ok(_) => {}
+                    Err(zk::Error::NoNode) => continue, // released meanwhile
+                    Err(e) => return Err(map(e, "marking the holder's node")),
                 }
-                Err(zk::Error::NoNode) => continue, // released meanwhile: look again
-                Err(e) => return Err(map(e, "deleting the holder's node")),
+                self.shared.count(1);
+                match c.delete(&h.entry, None).await {
+                    Ok(()) => {
+                        tracing::info!(lock = %name, node = %h.entry, "lock broken");
+                        broke = true;
+                    }
+                    Err(zk::Error::NoNode) => {}
+                    Err(e) => return Err(map(e, "deleting the holder's node")),
+                }
             }
+            if broke {
+                return Ok(true);
+            }
+            // Every holder went meanwhile: look again.
         }
     }
 
     async fn revoke_once(&self, c: zk::Client, name: &LockName) -> Result<bool> {
-        let dir = self.shared.lock_dir(name)?;
         loop {
-            let Some(sorted) = self.shared.sorted(&c, &dir).await? else {
+            let state = self.inspect_once(c.clone(), name).await?;
+            if state.holders.is_empty() {
                 return Ok(false);
-            };
-            let Some(holder) = sorted.first() else {
-                return Ok(false);
-            };
-            self.shared.count(1);
-            match c
-                .set_data(&format!("{dir}/{holder}"), REVOKE_MESSAGE, None)
-                .await
-            {
-                Ok(_) => return Ok(true),
-                Err(zk::Error::NoNode) => continue,
-                Err(e) => return Err(map(e, "marking the holder's node for revoke")),
+            }
+            let mut marked = false;
+            for h in &state.holders {
+                // A lease keeps its permit count next to the marker.
+                let data = match h.kind {
+                    LockKind::Semaphore { permits } => {
+                        let mut d = REVOKE_MESSAGE.to_vec();
+                        d.push(b' ');
+                        d.extend(permits_data(permits));
+                        d
+                    }
+                    _ => REVOKE_MESSAGE.to_vec(),
+                };
+                self.shared.count(1);
+                match c.set_data(&h.entry, &data, None).await {
+                    Ok(_) => marked = true,
+                    Err(zk::Error::NoNode) => {}
+                    Err(e) => return Err(map(e, "marking the holder's node for revoke")),
+                }
+            }
+            if marked {
+                return Ok(true);
             }
         }
     }
@@ -492,13 +670,26 @@ impl ZkBackend {
     }
 }
 
+/// A contender as `inspect` reports it.
+fn contender(st: &zk::Stat, entry: String, kind: LockKind) -> Contender {
+    Contender {
+        session: session_text(st.ephemeral_owner),
+        token: st.czxid as u64,
+        entry,
+        kind,
+        since: u64::try_from(st.ctime)
+            .ok()
+            .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms)),
+    }
+}
+
 #[async_trait]
 impl Backend for ZkBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             kill_session: true,
-            rwlock: false,
-            semaphore: false,
+            rwlock: true,
+            semaphore: true,
             session_ttl: self
                 .negotiated_session_timeout()
                 .unwrap_or(self.shared.config.session_timeout),

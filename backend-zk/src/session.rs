@@ -9,15 +9,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lockcore::{
-    AcquireRequest, Acquired, EntrySignals, Error, ErrorKind, LossReason, Result, SessionLiveness,
-    StoreSession,
+    AcquireRequest, Acquired, EntrySignals, Error, ErrorKind, LockKind, LossReason, Result,
+    SessionLiveness, StoreSession,
 };
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use zookeeper_client as zk;
 
-use crate::backend::{self, Shared, BREAK_MESSAGE, REVOKE_MESSAGE};
+use crate::backend::{self, Role, Shared, BREAK_MESSAGE, LOCK_MARKER, REVOKE_MESSAGE};
 use crate::error::map;
 
 /// A lock session: one ZooKeeper session, shared by every lock of a client.
@@ -216,9 +216,11 @@ impl Inner {
         &self,
         c: &zk::Client,
         dir: &str,
+        marker: &str,
+        data: &[u8],
         req: &AcquireRequest,
     ) -> Result<(String, zk::Stat, Option<Vec<String>>)> {
-        let prefix_name = format!("_c_{}-{}", req.contender.hyphenated(), backend::LOCK_MARKER);
+        let prefix_name = format!("_c_{}-{marker}", req.contender.hyphenated());
         let prefix = format!("{dir}/{prefix_name}");
         let opts = create_options();
         let mut attempts = 0;
@@ -231,14 +233,14 @@ impl Inner {
             }
             let (created, listed) = if self.shared.config.pipeline {
                 let sent = self.send(2);
-                let create = c.create(&prefix, &[], &opts);
+                let create = c.create(&prefix, data, &opts);
                 let list = c.list_children(dir);
                 let (cr, lr) = futures::join!(create, list);
                 self.heard(sent, &cr);
                 (cr, lr.ok())
             } else {
                 let sent = self.send(1);
-                let cr = c.create(&prefix, &[], &opts).await;
+                let cr = c.create(&prefix, data, &opts).await;
                 self.heard(sent, &cr);
                 (cr, None)
             };
@@ -323,6 +325,269 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// Lists `dir`, retrying in place while the connection is down and the
+    /// session alive (a waiter keeps its place in the queue).
+    async fn list_retrying(&self, c: &zk::Client, dir: &str) -> Result<Vec<String>> {
+        let mut backoff = Duration::from_millis(20);
+        loop {
+            match self.list(c, dir).await {
+                Ok(ch) => return Ok(ch.unwrap_or_default()),
+                Err(e) if e.kind() == ErrorKind::Connection && self.liveness.is_alive() => {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Waits for a change of `node` (deleted or written); `Ok(Some(data))`
+    /// with the node's data as read when the watch was set, `Ok(None)` if
+    /// it was gone already or the watch could not be set for a while.
+    async fn wait_for(
+        &self,
+        c: &zk::Client,
+        node: &str,
+        backoff: &mut Duration,
+        on_data: impl FnOnce(&[u8]) -> Result<()>,
+    ) -> Result<()> {
+        let sent = self.send(1);
+        let r = c.get_and_watch_data(node).await;
+        self.heard(sent, &r);
+        match r {
+            Ok((data, _, watcher)) => {
+                on_data(&data)?;
+                let _ev = watcher.changed().await;
+                self.shared.count_watch_event();
+                *backoff = Duration::from_millis(20);
+            }
+            Err(zk::Error::NoNode) => {} // gone already: list again
+            Err(e) if !is_terminal(&e) && self.liveness.is_alive() => {
+                tokio::time::sleep(*backoff).await;
+                *backoff = (*backoff * 2).min(Duration::from_secs(1));
+            }
+            Err(e) => return Err(map(e, "watching the contender ahead")),
+        }
+        Ok(())
+    }
+
+    /// Whether `dir` has a semaphore with leases (a mutex or read-write
+    /// contender on the same node is then a conflict).
+    async fn has_leases(&self, c: &zk::Client, dir: &str) -> Result<bool> {
+        let leases = format!("{dir}/{}", backend::SEM_LEASES);
+        Ok(self.list(c, &leases).await?.is_some_and(|l| !l.is_empty()))
+    }
+
+    /// Mutex, read and write entries: one queue under the lock node,
+    /// ordered by sequence number (Curator's mutex and read-write layouts).
+    async fn acquire_queue(self: &Arc<Self>, req: &AcquireRequest) -> Result<Acquired> {
+        let role = Role::of(req.kind);
+        let dir = self.shared.lock_dir(&req.name)?;
+        let c = self.client()?;
+        let (node, stat, mut listed) = self
+            .create_contender(&c, &dir, role.marker(), &[], req)
+            .await?;
+        let our_name = node.rsplit('/').next().expect("a path").to_string();
+        let mut backoff = Duration::from_millis(20);
+        loop {
+            let children = match listed.take() {
+                Some(ch) => ch,
+                None => self.list_retrying(&c, &dir).await?,
+            };
+            if children.iter().any(|n| n == backend::SEM_LEASES) && self.has_leases(&c, &dir).await? {
+                self.delete(&c, &node).await?;
+                return Err(Error::new(
+                    ErrorKind::Conflict,
+                    format!("{} is used as a semaphore", req.name),
+                ));
+            }
+            let sorted = backend::sort_contenders(children);
+            let Some(index) = sorted.iter().position(|n| *n == our_name) else {
+                // Deleted behind our back, or our session ended: never grant.
+                return Err(lost_session(
+                    "our contender node is gone (session expired or node deleted)",
+                ));
+            };
+            let Some(ahead) = backend::blocker(&sorted, index, role) else {
+                self.watch_holder(c.clone(), node.clone(), req);
+                return Ok(Acquired {
+                    token: stat.czxid as u64,
+                    entry: node,
+                });
+            };
+            if !req.wait {
+                self.delete(&c, &node).await?;
+                return Err(Error::new(
+                    ErrorKind::WouldBlock,
+                    format!("lock {} is held", req.name),
+                ));
+            }
+            // Watch only what we wait for (herd-free): the predecessor, or
+            // for a reader the nearest writer ahead.
+            let pred = format!("{dir}/{}", sorted[ahead]);
+            self.wait_for(&c, &pred, &mut backoff, |_| Ok(())).await?;
+        }
+    }
+
+    /// Curator's `InterProcessSemaphoreV2`: queue on the internal mutex
+    /// `P/locks`, then (holding it) create a lease `P/leases/..-lease-` and
+    /// wait until at most `permits` leases exist; then leave the mutex.
+    async fn acquire_semaphore(self: &Arc<Self>, req: &AcquireRequest, permits: u32) -> Result<Acquired> {
+        let dir = self.shared.lock_dir(&req.name)?;
+        let locks_dir = format!("{dir}/{}", backend::SEM_LOCKS);
+        let leases_dir = format!("{dir}/{}", backend::SEM_LEASES);
+        let data = backend::permits_data(permits);
+        let c = self.client()?;
+        let (lock_node, _, mut listed) = self
+            .create_contender(&c, &locks_dir, LOCK_MARKER, &data, req)
+            .await?;
+        let our_lock = lock_node.rsplit('/').next().expect("a path").to_string();
+        let mut backoff = Duration::from_millis(20);
+        let conflict = |why: String| Error::new(ErrorKind::Conflict, why);
+        // 1. The internal mutex, FIFO and herd-free as any mutex.
+        loop {
+            let children = match listed.take() {
+                Some(ch) => ch,
+                None => self.list_retrying(&c, &locks_dir).await?,
+            };
+            let sorted = backend::sort_by_marker(children, LOCK_MARKER);
+            let Some(index) = sorted.iter().position(|n| *n == our_lock) else {
+                return Err(lost_session(
+                    "our contender node is gone (session expired or node deleted)",
+                ));
+            };
+            if index == 0 {
+                break;
+            }
+            if !req.wait {
+                self.delete(&c, &lock_node).await?;
+                return Err(Error::new(
+                    ErrorKind::WouldBlock,
+                    format!("semaphore {} has no free permit", req.name),
+                ));
+            }
+            let pred = format!("{locks_dir}/{}", sorted[index - 1]);
+            let waited = self
+                .wait_for(&c, &pred, &mut backoff, |d| match backend::parse_permits(d) {
+                    Some(p) if p != permits => Err(conflict(format!(
+                        "semaphore {} is used with {p} permits, not {permits}",
+                        req.name
+                    ))),
+                    _ => Ok(()),
+                })
+                .await;
+            if let Err(e) = waited {
+                if e.kind() == ErrorKind::Conflict {
+                    self.delete(&c, &lock_node).await?;
+                }
+                return Err(e);
+            }
+        }
+        // 2. We hold the internal mutex: check the kind and the permit
+        // count before creating our lease.
+        let sent = self.send(2);
+        let (top, leases) = futures::join!(c.list_children(&dir), c.list_children(&leases_dir));
+        self.heard(sent, &top);
+        let top = top.map_err(|e| map(e, "listing the semaphore node"))?;
+        let leases = match leases {
+            Ok(l) => backend::sort_by_marker(l, backend::LEASE_MARKER),
+            Err(zk::Error::NoNode) => Vec::new(),
+            Err(e) => return Err(map(e, "listing leases")),
+        };
+        let mut refuse = None;
+        if top.iter().any(|n| backend::classify(n).is_some()) {
+            refuse = Some(conflict(format!(
+                "{} is used as a mutex or read-write lock",
+                req.name
+            )));
+        }
+        for lease in leases.iter().take(3) {
+            if refuse.is_some() {
+                break;
+            }
+            let sent = self.send(1);
+            let r = c.get_data(&format!("{leases_dir}/{lease}")).await;
+            self.heard(sent, &r);
+            match r {
+                Ok((d, _)) => match backend::parse_permits(&d) {
+                    Some(p) if p != permits => {
+                        refuse = Some(conflict(format!(
+                            "semaphore {} is used with {p} permits, not {permits}",
+                            req.name
+                        )))
+                    }
+                    Some(_) => break,
+                    None => {} // Curator's lease, or revoked: look at the next
+                },
+                Err(zk::Error::NoNode) => {}
+                Err(e) => return Err(map(e, "reading a lease")),
+            }
+        }
+        if refuse.is_none() && !req.wait && leases.len() >= permits as usize {
+            refuse = Some(Error::new(
+                ErrorKind::WouldBlock,
+                format!("semaphore {} has no free permit", req.name),
+            ));
+        }
+        if let Some(e) = refuse {
+            self.delete(&c, &lock_node).await?;
+            return Err(e);
+        }
+        let (lease_node, stat, mut listed) = self
+            .create_contender(&c, &leases_dir, backend::LEASE_MARKER, &data, req)
+            .await?;
+        let our_lease = lease_node.rsplit('/').next().expect("a path").to_string();
+        // 3. Wait (the only waiter on the leases, herd-free) until our
+        // lease is among at most `permits`.
+        loop {
+            let (children, watcher) = match listed.take() {
+                Some(ch) => (ch, None),
+                None => {
+                    let sent = self.send(1);
+                    let r = c.list_and_watch_children(&leases_dir).await;
+                    self.heard(sent, &r);
+                    match r {
+                        Ok((ch, w)) => (ch, Some(w)),
+                        Err(e) if !is_terminal(&e) && self.liveness.is_alive() => {
+                            tokio::time::sleep(backoff).await;
+                            backoff = (backoff * 2).min(Duration::from_secs(1));
+                            continue;
+                        }
+                        Err(e) => return Err(map(e, "watching the leases")),
+                    }
+                }
+            };
+            if !children.iter().any(|n| *n == our_lease) {
+                return Err(lost_session(
+                    "our lease node is gone (session expired or node deleted)",
+                ));
+            }
+            if children.len() <= permits as usize {
+                // Leave the internal mutex: the next waiter may take a lease.
+                self.delete(&c, &lock_node).await?;
+                self.watch_holder(c.clone(), lease_node.clone(), req);
+                return Ok(Acquired {
+                    token: stat.czxid as u64,
+                    entry: lease_node,
+                });
+            }
+            if !req.wait {
+                self.delete(&c, &lease_node).await?;
+                self.delete(&c, &lock_node).await?;
+                return Err(Error::new(
+                    ErrorKind::WouldBlock,
+                    format!("semaphore {} has no free permit", req.name),
+                ));
+            }
+            if let Some(w) = watcher {
+                let _ev = w.changed().await;
+                self.shared.count_watch_event();
+            }
+        }
+    }
+}
+
 /// Watches a held node until the entry is finished: deletion by someone
 /// else is a loss, `__REVOKE__` data is a revoke request (Curator's
 /// `Revoker` protocol).
@@ -359,7 +624,8 @@ async fn holder_watch(
                     gone("marked for a forced break");
                     break;
                 }
-                if data == REVOKE_MESSAGE && !signals.is_revoke_requested() {
+                // Leases keep their permit count after the marker.
+                if data.starts_with(REVOKE_MESSAGE) && !signals.is_revoke_requested() {
                     tracing::info!(%node, "revoke requested");
                     signals.request_revoke();
                 }
@@ -440,65 +706,9 @@ impl StoreSession for ZkSession {
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired> {
-        let inner = &self.inner;
-        let dir = inner.shared.lock_dir(&req.name)?;
-        let c = inner.client()?;
-        let (node, stat, mut listed) = inner.create_contender(&c, &dir, req).await?;
-        let our_name = node.rsplit('/').next().expect("a path").to_string();
-        let mut backoff = Duration::from_millis(20);
-        loop {
-            let children = match listed.take() {
-                Some(ch) => ch,
-                None => match inner.list(&c, &dir).await {
-                    Ok(ch) => ch.unwrap_or_default(),
-                    Err(e) if e.kind() == ErrorKind::Connection && inner.liveness.is_alive() => {
-                        // Keep our place in the queue: the library
-                        // reconnects with the same session.
-                        tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(Duration::from_secs(1));
-                        continue;
-                    }
-                    Err(e) => return Err(e),
-                },
-            };
-            let sorted = backend::sort_contenders(children);
-            let Some(index) = sorted.iter().position(|n| *n == our_name) else {
-                // Deleted behind our back, or our session ended: never grant.
-                return Err(lost_session(
-                    "our contender node is gone (session expired or node deleted)",
-                ));
-            };
-            if index == 0 {
-                inner.watch_holder(c.clone(), node.clone(), req);
-                return Ok(Acquired {
-                    token: stat.czxid as u64,
-                    entry: node,
-                });
-            }
-            if !req.wait {
-                inner.delete(&c, &node).await?;
-                return Err(Error::new(
-                    ErrorKind::WouldBlock,
-                    format!("lock {} is held", req.name),
-                ));
-            }
-            // Watch only the contender just before us (herd-free).
-            let pred = format!("{dir}/{}", sorted[index - 1]);
-            let sent = inner.send(1);
-            let r = c.get_and_watch_data(&pred).await;
-            inner.heard(sent, &r);
-            match r {
-                Ok((_, _, watcher)) => {
-                    let _ev = watcher.changed().await;
-                    inner.shared.count_watch_event();
-                }
-                Err(zk::Error::NoNode) => {} // gone already: list again
-                Err(e) if !is_terminal(&e) && inner.liveness.is_alive() => {
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(1));
-                }
-                Err(e) => return Err(map(e, "watching the previous contender")),
-            }
+        match req.kind {
+            LockKind::Semaphore { permits } => self.inner.acquire_semaphore(req, permits).await,
+            _ => self.inner.acquire_queue(req).await,
         }
     }
 
@@ -514,12 +724,22 @@ impl StoreSession for ZkSession {
         let dir = inner.shared.lock_dir(&req.name)?;
         let c = inner.client()?;
         let prefix_name = format!("_c_{}-", req.contender.hyphenated());
-        let Some(children) = inner.list(&c, &dir).await? else {
-            return Ok(());
+        let dirs = match req.kind {
+            // The lease first: it counts against the permits.
+            LockKind::Semaphore { .. } => vec![
+                format!("{dir}/{}", backend::SEM_LEASES),
+                format!("{dir}/{}", backend::SEM_LOCKS),
+            ],
+            _ => vec![dir],
         };
-        for child in children.iter().filter(|n| n.starts_with(&prefix_name)) {
-            tracing::debug!(node = %child, "removing an abandoned contender node");
-            inner.delete(&c, &format!("{dir}/{child}")).await?;
+        for dir in dirs {
+            let Some(children) = inner.list(&c, &dir).await? else {
+                continue;
+            };
+            for child in children.iter().filter(|n| n.starts_with(&prefix_name)) {
+                tracing::debug!(node = %child, "removing an abandoned contender node");
+                inner.delete(&c, &format!("{dir}/{child}")).await?;
+            }
         }
         Ok(())
     }
