@@ -3,6 +3,9 @@
 //! mutual exclusion over several rounds, FIFO across the two kinds of
 //! client, and cooperative revoke both ways (Curator's `Revoker` reaches
 //! our holder; our `request_revoke` reaches a revocable Curator holder).
+//! Curator's `InterProcessReadWriteLock` against our read-write lock: a
+//! Curator writer and our reader exclude each other in both directions,
+//! and a Curator reader shares with ours.
 //!
 //! Needs `QUORUMLOCK_TEST_ZK_URL`, `javac`/`java`, and the Curator jars
 //! (`QUORUMLOCK_CURATOR_CP`, else the Debian jars under /usr/share/java).
@@ -372,6 +375,94 @@ async fn revoke_both_ways() {
     );
     s.peer.send("release c2").await;
     s.peer.expect("released c2").await;
+    s.peer.quit().await;
+    s.case.finish().await;
+}
+
+/// A Curator `InterProcessReadWriteLock` writer keeps our reader out (and
+/// hands over to it in queue order); our reader keeps a Curator writer out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rw_curator_writer_and_our_reader_exclude_each_other() {
+    let Some(mut s) = setup().await else { return };
+    let (a, b) = (s.case.client().await, s.case.client().await);
+    // Curator writer -> our reader.
+    s.peer.send(&format!("rwlock w1 {}/rw write", s.ns_path)).await;
+    s.peer.expect("ok").await;
+    s.peer.send("acquire w1").await;
+    s.peer.expect("acquired w1").await;
+    let st = a.inspect("rw").await.unwrap();
+    assert_eq!(st.holders.len(), 1, "{st:?}");
+    assert_eq!(st.holders[0].kind, lockcore::LockKind::Write, "{st:?}");
+    assert!(st.holders[0].entry.contains("-__WRIT__"), "{st:?}");
+    let e = a.rwlock("rw").unwrap().try_read().await.unwrap_err();
+    assert_eq!(e.kind(), lockcore::ErrorKind::WouldBlock, "{e}");
+    let b2 = b.clone();
+    let reader = tokio::spawn(async move { b2.rwlock("rw").unwrap().read().await });
+    wait_waiters(&a, "rw", 1).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!reader.is_finished(), "our reader got in beside Curator's writer");
+    s.peer.send("release w1").await;
+    s.peer.expect("released w1").await;
+    let r = tokio::time::timeout(SOON, reader)
+        .await
+        .expect("our reader not granted after Curator's writer released")
+        .unwrap()
+        .unwrap();
+    assert!(r.entry().contains("-__READ__"), "{}", r.entry());
+    // Our reader -> Curator writer.
+    s.peer.send(&format!("rwlock w2 {}/rw write", s.ns_path)).await;
+    s.peer.expect("ok").await;
+    s.peer.send("acquire w2").await;
+    wait_waiters(&a, "rw", 1).await;
+    assert!(
+        !s.peer
+            .says_within("acquired w2", Duration::from_millis(300))
+            .await,
+        "Curator's writer got in beside our reader"
+    );
+    r.release().await.unwrap();
+    s.peer.expect("acquired w2").await;
+    let e = a.rwlock("rw").unwrap().try_read().await.unwrap_err();
+    assert_eq!(e.kind(), lockcore::ErrorKind::WouldBlock, "{e}");
+    s.peer.send("release w2").await;
+    s.peer.expect("released w2").await;
+    s.peer.quit().await;
+    s.case.finish().await;
+}
+
+/// A Curator reader and our reader hold at the same time; a writer of
+/// ours waits for both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rw_curator_reader_shares_with_ours() {
+    let Some(mut s) = setup().await else { return };
+    let a = s.case.client().await;
+    s.peer.send(&format!("rwlock r1 {}/rw read", s.ns_path)).await;
+    s.peer.expect("ok").await;
+    s.peer.send("acquire r1").await;
+    s.peer.expect("acquired r1").await;
+    let r = tokio::time::timeout(SOON, a.rwlock("rw").unwrap().read())
+        .await
+        .expect("our reader waited for Curator's reader")
+        .unwrap();
+    let st = a.inspect("rw").await.unwrap();
+    assert_eq!(st.holders.len(), 2, "{st:?}");
+    assert!(st.holders.iter().all(|h| h.kind == lockcore::LockKind::Read));
+    let e = a.rwlock("rw").unwrap().try_write().await.unwrap_err();
+    assert_eq!(e.kind(), lockcore::ErrorKind::WouldBlock, "{e}");
+    // Curator's reader lets go; ours still keeps a writer out.
+    s.peer.send("release r1").await;
+    s.peer.expect("released r1").await;
+    let e = a.rwlock("rw").unwrap().try_write().await.unwrap_err();
+    assert_eq!(e.kind(), lockcore::ErrorKind::WouldBlock, "{e}");
+    r.release().await.unwrap();
+    a.rwlock("rw")
+        .unwrap()
+        .try_write()
+        .await
+        .expect("free after both readers left")
+        .release()
+        .await
+        .unwrap();
     s.peer.quit().await;
     s.case.finish().await;
 }

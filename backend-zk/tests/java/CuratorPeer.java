@@ -1,10 +1,14 @@
 // A Curator peer for backend-zk's interop test: reads commands on stdin,
 // one per line, and answers on stdout. Locks are Curator's own
-// InterProcessMutex; each named mutex lives on its own thread because
-// InterProcessMutex is owned by the thread that acquired it.
+// InterProcessMutex and InterProcessReadWriteLock; each named lock lives on
+// its own thread because Curator's locks are owned by the thread that
+// acquired them.
 //
 //   lock <id> <path>          new InterProcessMutex on <path>, made revocable
-//   acquire <id>              -> "acquired <id> <nodePath>" once held
+//   rwlock <id> <path> <side> the read or write side (<side> = read|write)
+//                             of a new InterProcessReadWriteLock on <path>
+//   acquire <id>              -> "acquired <id> <nodePath>" once held ("-" for
+//                             the node of a read-write lock side)
 //   release <id>              -> "released <id>"
 //   revoke <nodePath>         Revoker.attemptRevoke -> "revoked"
 //   rounds <path> <n> <file>  n times: acquire, append "start curator <i>",
@@ -24,6 +28,7 @@ import java.util.concurrent.Executors;
 import org.apache.curator.framework.CuratorFramework;
 import org.apache.curator.framework.CuratorFrameworkFactory;
 import org.apache.curator.framework.recipes.locks.InterProcessMutex;
+import org.apache.curator.framework.recipes.locks.InterProcessReadWriteLock;
 import org.apache.curator.framework.recipes.locks.Revoker;
 import org.apache.curator.retry.RetryNTimes;
 
@@ -53,7 +58,7 @@ public class CuratorPeer {
             .build();
         client.start();
         client.blockUntilConnected();
-        Map<String, Mutex> locks = new ConcurrentHashMap<>();
+        Map<String, InterProcessMutex> locks = new ConcurrentHashMap<>();
         Map<String, ExecutorService> threads = new ConcurrentHashMap<>();
         ExecutorService background = Executors.newCachedThreadPool();
         say("ready");
@@ -72,13 +77,22 @@ public class CuratorPeer {
                         say("ok");
                         break;
                     }
+                    case "rwlock": {
+                        String id = w[1];
+                        InterProcessReadWriteLock rw = new InterProcessReadWriteLock(client, w[2]);
+                        locks.put(id, w[3].equals("read") ? rw.readLock() : rw.writeLock());
+                        threads.put(id, Executors.newSingleThreadExecutor());
+                        say("ok");
+                        break;
+                    }
                     case "acquire": {
                         String id = w[1];
-                        Mutex m = locks.get(id);
+                        InterProcessMutex m = locks.get(id);
                         threads.get(id).submit(() -> {
                             try {
                                 m.acquire();
-                                say("acquired " + id + " " + m.ourPath());
+                                String node = (m instanceof Mutex) ? ((Mutex) m).ourPath() : "-";
+                                say("acquired " + id + " " + node);
                             } catch (Exception e) {
                                 say("error " + e);
                             }
@@ -87,7 +101,7 @@ public class CuratorPeer {
                     }
                     case "release": {
                         String id = w[1];
-                        Mutex m = locks.get(id);
+                        InterProcessMutex m = locks.get(id);
                         threads.get(id).submit(() -> {
                             try {
                                 m.release();
