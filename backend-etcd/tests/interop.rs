@@ -2,7 +2,10 @@
 //! name exclude each other: both append "start <who>" / "end <who>" lines
 //! to one file inside the lock, and the lines never interleave.
 //!
-//! etcdctl comes from `QUORUMLOCK_ETCDCTL`, else `etcdctl` on PATH.
+//! Runs against etcd 3.4 (`QUORUMLOCK_TEST_ETCD_URL`, etcdctl from
+//! `QUORUMLOCK_ETCDCTL`) and 3.5 (`QUORUMLOCK_TEST_ETCD35_URL`, etcdctl
+//! from `QUORUMLOCK_ETCDCTL35`); without the etcdctl variable, `etcdctl`
+//! on PATH.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -18,20 +21,63 @@ use tokio::time::Instant;
 
 const ROUNDS: usize = 4;
 
-fn harness() -> Option<Harness> {
-    Harness::from_env("QUORUMLOCK_TEST_ETCD_URL", |url| async move {
-        Ok(Arc::new(backend_etcd::EtcdBackend::connect(&url).await?) as _)
-    })
+/// A store under test and the etcdctl to run against it.
+struct Target {
+    harness: Harness,
+    etcdctl: String,
 }
 
-fn etcdctl_bin() -> String {
-    std::env::var("QUORUMLOCK_ETCDCTL").unwrap_or_else(|_| "etcdctl".to_string())
+fn target(url_var: &str, etcdctl_var: &str) -> Option<Target> {
+    let harness = Harness::from_env(url_var, |url| async move {
+        Ok(Arc::new(backend_etcd::EtcdBackend::connect(&url).await?) as _)
+    })?;
+    let etcdctl = std::env::var(etcdctl_var)
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| "etcdctl".to_string());
+    Some(Target { harness, etcdctl })
+}
+
+macro_rules! interop_tests {
+    ($url_var:literal, $etcdctl_var:literal) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn etcdctl_lock_and_ours_never_overlap() {
+            let Some(t) = super::target($url_var, $etcdctl_var) else {
+                return;
+            };
+            super::etcdctl_lock_and_ours_never_overlap(&t).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn our_waiter_behind_etcdctl_holder() {
+            let Some(t) = super::target($url_var, $etcdctl_var) else {
+                return;
+            };
+            super::our_waiter_behind_etcdctl_holder(&t).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn etcdctl_waiter_behind_our_holder() {
+            let Some(t) = super::target($url_var, $etcdctl_var) else {
+                return;
+            };
+            super::etcdctl_waiter_behind_our_holder(&t).await;
+        }
+    };
+}
+
+mod etcd34 {
+    interop_tests!("QUORUMLOCK_TEST_ETCD_URL", "QUORUMLOCK_ETCDCTL");
+}
+
+mod etcd35 {
+    interop_tests!("QUORUMLOCK_TEST_ETCD35_URL", "QUORUMLOCK_ETCDCTL35");
 }
 
 /// `etcdctl` with the endpoint and credentials of `url`.
-fn etcdctl(url: &Url) -> Command {
+fn etcdctl(bin: &str, url: &Url) -> Command {
     let config = backend_etcd::EtcdConfig::from_url(url).expect("test URL");
-    let mut cmd = Command::new(etcdctl_bin());
+    let mut cmd = Command::new(bin);
     cmd.env("ETCDCTL_API", "3")
         .arg(format!("--endpoints={}", config.endpoints.join(",")))
         .stdin(Stdio::null())
@@ -53,6 +99,7 @@ fn etcdctl(url: &Url) -> Command {
 
 /// `etcdctl lock <ns>/<name> -- sh -c '<append start, sleep, append end>'`.
 fn etcdctl_lock(
+    bin: &str,
     url: &Url,
     ns: &str,
     name: &str,
@@ -65,7 +112,7 @@ fn etcdctl_lock(
         f = file.display(),
         s = hold.as_secs_f64()
     );
-    let mut cmd = etcdctl(url);
+    let mut cmd = etcdctl(bin, url);
     cmd.arg("lock")
         .arg(format!("{ns}/{name}"))
         .arg("--")
@@ -122,11 +169,11 @@ fn temp_file(tag: &str) -> PathBuf {
     ))
 }
 
-async fn run_ok(mut cmd: Command, what: &str) {
+async fn run_ok(mut cmd: Command, bin: &str, what: &str) {
     let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
         .await
         .unwrap_or_else(|_| panic!("{what} took more than 60 s"))
-        .unwrap_or_else(|e| panic!("{what}: cannot run {}: {e}", etcdctl_bin()));
+        .unwrap_or_else(|e| panic!("{what}: cannot run {bin}: {e}"));
     assert!(
         out.status.success(),
         "{what} failed: {}\n{}",
@@ -152,18 +199,19 @@ async fn our_rounds(c: LockClient, name: &str, file: PathBuf, rounds: usize, hol
 }
 
 /// Several rounds each, concurrently, on the same name and file.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcdctl_lock_and_ours_never_overlap() {
-    let Some(h) = harness() else { return };
+async fn etcdctl_lock_and_ours_never_overlap(t: &Target) {
+    let h = &t.harness;
     let case = h.case();
     let url = h.url_for(case.namespace());
     let ours = case.client().await;
     let file = temp_file("rounds");
 
     let (u, ns, f) = (url.clone(), case.namespace().to_string(), file.clone());
+    let bin = t.etcdctl.clone();
     let theirs = tokio::spawn(async move {
         for r in 0..ROUNDS {
             let cmd = etcdctl_lock(
+                &bin,
                 &u,
                 &ns,
                 "shared",
@@ -171,7 +219,7 @@ async fn etcdctl_lock_and_ours_never_overlap() {
                 &format!("etcdctl-{r}"),
                 Duration::from_millis(150),
             );
-            run_ok(cmd, "etcdctl lock").await;
+            run_ok(cmd, &bin, "etcdctl lock").await;
         }
     });
     our_rounds(
@@ -192,15 +240,15 @@ async fn etcdctl_lock_and_ours_never_overlap() {
 }
 
 /// etcdctl holds; our waiter is granted only after etcdctl lets go.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn our_waiter_behind_etcdctl_holder() {
-    let Some(h) = harness() else { return };
+async fn our_waiter_behind_etcdctl_holder(t: &Target) {
+    let h = &t.harness;
     let case = h.case();
     let url = h.url_for(case.namespace());
     let ours = case.client().await;
     let file = temp_file("waiter");
 
     let mut holder = etcdctl_lock(
+        &t.etcdctl,
         &url,
         case.namespace(),
         "held",
@@ -254,9 +302,8 @@ async fn our_waiter_behind_etcdctl_holder() {
 }
 
 /// We hold; `etcdctl lock` waits until we release.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcdctl_waiter_behind_our_holder() {
-    let Some(h) = harness() else { return };
+async fn etcdctl_waiter_behind_our_holder(t: &Target) {
+    let h = &t.harness;
     let case = h.case();
     let url = h.url_for(case.namespace());
     let ours = case.client().await;
@@ -265,6 +312,7 @@ async fn etcdctl_waiter_behind_our_holder() {
     let g = ours.lock("ours").unwrap().acquire().await.unwrap();
     append(&file, "start ours");
     let waiter = etcdctl_lock(
+        &t.etcdctl,
         &url,
         case.namespace(),
         "ours",
