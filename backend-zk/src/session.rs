@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -12,6 +11,7 @@ use lockcore::{
     AcquireRequest, Acquired, EntrySignals, Error, ErrorKind, LockKind, LossReason, Result,
     SessionLiveness, StoreSession,
 };
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -34,9 +34,12 @@ struct Inner {
     liveness: Arc<SessionLiveness>,
     stop: CancellationToken,
     state: zk::StateWatcher,
-    /// Holder watches by contender id: the flag is set before we delete
-    /// our own node, so that its deletion is not reported as a loss.
-    released: Mutex<HashMap<uuid::Uuid, Arc<AtomicBool>>>,
+    /// Held entries by contender id, watched by the session's one watch
+    /// dispatcher. An entry is removed before we delete our own node, so
+    /// that its deletion is not reported as a loss.
+    held: Mutex<HashMap<uuid::Uuid, HeldEntry>>,
+    /// Tells the dispatcher to watch a newly held entry.
+    arm: mpsc::UnboundedSender<uuid::Uuid>,
 }
 
 impl fmt::Debug for ZkSession {
@@ -78,6 +81,7 @@ impl ZkSession {
         client: zk::Client,
         liveness: Arc<SessionLiveness>,
     ) -> Self {
+        let (arm, armed) = mpsc::unbounded_channel();
         let inner = Arc::new(Inner {
             id: client.session_id(),
             timeout: client.session_timeout(),
@@ -86,10 +90,13 @@ impl ZkSession {
             shared,
             liveness,
             stop: CancellationToken::new(),
-            released: Mutex::new(HashMap::new()),
+            held: Mutex::new(HashMap::new()),
+            arm,
         });
         let span = tracing::debug_span!("keepalive", session = %inner.id);
         tokio::spawn(keepalive(inner.clone()).instrument(span));
+        let span = tracing::debug_span!("holder_watches", session = %inner.id);
+        tokio::spawn(watch_dispatcher(inner.clone(), armed).instrument(span));
         ZkSession { inner }
     }
 
@@ -286,32 +293,23 @@ impl Inner {
         }
     }
 
-    fn watch_holder(self: &Arc<Self>, c: zk::Client, node: String, req: &AcquireRequest) {
-        let released = Arc::new(AtomicBool::new(false));
-        self.released
+    /// Hands a held node to the session's watch dispatcher.
+    fn watch_holder(&self, node: String, req: &AcquireRequest) {
+        let entry = HeldEntry {
+            node: node.into_boxed_str(),
+            signals: req.signals.clone(),
+        };
+        self.held
             .lock()
             .expect("poisoned")
-            .insert(req.contender, released.clone());
-        let span = tracing::debug_span!("holder_watch", %node);
-        tokio::spawn(
-            holder_watch(
-                self.clone(),
-                c,
-                node,
-                req.signals.clone(),
-                released,
-                req.contender,
-            )
-            .instrument(span),
-        );
+            .insert(req.contender, entry);
+        let _ = self.arm.send(req.contender);
     }
 
-    /// Marks the holder watch of `contender` as released (our own delete
-    /// is not a loss).
+    /// Stops watching the entry of `contender` (our own delete is not a
+    /// loss).
     fn mark_released(&self, contender: &uuid::Uuid) {
-        if let Some(flag) = self.released.lock().expect("poisoned").remove(contender) {
-            flag.store(true, Ordering::Release);
-        }
+        self.held.lock().expect("poisoned").remove(contender);
     }
 
     async fn delete(&self, c: &zk::Client, node: &str) -> Result<()> {
@@ -410,7 +408,7 @@ impl Inner {
                 ));
             };
             let Some(ahead) = backend::blocker(&sorted, index, role) else {
-                self.watch_holder(c.clone(), node.clone(), req);
+                self.watch_holder(node.clone(), req);
                 return Ok(Acquired {
                     token: stat.czxid as u64,
                     entry: node,
@@ -566,7 +564,7 @@ impl Inner {
             if children.len() <= permits as usize {
                 // Leave the internal mutex: the next waiter may take a lease.
                 self.delete(&c, &lock_node).await?;
-                self.watch_holder(c.clone(), lease_node.clone(), req);
+                self.watch_holder(lease_node.clone(), req);
                 return Ok(Acquired {
                     token: stat.czxid as u64,
                     entry: lease_node,
@@ -588,79 +586,116 @@ impl Inner {
     }
 }
 
-/// Watches a held node until the entry is finished: deletion by someone
-/// else is a loss, `__REVOKE__` data is a revoke request (Curator's
-/// `Revoker` protocol).
-async fn holder_watch(
-    inner: Arc<Inner>,
-    c: zk::Client,
-    node: String,
+/// A held entry: its node and where to report loss and revoke requests.
+struct HeldEntry {
+    node: Box<str>,
     signals: EntrySignals,
-    released: Arc<AtomicBool>,
-    contender: uuid::Uuid,
-) {
-    let mut backoff = Duration::from_millis(20);
-    let gone = |why: &str| {
-        if !released.load(Ordering::Acquire) && !signals.is_finished() {
-            tracing::info!(%node, why, "held lock node deleted");
-            signals.lose(LossReason::EntryDeleted);
+}
+
+/// What one watch future of the dispatcher ended with.
+enum Step {
+    /// `getData` with a watch on the holder's node answered.
+    Armed(
+        uuid::Uuid,
+        u32,
+        std::result::Result<(Vec<u8>, zk::Stat, zk::OneshotWatcher), zk::Error>,
+    ),
+    /// The watch on the holder's node fired.
+    Fired(uuid::Uuid, zk::WatchedEvent),
+    /// The entry was released (or the session closed) before the watch was set.
+    Gone,
+}
+
+type StepFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Step> + Send>>;
+
+/// Sets (or re-sets, after `attempt` failures) the watch on a held node.
+fn arm(inner: &Arc<Inner>, key: uuid::Uuid, attempt: u32) -> StepFuture {
+    let inner = inner.clone();
+    Box::pin(async move {
+        if attempt > 0 {
+            let wait = Duration::from_millis(20) * 2u32.pow(attempt.min(6));
+            tokio::time::sleep(wait.min(Duration::from_secs(1))).await;
+        }
+        let node = match inner.held.lock().expect("poisoned").get(&key) {
+            Some(h) if !h.signals.is_finished() => h.node.clone(),
+            _ => return Step::Gone,
+        };
+        let Ok(c) = inner.client() else {
+            return Step::Gone;
+        };
+        let sent = inner.send(1);
+        let r = c.get_and_watch_data(&node).await;
+        inner.heard(sent, &r);
+        Step::Armed(key, attempt, r)
+    })
+}
+
+/// The one task that watches every held node of a session: deletion by
+/// someone else (or the `__BREAK__` mark) is a loss, `__REVOKE__` data is
+/// a revoke request (Curator's `Revoker` protocol). Per held lock it keeps
+/// only a map entry and one small pending future, not a task.
+async fn watch_dispatcher(inner: Arc<Inner>, mut armed: mpsc::UnboundedReceiver<uuid::Uuid>) {
+    use futures::StreamExt;
+    let mut pending = futures::stream::FuturesUnordered::<StepFuture>::new();
+    // Reports a loss for `key` unless it was released or finished, and
+    // forgets it.
+    let lose = |key: &uuid::Uuid, why: &str| {
+        let entry = inner.held.lock().expect("poisoned").remove(key);
+        if let Some(h) = entry {
+            if !h.signals.is_finished() {
+                tracing::info!(node = %h.node, why, "held lock node deleted");
+                h.signals.lose(LossReason::EntryDeleted);
+            }
         }
     };
     loop {
-        if released.load(Ordering::Acquire) || signals.is_finished() {
-            break;
-        }
-        let sent = inner.send(1);
-        let r = tokio::select! {
-            r = c.get_and_watch_data(&node) => r,
-            _ = inner.stop.cancelled() => break,
-            _ = signals.finished() => break,
+        let step = tokio::select! {
+            _ = inner.stop.cancelled() => return,
+            _ = inner.liveness.lost() => return,
+            key = armed.recv() => match key {
+                Some(key) => {
+                    pending.push(arm(&inner, key, 0));
+                    continue;
+                }
+                None => return,
+            },
+            Some(step) = pending.next(), if !pending.is_empty() => step,
         };
-        inner.heard(sent, &r);
-        match r {
-            Ok((data, _stat, watcher)) => {
-                backoff = Duration::from_millis(20);
+        match step {
+            Step::Gone => {}
+            Step::Armed(key, _, Ok((data, _, watcher))) => {
+                let signals = match inner.held.lock().expect("poisoned").get(&key) {
+                    Some(h) if !h.signals.is_finished() => h.signals.clone(),
+                    _ => continue, // released meanwhile: drop the watch
+                };
                 if data == BREAK_MESSAGE {
-                    gone("marked for a forced break");
-                    break;
+                    lose(&key, "marked for a forced break");
+                    continue;
                 }
                 // Leases keep their permit count after the marker.
                 if data.starts_with(REVOKE_MESSAGE) && !signals.is_revoke_requested() {
-                    tracing::info!(%node, "revoke requested");
+                    tracing::info!(%key, "revoke requested");
                     signals.request_revoke();
                 }
-                let ev = tokio::select! {
-                    ev = watcher.changed() => ev,
-                    _ = inner.stop.cancelled() => break,
-                    _ = signals.finished() => break,
-                };
-                match ev.event_type {
-                    zk::EventType::NodeDeleted => {
-                        gone("NodeDeleted");
-                        break;
-                    }
-                    zk::EventType::Session if ev.session_state.is_terminated() => break,
-                    _ => continue, // data changed, or a reconnect: read again
+                pending.push(Box::pin(async move { Step::Fired(key, watcher.changed().await) }));
+            }
+            Step::Armed(key, _, Err(zk::Error::NoNode)) => lose(&key, "NoNode"),
+            Step::Armed(key, _, Err(e)) if is_terminal(&e) => {
+                // The session is over: liveness reports it.
+                inner.held.lock().expect("poisoned").remove(&key);
+            }
+            // Connection trouble: the local deadline fires the loss if this
+            // lasts; keep trying to re-arm the watch until then.
+            Step::Armed(key, attempt, Err(_)) => pending.push(arm(&inner, key, attempt + 1)),
+            Step::Fired(key, ev) => match ev.event_type {
+                zk::EventType::NodeDeleted => lose(&key, "NodeDeleted"),
+                zk::EventType::Session if ev.session_state.is_terminated() => {
+                    inner.held.lock().expect("poisoned").remove(&key);
                 }
-            }
-            Err(zk::Error::NoNode) => {
-                gone("NoNode");
-                break;
-            }
-            Err(e) if is_terminal(&e) => break, // session over: liveness reports it
-            Err(_) => {
-                // Connection trouble: the local deadline fires the loss if
-                // this lasts; keep trying to re-arm the watch until then.
-                tokio::select! {
-                    _ = tokio::time::sleep(backoff) => {}
-                    _ = inner.stop.cancelled() => break,
-                    _ = signals.finished() => break,
-                }
-                backoff = (backoff * 2).min(Duration::from_secs(1));
-            }
+                _ => pending.push(arm(&inner, key, 0)), // data changed, or a reconnect
+            },
         }
     }
-    inner.released.lock().expect("poisoned").remove(&contender);
 }
 
 /// The one background task of a session: a light read every third of the
