@@ -231,7 +231,6 @@ impl Shared {
         *slot = Some(c.clone());
         Ok(c)
     }
-
 }
 
 /// The marker of a read contender (Curator's `InterProcessReadWriteLock`).
@@ -331,7 +330,10 @@ pub(crate) fn blocker(sorted: &[String], index: usize, role: Role) -> Option<usi
 /// Lease (or semaphore lock) children sorted by their sequence number.
 pub(crate) fn sort_by_marker(children: Vec<String>, marker: &str) -> Vec<String> {
     let key = |c: &String| c.rfind(marker).map_or(c.len(), |i| i + marker.len());
-    let mut v: Vec<String> = children.into_iter().filter(|c| c.contains(marker)).collect();
+    let mut v: Vec<String> = children
+        .into_iter()
+        .filter(|c| c.contains(marker))
+        .collect();
     v.sort_by(|a, b| a[key(a)..].cmp(&b[key(b)..]));
     v
 }
@@ -456,10 +458,9 @@ impl ZkBackend {
         let sorted = sort_contenders(children);
         // Pipelined: every request is sent before the first reply is read.
         self.shared.count(sorted.len() as u64);
-        let stats = futures::future::join_all(
-            sorted.iter().map(|s| c.check_stat(&format!("{dir}/{s}"))),
-        )
-        .await;
+        let stats =
+            futures::future::join_all(sorted.iter().map(|s| c.check_stat(&format!("{dir}/{s}"))))
+                .await;
         let mut alive = Vec::new();
         for (child, stat) in sorted.into_iter().zip(stats) {
             match stat {
@@ -490,11 +491,17 @@ impl ZkBackend {
     /// Leases (holders: the first `permits` of them by sequence; a lease
     /// beyond that belongs to the waiter that holds the internal mutex),
     /// then the internal mutex's queue (without that waiter's node).
-    async fn inspect_semaphore(&self, c: &zk::Client, dir: &str, state: &mut LockState) -> Result<()> {
+    async fn inspect_semaphore(
+        &self,
+        c: &zk::Client,
+        dir: &str,
+        state: &mut LockState,
+    ) -> Result<()> {
         let leases_dir = format!("{dir}/{SEM_LEASES}");
         let locks_dir = format!("{dir}/{SEM_LOCKS}");
         self.shared.count(2);
-        let (leases, locks) = futures::join!(c.list_children(&leases_dir), c.list_children(&locks_dir));
+        let (leases, locks) =
+            futures::join!(c.list_children(&leases_dir), c.list_children(&locks_dir));
         let leases = match leases {
             Ok(l) => sort_by_marker(l, LEASE_MARKER),
             Err(zk::Error::NoNode) => Vec::new(),
@@ -507,10 +514,14 @@ impl ZkBackend {
         };
         self.shared.count((leases.len() + locks.len()) as u64);
         let lease_reads = futures::future::join_all(
-            leases.iter().map(|l| c.get_data(&format!("{leases_dir}/{l}"))),
+            leases
+                .iter()
+                .map(|l| c.get_data(&format!("{leases_dir}/{l}"))),
         );
         let lock_stats = futures::future::join_all(
-            locks.iter().map(|l| c.check_stat(&format!("{locks_dir}/{l}"))),
+            locks
+                .iter()
+                .map(|l| c.check_stat(&format!("{locks_dir}/{l}"))),
         );
         let (lease_reads, lock_stats) = futures::join!(lease_reads, lock_stats);
         let mut found = Vec::new();
@@ -543,7 +554,9 @@ impl ZkBackend {
                     if guid_prefix(child).is_some_and(|g| guids.contains(&g)) {
                         continue; // the mutex holder, already shown by its lease
                     }
-                    state.waiters.push(contender(&st, format!("{locks_dir}/{child}"), kind));
+                    state
+                        .waiters
+                        .push(contender(&st, format!("{locks_dir}/{child}"), kind));
                 }
                 Ok(None) => {}
                 Err(e) => return Err(map(e, "reading a semaphore waiter")),
@@ -846,5 +859,62 @@ mod tests {
             ]
         );
         assert_eq!(sort_key("_c_x-lock-y-lock-0000000007"), "0000000007");
+    }
+
+    #[test]
+    fn rw_and_mutex_entries_form_one_queue() {
+        let kids = vec![
+            "_c_b-__WRIT__0000000004".to_string(),
+            "_c_a-__READ__0000000001".to_string(),
+            "leases".to_string(),
+            "_c_c-__READ__0000000002".to_string(),
+            "_c_d-lock-0000000003".to_string(),
+            "_c_e-__READ__0000000005".to_string(),
+        ];
+        let sorted = sort_contenders(kids);
+        assert_eq!(
+            sorted,
+            vec![
+                "_c_a-__READ__0000000001",
+                "_c_c-__READ__0000000002",
+                "_c_d-lock-0000000003",
+                "_c_b-__WRIT__0000000004",
+                "_c_e-__READ__0000000005",
+            ]
+        );
+        // Both readers ahead of the mutex hold; the mutex waits for its
+        // predecessor; the writer for the mutex; the last reader for the
+        // nearest writer ahead.
+        assert_eq!(blocker(&sorted, 0, Role::Read), None);
+        assert_eq!(blocker(&sorted, 1, Role::Read), None);
+        assert_eq!(blocker(&sorted, 2, Role::Mutex), Some(1));
+        assert_eq!(blocker(&sorted, 3, Role::Write), Some(2));
+        assert_eq!(blocker(&sorted, 4, Role::Read), Some(3));
+        assert_eq!(blocker(&sorted, 0, Role::Write), None);
+        assert_eq!(classify("locks"), None);
+        assert_eq!(classify("leases"), None);
+        assert_eq!(
+            classify("_c_x-__READ__0000000009"),
+            Some((Role::Read, "0000000009"))
+        );
+    }
+
+    #[test]
+    fn semaphore_helpers() {
+        let leases = vec![
+            "_c_9e2f5d6a-3b1c-4d2e-8f00-0123456789ab-lease-0000000002".to_string(),
+            "_c_0e2f5d6a-3b1c-4d2e-8f00-0123456789ab-lease-0000000001".to_string(),
+        ];
+        let sorted = sort_by_marker(leases, LEASE_MARKER);
+        assert!(sorted[0].ends_with("0000000001"));
+        assert_eq!(
+            guid_prefix(&sorted[0]),
+            Some("_c_0e2f5d6a-3b1c-4d2e-8f00-0123456789ab-")
+        );
+        assert_eq!(guid_prefix("lease-0000000001"), None);
+        assert_eq!(parse_permits(&permits_data(3)), Some(3));
+        assert_eq!(parse_permits(b"__REVOKE__ permits=7"), Some(7));
+        assert_eq!(parse_permits(b"192.168.0.1"), None);
+        assert_eq!(parse_permits(b"__REVOKE__"), None);
     }
 }

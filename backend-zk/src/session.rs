@@ -393,7 +393,9 @@ impl Inner {
                 Some(ch) => ch,
                 None => self.list_retrying(&c, &dir).await?,
             };
-            if children.iter().any(|n| n == backend::SEM_LEASES) && self.has_leases(&c, &dir).await? {
+            if children.iter().any(|n| n == backend::SEM_LEASES)
+                && self.has_leases(&c, &dir).await?
+            {
                 self.delete(&c, &node).await?;
                 return Err(Error::new(
                     ErrorKind::Conflict,
@@ -431,7 +433,11 @@ impl Inner {
     /// Curator's `InterProcessSemaphoreV2`: queue on the internal mutex
     /// `P/locks`, then (holding it) create a lease `P/leases/..-lease-` and
     /// wait until at most `permits` leases exist; then leave the mutex.
-    async fn acquire_semaphore(self: &Arc<Self>, req: &AcquireRequest, permits: u32) -> Result<Acquired> {
+    async fn acquire_semaphore(
+        self: &Arc<Self>,
+        req: &AcquireRequest,
+        permits: u32,
+    ) -> Result<Acquired> {
         let dir = self.shared.lock_dir(&req.name)?;
         let locks_dir = format!("{dir}/{}", backend::SEM_LOCKS);
         let leases_dir = format!("{dir}/{}", backend::SEM_LEASES);
@@ -467,12 +473,14 @@ impl Inner {
             }
             let pred = format!("{locks_dir}/{}", sorted[index - 1]);
             let waited = self
-                .wait_for(&c, &pred, &mut backoff, |d| match backend::parse_permits(d) {
-                    Some(p) if p != permits => Err(conflict(format!(
-                        "semaphore {} is used with {p} permits, not {permits}",
-                        req.name
-                    ))),
-                    _ => Ok(()),
+                .wait_for(&c, &pred, &mut backoff, |d| {
+                    match backend::parse_permits(d) {
+                        Some(p) if p != permits => Err(conflict(format!(
+                            "semaphore {} is used with {p} permits, not {permits}",
+                            req.name
+                        ))),
+                        _ => Ok(()),
+                    }
                 })
                 .await;
             if let Err(e) = waited {
@@ -556,7 +564,7 @@ impl Inner {
                     }
                 }
             };
-            if !children.iter().any(|n| *n == our_lease) {
+            if !children.contains(&our_lease) {
                 return Err(lost_session(
                     "our lease node is gone (session expired or node deleted)",
                 ));
@@ -677,7 +685,9 @@ async fn watch_dispatcher(inner: Arc<Inner>, mut armed: mpsc::UnboundedReceiver<
                     tracing::info!(%key, "revoke requested");
                     signals.request_revoke();
                 }
-                pending.push(Box::pin(async move { Step::Fired(key, watcher.changed().await) }));
+                pending.push(Box::pin(async move {
+                    Step::Fired(key, watcher.changed().await)
+                }));
             }
             Step::Armed(key, _, Err(zk::Error::NoNode)) => lose(&key, "NoNode"),
             Step::Armed(key, _, Err(e)) if is_terminal(&e) => {

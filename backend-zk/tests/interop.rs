@@ -386,7 +386,9 @@ async fn rw_curator_writer_and_our_reader_exclude_each_other() {
     let Some(mut s) = setup().await else { return };
     let (a, b) = (s.case.client().await, s.case.client().await);
     // Curator writer -> our reader.
-    s.peer.send(&format!("rwlock w1 {}/rw write", s.ns_path)).await;
+    s.peer
+        .send(&format!("rwlock w1 {}/rw write", s.ns_path))
+        .await;
     s.peer.expect("ok").await;
     s.peer.send("acquire w1").await;
     s.peer.expect("acquired w1").await;
@@ -400,7 +402,10 @@ async fn rw_curator_writer_and_our_reader_exclude_each_other() {
     let reader = tokio::spawn(async move { b2.rwlock("rw").unwrap().read().await });
     wait_waiters(&a, "rw", 1).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(!reader.is_finished(), "our reader got in beside Curator's writer");
+    assert!(
+        !reader.is_finished(),
+        "our reader got in beside Curator's writer"
+    );
     s.peer.send("release w1").await;
     s.peer.expect("released w1").await;
     let r = tokio::time::timeout(SOON, reader)
@@ -410,7 +415,9 @@ async fn rw_curator_writer_and_our_reader_exclude_each_other() {
         .unwrap();
     assert!(r.entry().contains("-__READ__"), "{}", r.entry());
     // Our reader -> Curator writer.
-    s.peer.send(&format!("rwlock w2 {}/rw write", s.ns_path)).await;
+    s.peer
+        .send(&format!("rwlock w2 {}/rw write", s.ns_path))
+        .await;
     s.peer.expect("ok").await;
     s.peer.send("acquire w2").await;
     wait_waiters(&a, "rw", 1).await;
@@ -436,7 +443,9 @@ async fn rw_curator_writer_and_our_reader_exclude_each_other() {
 async fn rw_curator_reader_shares_with_ours() {
     let Some(mut s) = setup().await else { return };
     let a = s.case.client().await;
-    s.peer.send(&format!("rwlock r1 {}/rw read", s.ns_path)).await;
+    s.peer
+        .send(&format!("rwlock r1 {}/rw read", s.ns_path))
+        .await;
     s.peer.expect("ok").await;
     s.peer.send("acquire r1").await;
     s.peer.expect("acquired r1").await;
@@ -446,7 +455,10 @@ async fn rw_curator_reader_shares_with_ours() {
         .unwrap();
     let st = a.inspect("rw").await.unwrap();
     assert_eq!(st.holders.len(), 2, "{st:?}");
-    assert!(st.holders.iter().all(|h| h.kind == lockcore::LockKind::Read));
+    assert!(st
+        .holders
+        .iter()
+        .all(|h| h.kind == lockcore::LockKind::Read));
     let e = a.rwlock("rw").unwrap().try_write().await.unwrap_err();
     assert_eq!(e.kind(), lockcore::ErrorKind::WouldBlock, "{e}");
     // Curator's reader lets go; ours still keeps a writer out.
