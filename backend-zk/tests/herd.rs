@@ -1,7 +1,10 @@
 //! Herd-freedom on a real ZooKeeper: with N waiters (each its own client
 //! and session) queued on one lock, one release costs the same small,
 //! constant number of requests and wakes exactly one waiter, for N = 4
-//! and N = 16.
+//! and N = 16. The same for writers of a read-write lock, and for a
+//! semaphore of 2 permits (there a release wakes two clients: the waiter
+//! that holds the internal mutex and watches the leases, which takes the
+//! freed permit, and the next in the mutex queue, which takes its place).
 //!
 //! Keepalive reads (one per session every third of the session timeout)
 //! are counted by `requests_sent()` too; they are subtracted here
@@ -41,8 +44,23 @@ fn totals(bs: &[ZkBackend]) -> Cost {
     }
 }
 
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Mutex,
+    Write,
+    Semaphore2,
+}
+
+async fn acquire(c: &LockClient, kind: Kind) -> LockGuard {
+    match kind {
+        Kind::Mutex => c.lock("herd").unwrap().acquire().await.unwrap(),
+        Kind::Write => c.rwlock("herd").unwrap().write().await.unwrap(),
+        Kind::Semaphore2 => c.semaphore("herd", 2).unwrap().acquire().await.unwrap(),
+    }
+}
+
 /// What one release costs with `n` queued waiters.
-async fn release_cost(h: &Harness, n: usize) -> Cost {
+async fn release_cost(h: &Harness, n: usize, kind: Kind) -> Cost {
     let case = h.case();
     let url = h.url_for(case.namespace());
     let mut backends = Vec::new();
@@ -52,12 +70,22 @@ async fn release_cost(h: &Harness, n: usize) -> Cost {
         clients.push(LockClient::new(Arc::new(b.clone())));
         backends.push(b);
     }
-    let holder = clients[0].lock("herd").unwrap().acquire().await.unwrap();
+    let holder = acquire(&clients[0], kind).await;
+    // A semaphore of 2 gets a second holder that stays.
+    let co = match kind {
+        Kind::Semaphore2 => {
+            let b = ZkBackend::connect(&url).await.expect("connect");
+            let c = LockClient::new(Arc::new(b));
+            let g = acquire(&c, kind).await;
+            Some((c, g))
+        }
+        _ => None,
+    };
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(usize, LockGuard)>();
     for (i, c) in clients.iter().enumerate().skip(1) {
         let (c, tx) = (c.clone(), tx.clone());
         tokio::spawn(async move {
-            let g = c.lock("herd").unwrap().acquire().await.unwrap();
+            let g = acquire(&c, kind).await;
             let _ = tx.send((i, g));
         });
         tokio::time::timeout(SOON, async {
@@ -82,7 +110,7 @@ async fn release_cost(h: &Harness, n: usize) -> Cost {
         requests: after.requests - before.requests,
         watch_events: after.watch_events - before.watch_events,
     };
-    eprintln!("{n} waiters: one release cost {cost:?}");
+    eprintln!("{kind:?}, {n} waiters: one release cost {cost:?}");
     // Hand the lock down the queue and clean up.
     drop(g);
     for expect in 2..=n {
@@ -92,6 +120,10 @@ async fn release_cost(h: &Harness, n: usize) -> Cost {
             .unwrap();
         assert_eq!(i, expect, "not FIFO");
         g.release().await.unwrap();
+    }
+    if let Some((c, g)) = co {
+        g.release().await.unwrap();
+        c.close().await;
     }
     for c in &clients {
         c.wait_idle().await;
@@ -106,14 +138,32 @@ async fn release_cost(h: &Harness, n: usize) -> Cost {
     cost
 }
 
+// One test, kinds in turn: each run opens 2 connections per client
+// (lock and admin session), and ZooKeeper allows 60 per client address
+// by default (`maxClientCnxns`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_release_wakes_one_waiter() {
     let Some(h) = harness() else { return };
-    let small = release_cost(&h, 4).await;
-    let large = release_cost(&h, 16).await;
-    // delete by the holder; the next waiter's re-list; its holder watch.
-    assert!(small.requests <= 4, "{small:?}");
-    // Exactly one waiter woke up: the next one.
-    assert_eq!(small.watch_events, 1, "{small:?}");
-    assert_eq!(small, large, "the cost of a release grows with the queue");
+    for kind in [Kind::Mutex, Kind::Write] {
+        let small = release_cost(&h, 4, kind).await;
+        let large = release_cost(&h, 16, kind).await;
+        // delete by the holder; the next waiter's re-list; its holder watch.
+        assert!(small.requests <= 4, "{kind:?}: {small:?}");
+        // Exactly one waiter woke up: the next one.
+        assert_eq!(small.watch_events, 1, "{kind:?}: {small:?}");
+        assert_eq!(
+            small, large,
+            "{kind:?}: the cost of a release grows with the queue"
+        );
+    }
+    // A semaphore of 2: the lease waiter takes the freed permit and leaves
+    // the internal mutex, which wakes the next in its queue.
+    let small = release_cost(&h, 4, Kind::Semaphore2).await;
+    let large = release_cost(&h, 16, Kind::Semaphore2).await;
+    assert_eq!(small.watch_events, 2, "{small:?}");
+    assert!(small.requests <= 12, "{small:?}");
+    assert_eq!(
+        small, large,
+        "semaphore: the cost of a release grows with the queue"
+    );
 }
