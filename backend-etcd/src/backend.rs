@@ -21,6 +21,7 @@ use lockcore::{
 
 use crate::config::EtcdConfig;
 use crate::error;
+use crate::layout;
 use crate::session::EtcdSession;
 use crate::watch::WatchHub;
 
@@ -160,15 +161,6 @@ pub(crate) fn first_created() -> GetOptions {
         .with_sort(SortTarget::Create, SortOrder::Ascend)
 }
 
-/// Range of the newest contender created before `rev` (Go's
-/// `WithLastCreate` + `WithMaxCreateRev`).
-pub(crate) fn last_created_before(rev: i64) -> GetOptions {
-    GetOptions::new()
-        .with_prefix()
-        .with_max_create_revision(rev - 1)
-        .with_sort(SortTarget::Create, SortOrder::Descend)
-}
-
 impl Inner {
     /// `<ns>/<name>` (or `<name>` without a namespace): Go's mutex prefix
     /// without its trailing slash.
@@ -176,16 +168,6 @@ impl Inner {
         match self.config.namespace.as_str() {
             "" => name.as_str().to_string(),
             ns => format!("{ns}/{name}"),
-        }
-    }
-
-    /// The revoke marker of a lock: outside `<ns>/<name>/` so that Go
-    /// clients do not count it as a contender; `.revoke` cannot collide
-    /// with a lock name (names never start with `.`).
-    pub(crate) fn marker_key(&self, name: &LockName) -> String {
-        match self.config.namespace.as_str() {
-            "" => format!(".revoke/{name}"),
-            ns => format!("{ns}/.revoke/{name}"),
         }
     }
 
@@ -286,18 +268,19 @@ impl Inner {
             .collect())
     }
 
-    /// The current holder: the contender with the lowest create revision.
-    async fn holder(&self, name: &LockName) -> Result<Option<KeyValue>> {
-        let pfx_slash = format!("{}/", self.lock_prefix(name));
-        let resp = self
-            .get(
-                "range holder",
-                pfx_slash.clone(),
-                first_created().with_limit(1),
-            )
-            .await?;
-        self.first_contender(&pfx_slash, resp.kvs(), first_created())
-            .await
+    /// The current holders (by the queue rules of [`layout::holds`]) and
+    /// all contenders, in queue order.
+    async fn holders(&self, name: &LockName) -> Result<(Vec<KeyValue>, Vec<KeyValue>)> {
+        let all = self.contenders(name).await?;
+        let kinds: Vec<LockKind> = all.iter().map(layout::kind_of).collect();
+        let (holders, waiters): (Vec<_>, Vec<_>) = all
+            .into_iter()
+            .enumerate()
+            .partition(|(i, _)| layout::holds(&kinds, *i));
+        Ok((
+            holders.into_iter().map(|(_, kv)| kv).collect(),
+            waiters.into_iter().map(|(_, kv)| kv).collect(),
+        ))
     }
 
     pub(crate) fn record_lease(&self, id: i64) {
@@ -328,13 +311,21 @@ fn session_of(kv: &KeyValue) -> String {
 }
 
 fn contender(kv: &KeyValue) -> Contender {
+    let (kind, since) = layout::parse(kv.value());
     Contender {
         session: session_of(kv),
         token: kv.create_revision() as u64,
         entry: String::from_utf8_lossy(kv.key()).into_owned(),
-        kind: LockKind::Exclusive,
-        since: None,
+        kind,
+        since,
     }
+}
+
+/// Compares that every one of `kvs` is still the entry we read.
+fn unchanged(kvs: &[KeyValue]) -> Vec<Compare> {
+    kvs.iter()
+        .map(|kv| Compare::create_revision(kv.key(), CompareOp::Equal, kv.create_revision()))
+        .collect()
 }
 
 #[async_trait]
@@ -342,8 +333,8 @@ impl Backend for EtcdBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             kill_session: true,
-            rwlock: false,
-            semaphore: false,
+            rwlock: true,
+            semaphore: true,
             session_ttl: self.inner.config.ttl,
         }
     }
@@ -358,45 +349,31 @@ impl Backend for EtcdBackend {
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
-        let mut all: Vec<Contender> = self
-            .inner
-            .contenders(name)
-            .await?
-            .iter()
-            .map(contender)
-            .collect();
-        let waiters = if all.is_empty() {
-            Vec::new()
-        } else {
-            all.split_off(1)
-        };
+        let (holders, waiters) = self.inner.holders(name).await?;
         Ok(LockState {
             name: name.clone(),
-            holders: all,
-            waiters,
+            holders: holders.iter().map(contender).collect(),
+            waiters: waiters.iter().map(contender).collect(),
         })
     }
 
     async fn break_lock(&self, name: &LockName) -> Result<bool> {
-        let marker = self.inner.marker_key(name);
-        // The holder may release between our read and our delete; then the
-        // next holder is the one to break.
+        // Every holder's key goes in one txn, guarded by their create
+        // revisions; if the holders changed between our read and the txn,
+        // read again.
         for _ in 0..10 {
-            let Some(h) = self.inner.holder(name).await? else {
+            let (holders, _) = self.inner.holders(name).await?;
+            if holders.is_empty() {
                 return Ok(false);
-            };
-            let txn = Txn::new()
-                .when([Compare::create_revision(
-                    h.key(),
-                    CompareOp::Equal,
-                    h.create_revision(),
-                )])
-                .and_then([
-                    TxnOp::delete(h.key(), None),
-                    TxnOp::delete(marker.clone(), None),
-                ]);
+            }
+            let txn = Txn::new().when(unchanged(&holders)).and_then(
+                holders
+                    .iter()
+                    .map(|kv| TxnOp::delete(kv.key(), None))
+                    .collect::<Vec<_>>(),
+            );
             if self.inner.txn("break lock", txn).await?.succeeded() {
-                tracing::info!(lock = %name, key = %String::from_utf8_lossy(h.key()), "lock broken");
+                tracing::info!(lock = %name, holders = holders.len(), "lock broken");
                 return Ok(true);
             }
         }
@@ -407,24 +384,22 @@ impl Backend for EtcdBackend {
     }
 
     async fn request_revoke(&self, name: &LockName) -> Result<bool> {
-        let marker = self.inner.marker_key(name);
+        // A revoke request is a put on each holder's own key that keeps its
+        // value and lease (so its create revision, the token, is kept too):
+        // the holder's one watch sees a put on its key. Go clients do not
+        // look at values or mod revisions.
         for _ in 0..10 {
-            let Some(h) = self.inner.holder(name).await? else {
+            let (holders, _) = self.inner.holders(name).await?;
+            if holders.is_empty() {
                 return Ok(false);
-            };
-            // Bound to the holder's lease, so it goes with the holder's
-            // session; written only if that holder still holds.
-            let put = match h.lease() {
-                0 => None,
-                l => Some(PutOptions::new().with_lease(l)),
-            };
-            let txn = Txn::new()
-                .when([Compare::create_revision(
-                    h.key(),
-                    CompareOp::Equal,
-                    h.create_revision(),
-                )])
-                .and_then([TxnOp::put(marker.clone(), h.key().to_vec(), put)]);
+            }
+            let keep = PutOptions::new().with_ignore_value().with_ignore_lease();
+            let txn = Txn::new().when(unchanged(&holders)).and_then(
+                holders
+                    .iter()
+                    .map(|kv| TxnOp::put(kv.key(), Vec::<u8>::new(), Some(keep.clone())))
+                    .collect::<Vec<_>>(),
+            );
             if self.inner.txn("request revoke", txn).await?.succeeded() {
                 return Ok(true);
             }

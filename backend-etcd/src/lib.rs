@@ -4,6 +4,7 @@
 mod backend;
 mod config;
 mod error;
+mod layout;
 mod session;
 mod watch;
 

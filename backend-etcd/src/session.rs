@@ -1,25 +1,29 @@
 //! One etcd lease per client session, its ONE keepalive task, and the lock
 //! protocol of Go's `concurrency.Mutex` on top of it.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp, WatchFilterType};
+use etcd_client::{
+    Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    WatchFilterType,
+};
 use lockcore::{
-    AcquireRequest, Acquired, EntrySignals, Error, ErrorKind, LossReason, Result, SessionLiveness,
-    StoreSession,
+    AcquireRequest, Acquired, EntrySignals, Error, ErrorKind, LockKind, LossReason, Result,
+    SessionLiveness, StoreSession,
 };
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::backend::{first_created, header_revision, last_created_before, range_at, Inner};
+use crate::backend::{first_created, header_revision, is_contender, range_at, Inner};
 use crate::error;
-use crate::watch::WatchEvent;
+use crate::layout;
+use crate::watch::{Sink, WatchEvent};
 
 /// One lease, shared by every lock of one client.
 pub(crate) struct EtcdSession {
@@ -27,9 +31,6 @@ pub(crate) struct EtcdSession {
     lease: i64,
     liveness: Arc<SessionLiveness>,
     stop: CancellationToken,
-    /// Watchers of held entries by key, stopped by release/abandon before
-    /// the key is deleted (so that our own delete is not taken for a loss).
-    watchers: Mutex<HashMap<String, CancellationToken>>,
 }
 
 impl fmt::Debug for EtcdSession {
@@ -80,13 +81,7 @@ impl EtcdSession {
             lease: id,
             liveness,
             stop,
-            watchers: Mutex::new(HashMap::new()),
         })
-    }
-
-    fn key(&self, pfx: &str) -> String {
-        // Exactly Go's `pfx + "/" + fmt.Sprintf("%x", lease)`.
-        format!("{pfx}/{:x}", self.lease)
     }
 
     fn session_lost(&self, why: &str) -> Error {
@@ -101,29 +96,20 @@ impl EtcdSession {
         self.inner.txn("delete contender", txn).await.map(|_| ())
     }
 
-    /// Starts watching a held entry: its own key for deletion, the revoke
-    /// marker for a put naming it. Stops when the entry is finished.
-    fn watch_held(&self, req: &AcquireRequest, key: String, token: i64, rev: i64) {
-        let stop = CancellationToken::new();
-        let old = self
-            .watchers
-            .lock()
-            .expect("poisoned")
-            .insert(key.clone(), stop.clone());
-        if let Some(old) = old {
-            old.cancel();
-        }
-        let held = Held {
-            stop,
+    /// Starts watching a held entry's own key from `from`: a delete is a
+    /// loss, a put a revoke request. No task and no channel per held
+    /// entry: the backend's watch task calls the entry's [`Sink`].
+    fn watch_held(&self, req: &AcquireRequest, key: String, token: i64, from: i64) {
+        let held = HeldEntry {
             inner: self.inner.clone(),
             liveness: self.liveness.clone(),
             lease: self.lease,
             signals: req.signals.clone(),
-            marker: self.inner.marker_key(&req.name),
-            key,
+            key: key.into_boxed_str(),
             token,
+            id: self.inner.hub.new_id(),
         };
-        tokio::spawn(held.run(rev + 1));
+        held.subscribe(from);
     }
 
     /// Runs a read-only or idempotent txn, retrying connection trouble
@@ -143,12 +129,71 @@ impl EtcdSession {
         }
     }
 
-    /// Stops the watcher of `key` before we delete it ourselves.
-    fn stop_watching(&self, key: &str) {
-        if let Some(t) = self.watchers.lock().expect("poisoned").remove(key) {
-            t.cancel();
-        }
+    /// The contenders that `kind` may have to wait for, when they are
+    /// older than `before` (None: all, in the enqueue txn where everything
+    /// else is older than our new key), newest first, at most `n`.
+    fn ahead_op(&self, pfx: &str, kind: LockKind, before: Option<i64>) -> TxnOp {
+        let (key, opts) = ahead_query(pfx, kind, before);
+        TxnOp::get(key, Some(opts))
     }
+
+    /// The entries `kind` waits for among the range answer `kvs` (direct
+    /// children only, `mine` left out); if the limited answer contained
+    /// other keys (nested lock names), the range is read again in full.
+    async fn ahead(
+        &self,
+        pfx: &str,
+        kind: LockKind,
+        before: Option<i64>,
+        kvs: &[KeyValue],
+        mine: &str,
+        my_rev: i64,
+    ) -> Result<Vec<KeyValue>> {
+        let pfx_slash = format!("{pfx}/");
+        let n = wanted(kind);
+        let keep = |kv: &&KeyValue| is_contender(&pfx_slash, kv.key()) && kv.key() != mine.as_bytes();
+        let mut out: Vec<KeyValue> = kvs.iter().filter(keep).take(n).cloned().collect();
+        if out.len() < n && kvs.iter().any(|kv| !is_contender(&pfx_slash, kv.key())) {
+            let (key, opts) = ahead_query(pfx, kind, before.or(Some(my_rev)));
+            let all = self
+                .inner
+                .get("range contenders", key, opts.with_limit(0))
+                .await?;
+            out = all.kvs().iter().filter(keep).take(n).cloned().collect();
+        }
+        Ok(out)
+    }
+}
+
+/// How many entries ahead decide whether `kind` holds: the nearest one
+/// (a writer, or the nearest writer for a reader), or `permits` for a
+/// semaphore (it holds when fewer than that are ahead).
+fn wanted(kind: LockKind) -> usize {
+    match kind {
+        LockKind::Semaphore { permits } => permits as usize,
+        _ => 1,
+    }
+}
+
+/// The range read of [`EtcdSession::ahead_op`]: for a reader the writers'
+/// key range, for everyone else all of `<pfx>/`; newest first.
+fn ahead_query(pfx: &str, kind: LockKind, before: Option<i64>) -> (String, GetOptions) {
+    let mut opts = GetOptions::new().with_sort(SortTarget::Create, SortOrder::Descend);
+    let key = if kind == LockKind::Read {
+        let (lo, hi) = layout::writer_range(pfx);
+        opts = opts.with_range(hi);
+        lo
+    } else {
+        opts = opts.with_prefix();
+        format!("{pfx}/")
+    };
+    // In the enqueue txn our own key is among the answer: one more.
+    let limit = wanted(kind) as i64 + i64::from(before.is_none());
+    opts = opts.with_limit(limit);
+    if let Some(rev) = before {
+        opts = opts.with_max_create_revision(rev - 1);
+    }
+    (key, opts)
 }
 
 /// The keepalive loop: one `LeaseKeepAlive` stream, one request every
@@ -272,92 +317,72 @@ async fn keepalive(
     }
 }
 
-/// Watches one held entry until the client layer finishes with it.
-struct Held {
-    stop: CancellationToken,
+
+/// A held entry as the watch task keeps it: what a delete or put on its
+/// key means. A few hundred bytes per held lock.
+struct HeldEntry {
     inner: Arc<Inner>,
     liveness: Arc<SessionLiveness>,
     lease: i64,
     signals: EntrySignals,
-    marker: String,
-    key: String,
+    key: Box<str>,
     token: i64,
+    id: i64,
 }
 
-impl Held {
-    async fn run(self, mut from: i64) {
-        let mut delay = Duration::from_millis(100);
-        loop {
-            let mut own = self
-                .inner
-                .hub
-                .watch(self.key.clone(), from, WatchFilterType::NoPut);
-            let mut mark =
-                self.inner
-                    .hub
-                    .watch(self.marker.clone(), from, WatchFilterType::NoDelete);
-            loop {
-                tokio::select! {
-                    _ = self.signals.finished() => return,
-                    _ = self.stop.cancelled() => return,
-                    ev = own.next() => match ev {
-                        WatchEvent::Delete => return self.deleted().await,
-                        WatchEvent::Put(_) => {}
-                        WatchEvent::Lost => break,
-                    },
-                    ev = mark.next() => match ev {
-                        WatchEvent::Put(kv) => self.marked(&kv),
-                        WatchEvent::Delete => {}
-                        WatchEvent::Lost => break,
-                    },
-                }
-            }
-            drop((own, mark));
-            // The watch broke (connection, compaction): re-read the entry
-            // and the marker, then watch again from there.
-            loop {
-                tokio::select! {
-                    _ = self.signals.finished() => return,
-                    _ = self.stop.cancelled() => return,
-                    _ = tokio::time::sleep(delay) => {}
-                }
-                delay = (delay * 2).min(Duration::from_secs(2));
-                let txn = Txn::new().and_then([
-                    TxnOp::get(self.key.clone(), None),
-                    TxnOp::get(self.marker.clone(), None),
-                ]);
-                let resp = match self.inner.txn("re-read held entry", txn).await {
-                    Ok(r) => r,
-                    Err(e) => {
-                        tracing::debug!(error = %e, key = %self.key, "re-reading a held entry failed");
-                        continue;
-                    }
-                };
-                let (Ok(own), Ok(mark)) = (range_at(&resp, 0), range_at(&resp, 1)) else {
-                    continue;
-                };
-                match own.kvs().first() {
-                    Some(kv) if kv.create_revision() == self.token => {}
-                    _ => return self.deleted().await,
-                }
-                if let Some(kv) = mark.kvs().first() {
-                    self.marked(kv);
-                }
-                from = header_revision(&resp) + 1;
-                break;
-            }
+impl HeldEntry {
+    fn copy(&self) -> HeldEntry {
+        HeldEntry {
+            inner: self.inner.clone(),
+            liveness: self.liveness.clone(),
+            lease: self.lease,
+            signals: self.signals.clone(),
+            key: self.key.clone(),
+            token: self.token,
+            id: self.id,
         }
     }
 
-    fn marked(&self, kv: &KeyValue) {
-        if kv.value() == self.key.as_bytes() && kv.mod_revision() > self.token {
-            tracing::debug!(key = %self.key, "revoke requested");
-            self.signals.request_revoke();
+    fn subscribe(self, from: i64) {
+        let (inner, id, key) = (self.inner.clone(), self.id, self.key.as_bytes().to_vec());
+        inner.hub.subscribe(id, key, from, Arc::new(self));
+    }
+
+    /// etcd cancelled the watch (compaction past its start): re-read the
+    /// key, then watch again from there.
+    async fn rewatch(self) {
+        let mut delay = Duration::from_millis(100);
+        loop {
+            tokio::select! {
+                _ = self.signals.finished() => return,
+                _ = tokio::time::sleep(delay) => {}
+            }
+            delay = (delay * 2).min(Duration::from_secs(2));
+            let resp = match self.inner.get("re-read held entry", self.key.as_bytes(), GetOptions::new()).await {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::debug!(error = %e, key = %self.key, "re-reading a held entry failed");
+                    continue;
+                }
+            };
+            match resp.kvs().first() {
+                Some(kv) if kv.create_revision() == self.token => {
+                    if kv.mod_revision() > self.token {
+                        self.signals.request_revoke();
+                    }
+                }
+                _ => return self.deleted().await,
+            }
+            if self.signals.is_finished() {
+                return;
+            }
+            let from = resp.header().map_or(0, |h| h.revision()) + 1;
+            return self.subscribe(from);
         }
     }
 
     /// Our key is gone: a forced break, or our lease ended with it.
-    async fn deleted(&self) {
+    async fn deleted(self) {
         if let Some(reason) = self.liveness.loss() {
             self.signals.lose(reason);
             return;
@@ -373,6 +398,35 @@ impl Held {
     }
 }
 
+impl Sink for HeldEntry {
+    fn event(&self, ev: WatchEvent) -> bool {
+        if self.signals.is_finished() {
+            return false; // our own release or abandon
+        }
+        match ev {
+            WatchEvent::Put(kv) => {
+                if kv.mod_revision() > self.token {
+                    tracing::debug!(key = %self.key, "revoke requested");
+                    self.signals.request_revoke();
+                }
+                true
+            }
+            WatchEvent::Delete => {
+                tokio::spawn(self.copy().deleted());
+                false
+            }
+            WatchEvent::Lost => {
+                tokio::spawn(self.copy().rewatch());
+                false
+            }
+        }
+    }
+
+    fn closed(&self) -> bool {
+        self.signals.is_finished()
+    }
+}
+
 #[async_trait]
 impl StoreSession for EtcdSession {
     fn id(&self) -> String {
@@ -383,21 +437,24 @@ impl StoreSession for EtcdSession {
         if !self.liveness.is_alive() {
             return Err(self.session_lost("the etcd lease is lost"));
         }
+        let kind = req.kind;
         let pfx = self.inner.lock_prefix(&req.name);
         let pfx_slash = format!("{pfx}/");
-        let key = self.key(&pfx);
+        let key = layout::key(&pfx, kind, self.lease, &req.contender);
 
-        // One txn: create our key if it does not exist (else read it), and
-        // read the oldest contender.
+        // One txn: create our key if it does not exist (else read it), read
+        // the oldest contender (for the kind check), and what we would
+        // wait for (all of it is older than a key this txn creates).
         let txn = Txn::new()
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
             .and_then([
                 TxnOp::put(
                     key.clone(),
-                    "",
+                    layout::value(kind, SystemTime::now()),
                     Some(PutOptions::new().with_lease(self.lease)),
                 ),
                 TxnOp::get(pfx_slash.clone(), Some(first_created().with_limit(1))),
+                self.ahead_op(&pfx, kind, None),
             ])
             .or_else([
                 TxnOp::get(key.clone(), None),
@@ -411,22 +468,65 @@ impl StoreSession for EtcdSession {
             self.inner.txn("enqueue", txn).await?
         };
         let mut rev = header_revision(&resp);
-        let my_rev = if resp.succeeded() {
-            rev
+        let (my_rev, mut first) = if resp.succeeded() {
+            let kvs = range_at(&resp, 2)?;
+            let ahead = self.ahead(&pfx, kind, None, kvs.kvs(), &key, rev).await?;
+            (rev, Some(ahead))
         } else {
-            let own = range_at(&resp, 0)?;
-            match own.kvs().first() {
-                Some(kv) => kv.create_revision(),
+            match range_at(&resp, 0)?.kvs().first() {
+                Some(kv) => (kv.create_revision(), None),
                 None => return Err(Error::new(ErrorKind::Internal, "own key vanished in a txn")),
             }
         };
-        let owner = self
+        // Semaphores mix only with semaphores of the same permit count.
+        let oldest = self
             .inner
             .first_contender(&pfx_slash, range_at(&resp, 1)?.kvs(), first_created())
             .await?;
-        let holds = owner.map_or(true, |kv| kv.create_revision() == my_rev);
+        if let Some(o) = oldest.filter(|o| o.create_revision() != my_rev) {
+            let theirs = layout::kind_of(&o);
+            if layout::conflicts(theirs, kind) {
+                self.delete_if(&key, my_rev).await?;
+                return Err(Error::new(
+                    ErrorKind::Conflict,
+                    format!("lock {} is in use as {theirs:?}, not {kind:?}", req.name),
+                ));
+            }
+        }
 
-        if !holds {
+        let mut revoked = false;
+        loop {
+            let ahead = match first.take() {
+                Some(a) => a,
+                None => {
+                    // Our own key and what we wait for, in one snapshot.
+                    let txn = Txn::new().and_then([
+                        TxnOp::get(key.clone(), None),
+                        self.ahead_op(&pfx, kind, Some(my_rev)),
+                    ]);
+                    let resp = self.retrying("find predecessor", txn).await?;
+                    rev = header_revision(&resp);
+                    // Never grant on an expired lease or a deleted key
+                    // (etcd #11456, #9921, and the RWMutex recipe's
+                    // double holder, #16221).
+                    match range_at(&resp, 0)?.kvs().first() {
+                        Some(kv) if kv.create_revision() == my_rev => {
+                            revoked = kv.mod_revision() > my_rev;
+                        }
+                        _ => {
+                            return Err(self.session_lost(
+                                "our etcd key vanished while waiting (lease expired or key deleted)",
+                            ))
+                        }
+                    }
+                    let kvs = range_at(&resp, 1)?;
+                    self.ahead(&pfx, kind, Some(my_rev), kvs.kvs(), &key, my_rev)
+                        .await?
+                }
+            };
+            if ahead.len() < wanted(kind) {
+                break;
+            }
             if !req.wait {
                 self.delete_if(&key, my_rev).await?;
                 return Err(Error::new(
@@ -434,100 +534,63 @@ impl StoreSession for EtcdSession {
                     format!("lock {} is held", req.name),
                 ));
             }
-            // Wait for the deletion of the nearest older contender, one at
-            // a time: a release wakes only the next waiter.
-            loop {
-                let txn = Txn::new().and_then([
-                    TxnOp::get(
-                        pfx_slash.clone(),
-                        Some(last_created_before(my_rev).with_limit(1)),
-                    ),
-                    TxnOp::get(key.clone(), None),
-                ]);
-                let resp = self.retrying("find predecessor", txn).await?;
-                rev = header_revision(&resp);
-                // Never grant on an expired lease (etcd #11456, #9921).
-                match range_at(&resp, 1)?.kvs().first() {
-                    Some(kv) if kv.create_revision() == my_rev => {}
-                    _ => {
-                        return Err(self.session_lost(
-                            "our etcd key vanished while waiting (lease expired or key deleted)",
-                        ))
-                    }
-                }
-                let pred = self
-                    .inner
-                    .first_contender(
-                        &pfx_slash,
-                        range_at(&resp, 0)?.kvs(),
-                        last_created_before(my_rev),
-                    )
-                    .await?;
-                let Some(pred) = pred else { break };
-                let mut w =
+            // Watch only what we wait for: the nearest older contender
+            // (writer), the nearest older writer (reader), or the
+            // `permits` nearest older entries (semaphore).
+            let mut ws: Vec<_> = ahead
+                .iter()
+                .map(|kv| {
                     self.inner
                         .hub
-                        .watch(pred.key().to_vec(), rev + 1, WatchFilterType::NoPut);
-                tracing::trace!(
-                    lock = %req.name,
-                    waits_for = %String::from_utf8_lossy(pred.key()),
-                    "waiting"
-                );
-                match w.next().await {
-                    WatchEvent::Delete | WatchEvent::Put(_) => {}
-                    WatchEvent::Lost => {
-                        // Stream broke: re-check after a pause, do not spin.
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                }
+                        .watch(kv.key().to_vec(), rev + 1, WatchFilterType::NoPut)
+                })
+                .collect();
+            tracing::trace!(lock = %req.name, waits_for = ahead.len(), "waiting");
+            let lost = {
+                let nexts = ws.iter_mut().map(|w| Box::pin(w.next()));
+                let (ev, _, _) = futures::future::select_all(nexts).await;
+                matches!(ev, WatchEvent::Lost)
+            };
+            drop(ws);
+            if lost {
+                // Stream broke: re-check after a pause, do not spin.
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
-        self.watch_held(req, key.clone(), my_rev, rev);
+        self.watch_held(req, key.clone(), my_rev, rev + 1);
+        if revoked {
+            req.signals.request_revoke();
+        }
         Ok(Acquired {
             token: my_rev as u64,
             entry: key,
         })
     }
 
-    async fn release(&self, req: &AcquireRequest, held: &Acquired) -> Result<()> {
+    async fn release(&self, _req: &AcquireRequest, held: &Acquired) -> Result<()> {
         // Delete only the key we were granted (etcd #22082: never a newer
-        // key of the same lease), and the revoke marker with it.
-        let pfx = self.inner.lock_prefix(&req.name);
-        let key = self.key(&pfx);
-        self.stop_watching(&key);
+        // key of the same lease). The client layer has finished the
+        // entry's signals, so its watch ignores this delete and ends.
         let txn = Txn::new()
             .when([Compare::create_revision(
-                key.clone(),
+                held.entry.clone(),
                 CompareOp::Equal,
                 held.token as i64,
             )])
-            .and_then([
-                TxnOp::delete(key, None),
-                TxnOp::delete(self.inner.marker_key(&req.name), None),
-            ]);
+            .and_then([TxnOp::delete(held.entry.clone(), None)]);
         self.inner.txn("release", txn).await?;
         Ok(())
     }
 
     async fn abandon(&self, req: &AcquireRequest) -> Result<()> {
         // The client layer runs no newer attempt of ours on this name
-        // while abandoning, so the key is this attempt's if it exists.
+        // while abandoning (and read/write keys carry the attempt's uuid),
+        // so the key is this attempt's if it exists.
         let pfx = self.inner.lock_prefix(&req.name);
-        let key = self.key(&pfx);
-        let marker = self.inner.marker_key(&req.name);
-        self.stop_watching(&key);
-        let txn = Txn::new()
-            .when([Compare::value(
-                marker.clone(),
-                CompareOp::Equal,
-                key.clone(),
-            )])
-            .and_then([
-                TxnOp::delete(key.clone(), None),
-                TxnOp::delete(marker, None),
-            ])
-            .or_else([TxnOp::delete(key, None)]);
-        self.inner.txn("abandon", txn).await?;
+        let key = layout::key(&pfx, req.kind, self.lease, &req.contender);
+        self.inner
+            .txn("abandon", Txn::new().and_then([TxnOp::delete(key, None)]))
+            .await?;
         Ok(())
     }
 

@@ -2,10 +2,12 @@
 //!
 //! etcd serves any number of watches on one gRPC `Watch` stream, each
 //! with an id the client picks (etcd >= 3.4). A client that holds 10,000
-//! locks therefore has one stream with 20,000 watches (own key + revoke
-//! marker per lock), not 20,000 streams. One task owns the stream: it
+//! locks therefore has one stream with 10,000 watches (its own key: a
+//! delete is a loss, a put a revoke request), not 10,000 streams. One task owns the stream: it
 //! sends create and cancel requests, and routes events to the subscriber
-//! of each watch id.
+//! of each watch id: a channel for a waiter ([`Watch`]), or a [`Sink`]
+//! called in place for a held entry (no task and no channel per held
+//! lock: that is what keeps a held lock at a few hundred bytes).
 //!
 //! When the stream breaks, the task alone reconnects (with a backoff) and
 //! creates every live watch again from its start revision, so an outage
@@ -35,13 +37,30 @@ pub(crate) enum WatchEvent {
     Lost,
 }
 
+/// Where a watch's events go. Called on the watch task: must not block.
+pub(crate) trait Sink: Send + Sync {
+    /// One event; `false` ends the watch.
+    fn event(&self, ev: WatchEvent) -> bool;
+    /// Nobody listens any more: the watch may be dropped.
+    fn closed(&self) -> bool;
+}
+
+impl Sink for mpsc::UnboundedSender<WatchEvent> {
+    fn event(&self, ev: WatchEvent) -> bool {
+        self.send(ev).is_ok()
+    }
+    fn closed(&self) -> bool {
+        self.is_closed()
+    }
+}
+
 enum Cmd {
     Create {
         id: i64,
         key: Vec<u8>,
         start_revision: i64,
-        filter: WatchFilterType,
-        tx: mpsc::UnboundedSender<WatchEvent>,
+        filter: Option<WatchFilterType>,
+        sink: Arc<dyn Sink>,
     },
     Cancel(i64),
 }
@@ -100,23 +119,50 @@ impl WatchHub {
     ) -> Watch {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::unbounded_channel();
-        if self
-            .cmd
-            .send(Cmd::Create {
-                id,
-                key: key.into(),
-                start_revision,
-                filter,
-                tx,
-            })
-            .is_err()
-        {
-            tracing::warn!("etcd watch task is gone");
-        }
+        self.create(id, key.into(), start_revision, Some(filter), Arc::new(tx));
         Watch {
             id,
             rx,
             cmd: self.cmd.clone(),
+        }
+    }
+
+    /// A fresh watch id for [`subscribe`](Self::subscribe).
+    pub(crate) fn new_id(&self) -> i64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Watches `key` (every event) from `start_revision` under watch `id`,
+    /// delivering to `sink` in place until [`cancel`](Self::cancel) or
+    /// the sink says it is done. An `id` whose watch etcd cancelled may be
+    /// used again.
+    pub(crate) fn subscribe(
+        &self,
+        id: i64,
+        key: impl Into<Vec<u8>>,
+        start_revision: i64,
+        sink: Arc<dyn Sink>,
+    ) {
+        self.create(id, key.into(), start_revision, None, sink);
+    }
+
+    fn create(
+        &self,
+        id: i64,
+        key: Vec<u8>,
+        start_revision: i64,
+        filter: Option<WatchFilterType>,
+        sink: Arc<dyn Sink>,
+    ) {
+        let cmd = Cmd::Create {
+            id,
+            key,
+            start_revision,
+            filter,
+            sink,
+        };
+        if self.cmd.send(cmd).is_err() {
+            tracing::warn!("etcd watch task is gone");
         }
     }
 }
@@ -129,18 +175,21 @@ struct Stream {
 /// One watch as the task keeps it: enough to create it again on a new
 /// stream.
 struct Sub {
-    key: Vec<u8>,
+    key: Box<[u8]>,
     start_revision: i64,
-    filter: WatchFilterType,
-    tx: mpsc::UnboundedSender<WatchEvent>,
+    filter: Option<WatchFilterType>,
+    sink: Arc<dyn Sink>,
 }
 
 impl Sub {
     fn options(&self, id: i64) -> WatchOptions {
-        WatchOptions::new()
+        let o = WatchOptions::new()
             .with_start_revision(self.start_revision)
-            .with_watch_id(id)
-            .with_filters([self.filter])
+            .with_watch_id(id);
+        match self.filter {
+            Some(f) => o.with_filters([f]),
+            None => o,
+        }
     }
 }
 
@@ -177,14 +226,14 @@ async fn run(
         tokio::select! {
             cmd = rx.recv() => match cmd {
                 None => return,
-                Some(Cmd::Create { id, key, start_revision, filter, tx }) => {
-                    if tx.is_closed() {
+                Some(Cmd::Create { id, key, start_revision, filter, sink }) => {
+                    if sink.closed() {
                         continue; // dropped before we got to it
                     }
-                    let sub = Sub { key, start_revision, filter, tx };
+                    let sub = Sub { key: key.into_boxed_slice(), start_revision, filter, sink };
                     if let Some(s) = &mut stream {
                         requests.fetch_add(1, Ordering::Relaxed);
-                        let sent = s.sender.watch(sub.key.clone(), Some(sub.options(id))).await;
+                        let sent = s.sender.watch(sub.key.to_vec(), Some(sub.options(id))).await;
                         subs.insert(id, sub);
                         if sent.is_err() {
                             stream = None;
@@ -212,7 +261,16 @@ async fn run(
             msg = next_response(&mut stream) => match msg {
                 Ok(Some(resp)) => {
                     backoff = FIRST_RETRY;
-                    dispatch(resp, &mut subs);
+                    if let Some(id) = dispatch(resp, &mut subs) {
+                        // The sink is done with it: cancel on the stream too.
+                        if let Some(s) = &mut stream {
+                            requests.fetch_add(1, Ordering::Relaxed);
+                            if s.sender.cancel(id).await.is_err() {
+                                stream = None;
+                                reopen_at = Some(Instant::now() + backoff);
+                            }
+                        }
+                    }
                 }
                 Ok(None) | Err(_) => {
                     tracing::debug!(error = ?msg.err(), watches = subs.len(), "etcd watch stream broke");
@@ -221,7 +279,8 @@ async fn run(
                 }
             },
             _ = tokio::time::sleep_until(reopen.unwrap_or_else(Instant::now)), if reopen.is_some() => {
-                subs.retain(|_, sub| !sub.tx.is_closed());
+                subs.retain(|_, sub| !sub.sink.closed());
+                subs.shrink_to_fit();
                 match open(&mut client, &subs, &requests, open_timeout).await {
                     Ok(s) => {
                         stream = Some(s);
@@ -254,21 +313,23 @@ async fn open(
     requests.fetch_add(1, Ordering::Relaxed);
     let ws = tokio::time::timeout(
         open_timeout,
-        client.watch(first.key.clone(), Some(first.options(id))),
+        client.watch(first.key.to_vec(), Some(first.options(id))),
     )
     .await
     .unwrap_or_else(|_| Err(etcd_client::Error::WatchError("opening timed out".into())))?;
     let (mut sender, responses) = ws.split();
     for (&id, sub) in all {
         requests.fetch_add(1, Ordering::Relaxed);
-        sender.watch(sub.key.clone(), Some(sub.options(id))).await?;
+        sender.watch(sub.key.to_vec(), Some(sub.options(id))).await?;
     }
     tracing::debug!(watches = subs.len(), "etcd watch stream opened");
     Ok(Stream { sender, responses })
 }
 
-fn dispatch(resp: WatchResponse, subs: &mut HashMap<i64, Sub>) {
+/// Routes one response; returns a watch id its sink no longer wants.
+fn dispatch(resp: WatchResponse, subs: &mut HashMap<i64, Sub>) -> Option<i64> {
     let id = resp.watch_id();
+    let mut unwanted = None;
     if let Some(sub) = subs.get(&id) {
         for ev in resp.events() {
             let e = match ev.event_type() {
@@ -278,7 +339,10 @@ fn dispatch(resp: WatchResponse, subs: &mut HashMap<i64, Sub>) {
                 },
                 EventType::Delete => WatchEvent::Delete,
             };
-            let _ = sub.tx.send(e);
+            if !sub.sink.event(e) {
+                unwanted = Some(id);
+                break;
+            }
         }
     }
     if resp.canceled() {
@@ -289,7 +353,12 @@ fn dispatch(resp: WatchResponse, subs: &mut HashMap<i64, Sub>) {
                 reason = resp.cancel_reason(),
                 "etcd cancelled a watch"
             );
-            let _ = sub.tx.send(WatchEvent::Lost);
+            sub.sink.event(WatchEvent::Lost);
         }
+        return None;
     }
+    if let Some(id) = unwanted {
+        subs.remove(&id);
+    }
+    unwanted
 }

@@ -1,0 +1,167 @@
+//! Key names and values of the entries, and the queue rules on them.
+//!
+//! Every entry of a lock is a direct child of `<pfx>/` (so Go's
+//! `concurrency.Mutex` and `etcdctl lock`, which scan all of `<pfx>/`,
+//! count every one of them as a contender ahead of them):
+//!
+//! | kind | key | value |
+//! |---|---|---|
+//! | mutex | `<pfx>/<lease hex>` (Go's key) | `ql:x:<unix ms>` |
+//! | write | `<pfx>/<lease hex>-w-<uuid>` | `ql:w:<unix ms>` |
+//! | read | `<pfx>/.r-<lease hex>-<uuid>` | `ql:r:<unix ms>` |
+//! | semaphore | `<pfx>/<lease hex>-s` | `ql:s<permits>:<unix ms>` |
+//!
+//! Readers start with `.`, which sorts before every hex digit and every
+//! letter, so "the writers" (everything that is not a reader) are the key
+//! range `[<pfx>/0, <pfx>0)`: a reader finds its nearest older writer
+//! with one `limit 1` range read. Lock-name segments never start with `.`,
+//! so no nested lock name falls among the readers.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use etcd_client::KeyValue;
+use lockcore::LockKind;
+
+/// The value we write into a new entry: its kind and creation time.
+pub(crate) fn value(kind: LockKind, now: SystemTime) -> String {
+    let ms = now.duration_since(UNIX_EPOCH).unwrap_or_default().as_millis();
+    let k = match kind {
+        LockKind::Read => "r".to_string(),
+        LockKind::Write => "w".to_string(),
+        LockKind::Semaphore { permits } => format!("s{permits}"),
+        _ => "x".to_string(),
+    };
+    format!("ql:{k}:{ms}")
+}
+
+/// Kind and creation time of an entry from its value. Anything we did not
+/// write (Go's empty value) is a mutex entry of unknown age.
+pub(crate) fn parse(value: &[u8]) -> (LockKind, Option<SystemTime>) {
+    let fallback = (LockKind::Exclusive, None);
+    let Ok(s) = std::str::from_utf8(value) else {
+        return fallback;
+    };
+    let Some(rest) = s.strip_prefix("ql:") else {
+        return fallback;
+    };
+    let Some((k, ms)) = rest.split_once(':') else {
+        return fallback;
+    };
+    let kind = match k {
+        "x" => LockKind::Exclusive,
+        "r" => LockKind::Read,
+        "w" => LockKind::Write,
+        s => match s.strip_prefix('s').and_then(|n| n.parse::<u32>().ok()) {
+            Some(permits) if permits > 0 => LockKind::Semaphore { permits },
+            _ => return fallback,
+        },
+    };
+    let since = ms
+        .parse::<u64>()
+        .ok()
+        .map(|ms| UNIX_EPOCH + Duration::from_millis(ms));
+    (kind, since)
+}
+
+/// The kind of a stored entry.
+pub(crate) fn kind_of(kv: &KeyValue) -> LockKind {
+    parse(kv.value()).0
+}
+
+/// Our key for an attempt of `kind` by lease `lease` (`contender` is the
+/// attempt's uuid; read and write entries are one per owner, so they carry
+/// it).
+pub(crate) fn key(pfx: &str, kind: LockKind, lease: i64, contender: &uuid::Uuid) -> String {
+    match kind {
+        LockKind::Read => format!("{pfx}/.r-{lease:x}-{}", contender.simple()),
+        LockKind::Write => format!("{pfx}/{lease:x}-w-{}", contender.simple()),
+        LockKind::Semaphore { .. } => format!("{pfx}/{lease:x}-s"),
+        _ => format!("{pfx}/{lease:x}"),
+    }
+}
+
+/// Start and end of the writers' key range of a lock (everything but the
+/// readers).
+pub(crate) fn writer_range(pfx: &str) -> (String, String) {
+    (format!("{pfx}/0"), format!("{pfx}0"))
+}
+
+/// Whether an entry of kind `new` may not queue behind one of `existing`:
+/// mutexes and read-write locks share the exclusive/write rule; semaphores
+/// only mix with semaphores of the same permit count.
+pub(crate) fn conflicts(existing: LockKind, new: LockKind) -> bool {
+    match (existing, new) {
+        (LockKind::Semaphore { permits: a }, LockKind::Semaphore { permits: b }) => a != b,
+        (LockKind::Semaphore { .. }, _) | (_, LockKind::Semaphore { .. }) => true,
+        _ => false,
+    }
+}
+
+/// Whether entry `i` of a queue (kinds in create-revision order) holds:
+/// a mutex or writer when first, a reader when no mutex or writer is
+/// ahead, a semaphore permit when fewer than `permits` entries are ahead.
+pub(crate) fn holds(kinds: &[LockKind], i: usize) -> bool {
+    match kinds[i] {
+        LockKind::Read => kinds[..i].iter().all(|k| *k == LockKind::Read),
+        LockKind::Semaphore { permits } => i < permits as usize,
+        _ => i == 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_round_trip() {
+        let t = UNIX_EPOCH + Duration::from_millis(1_763_730_000_123);
+        for k in [
+            LockKind::Exclusive,
+            LockKind::Read,
+            LockKind::Write,
+            LockKind::Semaphore { permits: 7 },
+        ] {
+            assert_eq!(parse(value(k, t).as_bytes()), (k, Some(t)));
+        }
+    }
+
+    #[test]
+    fn foreign_values_are_mutexes_of_unknown_age() {
+        for v in [&b""[..], b"hello", b"ql:", b"ql:q:1", b"ql:s0:1", b"\xff"] {
+            assert_eq!(parse(v), (LockKind::Exclusive, None), "{v:?}");
+        }
+        assert_eq!(parse(b"ql:w:x"), (LockKind::Write, None));
+    }
+
+    #[test]
+    fn readers_sort_before_writers() {
+        let u = uuid::Uuid::nil();
+        let (lo, hi) = writer_range("ns/a");
+        let r = key("ns/a", LockKind::Read, 0x694d, &u);
+        assert!(r.as_str() < lo.as_str());
+        for k in [
+            LockKind::Exclusive,
+            LockKind::Write,
+            LockKind::Semaphore { permits: 2 },
+        ] {
+            let w = key("ns/a", k, 0x694d, &u);
+            assert!(lo.as_str() <= w.as_str() && w.as_str() < hi.as_str(), "{w}");
+        }
+        assert_eq!(key("ns/a", LockKind::Exclusive, 0x694d, &u), "ns/a/694d");
+    }
+
+    #[test]
+    fn queue_rules() {
+        use LockKind::*;
+        let q = [Read, Read, Write, Read];
+        assert!(holds(&q, 0) && holds(&q, 1) && !holds(&q, 2) && !holds(&q, 3));
+        let q = [Exclusive, Read];
+        assert!(holds(&q, 0) && !holds(&q, 1));
+        let s = Semaphore { permits: 2 };
+        let q = [s, s, s];
+        assert!(holds(&q, 0) && holds(&q, 1) && !holds(&q, 2));
+        assert!(conflicts(s, Semaphore { permits: 3 }));
+        assert!(conflicts(s, Read) && conflicts(Exclusive, s));
+        assert!(!conflicts(Exclusive, Read) && !conflicts(s, s));
+    }
+}
