@@ -539,20 +539,28 @@ impl ZkBackend {
         let permits = permits.unwrap_or(found.len() as u32);
         let kind = LockKind::Semaphore { permits };
         let mut guids = Vec::new();
+        let mut waiting_lease_owner = None;
         for (i, (child, st)) in found.into_iter().enumerate() {
             guids.extend(guid_prefix(child));
             let cont = contender(&st, format!("{leases_dir}/{child}"), kind);
             if i < permits as usize {
                 state.holders.push(cont);
             } else {
+                waiting_lease_owner = Some(st.ephemeral_owner);
                 state.waiters.push(cont);
             }
         }
-        for (child, r) in locks.iter().zip(lock_stats) {
+        for (i, (child, r)) in locks.iter().zip(lock_stats).enumerate() {
             match r {
                 Ok(Some(st)) => {
-                    if guid_prefix(child).is_some_and(|g| guids.contains(&g)) {
-                        continue; // the mutex holder, already shown by its lease
+                    // The mutex holder is already shown by its lease: ours
+                    // share the GUID; Curator's (another GUID) is the first
+                    // in the queue, of the same session as the lease beyond
+                    // the permits.
+                    if guid_prefix(child).is_some_and(|g| guids.contains(&g))
+                        || (i == 0 && waiting_lease_owner == Some(st.ephemeral_owner))
+                    {
+                        continue;
                     }
                     state
                         .waiters

@@ -5,7 +5,8 @@
 //! our holder; our `request_revoke` reaches a revocable Curator holder).
 //! Curator's `InterProcessReadWriteLock` against our read-write lock: a
 //! Curator writer and our reader exclude each other in both directions,
-//! and a Curator reader shares with ours.
+//! and a Curator reader shares with ours. Curator's
+//! `InterProcessSemaphoreV2` and our semaphore count the same leases.
 //!
 //! Needs `QUORUMLOCK_TEST_ZK_URL`, `javac`/`java`, and the Curator jars
 //! (`QUORUMLOCK_CURATOR_CP`, else the Debian jars under /usr/share/java).
@@ -475,6 +476,67 @@ async fn rw_curator_reader_shares_with_ours() {
         .release()
         .await
         .unwrap();
+    s.peer.quit().await;
+    s.case.finish().await;
+}
+
+/// Curator's `InterProcessSemaphoreV2` and our semaphore on one path with
+/// the same count: leases of both kinds count against the limit, and both
+/// queue on the same internal mutex.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphore_leases_count_across_curator_and_ours() {
+    let Some(mut s) = setup().await else { return };
+    let (a, b) = (s.case.client().await, s.case.client().await);
+    s.peer
+        .send(&format!("semaphore c1 {}/pool 2", s.ns_path))
+        .await;
+    s.peer.expect("ok").await;
+    s.peer
+        .send(&format!("semaphore c2 {}/pool 2", s.ns_path))
+        .await;
+    s.peer.expect("ok").await;
+    s.peer.send("acquire c1").await;
+    s.peer.expect("acquired c1").await;
+    let g = tokio::time::timeout(SOON, a.semaphore("pool", 2).unwrap().acquire())
+        .await
+        .expect("our permit beside one Curator lease")
+        .unwrap();
+    let st = a.inspect("pool").await.unwrap();
+    assert_eq!(st.holders.len(), 2, "{st:?}");
+    let e = b
+        .semaphore("pool", 2)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), lockcore::ErrorKind::WouldBlock, "{e}");
+    // A Curator waiter takes the permit we free.
+    s.peer.send("acquire c2").await;
+    wait_waiters(&a, "pool", 1).await;
+    assert!(
+        !s.peer
+            .says_within("acquired c2", Duration::from_millis(300))
+            .await,
+        "Curator took a third lease of 2"
+    );
+    g.release().await.unwrap();
+    s.peer.expect("acquired c2").await;
+    // Our waiter takes the permit Curator frees.
+    let b2 = b.clone();
+    let ours = tokio::spawn(async move { b2.semaphore("pool", 2).unwrap().acquire().await });
+    wait_waiters(&a, "pool", 1).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!ours.is_finished(), "we took a third lease of 2");
+    s.peer.send("release c1").await;
+    s.peer.expect("released c1").await;
+    let g = tokio::time::timeout(SOON, ours)
+        .await
+        .expect("our waiter not granted after Curator returned its lease")
+        .unwrap()
+        .unwrap();
+    g.release().await.unwrap();
+    s.peer.send("release c2").await;
+    s.peer.expect("released c2").await;
     s.peer.quit().await;
     s.case.finish().await;
 }

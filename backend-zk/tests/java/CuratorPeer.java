@@ -7,6 +7,9 @@
 //   lock <id> <path>          new InterProcessMutex on <path>, made revocable
 //   rwlock <id> <path> <side> the read or write side (<side> = read|write)
 //                             of a new InterProcessReadWriteLock on <path>
+//   semaphore <id> <path> <n> new InterProcessSemaphoreV2 on <path> with n
+//                             leases; "acquire <id>" takes one lease,
+//                             "release <id>" returns it
 //   acquire <id>              -> "acquired <id> <nodePath>" once held ("-" for
 //                             the node of a read-write lock side)
 //   release <id>              -> "released <id>"
@@ -29,6 +32,8 @@ import org.apache.curator.framework.CuratorFramework;
 import org.apache.curator.framework.CuratorFrameworkFactory;
 import org.apache.curator.framework.recipes.locks.InterProcessMutex;
 import org.apache.curator.framework.recipes.locks.InterProcessReadWriteLock;
+import org.apache.curator.framework.recipes.locks.InterProcessSemaphoreV2;
+import org.apache.curator.framework.recipes.locks.Lease;
 import org.apache.curator.framework.recipes.locks.Revoker;
 import org.apache.curator.retry.RetryNTimes;
 
@@ -60,6 +65,8 @@ public class CuratorPeer {
         client.blockUntilConnected();
         Map<String, InterProcessMutex> locks = new ConcurrentHashMap<>();
         Map<String, ExecutorService> threads = new ConcurrentHashMap<>();
+        Map<String, InterProcessSemaphoreV2> semaphores = new ConcurrentHashMap<>();
+        Map<String, Lease> leases = new ConcurrentHashMap<>();
         ExecutorService background = Executors.newCachedThreadPool();
         say("ready");
         BufferedReader in = new BufferedReader(new InputStreamReader(System.in));
@@ -85,8 +92,27 @@ public class CuratorPeer {
                         say("ok");
                         break;
                     }
+                    case "semaphore": {
+                        String id = w[1];
+                        semaphores.put(id, new InterProcessSemaphoreV2(client, w[2], Integer.parseInt(w[3])));
+                        threads.put(id, Executors.newSingleThreadExecutor());
+                        say("ok");
+                        break;
+                    }
                     case "acquire": {
                         String id = w[1];
+                        if (semaphores.containsKey(id)) {
+                            threads.get(id).submit(() -> {
+                                try {
+                                    Lease l = semaphores.get(id).acquire();
+                                    leases.put(id, l);
+                                    say("acquired " + id + " " + l.getNodeName());
+                                } catch (Exception e) {
+                                    say("error " + e);
+                                }
+                            });
+                            break;
+                        }
                         InterProcessMutex m = locks.get(id);
                         threads.get(id).submit(() -> {
                             try {
@@ -101,6 +127,17 @@ public class CuratorPeer {
                     }
                     case "release": {
                         String id = w[1];
+                        if (semaphores.containsKey(id)) {
+                            threads.get(id).submit(() -> {
+                                try {
+                                    leases.remove(id).close();
+                                    say("released " + id);
+                                } catch (Exception e) {
+                                    say("error " + e);
+                                }
+                            });
+                            break;
+                        }
                         InterProcessMutex m = locks.get(id);
                         threads.get(id).submit(() -> {
                             try {
