@@ -445,17 +445,23 @@ impl StoreSession for EtcdSession {
         // One txn: create our key if it does not exist (else read it), read
         // the oldest contender (for the kind check), and what we would
         // wait for (all of it is older than a key this txn creates).
+        // A mutex or writer holds when it is the oldest: that read is
+        // enough (Go's one-request uncontended path).
+        let first_is_enough = matches!(kind, LockKind::Exclusive | LockKind::Write);
+        let mut then = vec![
+            TxnOp::put(
+                key.clone(),
+                layout::value(kind, SystemTime::now()),
+                Some(PutOptions::new().with_lease(self.lease)),
+            ),
+            TxnOp::get(pfx_slash.clone(), Some(first_created().with_limit(1))),
+        ];
+        if !first_is_enough {
+            then.push(self.ahead_op(&pfx, kind, None));
+        }
         let txn = Txn::new()
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then([
-                TxnOp::put(
-                    key.clone(),
-                    layout::value(kind, SystemTime::now()),
-                    Some(PutOptions::new().with_lease(self.lease)),
-                ),
-                TxnOp::get(pfx_slash.clone(), Some(first_created().with_limit(1))),
-                self.ahead_op(&pfx, kind, None),
-            ])
+            .and_then(then)
             .or_else([
                 TxnOp::get(key.clone(), None),
                 TxnOp::get(pfx_slash.clone(), Some(first_created().with_limit(1))),
@@ -468,13 +474,12 @@ impl StoreSession for EtcdSession {
             self.inner.txn("enqueue", txn).await?
         };
         let mut rev = header_revision(&resp);
-        let (my_rev, mut first) = if resp.succeeded() {
-            let kvs = range_at(&resp, 2)?;
-            let ahead = self.ahead(&pfx, kind, None, kvs.kvs(), &key, rev).await?;
-            (rev, Some(ahead))
+        let mut first = None;
+        let my_rev = if resp.succeeded() {
+            rev
         } else {
             match range_at(&resp, 0)?.kvs().first() {
-                Some(kv) => (kv.create_revision(), None),
+                Some(kv) => kv.create_revision(),
                 None => return Err(Error::new(ErrorKind::Internal, "own key vanished in a txn")),
             }
         };
@@ -482,9 +487,24 @@ impl StoreSession for EtcdSession {
         let oldest = self
             .inner
             .first_contender(&pfx_slash, range_at(&resp, 1)?.kvs(), first_created())
-            .await?;
-        if let Some(o) = oldest.filter(|o| o.create_revision() != my_rev) {
-            let theirs = layout::kind_of(&o);
+            .await?
+            .filter(|o| o.create_revision() != my_rev);
+        if resp.succeeded() {
+            first = if first_is_enough {
+                // Not first: a try-acquire needs no more; a waiter reads
+                // its nearest predecessor below.
+                match &oldest {
+                    None => Some(Vec::new()),
+                    Some(o) if !req.wait => Some(vec![o.clone()]),
+                    Some(_) => None,
+                }
+            } else {
+                let kvs = range_at(&resp, 2)?;
+                Some(self.ahead(&pfx, kind, None, kvs.kvs(), &key, rev).await?)
+            };
+        }
+        if let Some(o) = &oldest {
+            let theirs = layout::kind_of(o);
             if layout::conflicts(theirs, kind) {
                 self.delete_if(&key, my_rev).await?;
                 return Err(Error::new(

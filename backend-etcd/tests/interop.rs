@@ -63,6 +63,14 @@ macro_rules! interop_tests {
             };
             super::etcdctl_waiter_behind_our_holder(&t).await;
         }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn etcdctl_lock_and_our_readers_and_permits_exclude_each_other() {
+            let Some(t) = super::target($url_var, $etcdctl_var) else {
+                return;
+            };
+            super::etcdctl_and_our_readers_and_permits(&t).await;
+        }
     };
 }
 
@@ -347,6 +355,94 @@ async fn etcdctl_waiter_behind_our_holder(t: &Target) {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    assert_eq!(check_no_overlap(&file), (1, 1));
+    let _ = std::fs::remove_file(&file);
+    case.finish().await;
+}
+
+/// Our read-write lock and semaphore keys are contenders for Go's mutex
+/// (they are under the prefix it scans), and Go's key is a writer for our
+/// readers: `etcdctl lock` waits for two of our readers (and for two
+/// semaphore permits), and our reader waits for `etcdctl lock`.
+async fn etcdctl_and_our_readers_and_permits(t: &Target) {
+    let h = &t.harness;
+    let case = h.case();
+    let url = h.url_for(case.namespace());
+    let (a, b) = (case.client().await, case.client().await);
+
+    for shared in ["rw", "sem"] {
+        let file = temp_file(shared);
+        let (g1, g2) = if shared == "rw" {
+            let r = a.rwlock("rw").unwrap();
+            (r.read().await.unwrap(), b.rwlock("rw").unwrap().read().await.unwrap())
+        } else {
+            (
+                a.semaphore("sem", 2).unwrap().acquire().await.unwrap(),
+                b.semaphore("sem", 2).unwrap().acquire().await.unwrap(),
+            )
+        };
+        append(&file, "start ours");
+        let waiter = etcdctl_lock(
+            &t.etcdctl,
+            &url,
+            case.namespace(),
+            shared,
+            &file,
+            "etcdctl",
+            Duration::from_millis(10),
+        )
+        .spawn()
+        .expect("spawn etcdctl");
+        let start = Instant::now();
+        while a.inspect(shared).await.unwrap().waiters.is_empty() {
+            assert!(start.elapsed() < Duration::from_secs(30), "etcdctl never queued");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        g1.release().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(
+            lines(&file),
+            vec!["start ours".to_string()],
+            "etcdctl got in beside our {shared} holder"
+        );
+        append(&file, "end ours");
+        g2.release().await.unwrap();
+        let out = tokio::time::timeout(Duration::from_secs(30), waiter.wait_with_output())
+            .await
+            .expect("etcdctl was not granted after our release")
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(check_no_overlap(&file), (1, 1));
+        let _ = std::fs::remove_file(&file);
+    }
+
+    // etcdctl holds; our reader waits for it.
+    let file = temp_file("rw-reader");
+    let mut holder = etcdctl_lock(
+        &t.etcdctl,
+        &url,
+        case.namespace(),
+        "rw",
+        &file,
+        "etcdctl",
+        Duration::from_millis(1500),
+    )
+    .spawn()
+    .expect("spawn etcdctl");
+    let start = Instant::now();
+    while !lines(&file).contains(&"start etcdctl".to_string()) {
+        assert!(start.elapsed() < Duration::from_secs(30), "etcdctl never got the lock");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let r = a.rwlock("rw").unwrap().read().await.unwrap();
+    append(&file, "start ours");
+    append(&file, "end ours");
+    r.release().await.unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(30), holder.wait())
+        .await
+        .expect("etcdctl did not exit")
+        .unwrap();
+    assert!(status.success());
     assert_eq!(check_no_overlap(&file), (1, 1));
     let _ = std::fs::remove_file(&file);
     case.finish().await;
