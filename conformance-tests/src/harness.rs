@@ -66,6 +66,23 @@ impl Harness {
         self
     }
 
+    /// The same store with the URL option `key` set to `value` (replacing
+    /// any value the environment gave), e.g. a long TTL for request counts.
+    pub fn with_option(mut self, key: &str, value: &str) -> Self {
+        let pairs: Vec<(String, String)> = self
+            .base
+            .query_pairs()
+            .filter(|(k, _)| k != key)
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect();
+        self.base
+            .query_pairs_mut()
+            .clear()
+            .extend_pairs(pairs)
+            .append_pair(key, value);
+        self
+    }
+
     /// Which lock the mutex cases use.
     pub fn flavor(&self) -> Flavor {
         self.flavor

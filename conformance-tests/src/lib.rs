@@ -3,6 +3,7 @@
 
 pub mod cases;
 pub mod faults;
+pub mod herd;
 mod harness;
 
 pub use harness::{BackendFactory, Case, Flavor, Harness};
