@@ -27,6 +27,9 @@ pub const QUEUE_FLAGS: u64 = 0x716c_6f63_6b71_7565; // "qlockque"
 /// The `Flags` of revoke markers, `<prefix>/.lock.revoke`.
 pub const REVOKE_FLAGS: u64 = 0x716c_6f63_6b72_766b; // "qlockrvk"
 
+/// How long `connect` waits for an agent that refuses connections.
+const CONNECT_PATIENCE: Duration = Duration::from_secs(10);
+
 /// How many times an admin operation re-reads and retries when the lock
 /// changed under it.
 const ADMIN_RETRIES: usize = 8;
@@ -148,18 +151,31 @@ impl ConsulBackend {
     }
 
     /// Parses and checks `url` (nothing is written for bad input), then
-    /// checks that the agent answers and has a leader.
+    /// checks that the agent answers (retrying for up to 10 s while it
+    /// refuses connections or has no leader, as during its start).
     ///
     /// # Cancel safety
     /// Only reads; safe to drop.
     pub async fn connect(url: &Url) -> Result<ConsulBackend> {
         let b = Self::new(ConsulConfig::from_url(url)?)?;
-        let leader = b
-            .inner
-            .api
-            .leader()
-            .await
-            .map_err(|e| map(e, "asking the agent for its leader"))?;
+        let start = tokio::time::Instant::now();
+        let mut pause = Duration::from_millis(100);
+        let leader = loop {
+            match b.inner.api.leader().await {
+                Ok(l) => break l,
+                Err(e) => {
+                    let e = map(e, "asking the agent for its leader");
+                    if e.kind() != ErrorKind::Connection
+                        || start.elapsed() + pause > CONNECT_PATIENCE
+                    {
+                        return Err(e);
+                    }
+                    tracing::debug!(error = %e, "the Consul agent does not answer yet; retrying");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+            }
+        };
         if leader.is_empty() {
             tracing::warn!(url = %b.inner.config.display, "the Consul agent has no leader yet");
         }
