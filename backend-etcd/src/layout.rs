@@ -24,7 +24,10 @@ use lockcore::LockKind;
 
 /// The value we write into a new entry: its kind and creation time.
 pub(crate) fn value(kind: LockKind, now: SystemTime) -> String {
-    let ms = now.duration_since(UNIX_EPOCH).unwrap_or_default().as_millis();
+    let ms = now
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis();
     let k = match kind {
         LockKind::Read => "r".to_string(),
         LockKind::Write => "w".to_string(),

@@ -151,7 +151,8 @@ impl EtcdSession {
     ) -> Result<Vec<KeyValue>> {
         let pfx_slash = format!("{pfx}/");
         let n = wanted(kind);
-        let keep = |kv: &&KeyValue| is_contender(&pfx_slash, kv.key()) && kv.key() != mine.as_bytes();
+        let keep =
+            |kv: &&KeyValue| is_contender(&pfx_slash, kv.key()) && kv.key() != mine.as_bytes();
         let mut out: Vec<KeyValue> = kvs.iter().filter(keep).take(n).cloned().collect();
         if out.len() < n && kvs.iter().any(|kv| !is_contender(&pfx_slash, kv.key())) {
             let (key, opts) = ahead_query(pfx, kind, before.or(Some(my_rev)));
@@ -317,7 +318,6 @@ async fn keepalive(
     }
 }
 
-
 /// A held entry as the watch task keeps it: what a delete or put on its
 /// key means. A few hundred bytes per held lock.
 struct HeldEntry {
@@ -358,7 +358,11 @@ impl HeldEntry {
                 _ = tokio::time::sleep(delay) => {}
             }
             delay = (delay * 2).min(Duration::from_secs(2));
-            let resp = match self.inner.get("re-read held entry", self.key.as_bytes(), GetOptions::new()).await {
+            let resp = match self
+                .inner
+                .get("re-read held entry", self.key.as_bytes(), GetOptions::new())
+                .await
+            {
                 Ok(r) => r,
                 Err(e) => {
                     tracing::debug!(error = %e, key = %self.key, "re-reading a held entry failed");
@@ -533,20 +537,28 @@ impl StoreSession for EtcdSession {
                         Some(kv) if kv.create_revision() == my_rev => {
                             revoked = kv.mod_revision() > my_rev;
                         }
-                        _ => {
-                            return Err(self.session_lost(
-                                "our etcd key vanished while waiting (lease expired or key deleted)",
-                            ))
-                        }
+                        _ => return Err(self.session_lost(
+                            "our etcd key vanished while waiting (lease expired or key deleted)",
+                        )),
                     }
                     let kvs = range_at(&resp, 1)?;
                     self.ahead(&pfx, kind, Some(my_rev), kvs.kvs(), &key, my_rev)
                         .await?
                 }
             };
-            if ahead.len() < wanted(kind) {
+            // A semaphore entry never holds beside an older entry of
+            // another kind (a Go mutex key that queued behind our permits,
+            // or a conflicting request that is about to take its key
+            // back): it waits for that one like for a writer.
+            let foreign: Vec<KeyValue> = ahead
+                .iter()
+                .filter(|kv| layout::conflicts(layout::kind_of(kv), kind))
+                .cloned()
+                .collect();
+            if ahead.len() < wanted(kind) && foreign.is_empty() {
                 break;
             }
+            let ahead = if foreign.is_empty() { ahead } else { foreign };
             if !req.wait {
                 self.delete_if(&key, my_rev).await?;
                 return Err(Error::new(

@@ -320,7 +320,9 @@ async fn open(
     let (mut sender, responses) = ws.split();
     for (&id, sub) in all {
         requests.fetch_add(1, Ordering::Relaxed);
-        sender.watch(sub.key.to_vec(), Some(sub.options(id))).await?;
+        sender
+            .watch(sub.key.to_vec(), Some(sub.options(id)))
+            .await?;
     }
     tracing::debug!(watches = subs.len(), "etcd watch stream opened");
     Ok(Stream { sender, responses })

@@ -374,7 +374,10 @@ async fn etcdctl_and_our_readers_and_permits(t: &Target) {
         let file = temp_file(shared);
         let (g1, g2) = if shared == "rw" {
             let r = a.rwlock("rw").unwrap();
-            (r.read().await.unwrap(), b.rwlock("rw").unwrap().read().await.unwrap())
+            (
+                r.read().await.unwrap(),
+                b.rwlock("rw").unwrap().read().await.unwrap(),
+            )
         } else {
             (
                 a.semaphore("sem", 2).unwrap().acquire().await.unwrap(),
@@ -395,7 +398,10 @@ async fn etcdctl_and_our_readers_and_permits(t: &Target) {
         .expect("spawn etcdctl");
         let start = Instant::now();
         while a.inspect(shared).await.unwrap().waiters.is_empty() {
-            assert!(start.elapsed() < Duration::from_secs(30), "etcdctl never queued");
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "etcdctl never queued"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         g1.release().await.unwrap();
@@ -411,7 +417,11 @@ async fn etcdctl_and_our_readers_and_permits(t: &Target) {
             .await
             .expect("etcdctl was not granted after our release")
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         assert_eq!(check_no_overlap(&file), (1, 1));
         let _ = std::fs::remove_file(&file);
     }
@@ -431,7 +441,10 @@ async fn etcdctl_and_our_readers_and_permits(t: &Target) {
     .expect("spawn etcdctl");
     let start = Instant::now();
     while !lines(&file).contains(&"start etcdctl".to_string()) {
-        assert!(start.elapsed() < Duration::from_secs(30), "etcdctl never got the lock");
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "etcdctl never got the lock"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let r = a.rwlock("rw").unwrap().read().await.unwrap();

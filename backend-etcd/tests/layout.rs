@@ -81,7 +81,11 @@ async fn keys_are_go_mutex_keys() {
         .get(format!("{ns}/"), Some(GetOptions::new().with_prefix()))
         .await
         .unwrap();
-    assert_eq!(all.kvs().len(), 1, "only our contender key in the namespace");
+    assert_eq!(
+        all.kvs().len(),
+        1,
+        "only our contender key in the namespace"
+    );
     g.release().await.unwrap();
     case.finish().await;
 }
@@ -161,7 +165,10 @@ async fn read_write_and_semaphore_keys() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
     assert_eq!(st.holders.len(), 2);
-    assert!(st.holders.iter().all(|c| c.kind == LockKind::Read && c.since.is_some()));
+    assert!(st
+        .holders
+        .iter()
+        .all(|c| c.kind == LockKind::Read && c.since.is_some()));
     assert_eq!(st.waiters[0].kind, LockKind::Write);
     assert!(st.waiters[0].entry.contains("-w-"), "{:?}", st.waiters[0]);
     r1.release().await.unwrap();
@@ -213,7 +220,12 @@ async fn foreign_keys_with_empty_values() {
     assert_eq!(st.holders[0].session, format!("{lease:x}"));
     let e = a.rwlock("f").unwrap().try_read().await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::WouldBlock, "{e}");
-    let e = a.semaphore("f", 2).unwrap().try_acquire().await.unwrap_err();
+    let e = a
+        .semaphore("f", 2)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Conflict, "{e}");
     let a2 = a.clone();
     let r = tokio::spawn(async move { a2.rwlock("f").unwrap().read().await });
@@ -226,5 +238,34 @@ async fn foreign_keys_with_empty_values() {
         .unwrap()
         .unwrap();
     r.release().await.unwrap();
+
+    // A foreign key that queued behind our permit: a later permit request
+    // waits for it instead of holding beside a Go mutex holder.
+    let b = case.client().await;
+    let p1 = a.semaphore("g", 2).unwrap().acquire().await.unwrap();
+    let lease = kv.lease_grant(30, None).await.unwrap().id();
+    kv.put(
+        format!("{ns}/g/{lease:x}"),
+        "",
+        Some(PutOptions::new().with_lease(lease)),
+    )
+    .await
+    .unwrap();
+    let b2 = b.clone();
+    let p2 = tokio::spawn(async move { b2.semaphore("g", 2).unwrap().acquire().await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    p1.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !p2.is_finished(),
+        "a permit was granted beside a foreign mutex holder"
+    );
+    kv.lease_revoke(lease).await.unwrap();
+    let p2 = tokio::time::timeout(Duration::from_secs(10), p2)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    p2.release().await.unwrap();
     case.finish().await;
 }
