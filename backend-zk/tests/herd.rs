@@ -21,6 +21,11 @@ use lockcore::{LockClient, LockGuard};
 const SOON: Duration = Duration::from_secs(15);
 const SETTLE: Duration = Duration::from_millis(300);
 
+/// The tests of this file run one at a time: each opens up to 36
+/// connections, and ZooKeeper allows 60 per client address by default
+/// (`maxClientCnxns`).
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn harness() -> Option<Harness> {
     Harness::from_env("QUORUMLOCK_TEST_ZK_URL", |url| async move {
         Ok(Arc::new(ZkBackend::connect(&url).await?) as _)
@@ -144,6 +149,7 @@ async fn release_cost(h: &Harness, n: usize, kind: Kind) -> Cost {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_release_wakes_one_waiter() {
     let Some(h) = harness() else { return };
+    let _serial = SERIAL.lock().await;
     for kind in [Kind::Mutex, Kind::Write] {
         let small = release_cost(&h, 4, kind).await;
         let large = release_cost(&h, 16, kind).await;
@@ -165,5 +171,40 @@ async fn one_release_wakes_one_waiter() {
     assert_eq!(
         small, large,
         "semaphore: the cost of a release grows with the queue"
+    );
+}
+
+/// The shared measurement (`conformance_tests::herd`), as every backend
+/// runs it: two clients send anything after a release (the releaser and
+/// the next holder), for 4 and for 16 waiters. It counts keepalives too,
+/// so it needs sessions whose keepalive period (a third of the timeout)
+/// is far longer than the measuring window: it asks for 10 minutes and
+/// is skipped, loudly, if the server caps the timeout below a minute
+/// (`maxSessionTimeout`, by default 20 ticks); `one_release_wakes_one_waiter`
+/// above measures the same without keepalives on any server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_cost_of_one_release() {
+    let Some(h) = harness() else { return };
+    let _serial = SERIAL.lock().await;
+    let h = h.with_option("session_timeout", "10m");
+    let probe = ZkBackend::connect(&h.url_for("probe"))
+        .await
+        .expect("connect");
+    let granted = probe.negotiated_session_timeout().expect("a session");
+    drop(probe);
+    if granted < Duration::from_secs(60) {
+        eprintln!(
+            "SKIPPED: the server caps session timeouts at {granted:?} (< 60 s; set maxSessionTimeout), \
+             so keepalives would fall into the measuring window"
+        );
+        return;
+    }
+    let four = conformance_tests::herd::cost_of_one_release(&h, 4).await;
+    let sixteen = conformance_tests::herd::cost_of_one_release(&h, 16).await;
+    eprintln!("shared measurement: 4 waiters {four:?}, 16 waiters {sixteen:?}");
+    assert_eq!(four.clients_woken, 2, "{four:?}");
+    assert_eq!(
+        four, sixteen,
+        "the cost of a release grows with the waiters"
     );
 }
