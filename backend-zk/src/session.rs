@@ -340,9 +340,11 @@ impl Inner {
         }
     }
 
-    /// Waits for a change of `node` (deleted or written); `Ok(Some(data))`
-    /// with the node's data as read when the watch was set, `Ok(None)` if
-    /// it was gone already or the watch could not be set for a while.
+    /// Waits for a change of `node` (deleted or written), after showing its
+    /// data, as read when the watch was set, to `on_data` (an error from it
+    /// ends the wait). Returns at once if the node is gone already, and
+    /// after a backoff if the watch could not be set (connection trouble):
+    /// the caller lists again either way.
     async fn wait_for(
         &self,
         c: &zk::Client,
@@ -379,7 +381,7 @@ impl Inner {
 
     /// Mutex, read and write entries: one queue under the lock node,
     /// ordered by sequence number (Curator's mutex and read-write layouts).
-    async fn acquire_queue(self: &Arc<Self>, req: &AcquireRequest) -> Result<Acquired> {
+    async fn acquire_queue(&self, req: &AcquireRequest) -> Result<Acquired> {
         let role = Role::of(req.kind);
         let dir = self.shared.lock_dir(&req.name)?;
         let c = self.client()?;
@@ -433,11 +435,7 @@ impl Inner {
     /// Curator's `InterProcessSemaphoreV2`: queue on the internal mutex
     /// `P/locks`, then (holding it) create a lease `P/leases/..-lease-` and
     /// wait until at most `permits` leases exist; then leave the mutex.
-    async fn acquire_semaphore(
-        self: &Arc<Self>,
-        req: &AcquireRequest,
-        permits: u32,
-    ) -> Result<Acquired> {
+    async fn acquire_semaphore(&self, req: &AcquireRequest, permits: u32) -> Result<Acquired> {
         let dir = self.shared.lock_dir(&req.name)?;
         let locks_dir = format!("{dir}/{}", backend::SEM_LOCKS);
         let leases_dir = format!("{dir}/{}", backend::SEM_LEASES);
