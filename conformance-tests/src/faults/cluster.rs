@@ -58,6 +58,68 @@ fn tmpdir(kind: StoreKind) -> PathBuf {
 /// Serializes clusters within one test process: they share ports.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// Where processes take turns: every cluster uses the same addresses and
+/// ports, so test processes of different crates must not run clusters at
+/// once.
+const LOCK_DIR: &str = "/tmp/quorumlock-cluster.lock";
+
+/// The right to run a cluster: this process's turn (an in-process mutex)
+/// and the machine's (a lock directory holding the owner's pid; a dead
+/// owner's lock is taken over). Hold it as long as the [`Cluster`].
+#[derive(Debug)]
+pub struct ClusterTurn {
+    _local: tokio::sync::MutexGuard<'static, ()>,
+}
+
+impl ClusterTurn {
+    async fn take() -> std::io::Result<ClusterTurn> {
+        let local = ONE_AT_A_TIME.lock().await;
+        let me = std::process::id().to_string();
+        let pid_file = Path::new(LOCK_DIR).join("pid");
+        let start = Instant::now();
+        loop {
+            match std::fs::create_dir(LOCK_DIR) {
+                Ok(()) => {
+                    std::fs::write(&pid_file, &me)?;
+                    return Ok(ClusterTurn { _local: local });
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    let owner = std::fs::read_to_string(&pid_file).unwrap_or_default();
+                    let owner = owner.trim().to_string();
+                    let gone = !owner.is_empty() && !Path::new("/proc").join(&owner).exists();
+                    // Ours from an earlier panic, a dead owner's, or one
+                    // that never got its pid written.
+                    if owner == me
+                        || gone
+                        || (owner.is_empty() && start.elapsed() > Duration::from_secs(5))
+                    {
+                        let _ = std::fs::remove_dir_all(LOCK_DIR);
+                        continue;
+                    }
+                    if start.elapsed() > Duration::from_secs(900) {
+                        return Err(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            format!("process {owner} held {LOCK_DIR} for 15 minutes"),
+                        ));
+                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+impl Drop for ClusterTurn {
+    fn drop(&mut self) {
+        let pid_file = Path::new(LOCK_DIR).join("pid");
+        let owner = std::fs::read_to_string(pid_file).unwrap_or_default();
+        if owner.trim() == std::process::id().to_string() {
+            let _ = std::fs::remove_dir_all(LOCK_DIR);
+        }
+    }
+}
+
 /// Whether the cluster scenarios should run (`QUORUMLOCK_TEST_CLUSTERS=1`).
 pub fn clusters_enabled() -> bool {
     std::env::var("QUORUMLOCK_TEST_CLUSTERS").is_ok_and(|v| v == "1")
@@ -65,12 +127,11 @@ pub fn clusters_enabled() -> bool {
 
 impl Cluster {
     /// Starts a cluster of `kind` and waits until it has a leader (at most
-    /// 90 s). Clusters of one test process run one at a time: hold the
-    /// returned guard as long as the cluster.
-    pub async fn start(
-        kind: StoreKind,
-    ) -> std::io::Result<(Cluster, tokio::sync::MutexGuard<'static, ()>)> {
-        let guard = ONE_AT_A_TIME.lock().await;
+    /// 90 s). Clusters run one at a time on the machine (they share
+    /// addresses and ports): hold the returned turn as long as the
+    /// cluster, and drop the cluster first.
+    pub async fn start(kind: StoreKind) -> std::io::Result<(Cluster, ClusterTurn)> {
+        let guard = ClusterTurn::take().await?;
         let mut c = Cluster {
             kind,
             dir: tmpdir(kind),

@@ -40,7 +40,7 @@ mod report;
 pub mod scenarios;
 mod sim;
 
-pub use cluster::{clusters_enabled, Cluster, StoreKind};
+pub use cluster::{clusters_enabled, Cluster, ClusterTurn, StoreKind};
 pub use history::{History, Hold, HoldEnd, Overlap, Tracked};
 pub use proxy::{ProxyStats, TcpProxy};
 pub use register::{FencedRegister, StaleToken, Write};
@@ -368,9 +368,13 @@ macro_rules! __cluster_fault_suite_expand {
                     return;
                 }
                 let kind: $crate::faults::StoreKind = $kind;
-                let (mut cluster, _one) = $crate::faults::Cluster::start(kind)
+                let (cluster, turn) = $crate::faults::Cluster::start(kind)
                     .await
                     .expect("starting a three-node cluster");
+                // Dropped in reverse order, also on a panic: the cluster
+                // first, then the turn.
+                let _turn = turn;
+                let mut cluster = cluster;
                 let target = $crate::faults::FaultTarget::for_cluster(&cluster, $factory)
                     .with_option($key, $value);
                 $crate::faults::scenarios::$s(&target, &mut cluster).await;
