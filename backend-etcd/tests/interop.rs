@@ -82,6 +82,15 @@ mod etcd35 {
     interop_tests!("QUORUMLOCK_TEST_ETCD35_URL", "QUORUMLOCK_ETCDCTL35");
 }
 
+/// The key prefix our client uses for `url` (the URL's whole path, which
+/// includes any base path of the test URL): etcdctl's lock name is
+/// `<prefix>/<name>`.
+fn key_prefix(url: &Url) -> String {
+    backend_etcd::EtcdConfig::from_url(url)
+        .expect("test URL")
+        .namespace
+}
+
 /// `etcdctl` with the endpoint and credentials of `url`.
 fn etcdctl(bin: &str, url: &Url) -> Command {
     let config = backend_etcd::EtcdConfig::from_url(url).expect("test URL");
@@ -214,7 +223,7 @@ async fn etcdctl_lock_and_ours_never_overlap(t: &Target) {
     let ours = case.client().await;
     let file = temp_file("rounds");
 
-    let (u, ns, f) = (url.clone(), case.namespace().to_string(), file.clone());
+    let (u, ns, f) = (url.clone(), key_prefix(&url), file.clone());
     let bin = t.etcdctl.clone();
     let theirs = tokio::spawn(async move {
         for r in 0..ROUNDS {
@@ -258,7 +267,7 @@ async fn our_waiter_behind_etcdctl_holder(t: &Target) {
     let mut holder = etcdctl_lock(
         &t.etcdctl,
         &url,
-        case.namespace(),
+        &key_prefix(&url),
         "held",
         &file,
         "etcdctl",
@@ -322,7 +331,7 @@ async fn etcdctl_waiter_behind_our_holder(t: &Target) {
     let waiter = etcdctl_lock(
         &t.etcdctl,
         &url,
-        case.namespace(),
+        &key_prefix(&url),
         "ours",
         &file,
         "etcdctl",
@@ -388,7 +397,7 @@ async fn etcdctl_and_our_readers_and_permits(t: &Target) {
         let waiter = etcdctl_lock(
             &t.etcdctl,
             &url,
-            case.namespace(),
+            &key_prefix(&url),
             shared,
             &file,
             "etcdctl",
@@ -431,7 +440,7 @@ async fn etcdctl_and_our_readers_and_permits(t: &Target) {
     let mut holder = etcdctl_lock(
         &t.etcdctl,
         &url,
-        case.namespace(),
+        &key_prefix(&url),
         "rw",
         &file,
         "etcdctl",

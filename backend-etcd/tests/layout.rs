@@ -19,6 +19,14 @@ fn harness() -> Option<Harness> {
     })
 }
 
+/// The key prefix of a case's clients: the URL's whole path (the test
+/// URL's own path, if any, plus the case namespace).
+fn key_prefix(h: &Harness, namespace: &str) -> String {
+    backend_etcd::EtcdConfig::from_url(&h.url_for(namespace))
+        .unwrap()
+        .namespace
+}
+
 /// A plain etcd client for the same store, to read the keys directly.
 async fn raw(h: &Harness) -> Client {
     let config = backend_etcd::EtcdConfig::from_url(&h.url_for("x")).unwrap();
@@ -46,7 +54,7 @@ async fn raw(h: &Harness) -> Client {
 async fn keys_are_go_mutex_keys() {
     let Some(h) = harness() else { return };
     let case = h.case();
-    let ns = case.namespace().to_string();
+    let ns = key_prefix(&h, case.namespace());
     let mut kv = raw(&h).await;
     let (a, b) = (case.client().await, case.client().await);
 
@@ -140,7 +148,7 @@ async fn nested_names_are_not_contenders_of_their_parent() {
 async fn read_write_and_semaphore_keys() {
     let Some(h) = harness() else { return };
     let case = h.case();
-    let ns = case.namespace().to_string();
+    let ns = key_prefix(&h, case.namespace());
     let mut kv = raw(&h).await;
     let (a, b) = (case.client().await, case.client().await);
 
@@ -201,7 +209,7 @@ async fn read_write_and_semaphore_keys() {
 async fn foreign_keys_with_empty_values() {
     let Some(h) = harness() else { return };
     let case = h.case();
-    let ns = case.namespace().to_string();
+    let ns = key_prefix(&h, case.namespace());
     let mut kv = raw(&h).await;
     let a = case.client().await;
     let lease = kv.lease_grant(30, None).await.unwrap().id();
