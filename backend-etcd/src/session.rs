@@ -510,7 +510,12 @@ impl StoreSession for EtcdSession {
         if let Some(o) = &oldest {
             let theirs = layout::kind_of(o);
             if layout::conflicts(theirs, kind) {
-                self.delete_if(&key, my_rev).await?;
+                // Conflict is the answer even if this delete fails: the
+                // client layer abandons (deletes) the attempt after any
+                // error but WouldBlock.
+                if let Err(e) = self.delete_if(&key, my_rev).await {
+                    tracing::debug!(error = %e, "removing a conflicting entry failed");
+                }
                 return Err(Error::new(
                     ErrorKind::Conflict,
                     format!("lock {} is in use as {theirs:?}, not {kind:?}", req.name),
