@@ -63,8 +63,15 @@ impl Default for Capabilities {
 ///
 /// A waiter watches only what it waits for (herd-free): a writer its
 /// predecessor, a reader the nearest writer ahead, a semaphore waiter the
-/// entry `permits` places ahead. Semaphore entries with a different
-/// `permits`, or mixed with lock entries, are [`crate::ErrorKind::Conflict`].
+/// `permits` nearest entries ahead (watching only the entry `permits`
+/// places ahead misses the release of a nearer one), so a release wakes at
+/// most `permits` waiters, never all of them.
+///
+/// A request whose kind clashes with the head of the queue (a semaphore
+/// with another `permits`, a semaphore among lock entries) fails with
+/// [`crate::ErrorKind::Conflict`] without waiting and without leaving an
+/// entry. Foreign recipes may still add a clashing entry later; an entry
+/// is then never granted beside an incompatible entry ahead of it.
 /// `Read`/`Write` entries are one per owner (several per session), so their
 /// layout must not be keyed by session alone; `Exclusive` and `Semaphore`
 /// entries are at most one per session and name.
