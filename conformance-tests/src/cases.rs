@@ -1001,3 +1001,45 @@ pub async fn semaphore_one_permit_per_client(h: &Harness) {
         .unwrap();
     case.finish().await;
 }
+
+/// A mutex and the readers of a read-write lock on one name exclude each
+/// other (a mutex counts as a writer): `quorumlock lock` and
+/// `quorumlock lock --shared` on one name rely on it.
+pub async fn rw_mutex_and_readers_exclude(h: &Harness) {
+    let case = h.case();
+    let (a, b) = (case.client().await, case.client().await);
+    let m = a.lock("mixed").unwrap().acquire().await.unwrap();
+    assert_kind(
+        b.rwlock("mixed").unwrap().try_read().await,
+        ErrorKind::WouldBlock,
+        "read beside a mutex",
+    );
+    m.release().await.unwrap();
+    let r = read(&b, "mixed").await;
+    assert_kind(
+        a.lock("mixed").unwrap().try_acquire().await,
+        ErrorKind::WouldBlock,
+        "mutex beside a reader",
+    );
+    let a2 = a.clone();
+    let waiting = tokio::spawn(async move {
+        a2.lock("mixed")
+            .unwrap()
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+    });
+    eventually("the mutex to queue", || async {
+        waiters(&b, "mixed").await == 1
+    })
+    .await;
+    r.release().await.unwrap();
+    tokio::time::timeout(SOON, waiting)
+        .await
+        .expect("mutex not granted after the reader")
+        .unwrap()
+        .unwrap();
+    case.finish().await;
+}

@@ -71,7 +71,8 @@ macro_rules! rwlock_suite {
                 rw_writer_excludes_readers_and_writers,
                 rw_writer_not_starved_by_readers,
                 rw_downgrade_allowed_upgrade_refused,
-                rw_owners_in_one_client
+                rw_owners_in_one_client,
+                rw_mutex_and_readers_exclude
             );
             mod write_side {
                 use super::*;
