@@ -7,7 +7,7 @@ pub use lockcore::backend;
 pub use lockcore::url;
 pub use lockcore::{
     Backend, Capabilities, Contender, Error, ErrorKind, Lock, LockClient, LockGuard, LockKind,
-    LockName, LockState, LossReason, Reentry, Result,
+    LockName, LockState, LossReason, Reentry, Result, RwLock, Semaphore,
 };
 
 #[cfg(feature = "mem")]

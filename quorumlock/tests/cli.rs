@@ -555,6 +555,92 @@ fn interrupted_waiter_leaves_nothing(url: &str) {
     assert_eq!(v["waiters"].as_array().map(Vec::len), Some(0), "{v}");
 }
 
+/// `--permits 2`: three commands started together, at most two run at once
+/// (each takes the lowest free slot directory; slot 2 would mean three).
+/// `--shared`: two readers run together (each waits to see the other).
+/// A plain `lock` of a name held `--shared` gives up with 75.
+fn shared_and_permits(url: &str) {
+    let dir = tmpdir();
+    let d = dir.path().display().to_string();
+    let slots = format!(
+        "for i in 0 1 2; do if mkdir {d}/slot$i 2>/dev/null; then echo $i >> {d}/log; sleep 1; rmdir {d}/slot$i; exit 0; fi; done; exit 99"
+    );
+    let procs: Vec<Bg> = (0..3)
+        .map(|_| {
+            Bg::spawn(
+                url,
+                &[
+                    "lock",
+                    "--timeout",
+                    "20s",
+                    "--permits",
+                    "2",
+                    "pool",
+                    "--",
+                    "sh",
+                    "-c",
+                    &slots,
+                ],
+            )
+        })
+        .collect();
+    for bg in procs {
+        let (code, err) = bg.wait(Duration::from_secs(30));
+        assert_eq!(code, 0, "{err}");
+    }
+    let log = std::fs::read_to_string(dir.path().join("log")).unwrap();
+    assert!(!log.contains('2'), "three permit holders at once: {log:?}");
+    assert!(
+        log.contains('1'),
+        "never two permit holders at once: {log:?}"
+    );
+
+    let reader = |me: &str, other: &str| {
+        let script = format!(
+            "touch {d}/{me}; i=0; while [ $i -lt 100 ]; do [ -e {d}/{other} ] && exit 0; sleep 0.1; i=$((i+1)); done; exit 98"
+        );
+        Bg::spawn(
+            url,
+            &[
+                "lock",
+                "--timeout",
+                "20s",
+                "--shared",
+                "shared",
+                "--",
+                "sh",
+                "-c",
+                &script,
+            ],
+        )
+    };
+    let (a, b) = (reader("a", "b"), reader("b", "a"));
+    for bg in [a, b] {
+        let (code, err) = bg.wait(Duration::from_secs(30));
+        assert_eq!(code, 0, "readers did not hold together: {err}");
+    }
+
+    let holder = Bg::spawn(
+        url,
+        &[
+            "lock",
+            "--shared",
+            "mixed",
+            "--",
+            "sh",
+            "-c",
+            &format!("echo held > {d}/held; sleep 3"),
+        ],
+    );
+    wait_file(&dir.path().join("held"), Duration::from_secs(20));
+    ql(url)
+        .args(["lock", "--timeout", "0", "mixed", "--", "true"])
+        .assert()
+        .code(75);
+    let (code, err) = holder.wait(Duration::from_secs(30));
+    assert_eq!(code, 0, "{err}");
+}
+
 macro_rules! store_tests {
     ($store:ident, $var:literal) => {
         mod $store {
@@ -585,6 +671,13 @@ macro_rules! store_tests {
             fn revoke_sends_sigterm_to_the_child() {
                 if let Some(url) = store($var) {
                     revoke_terminates_the_child(&url);
+                }
+            }
+
+            #[test]
+            fn shared_readers_overlap_and_permits_cap_holders() {
+                if let Some(url) = store($var) {
+                    shared_and_permits(&url);
                 }
             }
 

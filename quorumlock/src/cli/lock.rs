@@ -3,6 +3,7 @@
 use std::io::IsTerminal;
 use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
 use std::process::ExitStatus;
+use std::time::Duration;
 
 use quorumlock::{ErrorKind, LockClient, LockGuard};
 use tokio::signal::unix::{signal, Signal, SignalKind};
@@ -52,6 +53,39 @@ impl Signals {
     }
 }
 
+/// What `lock` takes: a mutex, the read side of a read-write lock
+/// (`--shared`), or a semaphore permit (`--permits N`).
+enum Target {
+    Mutex(quorumlock::Lock),
+    Read(quorumlock::RwLock),
+    Permit(quorumlock::Semaphore),
+}
+
+impl Target {
+    fn new(client: &LockClient, args: &LockArgs) -> quorumlock::Result<Target> {
+        Ok(match (args.shared, args.permits) {
+            (true, _) => Target::Read(client.rwlock(&args.name)?),
+            (false, Some(n)) => Target::Permit(client.semaphore(&args.name, n)?),
+            (false, None) => Target::Mutex(client.lock(&args.name)?),
+        })
+    }
+
+    /// `None` waits forever, zero tries once, else waits at most `timeout`.
+    async fn acquire(&self, timeout: Option<Duration>) -> quorumlock::Result<LockGuard> {
+        match (self, timeout) {
+            (Target::Mutex(l), None) => l.acquire().await,
+            (Target::Mutex(l), Some(d)) if d.is_zero() => l.try_acquire().await,
+            (Target::Mutex(l), Some(d)) => l.acquire_timeout(d).await,
+            (Target::Read(rw), None) => rw.read().await,
+            (Target::Read(rw), Some(d)) if d.is_zero() => rw.try_read().await,
+            (Target::Read(rw), Some(d)) => rw.read_timeout(d).await,
+            (Target::Permit(s), None) => s.acquire().await,
+            (Target::Permit(s), Some(d)) if d.is_zero() => s.try_acquire().await,
+            (Target::Permit(s), Some(d)) => s.acquire_timeout(d).await,
+        }
+    }
+}
+
 /// Runs `quorumlock lock`.
 ///
 /// # Cancel safety
@@ -70,19 +104,13 @@ pub async fn run_with(
     args: &LockArgs,
     signals: &mut Signals,
 ) -> Result<u8, Failure> {
-    let lock = client.lock(&args.name)?;
+    let target = Target::new(client, args)?;
     // One read first: an unreachable store fails now with 69 instead of
     // the acquire retrying quietly.
-    lock.inspect().await?;
+    client.inspect(&args.name).await?;
 
     let guard = {
-        let acquire = async {
-            match args.timeout {
-                None => lock.acquire().await,
-                Some(d) if d.is_zero() => lock.try_acquire().await,
-                Some(d) => lock.acquire_timeout(d).await,
-            }
-        };
+        let acquire = target.acquire(args.timeout);
         tokio::pin!(acquire);
         let spinner = std::io::stderr()
             .is_terminal()

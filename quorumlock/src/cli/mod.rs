@@ -122,6 +122,17 @@ pub struct LockArgs {
     #[arg(long)]
     pub ignore_revoke: bool,
 
+    /// Take the read side of a read-write lock: `--shared` holders run
+    /// together; a plain `lock` of the same name waits for all of them
+    /// and they wait for it.
+    #[arg(long, conflicts_with = "permits")]
+    pub shared: bool,
+
+    /// Take one permit of a semaphore of N: at most N commands hold NAME
+    /// at once. Every user of NAME must give the same N.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub permits: Option<u32>,
+
     /// The lock's name: segments of [A-Za-z0-9._:-] joined by `/`.
     pub name: String,
 
