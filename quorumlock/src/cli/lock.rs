@@ -317,7 +317,6 @@ pub fn status_code(status: ExitStatus) -> u8 {
 mod tests {
     use super::*;
     use std::ffi::OsString;
-    use std::time::Duration;
 
     fn args(name: &str, cmd: &[&str]) -> LockArgs {
         LockArgs {
@@ -325,6 +324,8 @@ mod tests {
             ttl: None,
             grace: Duration::from_millis(300),
             ignore_revoke: false,
+            shared: false,
+            permits: None,
             name: name.into(),
             command: cmd.iter().map(OsString::from).collect(),
         }
