@@ -722,7 +722,16 @@ async fn keepalive(inner: Arc<Inner>) {
         }
         tokio::select! {
             _ = inner.stop.cancelled() => return,
-            _ = inner.liveness.lost() => return,
+            _ = inner.liveness.lost() => {
+                // Every guard has been told. End the session on the server
+                // now: the library would otherwise keep it alive with its
+                // own pings once the servers are back, and our nodes with
+                // it, so waiters would wait until this client is dropped.
+                tracing::info!(session = %inner.id, "session lost locally; closing it");
+                inner.stop.cancel();
+                inner.client.lock().expect("poisoned").take();
+                return;
+            }
             _ = state.changed() => continue,
             _ = tokio::time::sleep_until(next) => {}
         }
