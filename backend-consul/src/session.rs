@@ -32,6 +32,8 @@ const MONITOR_MAX_FAILURES: u32 = 6;
 /// purpose: a waiter whose session was lost to a partition opens a new one
 /// as soon as the partition heals, instead of failing the acquire.
 const SESSION_CREATE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a session given up locally is retried to be destroyed.
+const ABANDONED_DESTROY_PATIENCE: Duration = Duration::from_secs(600);
 /// Unexpected txn failures tolerated in one acquire before giving up.
 const MAX_ACQUIRE_RETRIES: u32 = 20;
 
@@ -623,7 +625,12 @@ async fn keepalive(s: Arc<Shared>) {
     loop {
         tokio::select! {
             _ = s.stop.cancelled() => return,
-            _ = s.liveness.lost() => return,
+            reason = s.liveness.lost() => {
+                if reason == LossReason::DeadlinePassed {
+                    destroy_abandoned(&s).await;
+                }
+                return;
+            }
             _ = tokio::time::sleep_until(next) => {}
         }
         let sent = Instant::now();
@@ -642,6 +649,37 @@ async fn keepalive(s: Arc<Shared>) {
                 next = Instant::now() + Duration::from_millis(500);
             }
         }
+    }
+}
+
+/// A session given up locally (no renew confirmed before the deadline)
+/// may still live on the servers, and hold its locks there until its TTL
+/// runs out, or longer: after every server of a cluster was restarted,
+/// Consul 1.8.7 kept such sessions for good in our tests. We gave it up,
+/// so destroying it is safe: retry until the agent answers (at most
+/// [`ABANDONED_DESTROY_PATIENCE`]) or the session is closed.
+async fn destroy_abandoned(s: &Shared) {
+    let start = Instant::now();
+    let mut pause = Duration::from_millis(500);
+    loop {
+        match s.backend.api.session_destroy(&s.id).await {
+            Ok(()) => {
+                tracing::debug!(session = %s.id, "destroyed the session given up locally");
+                return;
+            }
+            Err(e) if start.elapsed() < ABANDONED_DESTROY_PATIENCE => {
+                tracing::debug!(session = %s.id, error = %e, "destroying a lost session failed; retrying");
+            }
+            Err(e) => {
+                tracing::warn!(session = %s.id, error = %e, "could not destroy a lost session; it ends by its TTL");
+                return;
+            }
+        }
+        tokio::select! {
+            _ = s.stop.cancelled() => return,
+            _ = tokio::time::sleep(pause) => {}
+        }
+        pause = (pause * 2).min(Duration::from_secs(5));
     }
 }
 
