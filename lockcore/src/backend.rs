@@ -241,6 +241,9 @@ pub trait StoreSession: Send + Sync + fmt::Debug + 'static {
     async fn abandon(&self, req: &AcquireRequest) -> Result<()>;
 
     /// Ends the session on the store (best effort) and stops its keepalive.
+    /// The client layer calls it once, as soon as the session is lost for
+    /// any reason (local deadline, expiry, client closed or dropped), so a
+    /// client library's own reconnect logic must not keep it alive.
     async fn close(&self) -> Result<()>;
 }
 

@@ -46,20 +46,34 @@ struct ClientInner {
 impl Drop for ClientInner {
     fn drop(&mut self) {
         if let Some(slot) = self.session.get_mut().take() {
+            // The session's supervisor ends it on the store.
             slot.liveness.lose(LossReason::ClientClosed);
-            self.runtime.spawn(async move {
-                if let Err(e) = slot.store.close().await {
-                    tracing::debug!(error = %e, "closing a dropped client's session failed");
-                }
-            });
         }
     }
+}
+
+/// The one client-side task per session: turns a passed local deadline
+/// into a loss, and once the session is lost for any reason ends it on the
+/// store, so that no keepalive outlives a session we gave up on (its
+/// entries would otherwise stay until the server expired it).
+async fn supervise(
+    store: Arc<dyn StoreSession>,
+    liveness: Arc<SessionLiveness>,
+    closed: tokio_util::sync::CancellationToken,
+) {
+    liveness.clone().watchdog().await;
+    if let Err(e) = store.close().await {
+        tracing::debug!(error = %e, session = %store.id(), "ending a lost session failed; the store expires it by TTL");
+    }
+    closed.cancel();
 }
 
 /// The current store session and its liveness.
 struct SessionSlot {
     store: Arc<dyn StoreSession>,
     liveness: Arc<SessionLiveness>,
+    /// Cancelled by the supervisor once the session is ended on the store.
+    closed: tokio_util::sync::CancellationToken,
 }
 
 /// Background release/abandon jobs and a way to wait for them.
@@ -197,9 +211,7 @@ impl LockClient {
         let old = self.inner.session.lock().await.take();
         if let Some(slot) = old {
             slot.liveness.lose(LossReason::ClientClosed);
-            if let Err(e) = slot.store.close().await {
-                tracing::warn!(error = %e, "closing the session failed; it will expire by TTL");
-            }
+            slot.closed.cancelled().await;
         }
     }
 
@@ -210,11 +222,9 @@ impl LockClient {
             if slot.liveness.is_alive() {
                 return Ok(slot.clone());
             }
+            // Lost already (its supervisor ends it on the store).
             let old = cur.take().expect("checked above");
             old.liveness.lose(LossReason::SessionExpired);
-            self.inner.runtime.spawn(async move {
-                let _ = old.store.close().await;
-            });
         }
         let liveness = Arc::new(SessionLiveness::new());
         let store = self
@@ -224,15 +234,24 @@ impl LockClient {
             .instrument(tracing::debug_span!("open_session"))
             .await?;
         if !liveness.is_alive() {
+            // Granted, but the answer came after the deadline it implies
+            // (a slow or partitioned link): as good as expired. Retryable.
             let _ = store.close().await;
             return Err(Error::new(
-                ErrorKind::Internal,
-                "backend opened a session without confirming it",
+                ErrorKind::SessionLost,
+                "the store confirmed the new session too late to use it",
             ));
         }
         tracing::debug!(session = %store.id(), "session opened");
-        self.inner.runtime.spawn(liveness.clone().watchdog());
-        let slot = Arc::new(SessionSlot { store, liveness });
+        let closed = tokio_util::sync::CancellationToken::new();
+        self.inner
+            .runtime
+            .spawn(supervise(store.clone(), liveness.clone(), closed.clone()));
+        let slot = Arc::new(SessionSlot {
+            store,
+            liveness,
+            closed,
+        });
         *cur = Some(slot.clone());
         Ok(slot)
     }
@@ -641,6 +660,12 @@ impl LockGuard {
     pub fn is_held(&self) -> bool {
         let h = self.held();
         h.session.liveness.is_alive() && h.req.signals.loss().is_none()
+    }
+
+    /// The local deadline: the lock is assumed lost at this instant unless
+    /// a keepalive confirms the session before it (`None`: never confirmed).
+    pub fn deadline(&self) -> Option<Instant> {
+        self.held().session.liveness.deadline()
     }
 
     /// Why the lock was lost, if it was.
