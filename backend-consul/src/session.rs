@@ -26,7 +26,8 @@ const LONG_POLL: Duration = Duration::from_secs(300);
 /// that a busy namespace costs a bounded request rate per client.
 const MONITOR_MIN_GAP: Duration = Duration::from_millis(50);
 /// Consecutive failed monitor reads tolerated before the held locks are
-/// declared lost (with backoff, about 8 s).
+/// declared lost: at least this many, and for at least TTL/2 (so that a
+/// leader election the session itself survives does not lose its locks).
 const MONITOR_MAX_FAILURES: u32 = 6;
 /// How long opening a session waits for the agent's answer. Long on
 /// purpose: a waiter whose session was lost to a partition opens a new one
@@ -694,6 +695,8 @@ async fn destroy_abandoned(s: &Shared) {
 async fn monitor(s: Arc<Shared>) {
     let mut index: u64 = 0;
     let mut failures: u32 = 0;
+    let mut failing_since = Instant::now();
+    let patience = s.backend.config.ttl / 2;
     loop {
         let query = {
             let mut w = s.watch.lock().expect("poisoned");
@@ -740,15 +743,28 @@ async fn monitor(s: Arc<Shared>) {
                 MONITOR_MIN_GAP + Duration::from_micros(100 * watched as u64)
             }
             Err(e) => {
+                if failures == 0 {
+                    failing_since = Instant::now();
+                }
                 failures += 1;
                 tracing::debug!(session = %s.id, error = %e, failures, "monitor read failed");
-                if failures >= MONITOR_MAX_FAILURES {
+                if failures >= MONITOR_MAX_FAILURES && failing_since.elapsed() >= patience {
                     tracing::warn!(session = %s.id, error = %e,
                         "cannot watch the held locks; declaring them lost");
-                    let mut w = s.watch.lock().expect("poisoned");
-                    for (_, e) in w.entries.drain() {
-                        e.signals.lose(LossReason::DeadlinePassed);
-                    }
+                    let lost: Vec<(String, u64)> = {
+                        let mut w = s.watch.lock().expect("poisoned");
+                        w.entries
+                            .drain()
+                            .map(|(key, e)| {
+                                e.signals.lose(LossReason::DeadlinePassed);
+                                (key, e.token)
+                            })
+                            .collect()
+                    };
+                    // The session may well survive (renewals are separate):
+                    // free the locks we just declared lost, or they would
+                    // stay held until the guards are released.
+                    tokio::spawn(remove_given_up(s.clone(), lost));
                     failures = 0;
                     index = 0;
                 }
@@ -758,6 +774,36 @@ async fn monitor(s: Arc<Shared>) {
         tokio::select! {
             _ = s.stop.cancelled() => return,
             _ = tokio::time::sleep(gap) => {}
+        }
+    }
+}
+
+/// Removes held locks that the monitor gave up on, as a release would:
+/// `.lock` only at the token we held (so never a newer lock of this
+/// session), with our queue key and any revoke marker, in one txn; retried
+/// until it is done, the lock changed, or the session ends.
+async fn remove_given_up(s: Arc<Shared>, lost: Vec<(String, u64)>) {
+    for (lock_key, token) in lost {
+        let base = lock_key.strip_suffix("/.lock").unwrap_or(&lock_key);
+        let ops = vec![
+            op::delete_cas(&lock_key, token),
+            op::delete(&format!("{base}/.queue/{}", s.id)),
+            op::delete(&format!("{base}/.lock.revoke")),
+        ];
+        let mut pause = Duration::from_millis(500);
+        loop {
+            match s.backend.api.txn(ops.clone()).await {
+                Ok(_) => break, // done, or `.lock` is no longer ours at `token`
+                Err(e) => {
+                    tracing::debug!(lock = %lock_key, error = %e, "removing a given-up lock failed; retrying");
+                }
+            }
+            tokio::select! {
+                _ = s.stop.cancelled() => return,
+                _ = s.liveness.lost() => return,
+                _ = tokio::time::sleep(pause) => {}
+            }
+            pause = (pause * 2).min(Duration::from_secs(5));
         }
     }
 }
