@@ -364,6 +364,8 @@ dataDir=$dir/data
 clientPort=$ZK_PORT
 clientPortAddress=$HOST
 maxClientCnxns=0
+# Long sessions for tests that count requests (keepalives out of the window).
+maxSessionTimeout=600000
 admin.enableServer=false
 4lw.commands.whitelist=ruok,srvr,mntr
 EOF

@@ -215,6 +215,9 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
 ///   The client layer calls `finish()` *before* it asks the backend to
 ///   release or abandon the entry, so a watcher never mistakes our own
 ///   delete for a loss.
+/// - An attempt that fails for good (`Conflict`, credentials) should
+///   remove its own entry first; the client layer also calls `abandon`
+///   before returning any error other than `WouldBlock`.
 /// - On `wait == false`, an entry that does not hold at once is removed
 ///   before returning `WouldBlock`.
 /// - Waiting is herd-free: a release wakes the next waiter only.

@@ -379,7 +379,9 @@ impl LockClient {
                         }
                     }
                     Some(Err(e)) => {
-                        drop(pending); // abandon in the background
+                        // A final error (conflict, credentials, ...): leave
+                        // the store clean before saying so.
+                        pending.abandon_now().await;
                         return Err(e);
                     }
                     None => {
