@@ -1,6 +1,6 @@
 //! The shared cluster fault scenarios against a three-member etcd cluster
-//! started on 127.0.0.2-4 (run when QUORUMLOCK_TEST_CLUSTERS=1, as
-//! scripts/chaos.sh does).
+//! started on 127.0.0.2-4 (`#[ignore]`d: scripts/chaos.sh runs them with
+//! `--include-ignored`).
 
 conformance_tests::cluster_fault_suite!(
     conformance_tests::faults::StoreKind::Etcd,

@@ -1,7 +1,7 @@
 //! The shared cluster scenarios (leader killed, whole cluster paused or
 //! restarted while a lock is held) on a three-server ZooKeeper ensemble
 //! that the test starts on 127.0.0.2-4 (tickTime 200 ms). Runs only with
-//! `QUORUMLOCK_TEST_CLUSTERS=1`. Sessions ask for 4 s: an election takes
+//! `cargo test -- --include-ignored` (scripts/chaos.sh). Sessions ask for 4 s: an election takes
 //! well under that here, so a holder usually keeps its lock through a
 //! leader's death, and the pause and restart scenarios stay short.
 

@@ -186,6 +186,8 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
 
     /// Ends a session on the store, as an operator or a server would;
     /// every lock of it is lost. `session` is [`StoreSession::id`].
+    /// Idempotent: a session that is already gone is `Ok`; an id that is
+    /// not of this store's form is [`crate::ErrorKind::InvalidArgument`].
     async fn kill_session(&self, session: &str) -> Result<()>;
 
     /// What of ours is still on the store: entries (contenders, holders,

@@ -40,7 +40,7 @@ mod report;
 pub mod scenarios;
 mod sim;
 
-pub use cluster::{clusters_enabled, Cluster, ClusterTurn, StoreKind};
+pub use cluster::{Cluster, ClusterTurn, StoreKind};
 pub use history::{History, Hold, HoldEnd, Overlap, Tracked};
 pub use proxy::{ProxyStats, TcpProxy};
 pub use register::{FencedRegister, StaleToken, Write};
@@ -336,7 +336,7 @@ macro_rules! __fault_suite_expand {
 /// own three-node cluster of `$kind` ([`StoreKind`]) on 127.0.0.2-4,
 /// connects through `$factory` to [`Cluster::url`] with `$key=$value`
 /// added to the URL (a short TTL), runs, and stops the cluster. Skipped
-/// loudly unless `QUORUMLOCK_TEST_CLUSTERS=1`.
+/// `#[ignore]`d unless asked for (`cargo test -- --include-ignored`).
 ///
 /// ```ignore
 /// conformance_tests::cluster_fault_suite!(
@@ -361,12 +361,12 @@ macro_rules! cluster_fault_suite {
 macro_rules! __cluster_fault_suite_expand {
     ($kind:expr, $factory:expr, $key:expr, $value:expr; $($s:ident),* $(,)?) => {
         $(
+            // Minutes per store and three servers each: run on purpose
+            // (scripts/chaos.sh: `-- --include-ignored`), reported as
+            // ignored otherwise, never as passed.
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            #[ignore = "three-node cluster scenario: scripts/chaos.sh runs it"]
             async fn $s() {
-                if !$crate::faults::clusters_enabled() {
-                    eprintln!("SKIPPED: cluster scenarios run only with QUORUMLOCK_TEST_CLUSTERS=1");
-                    return;
-                }
                 let kind: $crate::faults::StoreKind = $kind;
                 let (cluster, turn) = $crate::faults::Cluster::start(kind)
                     .await

@@ -920,17 +920,29 @@ pub async fn leader_killed_while_held(t: &FaultTarget, cluster: &mut Cluster) ->
         .expect("a leader after the restart");
     tra.releasing();
     let _ = ga.release().await;
-    let mut order = Vec::new();
-    for (mut w, who) in [(wb, "b"), (wc, "c")] {
-        let got = w
-            .holds(
-                s.soon() * 3,
-                &format!("waiter {who} after the leader change"),
-            )
-            .await;
-        order.push(got.token);
-        w.release().await.ok();
-    }
+    // Both waiters may have lost their sessions in the election and
+    // queued again in either order: serve whichever is granted first.
+    let (mut wb, mut wc) = (wb, wc);
+    let limit = s.soon() * 3;
+    let (b_first, got) = tokio::select! {
+        g = wb.holds(limit, "waiter b after the leader change") => (true, g),
+        g = wc.holds(limit, "waiter c after the leader change") => (false, g),
+    };
+    let (first, mut second, second_who) = if b_first {
+        (wb, wc, "c")
+    } else {
+        (wc, wb, "b")
+    };
+    let mut order = vec![got.token];
+    first.release().await.ok();
+    let got = second
+        .holds(
+            limit,
+            &format!("waiter {second_who} after the leader change"),
+        )
+        .await;
+    order.push(got.token);
+    second.release().await.ok();
     if order.windows(2).any(|w| w[0] >= w[1]) {
         s.row
             .violation(format!("waiter tokens not increasing: {order:?}"));
