@@ -43,7 +43,7 @@ for pair in "mem:mem://bench?ttl=10s" \
             "consul:$QUORUMLOCK_TEST_CONSUL_URL/bench?ttl=15s"; do
   name=${pair%%:*}; url=${pair#*:}
   echo "bench.sh: $name" >&2
-  target/release/bench --url "$url" --json "$out/$name.json" "${args[@]}" \
+  "${CARGO_TARGET_DIR:-target}/release/bench" --url "$url" --json "$out/$name.json" "${args[@]}" \
     | sed '/^```json/,$d' >> "$out/RESULTS.md"
   echo >> "$out/RESULTS.md"
 done
