@@ -27,6 +27,12 @@ pub const QUEUE_FLAGS: u64 = 0x716c_6f63_6b71_7565; // "qlockque"
 /// The `Flags` of revoke markers, `<prefix>/.lock.revoke`.
 pub const REVOKE_FLAGS: u64 = 0x716c_6f63_6b72_766b; // "qlockrvk"
 
+/// The `Flags` of a read-write lock's read entries, `<prefix>/.rw/<session>-<contender>`.
+pub const READ_FLAGS: u64 = 0x716c_6f63_6b72_6561; // "qlockrea"
+
+/// The `Flags` of a read-write lock's write entries, `<prefix>/.rw/<session>-<contender>`.
+pub const WRITE_FLAGS: u64 = 0x716c_6f63_6b77_7269; // "qlockwri"
+
 /// How long `connect` waits for an agent that refuses connections.
 const CONNECT_PATIENCE: Duration = Duration::from_secs(10);
 
@@ -68,6 +74,8 @@ pub(crate) struct Keys {
     pub revoke: String,
     /// `<ns>/<name>/.queue/`: prefix of our contender keys.
     pub queue_prefix: String,
+    /// `<ns>/<name>/.rw/`: prefix of read-write lock entries.
+    pub rw_prefix: String,
     /// `<ns>/<name>/.`: prefix of every key of this lock (and no nested
     /// lock's, since name segments never start with `.`).
     pub tree: String,
@@ -80,6 +88,7 @@ impl Keys {
             lock: format!("{base}/.lock"),
             revoke: format!("{base}/.lock.revoke"),
             queue_prefix: format!("{base}/.queue/"),
+            rw_prefix: format!("{base}/.rw/"),
             tree: format!("{base}/."),
         }
     }
@@ -87,6 +96,27 @@ impl Keys {
     /// The queue key of `session`.
     pub fn queue(&self, session: &str) -> String {
         format!("{}{session}", self.queue_prefix)
+    }
+
+    /// The read-write entry of one acquire attempt.
+    pub fn rw_entry(&self, session: &str, contender: &impl fmt::Display) -> String {
+        format!("{}{session}-{contender}", self.rw_prefix)
+    }
+}
+
+/// The revoke marker of a read-write entry.
+pub(crate) fn rw_revoke(entry: &str) -> String {
+    format!("{entry}.revoke")
+}
+
+/// The kind of a queue entry of our layout, by its key and flags.
+pub(crate) fn entry_kind(keys: &Keys, e: &KvEntry) -> LockKind {
+    if e.key.starts_with(&keys.rw_prefix) && e.flags == READ_FLAGS {
+        LockKind::Read
+    } else if e.key.starts_with(&keys.rw_prefix) {
+        LockKind::Write
+    } else {
+        LockKind::Exclusive
     }
 }
 
@@ -99,6 +129,10 @@ pub(crate) struct View {
     pub revoke: Option<KvEntry>,
     /// Our queue keys that a live session holds, by CreateIndex.
     pub queue: Vec<KvEntry>,
+    /// Read-write entries that a live session holds, by CreateIndex.
+    pub rw: Vec<KvEntry>,
+    /// Revoke markers of read-write entries.
+    pub rw_revokes: Vec<KvEntry>,
 }
 
 impl View {
@@ -111,15 +145,51 @@ impl View {
                 v.revoke = Some(e);
             } else if e.key.starts_with(&keys.queue_prefix) && e.holder().is_some() {
                 v.queue.push(e);
+            } else if e.key.starts_with(&keys.rw_prefix) && e.key.ends_with(".revoke") {
+                v.rw_revokes.push(e);
+            } else if e.key.starts_with(&keys.rw_prefix) && e.holder().is_some() {
+                v.rw.push(e);
             }
         }
         v.queue.sort_by_key(|e| e.create_index);
+        v.rw.sort_by_key(|e| e.create_index);
         v
+    }
+
+    /// Mutex queue keys and read-write entries in one line, by
+    /// CreateIndex: mutexes and read-write locks of one name share it.
+    pub fn line(&self, keys: &Keys) -> Vec<(LockKind, KvEntry)> {
+        let mut l: Vec<(LockKind, KvEntry)> = self
+            .queue
+            .iter()
+            .chain(self.rw.iter())
+            .map(|e| (entry_kind(keys, e), e.clone()))
+            .collect();
+        l.sort_by_key(|(_, e)| e.create_index);
+        l
+    }
+
+    /// The read-write entries that hold (by their place in the line).
+    pub fn rw_holders(&self, keys: &Keys) -> Vec<(LockKind, KvEntry)> {
+        let line = self.line(keys);
+        (0..line.len())
+            .filter(|&i| line_holds(&line, i) && line[i].0 != LockKind::Exclusive)
+            .map(|i| line[i].clone())
+            .collect()
     }
 
     /// The session holding `.lock`, if any.
     pub fn holder(&self) -> Option<&str> {
         self.lock.as_ref().and_then(KvEntry::holder)
+    }
+}
+
+/// Whether entry `i` of a line holds by its place: a reader when no
+/// writer or mutex is ahead, anything else when it is first.
+pub(crate) fn line_holds(line: &[(LockKind, KvEntry)], i: usize) -> bool {
+    match line[i].0 {
+        LockKind::Read => line[..i].iter().all(|(k, _)| *k == LockKind::Read),
+        _ => i == 0,
     }
 }
 
@@ -190,6 +260,62 @@ impl ConsulBackend {
     async fn view(&self, keys: &Keys) -> Result<View> {
         read_view(&self.inner.api, keys).await
     }
+
+    /// Breaks the holders of a read-write lock in the same two phases as
+    /// a mutex: rewrite every holder's entry (its index moves off the
+    /// holder's token, its session keeps it, so nobody behind moves up),
+    /// wait the lock-delay, delete them. `Ok(false)`: the line changed
+    /// under phase 1; re-read.
+    async fn break_rw(&self, holders: &[(LockKind, KvEntry)]) -> Result<bool> {
+        let grace = self.inner.config.lock_delay;
+        let mut at: Vec<(String, u64)> = holders
+            .iter()
+            .map(|(_, e)| (e.key.clone(), e.modify_index))
+            .collect();
+        if !grace.is_zero() {
+            let rec = Record {
+                quorumlock: 1,
+                since_ms: Some(now_ms()),
+                broken: true,
+                ..Record::default()
+            };
+            let ops = holders
+                .iter()
+                .map(|(_, e)| op::cas(&e.key, e.modify_index, e.flags, &rec.encode()))
+                .collect();
+            match self
+                .inner
+                .api
+                .txn(ops)
+                .await
+                .map_err(|e| map(e, "breaking a lock"))?
+            {
+                Txn::Done(r) => {
+                    for (k, i) in at.iter_mut() {
+                        if let Some(e) = r.iter().find(|e| &e.key == k) {
+                            *i = e.modify_index;
+                        }
+                    }
+                }
+                Txn::Failed(errs) => {
+                    tracing::debug!(?errs, "the lock changed while breaking it; re-reading");
+                    return Ok(false);
+                }
+            }
+            tokio::time::sleep(grace).await;
+        }
+        // Each holder on its own: one that let go during the grace must
+        // not stop the others' deletes.
+        for (k, i) in at {
+            let ops = vec![op::delete_cas(&k, i), op::delete(&rw_revoke(&k))];
+            self.inner
+                .api
+                .txn(ops)
+                .await
+                .map_err(|e| map(e, "breaking a lock"))?;
+        }
+        Ok(true)
+    }
 }
 
 /// Reads every key of one lock in one request (a read-only txn with
@@ -213,7 +339,7 @@ impl Backend for ConsulBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             kill_session: true,
-            rwlock: false,
+            rwlock: true,
             semaphore: false,
             session_ttl: self.inner.config.ttl,
         }
@@ -247,17 +373,24 @@ impl Backend for ConsulBackend {
                 since: since(l),
             });
         }
-        for q in &v.queue {
-            if q.holder() == holder.as_deref() {
-                continue;
-            }
-            state.waiters.push(Contender {
+        let line = v.line(&keys);
+        for (i, (kind, q)) in line.iter().enumerate() {
+            let c = |token| Contender {
                 session: q.holder().unwrap_or_default().to_string(),
-                token: q.create_index,
+                token,
                 entry: q.key.clone(),
-                kind: LockKind::Exclusive,
+                kind: *kind,
                 since: since(q),
-            });
+            };
+            if *kind == LockKind::Exclusive {
+                if q.holder() != holder.as_deref() {
+                    state.waiters.push(c(q.create_index));
+                }
+            } else if line_holds(&line, i) {
+                state.holders.push(c(q.modify_index));
+            } else {
+                state.waiters.push(c(q.create_index));
+            }
         }
         Ok(state)
     }
@@ -268,7 +401,14 @@ impl Backend for ConsulBackend {
         for _ in 0..ADMIN_RETRIES {
             let v = self.view(&keys).await?;
             let (Some(l), Some(h)) = (&v.lock, v.holder()) else {
-                return Ok(false);
+                let holders = v.rw_holders(&keys);
+                if holders.is_empty() {
+                    return Ok(false);
+                }
+                if self.break_rw(&holders).await? {
+                    return Ok(true);
+                }
+                continue;
             };
             let holder = h.to_string();
             let mut at = l.modify_index;
@@ -343,7 +483,39 @@ impl Backend for ConsulBackend {
         for _ in 0..ADMIN_RETRIES {
             let v = self.view(&keys).await?;
             let (Some(l), Some(h)) = (&v.lock, v.holder()) else {
-                return Ok(false);
+                let holders = v.rw_holders(&keys);
+                if holders.is_empty() {
+                    return Ok(false);
+                }
+                let mut ops = Vec::new();
+                for (_, e) in &holders {
+                    let rec = Record {
+                        quorumlock: 1,
+                        since_ms: Some(now_ms()),
+                        token: Some(e.modify_index),
+                        ..Record::default()
+                    };
+                    ops.push(op::check_index(&e.key, e.modify_index));
+                    ops.push(op::lock(
+                        &rw_revoke(&e.key),
+                        e.holder().unwrap_or_default(),
+                        REVOKE_FLAGS,
+                        &rec.encode(),
+                    ));
+                }
+                match self
+                    .inner
+                    .api
+                    .txn(ops)
+                    .await
+                    .map_err(|e| map(e, "requesting a revoke"))?
+                {
+                    Txn::Done(_) => return Ok(true),
+                    Txn::Failed(errs) => {
+                        tracing::debug!(?errs, "the lock changed while marking it; re-reading");
+                        continue;
+                    }
+                }
             };
             if l.record().is_none() {
                 tracing::warn!(lock = %name, session = h,
@@ -420,6 +592,7 @@ impl Backend for ConsulBackend {
                     || e.key.ends_with("/.lock")
                     || e.key.ends_with("/.lock.revoke")
                     || e.key.contains("/.queue/")
+                    || e.key.contains("/.rw/")
             })
             .map(|e| e.key)
             .collect();

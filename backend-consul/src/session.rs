@@ -17,7 +17,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{op, Block, KvEntry, Record, Txn, TxnError};
-use crate::backend::{now_ms, read_view, Inner, Keys, View, LOCK_FLAGS, QUEUE_FLAGS};
+use crate::backend::{
+    line_holds, now_ms, read_view, rw_revoke, Inner, Keys, View, LOCK_FLAGS, QUEUE_FLAGS,
+    READ_FLAGS, WRITE_FLAGS,
+};
 use crate::error::map;
 
 /// Longest wait of one blocking query (Consul caps it at 10 minutes).
@@ -318,12 +321,18 @@ impl ConsulSession {
 
     /// Hands a granted lock to the monitor.
     fn watch(&self, keys: &Keys, token: u64, signals: &EntrySignals) {
+        self.watch_key(&keys.lock, &keys.revoke, token, signals)
+    }
+
+    /// Hands a granted entry `key` (locked by this session, at
+    /// `ModifyIndex == token` while we hold it) to the monitor.
+    fn watch_key(&self, key: &str, revoke_key: &str, token: u64, signals: &EntrySignals) {
         let mut w = self.s.watch.lock().expect("poisoned");
         w.entries.insert(
-            keys.lock.clone(),
+            key.to_string(),
             Watched {
                 token,
-                revoke_key: keys.revoke.clone(),
+                revoke_key: revoke_key.to_string(),
                 signals: signals.clone(),
                 checked: false,
             },
@@ -334,7 +343,7 @@ impl ConsulSession {
         // judged without this entry, one over another prefix does not see
         // it: redo the read.
         let wake = w.inflight.as_ref().map_or(true, |(q, prefix)| {
-            *q >= token || !keys.lock.starts_with(prefix)
+            *q >= token || !key.starts_with(prefix.as_str())
         });
         drop(w);
         if wake {
@@ -343,12 +352,11 @@ impl ConsulSession {
     }
 
     fn unwatch(&self, keys: &Keys) {
-        self.s
-            .watch
-            .lock()
-            .expect("poisoned")
-            .entries
-            .remove(&keys.lock);
+        self.unwatch_key(&keys.lock)
+    }
+
+    fn unwatch_key(&self, key: &str) {
+        self.s.watch.lock().expect("poisoned").entries.remove(key);
     }
 }
 
@@ -359,11 +367,15 @@ impl StoreSession for ConsulSession {
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired> {
-        if req.kind != LockKind::Exclusive {
-            return Err(Error::new(
-                ErrorKind::Store,
-                "the Consul backend has exclusive locks only",
-            ));
+        match req.kind {
+            LockKind::Exclusive => {}
+            LockKind::Read | LockKind::Write => return self.acquire_rw(req).await,
+            _ => {
+                return Err(Error::new(
+                    ErrorKind::Store,
+                    "the Consul backend has no semaphores",
+                ))
+            }
         }
         let s = &self.s;
         if !s.liveness.is_alive() {
@@ -420,10 +432,11 @@ impl StoreSession for ConsulSession {
         let mut retries = 0;
         let mut delay_wait = Duration::from_millis(50);
         loop {
-            let Some(pos) = view
-                .queue
+            // Mutexes and read-write locks of one name share one line.
+            let line = view.line(&keys);
+            let Some(pos) = line
                 .iter()
-                .position(|e| e.key == qkey && e.holder() == Some(s.id.as_str()))
+                .position(|(_, e)| e.key == qkey && e.holder() == Some(s.id.as_str()))
             else {
                 return Err(session_lost(
                     "our queue entry is gone (session expired or entry deleted)",
@@ -436,7 +449,7 @@ impl StoreSession for ConsulSession {
                     self.leave_queue(&keys).await?;
                     return Err(would_block(&keys));
                 }
-                let pred = view.queue[pos - 1].clone();
+                let pred = line[pos - 1].1.clone();
                 transient.retry(|| self.wait_gone(&pred)).await?;
                 view = transient.retry(read).await?;
                 continue;
@@ -549,6 +562,17 @@ impl StoreSession for ConsulSession {
 
     async fn release(&self, req: &AcquireRequest, held: &Acquired) -> Result<()> {
         let keys = Keys::new(&self.s.backend.config, &req.name);
+        if matches!(req.kind, LockKind::Read | LockKind::Write) {
+            self.unwatch_key(&held.entry);
+            let ops = vec![
+                op::delete_cas(&held.entry, held.token),
+                op::delete(&rw_revoke(&held.entry)),
+            ];
+            return match self.write(&keys, ops, "releasing").await? {
+                Txn::Done(_) => Ok(()),
+                Txn::Failed(_) => self.remove_rw(&keys, &held.entry).await,
+            };
+        }
         self.unwatch(&keys);
         let qkey = keys.queue(&self.s.id);
         // `.lock` only at our token: never a newer holder's, never a newer
@@ -573,6 +597,11 @@ impl StoreSession for ConsulSession {
 
     async fn abandon(&self, req: &AcquireRequest) -> Result<()> {
         let keys = Keys::new(&self.s.backend.config, &req.name);
+        if matches!(req.kind, LockKind::Read | LockKind::Write) {
+            let entry = keys.rw_entry(&self.s.id, &req.contender);
+            self.unwatch_key(&entry);
+            return self.remove_rw(&keys, &entry).await;
+        }
         self.unwatch(&keys);
         self.remove_own(&keys).await
     }
@@ -589,6 +618,133 @@ impl StoreSession for ConsulSession {
 }
 
 impl ConsulSession {
+    /// Removes a read-write entry of this session and its revoke marker.
+    async fn remove_rw(&self, keys: &Keys, entry: &str) -> Result<()> {
+        let ops = vec![
+            op::check_session(entry, &self.s.id),
+            op::delete(entry),
+            op::delete(&rw_revoke(entry)),
+        ];
+        // Rolled back: the entry is not this session's (gone already).
+        self.write(keys, ops, "removing our entry").await?;
+        Ok(())
+    }
+
+    /// Read or write side of a read-write lock: one entry per attempt,
+    /// `<prefix>/.rw/<session>-<contender>`, in the line that mutexes of
+    /// the same name share (ordered by CreateIndex). A writer waits for its
+    /// predecessor, a reader for the nearest writer or mutex ahead. The
+    /// token is the entry's index, so successive writers get larger ones.
+    async fn acquire_rw(&self, req: &AcquireRequest) -> Result<Acquired> {
+        let s = &self.s;
+        if !s.liveness.is_alive() {
+            return Err(session_lost("the Consul session is lost"));
+        }
+        let keys = Keys::new(&s.backend.config, &req.name);
+        let entry = keys.rw_entry(&s.id, &req.contender);
+        let revoke = rw_revoke(&entry);
+        let flags = if req.kind == LockKind::Read {
+            READ_FLAGS
+        } else {
+            WRITE_FLAGS
+        };
+        let record = Record {
+            quorumlock: 1,
+            contender: Some(req.contender.to_string()),
+            since_ms: Some(now_ms()),
+            ..Record::default()
+        };
+        let mut transient = Transient::new(req.wait, &s.liveness);
+        let read = || read_view(&s.backend.api, &keys);
+        let mut view = loop {
+            let ops = vec![
+                op::lock(&entry, &s.id, flags, &record.encode()),
+                op::get_tree(&keys.tree),
+            ];
+            match self.write(&keys, ops, "joining the queue").await {
+                Ok(Txn::Done(mut results)) => {
+                    if !results.is_empty() {
+                        results.remove(0);
+                    }
+                    break View::from_entries(&keys, results);
+                }
+                Ok(Txn::Failed(errs))
+                    if errs.iter().any(|e| e.what.contains("invalid session")) =>
+                {
+                    return Err(session_lost("the Consul session is gone"));
+                }
+                Ok(Txn::Failed(errs)) => return Err(failed("joining the queue", &errs)),
+                Err(e) => {
+                    transient.absorb(e).await?;
+                    let v = transient.retry(read).await?;
+                    if v.rw.iter().any(|e| e.key == entry) {
+                        break v;
+                    }
+                }
+            }
+        };
+        let leave = || async {
+            self.remove_rw(&keys, &entry).await?;
+            Err::<Acquired, Error>(would_block(&keys))
+        };
+        loop {
+            if let Some(l) = &view.lock {
+                if l.flags != LOCK_FLAGS {
+                    self.remove_rw(&keys, &entry).await?;
+                    return Err(Error::new(
+                        ErrorKind::Conflict,
+                        format!(
+                            "{} has flags {:#x}, not the lock flags {LOCK_FLAGS:#x}: another recipe (a consul lock -n semaphore?) owns it",
+                            keys.lock, l.flags
+                        ),
+                    ));
+                }
+            }
+            let line = view.line(&keys);
+            let Some(pos) = line
+                .iter()
+                .position(|(_, e)| e.key == entry && e.holder() == Some(s.id.as_str()))
+            else {
+                return Err(session_lost(
+                    "our entry is gone (session expired or entry deleted)",
+                ));
+            };
+            let blocker = match req.kind {
+                LockKind::Read => line[..pos]
+                    .iter()
+                    .rev()
+                    .find(|(k, _)| *k != LockKind::Read)
+                    .map(|(_, e)| e.clone()),
+                _ => pos.checked_sub(1).map(|p| line[p].1.clone()),
+            };
+            if let Some(b) = blocker {
+                if !req.wait {
+                    return leave().await;
+                }
+                transient.retry(|| self.wait_gone(&b)).await?;
+                view = transient.retry(read).await?;
+                continue;
+            }
+            debug_assert!(line_holds(&line, pos));
+            // Our own mutex holders are in the line ahead of us; a `.lock`
+            // held now is a `consul lock` run (or a session whose end is
+            // not processed yet): wait for it.
+            if let Some(l) = view.lock.clone().filter(|l| l.holder().is_some()) {
+                if !req.wait {
+                    return leave().await;
+                }
+                view.lock = transient.retry(|| self.wait_lock(&keys, &l)).await?;
+                if view.lock.is_none() {
+                    view = transient.retry(read).await?;
+                }
+                continue;
+            }
+            let token = line[pos].1.modify_index;
+            self.watch_key(&entry, &revoke, token, &req.signals);
+            return Ok(Acquired { token, entry });
+        }
+    }
+
     /// Removes our queue key, and `.lock` (with any revoke marker) if this
     /// session holds it. The client layer has at most one request per
     /// (session, name) and keeps it until this returns, so a `.lock` that
@@ -784,12 +940,17 @@ async fn monitor(s: Arc<Shared>) {
 /// until it is done, the lock changed, or the session ends.
 async fn remove_given_up(s: Arc<Shared>, lost: Vec<(String, u64)>) {
     for (lock_key, token) in lost {
-        let base = lock_key.strip_suffix("/.lock").unwrap_or(&lock_key);
-        let ops = vec![
-            op::delete_cas(&lock_key, token),
-            op::delete(&format!("{base}/.queue/{}", s.id)),
-            op::delete(&format!("{base}/.lock.revoke")),
-        ];
+        let ops = match lock_key.strip_suffix("/.lock") {
+            Some(base) => vec![
+                op::delete_cas(&lock_key, token),
+                op::delete(&format!("{base}/.queue/{}", s.id)),
+                op::delete(&format!("{base}/.lock.revoke")),
+            ],
+            None => vec![
+                op::delete_cas(&lock_key, token),
+                op::delete(&rw_revoke(&lock_key)),
+            ],
+        };
         let mut pause = Duration::from_millis(500);
         loop {
             match s.backend.api.txn(ops.clone()).await {
