@@ -37,7 +37,7 @@ pub const HELP: &str = "\
 Exit status:
   0       success; for `lock`, the command's own exit status is passed on
   64      usage error: bad arguments, lock name or URL, unknown scheme,
-          `break` without --yes
+          `break` without --yes, NAME in use with another kind or --permits
   69      the store is unreachable or answered with an error
   70      internal error (a bug in quorumlock)
   75      `lock`: not acquired within --timeout
@@ -97,12 +97,15 @@ pub fn code_of(kind: ErrorKind) -> u8 {
         ErrorKind::InvalidName
         | ErrorKind::InvalidUrl
         | ErrorKind::UnknownScheme
-        | ErrorKind::FeatureDisabled => USAGE,
+        | ErrorKind::FeatureDisabled
+        | ErrorKind::InvalidArgument
+        // The name is in use with another recipe or permit count.
+        | ErrorKind::Conflict => USAGE,
         ErrorKind::Timeout | ErrorKind::WouldBlock => NOT_ACQUIRED,
         ErrorKind::LockLost => LOCK_LOST,
         ErrorKind::Unauthenticated | ErrorKind::PermissionDenied => NO_PERMISSION,
         ErrorKind::Internal => SOFTWARE,
-        // Connection, Store, SessionLost, Conflict, Closed, UpgradeRefused
+        // Connection, Store, SessionLost, Closed, UpgradeRefused
         // and kinds added later: the store did not do what we asked.
         _ => UNAVAILABLE,
     }
