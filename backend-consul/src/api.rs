@@ -73,6 +73,9 @@ pub(crate) struct Record {
     /// For `.lock.revoke`: the token of the holder asked to let go.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<u64>,
+    /// For semaphore contender keys: the permits asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permits: Option<u32>,
     /// For `.lock`: broken by an operator, about to be deleted.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub broken: bool,
@@ -459,6 +462,7 @@ mod tests {
             since_ms: Some(7),
             token: Some(9),
             broken: false,
+            permits: None,
         };
         let e = KvEntry {
             key: "k".into(),

@@ -14,6 +14,7 @@ use lockcore::{
 use crate::api::{op, Api, Block, KvEntry, Record, Txn};
 use crate::config::ConsulConfig;
 use crate::error::map;
+use crate::semaphore::{SemKeys, SemView, SEMAPHORE_FLAGS};
 use crate::session::ConsulSession;
 
 /// The `Flags` value of `api.Lock` / `consul lock` on `<prefix>/.lock`.
@@ -76,6 +77,8 @@ pub(crate) struct Keys {
     pub queue_prefix: String,
     /// `<ns>/<name>/.rw/`: prefix of read-write lock entries.
     pub rw_prefix: String,
+    /// The `consul lock -n` semaphore keys on the same prefix.
+    pub sem: SemKeys,
     /// `<ns>/<name>/.`: prefix of every key of this lock (and no nested
     /// lock's, since name segments never start with `.`).
     pub tree: String,
@@ -89,6 +92,7 @@ impl Keys {
             revoke: format!("{base}/.lock.revoke"),
             queue_prefix: format!("{base}/.queue/"),
             rw_prefix: format!("{base}/.rw/"),
+            sem: SemKeys::new(&base),
             tree: format!("{base}/."),
         }
     }
@@ -261,6 +265,100 @@ impl ConsulBackend {
         read_view(&self.inner.api, keys).await
     }
 
+    async fn list_sem(&self, keys: &Keys) -> Result<(u64, Vec<KvEntry>)> {
+        self.inner
+            .api
+            .kv_list(
+                &keys.sem.prefix,
+                Block {
+                    index: 0,
+                    wait: Duration::ZERO,
+                    consistent: true,
+                },
+            )
+            .await
+            .map_err(|e| map(e, "reading a lock"))
+    }
+
+    /// Breaks every live holder of a semaphore at once: one CAS-guarded
+    /// txn removes `.lock` and the holders' contender keys and markers.
+    /// There is no grace: the permits are free at once, so a holder's
+    /// loss signal races the next acquire (the fencing token decides).
+    async fn break_sem(&self, keys: &Keys) -> Result<Option<bool>> {
+        let (idx, entries) = self.list_sem(keys).await?;
+        let sv = SemView::from_entries(&keys.sem, idx, entries);
+        let Some(l) = &sv.lock else {
+            return Ok(Some(false));
+        };
+        if sv.live_holders.is_empty() {
+            return Ok(Some(false));
+        }
+        let mut ops = vec![op::delete_cas(&keys.sem.lock, l.modify_index)];
+        for h in &sv.live_holders {
+            ops.push(op::delete(&keys.sem.contender(h)));
+            ops.push(op::delete(&keys.sem.revoke(h)));
+        }
+        match self
+            .inner
+            .api
+            .txn(ops)
+            .await
+            .map_err(|e| map(e, "breaking a semaphore"))?
+        {
+            Txn::Done(_) => Ok(Some(true)),
+            Txn::Failed(_) => Ok(None),
+        }
+    }
+
+    /// Marks every live holder of a semaphore (one marker per holder
+    /// session, locked by it, naming its contender key's index).
+    async fn revoke_sem(&self, keys: &Keys) -> Result<Option<bool>> {
+        let (idx, entries) = self.list_sem(keys).await?;
+        let sv = SemView::from_entries(&keys.sem, idx, entries);
+        let Some(l) = &sv.lock else {
+            return Ok(Some(false));
+        };
+        if sv.live_holders.is_empty() {
+            return Ok(Some(false));
+        }
+        let mut ops = vec![op::check_index(&keys.sem.lock, l.modify_index)];
+        for h in &sv.live_holders {
+            let Some(c) = sv
+                .contenders
+                .iter()
+                .find(|c| c.holder() == Some(h.as_str()))
+            else {
+                continue;
+            };
+            if c.record().is_none() {
+                tracing::warn!(session = %h, "a semaphore holder is not a quorumlock client (consul lock -n?); it cannot see revoke requests");
+                continue;
+            }
+            let rec = Record {
+                quorumlock: 1,
+                since_ms: Some(now_ms()),
+                token: Some(c.modify_index),
+                ..Record::default()
+            };
+            ops.push(op::lock(
+                &keys.sem.revoke(h),
+                h,
+                REVOKE_FLAGS,
+                &rec.encode(),
+            ));
+        }
+        match self
+            .inner
+            .api
+            .txn(ops)
+            .await
+            .map_err(|e| map(e, "requesting a revoke"))?
+        {
+            Txn::Done(_) => Ok(Some(true)),
+            Txn::Failed(_) => Ok(None),
+        }
+    }
+
     /// Breaks the holders of a read-write lock in the same two phases as
     /// a mutex: rewrite every holder's entry (its index moves off the
     /// holder's token, its session keeps it, so nobody behind moves up),
@@ -340,7 +438,7 @@ impl Backend for ConsulBackend {
         Capabilities {
             kill_session: true,
             rwlock: true,
-            semaphore: false,
+            semaphore: true,
             session_ttl: self.inner.config.ttl,
         }
     }
@@ -361,7 +459,11 @@ impl Backend for ConsulBackend {
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
         let keys = Keys::new(&self.inner.config, name);
-        let v = self.view(&keys).await?;
+        // One listing of `P/` covers our lock tree `P/.` and the
+        // semaphore's contender keys.
+        let (idx, entries) = self.list_sem(&keys).await?;
+        let sv = SemView::from_entries(&keys.sem, idx, entries.clone());
+        let v = View::from_entries(&keys, entries);
         let mut state = LockState::free(name.clone());
         let holder = v.holder().map(str::to_string);
         if let (Some(l), Some(h)) = (&v.lock, &holder) {
@@ -392,6 +494,29 @@ impl Backend for ConsulBackend {
                 state.waiters.push(c(q.create_index));
             }
         }
+        if v.lock.as_ref().is_some_and(|l| l.flags == SEMAPHORE_FLAGS) || !sv.contenders.is_empty()
+        {
+            let kind = LockKind::Semaphore {
+                permits: sv.limit().unwrap_or(0),
+            };
+            let token = sv.lock.as_ref().map_or(0, |l| l.modify_index);
+            for c in &sv.contenders {
+                let h = c.holder().unwrap_or_default().to_string();
+                let held = sv.live_holders.contains(&h);
+                let entry = Contender {
+                    session: h,
+                    token: if held { token } else { c.create_index },
+                    entry: c.key.clone(),
+                    kind,
+                    since: since(c),
+                };
+                if held {
+                    state.holders.push(entry);
+                } else {
+                    state.waiters.push(entry);
+                }
+            }
+        }
         Ok(state)
     }
 
@@ -400,6 +525,12 @@ impl Backend for ConsulBackend {
         let grace = self.inner.config.lock_delay;
         for _ in 0..ADMIN_RETRIES {
             let v = self.view(&keys).await?;
+            if v.lock.as_ref().is_some_and(|l| l.flags == SEMAPHORE_FLAGS) {
+                match self.break_sem(&keys).await? {
+                    Some(r) => return Ok(r),
+                    None => continue,
+                }
+            }
             let (Some(l), Some(h)) = (&v.lock, v.holder()) else {
                 let holders = v.rw_holders(&keys);
                 if holders.is_empty() {
@@ -482,6 +613,12 @@ impl Backend for ConsulBackend {
         let keys = Keys::new(&self.inner.config, name);
         for _ in 0..ADMIN_RETRIES {
             let v = self.view(&keys).await?;
+            if v.lock.as_ref().is_some_and(|l| l.flags == SEMAPHORE_FLAGS) {
+                match self.revoke_sem(&keys).await? {
+                    Some(r) => return Ok(r),
+                    None => continue,
+                }
+            }
             let (Some(l), Some(h)) = (&v.lock, v.holder()) else {
                 let holders = v.rw_holders(&keys);
                 if holders.is_empty() {
@@ -593,6 +730,8 @@ impl Backend for ConsulBackend {
                     || e.key.ends_with("/.lock.revoke")
                     || e.key.contains("/.queue/")
                     || e.key.contains("/.rw/")
+                    || e.key.contains("/.revoke/")
+                    || e.flags == SEMAPHORE_FLAGS
             })
             .map(|e| e.key)
             .collect();

@@ -5,10 +5,12 @@ mod api;
 mod backend;
 mod config;
 mod error;
+mod semaphore;
 mod session;
 
-pub use backend::{ConsulBackend, LOCK_FLAGS, QUEUE_FLAGS, REVOKE_FLAGS};
+pub use backend::{ConsulBackend, LOCK_FLAGS, QUEUE_FLAGS, READ_FLAGS, REVOKE_FLAGS, WRITE_FLAGS};
 pub use config::{ConsulConfig, DEFAULT_LOCK_DELAY, DEFAULT_PORT, DEFAULT_TLS_PORT, DEFAULT_TTL};
+pub use semaphore::SEMAPHORE_FLAGS;
 
 /// URL schemes this backend serves: `consul` (HTTP) and `consuls` (HTTPS).
 pub const SCHEMES: &[&str] = &["consul", "consuls"];

@@ -22,6 +22,7 @@ use crate::backend::{
     READ_FLAGS, WRITE_FLAGS,
 };
 use crate::error::map;
+use crate::semaphore::{SemLock, SemView, SEMAPHORE_FLAGS};
 
 /// Longest wait of one blocking query (Consul caps it at 10 minutes).
 const LONG_POLL: Duration = Duration::from_secs(300);
@@ -92,8 +93,17 @@ struct Watched {
     token: u64,
     revoke_key: String,
     signals: EntrySignals,
+    /// For a semaphore permit (the map key is our contender key).
+    sem: Option<SemWatched>,
     /// Compared with a namespace read at or after `token` at least once.
     checked: bool,
+}
+
+/// A held semaphore permit: our contender key must stay ours at
+/// `contender_index`, and `.lock`'s holders must name our session.
+struct SemWatched {
+    lock_key: String,
+    contender_index: u64,
 }
 
 /// How an acquire treats transient failures (`ErrorKind::Connection`):
@@ -327,6 +337,18 @@ impl ConsulSession {
     /// Hands a granted entry `key` (locked by this session, at
     /// `ModifyIndex == token` while we hold it) to the monitor.
     fn watch_key(&self, key: &str, revoke_key: &str, token: u64, signals: &EntrySignals) {
+        self.watch_entry(key, revoke_key, token, signals, None)
+    }
+
+    fn watch_entry(
+        &self,
+        key: &str,
+        revoke_key: &str,
+        token: u64,
+        signals: &EntrySignals,
+        sem: Option<SemWatched>,
+    ) {
+        let covers = sem.as_ref().map(|s| s.lock_key.clone());
         let mut w = self.s.watch.lock().expect("poisoned");
         w.entries.insert(
             key.to_string(),
@@ -335,6 +357,7 @@ impl ConsulSession {
                 revoke_key: revoke_key.to_string(),
                 signals: signals.clone(),
                 checked: false,
+                sem,
             },
         );
         // A read in flight from before the grant (index < token) over a
@@ -343,7 +366,11 @@ impl ConsulSession {
         // judged without this entry, one over another prefix does not see
         // it: redo the read.
         let wake = w.inflight.as_ref().map_or(true, |(q, prefix)| {
-            *q >= token || !key.starts_with(prefix.as_str())
+            *q >= token
+                || !key.starts_with(prefix.as_str())
+                || covers
+                    .as_ref()
+                    .is_some_and(|c| !c.starts_with(prefix.as_str()))
         });
         drop(w);
         if wake {
@@ -370,10 +397,11 @@ impl StoreSession for ConsulSession {
         match req.kind {
             LockKind::Exclusive => {}
             LockKind::Read | LockKind::Write => return self.acquire_rw(req).await,
+            LockKind::Semaphore { permits } => return self.acquire_sem(req, permits).await,
             _ => {
                 return Err(Error::new(
                     ErrorKind::Store,
-                    "the Consul backend has no semaphores",
+                    "the Consul backend does not know this lock kind",
                 ))
             }
         }
@@ -562,6 +590,10 @@ impl StoreSession for ConsulSession {
 
     async fn release(&self, req: &AcquireRequest, held: &Acquired) -> Result<()> {
         let keys = Keys::new(&self.s.backend.config, &req.name);
+        if matches!(req.kind, LockKind::Semaphore { .. }) {
+            self.unwatch_key(&keys.sem.contender(&self.s.id));
+            return self.remove_sem(&keys).await;
+        }
         if matches!(req.kind, LockKind::Read | LockKind::Write) {
             self.unwatch_key(&held.entry);
             let ops = vec![
@@ -597,6 +629,10 @@ impl StoreSession for ConsulSession {
 
     async fn abandon(&self, req: &AcquireRequest) -> Result<()> {
         let keys = Keys::new(&self.s.backend.config, &req.name);
+        if matches!(req.kind, LockKind::Semaphore { .. }) {
+            self.unwatch_key(&keys.sem.contender(&self.s.id));
+            return self.remove_sem(&keys).await;
+        }
         if matches!(req.kind, LockKind::Read | LockKind::Write) {
             let entry = keys.rw_entry(&self.s.id, &req.contender);
             self.unwatch_key(&entry);
@@ -618,6 +654,260 @@ impl StoreSession for ConsulSession {
 }
 
 impl ConsulSession {
+    /// Reads `P/` (blocking past `index` if it is not 0).
+    async fn read_sem(&self, keys: &Keys, index: u64) -> Result<SemView> {
+        let (idx, entries) = self
+            .s
+            .backend
+            .api
+            .kv_list(
+                &keys.sem.prefix,
+                Block {
+                    index,
+                    wait: LONG_POLL,
+                    consistent: index == 0,
+                },
+            )
+            .await
+            .map_err(|e| map(e, "reading a semaphore"))?;
+        Ok(SemView::from_entries(&keys.sem, idx, entries))
+    }
+
+    /// Waits until one of `ahead` is gone.
+    async fn wait_any_gone(&self, ahead: Vec<KvEntry>) -> Result<()> {
+        let waits: Vec<_> = ahead.iter().map(|e| Box::pin(self.wait_gone(e))).collect();
+        futures::future::select_all(waits).await.0
+    }
+
+    /// Removes our semaphore contender key, our name from `.lock`'s
+    /// holders (pruning dead ones; `.lock` goes when nobody holds), and
+    /// any revoke marker for us, in one txn per attempt.
+    async fn remove_sem(&self, keys: &Keys) -> Result<()> {
+        let sid = &self.s.id;
+        let contender = keys.sem.contender(sid);
+        for _ in 0..MAX_ACQUIRE_RETRIES {
+            let v = self.read_sem(keys, 0).await?;
+            let mut ops = Vec::new();
+            if let (Some(l), Some(st)) = (&v.lock, &v.state) {
+                if l.flags == SEMAPHORE_FLAGS {
+                    let rest = v.without(sid, sid);
+                    if st.holders.contains_key(sid.as_str())
+                        || (rest.is_empty() && !st.holders.is_empty())
+                    {
+                        if rest.is_empty() {
+                            ops.push(op::delete_cas(&keys.sem.lock, l.modify_index));
+                        } else {
+                            let new = SemLock {
+                                limit: st.limit,
+                                holders: rest,
+                            };
+                            ops.push(op::cas(
+                                &keys.sem.lock,
+                                l.modify_index,
+                                SEMAPHORE_FLAGS,
+                                &new.encode(),
+                            ));
+                        }
+                    }
+                }
+            }
+            ops.push(op::delete(&contender));
+            ops.push(op::delete(&keys.sem.revoke(sid)));
+            match self.write(keys, ops, "leaving a semaphore").await? {
+                Txn::Done(_) => return Ok(()),
+                Txn::Failed(errs) => {
+                    tracing::debug!(?errs, "the semaphore changed while leaving it; re-reading");
+                }
+            }
+        }
+        Err(Error::new(
+            ErrorKind::Store,
+            format!("semaphore {} kept changing while leaving it", keys.sem.lock),
+        ))
+    }
+
+    /// A permit of a `consul lock -n N` semaphore (see `semaphore.rs`).
+    /// Our contenders queue by CreateIndex: one with `permits` or more of
+    /// ours ahead waits for one of the `permits` nearest to go; one
+    /// nearer the head adds itself to `.lock`'s holders by CAS when the
+    /// live holders plus our waiters ahead of it leave a free permit,
+    /// else it blocks on `P/` (as `consul lock -n` waiters do). The token
+    /// is the `.lock` index our CAS wrote.
+    async fn acquire_sem(&self, req: &AcquireRequest, permits: u32) -> Result<Acquired> {
+        let s = &self.s;
+        if !s.liveness.is_alive() {
+            return Err(session_lost("the Consul session is lost"));
+        }
+        let keys = Keys::new(&s.backend.config, &req.name);
+        let sid = s.id.as_str();
+        let contender = keys.sem.contender(sid);
+        let record = Record {
+            quorumlock: 1,
+            contender: Some(req.contender.to_string()),
+            since_ms: Some(now_ms()),
+            permits: Some(permits),
+            ..Record::default()
+        };
+        let mut transient = Transient::new(req.wait, &s.liveness);
+        let read = || self.read_sem(&keys, 0);
+        let mut view = loop {
+            let ops = vec![
+                op::lock(&contender, sid, SEMAPHORE_FLAGS, &record.encode()),
+                op::get_tree(&keys.sem.prefix),
+            ];
+            match self.write(&keys, ops, "joining a semaphore").await {
+                Ok(Txn::Done(mut results)) => {
+                    if !results.is_empty() {
+                        results.remove(0);
+                    }
+                    break SemView::from_entries(&keys.sem, 0, results);
+                }
+                Ok(Txn::Failed(errs))
+                    if errs.iter().any(|e| e.what.contains("invalid session")) =>
+                {
+                    return Err(session_lost("the Consul session is gone"));
+                }
+                Ok(Txn::Failed(errs)) => return Err(failed("joining a semaphore", &errs)),
+                Err(e) => {
+                    transient.absorb(e).await?;
+                    let v = transient.retry(read).await?;
+                    if v.contenders.iter().any(|e| e.key == contender) {
+                        break v;
+                    }
+                }
+            }
+        };
+        let mut retries = 0;
+        loop {
+            let conflict = match (&view.lock, view.limit()) {
+                (Some(l), _) if l.flags != SEMAPHORE_FLAGS => Some(format!(
+                    "{} has flags {:#x}: a mutex owns it, not a semaphore",
+                    keys.sem.lock, l.flags
+                )),
+                (_, Some(n)) if n != permits => Some(format!(
+                    "semaphore {} has {n} permits, not {permits}",
+                    keys.sem.lock
+                )),
+                _ if view.lock_entries > 0 => Some(format!(
+                    "{} is used as a mutex or read-write lock",
+                    keys.sem.prefix
+                )),
+                _ => None,
+            };
+            if let Some(msg) = conflict {
+                self.remove_sem(&keys).await?;
+                return Err(Error::new(ErrorKind::Conflict, msg));
+            }
+            let ours = view.ours();
+            let Some(pos) = ours.iter().position(|e| e.key == contender) else {
+                return Err(session_lost(
+                    "our contender key is gone (session expired or entry deleted)",
+                ));
+            };
+            let my_index = ours[pos].modify_index;
+            if view.live_holders.contains(sid) {
+                // Our CAS went through but its answer was lost.
+                let token = view.lock.as_ref().map_or(0, |l| l.modify_index);
+                return Ok(self.granted_sem(&keys, token, my_index, req));
+            }
+            let n = permits as usize;
+            if pos >= n {
+                if !req.wait {
+                    self.remove_sem(&keys).await?;
+                    return Err(would_block(&keys));
+                }
+                let ahead: Vec<KvEntry> = ours[pos - n..pos].iter().map(|e| (*e).clone()).collect();
+                transient
+                    .retry(|| self.wait_any_gone(ahead.clone()))
+                    .await?;
+                view = transient.retry(read).await?;
+                continue;
+            }
+            let waiting_ahead = ours[..pos]
+                .iter()
+                .filter(|e| !e.holder().is_some_and(|h| view.live_holders.contains(h)))
+                .count();
+            if view.live_holders.len() + waiting_ahead >= n {
+                if !req.wait {
+                    self.remove_sem(&keys).await?;
+                    return Err(would_block(&keys));
+                }
+                let index = view.index.max(1);
+                view = transient.retry(|| self.read_sem(&keys, index)).await?;
+                continue;
+            }
+            let mut holders: std::collections::BTreeMap<String, bool> = view
+                .live_holders
+                .iter()
+                .map(|h| (h.clone(), true))
+                .collect();
+            holders.insert(sid.to_string(), true);
+            let new = SemLock {
+                limit: permits,
+                holders,
+            };
+            let at = view.lock.as_ref().map_or(0, |l| l.modify_index);
+            let ops = vec![
+                op::check_session(&contender, sid),
+                op::cas(&keys.sem.lock, at, SEMAPHORE_FLAGS, &new.encode()),
+                op::get(&keys.sem.lock),
+            ];
+            match self.write(&keys, ops, "taking a permit").await {
+                Ok(Txn::Done(results)) => {
+                    let token = results
+                        .iter()
+                        .rev()
+                        .find(|e| e.key == keys.sem.lock)
+                        .map(|e| e.modify_index)
+                        .ok_or_else(|| {
+                            Error::new(ErrorKind::Internal, "Consul txn returned no .lock entry")
+                        })?;
+                    return Ok(self.granted_sem(&keys, token, my_index, req));
+                }
+                Ok(Txn::Failed(errs)) => {
+                    if errs
+                        .iter()
+                        .any(|e| e.op_index == 0 || e.what.contains("invalid session"))
+                    {
+                        return Err(session_lost(
+                            "our contender key or session is gone (session expired?)",
+                        ));
+                    }
+                    retries += 1;
+                    if retries > 1000 {
+                        return Err(failed("taking a permit", &errs));
+                    }
+                }
+                Err(e) => transient.absorb(e).await?,
+            }
+            view = transient.retry(read).await?;
+        }
+    }
+
+    fn granted_sem(
+        &self,
+        keys: &Keys,
+        token: u64,
+        contender_index: u64,
+        req: &AcquireRequest,
+    ) -> Acquired {
+        let contender = keys.sem.contender(&self.s.id);
+        self.watch_entry(
+            &contender,
+            &keys.sem.revoke(&self.s.id),
+            token,
+            &req.signals,
+            Some(SemWatched {
+                lock_key: keys.sem.lock.clone(),
+                contender_index,
+            }),
+        );
+        Acquired {
+            token,
+            entry: contender,
+        }
+    }
+
     /// Removes a read-write entry of this session and its revoke marker.
     async fn remove_rw(&self, keys: &Keys, entry: &str) -> Result<()> {
         let ops = vec![
@@ -860,7 +1150,14 @@ async fn monitor(s: Arc<Shared>) {
             let q = if w.entries.is_empty() {
                 None
             } else {
-                let prefix = common_prefix(w.entries.keys());
+                let covered: Vec<String> = w
+                    .entries
+                    .iter()
+                    .flat_map(|(k, e)| {
+                        std::iter::once(k.clone()).chain(e.sem.as_ref().map(|s| s.lock_key.clone()))
+                    })
+                    .collect();
+                let prefix = common_prefix(covered.iter());
                 let unchecked = w
                     .entries
                     .values()
@@ -913,7 +1210,8 @@ async fn monitor(s: Arc<Shared>) {
                             .drain()
                             .map(|(key, e)| {
                                 e.signals.lose(LossReason::DeadlinePassed);
-                                (key, e.token)
+                                let at = e.sem.as_ref().map_or(e.token, |s| s.contender_index);
+                                (key, at)
                             })
                             .collect()
                     };
@@ -941,6 +1239,15 @@ async fn monitor(s: Arc<Shared>) {
 async fn remove_given_up(s: Arc<Shared>, lost: Vec<(String, u64)>) {
     for (lock_key, token) in lost {
         let ops = match lock_key.strip_suffix("/.lock") {
+            None if !lock_key.contains("/.rw/") => {
+                // A semaphore contender key `P/<session>`: its holder
+                // entry in `.lock` is pruned once the key is gone.
+                let (base, sid) = lock_key.rsplit_once('/').unwrap_or(("", &lock_key));
+                vec![
+                    op::delete_cas(&lock_key, token),
+                    op::delete(&format!("{base}/.revoke/{sid}")),
+                ]
+            }
             Some(base) => vec![
                 op::delete_cas(&lock_key, token),
                 op::delete(&format!("{base}/.queue/{}", s.id)),
@@ -977,20 +1284,37 @@ async fn evaluate(s: &Shared, prefix: &str, idx: u64, entries: &[KvEntry]) -> us
     let watched = {
         let mut w = s.watch.lock().expect("poisoned");
         for (key, e) in w.entries.iter_mut() {
-            if e.token > idx || !key.starts_with(prefix) {
+            if e.token > idx
+                || !key.starts_with(prefix)
+                || e.sem
+                    .as_ref()
+                    .is_some_and(|s| !s.lock_key.starts_with(prefix))
+            {
                 continue; // granted after this read, or not covered by it
             }
             e.checked = true;
-            let ours = by_key
-                .get(key.as_str())
-                .is_some_and(|l| l.holder() == Some(s.id.as_str()) && l.modify_index == e.token);
+            let ours = match &e.sem {
+                None => by_key.get(key.as_str()).is_some_and(|l| {
+                    l.holder() == Some(s.id.as_str()) && l.modify_index == e.token
+                }),
+                Some(sw) => {
+                    by_key.get(key.as_str()).is_some_and(|c| {
+                        c.holder() == Some(s.id.as_str()) && c.modify_index == sw.contender_index
+                    }) && by_key.get(sw.lock_key.as_str()).is_some_and(|l| {
+                        l.flags == SEMAPHORE_FLAGS
+                            && SemLock::decode(l)
+                                .is_some_and(|st| st.holders.contains_key(s.id.as_str()))
+                    })
+                }
+            };
             if !ours {
                 lost.push((key.clone(), e.token));
                 continue;
             }
             if let Some(r) = by_key.get(e.revoke_key.as_str()) {
+                let want = e.sem.as_ref().map_or(e.token, |s| s.contender_index);
                 if r.holder() == Some(s.id.as_str())
-                    && r.record().and_then(|r| r.token) == Some(e.token)
+                    && r.record().and_then(|r| r.token) == Some(want)
                     && !e.signals.is_revoke_requested()
                 {
                     tracing::debug!(lock = %key, "revoke requested");
