@@ -286,3 +286,101 @@ async fn semaphore_prefix_is_a_conflict() {
     let _ = std::fs::remove_file(&held);
     case.finish().await;
 }
+
+/// A `consul lock -n 3` holder takes one of the 3 permits of our
+/// semaphore on the same prefix: two of ours hold beside it, a third
+/// waits (try-acquire: WouldBlock) until the consul holder ends; a
+/// request with another permit count is a conflict.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consul_semaphore_holder_counts_against_ours() {
+    let Some(h) = harness() else { return };
+    let case = h.case();
+    let ours = case.clients(3).await;
+    let (held, done) = (scratch(&case, "sheld"), scratch(&case, "sdone"));
+    let _ = std::fs::remove_file(&held);
+    let _ = std::fs::remove_file(&done);
+    let script = format!(
+        "touch {}; sleep 2; touch {}",
+        held.display(),
+        done.display()
+    );
+    let theirs = tokio::spawn({
+        let c = consul_lock(&case, "pool", &["-n=3"], &script);
+        async move { run_ok(c, "consul lock -n 3 holding").await }
+    });
+    wait_for_file(&held).await;
+
+    let g1 = ours[0].semaphore("pool", 3).unwrap().acquire().await.unwrap();
+    let g2 = ours[1].semaphore("pool", 3).unwrap().acquire().await.unwrap();
+    let sem3 = ours[2].semaphore("pool", 3).unwrap();
+    let e = sem3.try_acquire().await.expect_err("a 4th holder of 3 permits");
+    assert_eq!(e.kind(), ErrorKind::WouldBlock, "{e}");
+    let e = ours[2]
+        .semaphore("pool", 2)
+        .unwrap()
+        .try_acquire()
+        .await
+        .expect_err("another permit count");
+    assert_eq!(e.kind(), ErrorKind::Conflict, "{e}");
+    let st = ours[0].inspect("pool").await.unwrap();
+    assert_eq!(st.holders.len(), 3, "{st:?}");
+
+    let g3 = tokio::time::timeout(Duration::from_secs(30), sem3.acquire())
+        .await
+        .expect("not granted after consul lock -n ended")
+        .unwrap();
+    assert!(done.exists(), "granted while consul lock's command still ran");
+    assert!(g1.is_held() && g2.is_held() && g3.is_held());
+    theirs.await.unwrap();
+    for g in [g1, g2, g3] {
+        g.release().await.unwrap();
+    }
+    let _ = std::fs::remove_file(&held);
+    let _ = std::fs::remove_file(&done);
+    case.finish().await;
+}
+
+/// Three of ours hold a semaphore of 3: `consul lock -n 3` does not get
+/// in (gives up on its timeout without running its command); after one of
+/// ours lets go, a patient one runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consul_semaphore_waits_for_ours() {
+    let Some(h) = harness() else { return };
+    let case = h.case();
+    let ours = case.clients(3).await;
+    let marker = scratch(&case, "sran");
+    let _ = std::fs::remove_file(&marker);
+    let script = format!("echo ran >> {}", marker.display());
+    let mut guards = Vec::new();
+    for c in &ours {
+        guards.push(c.semaphore("full", 3).unwrap().acquire().await.unwrap());
+    }
+    let mut c = consul_lock(&case, "full", &["-n=3", "-timeout=1s"], &script);
+    let out = c.output().await.expect("running consul lock -n 3");
+    assert!(!out.status.success(), "consul lock -n 3 got a 4th permit");
+    assert!(!marker.exists(), "consul lock -n 3 ran beside 3 holders");
+    // The timed-out run leaves its contender key behind: the CLI exits
+    // before it destroys its session, so the key lives until that
+    // session's TTL runs out. It shows as a waiter; end its session.
+    let st = ours[0].inspect("full").await.unwrap();
+    assert_eq!(st.holders.len(), 3, "{st:?}");
+    for w in &st.waiters {
+        ours[0].backend().kill_session(&w.session).await.unwrap();
+    }
+
+    let waiting = tokio::spawn({
+        let c = consul_lock(&case, "full", &["-n=3", "-timeout=30s"], &script);
+        async move { run_ok(c, "consul lock -n 3 after our release").await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!marker.exists(), "consul lock -n 3 ran beside 3 holders");
+    guards.pop().unwrap().release().await.unwrap();
+    waiting.await.unwrap();
+    assert!(marker.exists());
+    for g in guards {
+        assert!(g.is_held());
+        g.release().await.unwrap();
+    }
+    let _ = std::fs::remove_file(&marker);
+    case.finish().await;
+}
