@@ -310,10 +310,23 @@ async fn consul_semaphore_holder_counts_against_ours() {
     });
     wait_for_file(&held).await;
 
-    let g1 = ours[0].semaphore("pool", 3).unwrap().acquire().await.unwrap();
-    let g2 = ours[1].semaphore("pool", 3).unwrap().acquire().await.unwrap();
+    let g1 = ours[0]
+        .semaphore("pool", 3)
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let g2 = ours[1]
+        .semaphore("pool", 3)
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
     let sem3 = ours[2].semaphore("pool", 3).unwrap();
-    let e = sem3.try_acquire().await.expect_err("a 4th holder of 3 permits");
+    let e = sem3
+        .try_acquire()
+        .await
+        .expect_err("a 4th holder of 3 permits");
     assert_eq!(e.kind(), ErrorKind::WouldBlock, "{e}");
     let e = ours[2]
         .semaphore("pool", 2)
@@ -329,7 +342,10 @@ async fn consul_semaphore_holder_counts_against_ours() {
         .await
         .expect("not granted after consul lock -n ended")
         .unwrap();
-    assert!(done.exists(), "granted while consul lock's command still ran");
+    assert!(
+        done.exists(),
+        "granted while consul lock's command still ran"
+    );
     assert!(g1.is_held() && g2.is_held() && g3.is_held());
     theirs.await.unwrap();
     for g in [g1, g2, g3] {
