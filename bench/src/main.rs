@@ -232,22 +232,25 @@ async fn loss_detection(url: &str, rounds: usize) -> quorumlock::Result<Value> {
         for (h, how) in [(&mut brk, "break"), (&mut kill, "kill")] {
             let name = format!("loss/{how}{i}");
             let g = holder.lock(&name)?.acquire().await?;
+            // Timed on its own task: a break call may return after the
+            // holder already knows (Consul's break waits out lock-delay).
             let lost = g.lost();
+            let seen = tokio::spawn(async move {
+                tokio::time::timeout(Duration::from_secs(60), lost)
+                    .await
+                    .ok()?;
+                Some(Instant::now())
+            });
             let t = Instant::now();
             if how == "break" {
                 operator.break_lock(&name).await?;
             } else {
                 operator.backend().kill_session(&g.session_id()).await?;
             }
-            tokio::time::timeout(Duration::from_secs(60), lost)
-                .await
-                .map_err(|_| {
-                    quorumlock::Error::new(
-                        quorumlock::ErrorKind::Timeout,
-                        "loss not detected in 60 s",
-                    )
-                })?;
-            h.record(t.elapsed().as_micros().max(1) as u64)
+            let at = seen.await.expect("loss timer panicked").ok_or_else(|| {
+                quorumlock::Error::new(quorumlock::ErrorKind::Timeout, "loss not detected in 60 s")
+            })?;
+            h.record(at.duration_since(t).as_micros().max(1) as u64)
                 .expect("in range");
             let _ = g.release().await;
         }
