@@ -5,8 +5,10 @@
 conformance_tests::cluster_fault_suite!(
     conformance_tests::faults::StoreKind::Etcd,
     |url| async move {
-        Ok(std::sync::Arc::new(backend_etcd::EtcdBackend::connect(&url).await?)
-            as std::sync::Arc<dyn lockcore::Backend>)
+        Ok(
+            std::sync::Arc::new(backend_etcd::EtcdBackend::connect(&url).await?)
+                as std::sync::Arc<dyn lockcore::Backend>,
+        )
     },
     "ttl",
     "2s"

@@ -3,8 +3,8 @@
 
 pub mod cases;
 pub mod faults;
-pub mod herd;
 mod harness;
+pub mod herd;
 
 pub use harness::{BackendFactory, Case, Flavor, Harness};
 
