@@ -39,6 +39,13 @@ const MONITOR_MAX_FAILURES: u32 = 6;
 const SESSION_CREATE_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a session given up locally is retried to be destroyed.
 const ABANDONED_DESTROY_PATIENCE: Duration = Duration::from_secs(600);
+/// How many contended mutex names a session remembers (see
+/// `Shared::contended`); past that it forgets them all.
+const CONTENDED_MEMORY: usize = 1024;
+/// A lock granted this recently is not watched yet: a short hold costs no
+/// monitor request. Loss detection of a fresh grant is delayed by at most
+/// this (far below the lock-delay that guards a break).
+const FIRST_WATCH_DELAY: Duration = Duration::from_millis(20);
 /// Unexpected txn failures tolerated in one acquire before giving up.
 const MAX_ACQUIRE_RETRIES: u32 = 20;
 
@@ -57,6 +64,10 @@ struct Shared {
     /// Per-lock write serialization: a write of an acquire runs to its end
     /// even if the acquire is dropped, and `abandon` queues behind it.
     ops: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Mutexes (by `.lock` key) that had other contenders of ours when
+    /// this session last released them: their next acquire skips the
+    /// one-txn fast path (it would only take `.lock` to give it back).
+    contended: Mutex<std::collections::HashSet<String>>,
 }
 
 /// Held locks that the monitor watches, and the index and key prefix of
@@ -95,6 +106,8 @@ struct Watched {
     signals: EntrySignals,
     /// For a semaphore permit (the map key is our contender key).
     sem: Option<SemWatched>,
+    /// When it was handed to the monitor.
+    since: Instant,
     /// Compared with a namespace read at or after `token` at least once.
     checked: bool,
 }
@@ -228,6 +241,7 @@ impl ConsulSession {
             watch: Mutex::new(Watch::default()),
             watch_changed: Notify::new(),
             ops: Mutex::new(HashMap::new()),
+            contended: Mutex::new(Default::default()),
         });
         tokio::spawn(keepalive(s.clone()));
         tokio::spawn(monitor(s.clone()));
@@ -357,6 +371,7 @@ impl ConsulSession {
                 revoke_key: revoke_key.to_string(),
                 signals: signals.clone(),
                 checked: false,
+                since: Instant::now(),
                 sem,
             },
         );
@@ -425,8 +440,48 @@ impl StoreSession for ConsulSession {
         let mut transient = Transient::new(req.wait, &s.liveness);
         let read = || read_view(&s.backend.api, &keys);
 
+        // 0. Fast path, one request when the lock is free: take `.lock`
+        // and join the queue in one txn, guarded by `.lock` not existing,
+        // and read the whole lock. If a contender of ours was already
+        // queued (it is between the previous holder's release and its own
+        // grant), we never report the grant: we give `.lock` back and
+        // queue behind it, so FIFO holds. Any failure (`.lock` held, a
+        // lock-delay, another recipe's `.lock`) leaves nothing written and
+        // falls through to the queued path.
+        let mut fast = None;
+        let contended = s.contended.lock().expect("poisoned").contains(&keys.lock);
+        let tried = if contended {
+            None
+        } else {
+            self.try_fast(req, &keys, &qkey, record()).await?
+        };
+        if let Some(v) = tried {
+            let ahead = v.line(&keys).first().is_some_and(|(_, e)| e.key != qkey);
+            let token = v.lock.as_ref().map(|l| l.modify_index);
+            match token {
+                Some(token) if !ahead => {
+                    self.watch(&keys, token, &req.signals);
+                    return Ok(Acquired {
+                        token,
+                        entry: keys.lock.clone(),
+                    });
+                }
+                Some(token) => {
+                    let ops = vec![op::delete_cas(&keys.lock, token), op::get_tree(&keys.tree)];
+                    match self.write(&keys, ops, "giving the lock back").await? {
+                        Txn::Done(results) => fast = Some(View::from_entries(&keys, results)),
+                        Txn::Failed(errs) => return Err(failed("giving the lock back", &errs)),
+                    }
+                }
+                None => {}
+            }
+        }
+
         // 1. Join our queue and read the whole lock in one request.
         let mut view = loop {
+            if let Some(v) = fast.take() {
+                break v;
+            }
             let ops = vec![
                 op::lock(&qkey, &s.id, QUEUE_FLAGS, &record().encode()),
                 op::get_tree(&keys.tree),
@@ -614,9 +669,24 @@ impl StoreSession for ConsulSession {
             op::delete_cas(&keys.lock, held.token),
             op::delete(&qkey),
             op::delete(&keys.revoke),
+            op::get_tree(&keys.tree),
         ];
         match self.write(&keys, ops, "releasing").await? {
-            Txn::Done(_) => Ok(()),
+            Txn::Done(results) => {
+                // Does anyone of ours wait? Then our next acquire queues
+                // at once instead of trying the fast path.
+                let v = View::from_entries(&keys, results);
+                let mut c = self.s.contended.lock().expect("poisoned");
+                if v.queue.is_empty() && v.rw.is_empty() {
+                    c.remove(&keys.lock);
+                } else {
+                    if c.len() >= CONTENDED_MEMORY {
+                        c.clear();
+                    }
+                    c.insert(keys.lock.clone());
+                }
+                Ok(())
+            }
             Txn::Failed(errs) => {
                 // `.lock` is not at our token: broken (gone, or another
                 // holder's now) or rewritten behind our back while still
@@ -654,6 +724,36 @@ impl StoreSession for ConsulSession {
 }
 
 impl ConsulSession {
+    /// The one-txn acquire of a free mutex: `check-not-exists` of `.lock`,
+    /// `lock` of `.lock` and of our queue key, `get-tree`. `None`: rolled
+    /// back (not free), nothing written. The view it returns has our
+    /// queue key and `.lock` at our token.
+    async fn try_fast(
+        &self,
+        req: &AcquireRequest,
+        keys: &Keys,
+        qkey: &str,
+        record: Record,
+    ) -> Result<Option<View>> {
+        let ops = vec![
+            op::check_not_exists(&keys.lock),
+            op::lock(&keys.lock, &self.s.id, LOCK_FLAGS, &record.encode()),
+            op::lock(qkey, &self.s.id, QUEUE_FLAGS, &record.encode()),
+            op::get_tree(&keys.tree),
+        ];
+        match self.write(keys, ops, "taking a free lock").await {
+            Ok(Txn::Done(results)) => Ok(Some(View::from_entries(
+                keys,
+                results.into_iter().skip(2).collect(),
+            ))),
+            Ok(Txn::Failed(_)) => Ok(None),
+            // Unknown outcome: the queued path finds out (it recognizes
+            // a grant of ours by its contender id).
+            Err(e) if e.kind() == ErrorKind::Connection && req.wait => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Reads `P/` (blocking past `index` if it is not 0).
     async fn read_sem(&self, keys: &Keys, index: u64) -> Result<SemView> {
         let (idx, entries) = self
@@ -1144,6 +1244,28 @@ async fn monitor(s: Arc<Shared>) {
     let mut failing_since = Instant::now();
     let patience = s.backend.config.ttl / 2;
     loop {
+        // Only fresh grants to watch: wait until the oldest is
+        // FIRST_WATCH_DELAY old (it may be released before).
+        let hold_off = {
+            let mut w = s.watch.lock().expect("poisoned");
+            w.entries.retain(|_, e| !e.signals.is_finished());
+            if w.entries.values().all(|e| !e.checked) {
+                w.entries
+                    .values()
+                    .map(|e| e.since + FIRST_WATCH_DELAY)
+                    .min()
+            } else {
+                None
+            }
+        };
+        if let Some(t) = hold_off.filter(|t| *t > Instant::now()) {
+            tokio::select! {
+                _ = s.stop.cancelled() => return,
+                _ = s.liveness.lost() => return,
+                _ = tokio::time::sleep_until(t) => {}
+            }
+            continue;
+        }
         let query = {
             let mut w = s.watch.lock().expect("poisoned");
             w.entries.retain(|_, e| !e.signals.is_finished());
@@ -1164,7 +1286,11 @@ async fn monitor(s: Arc<Shared>) {
                     .filter(|e| !e.checked)
                     .map(|e| e.token)
                     .min();
+                let any_checked = w.entries.values().any(|e| e.checked);
                 let q = match (index, unchecked) {
+                    // Nothing judged yet: changes before the oldest
+                    // grant do not concern us; block from there.
+                    (_, Some(t)) if !any_checked => t,
                     (0, Some(t)) => t,
                     (i, Some(t)) => i.min(t),
                     (i, None) => i,
