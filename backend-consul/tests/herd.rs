@@ -175,3 +175,28 @@ async fn holder_is_not_woken_by_others() {
     }
     case.finish().await;
 }
+
+/// The uncontended cycle is Consul's floor: one txn to acquire (take
+/// `.lock` and join the queue at once), one to release; a hold shorter
+/// than the monitor's first-watch delay costs no monitor request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uncontended_cycle_is_two_requests() {
+    let Some(h) = harness() else { return };
+    let case = h.case();
+    let c = case.client().await;
+    let lock = c.lock("solo").unwrap();
+    lock.acquire().await.unwrap().release().await.unwrap(); // opens the session
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let before = c.backend().requests_sent();
+    for _ in 0..20 {
+        lock.acquire().await.unwrap().release().await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let per_cycle = (c.backend().requests_sent() - before) as f64 / 20.0;
+    eprintln!("requests per uncontended cycle: {per_cycle}");
+    assert!(
+        per_cycle <= 2.2,
+        "{per_cycle} requests per uncontended cycle"
+    );
+    case.finish().await;
+}
