@@ -107,7 +107,6 @@ impl EtcdSession {
             signals: req.signals.clone(),
             key: key.into_boxed_str(),
             token,
-            id: self.inner.hub.new_id(),
         };
         held.subscribe(from);
     }
@@ -327,7 +326,6 @@ struct HeldEntry {
     signals: EntrySignals,
     key: Box<str>,
     token: i64,
-    id: i64,
 }
 
 impl HeldEntry {
@@ -339,13 +337,12 @@ impl HeldEntry {
             signals: self.signals.clone(),
             key: self.key.clone(),
             token: self.token,
-            id: self.id,
         }
     }
 
     fn subscribe(self, from: i64) {
-        let (inner, id, key) = (self.inner.clone(), self.id, self.key.as_bytes().to_vec());
-        inner.hub.subscribe(id, key, from, Arc::new(self));
+        let (inner, key) = (self.inner.clone(), self.key.as_bytes().to_vec());
+        inner.hub.subscribe(key, from, Arc::new(self));
     }
 
     /// etcd cancelled the watch (compaction past its start): re-read the

@@ -127,22 +127,19 @@ impl WatchHub {
         }
     }
 
-    /// A fresh watch id for [`subscribe`](Self::subscribe).
-    pub(crate) fn new_id(&self) -> i64 {
-        self.next_id.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// Watches `key` (every event) from `start_revision` under watch `id`,
-    /// delivering to `sink` in place until [`cancel`](Self::cancel) or
-    /// the sink says it is done. An `id` whose watch etcd cancelled may be
-    /// used again.
+    /// Watches `key` (every event) from `start_revision`, delivering to
+    /// `sink` in place until the sink says it is done or etcd cancels the
+    /// watch. Every call takes a fresh watch id: etcd keeps the id of a
+    /// watch it cancelled for compaction registered on the stream and
+    /// refuses a create that reuses it (with watch id -1, which no
+    /// subscriber could be told about).
     pub(crate) fn subscribe(
         &self,
-        id: i64,
         key: impl Into<Vec<u8>>,
         start_revision: i64,
         sink: Arc<dyn Sink>,
     ) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         self.create(id, key.into(), start_revision, None, sink);
     }
 
@@ -328,9 +325,23 @@ async fn open(
     Ok(Stream { sender, responses })
 }
 
-/// Routes one response; returns a watch id its sink no longer wants.
+/// Routes one response; returns a watch id to cancel on the stream: one its
+/// sink no longer wants, or one etcd cancelled (for compaction etcd keeps
+/// the id registered until the client cancels it, as Go's client does).
 fn dispatch(resp: WatchResponse, subs: &mut HashMap<i64, Sub>) -> Option<i64> {
     let id = resp.watch_id();
+    if resp.canceled() && !subs.contains_key(&id) {
+        // A refused create (etcd answers those with id -1) or the echo of
+        // our own cancel: nothing of ours is lost, but a refusal would be.
+        if resp.created() {
+            tracing::warn!(
+                watch = id,
+                reason = resp.cancel_reason(),
+                "etcd refused a watch"
+            );
+        }
+        return None;
+    }
     let mut unwanted = None;
     if let Some(sub) = subs.get(&id) {
         for ev in resp.events() {
@@ -348,16 +359,15 @@ fn dispatch(resp: WatchResponse, subs: &mut HashMap<i64, Sub>) -> Option<i64> {
         }
     }
     if resp.canceled() {
-        if let Some(sub) = subs.remove(&id) {
-            tracing::debug!(
-                watch = id,
-                compact_revision = resp.compact_revision(),
-                reason = resp.cancel_reason(),
-                "etcd cancelled a watch"
-            );
-            sub.sink.event(WatchEvent::Lost);
-        }
-        return None;
+        let sub = subs.remove(&id)?;
+        tracing::debug!(
+            watch = id,
+            compact_revision = resp.compact_revision(),
+            reason = resp.cancel_reason(),
+            "etcd cancelled a watch"
+        );
+        sub.sink.event(WatchEvent::Lost);
+        return Some(id);
     }
     if let Some(id) = unwanted {
         subs.remove(&id);

@@ -241,13 +241,11 @@ async fn long_partition_fires_loss_before_anyone_else_acquires() {
 }
 
 /// The history a broken watch would resume from is compacted during the
-/// outage: etcd refuses the re-created watch, and the holder re-reads its
-/// key and the revoke marker instead, then watches again from there.
-// Quarantined, a known bug: about 1 run in 4 (the whole file in
-// parallel), the holder sees the revoke after the heal but never the later
-// delete of its key ("break not seen"). Run it with `--include-ignored`.
+/// outage: etcd cancels the re-created watch, and the holder re-reads its
+/// key and the revoke marker instead, then watches again from there, under
+/// a new watch id (etcd refuses a create that reuses the cancelled id, and
+/// a later break would go unseen).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known bug: after an outage with compaction, a later break is sometimes missed"]
 async fn outage_with_compaction_rereads_and_watches_again() {
     let Some(h) = harness() else { return };
     let case = h.case();
@@ -256,18 +254,22 @@ async fn outage_with_compaction_rereads_and_watches_again() {
     let proxy = Proxy::start(target_of(&url)).await;
     let holder = client_at(&proxy.url(&url)).await;
     let g = holder.lock("c").unwrap().acquire().await.unwrap();
+    // The watch on the held key opens in the background: let it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
 
     proxy.cut();
-    // Move the revision past our watches' start and compact it away.
+    // Move the revision past our watch's start (the revision after our
+    // key's) and compact that away.
     let config = backend_etcd::EtcdConfig::from_url(&url).unwrap();
     let mut raw = etcd_client::Client::connect(config.endpoints.clone(), None)
         .await
         .expect("this test needs a plain etcd:// URL");
     let scratch = format!("{}/scratch", case.namespace());
-    let put = raw.put(scratch.as_str(), "x", None).await.unwrap();
-    let rev = put.header().unwrap().revision();
-    raw.delete(scratch.as_str(), None).await.unwrap();
-    raw.compact(rev, None).await.unwrap();
+    raw.put(scratch.as_str(), "x", None).await.unwrap();
+    let del = raw.delete(scratch.as_str(), None).await.unwrap();
+    raw.compact(del.header().unwrap().revision(), None)
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     proxy.pass();
 
