@@ -1,10 +1,11 @@
 //! Signals between a backend and the client layer: session liveness with a
 //! local deadline, and per-entry loss and revoke requests.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -173,11 +174,58 @@ pub struct EntrySignals {
     inner: Arc<EntrySignalsInner>,
 }
 
+/// Three flags and one `Notify` for all of them: every held lock keeps one
+/// of these, so it is kept small (a few dozen bytes, where three
+/// cancellation tokens took several hundred).
 #[derive(Debug, Default)]
 struct EntrySignalsInner {
-    lost: Latch,
-    revoke: CancellationToken,
-    finished: CancellationToken,
+    /// 0: not lost; else the [`loss_code`] of the first reason.
+    lost: AtomicU8,
+    revoke: AtomicBool,
+    finished: AtomicBool,
+    /// Notified (all waiters) after any flag is set.
+    changed: Notify,
+}
+
+fn loss_code(r: LossReason) -> u8 {
+    match r {
+        LossReason::SessionExpired => 1,
+        LossReason::DeadlinePassed => 2,
+        LossReason::EntryDeleted => 3,
+        LossReason::ClientClosed => 4,
+    }
+}
+
+fn loss_of(code: u8) -> Option<LossReason> {
+    Some(match code {
+        1 => LossReason::SessionExpired,
+        2 => LossReason::DeadlinePassed,
+        3 => LossReason::EntryDeleted,
+        4 => LossReason::ClientClosed,
+        _ => return None,
+    })
+}
+
+impl EntrySignalsInner {
+    /// Resolves once `ready` holds. The waiter is registered before the
+    /// check, so a flag set in between is never missed.
+    async fn until(&self, ready: impl Fn(&Self) -> bool) {
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if ready(self) {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    fn set(&self, flag: &AtomicBool) {
+        if !flag.swap(true, Ordering::AcqRel) {
+            self.changed.notify_waiters();
+        }
+    }
 }
 
 impl EntrySignals {
@@ -188,48 +236,58 @@ impl EntrySignals {
 
     /// Backend: the entry is gone or no longer ours.
     pub fn lose(&self, reason: LossReason) {
-        self.inner.lost.set(reason);
+        let i = &self.inner;
+        if i.lost
+            .compare_exchange(0, loss_code(reason), Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            i.changed.notify_waiters();
+        }
     }
 
     /// Why the entry was lost, if it was.
     pub fn loss(&self) -> Option<LossReason> {
-        self.inner.lost.get()
+        loss_of(self.inner.lost.load(Ordering::Acquire))
     }
 
     /// Resolves when the entry is lost.
     pub async fn lost(&self) -> LossReason {
-        self.inner.lost.token.cancelled().await;
-        self.inner.lost.get().unwrap_or(LossReason::EntryDeleted)
+        self.inner
+            .until(|i| i.lost.load(Ordering::Acquire) != 0)
+            .await;
+        self.loss().unwrap_or(LossReason::EntryDeleted)
     }
 
     /// Backend: someone asked the holder to let go.
     pub fn request_revoke(&self) {
-        self.inner.revoke.cancel();
+        self.inner.set(&self.inner.revoke);
     }
 
     /// Whether a revoke was requested.
     pub fn is_revoke_requested(&self) -> bool {
-        self.inner.revoke.is_cancelled()
+        self.inner.revoke.load(Ordering::Acquire)
     }
 
     /// Resolves when a revoke is requested.
     pub async fn revoke_requested(&self) {
-        self.inner.revoke.cancelled().await
+        self.inner.until(|i| i.revoke.load(Ordering::Acquire)).await
     }
 
     /// Client layer: the entry was released or abandoned.
     pub fn finish(&self) {
-        self.inner.finished.cancel();
+        self.inner.set(&self.inner.finished);
     }
 
     /// Whether [`finish`](Self::finish) was called.
     pub fn is_finished(&self) -> bool {
-        self.inner.finished.is_cancelled()
+        self.inner.finished.load(Ordering::Acquire)
     }
 
     /// Resolves when the entry is finished with: watchers select on it.
     pub async fn finished(&self) {
-        self.inner.finished.cancelled().await
+        self.inner
+            .until(|i| i.finished.load(Ordering::Acquire))
+            .await
     }
 }
 
@@ -267,5 +325,33 @@ mod tests {
         assert!(!s.is_revoke_requested());
         s.request_revoke();
         s.revoke_requested().await;
+    }
+
+    #[tokio::test]
+    async fn entry_signals_wake_waiters_and_keep_the_first_loss() {
+        let s = EntrySignals::new();
+        assert_eq!(s.loss(), None);
+        assert!(!s.is_revoke_requested() && !s.is_finished());
+        let (a, b, c) = (s.clone(), s.clone(), s.clone());
+        let lost = tokio::spawn(async move { a.lost().await });
+        let revoked = tokio::spawn(async move { b.revoke_requested().await });
+        let finished = tokio::spawn(async move { c.finished().await });
+        tokio::task::yield_now().await;
+        s.request_revoke();
+        revoked.await.unwrap();
+        assert!(!lost.is_finished() && !finished.is_finished());
+        s.lose(LossReason::EntryDeleted);
+        s.lose(LossReason::ClientClosed);
+        assert_eq!(
+            lost.await.unwrap(),
+            LossReason::EntryDeleted,
+            "the first reason wins"
+        );
+        assert_eq!(s.loss(), Some(LossReason::EntryDeleted));
+        s.finish();
+        finished.await.unwrap();
+        // Already set: resolves at once.
+        assert_eq!(s.lost().await, LossReason::EntryDeleted);
+        s.finished().await;
     }
 }
