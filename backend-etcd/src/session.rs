@@ -96,9 +96,12 @@ impl EtcdSession {
         self.inner.txn("delete contender", txn).await.map(|_| ())
     }
 
-    /// Starts watching a held entry's own key from `from`: a delete is a
-    /// loss, a put a revoke request. No task and no channel per held
-    /// entry: the backend's watch task calls the entry's [`Sink`].
+    /// Watches a held entry's own key from `from`: a delete is a loss, a
+    /// put a revoke request. The watch starts after
+    /// [`lockcore::HELD_WATCH_DELAY`] (from `from`, so nothing in between
+    /// is missed), and not at all if the lock is released before. No task
+    /// and no channel per held entry: the backend's watch task calls the
+    /// entry's [`Sink`].
     fn watch_held(&self, req: &AcquireRequest, key: String, token: i64, from: i64) {
         let held = HeldEntry {
             inner: self.inner.clone(),
@@ -108,7 +111,7 @@ impl EtcdSession {
             key: key.into_boxed_str(),
             token,
         };
-        held.subscribe(from);
+        held.subscribe(from, true);
     }
 
     /// Runs a read-only or idempotent txn, retrying connection trouble
@@ -340,9 +343,11 @@ impl HeldEntry {
         }
     }
 
-    fn subscribe(self, from: i64) {
+    /// Watches our key from revision `from`; `later`: after
+    /// [`lockcore::HELD_WATCH_DELAY`], if still held then.
+    fn subscribe(self, from: i64, later: bool) {
         let (inner, key) = (self.inner.clone(), self.key.as_bytes().to_vec());
-        inner.hub.subscribe(key, from, Arc::new(self));
+        inner.hub.subscribe(key, from, Arc::new(self), later);
     }
 
     /// etcd cancelled the watch (compaction past its start): re-read the
@@ -378,7 +383,7 @@ impl HeldEntry {
                 return;
             }
             let from = resp.header().map_or(0, |h| h.revision()) + 1;
-            return self.subscribe(from);
+            return self.subscribe(from, false);
         }
     }
 

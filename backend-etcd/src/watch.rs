@@ -22,6 +22,7 @@ use etcd_client::{
     EventType, KeyValue, WatchClient, WatchFilterType, WatchOptions, WatchRequestSender,
     WatchResponse, WatchResponseStream,
 };
+use lockcore::{DelayQueue, HELD_WATCH_DELAY};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -61,6 +62,9 @@ enum Cmd {
         start_revision: i64,
         filter: Option<WatchFilterType>,
         sink: Arc<dyn Sink>,
+        /// Start it [`HELD_WATCH_DELAY`] from now, if the sink still
+        /// wants it then.
+        later: bool,
     },
     Cancel(i64),
 }
@@ -119,7 +123,14 @@ impl WatchHub {
     ) -> Watch {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::unbounded_channel();
-        self.create(id, key.into(), start_revision, Some(filter), Arc::new(tx));
+        self.create(
+            id,
+            key.into(),
+            start_revision,
+            Some(filter),
+            Arc::new(tx),
+            false,
+        );
         Watch {
             id,
             rx,
@@ -129,18 +140,22 @@ impl WatchHub {
 
     /// Watches `key` (every event) from `start_revision`, delivering to
     /// `sink` in place until the sink says it is done or etcd cancels the
-    /// watch. Every call takes a fresh watch id: etcd keeps the id of a
-    /// watch it cancelled for compaction registered on the stream and
-    /// refuses a create that reuses it (with watch id -1, which no
-    /// subscriber could be told about).
+    /// watch. `later`: start the watch [`HELD_WATCH_DELAY`] from now,
+    /// unless the sink is done by then (a short hold costs no watch; the
+    /// start revision replays what happened meanwhile). Every call takes a
+    /// fresh watch id: etcd keeps the id of a watch it cancelled for
+    /// compaction registered on the stream and refuses a create that
+    /// reuses it (with watch id -1, which no subscriber could be told
+    /// about).
     pub(crate) fn subscribe(
         &self,
         key: impl Into<Vec<u8>>,
         start_revision: i64,
         sink: Arc<dyn Sink>,
+        later: bool,
     ) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        self.create(id, key.into(), start_revision, None, sink);
+        self.create(id, key.into(), start_revision, None, sink, later);
     }
 
     fn create(
@@ -150,6 +165,7 @@ impl WatchHub {
         start_revision: i64,
         filter: Option<WatchFilterType>,
         sink: Arc<dyn Sink>,
+        later: bool,
     ) {
         let cmd = Cmd::Create {
             id,
@@ -157,6 +173,7 @@ impl WatchHub {
             start_revision,
             filter,
             sink,
+            later,
         };
         if self.cmd.send(cmd).is_err() {
             tracing::warn!("etcd watch task is gone");
@@ -214,6 +231,7 @@ async fn run(
 ) {
     const FIRST_RETRY: Duration = Duration::from_millis(100);
     let mut subs: HashMap<i64, Sub> = HashMap::new();
+    let mut later: DelayQueue<(i64, Sub)> = DelayQueue::new(HELD_WATCH_DELAY);
     let mut stream: Option<Stream> = None;
     // When the stream is down: when to try again, and the next pause.
     let mut reopen_at: Option<Instant> = None;
@@ -223,24 +241,15 @@ async fn run(
         tokio::select! {
             cmd = rx.recv() => match cmd {
                 None => return,
-                Some(Cmd::Create { id, key, start_revision, filter, sink }) => {
+                Some(Cmd::Create { id, key, start_revision, filter, sink, later: wait }) => {
                     if sink.closed() {
                         continue; // dropped before we got to it
                     }
                     let sub = Sub { key: key.into_boxed_slice(), start_revision, filter, sink };
-                    if let Some(s) = &mut stream {
-                        requests.fetch_add(1, Ordering::Relaxed);
-                        let sent = s.sender.watch(sub.key.to_vec(), Some(sub.options(id))).await;
-                        subs.insert(id, sub);
-                        if sent.is_err() {
-                            stream = None;
-                            reopen_at = Some(Instant::now());
-                        }
+                    if wait {
+                        later.push((id, sub));
                     } else {
-                        subs.insert(id, sub);
-                        if reopen_at.is_none() {
-                            reopen_at = Some(Instant::now());
-                        }
+                        start(&mut stream, &mut subs, &mut reopen_at, &requests, id, sub).await;
                     }
                 }
                 Some(Cmd::Cancel(id)) => {
@@ -275,6 +284,13 @@ async fn run(
                     reopen_at = Some(Instant::now() + backoff);
                 }
             },
+            _ = tokio::time::sleep_until(later.next_due().unwrap_or_else(Instant::now)), if !later.is_empty() => {
+                while let Some((id, sub)) = later.pop_due() {
+                    if !sub.sink.closed() {
+                        start(&mut stream, &mut subs, &mut reopen_at, &requests, id, sub).await;
+                    }
+                }
+            }
             _ = tokio::time::sleep_until(reopen.unwrap_or_else(Instant::now)), if reopen.is_some() => {
                 subs.retain(|_, sub| !sub.sink.closed());
                 subs.shrink_to_fit();
@@ -290,6 +306,34 @@ async fn run(
                     }
                 }
             }
+        }
+    }
+}
+
+/// Creates watch `id` on the stream now, or keeps it for the next stream.
+async fn start(
+    stream: &mut Option<Stream>,
+    subs: &mut HashMap<i64, Sub>,
+    reopen_at: &mut Option<Instant>,
+    requests: &AtomicU64,
+    id: i64,
+    sub: Sub,
+) {
+    if let Some(s) = stream {
+        requests.fetch_add(1, Ordering::Relaxed);
+        let sent = s
+            .sender
+            .watch(sub.key.to_vec(), Some(sub.options(id)))
+            .await;
+        subs.insert(id, sub);
+        if sent.is_err() {
+            *stream = None;
+            *reopen_at = Some(Instant::now());
+        }
+    } else {
+        subs.insert(id, sub);
+        if reopen_at.is_none() {
+            *reopen_at = Some(Instant::now());
         }
     }
 }

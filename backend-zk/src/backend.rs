@@ -589,6 +589,11 @@ impl ZkBackend {
                     Err(zk::Error::NoNode) => continue, // released meanwhile
                     Err(e) => return Err(map(e, "marking the holder's node")),
                 }
+                // A holder of the last few milliseconds may not watch its
+                // node yet (it starts HELD_WATCH_DELAY after the grant, and
+                // then reads the mark): give it that long before the
+                // delete can let a waiter in.
+                tokio::time::sleep(2 * lockcore::HELD_WATCH_DELAY).await;
                 self.shared.count(1);
                 match c.delete(&h.entry, None).await {
                     Ok(()) => {

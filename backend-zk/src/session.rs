@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lockcore::{
-    AcquireRequest, Acquired, EntrySignals, Error, ErrorKind, LockKind, LossReason, Result,
-    SessionLiveness, StoreSession,
+    AcquireRequest, Acquired, DelayQueue, EntrySignals, Error, ErrorKind, LockKind, LossReason,
+    Result, SessionLiveness, StoreSession, HELD_WATCH_DELAY,
 };
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -643,6 +643,10 @@ fn arm(inner: &Arc<Inner>, key: uuid::Uuid, attempt: u32) -> StepFuture {
 async fn watch_dispatcher(inner: Arc<Inner>, mut armed: mpsc::UnboundedReceiver<uuid::Uuid>) {
     use futures::StreamExt;
     let mut pending = futures::stream::FuturesUnordered::<StepFuture>::new();
+    // Fresh grants wait HELD_WATCH_DELAY before their watch is set: a short
+    // hold costs no read. The read shows what happened meanwhile (a gone
+    // node, a break or revoke mark), so nothing is missed.
+    let mut fresh = DelayQueue::new(HELD_WATCH_DELAY);
     // Reports a loss for `key` unless it was released or finished, and
     // forgets it.
     let lose = |key: &uuid::Uuid, why: &str| {
@@ -660,11 +664,17 @@ async fn watch_dispatcher(inner: Arc<Inner>, mut armed: mpsc::UnboundedReceiver<
             _ = inner.liveness.lost() => return,
             key = armed.recv() => match key {
                 Some(key) => {
-                    pending.push(arm(&inner, key, 0));
+                    fresh.push(key);
                     continue;
                 }
                 None => return,
             },
+            _ = tokio::time::sleep_until(fresh.next_due().unwrap_or_else(Instant::now)), if !fresh.is_empty() => {
+                while let Some(key) = fresh.pop_due() {
+                    pending.push(arm(&inner, key, 0));
+                }
+                continue;
+            }
             Some(step) = pending.next(), if !pending.is_empty() => step,
         };
         match step {

@@ -26,6 +26,108 @@ use async_trait::async_trait;
 use crate::signal::{EntrySignals, SessionLiveness};
 use crate::{LockName, Result};
 
+/// How long after a grant a backend may wait before it starts watching the
+/// held entry (see the [`StoreSession`] contract). Most locks are held for
+/// less: their cycle then costs the store's two writes and nothing more.
+/// A forced break or revoke request in the first moments of a hold is
+/// reported up to this much later; session expiry is not affected (the
+/// local deadline does not depend on watches).
+pub const HELD_WATCH_DELAY: Duration = Duration::from_millis(20);
+
+/// Items that come due a fixed delay after they were pushed: one timer
+/// (the front's due time) serves them all, since they come due in push
+/// order. A backend's watch task keeps its not-yet-watched held entries
+/// in one.
+#[derive(Debug)]
+pub struct DelayQueue<T> {
+    delay: Duration,
+    items: std::collections::VecDeque<(tokio::time::Instant, T)>,
+}
+
+impl<T> DelayQueue<T> {
+    /// An empty queue whose items come due `delay` after their push.
+    pub fn new(delay: Duration) -> Self {
+        DelayQueue {
+            delay,
+            items: std::collections::VecDeque::new(),
+        }
+    }
+
+    /// Adds `item`, due `delay` from now.
+    pub fn push(&mut self, item: T) {
+        let due = tokio::time::Instant::now() + self.delay;
+        self.items.push_back((due, item));
+    }
+
+    /// When the next item comes due; `None` if the queue is empty.
+    pub fn next_due(&self) -> Option<tokio::time::Instant> {
+        self.items.front().map(|(due, _)| *due)
+    }
+
+    /// Takes the next item if it is due by now.
+    pub fn pop_due(&mut self) -> Option<T> {
+        let now = tokio::time::Instant::now();
+        match self.items.front() {
+            Some((due, _)) if *due <= now => self.items.pop_front().map(|(_, item)| item),
+            _ => None,
+        }
+    }
+
+    /// Items waiting.
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// Whether no item waits.
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+}
+
+/// Runs `fut` to its end even if the caller stops waiting: it is polled in
+/// place, and if the returned future is dropped before `fut` is done, the
+/// rest of `fut` runs on a spawned task. For a store write whose outcome
+/// must be settled before anything else touches the same entry (a request
+/// already sent may still be applied, and an abandon that overtakes it
+/// would leave it behind), without paying a task per write.
+///
+/// # Cancel safety
+/// That is its purpose: dropping the returned future never drops `fut`
+/// midway (outside a runtime, where nothing can be spawned, it is dropped).
+pub async fn finish_on_drop<F>(fut: F) -> F::Output
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    struct Finish<F: std::future::Future + Send + 'static>(Option<std::pin::Pin<Box<F>>>)
+    where
+        F::Output: Send + 'static;
+
+    impl<F: std::future::Future + Send + 'static> Drop for Finish<F>
+    where
+        F::Output: Send + 'static,
+    {
+        fn drop(&mut self) {
+            if let (Some(rest), Ok(rt)) = (self.0.take(), tokio::runtime::Handle::try_current()) {
+                rt.spawn(rest);
+            }
+        }
+    }
+
+    let mut running = Finish(Some(Box::pin(fut)));
+    let out = std::future::poll_fn(|cx| {
+        running
+            .0
+            .as_mut()
+            .expect("not polled after its end")
+            .as_mut()
+            .poll(cx)
+    })
+    .await;
+    running.0 = None;
+    out
+}
+
 /// What a backend supports; the conformance suite runs only the cases a
 /// backend declares.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -213,7 +315,11 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
 ///   queued is never granted). While the entry is held, the backend
 ///   watches it and calls `req.signals.lose(..)` if it disappears, and
 ///   `req.signals.request_revoke()` on a cooperative revoke, until
-///   `req.signals.finished()` resolves.
+///   `req.signals.finished()` resolves. The watch may start up to
+///   [`HELD_WATCH_DELAY`] after the grant, so that a short hold costs no
+///   watch request; what happened to the entry in between must then be
+///   read from the store (replayed or re-read), never missed: only its
+///   report may come that much later.
 ///   The client layer calls `finish()` *before* it asks the backend to
 ///   release or abandon the entry, so a watcher never mistakes our own
 ///   delete for a loss.
@@ -292,5 +398,46 @@ impl LockState {
     /// Whether nobody holds or waits.
     pub fn is_free(&self) -> bool {
         self.holders.is_empty() && self.waiters.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn delay_queue_gives_items_in_order_once_due() {
+        let mut q = DelayQueue::new(Duration::from_millis(20));
+        assert_eq!(q.next_due(), None);
+        q.push(1);
+        tokio::time::advance(Duration::from_millis(5)).await;
+        q.push(2);
+        assert_eq!(q.pop_due(), None, "nothing is due before its delay");
+        let first = q.next_due().unwrap();
+        tokio::time::sleep_until(first).await;
+        assert_eq!(q.pop_due(), Some(1));
+        assert_eq!(q.pop_due(), None, "the second is due 5 ms later");
+        tokio::time::advance(Duration::from_millis(5)).await;
+        assert_eq!(q.pop_due(), Some(2));
+        assert!(q.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn finish_on_drop_runs_the_rest_after_the_caller_is_dropped() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let done = Arc::new(AtomicBool::new(false));
+        let flag = done.clone();
+        let write = finish_on_drop(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            flag.store(true, Ordering::SeqCst);
+            7
+        });
+        let cut = tokio::time::timeout(Duration::from_millis(10), write).await;
+        assert!(cut.is_err(), "the caller gave up first");
+        assert!(!done.load(Ordering::SeqCst));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(done.load(Ordering::SeqCst), "the rest ran on its own");
+        // Awaited to its end, it is just the future's output.
+        assert_eq!(finish_on_drop(async { 7 }).await, 7);
     }
 }

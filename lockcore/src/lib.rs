@@ -11,7 +11,8 @@ pub mod signal;
 pub mod url;
 
 pub use backend::{
-    AcquireRequest, Acquired, Backend, Capabilities, Contender, LockKind, LockState, StoreSession,
+    finish_on_drop, AcquireRequest, Acquired, Backend, Capabilities, Contender, DelayQueue,
+    LockKind, LockState, StoreSession, HELD_WATCH_DELAY,
 };
 pub use client::{Lock, LockClient, LockGuard, Reentry};
 pub use error::{Error, ErrorKind, Result};
