@@ -137,6 +137,8 @@ struct TxnResult {
 pub(crate) struct Api {
     http: reqwest::Client,
     base: Url,
+    /// `v1/txn` on `base`, the URL of every write: parsed once.
+    txn_url: Url,
     token: Option<Secret>,
     dc: Option<String>,
     requests: AtomicU64,
@@ -188,14 +190,17 @@ impl Api {
         let http = b.build().map_err(|e| {
             Error::new(ErrorKind::Internal, "building the HTTP client failed").with_source(e)
         })?;
-        Ok(Api {
+        let mut api = Api {
             http,
             base: config.agent_url()?,
+            txn_url: config.agent_url()?,
             token: config.token.clone(),
             dc: config.datacenter.clone(),
             requests: AtomicU64::new(0),
             in_flight: Semaphore::new(MAX_IN_FLIGHT),
-        })
+        };
+        api.txn_url = api.url("v1/txn");
+        Ok(api)
     }
 
     /// Requests sent so far.
@@ -292,7 +297,7 @@ impl Api {
             .map(|kv| serde_json::json!({ "KV": kv }))
             .collect();
         let r = self
-            .request(reqwest::Method::PUT, self.url("v1/txn"))
+            .request(reqwest::Method::PUT, self.txn_url.clone())
             .timeout(REQUEST_TIMEOUT)
             .json(&ops);
         let (code, text) = Self::body(self.send(r, false).await?).await?;

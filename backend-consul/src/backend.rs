@@ -140,7 +140,7 @@ pub(crate) struct View {
 }
 
 impl View {
-    pub fn from_entries(keys: &Keys, entries: Vec<KvEntry>) -> View {
+    pub fn from_entries(keys: &Keys, entries: impl IntoIterator<Item = KvEntry>) -> View {
         let mut v = View::default();
         for e in entries {
             if e.key == keys.lock {

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lockcore::{
-    AcquireRequest, Acquired, EntrySignals, Error, ErrorKind, LockKind, LossReason, Result,
-    SessionLiveness, StoreSession,
+    finish_on_drop, AcquireRequest, Acquired, EntrySignals, Error, ErrorKind, LockKind, LossReason,
+    Result, SessionLiveness, StoreSession, HELD_WATCH_DELAY,
 };
 use serde_json::{json, Value};
 use tokio::sync::Notify;
@@ -42,10 +42,6 @@ const ABANDONED_DESTROY_PATIENCE: Duration = Duration::from_secs(600);
 /// How many contended mutex names a session remembers (see
 /// `Shared::contended`); past that it forgets them all.
 const CONTENDED_MEMORY: usize = 1024;
-/// A lock granted this recently is not watched yet: a short hold costs no
-/// monitor request. Loss detection of a fresh grant is delayed by at most
-/// this (far below the lock-delay that guards a break).
-const FIRST_WATCH_DELAY: Duration = Duration::from_millis(20);
 /// Unexpected txn failures tolerated in one acquire before giving up.
 const MAX_ACQUIRE_RETRIES: u32 = 20;
 
@@ -252,20 +248,21 @@ impl ConsulSession {
         &self.s.id
     }
 
-    /// Runs a write txn for one lock. The txn runs in its own task under
-    /// the lock's write mutex, so dropping the caller never leaves a write
-    /// half-known: a later `abandon` of the same lock runs after it.
+    /// Runs a write txn for one lock under the lock's write mutex, to its
+    /// end even if the caller is dropped ([`finish_on_drop`]), so a write
+    /// is never left half-known: a later `abandon` of the same lock runs
+    /// after it.
     async fn write(&self, keys: &Keys, ops: Vec<Value>, what: &'static str) -> Result<Txn> {
         let m = {
             let mut map = self.s.ops.lock().expect("poisoned");
             map.entry(keys.tree.clone()).or_default().clone()
         };
         let guard = m.lock_owned().await;
-        // No await between taking the mutex and spawning: a drop of the
-        // caller either sent nothing or leaves the write running.
+        // No await between taking the mutex and handing the write over: a
+        // drop of the caller either sent nothing or leaves the write running.
         let s = self.s.clone();
         let tree = keys.tree.clone();
-        let task = tokio::spawn(async move {
+        finish_on_drop(async move {
             let r = s.backend.api.txn(ops).await;
             drop(guard);
             let mut map = s.ops.lock().expect("poisoned");
@@ -273,12 +270,9 @@ impl ConsulSession {
                 map.remove(&tree);
             }
             r
-        });
-        task.await
-            .map_err(|e| {
-                Error::new(ErrorKind::Internal, "a Consul write task failed").with_source(e)
-            })?
-            .map_err(|e| map(e, what))
+        })
+        .await
+        .map_err(|e| map(e, what))
     }
 
     async fn leave_queue(&self, keys: &Keys) -> Result<()> {
@@ -440,23 +434,25 @@ impl StoreSession for ConsulSession {
         let mut transient = Transient::new(req.wait, &s.liveness);
         let read = || read_view(&s.backend.api, &keys);
 
-        // 0. Fast path, one request when the lock is free: take `.lock`
-        // and join the queue in one txn, guarded by `.lock` not existing,
-        // and read the whole lock. If a contender of ours was already
-        // queued (it is between the previous holder's release and its own
-        // grant), we never report the grant: we give `.lock` back and
-        // queue behind it, so FIFO holds. Any failure (`.lock` held, a
-        // lock-delay, another recipe's `.lock`) leaves nothing written and
-        // falls through to the queued path.
+        // 0. Fast path, one request when the lock is free: take `.lock` in
+        // one txn, guarded by `.lock` not existing, and read the whole
+        // lock. No queue key: a waiter that comes while we hold treats us
+        // as it treats a `consul lock` holder (it waits on `.lock`). If a
+        // contender of ours was already queued (it is between the
+        // previous holder's release and its own grant), we never report
+        // the grant: one txn gives `.lock` back and joins the queue behind
+        // it, so FIFO holds. Any failure (`.lock` held, a lock-delay,
+        // another recipe's `.lock`) leaves nothing written and falls
+        // through to the queued path.
         let mut fast = None;
         let contended = s.contended.lock().expect("poisoned").contains(&keys.lock);
         let tried = if contended {
             None
         } else {
-            self.try_fast(req, &keys, &qkey, record()).await?
+            self.try_fast(req, &keys, record()).await?
         };
         if let Some(v) = tried {
-            let ahead = v.line(&keys).first().is_some_and(|(_, e)| e.key != qkey);
+            let ahead = !v.line(&keys).is_empty();
             let token = v.lock.as_ref().map(|l| l.modify_index);
             match token {
                 Some(token) if !ahead => {
@@ -467,9 +463,16 @@ impl StoreSession for ConsulSession {
                     });
                 }
                 Some(token) => {
-                    let ops = vec![op::delete_cas(&keys.lock, token), op::get_tree(&keys.tree)];
+                    let ops = vec![
+                        op::delete_cas(&keys.lock, token),
+                        op::lock(&qkey, &s.id, QUEUE_FLAGS, &record().encode()),
+                        op::get_tree(&keys.tree),
+                    ];
                     match self.write(&keys, ops, "giving the lock back").await? {
-                        Txn::Done(results) => fast = Some(View::from_entries(&keys, results)),
+                        Txn::Done(results) => {
+                            // The queue key's own result first, then the tree.
+                            fast = Some(View::from_entries(&keys, results.into_iter().skip(1)))
+                        }
                         Txn::Failed(errs) => return Err(failed("giving the lock back", &errs)),
                     }
                 }
@@ -725,27 +728,26 @@ impl StoreSession for ConsulSession {
 
 impl ConsulSession {
     /// The one-txn acquire of a free mutex: `check-not-exists` of `.lock`,
-    /// `lock` of `.lock` and of our queue key, `get-tree`. `None`: rolled
-    /// back (not free), nothing written. The view it returns has our
-    /// queue key and `.lock` at our token.
+    /// `lock` of `.lock`, `get-tree`. `None`: rolled back (not free),
+    /// nothing written. The view it returns has `.lock` at our token, and
+    /// no queue key of ours: the fast holder has none (a queue key is only
+    /// for waiting, and the write costs a tenth of the cycle).
     async fn try_fast(
         &self,
         req: &AcquireRequest,
         keys: &Keys,
-        qkey: &str,
         record: Record,
     ) -> Result<Option<View>> {
         let ops = vec![
             op::check_not_exists(&keys.lock),
             op::lock(&keys.lock, &self.s.id, LOCK_FLAGS, &record.encode()),
-            op::lock(qkey, &self.s.id, QUEUE_FLAGS, &record.encode()),
             op::get_tree(&keys.tree),
         ];
         match self.write(keys, ops, "taking a free lock").await {
-            Ok(Txn::Done(results)) => Ok(Some(View::from_entries(
-                keys,
-                results.into_iter().skip(2).collect(),
-            ))),
+            // The `lock` op's own result first, then the tree.
+            Ok(Txn::Done(results)) => {
+                Ok(Some(View::from_entries(keys, results.into_iter().skip(1))))
+            }
             Ok(Txn::Failed(_)) => Ok(None),
             // Unknown outcome: the queued path finds out (it recognizes
             // a grant of ours by its contender id).
@@ -1245,15 +1247,14 @@ async fn monitor(s: Arc<Shared>) {
     let patience = s.backend.config.ttl / 2;
     loop {
         // Only fresh grants to watch: wait until the oldest is
-        // FIRST_WATCH_DELAY old (it may be released before).
+        // HELD_WATCH_DELAY old (it may be released before: a short hold
+        // costs no monitor request; a break in between is seen late, far
+        // below the lock-delay that guards it).
         let hold_off = {
             let mut w = s.watch.lock().expect("poisoned");
             w.entries.retain(|_, e| !e.signals.is_finished());
             if w.entries.values().all(|e| !e.checked) {
-                w.entries
-                    .values()
-                    .map(|e| e.since + FIRST_WATCH_DELAY)
-                    .min()
+                w.entries.values().map(|e| e.since + HELD_WATCH_DELAY).min()
             } else {
                 None
             }
