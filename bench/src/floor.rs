@@ -1,11 +1,9 @@
 //! The store's floor: the minimal write sequence of one lock cycle, done
 //! with the same client library the backend uses, on the same server.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use quorumlock::url::Url;
-
-use crate::Histogram;
 
 /// What the floor of a scheme is, in words, for the report.
 pub fn describe(scheme: &str) -> &'static str {
@@ -17,133 +15,164 @@ pub fn describe(scheme: &str) -> &'static str {
     }
 }
 
-/// Times `cycles` floor cycles; `None` for stores without a network floor.
-pub async fn measure(url: &Url, cycles: usize) -> Result<Option<Histogram>, String> {
-    let host = url.host_str().unwrap_or("127.0.0.1").to_string();
-    let port = url.port();
-    match url.scheme() {
-        "etcd" => etcd(&format!("http://{host}:{}", port.unwrap_or(2379)), cycles)
-            .await
-            .map(Some),
-        "zk" => zk(&format!("{host}:{}", port.unwrap_or(2181)), cycles)
-            .await
-            .map(Some),
-        "consul" => consul(&format!("http://{host}:{}", port.unwrap_or(8500)), cycles)
-            .await
-            .map(Some),
-        _ => Ok(None),
-    }
+/// A connection set up to run floor cycles, one at a time.
+pub enum Floor {
+    Etcd {
+        client: Box<etcd_client::Client>,
+        lease: i64,
+        key: String,
+    },
+    Zk {
+        client: zookeeper_client::Client,
+        parent: String,
+        prefix: String,
+    },
+    Consul {
+        http: reqwest::Client,
+        base: String,
+        session: String,
+        key: String,
+    },
 }
 
-fn record(h: &mut Histogram, start: Instant) {
-    h.record(start.elapsed().as_micros().max(1) as u64)
-        .expect("in range");
+type Result<T> = std::result::Result<T, String>;
+
+fn text(e: impl std::fmt::Display) -> String {
+    e.to_string()
 }
 
-async fn etcd(endpoint: &str, cycles: usize) -> Result<Histogram, String> {
-    let mut c = etcd_client::Client::connect([endpoint], None)
-        .await
-        .map_err(|e| e.to_string())?;
-    let lease = c
-        .lease_grant(30, None)
-        .await
-        .map_err(|e| e.to_string())?
-        .id();
-    let key = format!("qlbench-floor/{lease:x}");
-    let mut h = crate::histogram();
-    for i in 0..cycles + crate::WARMUP {
-        let t = Instant::now();
-        let opts = etcd_client::PutOptions::new().with_lease(lease);
-        c.put(key.as_str(), "", Some(opts))
-            .await
-            .map_err(|e| e.to_string())?;
-        c.delete(key.as_str(), None)
-            .await
-            .map_err(|e| e.to_string())?;
-        if i >= crate::WARMUP {
-            record(&mut h, t);
+impl Floor {
+    /// Connects for `url`'s store; `None` for stores without a network floor.
+    pub async fn connect(url: &Url) -> Result<Option<Floor>> {
+        let host = url.host_str().unwrap_or("127.0.0.1").to_string();
+        let port = url.port();
+        match url.scheme() {
+            "etcd" => {
+                let endpoint = format!("http://{host}:{}", port.unwrap_or(2379));
+                let mut client = etcd_client::Client::connect([endpoint], None)
+                    .await
+                    .map_err(text)?;
+                let lease = client.lease_grant(30, None).await.map_err(text)?.id();
+                let key = format!("qlbench-floor/{lease:x}");
+                Ok(Some(Floor::Etcd {
+                    client: Box::new(client),
+                    lease,
+                    key,
+                }))
+            }
+            "zk" => {
+                use zookeeper_client::{Acls, CreateMode};
+                let client = zookeeper_client::Client::connector()
+                    .with_session_timeout(Duration::from_secs(10))
+                    .connect(&format!("{host}:{}", port.unwrap_or(2181)))
+                    .await
+                    .map_err(text)?;
+                let parent = "/qlbench-floor".to_string();
+                let mode = CreateMode::Persistent.with_acls(Acls::anyone_all());
+                match client.create(&parent, b"", &mode).await {
+                    Ok(_) | Err(zookeeper_client::Error::NodeExists) => {}
+                    Err(e) => return Err(e.to_string()),
+                }
+                let prefix = format!("{parent}/n-");
+                Ok(Some(Floor::Zk {
+                    client,
+                    parent,
+                    prefix,
+                }))
+            }
+            "consul" => {
+                let base = format!("http://{host}:{}", port.unwrap_or(8500));
+                let http = reqwest::Client::new();
+                let body = serde_json::json!({"TTL": "30s", "Behavior": "delete", "LockDelay": "0s", "Checks": []});
+                let session: serde_json::Value = http
+                    .put(format!("{base}/v1/session/create"))
+                    .json(&body)
+                    .send()
+                    .await
+                    .map_err(text)?
+                    .error_for_status()
+                    .map_err(text)?
+                    .json()
+                    .await
+                    .map_err(text)?;
+                let session = session["ID"].as_str().ok_or("no session ID")?.to_string();
+                let key = format!("qlbench-floor/{session}/.lock");
+                Ok(Some(Floor::Consul {
+                    http,
+                    base,
+                    session,
+                    key,
+                }))
+            }
+            _ => Ok(None),
         }
     }
-    let _ = c.lease_revoke(lease).await;
-    Ok(h)
-}
 
-async fn zk(cluster: &str, cycles: usize) -> Result<Histogram, String> {
-    use zookeeper_client::{Acls, CreateMode};
-    let c = zookeeper_client::Client::connector()
-        .with_session_timeout(Duration::from_secs(10))
-        .connect(cluster)
-        .await
-        .map_err(|e| e.to_string())?;
-    let parent = "/qlbench-floor";
-    match c
-        .create(
-            parent,
-            b"",
-            &CreateMode::Persistent.with_acls(Acls::anyone_all()),
-        )
-        .await
-    {
-        Ok(_) | Err(zookeeper_client::Error::NodeExists) => {}
-        Err(e) => return Err(e.to_string()),
-    }
-    let prefix = format!("{parent}/n-");
-    let opts = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
-    let mut h = crate::histogram();
-    for i in 0..cycles + crate::WARMUP {
-        let t = Instant::now();
-        let (_, seq) = c
-            .create(&prefix, b"", &opts)
-            .await
-            .map_err(|e| e.to_string())?;
-        c.delete(&format!("{prefix}{seq}"), None)
-            .await
-            .map_err(|e| e.to_string())?;
-        if i >= crate::WARMUP {
-            record(&mut h, t);
+    /// One lock cycle at the floor: take, then give back.
+    pub async fn cycle(&mut self) -> Result<()> {
+        match self {
+            Floor::Etcd { client, lease, key } => {
+                let opts = etcd_client::PutOptions::new().with_lease(*lease);
+                client
+                    .put(key.as_str(), "", Some(opts))
+                    .await
+                    .map_err(text)?;
+                client.delete(key.as_str(), None).await.map_err(text)?;
+            }
+            Floor::Zk { client, prefix, .. } => {
+                use zookeeper_client::{Acls, CreateMode};
+                let opts = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+                let (_, seq) = client.create(prefix, b"", &opts).await.map_err(text)?;
+                client
+                    .delete(&format!("{prefix}{seq}"), None)
+                    .await
+                    .map_err(text)?;
+            }
+            Floor::Consul {
+                http,
+                base,
+                session,
+                key,
+            } => {
+                for verb in ["lock", "unlock"] {
+                    // The flags `consul lock` puts on its `.lock`.
+                    let op = serde_json::json!([{"KV": {"Verb": verb, "Key": key, "Session": session, "Flags": 0x2ddc_cbc0_58a5_0c18u64}}]);
+                    http.put(format!("{base}/v1/txn"))
+                        .json(&op)
+                        .send()
+                        .await
+                        .map_err(text)?
+                        .error_for_status()
+                        .map_err(text)?;
+                }
+            }
         }
+        Ok(())
     }
-    let _ = c.delete(parent, None).await;
-    Ok(h)
-}
 
-async fn consul(base: &str, cycles: usize) -> Result<Histogram, String> {
-    let http = reqwest::Client::new();
-    let err = |e: reqwest::Error| e.to_string();
-    let session: serde_json::Value = http
-        .put(format!("{base}/v1/session/create"))
-        .json(&serde_json::json!({"TTL": "30s", "Behavior": "delete", "LockDelay": "0s", "Checks": []}))
-        .send()
-        .await
-        .map_err(err)?
-        .error_for_status()
-        .map_err(err)?
-        .json()
-        .await
-        .map_err(err)?;
-    let id = session["ID"].as_str().ok_or("no session ID")?.to_string();
-    let key = "qlbench-floor/.lock";
-    let op = |verb: &str| serde_json::json!([{"KV": {"Verb": verb, "Key": key, "Session": id, "Flags": 0x2ddc_cbc0_58a5_0c18u64}}]);
-    let mut h = crate::histogram();
-    for i in 0..cycles + crate::WARMUP {
-        let t = Instant::now();
-        for verb in ["lock", "unlock"] {
-            http.put(format!("{base}/v1/txn"))
-                .json(&op(verb))
-                .send()
-                .await
-                .map_err(err)?
-                .error_for_status()
-                .map_err(err)?;
-        }
-        if i >= crate::WARMUP {
-            record(&mut h, t);
+    /// Removes what the floor left on the store.
+    pub async fn close(self) {
+        match self {
+            Floor::Etcd {
+                mut client, lease, ..
+            } => {
+                let _ = client.lease_revoke(lease).await;
+            }
+            Floor::Zk { client, parent, .. } => {
+                let _ = client.delete(&parent, None).await;
+            }
+            Floor::Consul {
+                http,
+                base,
+                session,
+                key,
+            } => {
+                let _ = http
+                    .put(format!("{base}/v1/session/destroy/{session}"))
+                    .send()
+                    .await;
+                let _ = http.delete(format!("{base}/v1/kv/{key}")).send().await;
+            }
         }
     }
-    let _ = http
-        .put(format!("{base}/v1/session/destroy/{id}"))
-        .send()
-        .await;
-    let _ = http.delete(format!("{base}/v1/kv/{key}")).send().await;
-    Ok(h)
 }

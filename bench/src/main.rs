@@ -94,21 +94,52 @@ fn requests(clients: &[LockClient]) -> u64 {
     clients.iter().map(|c| c.backend().requests_sent()).sum()
 }
 
-async fn uncontended(url: &str, cycles: usize) -> quorumlock::Result<Histogram> {
+/// Cycles timed back to back before switching between the floor and ours.
+const BLOCK: usize = 10;
+
+/// The uncontended cycle (acquire + release on one client) and the floor,
+/// interleaved in blocks of [`BLOCK`] (floor first, then ours, then the
+/// other way round), so that a change of the machine's load during the
+/// run weighs on both alike.
+async fn uncontended(
+    url: &str,
+    mut floor: Option<floor::Floor>,
+    cycles: usize,
+) -> Result<(Histogram, Option<Histogram>), Box<dyn std::error::Error>> {
     let c = quorumlock::connect(url).await?;
     let lock = c.lock("uncontended")?;
-    let mut h = histogram();
-    for i in 0..cycles + WARMUP {
-        let t = Instant::now();
-        let g = lock.acquire().await?;
-        g.release().await?;
-        if i >= WARMUP {
-            h.record(t.elapsed().as_micros().max(1) as u64)
-                .expect("in range");
+    let (mut ours, mut theirs) = (histogram(), histogram());
+    let mut i = 0;
+    let mut block = 0;
+    while i < cycles + WARMUP {
+        let n = BLOCK.min(cycles + WARMUP - i);
+        let record = i >= WARMUP;
+        for side in [block % 2, 1 - block % 2] {
+            for _ in 0..n {
+                let t = Instant::now();
+                if side == 0 {
+                    let g = lock.acquire().await?;
+                    g.release().await?;
+                    if record {
+                        ours.record(t.elapsed().as_micros().max(1) as u64)?;
+                    }
+                } else if let Some(f) = &mut floor {
+                    f.cycle().await?;
+                    if record {
+                        theirs.record(t.elapsed().as_micros().max(1) as u64)?;
+                    }
+                }
+            }
         }
+        i += n;
+        block += 1;
     }
     c.close().await;
-    Ok(h)
+    let has_floor = floor.is_some();
+    if let Some(f) = floor {
+        f.close().await;
+    }
+    Ok((ours, has_floor.then_some(theirs)))
 }
 
 /// `waiters` tasks on up to 16 clients contend for one lock; times the gap
@@ -273,10 +304,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         quorumlock::url::redact(&parsed)
     );
 
-    eprintln!("bench: floor");
-    let floor = floor::measure(&parsed, args.cycles).await?;
-    eprintln!("bench: uncontended cycle");
-    let cycle = uncontended(&url, args.cycles).await?;
+    eprintln!("bench: uncontended cycle and the floor, interleaved");
+    let floor_conn = floor::Floor::connect(&parsed).await?;
+    let (cycle, floor) = uncontended(&url, floor_conn, args.cycles).await?;
     let ratio = floor
         .as_ref()
         .map(|f| cycle.value_at_quantile(0.5) as f64 / f.value_at_quantile(0.5) as f64);
