@@ -7,7 +7,7 @@ import sys
 
 out = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "bench-results")
 order = ["mem", "etcd34", "etcd35", "zk", "consul"]
-print("| store | floor p50 ms | cycle p50 ms | cycle / floor | requests per handoff, N = 1 / 4 / 16 / 64 | 10,000 held: acquire all | keepalives per TTL, 1 vs 10,000 held | client bytes per held lock | loss seen after break / session kill, p50 ms |")
+print("| store | floor p50 ms | cycle p50 ms | cycle / floor | requests per handoff, N = 1 / 4 / 16 / 64 | 10,000 held: acquire all | keepalives per TTL, 1 vs 10,000 held | client bytes per held lock | loss seen after break / session kill of a lock held 100 ms, p50 ms |")
 print("|---|---|---|---|---|---|---|---|---|")
 for name in order:
     f = out / f"{name}.json"

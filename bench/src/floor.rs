@@ -27,12 +27,15 @@ pub enum Floor {
         parent: String,
         prefix: String,
     },
-    Consul {
-        http: reqwest::Client,
-        base: String,
-        session: String,
-        key: String,
-    },
+    Consul(ConsulFloor),
+}
+
+/// A Consul agent, a session of the floor's own, and its `.lock` key.
+pub struct ConsulFloor {
+    http: reqwest::Client,
+    base: String,
+    session: String,
+    key: String,
 }
 
 type Result<T> = std::result::Result<T, String>;
@@ -97,12 +100,12 @@ impl Floor {
                     .map_err(text)?;
                 let session = session["ID"].as_str().ok_or("no session ID")?.to_string();
                 let key = format!("qlbench-floor/{session}/.lock");
-                Ok(Some(Floor::Consul {
+                Ok(Some(Floor::Consul(ConsulFloor {
                     http,
                     base,
                     session,
                     key,
-                }))
+                })))
             }
             _ => Ok(None),
         }
@@ -128,16 +131,12 @@ impl Floor {
                     .await
                     .map_err(text)?;
             }
-            Floor::Consul {
-                http,
-                base,
-                session,
-                key,
-            } => {
+            Floor::Consul(c) => {
                 for verb in ["lock", "unlock"] {
                     // The flags `consul lock` puts on its `.lock`.
-                    let op = serde_json::json!([{"KV": {"Verb": verb, "Key": key, "Session": session, "Flags": 0x2ddc_cbc0_58a5_0c18u64}}]);
-                    http.put(format!("{base}/v1/txn"))
+                    let op = serde_json::json!([{"KV": {"Verb": verb, "Key": c.key, "Session": c.session, "Flags": 0x2ddc_cbc0_58a5_0c18u64}}]);
+                    c.http
+                        .put(format!("{}/v1/txn", c.base))
                         .json(&op)
                         .send()
                         .await
@@ -161,17 +160,14 @@ impl Floor {
             Floor::Zk { client, parent, .. } => {
                 let _ = client.delete(&parent, None).await;
             }
-            Floor::Consul {
-                http,
-                base,
-                session,
-                key,
-            } => {
-                let _ = http
-                    .put(format!("{base}/v1/session/destroy/{session}"))
+            Floor::Consul(c) => {
+                let destroy = format!("{}/v1/session/destroy/{}", c.base, c.session);
+                let _ = c.http.put(destroy).send().await;
+                let _ = c
+                    .http
+                    .delete(format!("{}/v1/kv/{}", c.base, c.key))
                     .send()
                     .await;
-                let _ = http.delete(format!("{base}/v1/kv/{key}")).send().await;
             }
         }
     }

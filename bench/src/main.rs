@@ -252,8 +252,13 @@ async fn scale(url: &str, count: usize) -> quorumlock::Result<Value> {
     }))
 }
 
+/// How long the holder has held before the break or kill: past
+/// [`quorumlock::backend::HELD_WATCH_DELAY`], as most holds that anyone would break
+/// are (a grant younger than that learns of a break up to that much later).
+const HELD_BEFORE_LOSS: Duration = Duration::from_millis(100);
+
 /// Time from a forced break and from a session kill to the holder's loss
-/// future firing.
+/// future firing, on a lock held for [`HELD_BEFORE_LOSS`].
 async fn loss_detection(url: &str, rounds: usize) -> quorumlock::Result<Value> {
     let cs = clients(url, 2).await?;
     let (holder, operator) = (&cs[0], &cs[1]);
@@ -263,6 +268,7 @@ async fn loss_detection(url: &str, rounds: usize) -> quorumlock::Result<Value> {
         for (h, how) in [(&mut brk, "break"), (&mut kill, "kill")] {
             let name = format!("loss/{how}{i}");
             let g = holder.lock(&name)?.acquire().await?;
+            tokio::time::sleep(HELD_BEFORE_LOSS).await;
             // Timed on its own task: a break call may return after the
             // holder already knows (Consul's break waits out lock-delay).
             let lost = g.lost();
@@ -289,7 +295,11 @@ async fn loss_detection(url: &str, rounds: usize) -> quorumlock::Result<Value> {
     for c in &cs {
         c.close().await;
     }
-    Ok(json!({ "break": summary(&brk), "session_kill": summary(&kill) }))
+    Ok(json!({
+        "held_before_ms": HELD_BEFORE_LOSS.as_millis() as u64,
+        "break": summary(&brk),
+        "session_kill": summary(&kill),
+    }))
 }
 
 #[tokio::main]
@@ -374,12 +384,14 @@ fn print_markdown(r: &Value) {
     );
     let l = &r["loss_detection"];
     println!(
-        "| loss detection after forced break | {} | {} | |",
+        "| loss detection after forced break (held {} ms) | {} | {} | |",
+        l["held_before_ms"],
         f(&l["break"]["p50_ms"]),
         f(&l["break"]["p99_ms"])
     );
     println!(
-        "| loss detection after session kill | {} | {} | |",
+        "| loss detection after session kill (held {} ms) | {} | {} | |",
+        l["held_before_ms"],
         f(&l["session_kill"]["p50_ms"]),
         f(&l["session_kill"]["p99_ms"])
     );
