@@ -596,18 +596,18 @@ impl ZkBackend {
                 tokio::time::sleep(2 * lockcore::HELD_WATCH_DELAY).await;
                 self.shared.count(1);
                 match c.delete(&h.entry, None).await {
-                    Ok(()) => {
+                    // Gone already: our holder saw the mark and let go.
+                    Ok(()) | Err(zk::Error::NoNode) => {
                         tracing::info!(lock = %name, node = %h.entry, "lock broken");
                         broke = true;
                     }
-                    Err(zk::Error::NoNode) => {}
                     Err(e) => return Err(map(e, "deleting the holder's node")),
                 }
             }
             if broke {
                 return Ok(true);
             }
-            // Every holder went meanwhile: look again.
+            // Every holder went before we could mark it: look again.
         }
     }
 
