@@ -9,7 +9,7 @@ use lockcore::{Error, ErrorKind, Result};
 pub const DEFAULT_PORT: u16 = 2181;
 
 /// Options a `zk://` URL may carry.
-const KNOWN: &[&str] = &["session_timeout", "connect_timeout"];
+const KNOWN: &[&str] = &["ttl", "session_timeout", "connect_timeout"];
 
 /// Configuration of a `zk://` client.
 ///
@@ -17,7 +17,7 @@ const KNOWN: &[&str] = &["session_timeout", "connect_timeout"];
 ///
 /// | option | default | range | meaning |
 /// |---|---|---|---|
-/// | `session_timeout` | `10s` | `100ms..=10m` | requested ZooKeeper session timeout; the server clamps it to 2..20 of its ticks and the negotiated value is used |
+/// | `ttl` or `session_timeout` | `10s` | `100ms..=10m` | requested ZooKeeper session timeout; the server clamps it to 2..20 of its ticks and the negotiated value is used. `ttl` is the name every backend takes (so a URL moves between stores unchanged), `session_timeout` ZooKeeper's own; giving both is an error |
 /// | `connect_timeout` | `5s` | `100ms..=10m` | how long opening a session may take before it fails with a connection error |
 ///
 /// `user:password@` adds `digest` auth (`addauth digest user:password`);
@@ -123,8 +123,18 @@ impl ZkConfig {
             ));
         }
         let mut opts = url::Options::new(u)?;
+        if opts.has("ttl") && opts.has("session_timeout") {
+            return Err(invalid(
+                "URL options ttl and session_timeout are the same setting: give one",
+            ));
+        }
+        let timeout_key = if opts.has("ttl") {
+            "ttl"
+        } else {
+            "session_timeout"
+        };
         let session_timeout = opts.duration(
-            "session_timeout",
+            timeout_key,
             Duration::from_secs(10),
             Duration::from_millis(100),
             Duration::from_secs(600),
@@ -269,6 +279,9 @@ mod tests {
     fn several_servers() {
         let c = cfg("zk://a,b,c:2182/ns").unwrap();
         assert_eq!(c.connect_string(), "a:2182,b:2182,c:2182");
+        // `ttl`, the name every backend takes, is the same setting.
+        let t = ZkConfig::parse("zk://a:1/ns?ttl=4s").unwrap();
+        assert_eq!(t.session_timeout, Duration::from_secs(4));
         let c = ZkConfig::parse("zk://a:1,b,[::1]:3/ns?session_timeout=3s").unwrap();
         assert_eq!(c.connect_string(), "a:1,b:2181,[::1]:3");
         assert_eq!(c.namespace, "ns");
@@ -307,6 +320,8 @@ mod tests {
             "zk://h:1/ns?connect_timeout=1x",
             "zk://h:1/ns?sesion_timeout=2s",
             "zk://h:1/ns?session_timeout=2s&session_timeout=3s",
+            "zk://h:1/ns?ttl=2s&session_timeout=3s",
+            "zk://h:1/ns?ttl=10ms",
             "zk://alice@h:1/ns",
             "zk://:pw@h:1/ns",
             "zk://h:1/zookeeper",

@@ -116,6 +116,11 @@ impl Options {
         })
     }
 
+    /// Whether `key` is given (and not taken yet).
+    pub fn has(&self, key: &str) -> bool {
+        self.pairs.contains_key(key)
+    }
+
     /// The raw value of `key`, if given.
     pub fn take(&mut self, key: &str) -> Option<String> {
         self.pairs.remove(key)

@@ -107,8 +107,8 @@ pub struct LockArgs {
     pub timeout: Option<Duration>,
 
     /// Session TTL: how long the store keeps the lock after this process
-    /// stops renewing it. Sets the URL's `ttl` option (`session_timeout`
-    /// on zk://). Ranges: etcd 2s..24h, Consul 10s..24h, ZooKeeper as the
+    /// stops renewing it. Sets the URL's `ttl` option (replacing a
+    /// `session_timeout` on zk://). Ranges: etcd 2s..24h, Consul 10s..24h, ZooKeeper as the
     /// server allows (2..20 ticks).
     #[arg(long, value_name = "D", value_parser = parse_duration)]
     pub ttl: Option<Duration>,
@@ -272,14 +272,11 @@ pub fn store_url(url: &str, ttl: Option<Duration>) -> Result<String, Failure> {
         return Ok(url.to_string());
     };
     let mut u = quorumlock::url::parse(url)?;
-    // The backends name the session TTL differently.
-    let key = match u.scheme() {
-        "zk" => "session_timeout",
-        _ => "ttl",
-    };
+    // Every backend takes `ttl`; ZooKeeper's own name for it goes too.
+    let key = "ttl";
     let pairs: Vec<(String, String)> = u
         .query_pairs()
-        .filter(|(k, _)| k != key)
+        .filter(|(k, _)| k != key && k != "session_timeout")
         .map(|(k, v)| (k.into_owned(), v.into_owned()))
         .collect();
     let ttl = if ttl.subsec_millis() == 0 {
@@ -350,7 +347,7 @@ mod tests {
                 Some(Duration::from_secs(4))
             )
             .unwrap(),
-            "zk://h:2181/ns?session_timeout=4s"
+            "zk://h:2181/ns?ttl=4s"
         );
         let e = store_url("not a url", Some(Duration::from_secs(1))).unwrap_err();
         assert_eq!(e.code, exit::USAGE);
