@@ -140,7 +140,7 @@ pub(crate) struct View {
 }
 
 impl View {
-    pub fn from_entries(keys: &Keys, entries: impl IntoIterator<Item = KvEntry>) -> View {
+    pub fn from_entries(keys: &Keys, entries: Vec<KvEntry>) -> View {
         let mut v = View::default();
         for e in entries {
             if e.key == keys.lock {
@@ -280,20 +280,29 @@ impl ConsulBackend {
             .map_err(|e| map(e, "reading a lock"))
     }
 
+    /// A semaphore's view and its `.lock`'s index, if a live session holds
+    /// a permit; `None` if nobody does.
+    async fn held_sem(&self, keys: &Keys) -> Result<Option<(SemView, u64)>> {
+        let (idx, entries) = self.list_sem(keys).await?;
+        let sv = SemView::from_entries(&keys.sem, idx, entries);
+        match &sv.lock {
+            Some(l) if !sv.live_holders.is_empty() => {
+                let index = l.modify_index;
+                Ok(Some((sv, index)))
+            }
+            _ => Ok(None),
+        }
+    }
+
     /// Breaks every live holder of a semaphore at once: one CAS-guarded
     /// txn removes `.lock` and the holders' contender keys and markers.
     /// There is no grace: the permits are free at once, so a holder's
     /// loss signal races the next acquire (the fencing token decides).
     async fn break_sem(&self, keys: &Keys) -> Result<Option<bool>> {
-        let (idx, entries) = self.list_sem(keys).await?;
-        let sv = SemView::from_entries(&keys.sem, idx, entries);
-        let Some(l) = &sv.lock else {
+        let Some((sv, lock_index)) = self.held_sem(keys).await? else {
             return Ok(Some(false));
         };
-        if sv.live_holders.is_empty() {
-            return Ok(Some(false));
-        }
-        let mut ops = vec![op::delete_cas(&keys.sem.lock, l.modify_index)];
+        let mut ops = vec![op::delete_cas(&keys.sem.lock, lock_index)];
         for h in &sv.live_holders {
             ops.push(op::delete(&keys.sem.contender(h)));
             ops.push(op::delete(&keys.sem.revoke(h)));
@@ -313,15 +322,10 @@ impl ConsulBackend {
     /// Marks every live holder of a semaphore (one marker per holder
     /// session, locked by it, naming its contender key's index).
     async fn revoke_sem(&self, keys: &Keys) -> Result<Option<bool>> {
-        let (idx, entries) = self.list_sem(keys).await?;
-        let sv = SemView::from_entries(&keys.sem, idx, entries);
-        let Some(l) = &sv.lock else {
+        let Some((sv, lock_index)) = self.held_sem(keys).await? else {
             return Ok(Some(false));
         };
-        if sv.live_holders.is_empty() {
-            return Ok(Some(false));
-        }
-        let mut ops = vec![op::check_index(&keys.sem.lock, l.modify_index)];
+        let mut ops = vec![op::check_index(&keys.sem.lock, lock_index)];
         for h in &sv.live_holders {
             let Some(c) = sv
                 .contenders

@@ -470,8 +470,7 @@ impl StoreSession for ConsulSession {
                     ];
                     match self.write(&keys, ops, "giving the lock back").await? {
                         Txn::Done(results) => {
-                            // The queue key's own result first, then the tree.
-                            fast = Some(View::from_entries(&keys, results.into_iter().skip(1)))
+                            fast = Some(View::from_entries(&keys, read_after_lock(results)))
                         }
                         Txn::Failed(errs) => return Err(failed("giving the lock back", &errs)),
                     }
@@ -490,11 +489,8 @@ impl StoreSession for ConsulSession {
                 op::get_tree(&keys.tree),
             ];
             match self.write(&keys, ops, "joining the queue").await {
-                Ok(Txn::Done(mut results)) => {
-                    if !results.is_empty() {
-                        results.remove(0); // the lock op's own result
-                    }
-                    break View::from_entries(&keys, results);
+                Ok(Txn::Done(results)) => {
+                    break View::from_entries(&keys, read_after_lock(results));
                 }
                 Ok(Txn::Failed(errs))
                     if errs.iter().any(|e| e.what.contains("invalid session")) =>
@@ -744,10 +740,7 @@ impl ConsulSession {
             op::get_tree(&keys.tree),
         ];
         match self.write(keys, ops, "taking a free lock").await {
-            // The `lock` op's own result first, then the tree.
-            Ok(Txn::Done(results)) => {
-                Ok(Some(View::from_entries(keys, results.into_iter().skip(1))))
-            }
+            Ok(Txn::Done(results)) => Ok(Some(View::from_entries(keys, read_after_lock(results)))),
             Ok(Txn::Failed(_)) => Ok(None),
             // Unknown outcome: the queued path finds out (it recognizes
             // a grant of ours by its contender id).
@@ -858,11 +851,8 @@ impl ConsulSession {
                 op::get_tree(&keys.sem.prefix),
             ];
             match self.write(&keys, ops, "joining a semaphore").await {
-                Ok(Txn::Done(mut results)) => {
-                    if !results.is_empty() {
-                        results.remove(0);
-                    }
-                    break SemView::from_entries(&keys.sem, 0, results);
+                Ok(Txn::Done(results)) => {
+                    break SemView::from_entries(&keys.sem, 0, read_after_lock(results));
                 }
                 Ok(Txn::Failed(errs))
                     if errs.iter().any(|e| e.what.contains("invalid session")) =>
@@ -1054,11 +1044,8 @@ impl ConsulSession {
                 op::get_tree(&keys.tree),
             ];
             match self.write(&keys, ops, "joining the queue").await {
-                Ok(Txn::Done(mut results)) => {
-                    if !results.is_empty() {
-                        results.remove(0);
-                    }
-                    break View::from_entries(&keys, results);
+                Ok(Txn::Done(results)) => {
+                    break View::from_entries(&keys, read_after_lock(results));
                 }
                 Ok(Txn::Failed(errs))
                     if errs.iter().any(|e| e.what.contains("invalid session")) =>
@@ -1154,6 +1141,16 @@ impl ConsulSession {
             Txn::Failed(_) => self.leave_queue(keys).await,
         }
     }
+}
+
+/// What a `lock` + `get-tree` txn read: its results without the first, which
+/// is the `lock` op's own entry (Consul returns a written entry, value
+/// blanked, before the tree).
+fn read_after_lock(mut results: Vec<KvEntry>) -> Vec<KvEntry> {
+    if !results.is_empty() {
+        results.remove(0);
+    }
+    results
 }
 
 impl Drop for ConsulSession {

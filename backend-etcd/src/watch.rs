@@ -58,10 +58,7 @@ impl Sink for mpsc::UnboundedSender<WatchEvent> {
 enum Cmd {
     Create {
         id: i64,
-        key: Vec<u8>,
-        start_revision: i64,
-        filter: Option<WatchFilterType>,
-        sink: Arc<dyn Sink>,
+        sub: Sub,
         /// Start it [`HELD_WATCH_DELAY`] from now, if the sink still
         /// wants it then.
         later: bool,
@@ -123,14 +120,8 @@ impl WatchHub {
     ) -> Watch {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::unbounded_channel();
-        self.create(
-            id,
-            key.into(),
-            start_revision,
-            Some(filter),
-            Arc::new(tx),
-            false,
-        );
+        let sub = Sub::new(key.into(), start_revision, Some(filter), Arc::new(tx));
+        self.create(id, sub, false);
         Watch {
             id,
             rx,
@@ -155,27 +146,11 @@ impl WatchHub {
         later: bool,
     ) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        self.create(id, key.into(), start_revision, None, sink, later);
+        self.create(id, Sub::new(key.into(), start_revision, None, sink), later);
     }
 
-    fn create(
-        &self,
-        id: i64,
-        key: Vec<u8>,
-        start_revision: i64,
-        filter: Option<WatchFilterType>,
-        sink: Arc<dyn Sink>,
-        later: bool,
-    ) {
-        let cmd = Cmd::Create {
-            id,
-            key,
-            start_revision,
-            filter,
-            sink,
-            later,
-        };
-        if self.cmd.send(cmd).is_err() {
+    fn create(&self, id: i64, sub: Sub, later: bool) {
+        if self.cmd.send(Cmd::Create { id, sub, later }).is_err() {
             tracing::warn!("etcd watch task is gone");
         }
     }
@@ -196,6 +171,20 @@ struct Sub {
 }
 
 impl Sub {
+    fn new(
+        key: Vec<u8>,
+        start_revision: i64,
+        filter: Option<WatchFilterType>,
+        sink: Arc<dyn Sink>,
+    ) -> Sub {
+        Sub {
+            key: key.into_boxed_slice(),
+            start_revision,
+            filter,
+            sink,
+        }
+    }
+
     fn options(&self, id: i64) -> WatchOptions {
         let o = WatchOptions::new()
             .with_start_revision(self.start_revision)
@@ -241,11 +230,10 @@ async fn run(
         tokio::select! {
             cmd = rx.recv() => match cmd {
                 None => return,
-                Some(Cmd::Create { id, key, start_revision, filter, sink, later: wait }) => {
-                    if sink.closed() {
+                Some(Cmd::Create { id, sub, later: wait }) => {
+                    if sub.sink.closed() {
                         continue; // dropped before we got to it
                     }
-                    let sub = Sub { key: key.into_boxed_slice(), start_revision, filter, sink };
                     if wait {
                         later.push((id, sub));
                     } else {

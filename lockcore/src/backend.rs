@@ -73,11 +73,6 @@ impl<T> DelayQueue<T> {
         }
     }
 
-    /// Items waiting.
-    pub fn len(&self) -> usize {
-        self.items.len()
-    }
-
     /// Whether no item waits.
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
