@@ -3,10 +3,13 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::FutureExt;
 use lockcore::{
     AcquireRequest, Acquired, DelayQueue, EntrySignals, Error, ErrorKind, LockKind, LossReason,
     Result, SessionLiveness, StoreSession, HELD_WATCH_DELAY,
@@ -40,6 +43,76 @@ struct Inner {
     held: Mutex<HashMap<uuid::Uuid, HeldEntry>>,
     /// Tells the dispatcher to watch a newly held entry.
     arm: mpsc::UnboundedSender<uuid::Uuid>,
+    /// Per lock directory, what lets the next uncontended acquire skip the
+    /// listing. At most [`CHAINS_KEPT`].
+    chains: Mutex<HashMap<String, Chain>>,
+}
+
+/// How many lock directories a session keeps a [`Chain`] for.
+const CHAINS_KEPT: usize = 256;
+
+/// What a repeat acquire of an uncontended lock needs to know that it is
+/// first without listing the children, so that its cycle is one create
+/// and one delete, like the floor.
+///
+/// ZooKeeper numbers a sequential node with the count of children ever
+/// created under the parent (deletes do not count; the `cversion` it shows
+/// does, so it cannot stand in). If our new node's number is one past our
+/// last one's, nobody created a child in between, so the children are
+/// those we saw beside our last node (none), minus deletions: ours alone.
+/// That holds while the parent is the same node: a container parent is
+/// reaped once empty and may be created anew with a fresh count. A watch
+/// on the parent says so; the session state says whether a reconnect
+/// happened, after which events may arrive late.
+struct Chain {
+    /// The sequence number of our node when the directory had no other
+    /// child.
+    last_seq: i64,
+    /// That node was deleted by us (released): the next create may use this.
+    released: bool,
+    /// Armed on the second acquire, so that a lock taken once costs
+    /// no watch.
+    parent: Option<ParentWatch>,
+}
+
+/// A watch on a lock directory, and the session state since it was set.
+struct ParentWatch {
+    fired: Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send>>,
+    state: zk::StateWatcher,
+    /// Set once the watch fired or the state changed; never polled again.
+    spent: bool,
+}
+
+impl ParentWatch {
+    /// Whether the directory is the one the watch was set on and the
+    /// connection has not broken since. The client library hands a watch
+    /// event over before the reply to any later request, so once that
+    /// reply is in, this sees every event that came before it.
+    fn intact(&mut self) -> bool {
+        if !self.spent {
+            self.spent = self.state.changed().now_or_never().is_some()
+                || self.fired.as_mut().now_or_never().is_some();
+        }
+        !self.spent
+    }
+}
+
+/// The sequence number at the end of a contender node's name.
+fn sequence_of(node: &str) -> Option<i64> {
+    let digits = node.len() - node.bytes().rev().take_while(u8::is_ascii_digit).count();
+    node[digits..].parse().ok()
+}
+
+/// A created contender node.
+struct Created {
+    node: String,
+    seq: i64,
+    stat: zk::Stat,
+    /// The children, when listed right behind the create (or looked up
+    /// after a connection loss).
+    listed: Option<Vec<String>>,
+    /// The directory's creation zxid, when listed right behind the create.
+    dir_czxid: Option<i64>,
 }
 
 impl fmt::Debug for ZkSession {
@@ -92,6 +165,7 @@ impl ZkSession {
             stop: CancellationToken::new(),
             held: Mutex::new(HashMap::new()),
             arm,
+            chains: Mutex::new(HashMap::new()),
         });
         let span = tracing::debug_span!("keepalive", session = %inner.id);
         tokio::spawn(keepalive(inner.clone()).instrument(span));
@@ -211,10 +285,10 @@ impl Inner {
         Ok(None)
     }
 
-    /// Creates our contender node and lists the lock's children. With
-    /// pipelining, the listing is sent right behind the create (one round
-    /// trip); ZooKeeper answers one session's requests in order, so the
-    /// listing already contains our node.
+    /// Creates our contender node and, if `list`, lists the lock's
+    /// children. With pipelining, the listing is sent right behind the
+    /// create (one round trip); ZooKeeper answers one session's requests
+    /// in order, so the listing already contains our node.
     ///
     /// After a connection loss during the create, our node is looked up by
     /// its GUID instead of creating a second one (Curator's protection,
@@ -226,7 +300,8 @@ impl Inner {
         marker: &str,
         data: &[u8],
         req: &AcquireRequest,
-    ) -> Result<(String, zk::Stat, Option<Vec<String>>)> {
+        list: bool,
+    ) -> Result<Created> {
         let prefix_name = format!("_c_{}-{marker}", req.contender.hyphenated());
         let prefix = format!("{dir}/{prefix_name}");
         let opts = create_options();
@@ -238,10 +313,10 @@ impl Inner {
                     "session lost while creating the contender node",
                 ));
             }
-            let (created, listed) = if self.shared.config.pipeline {
+            let (created, listed) = if list && self.shared.config.pipeline {
                 let sent = self.send(2);
                 let create = c.create(&prefix, data, &opts);
-                let list = c.list_children(dir);
+                let list = c.get_children(dir);
                 let (cr, lr) = futures::join!(create, list);
                 self.heard(sent, &cr);
                 (cr, lr.ok())
@@ -253,8 +328,13 @@ impl Inner {
             };
             match created {
                 Ok((stat, seq)) => {
-                    let node = format!("{prefix}{seq}");
-                    return Ok((node, stat, listed));
+                    return Ok(Created {
+                        node: format!("{prefix}{seq}"),
+                        seq: seq.into_i64(),
+                        stat,
+                        dir_czxid: listed.as_ref().map(|(_, st)| st.czxid),
+                        listed: listed.map(|(children, _)| children),
+                    });
                 }
                 Err(zk::Error::NoNode) if attempts < 8 => self.make_parents(c, dir).await?,
                 Err(e) if is_connection_trouble(&e) && attempts < 8 => {
@@ -277,7 +357,13 @@ impl Inner {
                                     self.find_ours(c, dir, &prefix_name, &children).await?
                                 {
                                     tracing::debug!(%node, "found our contender node after a connection loss");
-                                    return Ok((node, stat, Some(children)));
+                                    return Ok(Created {
+                                        seq: sequence_of(&node).unwrap_or(-1),
+                                        node,
+                                        stat,
+                                        listed: Some(children),
+                                        dir_czxid: None,
+                                    });
                                 }
                                 break; // not applied: create it again
                             }
@@ -312,13 +398,93 @@ impl Inner {
         self.held.lock().expect("poisoned").remove(contender);
     }
 
-    async fn delete(&self, c: &zk::Client, node: &str) -> Result<()> {
+    /// Deletes our node; whether it was still there.
+    async fn delete(&self, c: &zk::Client, node: &str) -> Result<bool> {
         let sent = self.send(1);
         let r = c.delete(node, None).await;
         self.heard(sent, &r);
         match r {
-            Ok(()) | Err(zk::Error::NoNode) => Ok(()),
+            Ok(()) => Ok(true),
+            Err(zk::Error::NoNode) => Ok(false),
             Err(e) => Err(map(e, "deleting our contender node")),
+        }
+    }
+}
+
+/// The [`Chain`] of each lock directory.
+impl Inner {
+    /// Takes the chain of `dir` if its last node was released (one that
+    /// another handle of ours still holds stays).
+    fn take_chain(&self, dir: &str) -> Option<Chain> {
+        let mut chains = self.chains.lock().expect("poisoned");
+        match chains.get(dir) {
+            Some(ch) if ch.released => chains.remove(dir),
+            _ => None,
+        }
+    }
+
+    /// Records that our node `seq` is the only child of `dir`.
+    fn keep_chain(&self, dir: &str, seq: i64, parent: Option<ParentWatch>) {
+        let mut chains = self.chains.lock().expect("poisoned");
+        if chains.len() >= CHAINS_KEPT && !chains.contains_key(dir) {
+            let evicted = chains.keys().next().cloned();
+            if let Some(k) = evicted {
+                chains.remove(&k);
+            }
+        }
+        let chain = Chain {
+            last_seq: seq,
+            released: false,
+            parent,
+        };
+        chains.insert(dir.to_string(), chain);
+    }
+
+    /// After our delete of `node`: its chain may be used by the next
+    /// acquire, if we deleted it (not a breaker).
+    fn chain_released(&self, node: &str, deleted: bool) {
+        let Some((dir, _)) = node.rsplit_once('/') else {
+            return;
+        };
+        let mut chains = self.chains.lock().expect("poisoned");
+        match chains.get_mut(dir) {
+            Some(ch) if deleted && Some(ch.last_seq) == sequence_of(node) => ch.released = true,
+            Some(ch) if Some(ch.last_seq) == sequence_of(node) => {
+                chains.remove(dir);
+            }
+            _ => {}
+        }
+    }
+
+    /// Sets a watch on `dir` (sent at once) and gives its creation zxid.
+    fn watch_parent<'a>(
+        &'a self,
+        c: &'a zk::Client,
+        dir: &'a str,
+    ) -> impl Future<Output = Option<(i64, ParentWatch)>> + 'a {
+        // Before the request: a reconnect from now on shows.
+        let mut state = self.state.clone();
+        state.state();
+        let sent = self.send(1);
+        let watch = c.check_and_watch_stat(dir);
+        async move {
+            let r = watch.await;
+            self.heard(sent, &r);
+            match r {
+                Ok((Some(st), watcher)) => {
+                    let fired = Box::pin(watcher.changed());
+                    let spent = false;
+                    Some((
+                        st.czxid,
+                        ParentWatch {
+                            fired,
+                            state,
+                            spent,
+                        },
+                    ))
+                }
+                _ => None,
+            }
         }
     }
 }
@@ -381,20 +547,52 @@ impl Inner {
 
     /// Mutex, read and write entries: one queue under the lock node,
     /// ordered by sequence number (Curator's mutex and read-write layouts).
+    /// A repeat acquire of a lock we last found free sends only the create
+    /// (see [`Chain`]).
     async fn acquire_queue(&self, req: &AcquireRequest) -> Result<Acquired> {
         let role = Role::of(req.kind);
         let dir = self.shared.lock_dir(&req.name)?;
         let c = self.client()?;
-        let (node, stat, mut listed) = self
-            .create_contender(&c, &dir, role.marker(), &[], req)
+        let mut chain = self.take_chain(&dir);
+        let repeat = chain
+            .as_mut()
+            .and_then(|ch| ch.parent.as_mut())
+            .is_some_and(ParentWatch::intact);
+        // The second acquire arms the parent watch, sent before the create.
+        let arming = match chain {
+            Some(_) if !repeat => Some(self.watch_parent(&c, &dir)),
+            _ => None,
+        };
+        let created = self
+            .create_contender(&c, &dir, role.marker(), &[], req, !repeat)
             .await?;
+        let armed = match arming {
+            Some(f) => f.await,
+            None => None,
+        };
+        let node = created.node;
         let our_name = node.rsplit('/').next().expect("a path").to_string();
+        let mut listed = created.listed;
+        let mut parent = None;
+        match (chain, armed) {
+            (Some(mut ch), _) if repeat && listed.is_none() => {
+                let next = created.seq == ch.last_seq + 1;
+                if next && ch.parent.as_mut().is_some_and(ParentWatch::intact) {
+                    listed = Some(vec![our_name.clone()]);
+                    parent = ch.parent;
+                }
+            }
+            (_, Some((czxid, watch))) if created.dir_czxid == Some(czxid) => parent = Some(watch),
+            _ => {}
+        }
         let mut backoff = Duration::from_millis(20);
+        let mut first = true;
         loop {
             let children = match listed.take() {
                 Some(ch) => ch,
                 None => self.list_retrying(&c, &dir).await?,
             };
+            let alone = std::mem::take(&mut first) && children == [our_name.as_str()];
             if children.iter().any(|n| n == backend::SEM_LEASES)
                 && self.has_leases(&c, &dir).await?
             {
@@ -412,9 +610,12 @@ impl Inner {
                 ));
             };
             let Some(ahead) = backend::blocker(&sorted, index, role) else {
+                if alone {
+                    self.keep_chain(&dir, created.seq, parent.take());
+                }
                 self.watch_holder(node.clone(), req);
                 return Ok(Acquired {
-                    token: stat.czxid as u64,
+                    token: created.stat.czxid as u64,
                     entry: node,
                 });
             };
@@ -441,8 +642,12 @@ impl Inner {
         let leases_dir = format!("{dir}/{}", backend::SEM_LEASES);
         let data = backend::permits_data(permits);
         let c = self.client()?;
-        let (lock_node, _, mut listed) = self
-            .create_contender(&c, &locks_dir, LOCK_MARKER, &data, req)
+        let Created {
+            node: lock_node,
+            mut listed,
+            ..
+        } = self
+            .create_contender(&c, &locks_dir, LOCK_MARKER, &data, req, true)
             .await?;
         let our_lock = lock_node.rsplit('/').next().expect("a path").to_string();
         let mut backoff = Duration::from_millis(20);
@@ -538,8 +743,13 @@ impl Inner {
             self.delete(&c, &lock_node).await?;
             return Err(e);
         }
-        let (lease_node, stat, mut listed) = self
-            .create_contender(&c, &leases_dir, backend::LEASE_MARKER, &data, req)
+        let Created {
+            node: lease_node,
+            stat,
+            mut listed,
+            ..
+        } = self
+            .create_contender(&c, &leases_dir, backend::LEASE_MARKER, &data, req, true)
             .await?;
         let our_lease = lease_node.rsplit('/').next().expect("a path").to_string();
         // 3. Wait (the only waiter on the leases, herd-free) until our
@@ -777,7 +987,9 @@ impl StoreSession for ZkSession {
     async fn release(&self, req: &AcquireRequest, held: &Acquired) -> Result<()> {
         self.inner.mark_released(&req.contender);
         let c = self.inner.client()?;
-        self.inner.delete(&c, &held.entry).await
+        let deleted = self.inner.delete(&c, &held.entry).await?;
+        self.inner.chain_released(&held.entry, deleted);
+        Ok(())
     }
 
     async fn abandon(&self, req: &AcquireRequest) -> Result<()> {
