@@ -64,6 +64,9 @@ struct Shared {
     /// this session last released them: their next acquire skips the
     /// one-txn fast path (it would only take `.lock` to give it back).
     contended: Mutex<std::collections::HashSet<String>>,
+    /// Tokens of mutexes held through the fast path: they have no queue
+    /// key, so their release is `.lock` and its revoke marker only.
+    fast_held: Mutex<std::collections::HashSet<u64>>,
 }
 
 /// Held locks that the monitor watches, and the index and key prefix of
@@ -238,6 +241,7 @@ impl ConsulSession {
             watch_changed: Notify::new(),
             ops: Mutex::new(HashMap::new()),
             contended: Mutex::new(Default::default()),
+            fast_held: Mutex::new(Default::default()),
         });
         tokio::spawn(keepalive(s.clone()));
         tokio::spawn(monitor(s.clone()));
@@ -456,6 +460,7 @@ impl StoreSession for ConsulSession {
             let token = v.lock.as_ref().map(|l| l.modify_index);
             match token {
                 Some(token) if !ahead => {
+                    self.s.fast_held.lock().expect("poisoned").insert(token);
                     self.watch(&keys, token, &req.signals);
                     return Ok(Acquired {
                         token,
@@ -463,6 +468,7 @@ impl StoreSession for ConsulSession {
                     });
                 }
                 Some(token) => {
+                    self.note_contention(&keys, true);
                     let ops = vec![
                         op::delete_cas(&keys.lock, token),
                         op::lock(&qkey, &s.id, QUEUE_FLAGS, &record().encode()),
@@ -475,8 +481,10 @@ impl StoreSession for ConsulSession {
                         Txn::Failed(errs) => return Err(failed("giving the lock back", &errs)),
                     }
                 }
-                None => {}
+                None => self.note_contention(&keys, true),
             }
+        } else if !contended {
+            self.note_contention(&keys, true); // `.lock` is taken
         }
 
         // 1. Join our queue and read the whole lock in one request.
@@ -661,28 +669,31 @@ impl StoreSession for ConsulSession {
         }
         self.unwatch(&keys);
         let qkey = keys.queue(&self.s.id);
+        let fast = self
+            .s
+            .fast_held
+            .lock()
+            .expect("poisoned")
+            .remove(&held.token);
         // `.lock` only at our token: never a newer holder's, never a newer
         // lock of this session (etcd #22082). A revoke marker can only be
         // there for our token (it is written under a check of `.lock`).
-        let ops = vec![
+        let mut ops = vec![
             op::delete_cas(&keys.lock, held.token),
-            op::delete(&qkey),
             op::delete(&keys.revoke),
-            op::get_tree(&keys.tree),
         ];
+        if !fast {
+            // A queued holder: its queue key, and whether anyone of ours
+            // waits (then our next acquire queues at once instead of
+            // trying the fast path). A fast holder had nobody ahead, has no
+            // queue key, and learns of waiters from its next fast try.
+            ops.extend([op::delete(&qkey), op::get_tree(&keys.tree)]);
+        }
         match self.write(&keys, ops, "releasing").await? {
             Txn::Done(results) => {
-                // Does anyone of ours wait? Then our next acquire queues
-                // at once instead of trying the fast path.
-                let v = View::from_entries(&keys, results);
-                let mut c = self.s.contended.lock().expect("poisoned");
-                if v.queue.is_empty() && v.rw.is_empty() {
-                    c.remove(&keys.lock);
-                } else {
-                    if c.len() >= CONTENDED_MEMORY {
-                        c.clear();
-                    }
-                    c.insert(keys.lock.clone());
+                if !fast {
+                    let v = View::from_entries(&keys, results);
+                    self.note_contention(&keys, !(v.queue.is_empty() && v.rw.is_empty()));
                 }
                 Ok(())
             }
@@ -723,6 +734,20 @@ impl StoreSession for ConsulSession {
 }
 
 impl ConsulSession {
+    /// Remembers whether the mutex of `keys` had other contenders of ours
+    /// (its next acquire then skips the fast path).
+    fn note_contention(&self, keys: &Keys, contended: bool) {
+        let mut c = self.s.contended.lock().expect("poisoned");
+        if !contended {
+            c.remove(&keys.lock);
+        } else if !c.contains(&keys.lock) {
+            if c.len() >= CONTENDED_MEMORY {
+                c.clear();
+            }
+            c.insert(keys.lock.clone());
+        }
+    }
+
     /// The one-txn acquire of a free mutex: `check-not-exists` of `.lock`,
     /// `lock` of `.lock`, `get-tree`. `None`: rolled back (not free),
     /// nothing written. The view it returns has `.lock` at our token, and

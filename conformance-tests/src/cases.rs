@@ -474,6 +474,12 @@ pub async fn cooperative_revoke(h: &Harness) {
         !g.is_revoke_requested(),
         "a new holder inherited an old revoke request"
     );
+    // The old request went with its holder (whose client lives on): a new
+    // one reaches the new holder.
+    assert!(a.request_revoke("rv").await.unwrap());
+    tokio::time::timeout(SOON, g.revoke_requested())
+        .await
+        .expect("a revoke request to the next holder was not seen");
     g.release().await.unwrap();
     case.finish().await;
 }
