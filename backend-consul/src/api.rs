@@ -291,11 +291,7 @@ impl Api {
     }
 
     /// Runs one transaction of KV ops (`{"KV": {...}}` objects).
-    pub async fn txn(&self, ops: Vec<Value>) -> ApiResult<Txn> {
-        let ops: Vec<Value> = ops
-            .into_iter()
-            .map(|kv| serde_json::json!({ "KV": kv }))
-            .collect();
+    pub async fn txn(&self, ops: Vec<op::Op>) -> ApiResult<Txn> {
         let r = self
             .request(reqwest::Method::PUT, self.txn_url.clone())
             .timeout(REQUEST_TIMEOUT)
@@ -412,46 +408,110 @@ impl Api {
     }
 }
 
-/// KV txn ops, as `{"Verb": ..}` objects for [`Api::txn`].
+/// KV txn ops for [`Api::txn`], serialized as `{"KV": {"Verb": ..}}`
+/// straight from these structs (no JSON tree built per request).
 pub(crate) mod op {
-    use serde_json::{json, Value};
+    use serde::Serialize;
+
+    /// One op of a txn.
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Op {
+        #[serde(rename = "KV")]
+        kv: Kv,
+    }
+
+    #[derive(Debug, Clone, Serialize)]
+    #[serde(rename_all = "PascalCase")]
+    struct Kv {
+        verb: &'static str,
+        key: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        session: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        flags: Option<u64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        index: Option<u64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        value: Option<String>,
+    }
+
+    fn op(verb: &'static str, key: &str) -> Kv {
+        Kv {
+            verb,
+            key: key.to_string(),
+            session: None,
+            flags: None,
+            index: None,
+            value: None,
+        }
+    }
+
+    impl From<Kv> for Op {
+        fn from(kv: Kv) -> Op {
+            Op { kv }
+        }
+    }
 
     /// Take `key` with `session` (fails if another session holds it).
-    pub fn lock(key: &str, session: &str, flags: u64, value_b64: &str) -> Value {
-        json!({"Verb": "lock", "Key": key, "Session": session, "Flags": flags, "Value": value_b64})
+    pub fn lock(key: &str, session: &str, flags: u64, value_b64: &str) -> Op {
+        Kv {
+            session: Some(session.to_string()),
+            flags: Some(flags),
+            value: Some(value_b64.to_string()),
+            ..op("lock", key)
+        }
+        .into()
     }
     /// Read `key` (fails the txn if it is missing).
-    pub fn get(key: &str) -> Value {
-        json!({"Verb": "get", "Key": key})
+    pub fn get(key: &str) -> Op {
+        op("get", key).into()
     }
     /// Read every key starting with `prefix`.
-    pub fn get_tree(prefix: &str) -> Value {
-        json!({"Verb": "get-tree", "Key": prefix})
+    pub fn get_tree(prefix: &str) -> Op {
+        op("get-tree", prefix).into()
     }
     /// Write `key` if its ModifyIndex is `index` (a held key keeps its
     /// session), else fail.
-    pub fn cas(key: &str, index: u64, flags: u64, value_b64: &str) -> Value {
-        json!({"Verb": "cas", "Key": key, "Index": index, "Flags": flags, "Value": value_b64})
+    pub fn cas(key: &str, index: u64, flags: u64, value_b64: &str) -> Op {
+        Kv {
+            index: Some(index),
+            flags: Some(flags),
+            value: Some(value_b64.to_string()),
+            ..op("cas", key)
+        }
+        .into()
     }
     /// Fail unless `key`'s ModifyIndex is `index`.
-    pub fn check_index(key: &str, index: u64) -> Value {
-        json!({"Verb": "check-index", "Key": key, "Index": index})
+    pub fn check_index(key: &str, index: u64) -> Op {
+        Kv {
+            index: Some(index),
+            ..op("check-index", key)
+        }
+        .into()
     }
     /// Fail if `key` exists.
-    pub fn check_not_exists(key: &str) -> Value {
-        json!({"Verb": "check-not-exists", "Key": key})
+    pub fn check_not_exists(key: &str) -> Op {
+        op("check-not-exists", key).into()
     }
     /// Fail unless `session` holds `key`.
-    pub fn check_session(key: &str, session: &str) -> Value {
-        json!({"Verb": "check-session", "Key": key, "Session": session})
+    pub fn check_session(key: &str, session: &str) -> Op {
+        Kv {
+            session: Some(session.to_string()),
+            ..op("check-session", key)
+        }
+        .into()
     }
     /// Delete `key` (no error if missing).
-    pub fn delete(key: &str) -> Value {
-        json!({"Verb": "delete", "Key": key})
+    pub fn delete(key: &str) -> Op {
+        op("delete", key).into()
     }
     /// Delete `key` if its ModifyIndex is `index`, else fail.
-    pub fn delete_cas(key: &str, index: u64) -> Value {
-        json!({"Verb": "delete-cas", "Key": key, "Index": index})
+    pub fn delete_cas(key: &str, index: u64) -> Op {
+        Kv {
+            index: Some(index),
+            ..op("delete-cas", key)
+        }
+        .into()
     }
 }
 

@@ -672,10 +672,13 @@ impl Backend for ConsulBackend {
                 token: Some(l.modify_index),
                 ..Record::default()
             };
-            let ops = vec![
-                op::check_index(&keys.lock, l.modify_index),
-                op::lock(&keys.revoke, h, REVOKE_FLAGS, &rec.encode()),
-            ];
+            let mut ops = vec![op::check_index(&keys.lock, l.modify_index)];
+            if let Some(old) = &v.revoke {
+                // An earlier holder's marker, left by a short hold (or ours
+                // again): replace it.
+                ops.push(op::delete_cas(&keys.revoke, old.modify_index));
+            }
+            ops.push(op::lock(&keys.revoke, h, REVOKE_FLAGS, &rec.encode()));
             match self
                 .inner
                 .api

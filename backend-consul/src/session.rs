@@ -11,7 +11,7 @@ use lockcore::{
     finish_on_drop, AcquireRequest, Acquired, EntrySignals, Error, ErrorKind, LockKind, LossReason,
     Result, SessionLiveness, StoreSession, HELD_WATCH_DELAY,
 };
-use serde_json::{json, Value};
+use serde_json::json;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -256,7 +256,7 @@ impl ConsulSession {
     /// end even if the caller is dropped ([`finish_on_drop`]), so a write
     /// is never left half-known: a later `abandon` of the same lock runs
     /// after it.
-    async fn write(&self, keys: &Keys, ops: Vec<Value>, what: &'static str) -> Result<Txn> {
+    async fn write(&self, keys: &Keys, ops: Vec<op::Op>, what: &'static str) -> Result<Txn> {
         let m = {
             let mut map = self.s.ops.lock().expect("poisoned");
             map.entry(keys.tree.clone()).or_default().clone()
@@ -460,7 +460,11 @@ impl StoreSession for ConsulSession {
             let token = v.lock.as_ref().map(|l| l.modify_index);
             match token {
                 Some(token) if !ahead => {
-                    self.s.fast_held.lock().expect("poisoned").insert(token);
+                    // A marker of an earlier holder (see `release`) goes
+                    // with our release, as a queued holder's does.
+                    if v.revoke.is_none() {
+                        self.s.fast_held.lock().expect("poisoned").insert(token);
+                    }
                     self.watch(&keys, token, &req.signals);
                     return Ok(Acquired {
                         token,
@@ -668,7 +672,6 @@ impl StoreSession for ConsulSession {
             };
         }
         self.unwatch(&keys);
-        let qkey = keys.queue(&self.s.id);
         let fast = self
             .s
             .fast_held
@@ -676,17 +679,26 @@ impl StoreSession for ConsulSession {
             .expect("poisoned")
             .remove(&held.token);
         // `.lock` only at our token: never a newer holder's, never a newer
-        // lock of this session (etcd #22082). A revoke marker can only be
-        // there for our token (it is written under a check of `.lock`).
-        let mut ops = vec![
-            op::delete_cas(&keys.lock, held.token),
-            op::delete(&keys.revoke),
-        ];
+        // lock of this session (etcd #22082). A revoke marker names our
+        // token (it is written under a check of `.lock`) or an earlier
+        // holder's, left as below: ours to delete either way.
+        let mut ops = vec![op::delete_cas(&keys.lock, held.token)];
+        // A fast holder deletes the revoke marker only if it saw one: the
+        // monitor reads from HELD_WATCH_DELAY after the grant, so a marker
+        // written in a short hold's last moments may stay behind, locked
+        // by our session and naming our token. No later holder takes it
+        // for its own (tokens differ); the next one deletes it with its
+        // release, a revoke request replaces it, and it goes with our
+        // session.
+        if !fast || req.signals.is_revoke_requested() {
+            ops.push(op::delete(&keys.revoke));
+        }
         if !fast {
             // A queued holder: its queue key, and whether anyone of ours
             // waits (then our next acquire queues at once instead of
             // trying the fast path). A fast holder had nobody ahead, has no
             // queue key, and learns of waiters from its next fast try.
+            let qkey = keys.queue(&self.s.id);
             ops.extend([op::delete(&qkey), op::get_tree(&keys.tree)]);
         }
         match self.write(&keys, ops, "releasing").await? {

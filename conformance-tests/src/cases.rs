@@ -481,6 +481,22 @@ pub async fn cooperative_revoke(h: &Harness) {
         .await
         .expect("a revoke request to the next holder was not seen");
     g.release().await.unwrap();
+    // A request in a hold's last moments (let go before the holder could
+    // see it) neither reaches nor blocks a request to the next holder.
+    let g = acquire(f, &a, "rv").await;
+    assert!(b.request_revoke("rv").await.unwrap());
+    g.release().await.unwrap();
+    let g = acquire(f, &b, "rv").await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !g.is_revoke_requested(),
+        "a new holder inherited a revoke request of a short hold"
+    );
+    assert!(a.request_revoke("rv").await.unwrap());
+    tokio::time::timeout(SOON, g.revoke_requested())
+        .await
+        .expect("a revoke request after a short revoked hold was not seen");
+    g.release().await.unwrap();
     case.finish().await;
 }
 
