@@ -448,99 +448,82 @@ impl StoreSession for EtcdSession {
         let pfx_slash = format!("{pfx}/");
         let key = layout::key(&pfx, kind, self.lease, &req.contender);
 
-        // One txn. If nothing is under the prefix, just create our key: we
-        // are alone, so first (the floor's one write, no read). Else, as a
-        // nested txn: create our key if it does not exist (else read it),
-        // read the oldest contender (for the kind check), and what we
-        // would wait for (all of it is older than a key this txn creates).
+        // One txn: create our key if it does not exist (else read it), read
+        // the oldest contender (for the kind check), and what we would
+        // wait for (all of it is older than a key this txn creates).
         // A mutex or writer holds when it is the oldest: that read is
         // enough (Go's one-request uncontended path).
         let first_is_enough = matches!(kind, LockKind::Exclusive | LockKind::Write);
-        let put = TxnOp::put(
-            key.clone(),
-            layout::value(kind, SystemTime::now()),
-            Some(PutOptions::new().with_lease(self.lease)),
-        );
         let mut then = vec![
-            put.clone(),
+            TxnOp::put(
+                key.clone(),
+                layout::value(kind, SystemTime::now()),
+                Some(PutOptions::new().with_lease(self.lease)),
+            ),
             TxnOp::get(pfx_slash.clone(), Some(first_created().with_limit(1))),
         ];
         if !first_is_enough {
             then.push(self.ahead_op(&pfx, kind, None));
         }
-        let queue = Txn::new()
+        let txn = Txn::new()
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
             .and_then(then)
             .or_else([
                 TxnOp::get(key.clone(), None),
                 TxnOp::get(pfx_slash.clone(), Some(first_created().with_limit(1))),
             ]);
-        let alone = Compare::create_revision(pfx_slash.clone(), CompareOp::Equal, 0).with_prefix();
-        let txn = Txn::new()
-            .when([alone])
-            .and_then([put])
-            .or_else([TxnOp::txn(queue)]);
         // A lost reply is retried with the same txn: it finds the key the
         // first try created instead of creating a second one.
-        let outer = if req.wait {
+        let resp = if req.wait {
             self.retrying("enqueue", txn).await?
         } else {
             self.inner.txn("enqueue", txn).await?
         };
-        // The revision of the whole txn (a nested answer has none).
-        let mut rev = header_revision(&outer);
-        let (my_rev, mut first) = if outer.succeeded() {
-            (rev, Some(Vec::new()))
+        let mut rev = header_revision(&resp);
+        let mut first = None;
+        let my_rev = if resp.succeeded() {
+            rev
         } else {
-            let resp = nested_txn(outer)?;
-            let mut first = None;
-            let my_rev = if resp.succeeded() {
-                rev
-            } else {
-                match range_at(&resp, 0)?.kvs().first() {
-                    Some(kv) => kv.create_revision(),
-                    None => {
-                        return Err(Error::new(ErrorKind::Internal, "own key vanished in a txn"))
-                    }
-                }
-            };
-            // Semaphores mix only with semaphores of the same permit count.
-            let oldest = self
-                .inner
-                .first_contender(&pfx_slash, range_at(&resp, 1)?.kvs(), first_created())
-                .await?
-                .filter(|o| o.create_revision() != my_rev);
-            if resp.succeeded() {
-                first = if first_is_enough {
-                    // Not first: a try-acquire needs no more; a waiter reads
-                    // its nearest predecessor below.
-                    match &oldest {
-                        None => Some(Vec::new()),
-                        Some(o) if !req.wait => Some(vec![o.clone()]),
-                        Some(_) => None,
-                    }
-                } else {
-                    let kvs = range_at(&resp, 2)?;
-                    Some(self.ahead(&pfx, kind, None, kvs.kvs(), &key, rev).await?)
-                };
+            match range_at(&resp, 0)?.kvs().first() {
+                Some(kv) => kv.create_revision(),
+                None => return Err(Error::new(ErrorKind::Internal, "own key vanished in a txn")),
             }
-            if let Some(o) = &oldest {
-                let theirs = layout::kind_of(o);
-                if layout::conflicts(theirs, kind) {
-                    // Conflict is the answer even if this delete fails: the
-                    // client layer abandons (deletes) the attempt after any
-                    // error but WouldBlock.
-                    if let Err(e) = self.delete_if(&key, my_rev).await {
-                        tracing::debug!(error = %e, "removing a conflicting entry failed");
-                    }
-                    return Err(Error::new(
-                        ErrorKind::Conflict,
-                        format!("lock {} is in use as {theirs:?}, not {kind:?}", req.name),
-                    ));
-                }
-            }
-            (my_rev, first)
         };
+        // Semaphores mix only with semaphores of the same permit count.
+        let oldest = self
+            .inner
+            .first_contender(&pfx_slash, range_at(&resp, 1)?.kvs(), first_created())
+            .await?
+            .filter(|o| o.create_revision() != my_rev);
+        if resp.succeeded() {
+            first = if first_is_enough {
+                // Not first: a try-acquire needs no more; a waiter reads
+                // its nearest predecessor below.
+                match &oldest {
+                    None => Some(Vec::new()),
+                    Some(o) if !req.wait => Some(vec![o.clone()]),
+                    Some(_) => None,
+                }
+            } else {
+                let kvs = range_at(&resp, 2)?;
+                Some(self.ahead(&pfx, kind, None, kvs.kvs(), &key, rev).await?)
+            };
+        }
+        if let Some(o) = &oldest {
+            let theirs = layout::kind_of(o);
+            if layout::conflicts(theirs, kind) {
+                // Conflict is the answer even if this delete fails: the
+                // client layer abandons (deletes) the attempt after any
+                // error but WouldBlock.
+                if let Err(e) = self.delete_if(&key, my_rev).await {
+                    tracing::debug!(error = %e, "removing a conflicting entry failed");
+                }
+                return Err(Error::new(
+                    ErrorKind::Conflict,
+                    format!("lock {} is in use as {theirs:?}, not {kind:?}", req.name),
+                ));
+            }
+        }
 
         let mut revoked = false;
         loop {
@@ -671,16 +654,5 @@ impl StoreSession for EtcdSession {
 impl Drop for EtcdSession {
     fn drop(&mut self) {
         self.stop.cancel();
-    }
-}
-
-/// The answer of the txn nested in the `else` of `outer`.
-fn nested_txn(outer: etcd_client::TxnResponse) -> Result<etcd_client::TxnResponse> {
-    match outer.op_responses().into_iter().next() {
-        Some(etcd_client::TxnOpResponse::Txn(t)) => Ok(t),
-        _ => Err(Error::new(
-            ErrorKind::Internal,
-            "etcd txn answered without the nested txn's response",
-        )),
     }
 }
