@@ -67,6 +67,27 @@ struct Shared {
     /// Tokens of mutexes held through the fast path: they have no queue
     /// key, so their release is `.lock` and its revoke marker only.
     fast_held: Mutex<std::collections::HashSet<u64>>,
+    /// Per mutex (`.lock` key), what lets the next fast acquire skip its
+    /// read: see [`Chain`]. At most [`CONTENDED_MEMORY`] entries.
+    chains: Mutex<HashMap<String, Chain>>,
+}
+
+/// Proof, carried from one fast cycle of a mutex to the next, that
+/// nobody else is about, so that a repeat acquire is `check-not-exists` +
+/// `lock` without the `get-tree` (like the floor's single `lock`).
+///
+/// Every Consul write is one raft entry and takes the next raft index,
+/// which a written key shows as its `ModifyIndex`. If our grant at index
+/// `i` read a lock with nobody else in line, our release was one txn, and
+/// our next `.lock` is written at `i + 2`, the one entry in between was
+/// our release: nothing else was written anywhere, so still nobody else
+/// is in line. Any other index (a write anywhere in the cluster) makes the
+/// acquire read the lock after all, one more request.
+struct Chain {
+    /// The index of our last fast grant whose txn read nobody else in line.
+    index: u64,
+    /// That grant was released by one successful txn.
+    released: bool,
 }
 
 /// Held locks that the monitor watches, and the index and key prefix of
@@ -242,6 +263,7 @@ impl ConsulSession {
             ops: Mutex::new(HashMap::new()),
             contended: Mutex::new(Default::default()),
             fast_held: Mutex::new(Default::default()),
+            chains: Mutex::new(HashMap::new()),
         });
         tokio::spawn(keepalive(s.clone()));
         tokio::spawn(monitor(s.clone()));
@@ -455,7 +477,7 @@ impl StoreSession for ConsulSession {
         } else {
             self.try_fast(req, &keys, record()).await?
         };
-        if let Some(v) = tried {
+        if let Some((v, at_grant)) = tried {
             let ahead = !v.line(&keys).is_empty();
             let token = v.lock.as_ref().map(|l| l.modify_index);
             match token {
@@ -464,6 +486,9 @@ impl StoreSession for ConsulSession {
                     // with our release, as a queued holder's does.
                     if v.revoke.is_none() {
                         self.s.fast_held.lock().expect("poisoned").insert(token);
+                        if at_grant {
+                            self.keep_chain(&keys, token);
+                        }
                     }
                     self.watch(&keys, token, &req.signals);
                     return Ok(Acquired {
@@ -701,7 +726,13 @@ impl StoreSession for ConsulSession {
             let qkey = keys.queue(&self.s.id);
             ops.extend([op::delete(&qkey), op::get_tree(&keys.tree)]);
         }
-        match self.write(&keys, ops, "releasing").await? {
+        let released = self.write(&keys, ops, "releasing").await;
+        self.chain_released(
+            &keys,
+            held.token,
+            fast && matches!(released, Ok(Txn::Done(_))),
+        );
+        match released? {
             Txn::Done(results) => {
                 if !fast {
                     let v = View::from_entries(&keys, results);
@@ -761,28 +792,88 @@ impl ConsulSession {
     }
 
     /// The one-txn acquire of a free mutex: `check-not-exists` of `.lock`,
-    /// `lock` of `.lock`, `get-tree`. `None`: rolled back (not free),
-    /// nothing written. The view it returns has `.lock` at our token, and
-    /// no queue key of ours: the fast holder has none (a queue key is only
-    /// for waiting, and the write costs a tenth of the cycle).
+    /// `lock` of `.lock`, `get-tree` (no `get-tree` on a [`Chain`]).
+    /// `None`: rolled back (not free), nothing written. The view it
+    /// returns has `.lock` at our token, and no queue key of ours: the fast
+    /// holder has none (a queue key is only for waiting, and the write
+    /// costs a tenth of the cycle). With it, whether the view is the
+    /// lock at the grant (not a read after it).
     async fn try_fast(
         &self,
         req: &AcquireRequest,
         keys: &Keys,
         record: Record,
-    ) -> Result<Option<View>> {
-        let ops = vec![
+    ) -> Result<Option<(View, bool)>> {
+        let chain = self.take_chain(keys);
+        let mut ops = vec![
             op::check_not_exists(&keys.lock),
             op::lock(&keys.lock, &self.s.id, LOCK_FLAGS, &record.encode()),
-            op::get_tree(&keys.tree),
         ];
-        match self.write(keys, ops, "taking a free lock").await {
-            Ok(Txn::Done(results)) => Ok(Some(View::from_entries(keys, read_after_lock(results)))),
-            Ok(Txn::Failed(_)) => Ok(None),
+        if chain.is_none() {
+            ops.push(op::get_tree(&keys.tree));
+        }
+        let results = match self.write(keys, ops, "taking a free lock").await {
+            Ok(Txn::Done(results)) => results,
+            Ok(Txn::Failed(_)) => return Ok(None),
             // Unknown outcome: the queued path finds out (it recognizes
             // a grant of ours by its contender id).
-            Err(e) if e.kind() == ErrorKind::Connection && req.wait => Ok(None),
-            Err(e) => Err(e),
+            Err(e) if e.kind() == ErrorKind::Connection && req.wait => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let Some(last) = chain else {
+            return Ok(Some((
+                View::from_entries(keys, read_after_lock(results)),
+                true,
+            )));
+        };
+        let token = results
+            .iter()
+            .find(|e| e.key == keys.lock)
+            .map(|e| e.modify_index);
+        if token == Some(last + 2) {
+            return Ok(Some((View::from_entries(keys, results), true)));
+        }
+        // Something else was written meanwhile: read the lock. Entries
+        // made after our grant are behind us.
+        let token = token.unwrap_or(u64::MAX);
+        let mut v = read_view(&self.s.backend.api, keys).await?;
+        v.queue.retain(|e| e.create_index < token);
+        v.rw.retain(|e| e.create_index < token);
+        Ok(Some((v, false)))
+    }
+
+    /// Takes the [`Chain`] of the mutex of `keys` if its grant was released.
+    fn take_chain(&self, keys: &Keys) -> Option<u64> {
+        let mut chains = self.s.chains.lock().expect("poisoned");
+        match chains.get(&keys.lock) {
+            Some(c) if c.released => chains.remove(&keys.lock).map(|c| c.index),
+            _ => None,
+        }
+    }
+
+    /// Records our fast grant at `index` that read nobody else in line.
+    fn keep_chain(&self, keys: &Keys, index: u64) {
+        let mut chains = self.s.chains.lock().expect("poisoned");
+        if chains.len() >= CONTENDED_MEMORY && !chains.contains_key(&keys.lock) {
+            chains.clear();
+        }
+        let chain = Chain {
+            index,
+            released: false,
+        };
+        chains.insert(keys.lock.clone(), chain);
+    }
+
+    /// After the release of our grant at `token`: whether it was one
+    /// successful txn (the chain holds) or not (it ends).
+    fn chain_released(&self, keys: &Keys, token: u64, one_txn: bool) {
+        let mut chains = self.s.chains.lock().expect("poisoned");
+        match chains.get_mut(&keys.lock) {
+            Some(c) if c.index == token && one_txn => c.released = true,
+            Some(c) if c.index == token => {
+                chains.remove(&keys.lock);
+            }
+            _ => {}
         }
     }
 

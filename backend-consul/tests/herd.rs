@@ -200,3 +200,37 @@ async fn uncontended_cycle_is_two_requests() {
     );
     case.finish().await;
 }
+
+/// A repeat acquire skips its read only while nothing else was written
+/// since our last grant (its `.lock` lands two raft indexes after it): a
+/// write anywhere in between (here another client's lock) makes it read
+/// the lock, one request more. Counting requests shows both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeat_acquire_reads_only_after_other_writes() {
+    let Some(h) = harness() else { return };
+    let case = h.case();
+    let (ours, other) = (case.client().await, case.client().await);
+    let lock = ours.lock("repeat").unwrap();
+    let cycle = || async {
+        let before = ours.backend().requests_sent();
+        lock.try_acquire().await.unwrap().release().await.unwrap();
+        ours.backend().requests_sent() - before
+    };
+    cycle().await; // opens the session
+    cycle().await;
+    let mut quiet = Vec::new();
+    let mut after_write = Vec::new();
+    for _ in 0..10 {
+        quiet.push(cycle().await);
+        let g = other.lock("elsewhere").unwrap().acquire().await.unwrap();
+        g.release().await.unwrap();
+        after_write.push(cycle().await);
+    }
+    // Other traffic (Consul's own) can also come in between: most, not all.
+    let twos = quiet.iter().filter(|n| **n == 2).count();
+    let threes = after_write.iter().filter(|n| **n == 3).count();
+    eprintln!("requests per cycle, quiet: {quiet:?}, after a write: {after_write:?}");
+    assert!(twos >= 7, "quiet repeat cycles: {quiet:?}");
+    assert_eq!(threes, 10, "cycles after another write: {after_write:?}");
+    case.finish().await;
+}
