@@ -82,12 +82,17 @@ struct Shared {
 /// our next `.lock` is written at `i + 2`, the one entry in between was
 /// our release: nothing else was written anywhere, so still nobody else
 /// is in line. Any other index (a write anywhere in the cluster) makes the
-/// acquire read the lock after all, one more request.
+/// acquire read the lock after all, one more request; so the read is
+/// skipped only after a cycle that found the cluster that quiet (its
+/// grant two indexes after the one before), and a busy cluster keeps
+/// the read in the acquire txn instead of paying for it afterwards.
 struct Chain {
     /// The index of our last fast grant whose txn read nobody else in line.
     index: u64,
     /// That grant was released by one successful txn.
     released: bool,
+    /// That grant came two indexes after the one before it.
+    quiet: bool,
 }
 
 /// Held locks that the monitor watches, and the index and key prefix of
@@ -486,8 +491,8 @@ impl StoreSession for ConsulSession {
                     // with our release, as a queued holder's does.
                     if v.revoke.is_none() {
                         self.s.fast_held.lock().expect("poisoned").insert(token);
-                        if at_grant {
-                            self.keep_chain(&keys, token);
+                        if let Some(quiet) = at_grant {
+                            self.keep_chain(&keys, token, quiet);
                         }
                     }
                     self.watch(&keys, token, &req.signals);
@@ -796,15 +801,17 @@ impl ConsulSession {
     /// `None`: rolled back (not free), nothing written. The view it
     /// returns has `.lock` at our token, and no queue key of ours: the fast
     /// holder has none (a queue key is only for waiting, and the write
-    /// costs a tenth of the cycle). With it, whether the view is the
-    /// lock at the grant (not a read after it).
+    /// costs a tenth of the cycle). With it, if the view is the lock at
+    /// the grant (not a read after it), whether the grant came two
+    /// indexes after our last one.
     async fn try_fast(
         &self,
         req: &AcquireRequest,
         keys: &Keys,
         record: Record,
-    ) -> Result<Option<(View, bool)>> {
-        let chain = self.take_chain(keys);
+    ) -> Result<Option<(View, Option<bool>)>> {
+        let last = self.take_chain(keys);
+        let chain = last.as_ref().filter(|c| c.quiet).map(|c| c.index);
         let mut ops = vec![
             op::check_not_exists(&keys.lock),
             op::lock(&keys.lock, &self.s.id, LOCK_FLAGS, &record.encode()),
@@ -820,18 +827,17 @@ impl ConsulSession {
             Err(e) if e.kind() == ErrorKind::Connection && req.wait => return Ok(None),
             Err(e) => return Err(e),
         };
-        let Some(last) = chain else {
-            return Ok(Some((
-                View::from_entries(keys, read_after_lock(results)),
-                true,
-            )));
-        };
         let token = results
             .iter()
             .find(|e| e.key == keys.lock)
             .map(|e| e.modify_index);
-        if token == Some(last + 2) {
-            return Ok(Some((View::from_entries(keys, results), true)));
+        let quiet = last.is_some_and(|c| token == Some(c.index + 2));
+        if chain.is_none() {
+            let v = View::from_entries(keys, read_after_lock(results));
+            return Ok(Some((v, Some(quiet))));
+        }
+        if quiet {
+            return Ok(Some((View::from_entries(keys, results), Some(true))));
         }
         // Something else was written meanwhile: read the lock. Entries
         // made after our grant are behind us.
@@ -839,20 +845,20 @@ impl ConsulSession {
         let mut v = read_view(&self.s.backend.api, keys).await?;
         v.queue.retain(|e| e.create_index < token);
         v.rw.retain(|e| e.create_index < token);
-        Ok(Some((v, false)))
+        Ok(Some((v, None)))
     }
 
     /// Takes the [`Chain`] of the mutex of `keys` if its grant was released.
-    fn take_chain(&self, keys: &Keys) -> Option<u64> {
+    fn take_chain(&self, keys: &Keys) -> Option<Chain> {
         let mut chains = self.s.chains.lock().expect("poisoned");
         match chains.get(&keys.lock) {
-            Some(c) if c.released => chains.remove(&keys.lock).map(|c| c.index),
+            Some(c) if c.released => chains.remove(&keys.lock),
             _ => None,
         }
     }
 
     /// Records our fast grant at `index` that read nobody else in line.
-    fn keep_chain(&self, keys: &Keys, index: u64) {
+    fn keep_chain(&self, keys: &Keys, index: u64, quiet: bool) {
         let mut chains = self.s.chains.lock().expect("poisoned");
         if chains.len() >= CONTENDED_MEMORY && !chains.contains_key(&keys.lock) {
             chains.clear();
@@ -860,6 +866,7 @@ impl ConsulSession {
         let chain = Chain {
             index,
             released: false,
+            quiet,
         };
         chains.insert(keys.lock.clone(), chain);
     }

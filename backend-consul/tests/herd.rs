@@ -202,9 +202,11 @@ async fn uncontended_cycle_is_two_requests() {
 }
 
 /// A repeat acquire skips its read only while nothing else was written
-/// since our last grant (its `.lock` lands two raft indexes after it): a
-/// write anywhere in between (here another client's lock) makes it read
-/// the lock, one request more. Counting requests shows both.
+/// since our last grant (its `.lock` lands two raft indexes after it), and
+/// only after a cycle that found the cluster that quiet: a write anywhere
+/// in between (here another client's lock) then makes it read the lock,
+/// one request more; with a write before every cycle (a busy cluster) the
+/// read stays in the acquire txn and every cycle is two requests.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn repeat_acquire_reads_only_after_other_writes() {
     let Some(h) = harness() else { return };
@@ -216,21 +218,27 @@ async fn repeat_acquire_reads_only_after_other_writes() {
         lock.try_acquire().await.unwrap().release().await.unwrap();
         ours.backend().requests_sent() - before
     };
-    cycle().await; // opens the session
-    cycle().await;
-    let mut quiet = Vec::new();
-    let mut after_write = Vec::new();
-    for _ in 0..10 {
-        quiet.push(cycle().await);
+    let write_elsewhere = || async {
         let g = other.lock("elsewhere").unwrap().acquire().await.unwrap();
         g.release().await.unwrap();
+    };
+    cycle().await; // opens the session
+    let mut after_write = Vec::new();
+    for _ in 0..10 {
+        cycle().await;
+        cycle().await; // a quiet cycle: the next one skips its read
+        write_elsewhere().await;
         after_write.push(cycle().await);
     }
-    // Other traffic (Consul's own) can also come in between: most, not all.
-    let twos = quiet.iter().filter(|n| **n == 2).count();
+    let mut busy = Vec::new();
+    for _ in 0..10 {
+        write_elsewhere().await;
+        busy.push(cycle().await);
+    }
+    eprintln!("requests per cycle after a write: {after_write:?}, busy: {busy:?}");
+    // Consul's own writes may also come in between: most, not all.
     let threes = after_write.iter().filter(|n| **n == 3).count();
-    eprintln!("requests per cycle, quiet: {quiet:?}, after a write: {after_write:?}");
-    assert!(twos >= 7, "quiet repeat cycles: {quiet:?}");
-    assert_eq!(threes, 10, "cycles after another write: {after_write:?}");
+    assert!(threes >= 7, "cycles after another write: {after_write:?}");
+    assert!(busy[1..].iter().all(|n| *n == 2), "busy cycles: {busy:?}");
     case.finish().await;
 }

@@ -1034,6 +1034,27 @@ pub async fn semaphore_one_permit_per_client(h: &Harness) {
     case.finish().await;
 }
 
+/// A reader that comes between a client's repeated mutex cycles excludes
+/// its next acquire (a backend that infers "still alone" from its last
+/// cycles must see the reader).
+pub async fn rw_reader_between_repeated_mutex_cycles(h: &Harness) {
+    let case = h.case();
+    let (a, b) = (case.client().await, case.client().await);
+    let lock = a.lock("again").unwrap();
+    for _ in 0..4 {
+        lock.try_acquire().await.unwrap().release().await.unwrap();
+    }
+    let r = read(&b, "again").await;
+    assert_kind(
+        lock.try_acquire().await,
+        ErrorKind::WouldBlock,
+        "mutex beside a reader",
+    );
+    r.release().await.unwrap();
+    lock.try_acquire().await.unwrap().release().await.unwrap();
+    case.finish().await;
+}
+
 /// A mutex and the readers of a read-write lock on one name exclude each
 /// other (a mutex counts as a writer): `quorumlock lock` and
 /// `quorumlock lock --shared` on one name rely on it.

@@ -72,7 +72,8 @@ macro_rules! rwlock_suite {
                 rw_writer_not_starved_by_readers,
                 rw_downgrade_allowed_upgrade_refused,
                 rw_owners_in_one_client,
-                rw_mutex_and_readers_exclude
+                rw_mutex_and_readers_exclude,
+                rw_reader_between_repeated_mutex_cycles
             );
             mod write_side {
                 use super::*;
