@@ -190,17 +190,17 @@ impl Api {
         let http = b.build().map_err(|e| {
             Error::new(ErrorKind::Internal, "building the HTTP client failed").with_source(e)
         })?;
-        let mut api = Api {
+        let base = config.agent_url()?;
+        let dc = config.datacenter.clone();
+        Ok(Api {
             http,
-            base: config.agent_url()?,
-            txn_url: config.agent_url()?,
+            txn_url: endpoint(&base, dc.as_deref(), "v1/txn"),
+            base,
             token: config.token.clone(),
-            dc: config.datacenter.clone(),
+            dc,
             requests: AtomicU64::new(0),
             in_flight: Semaphore::new(MAX_IN_FLIGHT),
-        };
-        api.txn_url = api.url("v1/txn");
-        Ok(api)
+        })
     }
 
     /// Requests sent so far.
@@ -209,13 +209,7 @@ impl Api {
     }
 
     fn url(&self, path: &str) -> Url {
-        // Keys use only [A-Za-z0-9-_.:/] (lock names, namespaces and
-        // session UUIDs are validated), so they go into the path as-is.
-        let mut u = self.base.join(path).unwrap_or_else(|_| self.base.clone());
-        if let Some(dc) = &self.dc {
-            u.query_pairs_mut().append_pair("dc", dc);
-        }
-        u
+        endpoint(&self.base, self.dc.as_deref(), path)
     }
 
     fn request(&self, method: reqwest::Method, u: Url) -> reqwest::RequestBuilder {
@@ -406,6 +400,17 @@ impl Api {
             _ => Err(ApiError::Status { code, body: text }),
         }
     }
+}
+
+/// `path` on the agent at `base`, in datacenter `dc` if given. Keys use
+/// only [A-Za-z0-9-_.:/] (lock names, namespaces and session UUIDs are
+/// validated), so they go into the path as-is.
+fn endpoint(base: &Url, dc: Option<&str>, path: &str) -> Url {
+    let mut u = base.join(path).unwrap_or_else(|_| base.clone());
+    if let Some(dc) = dc {
+        u.query_pairs_mut().append_pair("dc", dc);
+    }
+    u
 }
 
 /// KV txn ops for [`Api::txn`], serialized as `{"KV": {"Verb": ..}}`

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lockcore::{
-    finish_on_drop, AcquireRequest, Acquired, EntrySignals, Error, ErrorKind, LockKind, LossReason,
-    Result, SessionLiveness, StoreSession, HELD_WATCH_DELAY,
+    finish_on_drop, AcquireRequest, Acquired, EntrySignals, Error, ErrorKind, GrantMemory,
+    LockKind, LossReason, Result, SessionLiveness, StoreSession, HELD_WATCH_DELAY,
 };
 use serde_json::json;
 use tokio::sync::Notify;
@@ -67,32 +67,23 @@ struct Shared {
     /// Tokens of mutexes held through the fast path: they have no queue
     /// key, so their release is `.lock` and its revoke marker only.
     fast_held: Mutex<std::collections::HashSet<u64>>,
-    /// Per mutex (`.lock` key), what lets the next fast acquire skip its
-    /// read: see [`Chain`]. At most [`CONTENDED_MEMORY`] entries.
-    chains: Mutex<HashMap<String, Chain>>,
-}
-
-/// Proof, carried from one fast cycle of a mutex to the next, that
-/// nobody else is about, so that a repeat acquire is `check-not-exists` +
-/// `lock` without the `get-tree` (like the floor's single `lock`).
-///
-/// Every Consul write is one raft entry and takes the next raft index,
-/// which a written key shows as its `ModifyIndex`. If our grant at index
-/// `i` read a lock with nobody else in line, our release was one txn, and
-/// our next `.lock` is written at `i + 2`, the one entry in between was
-/// our release: nothing else was written anywhere, so still nobody else
-/// is in line. Any other index (a write anywhere in the cluster) makes the
-/// acquire read the lock after all, one more request; so the read is
-/// skipped only after a cycle that found the cluster that quiet (its
-/// grant two indexes after the one before), and a busy cluster keeps
-/// the read in the acquire txn instead of paying for it afterwards.
-struct Chain {
-    /// The index of our last fast grant whose txn read nobody else in line.
-    index: u64,
-    /// That grant was released by one successful txn.
-    released: bool,
-    /// That grant came two indexes after the one before it.
-    quiet: bool,
+    /// Per mutex (`.lock` key), our fast grants (by index) whose txn read
+    /// nobody else in line, and whether each came two indexes after the
+    /// one before. At most [`CONTENDED_MEMORY`] mutexes.
+    ///
+    /// They let a repeat fast acquire leave out its `get-tree` (like the
+    /// floor's single `lock`). Every Consul write is one raft entry and
+    /// takes the next raft index, which a written key shows as its
+    /// `ModifyIndex`. If our grant at index `i` read a lock with nobody
+    /// else in line, our release was one txn, and our next `.lock` is
+    /// written at `i + 2`, the one entry in between was our release:
+    /// nothing else was written anywhere, so still nobody else is in line.
+    /// Any other index (a write anywhere in the cluster) makes the acquire
+    /// read the lock after all, one more request; so the read is left out
+    /// only after a cycle that found the cluster that quiet (its grant two
+    /// indexes after the one before), and a busy cluster keeps the read in
+    /// the acquire txn instead of paying for it afterwards.
+    lone_grants: GrantMemory<bool>,
 }
 
 /// Held locks that the monitor watches, and the index and key prefix of
@@ -268,7 +259,7 @@ impl ConsulSession {
             ops: Mutex::new(HashMap::new()),
             contended: Mutex::new(Default::default()),
             fast_held: Mutex::new(Default::default()),
-            chains: Mutex::new(HashMap::new()),
+            lone_grants: GrantMemory::new(CONTENDED_MEMORY),
         });
         tokio::spawn(keepalive(s.clone()));
         tokio::spawn(monitor(s.clone()));
@@ -492,7 +483,7 @@ impl StoreSession for ConsulSession {
                     if v.revoke.is_none() {
                         self.s.fast_held.lock().expect("poisoned").insert(token);
                         if let Some(quiet) = at_grant {
-                            self.keep_chain(&keys, token, quiet);
+                            self.s.lone_grants.keep(&keys.lock, token, quiet);
                         }
                     }
                     self.watch(&keys, token, &req.signals);
@@ -732,11 +723,8 @@ impl StoreSession for ConsulSession {
             ops.extend([op::delete(&qkey), op::get_tree(&keys.tree)]);
         }
         let released = self.write(&keys, ops, "releasing").await;
-        self.chain_released(
-            &keys,
-            held.token,
-            fast && matches!(released, Ok(Txn::Done(_))),
-        );
+        let one_txn = fast && matches!(released, Ok(Txn::Done(_)));
+        self.s.lone_grants.released(&keys.lock, held.token, one_txn);
         match released? {
             Txn::Done(results) => {
                 if !fast {
@@ -797,7 +785,8 @@ impl ConsulSession {
     }
 
     /// The one-txn acquire of a free mutex: `check-not-exists` of `.lock`,
-    /// `lock` of `.lock`, `get-tree` (no `get-tree` on a [`Chain`]).
+    /// `lock` of `.lock`, `get-tree` (none after a quiet cycle: see
+    /// `Shared::lone_grants`).
     /// `None`: rolled back (not free), nothing written. The view it
     /// returns has `.lock` at our token, and no queue key of ours: the fast
     /// holder has none (a queue key is only for waiting, and the write
@@ -810,13 +799,13 @@ impl ConsulSession {
         keys: &Keys,
         record: Record,
     ) -> Result<Option<(View, Option<bool>)>> {
-        let last = self.take_chain(keys);
-        let chain = last.as_ref().filter(|c| c.quiet).map(|c| c.index);
+        let last = self.s.lone_grants.take_released(&keys.lock);
+        let skip_read = last.filter(|(_, quiet)| *quiet).map(|(index, _)| index);
         let mut ops = vec![
             op::check_not_exists(&keys.lock),
             op::lock(&keys.lock, &self.s.id, LOCK_FLAGS, &record.encode()),
         ];
-        if chain.is_none() {
+        if skip_read.is_none() {
             ops.push(op::get_tree(&keys.tree));
         }
         let results = match self.write(keys, ops, "taking a free lock").await {
@@ -831,8 +820,8 @@ impl ConsulSession {
             .iter()
             .find(|e| e.key == keys.lock)
             .map(|e| e.modify_index);
-        let quiet = last.is_some_and(|c| token == Some(c.index + 2));
-        if chain.is_none() {
+        let quiet = last.is_some_and(|(index, _)| token == Some(index + 2));
+        if skip_read.is_none() {
             let v = View::from_entries(keys, read_after_lock(results));
             return Ok(Some((v, Some(quiet))));
         }
@@ -846,42 +835,6 @@ impl ConsulSession {
         v.queue.retain(|e| e.create_index < token);
         v.rw.retain(|e| e.create_index < token);
         Ok(Some((v, None)))
-    }
-
-    /// Takes the [`Chain`] of the mutex of `keys` if its grant was released.
-    fn take_chain(&self, keys: &Keys) -> Option<Chain> {
-        let mut chains = self.s.chains.lock().expect("poisoned");
-        match chains.get(&keys.lock) {
-            Some(c) if c.released => chains.remove(&keys.lock),
-            _ => None,
-        }
-    }
-
-    /// Records our fast grant at `index` that read nobody else in line.
-    fn keep_chain(&self, keys: &Keys, index: u64, quiet: bool) {
-        let mut chains = self.s.chains.lock().expect("poisoned");
-        if chains.len() >= CONTENDED_MEMORY && !chains.contains_key(&keys.lock) {
-            chains.clear();
-        }
-        let chain = Chain {
-            index,
-            released: false,
-            quiet,
-        };
-        chains.insert(keys.lock.clone(), chain);
-    }
-
-    /// After the release of our grant at `token`: whether it was one
-    /// successful txn (the chain holds) or not (it ends).
-    fn chain_released(&self, keys: &Keys, token: u64, one_txn: bool) {
-        let mut chains = self.s.chains.lock().expect("poisoned");
-        match chains.get_mut(&keys.lock) {
-            Some(c) if c.index == token && one_txn => c.released = true,
-            Some(c) if c.index == token => {
-                chains.remove(&keys.lock);
-            }
-            _ => {}
-        }
     }
 
     /// Reads `P/` (blocking past `index` if it is not 0).

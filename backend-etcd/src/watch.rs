@@ -242,13 +242,7 @@ async fn run(
                 }
                 Some(Cmd::Cancel(id)) => {
                     if subs.remove(&id).is_some() {
-                        if let Some(s) = &mut stream {
-                            requests.fetch_add(1, Ordering::Relaxed);
-                            if s.sender.cancel(id).await.is_err() {
-                                stream = None;
-                                reopen_at = Some(Instant::now() + backoff);
-                            }
-                        }
+                        cancel(&mut stream, &mut reopen_at, backoff, &requests, id).await;
                     }
                 }
             },
@@ -257,13 +251,7 @@ async fn run(
                     backoff = FIRST_RETRY;
                     if let Some(id) = dispatch(resp, &mut subs) {
                         // The sink is done with it: cancel on the stream too.
-                        if let Some(s) = &mut stream {
-                            requests.fetch_add(1, Ordering::Relaxed);
-                            if s.sender.cancel(id).await.is_err() {
-                                stream = None;
-                                reopen_at = Some(Instant::now() + backoff);
-                            }
-                        }
+                        cancel(&mut stream, &mut reopen_at, backoff, &requests, id).await;
                     }
                 }
                 Ok(None) | Err(_) => {
@@ -299,6 +287,24 @@ async fn run(
 }
 
 /// Creates watch `id` on the stream now, or keeps it for the next stream.
+/// Cancels watch `id` on the stream, if it is up; a failed send drops the
+/// stream, to be opened again after `backoff`.
+async fn cancel(
+    stream: &mut Option<Stream>,
+    reopen_at: &mut Option<Instant>,
+    backoff: Duration,
+    requests: &AtomicU64,
+    id: i64,
+) {
+    if let Some(s) = stream {
+        requests.fetch_add(1, Ordering::Relaxed);
+        if s.sender.cancel(id).await.is_err() {
+            *stream = None;
+            *reopen_at = Some(Instant::now() + backoff);
+        }
+    }
+}
+
 async fn start(
     stream: &mut Option<Stream>,
     subs: &mut HashMap<i64, Sub>,

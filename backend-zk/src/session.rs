@@ -11,8 +11,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::FutureExt;
 use lockcore::{
-    AcquireRequest, Acquired, DelayQueue, EntrySignals, Error, ErrorKind, LockKind, LossReason,
-    Result, SessionLiveness, StoreSession, HELD_WATCH_DELAY,
+    AcquireRequest, Acquired, DelayQueue, EntrySignals, Error, ErrorKind, GrantMemory, LockKind,
+    LossReason, Result, SessionLiveness, StoreSession, HELD_WATCH_DELAY,
 };
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -43,17 +43,18 @@ struct Inner {
     held: Mutex<HashMap<uuid::Uuid, HeldEntry>>,
     /// Tells the dispatcher to watch a newly held entry.
     arm: mpsc::UnboundedSender<uuid::Uuid>,
-    /// Per lock directory, what lets the next uncontended acquire skip the
-    /// listing. At most [`CHAINS_KEPT`].
-    chains: Mutex<HashMap<String, Chain>>,
+    /// Per lock directory, by the sequence number of our node when it was
+    /// the only child: what lets the next acquire skip the listing (see
+    /// [`ParentWatch`]). At most [`CHAINS_KEPT`].
+    chains: GrantMemory<Option<ParentWatch>>,
 }
 
-/// How many lock directories a session keeps a [`Chain`] for.
+/// How many lock directories a session remembers a lone grant for.
 const CHAINS_KEPT: usize = 256;
 
-/// What a repeat acquire of an uncontended lock needs to know that it is
-/// first without listing the children, so that its cycle is one create
-/// and one delete, like the floor.
+/// A repeat acquire of an uncontended lock knows that it is first without
+/// listing the children, so that its cycle is one create and one delete,
+/// like the floor.
 ///
 /// ZooKeeper numbers a sequential node with the count of children ever
 /// created under the parent (deletes do not count; the `cversion` it shows
@@ -63,18 +64,9 @@ const CHAINS_KEPT: usize = 256;
 /// That holds while the parent is the same node: a container parent is
 /// reaped once empty and may be created anew with a fresh count. A watch
 /// on the parent says so; the session state says whether a reconnect
-/// happened, after which events may arrive late.
-struct Chain {
-    /// The sequence number of our node when the directory had no other
-    /// child.
-    last_seq: i64,
-    /// That node was deleted by us (released): the next create may use this.
-    released: bool,
-    /// Armed on the second acquire, so that a lock taken once costs
-    /// no watch.
-    parent: Option<ParentWatch>,
-}
-
+/// happened, after which events may arrive late. The watch is armed on
+/// the second acquire, so that a lock taken once costs no watch.
+///
 /// A watch on a lock directory, and the session state since it was set.
 struct ParentWatch {
     fired: Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send>>,
@@ -98,7 +90,7 @@ impl ParentWatch {
 }
 
 /// The sequence number at the end of a contender node's name.
-fn sequence_of(node: &str) -> Option<i64> {
+fn sequence_of(node: &str) -> Option<u64> {
     let digits = node.len() - node.bytes().rev().take_while(u8::is_ascii_digit).count();
     node[digits..].parse().ok()
 }
@@ -106,7 +98,7 @@ fn sequence_of(node: &str) -> Option<i64> {
 /// A created contender node.
 struct Created {
     node: String,
-    seq: i64,
+    seq: u64,
     stat: zk::Stat,
     /// The children, when listed right behind the create (or looked up
     /// after a connection loss).
@@ -165,7 +157,7 @@ impl ZkSession {
             stop: CancellationToken::new(),
             held: Mutex::new(HashMap::new()),
             arm,
-            chains: Mutex::new(HashMap::new()),
+            chains: GrantMemory::new(CHAINS_KEPT),
         });
         let span = tracing::debug_span!("keepalive", session = %inner.id);
         tokio::spawn(keepalive(inner.clone()).instrument(span));
@@ -330,7 +322,7 @@ impl Inner {
                 Ok((stat, seq)) => {
                     return Ok(Created {
                         node: format!("{prefix}{seq}"),
-                        seq: seq.into_i64(),
+                        seq: seq.into_i64() as u64,
                         stat,
                         dir_czxid: listed.as_ref().map(|(_, st)| st.czxid),
                         listed: listed.map(|(children, _)| children),
@@ -358,7 +350,7 @@ impl Inner {
                                 {
                                     tracing::debug!(%node, "found our contender node after a connection loss");
                                     return Ok(Created {
-                                        seq: sequence_of(&node).unwrap_or(-1),
+                                        seq: sequence_of(&node).unwrap_or(u64::MAX),
                                         node,
                                         stat,
                                         listed: Some(children),
@@ -407,52 +399,6 @@ impl Inner {
             Ok(()) => Ok(true),
             Err(zk::Error::NoNode) => Ok(false),
             Err(e) => Err(map(e, "deleting our contender node")),
-        }
-    }
-}
-
-/// The [`Chain`] of each lock directory.
-impl Inner {
-    /// Takes the chain of `dir` if its last node was released (one that
-    /// another handle of ours still holds stays).
-    fn take_chain(&self, dir: &str) -> Option<Chain> {
-        let mut chains = self.chains.lock().expect("poisoned");
-        match chains.get(dir) {
-            Some(ch) if ch.released => chains.remove(dir),
-            _ => None,
-        }
-    }
-
-    /// Records that our node `seq` is the only child of `dir`.
-    fn keep_chain(&self, dir: &str, seq: i64, parent: Option<ParentWatch>) {
-        let mut chains = self.chains.lock().expect("poisoned");
-        if chains.len() >= CHAINS_KEPT && !chains.contains_key(dir) {
-            let evicted = chains.keys().next().cloned();
-            if let Some(k) = evicted {
-                chains.remove(&k);
-            }
-        }
-        let chain = Chain {
-            last_seq: seq,
-            released: false,
-            parent,
-        };
-        chains.insert(dir.to_string(), chain);
-    }
-
-    /// After our delete of `node`: its chain may be used by the next
-    /// acquire, if we deleted it (not a breaker).
-    fn chain_released(&self, node: &str, deleted: bool) {
-        let Some((dir, _)) = node.rsplit_once('/') else {
-            return;
-        };
-        let mut chains = self.chains.lock().expect("poisoned");
-        match chains.get_mut(dir) {
-            Some(ch) if deleted && Some(ch.last_seq) == sequence_of(node) => ch.released = true,
-            Some(ch) if Some(ch.last_seq) == sequence_of(node) => {
-                chains.remove(dir);
-            }
-            _ => {}
         }
     }
 
@@ -548,15 +494,15 @@ impl Inner {
     /// Mutex, read and write entries: one queue under the lock node,
     /// ordered by sequence number (Curator's mutex and read-write layouts).
     /// A repeat acquire of a lock we last found free sends only the create
-    /// (see [`Chain`]).
+    /// (see [`ParentWatch`]).
     async fn acquire_queue(&self, req: &AcquireRequest) -> Result<Acquired> {
         let role = Role::of(req.kind);
         let dir = self.shared.lock_dir(&req.name)?;
         let c = self.client()?;
-        let mut chain = self.take_chain(&dir);
+        let mut chain = self.chains.take_released(&dir);
         let repeat = chain
             .as_mut()
-            .and_then(|ch| ch.parent.as_mut())
+            .and_then(|(_, parent)| parent.as_mut())
             .is_some_and(ParentWatch::intact);
         // The second acquire arms the parent watch, sent before the create.
         let arming = match chain {
@@ -575,11 +521,11 @@ impl Inner {
         let mut listed = created.listed;
         let mut parent = None;
         match (chain, armed) {
-            (Some(mut ch), _) if repeat && listed.is_none() => {
-                let next = created.seq == ch.last_seq + 1;
-                if next && ch.parent.as_mut().is_some_and(ParentWatch::intact) {
+            (Some((last_seq, mut watch)), _) if repeat && listed.is_none() => {
+                let next = last_seq.checked_add(1) == Some(created.seq);
+                if next && watch.as_mut().is_some_and(ParentWatch::intact) {
                     listed = Some(vec![our_name.clone()]);
-                    parent = ch.parent;
+                    parent = watch;
                 }
             }
             (_, Some((czxid, watch))) if created.dir_czxid == Some(czxid) => parent = Some(watch),
@@ -611,7 +557,7 @@ impl Inner {
             };
             let Some(ahead) = backend::blocker(&sorted, index, role) else {
                 if alone {
-                    self.keep_chain(&dir, created.seq, parent.take());
+                    self.chains.keep(&dir, created.seq, parent.take());
                 }
                 self.watch_holder(node.clone(), req);
                 return Ok(Acquired {
@@ -988,7 +934,12 @@ impl StoreSession for ZkSession {
         self.inner.mark_released(&req.contender);
         let c = self.inner.client()?;
         let deleted = self.inner.delete(&c, &held.entry).await?;
-        self.inner.chain_released(&held.entry, deleted);
+        // Only a node we deleted ourselves lets the next acquire skip the
+        // listing (one a breaker deleted does not).
+        if let (Some((dir, _)), Some(seq)) = (held.entry.rsplit_once('/'), sequence_of(&held.entry))
+        {
+            self.inner.chains.released(dir, seq, deleted);
+        }
         Ok(())
     }
 

@@ -79,6 +79,87 @@ impl<T> DelayQueue<T> {
     }
 }
 
+/// Per lock, what a backend learned at a grant that lets the next acquire
+/// of the same lock skip a read (ZooKeeper: our node was the only child;
+/// Consul: nobody else was in line). It is kept from the grant to its
+/// release and handed to the next acquire only if that grant was released
+/// cleanly by us; anything else forgets it. Bounded: past `capacity`
+/// locks, one is forgotten.
+#[derive(Debug)]
+pub struct GrantMemory<P> {
+    capacity: usize,
+    grants: std::sync::Mutex<std::collections::HashMap<String, Remembered<P>>>,
+}
+
+#[derive(Debug)]
+struct Remembered<P> {
+    /// Which grant (a store's sequence number or index).
+    grant: u64,
+    proof: P,
+    released: bool,
+}
+
+impl<P> GrantMemory<P> {
+    /// An empty memory of at most `capacity` locks.
+    pub fn new(capacity: usize) -> Self {
+        GrantMemory {
+            capacity,
+            grants: Default::default(),
+        }
+    }
+
+    /// Remembers `proof` for `grant` of the lock `key`, held now.
+    pub fn keep(&self, key: &str, grant: u64, proof: P) {
+        let mut grants = self.grants.lock().expect("poisoned");
+        if grants.len() >= self.capacity && !grants.contains_key(key) {
+            let evicted = grants.keys().next().cloned();
+            if let Some(k) = evicted {
+                grants.remove(&k);
+            }
+        }
+        let released = false;
+        grants.insert(
+            key.to_string(),
+            Remembered {
+                grant,
+                proof,
+                released,
+            },
+        );
+    }
+
+    /// Whether `grant` of `key` is remembered and not released yet.
+    pub fn holds(&self, key: &str, grant: u64) -> bool {
+        let grants = self.grants.lock().expect("poisoned");
+        grants
+            .get(key)
+            .is_some_and(|r| r.grant == grant && !r.released)
+    }
+
+    /// After the release of `grant` of `key`: kept for the next acquire if
+    /// `cleanly` (our own release went through), else forgotten.
+    pub fn released(&self, key: &str, grant: u64, cleanly: bool) {
+        let mut grants = self.grants.lock().expect("poisoned");
+        match grants.get_mut(key) {
+            Some(r) if r.grant == grant && cleanly => r.released = true,
+            Some(r) if r.grant == grant => {
+                grants.remove(key);
+            }
+            _ => {}
+        }
+    }
+
+    /// The last grant of `key` and its proof, if it was released cleanly:
+    /// taken, so one acquire uses it. A grant still held stays.
+    pub fn take_released(&self, key: &str) -> Option<(u64, P)> {
+        let mut grants = self.grants.lock().expect("poisoned");
+        match grants.get(key) {
+            Some(r) if r.released => grants.remove(key).map(|r| (r.grant, r.proof)),
+            _ => None,
+        }
+    }
+}
+
 /// Runs `fut` to its end even if the caller stops waiting: it is polled in
 /// place, and if the returned future is dropped before `fut` is done, the
 /// rest of `fut` runs on a spawned task. For a store write whose outcome
@@ -415,6 +496,33 @@ mod tests {
         tokio::time::advance(Duration::from_millis(5)).await;
         assert_eq!(q.pop_due(), Some(2));
         assert!(q.is_empty());
+    }
+
+    #[test]
+    fn grant_memory_hands_over_only_cleanly_released_grants() {
+        let m = GrantMemory::new(2);
+        m.keep("a", 7, "proof");
+        assert!(m.holds("a", 7));
+        assert!(!m.holds("a", 6));
+        assert_eq!(m.take_released("a"), None, "still held");
+        m.released("a", 6, true); // another grant: ignored
+        assert!(m.holds("a", 7));
+        m.released("a", 7, true);
+        assert!(!m.holds("a", 7));
+        assert_eq!(m.take_released("a"), Some((7, "proof")));
+        assert_eq!(m.take_released("a"), None, "taken once");
+        m.keep("a", 8, "proof");
+        m.released("a", 8, false);
+        assert_eq!(m.take_released("a"), None, "not released cleanly");
+        for (k, g) in [("a", 1), ("b", 2), ("c", 3)] {
+            m.keep(k, g, "proof");
+            m.released(k, g, true);
+        }
+        let kept = ["a", "b", "c"]
+            .iter()
+            .filter(|k| m.take_released(k).is_some())
+            .count();
+        assert_eq!(kept, 2, "at most `capacity` locks");
     }
 
     #[tokio::test(start_paused = true)]
