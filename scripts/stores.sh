@@ -50,6 +50,9 @@ ALL_STORES=(zk etcd etcd35 consul)
 
 # Debian packages from the machine's own suite (bookworm).
 APT_PACKAGES=(zookeeper etcd-server etcd-client protobuf-compiler libcurator-recipes-java)
+# The Curator interop test compiles its Java peer: a JDK, unless one is there
+# (zookeeper pulls in only a JRE).
+command -v javac >/dev/null || APT_PACKAGES+=(default-jdk-headless)
 
 # Binaries unpacked from other suites (see fetch_foreign).
 TRIXIE_DIR=$CACHE/apt-trixie

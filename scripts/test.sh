@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # test.sh — the whole test run, on a fresh machine or a used one:
-# installs what is missing (stores, protoc, Curator), starts real ZooKeeper,
+# installs what is missing (stores, protoc, Curator, a JDK), starts real ZooKeeper,
 # etcd 3.4, etcd 3.5 and Consul on loopback, runs formatting, lints, every
 # test of the workspace against them (skipping is an error), the docs and
 # the quickstart on every store, and stops the stores even on failure.
