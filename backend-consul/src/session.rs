@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lockcore::{
-    finish_on_drop, AcquireRequest, Acquired, EntrySignals, Error, ErrorKind, GrantMemory,
-    LockKind, LossReason, Result, SessionLiveness, StoreSession, HELD_WATCH_DELAY,
+    finish_on_drop, AcquireRequest, Acquired, EntrySignals, Error, ErrorKind, LastGrant, LockKind,
+    LossReason, QuietGrants, Result, SessionLiveness, StoreSession, HELD_WATCH_DELAY,
 };
 use serde_json::json;
 use tokio::sync::Notify;
@@ -67,23 +67,23 @@ struct Shared {
     /// Tokens of mutexes held through the fast path: they have no queue
     /// key, so their release is `.lock` and its revoke marker only.
     fast_held: Mutex<std::collections::HashSet<u64>>,
-    /// Per mutex (`.lock` key), our fast grants (by index) whose txn read
-    /// nobody else in line, and whether each came two indexes after the
-    /// one before. At most [`CONTENDED_MEMORY`] mutexes.
-    ///
-    /// They let a repeat fast acquire leave out its `get-tree` (like the
-    /// floor's single `lock`). Every Consul write is one raft entry and
-    /// takes the next raft index, which a written key shows as its
-    /// `ModifyIndex`. If our grant at index `i` read a lock with nobody
-    /// else in line, our release was one txn, and our next `.lock` is
-    /// written at `i + 2`, the one entry in between was our release:
-    /// nothing else was written anywhere, so still nobody else is in line.
-    /// Any other index (a write anywhere in the cluster) makes the acquire
-    /// read the lock after all, one more request; so the read is left out
-    /// only after a cycle that found the cluster that quiet (its grant two
-    /// indexes after the one before), and a busy cluster keeps the read in
-    /// the acquire txn instead of paying for it afterwards.
-    lone_grants: GrantMemory<bool>,
+    /// Per mutex (`.lock` key), our last fast grant (by index) whose txn
+    /// read nobody else in line: after a quiet cycle the next fast acquire
+    /// leaves out its `get-tree`, like the floor's single `lock` (see
+    /// [`QuietGrants`]; every Consul write is one raft entry, and a
+    /// written key shows its index as `ModifyIndex`). At most
+    /// [`CONTENDED_MEMORY`] mutexes.
+    lone_grants: QuietGrants,
+}
+
+/// What [`ConsulSession::try_fast`] found when it took the lock.
+struct FastTry {
+    view: View,
+    /// The view is the lock at the grant (not a read after it): a grant
+    /// that finds nobody in line is remembered in `Shared::lone_grants`.
+    at_grant: bool,
+    /// What the acquire took from `lone_grants`.
+    last: Option<LastGrant>,
 }
 
 /// Held locks that the monitor watches, and the index and key prefix of
@@ -259,7 +259,7 @@ impl ConsulSession {
             ops: Mutex::new(HashMap::new()),
             contended: Mutex::new(Default::default()),
             fast_held: Mutex::new(Default::default()),
-            lone_grants: GrantMemory::new(CONTENDED_MEMORY),
+            lone_grants: QuietGrants::new(CONTENDED_MEMORY),
         });
         tokio::spawn(keepalive(s.clone()));
         tokio::spawn(monitor(s.clone()));
@@ -473,7 +473,12 @@ impl StoreSession for ConsulSession {
         } else {
             self.try_fast(req, &keys, record()).await?
         };
-        if let Some((v, at_grant)) = tried {
+        if let Some(FastTry {
+            view: v,
+            at_grant,
+            last,
+        }) = tried
+        {
             let ahead = !v.line(&keys).is_empty();
             let token = v.lock.as_ref().map(|l| l.modify_index);
             match token {
@@ -482,8 +487,8 @@ impl StoreSession for ConsulSession {
                     // with our release, as a queued holder's does.
                     if v.revoke.is_none() {
                         self.s.fast_held.lock().expect("poisoned").insert(token);
-                        if let Some(quiet) = at_grant {
-                            self.s.lone_grants.keep(&keys.lock, token, quiet);
+                        if at_grant {
+                            self.s.lone_grants.keep(&keys.lock, last, token);
                         }
                     }
                     self.watch(&keys, token, &req.signals);
@@ -790,22 +795,20 @@ impl ConsulSession {
     /// `None`: rolled back (not free), nothing written. The view it
     /// returns has `.lock` at our token, and no queue key of ours: the fast
     /// holder has none (a queue key is only for waiting, and the write
-    /// costs a tenth of the cycle). With it, if the view is the lock at
-    /// the grant (not a read after it), whether the grant came two
-    /// indexes after our last one.
+    /// costs a tenth of the cycle).
     async fn try_fast(
         &self,
         req: &AcquireRequest,
         keys: &Keys,
         record: Record,
-    ) -> Result<Option<(View, Option<bool>)>> {
-        let last = self.s.lone_grants.take_released(&keys.lock);
-        let skip_read = last.filter(|(_, quiet)| *quiet).map(|(index, _)| index);
+    ) -> Result<Option<FastTry>> {
+        let last = self.s.lone_grants.take(&keys.lock);
+        let skip_read = last.is_some_and(|l| l.quiet);
         let mut ops = vec![
             op::check_not_exists(&keys.lock),
             op::lock(&keys.lock, &self.s.id, LOCK_FLAGS, &record.encode()),
         ];
-        if skip_read.is_none() {
+        if !skip_read {
             ops.push(op::get_tree(&keys.tree));
         }
         let results = match self.write(keys, ops, "taking a free lock").await {
@@ -820,13 +823,17 @@ impl ConsulSession {
             .iter()
             .find(|e| e.key == keys.lock)
             .map(|e| e.modify_index);
-        let quiet = last.is_some_and(|(index, _)| token == Some(index + 2));
-        if skip_read.is_none() {
+        let at_grant = |view| FastTry {
+            view,
+            at_grant: true,
+            last,
+        };
+        if !skip_read {
             let v = View::from_entries(keys, read_after_lock(results));
-            return Ok(Some((v, Some(quiet))));
+            return Ok(Some(at_grant(v)));
         }
-        if quiet {
-            return Ok(Some((View::from_entries(keys, results), Some(true))));
+        if last.zip(token).is_some_and(|(l, t)| l.alone_at(t)) {
+            return Ok(Some(at_grant(View::from_entries(keys, results))));
         }
         // Something else was written meanwhile: read the lock. Entries
         // made after our grant are behind us.
@@ -834,7 +841,11 @@ impl ConsulSession {
         let mut v = read_view(&self.s.backend.api, keys).await?;
         v.queue.retain(|e| e.create_index < token);
         v.rw.retain(|e| e.create_index < token);
-        Ok(Some((v, None)))
+        Ok(Some(FastTry {
+            view: v,
+            at_grant: false,
+            last,
+        }))
     }
 
     /// Reads `P/` (blocking past `index` if it is not 0).

@@ -218,6 +218,23 @@ impl Inner {
         .await
     }
 
+    /// A plain put of `key` under `lease`: the repeat acquire of
+    /// [`EtcdSession`] (see `EtcdSession::lone_grants`).
+    pub(crate) async fn put(
+        &self,
+        what: &str,
+        key: &str,
+        value: &str,
+        lease: i64,
+    ) -> Result<etcd_client::PutResponse> {
+        self.call(what, || {
+            let mut kv = self.client.kv_client();
+            let opts = PutOptions::new().with_lease(lease);
+            async move { kv.put(key, value, Some(opts)).await }
+        })
+        .await
+    }
+
     pub(crate) async fn get(
         &self,
         what: &str,

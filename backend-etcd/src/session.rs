@@ -13,8 +13,8 @@ use etcd_client::{
     WatchFilterType,
 };
 use lockcore::{
-    AcquireRequest, Acquired, EntrySignals, Error, ErrorKind, LockKind, LossReason, Result,
-    SessionLiveness, StoreSession,
+    AcquireRequest, Acquired, EntrySignals, Error, ErrorKind, LockKind, LossReason, QuietGrants,
+    Result, SessionLiveness, StoreSession,
 };
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -31,7 +31,18 @@ pub(crate) struct EtcdSession {
     lease: i64,
     liveness: Arc<SessionLiveness>,
     stop: CancellationToken,
+    /// Per lock prefix, our last grant that found no other contender (by
+    /// the revision that created our key): after a quiet cycle the next
+    /// acquire is one plain put, like the floor, instead of Go's txn with
+    /// its reads (see [`QuietGrants`]). A put at any other revision than
+    /// two past the grant sends the acquire on to the enqueue txn, which
+    /// finds the key the put made and reads the lock. At most
+    /// [`LONE_GRANTS_KEPT`] prefixes.
+    lone_grants: QuietGrants,
 }
+
+/// How many lock prefixes a session remembers a lone grant for.
+const LONE_GRANTS_KEPT: usize = 1024;
 
 impl fmt::Debug for EtcdSession {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -81,6 +92,7 @@ impl EtcdSession {
             lease: id,
             liveness,
             stop,
+            lone_grants: QuietGrants::new(LONE_GRANTS_KEPT),
         })
     }
 
@@ -112,6 +124,27 @@ impl EtcdSession {
             token,
         };
         held.subscribe(from, true);
+    }
+
+    /// The grant of our key `key` created at `token`, known at revision
+    /// `rev`: watches it from `rev + 1` and passes on a revoke request
+    /// made while we waited.
+    fn granted(
+        &self,
+        req: &AcquireRequest,
+        key: String,
+        token: i64,
+        rev: i64,
+        revoked: bool,
+    ) -> Acquired {
+        self.watch_held(req, key.clone(), token, rev + 1);
+        if revoked {
+            req.signals.request_revoke();
+        }
+        Acquired {
+            token: token as u64,
+            entry: key,
+        }
     }
 
     /// Runs a read-only or idempotent txn, retrying connection trouble
@@ -447,6 +480,27 @@ impl StoreSession for EtcdSession {
         let pfx = self.inner.lock_prefix(&req.name);
         let pfx_slash = format!("{pfx}/");
         let key = layout::key(&pfx, kind, self.lease, &req.contender);
+        let value = layout::value(kind, SystemTime::now());
+
+        let last = self.lone_grants.take(&pfx);
+        if last.is_some_and(|l| l.quiet) {
+            // After a quiet cycle: one plain put (see `lone_grants`).
+            match self.inner.put("enqueue", &key, &value, self.lease).await {
+                Ok(r) => {
+                    let rev = r.header().map_or(0, |h| h.revision());
+                    if last.is_some_and(|l| l.alone_at(rev as u64)) {
+                        self.lone_grants.keep(&pfx, last, rev as u64);
+                        return Ok(self.granted(req, key, rev, rev, false));
+                    }
+                    // Something else was written meanwhile: the enqueue
+                    // txn below finds our key and reads the lock.
+                    tracing::trace!(lock = %req.name, "a write since our last cycle");
+                }
+                // Unknown outcome: the enqueue txn finds out.
+                Err(e) if e.kind() == ErrorKind::Connection && req.wait => {}
+                Err(e) => return Err(e),
+            }
+        }
 
         // One txn: create our key if it does not exist (else read it), read
         // the oldest contender (for the kind check), and what we would
@@ -457,7 +511,7 @@ impl StoreSession for EtcdSession {
         let mut then = vec![
             TxnOp::put(
                 key.clone(),
-                layout::value(kind, SystemTime::now()),
+                value,
                 Some(PutOptions::new().with_lease(self.lease)),
             ),
             TxnOp::get(pfx_slash.clone(), Some(first_created().with_limit(1))),
@@ -480,12 +534,16 @@ impl StoreSession for EtcdSession {
             self.inner.txn("enqueue", txn).await?
         };
         let mut rev = header_revision(&resp);
-        let mut first = None;
+        let mut revoked = false;
         let my_rev = if resp.succeeded() {
             rev
         } else {
+            // Our key was there (a retried txn, or the put above).
             match range_at(&resp, 0)?.kvs().first() {
-                Some(kv) => kv.create_revision(),
+                Some(kv) => {
+                    revoked = kv.mod_revision() > kv.create_revision();
+                    kv.create_revision()
+                }
                 None => return Err(Error::new(ErrorKind::Internal, "own key vanished in a txn")),
             }
         };
@@ -495,20 +553,20 @@ impl StoreSession for EtcdSession {
             .first_contender(&pfx_slash, range_at(&resp, 1)?.kvs(), first_created())
             .await?
             .filter(|o| o.create_revision() != my_rev);
-        if resp.succeeded() {
-            first = if first_is_enough {
-                // Not first: a try-acquire needs no more; a waiter reads
-                // its nearest predecessor below.
-                match &oldest {
-                    None => Some(Vec::new()),
-                    Some(o) if !req.wait => Some(vec![o.clone()]),
-                    Some(_) => None,
-                }
-            } else {
-                let kvs = range_at(&resp, 2)?;
-                Some(self.ahead(&pfx, kind, None, kvs.kvs(), &key, rev).await?)
-            };
-        }
+        let mut first = if first_is_enough {
+            // Not first: a try-acquire needs no more; a waiter reads
+            // its nearest predecessor below.
+            match &oldest {
+                None => Some(Vec::new()),
+                Some(o) if !req.wait => Some(vec![o.clone()]),
+                Some(_) => None,
+            }
+        } else if resp.succeeded() {
+            let kvs = range_at(&resp, 2)?;
+            Some(self.ahead(&pfx, kind, None, kvs.kvs(), &key, rev).await?)
+        } else {
+            None
+        };
         if let Some(o) = &oldest {
             let theirs = layout::kind_of(o);
             if layout::conflicts(theirs, kind) {
@@ -525,7 +583,6 @@ impl StoreSession for EtcdSession {
             }
         }
 
-        let mut revoked = false;
         loop {
             let ahead = match first.take() {
                 Some(a) => a,
@@ -596,17 +653,13 @@ impl StoreSession for EtcdSession {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
-        self.watch_held(req, key.clone(), my_rev, rev + 1);
-        if revoked {
-            req.signals.request_revoke();
+        if oldest.is_none() {
+            self.lone_grants.keep(&pfx, last, my_rev as u64);
         }
-        Ok(Acquired {
-            token: my_rev as u64,
-            entry: key,
-        })
+        Ok(self.granted(req, key, my_rev, rev, revoked))
     }
 
-    async fn release(&self, _req: &AcquireRequest, held: &Acquired) -> Result<()> {
+    async fn release(&self, req: &AcquireRequest, held: &Acquired) -> Result<()> {
         // Delete only the key we were granted (etcd #22082: never a newer
         // key of the same lease). The client layer has finished the
         // entry's signals, so its watch ignores this delete and ends.
@@ -617,8 +670,14 @@ impl StoreSession for EtcdSession {
                 held.token as i64,
             )])
             .and_then([TxnOp::delete(held.entry.clone(), None)]);
-        self.inner.txn("release", txn).await?;
-        Ok(())
+        let released = self.inner.txn("release", txn).await;
+        // A release that lands later than one past the grant had writes
+        // during the hold: the next acquire would miss, forget the grant.
+        let one_write = matches!(&released, Ok(r) if r.succeeded()
+            && u64::try_from(header_revision(r)).ok() == held.token.checked_add(1));
+        let pfx = self.inner.lock_prefix(&req.name);
+        self.lone_grants.released(&pfx, held.token, one_write);
+        released.map(|_| ())
     }
 
     async fn abandon(&self, req: &AcquireRequest) -> Result<()> {

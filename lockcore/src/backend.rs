@@ -81,7 +81,7 @@ impl<T> DelayQueue<T> {
 
 /// Per lock, what a backend learned at a grant that lets the next acquire
 /// of the same lock skip a read (ZooKeeper: our node was the only child;
-/// Consul: nobody else was in line). It is kept from the grant to its
+/// etcd and Consul: [`QuietGrants`]). It is kept from the grant to its
 /// release and handed to the next acquire only if that grant was released
 /// cleanly by us; anything else forgets it. Bounded: past `capacity`
 /// locks, one is forgotten.
@@ -157,6 +157,72 @@ impl<P> GrantMemory<P> {
             Some(r) if r.released => grants.remove(key).map(|r| (r.grant, r.proof)),
             _ => None,
         }
+    }
+}
+
+/// Per lock, our last grant that found nobody else in line, for a store
+/// whose every write takes the next number of one cluster-wide counter
+/// (etcd's revision, Consul's raft index): what lets a repeat acquire
+/// leave out its read, so that its cycle costs what the floor costs.
+///
+/// If our grant at `g` found nobody else in line, our release was one
+/// write, and our next entry is written at `g + 2`, the one write in
+/// between was our release: nothing else was written anywhere, so still
+/// nobody else is in line ([`LastGrant::alone_at`]). Any other number (a
+/// write anywhere in the cluster) makes the acquire read the lock after
+/// all, one request more; so the read is left out only after a cycle that
+/// found the cluster that quiet ([`LastGrant::quiet`]), and on a busy
+/// cluster the read stays in the acquire instead of following it.
+#[derive(Debug)]
+pub struct QuietGrants {
+    grants: GrantMemory<bool>,
+}
+
+/// A grant remembered by [`QuietGrants`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LastGrant {
+    /// The counter value of our entry at the grant.
+    pub grant: u64,
+    /// Whether that grant came two writes after the one before it (its
+    /// cycle's release and the grant were the only writes): the next
+    /// acquire then leaves out its read.
+    pub quiet: bool,
+}
+
+impl LastGrant {
+    /// Whether our new entry, written at `at`, is alone in line: the only
+    /// write since our grant was our release.
+    pub fn alone_at(&self, at: u64) -> bool {
+        self.grant.checked_add(2) == Some(at)
+    }
+}
+
+impl QuietGrants {
+    /// An empty memory of at most `capacity` locks.
+    pub fn new(capacity: usize) -> Self {
+        QuietGrants {
+            grants: GrantMemory::new(capacity),
+        }
+    }
+
+    /// The last grant of `key`, if it was released by one write of ours:
+    /// taken, so one acquire uses it.
+    pub fn take(&self, key: &str) -> Option<LastGrant> {
+        let (grant, quiet) = self.grants.take_released(key)?;
+        Some(LastGrant { grant, quiet })
+    }
+
+    /// Remembers our grant at `grant` of `key`, which found nobody else in
+    /// line; `last`: what this acquire took with [`QuietGrants::take`].
+    pub fn keep(&self, key: &str, last: Option<LastGrant>, grant: u64) {
+        let quiet = last.is_some_and(|l| l.alone_at(grant));
+        self.grants.keep(key, grant, quiet);
+    }
+
+    /// After the release of `grant` of `key`: remembered for the next
+    /// acquire only if `one_write` (our release went through as one write).
+    pub fn released(&self, key: &str, grant: u64, one_write: bool) {
+        self.grants.released(key, grant, one_write);
     }
 }
 
@@ -523,6 +589,43 @@ mod tests {
             .filter(|k| m.take_released(k).is_some())
             .count();
         assert_eq!(kept, 2, "at most `capacity` locks");
+    }
+
+    #[test]
+    fn quiet_grants_count_the_writes_between_two_grants() {
+        let m = QuietGrants::new(4);
+        assert_eq!(m.take("a"), None);
+        m.keep("a", None, 10);
+        m.released("a", 10, true);
+        let last = m.take("a").unwrap();
+        assert_eq!(
+            last,
+            LastGrant {
+                grant: 10,
+                quiet: false
+            }
+        );
+        assert!(last.alone_at(12), "grant, our release, our entry");
+        assert!(!last.alone_at(13), "one more write in between");
+        assert!(!last.alone_at(11));
+        m.keep("a", Some(last), 12);
+        m.released("a", 12, true);
+        let quiet = m.take("a").unwrap();
+        assert!(quiet.quiet, "the cycle from 10 to 12 was quiet");
+        m.keep("a", Some(quiet), 15);
+        m.released("a", 15, true);
+        assert!(
+            !m.take("a").unwrap().quiet,
+            "a write came between 12 and 15"
+        );
+        m.keep("a", None, 20);
+        m.released("a", 20, false);
+        assert_eq!(m.take("a"), None, "not released by one write");
+        assert!(!LastGrant {
+            grant: u64::MAX,
+            quiet: true
+        }
+        .alone_at(1));
     }
 
     #[tokio::test(start_paused = true)]

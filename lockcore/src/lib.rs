@@ -12,7 +12,7 @@ pub mod url;
 
 pub use backend::{
     finish_on_drop, AcquireRequest, Acquired, Backend, Capabilities, Contender, DelayQueue,
-    GrantMemory, LockKind, LockState, StoreSession, HELD_WATCH_DELAY,
+    GrantMemory, LastGrant, LockKind, LockState, QuietGrants, StoreSession, HELD_WATCH_DELAY,
 };
 pub use client::{Lock, LockClient, LockGuard, Reentry};
 pub use error::{Error, ErrorKind, Result};
