@@ -204,8 +204,11 @@ async fn scale(url: &str, count: usize) -> quorumlock::Result<Value> {
     let c = quorumlock::connect(url).await?;
     let ttl = c.backend().capabilities().session_ttl;
     let first = c.lock("scale/l0")?.acquire().await?;
+    // Counted from a few seconds after the last grant: the backends'
+    // watchers catch up with a burst of grants first (Consul's monitor
+    // spaces its reads of 10,000 held locks a second apart).
     let idle_requests = |c: LockClient| async move {
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
         let before = c.backend().requests_sent();
         tokio::time::sleep(ttl).await;
         c.backend().requests_sent() - before
