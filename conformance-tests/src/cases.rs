@@ -226,6 +226,30 @@ pub async fn try_acquire_when_held(h: &Harness) {
     case.finish().await;
 }
 
+/// Another client's holder that comes between a client's repeated cycles
+/// excludes its next try (a backend that infers "still alone" from its
+/// last cycles must see the holder), and the cycles go on after it.
+pub async fn holder_between_repeated_cycles(h: &Harness) {
+    let case = h.case();
+    let f = h.flavor();
+    let (a, b) = (case.client().await, case.client().await);
+    let ours = handle(f, &a, "again");
+    for _ in 0..4 {
+        ours.try_acquire().await.unwrap().release().await.unwrap();
+    }
+    let theirs = acquire(f, &b, "again").await;
+    assert_kind(
+        ours.try_acquire().await,
+        ErrorKind::WouldBlock,
+        "held by the other client",
+    );
+    theirs.release().await.unwrap();
+    for _ in 0..2 {
+        ours.try_acquire().await.unwrap().release().await.unwrap();
+    }
+    case.finish().await;
+}
+
 /// A timed acquire gives up near its deadline and removes its waiter.
 pub async fn timeout_bounds_and_no_leftover_waiter(h: &Harness) {
     let case = h.case();
@@ -1052,6 +1076,27 @@ pub async fn rw_reader_between_repeated_mutex_cycles(h: &Harness) {
     );
     r.release().await.unwrap();
     lock.try_acquire().await.unwrap().release().await.unwrap();
+    case.finish().await;
+}
+
+/// A client's read holds that shared the lock with another client's
+/// reader never let its writer in beside that reader, however quiet its
+/// cycles were.
+pub async fn rw_writer_after_reads_shared_with_another_client(h: &Harness) {
+    let case = h.case();
+    let (a, b) = (case.client().await, case.client().await);
+    let theirs = read(&b, "shared").await;
+    let rw = a.rwlock("shared").unwrap();
+    for _ in 0..4 {
+        rw.try_read().await.unwrap().release().await.unwrap();
+    }
+    assert_kind(
+        rw.try_write().await,
+        ErrorKind::WouldBlock,
+        "writer beside the other client's reader",
+    );
+    theirs.release().await.unwrap();
+    rw.try_write().await.unwrap().release().await.unwrap();
     case.finish().await;
 }
 

@@ -5,6 +5,7 @@ pub mod cases;
 pub mod faults;
 mod harness;
 pub mod herd;
+pub mod repeat;
 
 pub use harness::{BackendFactory, Case, Flavor, Harness};
 
@@ -16,6 +17,7 @@ macro_rules! for_each_case {
             exclusion_under_contention,
             tokens_strictly_increase,
             try_acquire_when_held,
+            holder_between_repeated_cycles,
             timeout_bounds_and_no_leftover_waiter,
             fifo_order_across_clients,
             reentrancy_by_guard,
@@ -47,6 +49,7 @@ macro_rules! for_each_flavored_case {
             local_owners_exclude_each_other,
             tokens_strictly_increase,
             try_acquire_when_held,
+            holder_between_repeated_cycles,
             timeout_bounds_and_no_leftover_waiter,
             fifo_order_across_clients,
             release_by_drop_and_by_release,
@@ -73,7 +76,8 @@ macro_rules! rwlock_suite {
                 rw_downgrade_allowed_upgrade_refused,
                 rw_owners_in_one_client,
                 rw_mutex_and_readers_exclude,
-                rw_reader_between_repeated_mutex_cycles
+                rw_reader_between_repeated_mutex_cycles,
+                rw_writer_after_reads_shared_with_another_client
             );
             mod write_side {
                 use super::*;
