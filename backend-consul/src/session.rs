@@ -823,27 +823,22 @@ impl ConsulSession {
             .iter()
             .find(|e| e.key == keys.lock)
             .map(|e| e.modify_index);
-        let at_grant = |view| FastTry {
-            view,
-            at_grant: true,
-            last,
+        let (view, at_grant) = if !skip_read {
+            (View::from_entries(keys, read_after_lock(results)), true)
+        } else if last.zip(token).is_some_and(|(l, t)| l.alone_at(t)) {
+            (View::from_entries(keys, results), true)
+        } else {
+            // Something else was written meanwhile: read the lock. Entries
+            // made after our grant are behind us.
+            let token = token.unwrap_or(u64::MAX);
+            let mut v = read_view(&self.s.backend.api, keys).await?;
+            v.queue.retain(|e| e.create_index < token);
+            v.rw.retain(|e| e.create_index < token);
+            (v, false)
         };
-        if !skip_read {
-            let v = View::from_entries(keys, read_after_lock(results));
-            return Ok(Some(at_grant(v)));
-        }
-        if last.zip(token).is_some_and(|(l, t)| l.alone_at(t)) {
-            return Ok(Some(at_grant(View::from_entries(keys, results))));
-        }
-        // Something else was written meanwhile: read the lock. Entries
-        // made after our grant are behind us.
-        let token = token.unwrap_or(u64::MAX);
-        let mut v = read_view(&self.s.backend.api, keys).await?;
-        v.queue.retain(|e| e.create_index < token);
-        v.rw.retain(|e| e.create_index < token);
         Ok(Some(FastTry {
-            view: v,
-            at_grant: false,
+            view,
+            at_grant,
             last,
         }))
     }

@@ -286,7 +286,6 @@ async fn run(
     }
 }
 
-/// Creates watch `id` on the stream now, or keeps it for the next stream.
 /// Cancels watch `id` on the stream, if it is up; a failed send drops the
 /// stream, to be opened again after `backoff`.
 async fn cancel(
@@ -305,6 +304,7 @@ async fn cancel(
     }
 }
 
+/// Creates watch `id` on the stream now, or keeps it for the next stream.
 async fn start(
     stream: &mut Option<Stream>,
     subs: &mut HashMap<i64, Sub>,

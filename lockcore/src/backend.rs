@@ -117,23 +117,14 @@ impl<P> GrantMemory<P> {
                 grants.remove(&k);
             }
         }
-        let released = false;
         grants.insert(
             key.to_string(),
             Remembered {
                 grant,
                 proof,
-                released,
+                released: false,
             },
         );
-    }
-
-    /// Whether `grant` of `key` is remembered and not released yet.
-    pub fn holds(&self, key: &str, grant: u64) -> bool {
-        let grants = self.grants.lock().expect("poisoned");
-        grants
-            .get(key)
-            .is_some_and(|r| r.grant == grant && !r.released)
     }
 
     /// After the release of `grant` of `key`: kept for the next acquire if
@@ -568,13 +559,10 @@ mod tests {
     fn grant_memory_hands_over_only_cleanly_released_grants() {
         let m = GrantMemory::new(2);
         m.keep("a", 7, "proof");
-        assert!(m.holds("a", 7));
-        assert!(!m.holds("a", 6));
         assert_eq!(m.take_released("a"), None, "still held");
         m.released("a", 6, true); // another grant: ignored
-        assert!(m.holds("a", 7));
+        assert_eq!(m.take_released("a"), None, "still held");
         m.released("a", 7, true);
-        assert!(!m.holds("a", 7));
         assert_eq!(m.take_released("a"), Some((7, "proof")));
         assert_eq!(m.take_released("a"), None, "taken once");
         m.keep("a", 8, "proof");

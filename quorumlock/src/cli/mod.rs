@@ -108,8 +108,8 @@ pub struct LockArgs {
 
     /// Session TTL: how long the store keeps the lock after this process
     /// stops renewing it. Sets the URL's `ttl` option (replacing a
-    /// `session_timeout` on zk://). Ranges: etcd 2s..24h, Consul 10s..24h, ZooKeeper as the
-    /// server allows (2..20 ticks).
+    /// `session_timeout` on zk://). Ranges: etcd 2s..24h, Consul
+    /// 10s..24h, ZooKeeper as the server allows (2..20 ticks).
     #[arg(long, value_name = "D", value_parser = parse_duration)]
     pub ttl: Option<Duration>,
 
@@ -273,10 +273,9 @@ pub fn store_url(url: &str, ttl: Option<Duration>) -> Result<String, Failure> {
     };
     let mut u = quorumlock::url::parse(url)?;
     // Every backend takes `ttl`; ZooKeeper's own name for it goes too.
-    let key = "ttl";
     let pairs: Vec<(String, String)> = u
         .query_pairs()
-        .filter(|(k, _)| k != key && k != "session_timeout")
+        .filter(|(k, _)| !matches!(k.as_ref(), "ttl" | "session_timeout"))
         .map(|(k, v)| (k.into_owned(), v.into_owned()))
         .collect();
     let ttl = if ttl.subsec_millis() == 0 {
@@ -287,7 +286,7 @@ pub fn store_url(url: &str, ttl: Option<Duration>) -> Result<String, Failure> {
     u.query_pairs_mut()
         .clear()
         .extend_pairs(pairs)
-        .append_pair(key, &ttl);
+        .append_pair("ttl", &ttl);
     Ok(u.to_string())
 }
 
