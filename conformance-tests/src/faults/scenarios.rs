@@ -17,6 +17,7 @@ use lockcore::{ErrorKind, LockClient, LockGuard};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+pub use super::cancel::{calls_return_within_bounds_on_a_dead_link, cancel_at_every_poll};
 use super::{chaos_budget, FaultTarget, FencedRegister, History, NetControl, NetMode, Row};
 
 /// The lock every scenario contends for.
