@@ -67,7 +67,10 @@ impl Wake for NotifyWaker {
 /// Polls `fut` at most `k` times, each poll after the first once the
 /// future has woken its waker (or [`IDLE`] passed); its output if it
 /// completed.
-async fn poll_times<F: Future + ?Sized>(mut fut: Pin<&mut F>, k: usize) -> Option<F::Output> {
+pub(crate) async fn poll_times<F: Future + ?Sized>(
+    mut fut: Pin<&mut F>,
+    k: usize,
+) -> Option<F::Output> {
     let wake = Arc::new(NotifyWaker(Notify::new()));
     let waker = Waker::from(wake.clone());
     for i in 0..k {

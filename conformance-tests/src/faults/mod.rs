@@ -34,6 +34,7 @@ use crate::{BackendFactory, Harness};
 
 mod cancel;
 pub mod cluster;
+pub mod explorer;
 mod history;
 mod proxy;
 mod register;
@@ -316,7 +317,8 @@ macro_rules! fault_suite {
             cancelled_acquires_under_contention,
             keepalive_delay_then_failure,
             cancel_at_every_poll,
-            calls_return_within_bounds_on_a_dead_link
+            calls_return_within_bounds_on_a_dead_link,
+            explore_random_schedules
         );
     };
 }
