@@ -25,13 +25,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lockcore::{ErrorKind, LockClient, LockGuard};
+use lockcore::{ErrorKind, LockClient, LockGuard, LossReason};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
 use super::cancel::poll_times;
-use super::{FaultTarget, FencedRegister, NetControl, NetMode, Row};
+use super::{FaultTarget, FencedRegister, NetControl, NetMode, OneShot, Row};
 
 /// The mutex names of a schedule.
 const MUTEXES: [&str; 2] = ["m0", "m1"];
@@ -118,6 +118,12 @@ pub struct FaultCounts {
     pub kills: u64,
     /// Futures dropped at a random await.
     pub drops: u64,
+    /// One answer lost after the store applied its request.
+    pub lost_answers: u64,
+    /// One request lost before it reached the store.
+    pub lost_requests: u64,
+    /// One request or one answer held back.
+    pub delayed_messages: u64,
 }
 
 /// The outcome of one schedule.
@@ -403,6 +409,12 @@ async fn hold(
     tokio::time::sleep(dwell).await;
     write(sh, &g);
     sh.log.end(id, Instant::now());
+    // A lost session stopped the belief at its local deadline
+    // (`is_held()` says false from then on), even if the watchdog task
+    // that fires `lost()` ran later.
+    if let (Some(LossReason::DeadlinePassed), Some(d)) = (g.loss(), g.deadline()) {
+        sh.log.end(id, d);
+    }
     watcher.abort();
     if rng.gen_bool(0.5) {
         let _ = g.release().await;
@@ -430,7 +442,29 @@ async fn nemesis(
         let net = &nets[ci];
         let length =
             Duration::from_millis(rng.gen_range(50..=(ttl.as_millis() as u64 * 3 / 2).max(100)));
-        match rng.gen_range(0..100) {
+        match rng.gen_range(0..130) {
+            100..=114 => {
+                if net.arm(OneShot::LoseAnswer) {
+                    n.lost_answers += 1;
+                }
+            }
+            115..=121 => {
+                if net.arm(OneShot::LoseRequest) {
+                    n.lost_requests += 1;
+                }
+            }
+            122..=129 => {
+                let d =
+                    Duration::from_millis(rng.gen_range(50..=(ttl.as_millis() as u64).max(100)));
+                let fault = if rng.gen_bool(0.5) {
+                    OneShot::DelayAnswer(d)
+                } else {
+                    OneShot::DelayRequest(d)
+                };
+                if net.arm(fault) {
+                    n.delayed_messages += 1;
+                }
+            }
             0..=19 => {
                 n.delay += 1;
                 net.set_mode(NetMode::Delay(Duration::from_millis(rng.gen_range(5..200))));
@@ -591,6 +625,9 @@ impl FaultCounts {
         self.revokes += o.revokes;
         self.kills += o.kills;
         self.drops += o.drops;
+        self.lost_answers += o.lost_answers;
+        self.lost_requests += o.lost_requests;
+        self.delayed_messages += o.delayed_messages;
     }
 
     fn total(&self) -> u64 {
@@ -602,6 +639,9 @@ impl FaultCounts {
             + self.revokes
             + self.kills
             + self.drops
+            + self.lost_answers
+            + self.lost_requests
+            + self.delayed_messages
     }
 }
 
@@ -609,7 +649,7 @@ impl std::fmt::Display for FaultCounts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "delay {} blackhole {} cut {} reset {} break {} revoke {} kill {} drop {}",
+            "delay {} blackhole {} cut {} reset {} break {} revoke {} kill {} drop {} lost-answer {} lost-request {} delayed-message {}",
             self.delay,
             self.blackhole,
             self.cut,
@@ -617,7 +657,10 @@ impl std::fmt::Display for FaultCounts {
             self.breaks,
             self.revokes,
             self.kills,
-            self.drops
+            self.drops,
+            self.lost_answers,
+            self.lost_requests,
+            self.delayed_messages
         )
     }
 }
