@@ -732,10 +732,11 @@ impl Backend for ZkBackend {
         liveness.confirm(started, timeout);
         if !liveness.is_alive() {
             // The connect took most of a timeout (hosts tried in turn):
-            // confirm with a fresh round trip.
+            // confirm with a fresh round trip through the leader (a read
+            // would be answered by a follower even when cut off from it).
             self.shared.count(1);
             let sent = Instant::now();
-            match client.check_stat("/").await {
+            match client.sync("/").await {
                 Ok(_) => liveness.confirm(sent, timeout),
                 Err(e) => return Err(map(e, "confirming a new session")),
             }

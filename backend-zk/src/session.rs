@@ -194,19 +194,22 @@ impl Inner {
         Instant::now()
     }
 
-    /// Any reply from the server proves the session was alive when the
-    /// request left: confirm the local deadline from the send time. Only
-    /// answers the server itself gives count; the library also fails
-    /// in-flight requests with errors of its own when a connection breaks
-    /// (`ConnectionLoss`, `Timeout`, I/O errors as `Custom`), and those
-    /// prove nothing. A terminal session error is a loss.
+    /// A reply to a request that the LEADER answered (a write, or a
+    /// `sync`) proves that the session was alive on the leader after the
+    /// request left: confirm the local deadline from the send time. A
+    /// follower forwards writes and syncs to the leader and answers them
+    /// only once the leader has, after applying every earlier commit
+    /// (a `closeSession` of our expired session included, which ends our
+    /// connection first). Answers to reads prove nothing (see
+    /// [`Inner::heard_read`]). Only answers the server itself gives count;
+    /// the library also fails in-flight requests with errors of its own
+    /// when a connection breaks (`ConnectionLoss`, `Timeout`, I/O errors
+    /// as `Custom`), and those prove nothing. A terminal session error is
+    /// a loss.
     fn heard<T>(&self, sent: Instant, r: &std::result::Result<T, zk::Error>) {
         use zk::Error as E;
         match r {
             Ok(_) => self.liveness.confirm(sent, self.timeout),
-            Err(E::SessionExpired | E::SessionMoved | E::AuthFailed) => {
-                self.liveness.lose(LossReason::SessionExpired)
-            }
             Err(
                 E::NoNode
                 | E::NodeExists
@@ -215,14 +218,26 @@ impl Inner {
                 | E::NoAuth
                 | E::NoChildrenForEphemerals,
             ) => self.liveness.confirm(sent, self.timeout),
-            Err(_) => {}
+            _ => self.heard_read(r),
+        }
+    }
+
+    /// A reply to a read: a follower answers it from its own copy, also
+    /// while it is cut off from the leader (until `syncLimit x tickTime`),
+    /// when the leader may already have expired our session and handed
+    /// our locks to others. So it never moves the deadline; only a
+    /// terminal session error counts (as a loss).
+    fn heard_read<T>(&self, r: &std::result::Result<T, zk::Error>) {
+        use zk::Error as E;
+        if let Err(E::SessionExpired | E::SessionMoved | E::AuthFailed) = r {
+            self.liveness.lose(LossReason::SessionExpired)
         }
     }
 
     async fn list(&self, c: &zk::Client, dir: &str) -> Result<Option<Vec<String>>> {
-        let sent = self.send(1);
+        self.send(1);
         let r = c.list_children(dir).await;
-        self.heard(sent, &r);
+        self.heard_read(&r);
         match r {
             Ok(children) => Ok(Some(children)),
             Err(zk::Error::NoNode) => Ok(None),
@@ -265,9 +280,9 @@ impl Inner {
     ) -> Result<Option<(String, zk::Stat)>> {
         for child in children.iter().filter(|n| n.starts_with(prefix_name)) {
             let path = format!("{dir}/{child}");
-            let sent = self.send(1);
+            self.send(1);
             let r = c.check_stat(&path).await;
-            self.heard(sent, &r);
+            self.heard_read(&r);
             match r {
                 Ok(Some(st)) if st.ephemeral_owner == self.id.0 => return Ok(Some((path, st))),
                 Ok(_) => {}
@@ -411,11 +426,11 @@ impl Inner {
         // Before the request: a reconnect from now on shows.
         let mut state = self.state.clone();
         state.state();
-        let sent = self.send(1);
+        self.send(1);
         let watch = c.check_and_watch_stat(dir);
         async move {
             let r = watch.await;
-            self.heard(sent, &r);
+            self.heard_read(&r);
             match r {
                 Ok((Some(st), watcher)) => {
                     let fired = Box::pin(watcher.changed());
@@ -464,9 +479,9 @@ impl Inner {
         backoff: &mut Duration,
         on_data: impl FnOnce(&[u8]) -> Result<()>,
     ) -> Result<()> {
-        let sent = self.send(1);
+        self.send(1);
         let r = c.get_and_watch_data(node).await;
-        self.heard(sent, &r);
+        self.heard_read(&r);
         match r {
             Ok((data, _, watcher)) => {
                 on_data(&data)?;
@@ -641,9 +656,9 @@ impl Inner {
         }
         // 2. We hold the internal mutex: check the kind and the permit
         // count before creating our lease.
-        let sent = self.send(2);
+        self.send(2);
         let (top, leases) = futures::join!(c.list_children(&dir), c.list_children(&leases_dir));
-        self.heard(sent, &top);
+        self.heard_read(&top);
         let top = top.map_err(|e| map(e, "listing the semaphore node"))?;
         let leases = match leases {
             Ok(l) => backend::sort_by_marker(l, backend::LEASE_MARKER),
@@ -661,9 +676,9 @@ impl Inner {
             if refuse.is_some() {
                 break;
             }
-            let sent = self.send(1);
+            self.send(1);
             let r = c.get_data(&format!("{leases_dir}/{lease}")).await;
-            self.heard(sent, &r);
+            self.heard_read(&r);
             match r {
                 Ok((d, _)) => match backend::parse_permits(&d) {
                     Some(p) if p != permits => {
@@ -704,9 +719,9 @@ impl Inner {
             let (children, watcher) = match listed.take() {
                 Some(ch) => (ch, None),
                 None => {
-                    let sent = self.send(1);
+                    self.send(1);
                     let r = c.list_and_watch_children(&leases_dir).await;
-                    self.heard(sent, &r);
+                    self.heard_read(&r);
                     match r {
                         Ok((ch, w)) => (ch, Some(w)),
                         Err(e) if !is_terminal(&e) && self.liveness.is_alive() => {
@@ -785,9 +800,9 @@ fn arm(inner: &Arc<Inner>, key: uuid::Uuid, attempt: u32) -> StepFuture {
         let Ok(c) = inner.client() else {
             return Step::Gone;
         };
-        let sent = inner.send(1);
+        inner.send(1);
         let r = c.get_and_watch_data(&node).await;
-        inner.heard(sent, &r);
+        inner.heard_read(&r);
         Step::Armed(key, attempt, r)
     })
 }
@@ -872,8 +887,9 @@ async fn watch_dispatcher(inner: Arc<Inner>, mut armed: mpsc::UnboundedReceiver<
     }
 }
 
-/// The one background task of a session: a light read every third of the
-/// negotiated timeout confirms the local deadline from its send time;
+/// The one background task of a session: a `sync` every third of the
+/// negotiated timeout, answered through the leader, confirms the local
+/// deadline from its send time;
 /// a terminal session state (expired, auth failed, closed) is a loss.
 async fn keepalive(inner: Arc<Inner>) {
     let mut state = inner.state.clone();
@@ -905,14 +921,15 @@ async fn keepalive(inner: Arc<Inner>) {
         let Ok(c) = inner.client() else { return };
         inner.shared.count_keepalive();
         let sent = Instant::now();
+        // A `sync`, not a read: the leader answers it (see `Inner::heard`).
         let r = tokio::select! {
-            r = c.check_stat("/") => r,
+            r = c.sync("/") => r,
             _ = inner.stop.cancelled() => return,
         };
         drop(c);
         inner.heard(sent, &r);
         if let Err(e) = r {
-            tracing::debug!(error = %e, "keepalive read failed");
+            tracing::debug!(error = %e, "keepalive sync failed");
         }
     }
 }
