@@ -619,25 +619,51 @@ impl ZkBackend {
             }
             let mut marked = false;
             for h in &state.holders {
-                // A lease keeps its permit count next to the marker.
-                let data = match h.kind {
-                    LockKind::Semaphore { permits } => {
-                        let mut d = REVOKE_MESSAGE.to_vec();
-                        d.push(b' ');
-                        d.extend(permits_data(permits));
-                        d
+                let done = match h.kind {
+                    LockKind::Semaphore { .. } => self.mark_lease(&c, &h.entry).await?,
+                    _ => {
+                        self.shared.count(1);
+                        match c.set_data(&h.entry, REVOKE_MESSAGE, None).await {
+                            Ok(_) => true,
+                            Err(zk::Error::NoNode) => false,
+                            Err(e) => return Err(map(e, "marking the holder's node for revoke")),
+                        }
                     }
-                    _ => REVOKE_MESSAGE.to_vec(),
                 };
-                self.shared.count(1);
-                match c.set_data(&h.entry, &data, None).await {
-                    Ok(_) => marked = true,
-                    Err(zk::Error::NoNode) => {}
-                    Err(e) => return Err(map(e, "marking the holder's node for revoke")),
-                }
+                marked |= done;
             }
             if marked {
                 return Ok(true);
+            }
+        }
+    }
+
+    /// Writes the revoke marker on a lease; whether the lease was there.
+    /// A lease keeps its permit count after the marker, but only a count
+    /// read from that lease's own data: `inspect` guesses the count when
+    /// only Curator's leases (whose data is a host address) are present,
+    /// and a guess written here would later be read back as a fact (a
+    /// semaphore of another count then failed with `Conflict`). The write
+    /// is conditional on the version read, so the count is the node's.
+    async fn mark_lease(&self, c: &zk::Client, lease: &str) -> Result<bool> {
+        loop {
+            self.shared.count(1);
+            let (data, stat) = match c.get_data(lease).await {
+                Ok(r) => r,
+                Err(zk::Error::NoNode) => return Ok(false),
+                Err(e) => return Err(map(e, "reading a lease")),
+            };
+            let mut marker = REVOKE_MESSAGE.to_vec();
+            if let Some(permits) = parse_permits(&data) {
+                marker.push(b' ');
+                marker.extend(permits_data(permits));
+            }
+            self.shared.count(1);
+            match c.set_data(lease, &marker, Some(stat.version)).await {
+                Ok(_) => return Ok(true),
+                Err(zk::Error::NoNode) => return Ok(false),
+                Err(zk::Error::BadVersion) => continue, // written meanwhile: read again
+                Err(e) => return Err(map(e, "marking a lease for revoke")),
             }
         }
     }
