@@ -76,6 +76,17 @@ fn invalid(name: &str, rule: &str) -> Error {
 }
 
 fn validate(name: &str) -> Result<()> {
+    validate_with(name, true)
+}
+
+/// Checks a namespace (the URL path) by the rules of a name, except rule 6:
+/// the namespace is the directory that lock nodes live in, never a child
+/// of a lock's node, so `app/locks` is a fine namespace.
+pub(crate) fn validate_namespace(path: &str) -> Result<()> {
+    validate_with(path, false)
+}
+
+fn validate_with(name: &str, reserve_layout_children: bool) -> Result<()> {
     if name.is_empty() {
         return Err(invalid(name, "it is empty"));
     }
@@ -134,7 +145,7 @@ fn validate(name: &str) -> Result<()> {
                     &format!("nested segment {seg:?} must start with a letter"),
                 ));
             }
-            if RESERVED_NESTED_SEGMENTS.contains(&seg) {
+            if reserve_layout_children && RESERVED_NESTED_SEGMENTS.contains(&seg) {
                 return Err(invalid(
                     name,
                     &format!(
@@ -249,6 +260,11 @@ mod tests {
             assert_eq!(e.kind(), ErrorKind::InvalidName, "{n}");
             assert!(e.to_string().contains(why), "{n}: {e}");
         }
+        // A namespace is no lock's child: only rule 6 is lifted.
+        validate_namespace("app/locks").unwrap();
+        validate_namespace("x/leases/y").unwrap();
+        let e = validate_namespace("app/.x").unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidName);
         let long = "a".repeat(MAX_NAME_LEN + 1);
         assert!(LockName::new(long)
             .unwrap_err()
