@@ -269,27 +269,61 @@ impl Inner {
         Ok(())
     }
 
+    /// Makes the server's view include every write the leader had
+    /// acknowledged (or was about to commit) when it answered: a `sync`.
+    /// A follower that our session moved to after a connection loss may
+    /// not yet have applied a create that the old server passed on, so a
+    /// listing without it can miss our own node.
+    async fn sync_dir(&self, c: &zk::Client, dir: &str) -> Result<()> {
+        let sent = self.send(1);
+        let r = c.sync(dir).await;
+        self.heard(sent, &r);
+        match r {
+            Ok(()) | Err(zk::Error::NoNode) => Ok(()),
+            Err(e) => Err(map(e, "syncing with the leader")),
+        }
+    }
+
     /// Our contender node among `children`, found by its GUID, if it is a
     /// node of THIS session (never one of an older session: CURATOR-604).
-    async fn find_ours(
+    /// If several nodes of this session carry the GUID (a create whose
+    /// reply was lost, made again), the first in the queue is kept and
+    /// the others deleted, so that we never wait behind our own orphan.
+    /// Returns the kept node and `children` without the deleted ones.
+    async fn keep_ours(
         &self,
         c: &zk::Client,
         dir: &str,
-        prefix_name: &str,
-        children: &[String],
-    ) -> Result<Option<(String, zk::Stat)>> {
-        for child in children.iter().filter(|n| n.starts_with(prefix_name)) {
+        guid_prefix: &str,
+        mut children: Vec<String>,
+    ) -> Result<(Option<(String, zk::Stat)>, Vec<String>)> {
+        let mut mine: Vec<String> = children
+            .iter()
+            .filter(|n| n.starts_with(guid_prefix))
+            .cloned()
+            .collect();
+        mine.sort_by_key(|n| sequence_of(n));
+        let mut kept = None;
+        for child in mine {
             let path = format!("{dir}/{child}");
             self.send(1);
             let r = c.check_stat(&path).await;
             self.heard_read(&r);
             match r {
-                Ok(Some(st)) if st.ephemeral_owner == self.id.0 => return Ok(Some((path, st))),
+                Ok(Some(st)) if st.ephemeral_owner == self.id.0 => {
+                    if kept.is_none() {
+                        kept = Some((path, st));
+                    } else {
+                        tracing::info!(node = %path, "deleting a second contender node of ours (a create whose reply was lost)");
+                        self.delete(c, &path).await?;
+                        children.retain(|n| *n != child);
+                    }
+                }
                 Ok(_) => {}
                 Err(e) => return Err(map(e, "reading our contender node")),
             }
         }
-        Ok(None)
+        Ok((kept, children))
     }
 
     /// Creates our contender node and, if `list`, lists the lock's
@@ -309,8 +343,8 @@ impl Inner {
         req: &AcquireRequest,
         list: bool,
     ) -> Result<Created> {
-        let prefix_name = format!("_c_{}-{marker}", req.contender.hyphenated());
-        let prefix = format!("{dir}/{prefix_name}");
+        let guid_prefix = format!("_c_{}-", req.contender.hyphenated());
+        let prefix = format!("{dir}/{guid_prefix}{marker}");
         let opts = create_options();
         let mut attempts = 0;
         loop {
@@ -348,7 +382,10 @@ impl Inner {
                     // The create may have been applied: find our node by
                     // its GUID. Create again only once a listing proves it
                     // absent (a request of the old connection is applied
-                    // before the session moves, or rejected).
+                    // before the session moves, or rejected). The listing
+                    // follows a `sync`: the server we reconnected to may
+                    // not have applied that create yet; once the leader
+                    // answers the sync, it has.
                     let mut tries = 0u32;
                     loop {
                         tries += 1;
@@ -358,10 +395,14 @@ impl Inner {
                                 "session lost while looking for our contender node",
                             ));
                         }
-                        match self.list(c, dir).await {
+                        let listed = match self.sync_dir(c, dir).await {
+                            Ok(()) => self.list(c, dir).await,
+                            Err(e) => Err(e),
+                        };
+                        match listed {
                             Ok(Some(children)) => {
-                                if let Some((node, stat)) =
-                                    self.find_ours(c, dir, &prefix_name, &children).await?
+                                if let (Some((node, stat)), children) =
+                                    self.keep_ours(c, dir, &guid_prefix, children).await?
                                 {
                                     tracing::debug!(%node, "found our contender node after a connection loss");
                                     return Ok(Created {
@@ -533,6 +574,7 @@ impl Inner {
         };
         let node = created.node;
         let our_name = node.rsplit('/').next().expect("a path").to_string();
+        let guid_prefix = format!("_c_{}-", req.contender.hyphenated());
         let mut listed = created.listed;
         let mut parent = None;
         match (chain, armed) {
@@ -590,6 +632,13 @@ impl Inner {
             // Watch only what we wait for (herd-free): the predecessor, or
             // for a reader the nearest writer ahead.
             let pred = format!("{dir}/{}", sorted[ahead]);
+            if sorted[ahead].starts_with(&guid_prefix) {
+                // Our own orphan (a create whose reply was lost, seen only
+                // now): we would wait for ourselves forever.
+                tracing::info!(node = %pred, "deleting our own contender node ahead of us");
+                self.delete(&c, &pred).await?;
+                continue;
+            }
             self.wait_for(&c, &pred, &mut backoff, |_| Ok(())).await?;
         }
     }
@@ -636,6 +685,12 @@ impl Inner {
                 ));
             }
             let pred = format!("{locks_dir}/{}", sorted[index - 1]);
+            if sorted[index - 1].starts_with(&format!("_c_{}-", req.contender.hyphenated())) {
+                // Our own orphan: see `acquire_queue`.
+                tracing::info!(node = %pred, "deleting our own contender node ahead of us");
+                self.delete(&c, &pred).await?;
+                continue;
+            }
             let waited = self
                 .wait_for(&c, &pred, &mut backoff, |d| {
                     match backend::parse_permits(d) {
@@ -975,6 +1030,9 @@ impl StoreSession for ZkSession {
             _ => vec![dir],
         };
         for dir in dirs {
+            // As after a lost create: the server may not have applied a
+            // create of ours yet; after a sync it has.
+            inner.sync_dir(&c, &dir).await?;
             let Some(children) = inner.list(&c, &dir).await? else {
                 continue;
             };
