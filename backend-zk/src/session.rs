@@ -326,6 +326,32 @@ impl Inner {
         Ok((kept, children))
     }
 
+    /// Deletes the nodes in `sorted` (a listing of `dir`) that carry our
+    /// GUID but are not `ours`: orphans of a create whose reply was lost,
+    /// seen only now. Left in place, one ahead of us would make us wait
+    /// for ourselves forever (and a reader's would hold a read lock until
+    /// the session ends). Whether any was deleted (then list again).
+    async fn delete_orphans(
+        &self,
+        c: &zk::Client,
+        dir: &str,
+        sorted: &[String],
+        guid_prefix: &str,
+        ours: &str,
+    ) -> Result<bool> {
+        let mut deleted = false;
+        for orphan in sorted
+            .iter()
+            .filter(|n| n.starts_with(guid_prefix) && *n != ours)
+        {
+            let node = format!("{dir}/{orphan}");
+            tracing::info!(%node, "deleting a second contender node of ours");
+            self.delete(c, &node).await?;
+            deleted = true;
+        }
+        Ok(deleted)
+    }
+
     /// Creates our contender node and, if `list`, lists the lock's
     /// children. With pipelining, the listing is sent right behind the
     /// create (one round trip); ZooKeeper answers one session's requests
@@ -606,6 +632,12 @@ impl Inner {
                 ));
             }
             let sorted = backend::sort_contenders(children);
+            if self
+                .delete_orphans(&c, &dir, &sorted, &guid_prefix, &our_name)
+                .await?
+            {
+                continue;
+            }
             let Some(index) = sorted.iter().position(|n| *n == our_name) else {
                 // Deleted behind our back, or our session ended: never grant.
                 return Err(lost_session(
@@ -632,13 +664,6 @@ impl Inner {
             // Watch only what we wait for (herd-free): the predecessor, or
             // for a reader the nearest writer ahead.
             let pred = format!("{dir}/{}", sorted[ahead]);
-            if sorted[ahead].starts_with(&guid_prefix) {
-                // Our own orphan (a create whose reply was lost, seen only
-                // now): we would wait for ourselves forever.
-                tracing::info!(node = %pred, "deleting our own contender node ahead of us");
-                self.delete(&c, &pred).await?;
-                continue;
-            }
             self.wait_for(&c, &pred, &mut backoff, |_| Ok(())).await?;
         }
     }
@@ -660,6 +685,7 @@ impl Inner {
             .create_contender(&c, &locks_dir, LOCK_MARKER, &data, req, true)
             .await?;
         let our_lock = lock_node.rsplit('/').next().expect("a path").to_string();
+        let guid_prefix = format!("_c_{}-", req.contender.hyphenated());
         let mut backoff = Duration::from_millis(20);
         let conflict = |why: String| Error::new(ErrorKind::Conflict, why);
         // 1. The internal mutex, FIFO and herd-free as any mutex.
@@ -669,6 +695,12 @@ impl Inner {
                 None => self.list_retrying(&c, &locks_dir).await?,
             };
             let sorted = backend::sort_by_marker(children, LOCK_MARKER);
+            if self
+                .delete_orphans(&c, &locks_dir, &sorted, &guid_prefix, &our_lock)
+                .await?
+            {
+                continue;
+            }
             let Some(index) = sorted.iter().position(|n| *n == our_lock) else {
                 return Err(lost_session(
                     "our contender node is gone (session expired or node deleted)",
@@ -685,12 +717,6 @@ impl Inner {
                 ));
             }
             let pred = format!("{locks_dir}/{}", sorted[index - 1]);
-            if sorted[index - 1].starts_with(&format!("_c_{}-", req.contender.hyphenated())) {
-                // Our own orphan: see `acquire_queue`.
-                tracing::info!(node = %pred, "deleting our own contender node ahead of us");
-                self.delete(&c, &pred).await?;
-                continue;
-            }
             let waited = self
                 .wait_for(&c, &pred, &mut backoff, |d| {
                     match backend::parse_permits(d) {
