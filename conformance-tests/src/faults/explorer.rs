@@ -54,26 +54,53 @@ struct Hold {
     client: usize,
     kind: Held,
     token: u64,
+    /// When the acquire was called.
+    started: Instant,
+    /// When it returned the guard.
     acquired: Instant,
     ended: Option<Instant>,
+    /// A break or session kill hit it while its acquire was in flight:
+    /// the store may have granted it before the fault and answered after
+    /// it, so it is not a belief the checker can hold against the lock
+    /// (its writes are still checked by the fenced register).
+    forced: bool,
+}
+
+/// Whom a forced fault hit.
+#[derive(Debug, Clone, Copy)]
+enum Forced {
+    /// `break_lock` of a name.
+    Name(&'static str),
+    /// `kill_session` of a client's session.
+    Client(usize),
 }
 
 /// The recorded history of a schedule.
 #[derive(Debug, Default)]
 struct Log {
     holds: Mutex<Vec<Hold>>,
+    forced: Mutex<Vec<(Instant, Forced)>>,
 }
 
 impl Log {
-    fn begin(&self, name: &'static str, client: usize, kind: Held, token: u64) -> usize {
+    fn begin(
+        &self,
+        name: &'static str,
+        client: usize,
+        kind: Held,
+        token: u64,
+        started: Instant,
+    ) -> usize {
         let mut h = self.holds.lock().unwrap();
         h.push(Hold {
             name,
             client,
             kind,
             token,
+            started,
             acquired: Instant::now(),
             ended: None,
+            forced: false,
         });
         h.len() - 1
     }
@@ -87,15 +114,37 @@ impl Log {
         }
     }
 
-    /// Cuts every open hold that `pick` selects at `at` (a forced break
-    /// or session kill: the holder cannot know before the store tells it).
-    fn cut(&self, at: Instant, pick: impl Fn(&Hold) -> bool) {
-        let mut h = self.holds.lock().unwrap();
-        for hold in h.iter_mut().filter(|h| pick(h)) {
-            if hold.ended.map_or(true, |t| at < t) && hold.acquired <= at {
-                hold.ended = Some(at);
+    /// Records a break or a session kill at `at`: the holder cannot know
+    /// before the store tells it, so its belief is cut there.
+    fn force(&self, at: Instant, whom: Forced) {
+        self.forced.lock().unwrap().push((at, whom));
+    }
+
+    /// The holds with every forced fault applied: a hold that the fault
+    /// found held ends at it; one whose acquire was in flight is marked
+    /// `forced` and ends where it began.
+    fn settled(&self, now: Instant) -> Vec<Hold> {
+        let forced = self.forced.lock().unwrap().clone();
+        let mut holds = self.holds.lock().unwrap().clone();
+        for h in &mut holds {
+            let end = h.ended.unwrap_or(now);
+            for (at, whom) in &forced {
+                let hits = match whom {
+                    Forced::Name(n) => *n == h.name,
+                    Forced::Client(c) => *c == h.client,
+                };
+                if !hits || *at < h.started || *at >= end {
+                    continue;
+                }
+                if *at < h.acquired {
+                    h.forced = true;
+                    h.ended = Some(h.acquired);
+                } else if h.ended.map_or(true, |t| *at < t) {
+                    h.ended = Some(*at);
+                }
             }
         }
+        holds
     }
 }
 
@@ -321,6 +370,7 @@ async fn worker(c: LockClient, ci: usize, mut rng: StdRng, sh: Arc<Shared>, ttl:
             _ => (SEMAPHORE.0, Held::Permit(SEMAPHORE.1)),
         };
         let how = rng.gen_range(0..10);
+        let started = Instant::now();
         let acquire = async {
             match (name, kind) {
                 (RWLOCK, Held::Read) => c.rwlock(name)?.read_timeout(wait).await,
@@ -374,22 +424,24 @@ async fn worker(c: LockClient, ci: usize, mut rng: StdRng, sh: Arc<Shared>, ttl:
             }
         };
         sh.ops.fetch_add(1, Ordering::Relaxed);
-        hold(g, name, ci, kind, &mut rng, &sh, ttl).await;
+        hold(g, name, ci, kind, started, &mut rng, &sh, ttl).await;
     }
 }
 
 /// Holds `g` for a while, writing to the fenced register, then lets go by
 /// release or drop.
+#[allow(clippy::too_many_arguments)]
 async fn hold(
     g: LockGuard,
     name: &'static str,
     ci: usize,
     kind: Held,
+    started: Instant,
     rng: &mut StdRng,
     sh: &Arc<Shared>,
     ttl: Duration,
 ) {
-    let id = sh.log.begin(name, ci, kind, g.token());
+    let id = sh.log.begin(name, ci, kind, g.token(), started);
     let lost = g.lost();
     let watcher = {
         let sh = sh.clone();
@@ -492,7 +544,7 @@ async fn nemesis(
                 n.breaks += 1;
                 let at = Instant::now();
                 if let Ok(true) = admin.break_lock(name).await {
-                    sh.log.cut(at, |h| h.name == name);
+                    sh.log.force(at, Forced::Name(name));
                 }
             }
             80..=89 => {
@@ -505,7 +557,7 @@ async fn nemesis(
                     n.kills += 1;
                     let at = Instant::now();
                     if admin.backend().kill_session(&id).await.is_ok() {
-                        sh.log.cut(at, |h| h.client == ci);
+                        sh.log.force(at, Forced::Client(ci));
                     }
                 }
             }
@@ -517,10 +569,10 @@ async fn nemesis(
 /// The checker over the recorded history.
 fn check(sh: &Shared) -> Vec<String> {
     let now = Instant::now();
-    let holds = sh.log.holds.lock().unwrap().clone();
+    let holds = sh.log.settled(now);
     let mut out = Vec::new();
     let mut by_name: HashMap<&str, Vec<&Hold>> = HashMap::new();
-    for h in &holds {
+    for h in holds.iter().filter(|h| !h.forced) {
         by_name.entry(h.name).or_default().push(h);
     }
     for (name, mut hs) in by_name {
