@@ -34,6 +34,7 @@ use crate::{BackendFactory, Harness};
 
 pub mod cluster;
 mod history;
+mod http_proxy;
 mod proxy;
 mod register;
 mod report;
@@ -42,6 +43,7 @@ mod sim;
 
 pub use cluster::{Cluster, ClusterTurn, StoreKind};
 pub use history::{History, Hold, HoldEnd, Overlap, Tracked};
+pub use http_proxy::{HttpFault, HttpProxy, HttpRule, Match, Seen};
 pub use proxy::{ProxyStats, TcpProxy};
 pub use register::{FencedRegister, StaleToken, Write};
 pub use report::{chaos_budget, Row};
