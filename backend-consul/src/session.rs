@@ -79,6 +79,8 @@ struct Shared {
 /// What [`ConsulSession::try_fast`] found when it took the lock.
 struct FastTry {
     view: View,
+    /// Our `.lock`'s index.
+    token: u64,
     /// The view is the lock at the grant (not a read after it): a grant
     /// that finds nobody in line is remembered in `Shared::lone_grants`.
     at_grant: bool,
@@ -442,11 +444,20 @@ impl StoreSession for ConsulSession {
         }
         let keys = Keys::new(&s.backend.config, &req.name);
         let qkey = keys.queue(&s.id);
+        let contender = req.contender.to_string();
         let record = || Record {
             quorumlock: 1,
-            contender: Some(req.contender.to_string()),
+            contender: Some(contender.clone()),
             since_ms: Some(now_ms()),
             ..Record::default()
+        };
+        // A `.lock` that this acquire wrote (its contender id, our session,
+        // not rewritten by a break): ours, whatever the answer said.
+        let mine = |l: &KvEntry| {
+            l.holder() == Some(s.id.as_str())
+                && l.flags == LOCK_FLAGS
+                && l.record()
+                    .is_some_and(|r| !r.broken && r.contender.as_deref() == Some(&contender))
         };
 
         // A waiting acquire rides out transient trouble (a reset, a leader
@@ -471,48 +482,42 @@ impl StoreSession for ConsulSession {
         let tried = if contended {
             None
         } else {
-            self.try_fast(req, &keys, record()).await?
+            self.try_fast(req, &keys, record(), &mut transient).await?
         };
         if let Some(FastTry {
             view: v,
+            token,
             at_grant,
             last,
         }) = tried
         {
-            let ahead = !v.line(&keys).is_empty();
-            let token = v.lock.as_ref().map(|l| l.modify_index);
-            match token {
-                Some(token) if !ahead => {
-                    // A marker of an earlier holder (see `release`) goes
-                    // with our release, as a queued holder's does.
-                    if v.revoke.is_none() {
-                        self.s.fast_held.lock().expect("poisoned").insert(token);
-                        if at_grant {
-                            self.s.lone_grants.keep(&keys.lock, last, token);
-                        }
-                    }
-                    self.watch(&keys, token, &req.signals);
-                    return Ok(Acquired {
-                        token,
-                        entry: keys.lock.clone(),
-                    });
-                }
-                Some(token) => {
-                    self.note_contention(&keys, true);
-                    let ops = vec![
-                        op::delete_cas(&keys.lock, token),
-                        op::lock(&qkey, &s.id, QUEUE_FLAGS, &record().encode()),
-                        op::get_tree(&keys.tree),
-                    ];
-                    match self.write(&keys, ops, "giving the lock back").await? {
-                        Txn::Done(results) => {
-                            fast = Some(View::from_entries(&keys, read_after_lock(results)))
-                        }
-                        Txn::Failed(errs) => return Err(failed("giving the lock back", &errs)),
+            if v.line(&keys).is_empty() {
+                // A marker of an earlier holder (see `release`) goes
+                // with our release, as a queued holder's does.
+                if v.revoke.is_none() {
+                    self.s.fast_held.lock().expect("poisoned").insert(token);
+                    if at_grant {
+                        self.s.lone_grants.keep(&keys.lock, last, token);
                     }
                 }
-                None => self.note_contention(&keys, true),
+                self.watch(&keys, token, &req.signals);
+                return Ok(Acquired {
+                    token,
+                    entry: keys.lock.clone(),
+                });
             }
+            self.note_contention(&keys, true);
+            // Given back and joined: go on from the lock as that txn read
+            // it. Else (our grant was taken from us first, or the join's
+            // answer was lost and it did not go through) join below.
+            fast = self
+                .give_back(&keys, token, Some(record()), &mut transient)
+                .await?
+                .filter(|v| {
+                    v.queue
+                        .iter()
+                        .any(|e| e.key == qkey && e.holder() == Some(s.id.as_str()))
+                });
         } else if !contended {
             self.note_contention(&keys, true); // `.lock` is taken
         }
@@ -554,10 +559,34 @@ impl StoreSession for ConsulSession {
         loop {
             // Mutexes and read-write locks of one name share one line.
             let line = view.line(&keys);
-            let Some(pos) = line
+            let pos = line
                 .iter()
-                .position(|(_, e)| e.key == qkey && e.holder() == Some(s.id.as_str()))
-            else {
+                .position(|(_, e)| e.key == qkey && e.holder() == Some(s.id.as_str()));
+            // Our own `.lock` (a grant whose answer was lost, here or on the
+            // fast path), at whatever place our queue key has: held by us
+            // unless contenders of ours were in line before that grant,
+            // then given back (at our token only).
+            if let Some(l) = view.lock.clone().filter(|l| mine(l)) {
+                let token = l.modify_index;
+                let since = pos.map_or(token, |p| token.min(line[p].1.create_index));
+                let ahead = line
+                    .iter()
+                    .any(|(_, e)| e.key != qkey && e.create_index < since);
+                if !ahead {
+                    self.watch(&keys, token, &req.signals);
+                    return Ok(Acquired {
+                        token,
+                        entry: keys.lock.clone(),
+                    });
+                }
+                if let Some(v) = self.give_back(&keys, token, None, &mut transient).await? {
+                    view = v;
+                    continue;
+                }
+                view = transient.retry(read).await?;
+                continue;
+            }
+            let Some(pos) = pos else {
                 return Err(session_lost(
                     "our queue entry is gone (session expired or entry deleted)",
                 ));
@@ -576,19 +605,6 @@ impl StoreSession for ConsulSession {
             }
             // 3. First in our queue: only we look at `.lock`.
             if let Some(l) = &view.lock {
-                let mine = l.holder() == Some(s.id.as_str())
-                    && l.flags == LOCK_FLAGS
-                    && l.record().is_some_and(|r| {
-                        !r.broken && r.contender.as_deref() == Some(&req.contender.to_string())
-                    });
-                if mine {
-                    // Our grant went through but its answer was lost.
-                    self.watch(&keys, l.modify_index, &req.signals);
-                    return Ok(Acquired {
-                        token: l.modify_index,
-                        entry: keys.lock.clone(),
-                    });
-                }
                 if l.flags != LOCK_FLAGS {
                     return Err(Error::new(
                         ErrorKind::Conflict,
@@ -598,16 +614,18 @@ impl StoreSession for ConsulSession {
                         ),
                     ));
                 }
-                if let Some(h) = l.holder() {
-                    if h != s.id {
-                        if !req.wait {
-                            self.leave_queue(&keys).await?;
-                            return Err(would_block(&keys));
-                        }
-                        let held = l.clone();
-                        view.lock = transient.retry(|| self.wait_lock(&keys, &held)).await?;
-                        continue;
+                // Held by another session, or by ours but broken by an
+                // operator (it goes at the end of the break's grace):
+                // wait until it changes.
+                let broken = l.record().is_some_and(|r| r.broken);
+                if l.holder().is_some_and(|h| h != s.id || broken) {
+                    if !req.wait {
+                        self.leave_queue(&keys).await?;
+                        return Err(would_block(&keys));
                     }
+                    let held = l.clone();
+                    view.lock = transient.retry(|| self.wait_lock(&keys, &held)).await?;
+                    continue;
                 }
             }
             let check = match &view.lock {
@@ -623,7 +641,7 @@ impl StoreSession for ConsulSession {
             let outcome = match self.write(&keys, ops, "taking the lock").await {
                 Ok(o) => o,
                 Err(e) => {
-                    // Unknown outcome: read back (step 3 recognizes our
+                    // Unknown outcome: read back (the loop recognizes our
                     // own grant by its contender id).
                     transient.absorb(e).await?;
                     view = transient.retry(read).await?;
@@ -792,18 +810,28 @@ impl ConsulSession {
     /// The one-txn acquire of a free mutex: `check-not-exists` of `.lock`,
     /// `lock` of `.lock`, `get-tree` (none after a quiet cycle: see
     /// `Shared::lone_grants`).
-    /// `None`: rolled back (not free), nothing written. The view it
-    /// returns has `.lock` at our token, and no queue key of ours: the fast
-    /// holder has none (a queue key is only for waiting, and the write
-    /// costs a tenth of the cycle).
+    /// `None`: not taken (rolled back: not free; nothing written), or an
+    /// answer lost and our `.lock` not found on reading back. `Some`: our
+    /// `.lock` at our token, not broken, and the lock as it was at that
+    /// grant (`at_grant`) or as a read after it shows our `.lock` still
+    /// ours at that token (entries made after our grant, which are behind
+    /// us, left out). No queue key of ours: the fast holder has none (a
+    /// queue key is only for waiting, and the write costs a tenth of the
+    /// cycle).
+    ///
+    /// # Cancel safety
+    /// The write runs to its end if dropped ([`ConsulSession::write`]);
+    /// the `abandon` that follows removes a `.lock` it took.
     async fn try_fast(
         &self,
         req: &AcquireRequest,
         keys: &Keys,
         record: Record,
+        transient: &mut Transient<'_>,
     ) -> Result<Option<FastTry>> {
         let last = self.s.lone_grants.take(&keys.lock);
         let skip_read = last.is_some_and(|l| l.quiet);
+        let contender = record.contender.clone();
         let mut ops = vec![
             op::check_not_exists(&keys.lock),
             op::lock(&keys.lock, &self.s.id, LOCK_FLAGS, &record.encode()),
@@ -811,36 +839,140 @@ impl ConsulSession {
         if !skip_read {
             ops.push(op::get_tree(&keys.tree));
         }
+        let read = || read_view(&self.s.backend.api, keys);
+        // Our grant at `token`, judged on a read taken after it: only if
+        // that read still shows `.lock` ours at that token and not broken
+        // (else an operator broke it and someone else may hold it now:
+        // its `.lock`, its index, are not ours). Entries made after our
+        // grant are behind us.
+        let after = |mut v: View, token: u64| {
+            let ours = v.lock.as_ref().is_some_and(|l| {
+                l.holder() == Some(self.s.id.as_str())
+                    && l.modify_index == token
+                    && l.flags == LOCK_FLAGS
+                    && l.record()
+                        .is_some_and(|r| !r.broken && r.contender == contender)
+            });
+            if !ours {
+                tracing::debug!(lock = %keys.lock, token, "our fast grant was taken before we reported it");
+                return None;
+            }
+            v.queue.retain(|e| e.create_index < token);
+            v.rw.retain(|e| e.create_index < token);
+            Some(FastTry {
+                view: v,
+                token,
+                at_grant: false,
+                last,
+            })
+        };
         let results = match self.write(keys, ops, "taking a free lock").await {
             Ok(Txn::Done(results)) => results,
             Ok(Txn::Failed(_)) => return Ok(None),
-            // Unknown outcome: the queued path finds out (it recognizes
-            // a grant of ours by its contender id).
-            Err(e) if e.kind() == ErrorKind::Connection && req.wait => return Ok(None),
+            // Unknown outcome: read back. Our `.lock` (found by its
+            // contender id) is a grant like any other; the queued path
+            // also recognizes it later, at any place in the queue.
+            Err(e) if e.kind() == ErrorKind::Connection && req.wait => {
+                transient.absorb(e).await?;
+                let v = transient.retry(read).await?;
+                let Some(token) = v.lock.as_ref().map(|l| l.modify_index) else {
+                    return Ok(None);
+                };
+                return Ok(after(v, token));
+            }
             Err(e) => return Err(e),
         };
         let token = results
             .iter()
             .find(|e| e.key == keys.lock)
-            .map(|e| e.modify_index);
-        let (view, at_grant) = if !skip_read {
-            (View::from_entries(keys, read_after_lock(results)), true)
-        } else if last.zip(token).is_some_and(|(l, t)| l.alone_at(t)) {
-            (View::from_entries(keys, results), true)
-        } else {
-            // Something else was written meanwhile: read the lock. Entries
-            // made after our grant are behind us.
-            let token = token.unwrap_or(u64::MAX);
-            let mut v = read_view(&self.s.backend.api, keys).await?;
-            v.queue.retain(|e| e.create_index < token);
-            v.rw.retain(|e| e.create_index < token);
-            (v, false)
-        };
-        Ok(Some(FastTry {
-            view,
-            at_grant,
-            last,
-        }))
+            .map(|e| e.modify_index)
+            .ok_or_else(|| Error::new(ErrorKind::Internal, "Consul txn returned no .lock entry"))?;
+        if !skip_read {
+            let view = View::from_entries(keys, read_after_lock(results));
+            return Ok(Some(FastTry {
+                view,
+                token,
+                at_grant: true,
+                last,
+            }));
+        }
+        if last.is_some_and(|l| l.alone_at(token)) {
+            let view = View::from_entries(keys, results);
+            return Ok(Some(FastTry {
+                view,
+                token,
+                at_grant: true,
+                last,
+            }));
+        }
+        // Something else was written meanwhile: read the lock.
+        let v = transient.retry(read).await?;
+        Ok(after(v, token))
+    }
+
+    /// Gives our `.lock` back (at our `token` only: never another holder's)
+    /// because contenders of ours were in line before our grant, and (with
+    /// `join`, the record of a queue key) joins the queue in the same txn.
+    /// `Some(view)`: given back; the lock as the same txn (or, after a lost
+    /// answer, a read) shows it. `None`: `.lock` was not ours at `token`
+    /// any more (an operator's break, a lost session): nothing to give
+    /// back, nothing written, and the caller goes on as if the grant never
+    /// happened.
+    ///
+    /// # Cancel safety
+    /// Each write runs to its end if dropped; the `abandon` that follows
+    /// removes our `.lock` and queue key.
+    async fn give_back(
+        &self,
+        keys: &Keys,
+        token: u64,
+        join: Option<Record>,
+        transient: &mut Transient<'_>,
+    ) -> Result<Option<View>> {
+        let s = &self.s;
+        let qkey = keys.queue(&s.id);
+        loop {
+            // `check-index` first: `delete-cas` of a missing key succeeds.
+            let mut ops = vec![
+                op::check_index(&keys.lock, token),
+                op::delete_cas(&keys.lock, token),
+            ];
+            if let Some(r) = &join {
+                ops.push(op::lock(&qkey, &s.id, QUEUE_FLAGS, &r.encode()));
+            }
+            ops.push(op::get_tree(&keys.tree));
+            match self.write(keys, ops, "giving the lock back").await {
+                Ok(Txn::Done(results)) => {
+                    // After a `lock` op, its own entry comes before the tree.
+                    let results = if join.is_some() {
+                        read_after_lock(results)
+                    } else {
+                        results
+                    };
+                    return Ok(Some(View::from_entries(keys, results)));
+                }
+                Ok(Txn::Failed(errs))
+                    if errs.iter().any(|e| e.what.contains("invalid session")) =>
+                {
+                    return Err(session_lost("the Consul session is gone"));
+                }
+                Ok(Txn::Failed(errs)) => {
+                    // `.lock` is not at our token: broken or gone with our
+                    // session. Not ours to give back; nothing was written.
+                    tracing::debug!(lock = %keys.lock, ?errs, "our grant was taken before we gave it back");
+                    return Ok(None);
+                }
+                Err(e) => {
+                    transient.absorb(e).await?;
+                    let v = transient.retry(|| read_view(&s.backend.api, keys)).await?;
+                    if !v.lock.as_ref().is_some_and(|l| l.modify_index == token) {
+                        // Given back (or taken from us): go on from here.
+                        return Ok(Some(v));
+                    }
+                    // Not applied: try again.
+                }
+            }
+        }
     }
 
     /// Reads `P/` (blocking past `index` if it is not 0).

@@ -1,0 +1,337 @@
+//! Request-level faults (issue 15): one chosen request to the agent is
+//! delayed, or its answer lost after the agent applied it, through the
+//! HTTP proxy of the fault suite (`conformance_tests::faults::HttpProxy`).
+//! Each test puts the client under test behind its own proxy and the other
+//! clients (holders, waiters, the operator) on a direct link.
+//!
+//! Needs `QUORUMLOCK_TEST_CONSUL_URL`. The tests run one at a time
+//! ([`serially`]): the first needs a cluster quiet enough for a repeat
+//! acquire to leave out its read.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::Duration;
+
+use conformance_tests::faults::{HttpFault, HttpProxy, Match};
+use conformance_tests::repeat::serially;
+use lockcore::{LockClient, LockGuard, Result};
+use tokio::time::{timeout, Instant};
+
+const SOON: Duration = Duration::from_secs(30);
+/// Long enough that a held request never passes by itself: tests release it.
+const HOLD: Duration = Duration::from_secs(60);
+
+/// The agent's URL, or a skip (a failure with `QUORUMLOCK_TEST_REQUIRE=1`).
+fn agent_url() -> Option<lockcore::url::Url> {
+    let raw = std::env::var("QUORUMLOCK_TEST_CONSUL_URL")
+        .ok()
+        .filter(|v| !v.is_empty());
+    let Some(raw) = raw else {
+        if std::env::var("QUORUMLOCK_TEST_REQUIRE").is_ok_and(|v| v == "1") {
+            panic!("QUORUMLOCK_TEST_CONSUL_URL is not set and QUORUMLOCK_TEST_REQUIRE=1");
+        }
+        eprintln!("SKIPPED: QUORUMLOCK_TEST_CONSUL_URL is not set");
+        return None;
+    };
+    Some(lockcore::url::parse(&raw).expect("QUORUMLOCK_TEST_CONSUL_URL"))
+}
+
+/// One test: a fresh namespace, the agent's address, and every client made.
+struct Env {
+    base: lockcore::url::Url,
+    ns: String,
+    clients: Vec<LockClient>,
+}
+
+impl Env {
+    fn new() -> Option<Env> {
+        let base = agent_url()?;
+        Some(Env {
+            base,
+            ns: format!("qlr-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]),
+            clients: Vec::new(),
+        })
+    }
+
+    fn agent(&self) -> SocketAddr {
+        let host = self.base.host_str().unwrap().trim_matches(['[', ']']);
+        let port = self.base.port().unwrap_or(backend_consul::DEFAULT_PORT);
+        (host, port).to_socket_addrs().unwrap().next().unwrap()
+    }
+
+    async fn connect(&mut self, addr: SocketAddr, options: &str) -> LockClient {
+        let url = format!("consul://{addr}/{}?{options}", self.ns);
+        let url = lockcore::url::parse(&url).unwrap();
+        let b = backend_consul::ConsulBackend::connect(&url).await.unwrap();
+        let c = LockClient::new(Arc::new(b));
+        self.clients.push(c.clone());
+        c
+    }
+
+    /// A client on a direct link.
+    async fn client(&mut self, options: &str) -> LockClient {
+        let a = self.agent();
+        self.connect(a, options).await
+    }
+
+    /// A client behind a new HTTP proxy, and the proxy.
+    async fn proxied(&mut self, options: &str) -> (LockClient, HttpProxy) {
+        let p = HttpProxy::start(self.agent()).await.unwrap();
+        let c = self.connect(p.addr(), options).await;
+        (c, p)
+    }
+
+    /// The key prefix of lock `name`.
+    fn key(&self, name: &str) -> String {
+        format!("{}/{name}/.", self.ns)
+    }
+
+    /// Closes every client and checks that nothing is left.
+    async fn finish(self) {
+        for c in &self.clients {
+            timeout(SOON, c.wait_idle()).await.expect("cleanup");
+            c.close().await;
+        }
+        let url = lockcore::url::parse(&format!("consul://{}/{}", self.agent(), self.ns)).unwrap();
+        let probe = backend_consul::ConsulBackend::connect(&url).await.unwrap();
+        let left = lockcore::Backend::leftovers(&probe).await.unwrap();
+        assert_eq!(left, Vec::<String>::new(), "left on the store");
+    }
+}
+
+/// A txn whose first op is `verb` on a key of lock `name`.
+fn txn_starting(env: &Env, verb: &str, name: &str) -> Match {
+    Match::any().method("PUT").path("/v1/txn").body(&format!(
+        r#"[{{"KV":{{"Verb":"{verb}","Key":"{}"#,
+        env.key(name)
+    ))
+}
+
+async fn acquire(c: &LockClient, name: &str) -> LockGuard {
+    timeout(SOON, c.lock(name).unwrap().acquire())
+        .await
+        .expect("acquire took too long")
+        .unwrap()
+}
+
+fn spawn_acquire(c: &LockClient, name: &str) -> tokio::task::JoinHandle<Result<LockGuard>> {
+    let (c, name) = (c.clone(), name.to_string());
+    tokio::spawn(async move { c.lock(&name).unwrap().acquire().await })
+}
+
+async fn waiters(c: &LockClient, name: &str) -> usize {
+    c.inspect(name).await.unwrap().waiters.len()
+}
+
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !check().await {
+        assert!(start.elapsed() < SOON, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Finding 1: a repeat fast acquire that left out its read, but whose
+/// `.lock` did not land two indexes after its last grant, reads the lock
+/// after its grant. If that read comes late (held here), after an operator
+/// broke the lock and another client took it, the acquire must not take
+/// the other holder's `.lock` (and token) for its own grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_read_after_a_fast_grant_never_takes_another_holders_lock() {
+    let Some(mut env) = Env::new() else { return };
+    serially(async {
+        let (a, proxy) = env.proxied("ttl=1h").await;
+        let admin = env.client("lock_delay=1s").await;
+        let d = env.client("").await;
+        let other = env.client("").await;
+        let cycle = |c: LockClient, name: &'static str| async move {
+            acquire(&c, name).await.release().await.unwrap();
+        };
+        let mut attempt = 0;
+        let (rule, mut a_acq) = loop {
+            attempt += 1;
+            assert!(attempt <= 40, "never found the cluster quiet enough");
+            cycle(a.clone(), "x").await;
+            cycle(a.clone(), "x").await; // quiet: the next one leaves out its read
+            cycle(other.clone(), "elsewhere").await; // ...and reads after its grant
+            let rule = proxy.on(
+                txn_starting(&env, "get-tree", "x"),
+                1,
+                HttpFault::DelayRequest(HOLD),
+            );
+            let mut acq = spawn_acquire(&a, "x");
+            tokio::select! {
+                _ = rule.wait_hit() => break (rule, acq),
+                r = &mut acq => {
+                    // The cluster was busy: the read stayed in the acquire.
+                    proxy.clear_rules();
+                    r.unwrap().unwrap().release().await.unwrap();
+                }
+            }
+        };
+        eprintln!("the read after a fast grant is held (attempt {attempt})");
+        // A holds `.lock` but has not reported it; an operator breaks it and
+        // D takes the lock.
+        assert!(admin.break_lock("x").await.unwrap());
+        let dg = acquire(&d, "x").await;
+        rule.release();
+        match timeout(Duration::from_secs(3), &mut a_acq).await {
+            Err(_) => {} // still waiting: right
+            Ok(r) => {
+                let g = r.unwrap().unwrap();
+                panic!(
+                    "granted with token {} while D holds with token {} (is_held: {} and {})",
+                    g.token(),
+                    dg.token(),
+                    g.is_held(),
+                    dg.is_held()
+                );
+            }
+        }
+        let d_token = dg.token();
+        dg.release().await.unwrap();
+        let g = timeout(SOON, a_acq)
+            .await
+            .expect("A never granted")
+            .unwrap()
+            .unwrap();
+        assert!(g.token() > d_token, "{} after {d_token}", g.token());
+        g.release().await.unwrap();
+    })
+    .await;
+    env.finish().await;
+}
+
+/// Finding 2: the answer to a fast acquire is lost after the agent applied
+/// it (A holds `.lock` and does not know), and another contender queues
+/// before A looks again: A must find its own `.lock` (at any place in the
+/// queue), not wait behind a contender that waits for A.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_answer_to_a_fast_acquire_does_not_deadlock() {
+    let Some(mut env) = Env::new() else { return };
+    serially(async {
+        let (a, proxy) = env.proxied("").await;
+        let b = env.client("").await;
+        let lost = proxy.on(
+            txn_starting(&env, "check-not-exists", "x"),
+            1,
+            HttpFault::DropAnswer,
+        );
+        let join = proxy.on(
+            Match::any()
+                .path("/v1/txn")
+                .body(&format!(r#""Verb":"lock","Key":"{}queue/"#, env.key("x"))),
+            1,
+            HttpFault::DelayRequest(HOLD),
+        );
+        let mut a_acq = spawn_acquire(&a, "x");
+        timeout(SOON, lost.wait_done()).await.expect("no fast acquire");
+        // Before A looks again (if it queues), B queues.
+        let queued_first = tokio::select! {
+            _ = join.wait_hit() => true,
+            _ = tokio::time::sleep(Duration::from_secs(5)) => false,
+        };
+        let b_acq = spawn_acquire(&b, "x");
+        eventually("B to queue", || async { waiters(&b, "x").await >= 1 }).await;
+        join.release();
+        let g = match timeout(Duration::from_secs(15), &mut a_acq).await {
+            Ok(r) => r.unwrap().unwrap(),
+            Err(_) => panic!(
+                "A was never granted (queued again: {queued_first}): it waits behind B, which waits for A's .lock; inspect: {:?}",
+                b.inspect("x").await.unwrap()
+            ),
+        };
+        let a_token = g.token();
+        g.release().await.unwrap();
+        let bg = timeout(SOON, b_acq).await.expect("B never granted").unwrap().unwrap();
+        assert!(bg.token() > a_token);
+        bg.release().await.unwrap();
+    })
+    .await;
+    env.finish().await;
+}
+
+/// Finding 7: A's fast grant finds a contender of ours ahead, so A gives
+/// `.lock` back; an operator's break lands before the give-back. A's
+/// acquire must go on waiting (and be granted after the contender), not
+/// fail with a non-retryable error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn break_before_the_give_back_does_not_fail_the_acquire() {
+    let Some(mut env) = Env::new() else { return };
+    serially(async {
+        let holder = env.client("").await;
+        let admin = env.client("lock_delay=1s").await;
+        let (b, bproxy) = env.proxied("").await;
+        let (a, aproxy) = env.proxied("").await;
+        let hg = acquire(&holder, "x").await;
+        let b_acq = spawn_acquire(&b, "x");
+        eventually("B to queue", || async { waiters(&admin, "x").await == 1 }).await;
+        // B's grant (after the holder's release) is held: B is in line
+        // ahead of anyone who comes now, and `.lock` is free.
+        let b_take = bproxy.on(
+            Match::any()
+                .path("/v1/txn")
+                .body(r#""Verb":"check-session""#),
+            1,
+            HttpFault::DelayRequest(HOLD),
+        );
+        hg.release().await.unwrap();
+        timeout(SOON, b_take.wait_hit())
+            .await
+            .expect("B never tried to take the lock");
+        // The give-back: `.lock` deleted at A's token, A's queue key written.
+        let give_back = aproxy.on(
+            Match::any()
+                .path("/v1/txn")
+                .body(&format!(
+                    r#""Verb":"delete-cas","Key":"{}lock""#,
+                    env.key("x")
+                ))
+                .body(&format!(r#""Verb":"lock","Key":"{}queue/"#, env.key("x"))),
+            1,
+            HttpFault::DelayRequest(HOLD),
+        );
+        let a_acq = spawn_acquire(&a, "x");
+        timeout(SOON, give_back.wait_hit())
+            .await
+            .expect("A never gave the lock back");
+        let st = admin.inspect("x").await.unwrap();
+        let a_token = st.holders[0].token;
+        let a2 = admin.clone();
+        let breaking = tokio::spawn(async move { a2.break_lock("x").await });
+        eventually("the break's rewrite", || async {
+            admin
+                .inspect("x")
+                .await
+                .unwrap()
+                .holders
+                .first()
+                .map_or(true, |h| h.token != a_token)
+        })
+        .await;
+        give_back.release();
+        b_take.release();
+        assert!(timeout(SOON, breaking).await.unwrap().unwrap().unwrap());
+        let bg = timeout(SOON, b_acq)
+            .await
+            .expect("B never granted")
+            .unwrap()
+            .unwrap();
+        let b_token = bg.token();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        bg.release().await.unwrap();
+        let g = timeout(SOON, a_acq)
+            .await
+            .expect("A never granted")
+            .unwrap()
+            .unwrap_or_else(|e| panic!("A's acquire failed: {e} ({:?})", e.kind()));
+        assert!(g.token() > b_token);
+        g.release().await.unwrap();
+    })
+    .await;
+    env.finish().await;
+}
