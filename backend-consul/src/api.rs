@@ -250,10 +250,30 @@ impl Api {
     /// Every entry whose key starts with `prefix`, and the index of the
     /// answer (`X-Consul-Index`). With `block.index > 0`, a blocking query.
     pub async fn kv_list(&self, prefix: &str, block: Block) -> ApiResult<(u64, Vec<KvEntry>)> {
-        let mut u = self.url(&format!("v1/kv/{prefix}"));
+        self.kv_read(prefix, true, block).await
+    }
+
+    /// The entry `key` alone (no other key that starts with it), and the
+    /// index of the answer: the entry's `ModifyIndex`, or the KV table's
+    /// index if it is missing. A blocking query on it (`block.index > 0`)
+    /// returns only when this key changes.
+    pub async fn kv_get(&self, key: &str, block: Block) -> ApiResult<(u64, Option<KvEntry>)> {
+        let (index, entries) = self.kv_read(key, false, block).await?;
+        Ok((index, entries.into_iter().find(|e| e.key == key)))
+    }
+
+    async fn kv_read(
+        &self,
+        path: &str,
+        recurse: bool,
+        block: Block,
+    ) -> ApiResult<(u64, Vec<KvEntry>)> {
+        let mut u = self.url(&format!("v1/kv/{path}"));
         {
             let mut q = u.query_pairs_mut();
-            q.append_key_only("recurse");
+            if recurse {
+                q.append_key_only("recurse");
+            }
             if block.consistent {
                 q.append_key_only("consistent");
             }

@@ -193,6 +193,18 @@ impl fmt::Debug for ConsulSession {
     }
 }
 
+/// The index for the next blocking query after one at `index` answered
+/// `idx`: always the answer's (so a query never spins on an old index), or
+/// a fresh start if the index went backwards (Consul's advice: a restored
+/// snapshot, a new leader with an older table).
+fn next_index(index: u64, idx: u64) -> u64 {
+    if idx < index {
+        1
+    } else {
+        idx.max(1)
+    }
+}
+
 fn go_duration(d: Duration) -> String {
     format!("{}ms", d.as_millis())
 }
@@ -313,15 +325,20 @@ impl ConsulSession {
         }
     }
 
-    /// Waits until `pred` (the queue key ahead of ours) is gone.
+    /// Waits until `pred` (the entry ahead of ours) is gone: a blocking
+    /// query on that exact key (not a prefix: a revoke marker next to it
+    /// must not wake us), always from the index the last answer gave.
+    ///
+    /// # Cancel safety
+    /// Only reads; safe to drop.
     async fn wait_gone(&self, pred: &KvEntry) -> Result<()> {
         let mut index = pred.modify_index.max(1);
         loop {
-            let (idx, entries) = self
+            let (idx, entry) = self
                 .s
                 .backend
                 .api
-                .kv_list(
+                .kv_get(
                     &pred.key,
                     Block {
                         index,
@@ -331,34 +348,48 @@ impl ConsulSession {
                 )
                 .await
                 .map_err(|e| map(e, "waiting for the contender ahead"))?;
-            let still = entries.iter().any(|e| {
-                e.key == pred.key && e.create_index == pred.create_index && e.holder().is_some()
-            });
+            let still =
+                entry.is_some_and(|e| e.create_index == pred.create_index && e.holder().is_some());
             if !still {
                 return Ok(());
             }
-            index = idx.max(1);
+            index = next_index(index, idx);
         }
     }
 
-    /// Waits until `.lock` (held by another session) changes; returns it
-    /// as it is then.
+    /// Waits until `.lock` (held by another session, or broken) changes;
+    /// returns it as it is then. Blocks on the exact key `.lock` (the
+    /// revoke marker `.lock.revoke` shares its prefix: a revoke request
+    /// must not wake, let alone spin, the waiter), and always from the
+    /// index the last answer gave.
+    ///
+    /// # Cancel safety
+    /// Only reads; safe to drop.
     async fn wait_lock(&self, keys: &Keys, held: &KvEntry) -> Result<Option<KvEntry>> {
-        let (_, entries) = self
-            .s
-            .backend
-            .api
-            .kv_list(
-                &keys.lock,
-                Block {
-                    index: held.modify_index.max(1),
-                    wait: LONG_POLL,
-                    consistent: true,
-                },
-            )
-            .await
-            .map_err(|e| map(e, "waiting for the holder"))?;
-        Ok(entries.into_iter().find(|e| e.key == keys.lock))
+        let mut index = held.modify_index.max(1);
+        loop {
+            let (idx, entry) = self
+                .s
+                .backend
+                .api
+                .kv_get(
+                    &keys.lock,
+                    Block {
+                        index,
+                        wait: LONG_POLL,
+                        consistent: true,
+                    },
+                )
+                .await
+                .map_err(|e| map(e, "waiting for the holder"))?;
+            let same = entry.as_ref().is_some_and(|e| {
+                e.modify_index == held.modify_index && e.holder() == held.holder()
+            });
+            if !same {
+                return Ok(entry);
+            }
+            index = next_index(index, idx);
+        }
     }
 
     /// Hands a granted lock to the monitor.

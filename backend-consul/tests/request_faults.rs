@@ -255,6 +255,53 @@ async fn lost_answer_to_a_fast_acquire_does_not_deadlock() {
     env.finish().await;
 }
 
+/// Finding 3 (and the "done when"): a revoke request to an
+/// uncontended holder does not make its waiter spin: the waiter sends no
+/// more requests per second after the request than before it (+1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoke_request_does_not_make_a_waiter_spin() {
+    let Some(mut env) = Env::new() else { return };
+    serially(async {
+        let holder = env.client("ttl=1h").await;
+        let (w, proxy) = env.proxied("ttl=1h").await;
+        let g = acquire(&holder, "x").await;
+        let w_acq = spawn_acquire(&w, "x");
+        eventually("the waiter to queue", || async {
+            waiters(&holder, "x").await == 1
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let window = Duration::from_secs(2);
+        let t0 = Instant::now();
+        tokio::time::sleep(window).await;
+        let before = proxy.count_since(&Match::any(), t0);
+        assert!(holder.request_revoke("x").await.unwrap());
+        timeout(SOON, g.revoke_requested())
+            .await
+            .expect("revoke not seen");
+        let t1 = Instant::now();
+        tokio::time::sleep(window).await;
+        let after = proxy.count_since(&Match::any(), t1);
+        eprintln!(
+            "waiter requests in {window:?}: {before} before the revoke request, {after} after"
+        );
+        let secs = window.as_secs() as usize;
+        assert!(
+            after <= before + secs,
+            "the waiter sent {after} requests in {window:?} after a revoke request, {before} before"
+        );
+        g.release().await.unwrap();
+        let wg = timeout(SOON, w_acq)
+            .await
+            .expect("waiter not granted")
+            .unwrap()
+            .unwrap();
+        wg.release().await.unwrap();
+    })
+    .await;
+    env.finish().await;
+}
+
 /// Finding 7: A's fast grant finds a contender of ours ahead, so A gives
 /// `.lock` back; an operator's break lands before the give-back. A's
 /// acquire must go on waiting (and be granted after the contender), not
