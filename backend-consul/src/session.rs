@@ -1272,8 +1272,19 @@ impl ConsulSession {
     /// Read or write side of a read-write lock: one entry per attempt,
     /// `<prefix>/.rw/<session>-<contender>`, in the line that mutexes of
     /// the same name share (ordered by CreateIndex). A writer waits for its
-    /// predecessor, a reader for the nearest writer or mutex ahead. The
-    /// token is the entry's index, so successive writers get larger ones.
+    /// predecessor, a reader for the nearest writer or mutex ahead.
+    ///
+    /// The grant is decided in the txn that gives the token: the join
+    /// (`lock` of the entry + `get-tree`) when it finds us holding by our
+    /// place; after any wait, a `cas` of our entry at the index we read
+    /// (so never an entry an operator rewrote as broken, or deleted) +
+    /// `get-tree`. The token is the index of that write, like a mutex's
+    /// `.lock` write at its grant: tokens of every kind on one name grow
+    /// in grant order (a mutex granted while we waited got a smaller one).
+    ///
+    /// # Cancel safety
+    /// Every write runs to its end if dropped; the `abandon` that follows
+    /// removes our entry.
     async fn acquire_rw(&self, req: &AcquireRequest) -> Result<Acquired> {
         let s = &self.s;
         if !s.liveness.is_alive() {
@@ -1295,6 +1306,9 @@ impl ConsulSession {
         };
         let mut transient = Transient::new(req.wait, &s.liveness);
         let read = || read_view(&s.backend.api, &keys);
+        // Whether `view` was read in the txn that wrote our entry at its
+        // current index (then a grant by place in it is decided there).
+        let mut decided_in_write;
         let mut view = loop {
             let ops = vec![
                 op::lock(&entry, &s.id, flags, &record.encode()),
@@ -1302,6 +1316,7 @@ impl ConsulSession {
             ];
             match self.write(&keys, ops, "joining the queue").await {
                 Ok(Txn::Done(results)) => {
+                    decided_in_write = true;
                     break View::from_entries(&keys, read_after_lock(results));
                 }
                 Ok(Txn::Failed(errs))
@@ -1314,6 +1329,7 @@ impl ConsulSession {
                     transient.absorb(e).await?;
                     let v = transient.retry(read).await?;
                     if v.rw.iter().any(|e| e.key == entry) {
+                        decided_in_write = false;
                         break v;
                     }
                 }
@@ -1323,6 +1339,7 @@ impl ConsulSession {
             self.remove_rw(&keys, &entry).await?;
             Err::<Acquired, Error>(would_block(&keys))
         };
+        let mut retries = 0;
         loop {
             if let Some(l) = &view.lock {
                 if l.flags != LOCK_FLAGS {
@@ -1345,6 +1362,15 @@ impl ConsulSession {
                     "our entry is gone (session expired or entry deleted)",
                 ));
             };
+            let ours = line[pos].1.clone();
+            if ours.record().is_some_and(|r| r.broken) {
+                // An operator broke the holders while our grant was on its
+                // way: it is not ours to hold. The client layer removes the
+                // entry (ending the break) and asks again.
+                return Err(session_lost(
+                    "our entry was broken by an operator before its grant",
+                ));
+            }
             let blocker = match req.kind {
                 LockKind::Read => line[..pos]
                     .iter()
@@ -1359,6 +1385,7 @@ impl ConsulSession {
                 }
                 transient.retry(|| self.wait_gone(&b)).await?;
                 view = transient.retry(read).await?;
+                decided_in_write = false;
                 continue;
             }
             debug_assert!(line_holds(&line, pos));
@@ -1369,15 +1396,42 @@ impl ConsulSession {
                 if !req.wait {
                     return leave().await;
                 }
-                view.lock = transient.retry(|| self.wait_lock(&keys, &l)).await?;
-                if view.lock.is_none() {
-                    view = transient.retry(read).await?;
-                }
+                transient.retry(|| self.wait_lock(&keys, &l)).await?;
+                view = transient.retry(read).await?;
+                decided_in_write = false;
                 continue;
             }
-            let token = line[pos].1.modify_index;
-            self.watch_key(&entry, &revoke, token, &req.signals);
-            return Ok(Acquired { token, entry });
+            if decided_in_write {
+                let token = ours.modify_index;
+                self.watch_key(&entry, &revoke, token, &req.signals);
+                return Ok(Acquired { token, entry });
+            }
+            // Granted by our place in a read: write our entry again (at the
+            // index read, so not if it was broken or deleted since) and
+            // read the lock in the same txn, which decides.
+            let ops = vec![
+                op::cas(&entry, ours.modify_index, flags, &record.encode()),
+                op::get_tree(&keys.tree),
+            ];
+            match self.write(&keys, ops, "taking the lock").await {
+                Ok(Txn::Done(results)) => {
+                    view = View::from_entries(&keys, read_after_lock(results));
+                    decided_in_write = true;
+                }
+                Ok(Txn::Failed(errs)) => {
+                    // Our entry changed (broken, or gone with the session):
+                    // the re-read tells.
+                    retries += 1;
+                    if retries > MAX_ACQUIRE_RETRIES {
+                        return Err(failed("taking the lock", &errs));
+                    }
+                    view = transient.retry(read).await?;
+                }
+                Err(e) => {
+                    transient.absorb(e).await?;
+                    view = transient.retry(read).await?;
+                }
+            }
         }
     }
 

@@ -302,6 +302,75 @@ async fn revoke_request_does_not_make_a_waiter_spin() {
     env.finish().await;
 }
 
+/// Finding 5: a reader whose entry an operator broke before its grant
+/// (the re-read after its wait lands in the break's grace, while the entry
+/// is rewritten as broken) is not granted that broken entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rw_entry_broken_before_its_grant_is_not_granted() {
+    let Some(mut env) = Env::new() else { return };
+    serially(async {
+        let writer = env.client("").await;
+        let admin = env.client("lock_delay=3s").await;
+        let (r, proxy) = env.proxied("").await;
+        let wg = timeout(SOON, writer.rwlock("x").unwrap().write())
+            .await
+            .unwrap()
+            .unwrap();
+        let r2 = r.clone();
+        let r_acq = tokio::spawn(async move { r2.rwlock("x").unwrap().read().await });
+        eventually("the reader to queue", || async {
+            waiters(&admin, "x").await == 1
+        })
+        .await;
+        let reread = proxy.on(
+            txn_starting(&env, "get-tree", "x"),
+            1,
+            HttpFault::DelayRequest(HOLD),
+        );
+        wg.release().await.unwrap();
+        timeout(SOON, reread.wait_hit())
+            .await
+            .expect("the reader never re-read");
+        // The reader holds by its place now; the operator breaks it.
+        let before = admin.inspect("x").await.unwrap();
+        assert_eq!(before.holders.len(), 1, "{before:?}");
+        let joined = before.holders[0].token;
+        let a2 = admin.clone();
+        let breaking = tokio::spawn(async move { a2.break_lock("x").await });
+        let start = Instant::now();
+        let broken_at = loop {
+            let st = admin.inspect("x").await.unwrap();
+            match st.holders.first() {
+                Some(h) if h.token != joined => break h.token,
+                _ => {}
+            }
+            assert!(start.elapsed() < SOON, "the break never rewrote the entry");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        reread.release();
+        let g = timeout(SOON, r_acq)
+            .await
+            .expect("reader never granted")
+            .unwrap()
+            .unwrap();
+        assert_ne!(
+            g.token(),
+            broken_at,
+            "granted the entry the operator broke (token {broken_at})"
+        );
+        assert!(timeout(SOON, breaking).await.unwrap().unwrap().unwrap());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(
+            g.is_held(),
+            "the reader's grant was taken by the break: {:?}",
+            g.loss()
+        );
+        g.release().await.unwrap();
+    })
+    .await;
+    env.finish().await;
+}
+
 /// Finding 7: A's fast grant finds a contender of ours ahead, so A gives
 /// `.lock` back; an operator's break lands before the give-back. A's
 /// acquire must go on waiting (and be granted after the contender), not
