@@ -1477,7 +1477,7 @@ impl Drop for ConsulSession {
 /// client's local deadline fires if they last).
 async fn keepalive(s: Arc<Shared>) {
     let ttl = s.backend.config.ttl;
-    let timeout = (ttl / 4).max(Duration::from_secs(2));
+    let longest = (ttl / 4).max(Duration::from_secs(2));
     let mut next = Instant::now() + ttl / 2;
     loop {
         tokio::select! {
@@ -1491,6 +1491,19 @@ async fn keepalive(s: Arc<Shared>) {
             _ = tokio::time::sleep_until(next) => {}
         }
         let sent = Instant::now();
+        // Time left before the local deadline: one renew that hangs to its
+        // timeout must leave room for another try before it (with TTL
+        // 10 s, a 2.5 s timeout + 0.5 s pause after the renew at TTL/2 came
+        // exactly at the deadline: a spurious loss). A quarter of it is
+        // kept for that: a slow answer (a high latency) still has most of
+        // the time.
+        let left = s
+            .liveness
+            .deadline()
+            .map(|d| d.saturating_duration_since(sent));
+        let timeout = left.map_or(longest, |l| {
+            longest.min(l * 3 / 4).max(Duration::from_millis(250))
+        });
         match s.backend.api.session_renew(&s.id, timeout).await {
             Ok(true) => {
                 s.liveness.confirm(sent, ttl);
@@ -1503,7 +1516,15 @@ async fn keepalive(s: Arc<Shared>) {
             }
             Err(e) => {
                 tracing::debug!(session = %s.id, error = %e, "renewing the session failed; retrying");
-                next = Instant::now() + Duration::from_millis(500);
+                let now = Instant::now();
+                let left = s
+                    .liveness
+                    .deadline()
+                    .map_or(Duration::MAX, |d| d.saturating_duration_since(now));
+                let pause = Duration::from_millis(500)
+                    .min(left / 4)
+                    .max(Duration::from_millis(50));
+                next = now + pause;
             }
         }
     }

@@ -451,3 +451,32 @@ async fn break_before_the_give_back_does_not_fail_the_acquire() {
     .await;
     env.finish().await;
 }
+
+/// Finding 8: with TTL 10 s, one renew whose answer never comes (it hangs
+/// to its timeout) must leave time for another try before the local
+/// deadline (TTL x 0.8 after the last confirmed renew was sent): the lock
+/// is not reported lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_hanging_renew_does_not_lose_the_lock() {
+    let Some(mut env) = Env::new() else { return };
+    serially(async {
+        let (a, proxy) = env.proxied("ttl=10s").await;
+        let hang = proxy.on(
+            Match::any().method("PUT").path("/v1/session/renew/"),
+            1,
+            HttpFault::DelayAnswer(HOLD),
+        );
+        let g = acquire(&a, "x").await;
+        timeout(SOON, hang.wait_hit())
+            .await
+            .expect("no renew within 30 s");
+        // Past the deadline of the session's first confirmation (8 s after
+        // its create, the renew came at 5 s).
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(g.is_held(), "lost after one hanging renew: {:?}", g.loss());
+        hang.release();
+        g.release().await.unwrap();
+    })
+    .await;
+    env.finish().await;
+}
