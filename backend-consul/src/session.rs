@@ -1700,16 +1700,21 @@ async fn remove_given_up(s: Arc<Shared>, lost: Vec<(String, u64)>) {
                 // entry in `.lock` is pruned once the key is gone.
                 let (base, sid) = lock_key.rsplit_once('/').unwrap_or(("", &lock_key));
                 vec![
+                    op::check_index(&lock_key, token),
                     op::delete_cas(&lock_key, token),
                     op::delete(&format!("{base}/.revoke/{sid}")),
                 ]
             }
+            // `check-index` first: `delete-cas` of a missing key succeeds,
+            // and the queue key may be a newer acquire's of this session.
             Some(base) => vec![
+                op::check_index(&lock_key, token),
                 op::delete_cas(&lock_key, token),
                 op::delete(&format!("{base}/.queue/{}", s.id)),
                 op::delete(&format!("{base}/.lock.revoke")),
             ],
             None => vec![
+                op::check_index(&lock_key, token),
                 op::delete_cas(&lock_key, token),
                 op::delete(&rw_revoke(&lock_key)),
             ],

@@ -371,6 +371,58 @@ async fn rw_entry_broken_before_its_grant_is_not_granted() {
     env.finish().await;
 }
 
+/// Finding 6: `delete-cas` of a missing key succeeds on Consul. An
+/// operator's break whose holder let go during the grace (and queued
+/// again, behind a reader) must not delete that new queue key of the same
+/// session with its phase 2: the waiter keeps its place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn break_after_the_holder_let_go_keeps_its_new_place_in_line() {
+    let Some(mut env) = Env::new() else { return };
+    serially(async {
+        let h = env.client("").await;
+        let r = env.client("").await;
+        let admin = env.client("lock_delay=3s").await;
+        let g = acquire(&h, "x").await;
+        let a2 = admin.clone();
+        let breaking = tokio::spawn(async move { a2.break_lock("x").await });
+        timeout(SOON, g.lost())
+            .await
+            .expect("the break was not seen");
+        g.release().await.ok(); // lost: its release removes what is left
+        let rg = timeout(SOON, r.rwlock("x").unwrap().read())
+            .await
+            .unwrap()
+            .unwrap();
+        let h_acq = spawn_acquire(&h, "x");
+        eventually("the holder to queue again", || async {
+            waiters(&admin, "x").await == 1
+        })
+        .await;
+        let place = admin.inspect("x").await.unwrap().waiters[0].clone();
+        assert!(
+            !breaking.is_finished(),
+            "the break ended before the holder queued again: make its grace longer"
+        );
+        assert!(timeout(SOON, breaking).await.unwrap().unwrap().unwrap());
+        let st = admin.inspect("x").await.unwrap();
+        assert_eq!(st.waiters.len(), 1, "{st:?}");
+        assert_eq!(
+            (st.waiters[0].entry.as_str(), st.waiters[0].token),
+            (place.entry.as_str(), place.token),
+            "the break's second phase removed the waiter's new queue key"
+        );
+        rg.release().await.unwrap();
+        let hg = timeout(SOON, h_acq)
+            .await
+            .expect("never granted")
+            .unwrap()
+            .unwrap();
+        hg.release().await.unwrap();
+    })
+    .await;
+    env.finish().await;
+}
+
 /// Finding 7: A's fast grant finds a contender of ours ahead, so A gives
 /// `.lock` back; an operator's break lands before the give-back. A's
 /// acquire must go on waiting (and be granted after the contender), not
