@@ -719,7 +719,7 @@ impl Backend for ConsulBackend {
     async fn kill_session(&self, session: &str) -> Result<()> {
         if session.is_empty() || !session.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
             return Err(Error::new(
-                ErrorKind::Store,
+                ErrorKind::InvalidArgument,
                 format!("{session:?} is not a Consul session id"),
             ));
         }

@@ -532,3 +532,19 @@ async fn one_hanging_renew_does_not_lose_the_lock() {
     .await;
     env.finish().await;
 }
+
+/// Finding 9: a malformed session id is bad input, not a store failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_session_with_a_malformed_id_is_invalid_argument() {
+    let Some(mut env) = Env::new() else { return };
+    let c = env.client("").await;
+    for bad in ["", "not a session", "../../v1/kv/x"] {
+        let e = c.backend().kill_session(bad).await.unwrap_err();
+        assert_eq!(
+            e.kind(),
+            lockcore::ErrorKind::InvalidArgument,
+            "{bad:?}: {e}"
+        );
+    }
+    env.finish().await;
+}
