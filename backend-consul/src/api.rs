@@ -70,7 +70,10 @@ pub(crate) struct Record {
     /// Milliseconds since the Unix epoch when it was written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub since_ms: Option<u64>,
-    /// For `.lock.revoke`: the token of the holder asked to let go.
+    /// For `.lock.revoke`: the token of the holder asked to let go. For a
+    /// read-write entry written again at its grant: the index it replaced
+    /// (so that write changes the value: Consul skips a write that changes
+    /// nothing, and the index with it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<u64>,
     /// For semaphore contender keys: the permits asked for.

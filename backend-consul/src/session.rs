@@ -1154,10 +1154,42 @@ impl ConsulSession {
                 ));
             };
             let my_index = ours[pos].modify_index;
-            if view.live_holders.contains(sid) {
-                // Our CAS went through but its answer was lost.
-                let token = view.lock.as_ref().map_or(0, |l| l.modify_index);
-                return Ok(self.granted_sem(&keys, token, my_index, req));
+            if let Some(l) = view
+                .lock
+                .clone()
+                .filter(|_| view.live_holders.contains(sid))
+            {
+                // Our CAS went through but its answer was lost: its index
+                // is unknown (another holder's CAS may have moved `.lock`
+                // since, and its index is that holder's token). Write
+                // `.lock` again for a token of our own, larger than every
+                // earlier grant's: the same JSON with a trailing newline
+                // added or removed (Consul skips a write that changes
+                // nothing, index included; JSON readers, Go's too, ignore
+                // it).
+                let ops = vec![
+                    op::check_session(&contender, sid),
+                    op::cas(
+                        &keys.sem.lock,
+                        l.modify_index,
+                        SEMAPHORE_FLAGS,
+                        &toggle_trailing_newline(l.value.as_deref().unwrap_or_default()),
+                    ),
+                    op::get(&keys.sem.lock),
+                ];
+                match self.write(&keys, ops, "taking a permit").await {
+                    Ok(Txn::Done(results)) => {
+                        if let Some(t) = results.iter().rev().find(|e| e.key == keys.sem.lock) {
+                            return Ok(self.granted_sem(&keys, t.modify_index, my_index, req));
+                        }
+                    }
+                    Ok(Txn::Failed(errs)) => {
+                        tracing::debug!(?errs, "the semaphore changed; re-reading");
+                    }
+                    Err(e) => transient.absorb(e).await?,
+                }
+                view = transient.retry(read).await?;
+                continue;
             }
             let n = permits as usize;
             if pos >= n {
@@ -1409,8 +1441,14 @@ impl ConsulSession {
             // Granted by our place in a read: write our entry again (at the
             // index read, so not if it was broken or deleted since) and
             // read the lock in the same txn, which decides.
+            // The value must change (it names the index it replaces):
+            // Consul skips a write that changes nothing, index included.
+            let stamp = Record {
+                token: Some(ours.modify_index),
+                ..record.clone()
+            };
             let ops = vec![
-                op::cas(&entry, ours.modify_index, flags, &record.encode()),
+                op::cas(&entry, ours.modify_index, flags, &stamp.encode()),
                 op::get_tree(&keys.tree),
             ];
             match self.write(&keys, ops, "taking the lock").await {
@@ -1452,6 +1490,20 @@ impl ConsulSession {
             Txn::Failed(_) => self.leave_queue(keys).await,
         }
     }
+}
+
+/// A base64 value with a trailing newline added (or removed if it has
+/// one): a different value that JSON readers take for the same.
+fn toggle_trailing_newline(b64: &str) -> String {
+    use base64::Engine as _;
+    let engine = base64::engine::general_purpose::STANDARD;
+    let mut raw = engine.decode(b64).unwrap_or_default();
+    if raw.last() == Some(&b'\n') {
+        raw.pop();
+    } else {
+        raw.push(b'\n');
+    }
+    engine.encode(raw)
 }
 
 /// What a `lock` + `get-tree` txn read: its results without the first, which

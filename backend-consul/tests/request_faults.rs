@@ -548,3 +548,53 @@ async fn kill_session_with_a_malformed_id_is_invalid_argument() {
     }
     env.finish().await;
 }
+
+/// A semaphore permit whose CAS answer was lost (the agent applied it) is
+/// found on reading back; if another holder's CAS moved `.lock` in
+/// between, `.lock`'s index is that holder's token, not ours: the two
+/// permits must not share a token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_answer_to_a_permit_does_not_share_another_holders_token() {
+    let Some(mut env) = Env::new() else { return };
+    serially(async {
+        let (a, proxy) = env.proxied("").await;
+        let b = env.client("").await;
+        let lost = proxy.on(
+            Match::any()
+                .path("/v1/txn")
+                .body(&format!(r#""Verb":"cas","Key":"{}/s/.lock""#, env.ns)),
+            1,
+            HttpFault::DropAnswer,
+        );
+        let read_back = proxy.on(
+            Match::any()
+                .method("GET")
+                .path(&format!("/v1/kv/{}/s/?recurse", env.ns)),
+            1,
+            HttpFault::DelayRequest(HOLD),
+        );
+        let a2 = a.clone();
+        let a_acq = tokio::spawn(async move { a2.semaphore("s", 2).unwrap().acquire().await });
+        timeout(SOON, lost.wait_done())
+            .await
+            .expect("A never took a permit");
+        timeout(SOON, read_back.wait_hit())
+            .await
+            .expect("A never read back");
+        let bg = timeout(SOON, b.semaphore("s", 2).unwrap().acquire())
+            .await
+            .unwrap()
+            .unwrap();
+        read_back.release();
+        let ag = timeout(SOON, a_acq)
+            .await
+            .expect("A never granted")
+            .unwrap()
+            .unwrap();
+        assert_ne!(ag.token(), bg.token(), "two permits with one token");
+        ag.release().await.unwrap();
+        bg.release().await.unwrap();
+    })
+    .await;
+    env.finish().await;
+}
