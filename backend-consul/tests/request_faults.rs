@@ -12,7 +12,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance_tests::faults::{HttpFault, HttpProxy, Match};
+use conformance_tests::faults::{HttpFault, HttpProxy, HttpRule, Match};
 use conformance_tests::repeat::serially;
 use lockcore::{LockClient, LockGuard, Result};
 use tokio::time::{timeout, Instant};
@@ -148,32 +148,7 @@ async fn late_read_after_a_fast_grant_never_takes_another_holders_lock() {
         let admin = env.client("lock_delay=1s").await;
         let d = env.client("").await;
         let other = env.client("").await;
-        let cycle = |c: LockClient, name: &'static str| async move {
-            acquire(&c, name).await.release().await.unwrap();
-        };
-        let mut attempt = 0;
-        let (rule, mut a_acq) = loop {
-            attempt += 1;
-            assert!(attempt <= 40, "never found the cluster quiet enough");
-            cycle(a.clone(), "x").await;
-            cycle(a.clone(), "x").await; // quiet: the next one leaves out its read
-            cycle(other.clone(), "elsewhere").await; // ...and reads after its grant
-            let rule = proxy.on(
-                txn_starting(&env, "get-tree", "x"),
-                1,
-                HttpFault::DelayRequest(HOLD),
-            );
-            let mut acq = spawn_acquire(&a, "x");
-            tokio::select! {
-                _ = rule.wait_hit() => break (rule, acq),
-                r = &mut acq => {
-                    // The cluster was busy: the read stayed in the acquire.
-                    proxy.clear_rules();
-                    r.unwrap().unwrap().release().await.unwrap();
-                }
-            }
-        };
-        eprintln!("the read after a fast grant is held (attempt {attempt})");
+        let (rule, mut a_acq) = fast_grant_with_its_read_held(&env, &a, &other, &proxy).await;
         // A holds `.lock` but has not reported it; an operator breaks it and
         // D takes the lock.
         assert!(admin.break_lock("x").await.unwrap());
@@ -200,6 +175,91 @@ async fn late_read_after_a_fast_grant_never_takes_another_holders_lock() {
             .unwrap()
             .unwrap();
         assert!(g.token() > d_token, "{} after {d_token}", g.token());
+        g.release().await.unwrap();
+    })
+    .await;
+    env.finish().await;
+}
+
+/// Cycles `a` (behind `proxy`) on lock `x` until a repeat fast acquire
+/// leaves out its read, has `other` write elsewhere so that this acquire
+/// must read after its grant, and holds that read: returns the rule that
+/// holds it and the acquire, whose `.lock` is written but not reported.
+async fn fast_grant_with_its_read_held(
+    env: &Env,
+    a: &LockClient,
+    other: &LockClient,
+    proxy: &HttpProxy,
+) -> (HttpRule, tokio::task::JoinHandle<Result<LockGuard>>) {
+    let cycle = |c: LockClient, name: &'static str| async move {
+        acquire(&c, name).await.release().await.unwrap();
+    };
+    for attempt in 1..=40 {
+        cycle(a.clone(), "x").await;
+        cycle(a.clone(), "x").await; // quiet: the next one leaves out its read
+        cycle(other.clone(), "elsewhere").await; // ...and reads after its grant
+        let rule = proxy.on(
+            txn_starting(env, "get-tree", "x"),
+            1,
+            HttpFault::DelayRequest(HOLD),
+        );
+        let mut acq = spawn_acquire(a, "x");
+        tokio::select! {
+            _ = rule.wait_hit() => {
+                eprintln!("the read after a fast grant is held (attempt {attempt})");
+                return (rule, acq);
+            }
+            r = &mut acq => {
+                // The cluster was busy: the read stayed in the acquire.
+                proxy.clear_rules();
+                r.unwrap().unwrap().release().await.unwrap();
+            }
+        }
+    }
+    panic!("never found the cluster quiet enough");
+}
+
+/// Finding 1, the variant inside the break's grace: the late read shows
+/// `.lock` still locked by our session but rewritten by the operator's
+/// break (another index, marked broken). That is not our grant: the
+/// acquire waits until the break is done and takes the lock after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_read_inside_a_break_never_grants_the_broken_lock() {
+    let Some(mut env) = Env::new() else { return };
+    serially(async {
+        let (a, proxy) = env.proxied("ttl=1h").await;
+        let admin = env.client("lock_delay=4s").await;
+        let other = env.client("").await;
+        let (rule, mut a_acq) = fast_grant_with_its_read_held(&env, &a, &other, &proxy).await;
+        let ours = admin.inspect("x").await.unwrap().holders[0].token;
+        let a2 = admin.clone();
+        let breaking = tokio::spawn(async move { a2.break_lock("x").await });
+        let start = Instant::now();
+        let broken_at = loop {
+            let st = admin.inspect("x").await.unwrap();
+            if let Some(h) = st.holders.first().filter(|h| h.token != ours) {
+                break h.token;
+            }
+            assert!(start.elapsed() < SOON, "the break never rewrote .lock");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        rule.release();
+        if let Ok(r) = timeout(Duration::from_millis(1500), &mut a_acq).await {
+            let g = r.unwrap().unwrap();
+            panic!(
+                "granted during the break's grace with token {} (the broken .lock is at {broken_at})",
+                g.token()
+            );
+        }
+        assert!(timeout(SOON, breaking).await.unwrap().unwrap().unwrap());
+        let g = timeout(SOON, a_acq)
+            .await
+            .expect("never granted after the break")
+            .unwrap()
+            .unwrap();
+        assert!(g.token() > broken_at, "{} after {broken_at}", g.token());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(g.is_held(), "{:?}", g.loss());
         g.release().await.unwrap();
     })
     .await;
