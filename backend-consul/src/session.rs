@@ -1441,8 +1441,11 @@ impl ConsulSession {
             // Granted by our place in a read: write our entry again (at the
             // index read, so not if it was broken or deleted since) and
             // read the lock in the same txn, which decides.
-            // The value must change (it names the index it replaces):
-            // Consul skips a write that changes nothing, index included.
+            // The value changes (it names the index it replaces): Consul
+            // skips a write that changes nothing, index included (seen on
+            // 1.8.7 for a key without a session; a locked key's `cas` still
+            // moved its index there, but only because the op names no
+            // session: not something to rely on).
             let stamp = Record {
                 token: Some(ours.modify_index),
                 ..record.clone()
