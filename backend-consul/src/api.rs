@@ -70,7 +70,10 @@ pub(crate) struct Record {
     /// Milliseconds since the Unix epoch when it was written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub since_ms: Option<u64>,
-    /// For `.lock.revoke`: the token of the holder asked to let go.
+    /// For `.lock.revoke`: the token of the holder asked to let go. For a
+    /// read-write entry written again at its grant: the index it replaced
+    /// (so that write changes the value: Consul skips a write that changes
+    /// nothing, and the index with it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<u64>,
     /// For semaphore contender keys: the permits asked for.
@@ -250,10 +253,30 @@ impl Api {
     /// Every entry whose key starts with `prefix`, and the index of the
     /// answer (`X-Consul-Index`). With `block.index > 0`, a blocking query.
     pub async fn kv_list(&self, prefix: &str, block: Block) -> ApiResult<(u64, Vec<KvEntry>)> {
-        let mut u = self.url(&format!("v1/kv/{prefix}"));
+        self.kv_read(prefix, true, block).await
+    }
+
+    /// The entry `key` alone (no other key that starts with it), and the
+    /// index of the answer: the entry's `ModifyIndex`, or the KV table's
+    /// index if it is missing. A blocking query on it (`block.index > 0`)
+    /// returns only when this key changes.
+    pub async fn kv_get(&self, key: &str, block: Block) -> ApiResult<(u64, Option<KvEntry>)> {
+        let (index, entries) = self.kv_read(key, false, block).await?;
+        Ok((index, entries.into_iter().find(|e| e.key == key)))
+    }
+
+    async fn kv_read(
+        &self,
+        path: &str,
+        recurse: bool,
+        block: Block,
+    ) -> ApiResult<(u64, Vec<KvEntry>)> {
+        let mut u = self.url(&format!("v1/kv/{path}"));
         {
             let mut q = u.query_pairs_mut();
-            q.append_key_only("recurse");
+            if recurse {
+                q.append_key_only("recurse");
+            }
             if block.consistent {
                 q.append_key_only("consistent");
             }

@@ -302,7 +302,12 @@ impl ConsulBackend {
         let Some((sv, lock_index)) = self.held_sem(keys).await? else {
             return Ok(Some(false));
         };
-        let mut ops = vec![op::delete_cas(&keys.sem.lock, lock_index)];
+        // `check-index` first: `delete-cas` of a missing key succeeds, and
+        // the holders' keys must go only with the `.lock` that named them.
+        let mut ops = vec![
+            op::check_index(&keys.sem.lock, lock_index),
+            op::delete_cas(&keys.sem.lock, lock_index),
+        ];
         for h in &sv.live_holders {
             ops.push(op::delete(&keys.sem.contender(h)));
             ops.push(op::delete(&keys.sem.revoke(h)));
@@ -546,6 +551,14 @@ impl Backend for ConsulBackend {
                 continue;
             };
             let holder = h.to_string();
+            // The holder's queue key as it is now (a queued holder has one):
+            // phase 2 deletes that one only, never a newer one of the same
+            // session (a new acquire after the holder let go).
+            let holder_queued = v
+                .queue
+                .iter()
+                .find(|q| q.holder() == Some(holder.as_str()))
+                .map(|q| (q.key.clone(), q.modify_index));
             let mut at = l.modify_index;
             if !grace.is_zero() {
                 // Phase 1: rewrite `.lock` in place. It stays locked by the
@@ -582,12 +595,17 @@ impl Backend for ConsulBackend {
             }
             // Phase 2: delete `.lock` at the index we left it at, the
             // holder's queue key (so our next waiter, which watches it,
-            // moves up), and any revoke marker.
-            let ops = vec![
+            // moves up), and any revoke marker. `check-index` first:
+            // `delete-cas` of a missing key succeeds, and a holder that let
+            // go during the grace may have queued again since.
+            let mut ops = vec![
+                op::check_index(&keys.lock, at),
                 op::delete_cas(&keys.lock, at),
-                op::delete(&keys.queue(&holder)),
-                op::delete(&keys.revoke),
             ];
+            if let Some((qkey, qindex)) = &holder_queued {
+                ops.push(op::delete_cas(qkey, *qindex));
+            }
+            ops.push(op::delete(&keys.revoke));
             match self
                 .inner
                 .api
@@ -701,7 +719,7 @@ impl Backend for ConsulBackend {
     async fn kill_session(&self, session: &str) -> Result<()> {
         if session.is_empty() || !session.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
             return Err(Error::new(
-                ErrorKind::Store,
+                ErrorKind::InvalidArgument,
                 format!("{session:?} is not a Consul session id"),
             ));
         }

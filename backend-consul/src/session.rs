@@ -79,6 +79,8 @@ struct Shared {
 /// What [`ConsulSession::try_fast`] found when it took the lock.
 struct FastTry {
     view: View,
+    /// Our `.lock`'s index.
+    token: u64,
     /// The view is the lock at the grant (not a read after it): a grant
     /// that finds nobody in line is remembered in `Shared::lone_grants`.
     at_grant: bool,
@@ -188,6 +190,18 @@ impl fmt::Debug for ConsulSession {
         f.debug_struct("ConsulSession")
             .field("id", &self.s.id)
             .finish()
+    }
+}
+
+/// The index for the next blocking query after one at `index` answered
+/// `idx`: always the answer's (so a query never spins on an old index), or
+/// a fresh start if the index went backwards (Consul's advice: a restored
+/// snapshot, a new leader with an older table).
+fn next_index(index: u64, idx: u64) -> u64 {
+    if idx < index {
+        1
+    } else {
+        idx.max(1)
     }
 }
 
@@ -311,15 +325,20 @@ impl ConsulSession {
         }
     }
 
-    /// Waits until `pred` (the queue key ahead of ours) is gone.
+    /// Waits until `pred` (the entry ahead of ours) is gone: a blocking
+    /// query on that exact key (not a prefix: a revoke marker next to it
+    /// must not wake us), always from the index the last answer gave.
+    ///
+    /// # Cancel safety
+    /// Only reads; safe to drop.
     async fn wait_gone(&self, pred: &KvEntry) -> Result<()> {
         let mut index = pred.modify_index.max(1);
         loop {
-            let (idx, entries) = self
+            let (idx, entry) = self
                 .s
                 .backend
                 .api
-                .kv_list(
+                .kv_get(
                     &pred.key,
                     Block {
                         index,
@@ -329,34 +348,48 @@ impl ConsulSession {
                 )
                 .await
                 .map_err(|e| map(e, "waiting for the contender ahead"))?;
-            let still = entries.iter().any(|e| {
-                e.key == pred.key && e.create_index == pred.create_index && e.holder().is_some()
-            });
+            let still =
+                entry.is_some_and(|e| e.create_index == pred.create_index && e.holder().is_some());
             if !still {
                 return Ok(());
             }
-            index = idx.max(1);
+            index = next_index(index, idx);
         }
     }
 
-    /// Waits until `.lock` (held by another session) changes; returns it
-    /// as it is then.
+    /// Waits until `.lock` (held by another session, or broken) changes;
+    /// returns it as it is then. Blocks on the exact key `.lock` (the
+    /// revoke marker `.lock.revoke` shares its prefix: a revoke request
+    /// must not wake, let alone spin, the waiter), and always from the
+    /// index the last answer gave.
+    ///
+    /// # Cancel safety
+    /// Only reads; safe to drop.
     async fn wait_lock(&self, keys: &Keys, held: &KvEntry) -> Result<Option<KvEntry>> {
-        let (_, entries) = self
-            .s
-            .backend
-            .api
-            .kv_list(
-                &keys.lock,
-                Block {
-                    index: held.modify_index.max(1),
-                    wait: LONG_POLL,
-                    consistent: true,
-                },
-            )
-            .await
-            .map_err(|e| map(e, "waiting for the holder"))?;
-        Ok(entries.into_iter().find(|e| e.key == keys.lock))
+        let mut index = held.modify_index.max(1);
+        loop {
+            let (idx, entry) = self
+                .s
+                .backend
+                .api
+                .kv_get(
+                    &keys.lock,
+                    Block {
+                        index,
+                        wait: LONG_POLL,
+                        consistent: true,
+                    },
+                )
+                .await
+                .map_err(|e| map(e, "waiting for the holder"))?;
+            let same = entry.as_ref().is_some_and(|e| {
+                e.modify_index == held.modify_index && e.holder() == held.holder()
+            });
+            if !same {
+                return Ok(entry);
+            }
+            index = next_index(index, idx);
+        }
     }
 
     /// Hands a granted lock to the monitor.
@@ -442,11 +475,20 @@ impl StoreSession for ConsulSession {
         }
         let keys = Keys::new(&s.backend.config, &req.name);
         let qkey = keys.queue(&s.id);
+        let contender = req.contender.to_string();
         let record = || Record {
             quorumlock: 1,
-            contender: Some(req.contender.to_string()),
+            contender: Some(contender.clone()),
             since_ms: Some(now_ms()),
             ..Record::default()
+        };
+        // A `.lock` that this acquire wrote (its contender id, our session,
+        // not rewritten by a break): ours, whatever the answer said.
+        let mine = |l: &KvEntry| {
+            l.holder() == Some(s.id.as_str())
+                && l.flags == LOCK_FLAGS
+                && l.record()
+                    .is_some_and(|r| !r.broken && r.contender.as_deref() == Some(&contender))
         };
 
         // A waiting acquire rides out transient trouble (a reset, a leader
@@ -471,48 +513,42 @@ impl StoreSession for ConsulSession {
         let tried = if contended {
             None
         } else {
-            self.try_fast(req, &keys, record()).await?
+            self.try_fast(req, &keys, record(), &mut transient).await?
         };
         if let Some(FastTry {
             view: v,
+            token,
             at_grant,
             last,
         }) = tried
         {
-            let ahead = !v.line(&keys).is_empty();
-            let token = v.lock.as_ref().map(|l| l.modify_index);
-            match token {
-                Some(token) if !ahead => {
-                    // A marker of an earlier holder (see `release`) goes
-                    // with our release, as a queued holder's does.
-                    if v.revoke.is_none() {
-                        self.s.fast_held.lock().expect("poisoned").insert(token);
-                        if at_grant {
-                            self.s.lone_grants.keep(&keys.lock, last, token);
-                        }
-                    }
-                    self.watch(&keys, token, &req.signals);
-                    return Ok(Acquired {
-                        token,
-                        entry: keys.lock.clone(),
-                    });
-                }
-                Some(token) => {
-                    self.note_contention(&keys, true);
-                    let ops = vec![
-                        op::delete_cas(&keys.lock, token),
-                        op::lock(&qkey, &s.id, QUEUE_FLAGS, &record().encode()),
-                        op::get_tree(&keys.tree),
-                    ];
-                    match self.write(&keys, ops, "giving the lock back").await? {
-                        Txn::Done(results) => {
-                            fast = Some(View::from_entries(&keys, read_after_lock(results)))
-                        }
-                        Txn::Failed(errs) => return Err(failed("giving the lock back", &errs)),
+            if v.line(&keys).is_empty() {
+                // A marker of an earlier holder (see `release`) goes
+                // with our release, as a queued holder's does.
+                if v.revoke.is_none() {
+                    self.s.fast_held.lock().expect("poisoned").insert(token);
+                    if at_grant {
+                        self.s.lone_grants.keep(&keys.lock, last, token);
                     }
                 }
-                None => self.note_contention(&keys, true),
+                self.watch(&keys, token, &req.signals);
+                return Ok(Acquired {
+                    token,
+                    entry: keys.lock.clone(),
+                });
             }
+            self.note_contention(&keys, true);
+            // Given back and joined: go on from the lock as that txn read
+            // it. Else (our grant was taken from us first, or the join's
+            // answer was lost and it did not go through) join below.
+            fast = self
+                .give_back(&keys, token, Some(record()), &mut transient)
+                .await?
+                .filter(|v| {
+                    v.queue
+                        .iter()
+                        .any(|e| e.key == qkey && e.holder() == Some(s.id.as_str()))
+                });
         } else if !contended {
             self.note_contention(&keys, true); // `.lock` is taken
         }
@@ -554,10 +590,34 @@ impl StoreSession for ConsulSession {
         loop {
             // Mutexes and read-write locks of one name share one line.
             let line = view.line(&keys);
-            let Some(pos) = line
+            let pos = line
                 .iter()
-                .position(|(_, e)| e.key == qkey && e.holder() == Some(s.id.as_str()))
-            else {
+                .position(|(_, e)| e.key == qkey && e.holder() == Some(s.id.as_str()));
+            // Our own `.lock` (a grant whose answer was lost, here or on the
+            // fast path), at whatever place our queue key has: held by us
+            // unless contenders of ours were in line before that grant,
+            // then given back (at our token only).
+            if let Some(l) = view.lock.clone().filter(|l| mine(l)) {
+                let token = l.modify_index;
+                let since = pos.map_or(token, |p| token.min(line[p].1.create_index));
+                let ahead = line
+                    .iter()
+                    .any(|(_, e)| e.key != qkey && e.create_index < since);
+                if !ahead {
+                    self.watch(&keys, token, &req.signals);
+                    return Ok(Acquired {
+                        token,
+                        entry: keys.lock.clone(),
+                    });
+                }
+                if let Some(v) = self.give_back(&keys, token, None, &mut transient).await? {
+                    view = v;
+                    continue;
+                }
+                view = transient.retry(read).await?;
+                continue;
+            }
+            let Some(pos) = pos else {
                 return Err(session_lost(
                     "our queue entry is gone (session expired or entry deleted)",
                 ));
@@ -576,19 +636,6 @@ impl StoreSession for ConsulSession {
             }
             // 3. First in our queue: only we look at `.lock`.
             if let Some(l) = &view.lock {
-                let mine = l.holder() == Some(s.id.as_str())
-                    && l.flags == LOCK_FLAGS
-                    && l.record().is_some_and(|r| {
-                        !r.broken && r.contender.as_deref() == Some(&req.contender.to_string())
-                    });
-                if mine {
-                    // Our grant went through but its answer was lost.
-                    self.watch(&keys, l.modify_index, &req.signals);
-                    return Ok(Acquired {
-                        token: l.modify_index,
-                        entry: keys.lock.clone(),
-                    });
-                }
                 if l.flags != LOCK_FLAGS {
                     return Err(Error::new(
                         ErrorKind::Conflict,
@@ -598,16 +645,18 @@ impl StoreSession for ConsulSession {
                         ),
                     ));
                 }
-                if let Some(h) = l.holder() {
-                    if h != s.id {
-                        if !req.wait {
-                            self.leave_queue(&keys).await?;
-                            return Err(would_block(&keys));
-                        }
-                        let held = l.clone();
-                        view.lock = transient.retry(|| self.wait_lock(&keys, &held)).await?;
-                        continue;
+                // Held by another session, or by ours but broken by an
+                // operator (it goes at the end of the break's grace):
+                // wait until it changes.
+                let broken = l.record().is_some_and(|r| r.broken);
+                if l.holder().is_some_and(|h| h != s.id || broken) {
+                    if !req.wait {
+                        self.leave_queue(&keys).await?;
+                        return Err(would_block(&keys));
                     }
+                    let held = l.clone();
+                    view.lock = transient.retry(|| self.wait_lock(&keys, &held)).await?;
+                    continue;
                 }
             }
             let check = match &view.lock {
@@ -623,7 +672,7 @@ impl StoreSession for ConsulSession {
             let outcome = match self.write(&keys, ops, "taking the lock").await {
                 Ok(o) => o,
                 Err(e) => {
-                    // Unknown outcome: read back (step 3 recognizes our
+                    // Unknown outcome: read back (the loop recognizes our
                     // own grant by its contender id).
                     transient.absorb(e).await?;
                     view = transient.retry(read).await?;
@@ -792,18 +841,28 @@ impl ConsulSession {
     /// The one-txn acquire of a free mutex: `check-not-exists` of `.lock`,
     /// `lock` of `.lock`, `get-tree` (none after a quiet cycle: see
     /// `Shared::lone_grants`).
-    /// `None`: rolled back (not free), nothing written. The view it
-    /// returns has `.lock` at our token, and no queue key of ours: the fast
-    /// holder has none (a queue key is only for waiting, and the write
-    /// costs a tenth of the cycle).
+    /// `None`: not taken (rolled back: not free; nothing written), or an
+    /// answer lost and our `.lock` not found on reading back. `Some`: our
+    /// `.lock` at our token, not broken, and the lock as it was at that
+    /// grant (`at_grant`) or as a read after it shows our `.lock` still
+    /// ours at that token (entries made after our grant, which are behind
+    /// us, left out). No queue key of ours: the fast holder has none (a
+    /// queue key is only for waiting, and the write costs a tenth of the
+    /// cycle).
+    ///
+    /// # Cancel safety
+    /// The write runs to its end if dropped ([`ConsulSession::write`]);
+    /// the `abandon` that follows removes a `.lock` it took.
     async fn try_fast(
         &self,
         req: &AcquireRequest,
         keys: &Keys,
         record: Record,
+        transient: &mut Transient<'_>,
     ) -> Result<Option<FastTry>> {
         let last = self.s.lone_grants.take(&keys.lock);
         let skip_read = last.is_some_and(|l| l.quiet);
+        let contender = record.contender.clone();
         let mut ops = vec![
             op::check_not_exists(&keys.lock),
             op::lock(&keys.lock, &self.s.id, LOCK_FLAGS, &record.encode()),
@@ -811,36 +870,140 @@ impl ConsulSession {
         if !skip_read {
             ops.push(op::get_tree(&keys.tree));
         }
+        let read = || read_view(&self.s.backend.api, keys);
+        // Our grant at `token`, judged on a read taken after it: only if
+        // that read still shows `.lock` ours at that token and not broken
+        // (else an operator broke it and someone else may hold it now:
+        // its `.lock`, its index, are not ours). Entries made after our
+        // grant are behind us.
+        let after = |mut v: View, token: u64| {
+            let ours = v.lock.as_ref().is_some_and(|l| {
+                l.holder() == Some(self.s.id.as_str())
+                    && l.modify_index == token
+                    && l.flags == LOCK_FLAGS
+                    && l.record()
+                        .is_some_and(|r| !r.broken && r.contender == contender)
+            });
+            if !ours {
+                tracing::debug!(lock = %keys.lock, token, "our fast grant was taken before we reported it");
+                return None;
+            }
+            v.queue.retain(|e| e.create_index < token);
+            v.rw.retain(|e| e.create_index < token);
+            Some(FastTry {
+                view: v,
+                token,
+                at_grant: false,
+                last,
+            })
+        };
         let results = match self.write(keys, ops, "taking a free lock").await {
             Ok(Txn::Done(results)) => results,
             Ok(Txn::Failed(_)) => return Ok(None),
-            // Unknown outcome: the queued path finds out (it recognizes
-            // a grant of ours by its contender id).
-            Err(e) if e.kind() == ErrorKind::Connection && req.wait => return Ok(None),
+            // Unknown outcome: read back. Our `.lock` (found by its
+            // contender id) is a grant like any other; the queued path
+            // also recognizes it later, at any place in the queue.
+            Err(e) if e.kind() == ErrorKind::Connection && req.wait => {
+                transient.absorb(e).await?;
+                let v = transient.retry(read).await?;
+                let Some(token) = v.lock.as_ref().map(|l| l.modify_index) else {
+                    return Ok(None);
+                };
+                return Ok(after(v, token));
+            }
             Err(e) => return Err(e),
         };
         let token = results
             .iter()
             .find(|e| e.key == keys.lock)
-            .map(|e| e.modify_index);
-        let (view, at_grant) = if !skip_read {
-            (View::from_entries(keys, read_after_lock(results)), true)
-        } else if last.zip(token).is_some_and(|(l, t)| l.alone_at(t)) {
-            (View::from_entries(keys, results), true)
-        } else {
-            // Something else was written meanwhile: read the lock. Entries
-            // made after our grant are behind us.
-            let token = token.unwrap_or(u64::MAX);
-            let mut v = read_view(&self.s.backend.api, keys).await?;
-            v.queue.retain(|e| e.create_index < token);
-            v.rw.retain(|e| e.create_index < token);
-            (v, false)
-        };
-        Ok(Some(FastTry {
-            view,
-            at_grant,
-            last,
-        }))
+            .map(|e| e.modify_index)
+            .ok_or_else(|| Error::new(ErrorKind::Internal, "Consul txn returned no .lock entry"))?;
+        if !skip_read {
+            let view = View::from_entries(keys, read_after_lock(results));
+            return Ok(Some(FastTry {
+                view,
+                token,
+                at_grant: true,
+                last,
+            }));
+        }
+        if last.is_some_and(|l| l.alone_at(token)) {
+            let view = View::from_entries(keys, results);
+            return Ok(Some(FastTry {
+                view,
+                token,
+                at_grant: true,
+                last,
+            }));
+        }
+        // Something else was written meanwhile: read the lock.
+        let v = transient.retry(read).await?;
+        Ok(after(v, token))
+    }
+
+    /// Gives our `.lock` back (at our `token` only: never another holder's)
+    /// because contenders of ours were in line before our grant, and (with
+    /// `join`, the record of a queue key) joins the queue in the same txn.
+    /// `Some(view)`: given back; the lock as the same txn (or, after a lost
+    /// answer, a read) shows it. `None`: `.lock` was not ours at `token`
+    /// any more (an operator's break, a lost session): nothing to give
+    /// back, nothing written, and the caller goes on as if the grant never
+    /// happened.
+    ///
+    /// # Cancel safety
+    /// Each write runs to its end if dropped; the `abandon` that follows
+    /// removes our `.lock` and queue key.
+    async fn give_back(
+        &self,
+        keys: &Keys,
+        token: u64,
+        join: Option<Record>,
+        transient: &mut Transient<'_>,
+    ) -> Result<Option<View>> {
+        let s = &self.s;
+        let qkey = keys.queue(&s.id);
+        loop {
+            // `check-index` first: `delete-cas` of a missing key succeeds.
+            let mut ops = vec![
+                op::check_index(&keys.lock, token),
+                op::delete_cas(&keys.lock, token),
+            ];
+            if let Some(r) = &join {
+                ops.push(op::lock(&qkey, &s.id, QUEUE_FLAGS, &r.encode()));
+            }
+            ops.push(op::get_tree(&keys.tree));
+            match self.write(keys, ops, "giving the lock back").await {
+                Ok(Txn::Done(results)) => {
+                    // After a `lock` op, its own entry comes before the tree.
+                    let results = if join.is_some() {
+                        read_after_lock(results)
+                    } else {
+                        results
+                    };
+                    return Ok(Some(View::from_entries(keys, results)));
+                }
+                Ok(Txn::Failed(errs))
+                    if errs.iter().any(|e| e.what.contains("invalid session")) =>
+                {
+                    return Err(session_lost("the Consul session is gone"));
+                }
+                Ok(Txn::Failed(errs)) => {
+                    // `.lock` is not at our token: broken or gone with our
+                    // session. Not ours to give back; nothing was written.
+                    tracing::debug!(lock = %keys.lock, ?errs, "our grant was taken before we gave it back");
+                    return Ok(None);
+                }
+                Err(e) => {
+                    transient.absorb(e).await?;
+                    let v = transient.retry(|| read_view(&s.backend.api, keys)).await?;
+                    if !v.lock.as_ref().is_some_and(|l| l.modify_index == token) {
+                        // Given back (or taken from us): go on from here.
+                        return Ok(Some(v));
+                    }
+                    // Not applied: try again.
+                }
+            }
+        }
     }
 
     /// Reads `P/` (blocking past `index` if it is not 0).
@@ -991,10 +1154,42 @@ impl ConsulSession {
                 ));
             };
             let my_index = ours[pos].modify_index;
-            if view.live_holders.contains(sid) {
-                // Our CAS went through but its answer was lost.
-                let token = view.lock.as_ref().map_or(0, |l| l.modify_index);
-                return Ok(self.granted_sem(&keys, token, my_index, req));
+            if let Some(l) = view
+                .lock
+                .clone()
+                .filter(|_| view.live_holders.contains(sid))
+            {
+                // Our CAS went through but its answer was lost: its index
+                // is unknown (another holder's CAS may have moved `.lock`
+                // since, and its index is that holder's token). Write
+                // `.lock` again for a token of our own, larger than every
+                // earlier grant's: the same JSON with a trailing newline
+                // added or removed (Consul skips a write that changes
+                // nothing, index included; JSON readers, Go's too, ignore
+                // it).
+                let ops = vec![
+                    op::check_session(&contender, sid),
+                    op::cas(
+                        &keys.sem.lock,
+                        l.modify_index,
+                        SEMAPHORE_FLAGS,
+                        &toggle_trailing_newline(l.value.as_deref().unwrap_or_default()),
+                    ),
+                    op::get(&keys.sem.lock),
+                ];
+                match self.write(&keys, ops, "taking a permit").await {
+                    Ok(Txn::Done(results)) => {
+                        if let Some(t) = results.iter().rev().find(|e| e.key == keys.sem.lock) {
+                            return Ok(self.granted_sem(&keys, t.modify_index, my_index, req));
+                        }
+                    }
+                    Ok(Txn::Failed(errs)) => {
+                        tracing::debug!(?errs, "the semaphore changed; re-reading");
+                    }
+                    Err(e) => transient.absorb(e).await?,
+                }
+                view = transient.retry(read).await?;
+                continue;
             }
             let n = permits as usize;
             if pos >= n {
@@ -1109,8 +1304,19 @@ impl ConsulSession {
     /// Read or write side of a read-write lock: one entry per attempt,
     /// `<prefix>/.rw/<session>-<contender>`, in the line that mutexes of
     /// the same name share (ordered by CreateIndex). A writer waits for its
-    /// predecessor, a reader for the nearest writer or mutex ahead. The
-    /// token is the entry's index, so successive writers get larger ones.
+    /// predecessor, a reader for the nearest writer or mutex ahead.
+    ///
+    /// The grant is decided in the txn that gives the token: the join
+    /// (`lock` of the entry + `get-tree`) when it finds us holding by our
+    /// place; after any wait, a `cas` of our entry at the index we read
+    /// (so never an entry an operator rewrote as broken, or deleted) +
+    /// `get-tree`. The token is the index of that write, like a mutex's
+    /// `.lock` write at its grant: tokens of every kind on one name grow
+    /// in grant order (a mutex granted while we waited got a smaller one).
+    ///
+    /// # Cancel safety
+    /// Every write runs to its end if dropped; the `abandon` that follows
+    /// removes our entry.
     async fn acquire_rw(&self, req: &AcquireRequest) -> Result<Acquired> {
         let s = &self.s;
         if !s.liveness.is_alive() {
@@ -1132,6 +1338,9 @@ impl ConsulSession {
         };
         let mut transient = Transient::new(req.wait, &s.liveness);
         let read = || read_view(&s.backend.api, &keys);
+        // Whether `view` was read in the txn that wrote our entry at its
+        // current index (then a grant by place in it is decided there).
+        let mut decided_in_write;
         let mut view = loop {
             let ops = vec![
                 op::lock(&entry, &s.id, flags, &record.encode()),
@@ -1139,6 +1348,7 @@ impl ConsulSession {
             ];
             match self.write(&keys, ops, "joining the queue").await {
                 Ok(Txn::Done(results)) => {
+                    decided_in_write = true;
                     break View::from_entries(&keys, read_after_lock(results));
                 }
                 Ok(Txn::Failed(errs))
@@ -1151,6 +1361,7 @@ impl ConsulSession {
                     transient.absorb(e).await?;
                     let v = transient.retry(read).await?;
                     if v.rw.iter().any(|e| e.key == entry) {
+                        decided_in_write = false;
                         break v;
                     }
                 }
@@ -1160,6 +1371,7 @@ impl ConsulSession {
             self.remove_rw(&keys, &entry).await?;
             Err::<Acquired, Error>(would_block(&keys))
         };
+        let mut retries = 0;
         loop {
             if let Some(l) = &view.lock {
                 if l.flags != LOCK_FLAGS {
@@ -1182,6 +1394,15 @@ impl ConsulSession {
                     "our entry is gone (session expired or entry deleted)",
                 ));
             };
+            let ours = line[pos].1.clone();
+            if ours.record().is_some_and(|r| r.broken) {
+                // An operator broke the holders while our grant was on its
+                // way: it is not ours to hold. The client layer removes the
+                // entry (ending the break) and asks again.
+                return Err(session_lost(
+                    "our entry was broken by an operator before its grant",
+                ));
+            }
             let blocker = match req.kind {
                 LockKind::Read => line[..pos]
                     .iter()
@@ -1196,6 +1417,7 @@ impl ConsulSession {
                 }
                 transient.retry(|| self.wait_gone(&b)).await?;
                 view = transient.retry(read).await?;
+                decided_in_write = false;
                 continue;
             }
             debug_assert!(line_holds(&line, pos));
@@ -1206,15 +1428,51 @@ impl ConsulSession {
                 if !req.wait {
                     return leave().await;
                 }
-                view.lock = transient.retry(|| self.wait_lock(&keys, &l)).await?;
-                if view.lock.is_none() {
-                    view = transient.retry(read).await?;
-                }
+                transient.retry(|| self.wait_lock(&keys, &l)).await?;
+                view = transient.retry(read).await?;
+                decided_in_write = false;
                 continue;
             }
-            let token = line[pos].1.modify_index;
-            self.watch_key(&entry, &revoke, token, &req.signals);
-            return Ok(Acquired { token, entry });
+            if decided_in_write {
+                let token = ours.modify_index;
+                self.watch_key(&entry, &revoke, token, &req.signals);
+                return Ok(Acquired { token, entry });
+            }
+            // Granted by our place in a read: write our entry again (at the
+            // index read, so not if it was broken or deleted since) and
+            // read the lock in the same txn, which decides.
+            // The value changes (it names the index it replaces): Consul
+            // skips a write that changes nothing, index included (seen on
+            // 1.8.7 for a key without a session; a locked key's `cas` still
+            // moved its index there, but only because the op names no
+            // session: not something to rely on).
+            let stamp = Record {
+                token: Some(ours.modify_index),
+                ..record.clone()
+            };
+            let ops = vec![
+                op::cas(&entry, ours.modify_index, flags, &stamp.encode()),
+                op::get_tree(&keys.tree),
+            ];
+            match self.write(&keys, ops, "taking the lock").await {
+                Ok(Txn::Done(results)) => {
+                    view = View::from_entries(&keys, read_after_lock(results));
+                    decided_in_write = true;
+                }
+                Ok(Txn::Failed(errs)) => {
+                    // Our entry changed (broken, or gone with the session):
+                    // the re-read tells.
+                    retries += 1;
+                    if retries > MAX_ACQUIRE_RETRIES {
+                        return Err(failed("taking the lock", &errs));
+                    }
+                    view = transient.retry(read).await?;
+                }
+                Err(e) => {
+                    transient.absorb(e).await?;
+                    view = transient.retry(read).await?;
+                }
+            }
         }
     }
 
@@ -1235,6 +1493,20 @@ impl ConsulSession {
             Txn::Failed(_) => self.leave_queue(keys).await,
         }
     }
+}
+
+/// A base64 value with a trailing newline added (or removed if it has
+/// one): a different value that JSON readers take for the same.
+fn toggle_trailing_newline(b64: &str) -> String {
+    use base64::Engine as _;
+    let engine = base64::engine::general_purpose::STANDARD;
+    let mut raw = engine.decode(b64).unwrap_or_default();
+    if raw.last() == Some(&b'\n') {
+        raw.pop();
+    } else {
+        raw.push(b'\n');
+    }
+    engine.encode(raw)
 }
 
 /// What a `lock` + `get-tree` txn read: its results without the first, which
@@ -1260,7 +1532,7 @@ impl Drop for ConsulSession {
 /// client's local deadline fires if they last).
 async fn keepalive(s: Arc<Shared>) {
     let ttl = s.backend.config.ttl;
-    let timeout = (ttl / 4).max(Duration::from_secs(2));
+    let longest = (ttl / 4).max(Duration::from_secs(2));
     let mut next = Instant::now() + ttl / 2;
     loop {
         tokio::select! {
@@ -1274,6 +1546,19 @@ async fn keepalive(s: Arc<Shared>) {
             _ = tokio::time::sleep_until(next) => {}
         }
         let sent = Instant::now();
+        // Time left before the local deadline: one renew that hangs to its
+        // timeout must leave room for another try before it (with TTL
+        // 10 s, a 2.5 s timeout + 0.5 s pause after the renew at TTL/2 came
+        // exactly at the deadline: a spurious loss). A quarter of it is
+        // kept for that: a slow answer (a high latency) still has most of
+        // the time.
+        let left = s
+            .liveness
+            .deadline()
+            .map(|d| d.saturating_duration_since(sent));
+        let timeout = left.map_or(longest, |l| {
+            longest.min(l * 3 / 4).max(Duration::from_millis(250))
+        });
         match s.backend.api.session_renew(&s.id, timeout).await {
             Ok(true) => {
                 s.liveness.confirm(sent, ttl);
@@ -1286,7 +1571,15 @@ async fn keepalive(s: Arc<Shared>) {
             }
             Err(e) => {
                 tracing::debug!(session = %s.id, error = %e, "renewing the session failed; retrying");
-                next = Instant::now() + Duration::from_millis(500);
+                let now = Instant::now();
+                let left = s
+                    .liveness
+                    .deadline()
+                    .map_or(Duration::MAX, |d| d.saturating_duration_since(now));
+                let pause = Duration::from_millis(500)
+                    .min(left / 4)
+                    .max(Duration::from_millis(50));
+                next = now + pause;
             }
         }
     }
@@ -1462,16 +1755,21 @@ async fn remove_given_up(s: Arc<Shared>, lost: Vec<(String, u64)>) {
                 // entry in `.lock` is pruned once the key is gone.
                 let (base, sid) = lock_key.rsplit_once('/').unwrap_or(("", &lock_key));
                 vec![
+                    op::check_index(&lock_key, token),
                     op::delete_cas(&lock_key, token),
                     op::delete(&format!("{base}/.revoke/{sid}")),
                 ]
             }
+            // `check-index` first: `delete-cas` of a missing key succeeds,
+            // and the queue key may be a newer acquire's of this session.
             Some(base) => vec![
+                op::check_index(&lock_key, token),
                 op::delete_cas(&lock_key, token),
                 op::delete(&format!("{base}/.queue/{}", s.id)),
                 op::delete(&format!("{base}/.lock.revoke")),
             ],
             None => vec![
+                op::check_index(&lock_key, token),
                 op::delete_cas(&lock_key, token),
                 op::delete(&rw_revoke(&lock_key)),
             ],

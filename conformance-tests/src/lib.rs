@@ -78,7 +78,8 @@ macro_rules! rwlock_suite {
                 rw_owners_in_one_client,
                 rw_mutex_and_readers_exclude,
                 rw_reader_between_repeated_mutex_cycles,
-                rw_writer_after_reads_shared_with_another_client
+                rw_writer_after_reads_shared_with_another_client,
+                tokens_increase_across_kinds
             );
             mod write_side {
                 use super::*;

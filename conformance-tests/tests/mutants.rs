@@ -26,7 +26,14 @@ enum Mutation {
     SemaphoreUnbounded,
     /// Takes a semaphore permit as a mutex hold: a limit of one.
     SemaphoreAsMutex,
+    /// Readers' and writers' tokens lag behind mutexes' (as a token taken
+    /// at join time does, against one taken at grant time): each kind's
+    /// tokens still increase, across kinds they go down.
+    RwTokensLag,
 }
+
+/// How far [`Mutation::RwTokensLag`] puts read and write tokens back.
+const RW_LAG: u64 = 3;
 
 #[derive(Debug)]
 struct Mutant {
@@ -101,6 +108,13 @@ impl StoreSession for MutantSession {
                 a.token = u64::MAX - a.token;
                 Ok(a)
             }
+            Mutation::RwTokensLag => {
+                let mut a = self.inner.acquire(req).await?;
+                if matches!(req.kind, LockKind::Read | LockKind::Write) {
+                    a.token = a.token.saturating_sub(RW_LAG);
+                }
+                Ok(a)
+            }
             Mutation::ReadersExclusive
             | Mutation::SemaphoreUnbounded
             | Mutation::SemaphoreAsMutex => {
@@ -127,6 +141,10 @@ impl StoreSession for MutantSession {
         let mut h = held.clone();
         if let Mutation::ReversedTokens = self.mutation {
             h.token = u64::MAX - h.token;
+        }
+        if let (Mutation::RwTokensLag, LockKind::Read | LockKind::Write) = (self.mutation, req.kind)
+        {
+            h.token += RW_LAG;
         }
         self.inner.release(req, &h).await
     }
@@ -174,6 +192,8 @@ must_fail! {
     exclusive_readers_caught_by_overlap_case: ReadersExclusive => rw_readers_overlap;
     unbounded_semaphore_caught_by_limit_case: SemaphoreUnbounded => semaphore_never_exceeds_permits;
     mutex_semaphore_caught_by_limit_case: SemaphoreAsMutex => semaphore_never_exceeds_permits;
+    reversed_tokens_caught_by_kinds_case: ReversedTokens => tokens_increase_across_kinds;
+    lagging_rw_tokens_caught_by_kinds_case: RwTokensLag => tokens_increase_across_kinds;
 }
 
 /// The unmutated wrapper passes, so the failures above come from the

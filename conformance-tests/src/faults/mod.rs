@@ -36,6 +36,7 @@ mod cancel;
 pub mod cluster;
 pub mod explorer;
 mod history;
+mod http_proxy;
 mod proxy;
 mod register;
 mod report;
@@ -44,6 +45,7 @@ mod sim;
 
 pub use cluster::{Cluster, ClusterTurn, StoreKind};
 pub use history::{History, Hold, HoldEnd, Overlap, Tracked};
+pub use http_proxy::{HttpFault, HttpProxy, HttpRule, Match, Seen};
 pub use proxy::{OneShot, ProxyStats, TcpProxy};
 pub use register::{FencedRegister, StaleToken, Write};
 pub use report::{chaos_budget, Row};

@@ -1,0 +1,660 @@
+//! Request-level faults (issue 15): one chosen request to the agent is
+//! delayed, or its answer lost after the agent applied it, through the
+//! HTTP proxy of the fault suite (`conformance_tests::faults::HttpProxy`).
+//! Each test puts the client under test behind its own proxy and the other
+//! clients (holders, waiters, the operator) on a direct link.
+//!
+//! Needs `QUORUMLOCK_TEST_CONSUL_URL`. The tests run one at a time
+//! ([`serially`]): the first needs a cluster quiet enough for a repeat
+//! acquire to leave out its read.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::Duration;
+
+use conformance_tests::faults::{HttpFault, HttpProxy, HttpRule, Match};
+use conformance_tests::repeat::serially;
+use lockcore::{LockClient, LockGuard, Result};
+use tokio::time::{timeout, Instant};
+
+const SOON: Duration = Duration::from_secs(30);
+/// Long enough that a held request never passes by itself: tests release it.
+const HOLD: Duration = Duration::from_secs(60);
+
+/// The agent's URL, or a skip (a failure with `QUORUMLOCK_TEST_REQUIRE=1`).
+fn agent_url() -> Option<lockcore::url::Url> {
+    let raw = std::env::var("QUORUMLOCK_TEST_CONSUL_URL")
+        .ok()
+        .filter(|v| !v.is_empty());
+    let Some(raw) = raw else {
+        if std::env::var("QUORUMLOCK_TEST_REQUIRE").is_ok_and(|v| v == "1") {
+            panic!("QUORUMLOCK_TEST_CONSUL_URL is not set and QUORUMLOCK_TEST_REQUIRE=1");
+        }
+        eprintln!("SKIPPED: QUORUMLOCK_TEST_CONSUL_URL is not set");
+        return None;
+    };
+    Some(lockcore::url::parse(&raw).expect("QUORUMLOCK_TEST_CONSUL_URL"))
+}
+
+/// One test: a fresh namespace, the agent's address, and every client made.
+struct Env {
+    base: lockcore::url::Url,
+    ns: String,
+    clients: Vec<LockClient>,
+}
+
+impl Env {
+    fn new() -> Option<Env> {
+        let base = agent_url()?;
+        Some(Env {
+            base,
+            ns: format!("qlr-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]),
+            clients: Vec::new(),
+        })
+    }
+
+    fn agent(&self) -> SocketAddr {
+        let host = self.base.host_str().unwrap().trim_matches(['[', ']']);
+        let port = self.base.port().unwrap_or(backend_consul::DEFAULT_PORT);
+        (host, port).to_socket_addrs().unwrap().next().unwrap()
+    }
+
+    async fn connect(&mut self, addr: SocketAddr, options: &str) -> LockClient {
+        let url = format!("consul://{addr}/{}?{options}", self.ns);
+        let url = lockcore::url::parse(&url).unwrap();
+        let b = backend_consul::ConsulBackend::connect(&url).await.unwrap();
+        let c = LockClient::new(Arc::new(b));
+        self.clients.push(c.clone());
+        c
+    }
+
+    /// A client on a direct link.
+    async fn client(&mut self, options: &str) -> LockClient {
+        let a = self.agent();
+        self.connect(a, options).await
+    }
+
+    /// A client behind a new HTTP proxy, and the proxy.
+    async fn proxied(&mut self, options: &str) -> (LockClient, HttpProxy) {
+        let p = HttpProxy::start(self.agent()).await.unwrap();
+        let c = self.connect(p.addr(), options).await;
+        (c, p)
+    }
+
+    /// The key prefix of lock `name`.
+    fn key(&self, name: &str) -> String {
+        format!("{}/{name}/.", self.ns)
+    }
+
+    /// Closes every client and checks that nothing is left.
+    async fn finish(self) {
+        for c in &self.clients {
+            timeout(SOON, c.wait_idle()).await.expect("cleanup");
+            c.close().await;
+        }
+        let url = lockcore::url::parse(&format!("consul://{}/{}", self.agent(), self.ns)).unwrap();
+        let probe = backend_consul::ConsulBackend::connect(&url).await.unwrap();
+        let left = lockcore::Backend::leftovers(&probe).await.unwrap();
+        assert_eq!(left, Vec::<String>::new(), "left on the store");
+    }
+}
+
+/// A txn whose first op is `verb` on a key of lock `name`.
+fn txn_starting(env: &Env, verb: &str, name: &str) -> Match {
+    Match::any().method("PUT").path("/v1/txn").body(&format!(
+        r#"[{{"KV":{{"Verb":"{verb}","Key":"{}"#,
+        env.key(name)
+    ))
+}
+
+async fn acquire(c: &LockClient, name: &str) -> LockGuard {
+    timeout(SOON, c.lock(name).unwrap().acquire())
+        .await
+        .expect("acquire took too long")
+        .unwrap()
+}
+
+fn spawn_acquire(c: &LockClient, name: &str) -> tokio::task::JoinHandle<Result<LockGuard>> {
+    let (c, name) = (c.clone(), name.to_string());
+    tokio::spawn(async move { c.lock(&name).unwrap().acquire().await })
+}
+
+async fn waiters(c: &LockClient, name: &str) -> usize {
+    c.inspect(name).await.unwrap().waiters.len()
+}
+
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !check().await {
+        assert!(start.elapsed() < SOON, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Finding 1: a repeat fast acquire that left out its read, but whose
+/// `.lock` did not land two indexes after its last grant, reads the lock
+/// after its grant. If that read comes late (held here), after an operator
+/// broke the lock and another client took it, the acquire must not take
+/// the other holder's `.lock` (and token) for its own grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_read_after_a_fast_grant_never_takes_another_holders_lock() {
+    let Some(mut env) = Env::new() else { return };
+    serially(async {
+        let (a, proxy) = env.proxied("ttl=1h").await;
+        let admin = env.client("lock_delay=1s").await;
+        let d = env.client("").await;
+        let other = env.client("").await;
+        let (rule, mut a_acq) = fast_grant_with_its_read_held(&env, &a, &other, &proxy).await;
+        // A holds `.lock` but has not reported it; an operator breaks it and
+        // D takes the lock.
+        assert!(admin.break_lock("x").await.unwrap());
+        let dg = acquire(&d, "x").await;
+        rule.release();
+        match timeout(Duration::from_secs(3), &mut a_acq).await {
+            Err(_) => {} // still waiting: right
+            Ok(r) => {
+                let g = r.unwrap().unwrap();
+                panic!(
+                    "granted with token {} while D holds with token {} (is_held: {} and {})",
+                    g.token(),
+                    dg.token(),
+                    g.is_held(),
+                    dg.is_held()
+                );
+            }
+        }
+        let d_token = dg.token();
+        dg.release().await.unwrap();
+        let g = timeout(SOON, a_acq)
+            .await
+            .expect("A never granted")
+            .unwrap()
+            .unwrap();
+        assert!(g.token() > d_token, "{} after {d_token}", g.token());
+        g.release().await.unwrap();
+    })
+    .await;
+    env.finish().await;
+}
+
+/// Cycles `a` (behind `proxy`) on lock `x` until a repeat fast acquire
+/// leaves out its read, has `other` write elsewhere so that this acquire
+/// must read after its grant, and holds that read: returns the rule that
+/// holds it and the acquire, whose `.lock` is written but not reported.
+async fn fast_grant_with_its_read_held(
+    env: &Env,
+    a: &LockClient,
+    other: &LockClient,
+    proxy: &HttpProxy,
+) -> (HttpRule, tokio::task::JoinHandle<Result<LockGuard>>) {
+    let cycle = |c: LockClient, name: &'static str| async move {
+        acquire(&c, name).await.release().await.unwrap();
+    };
+    for attempt in 1..=40 {
+        cycle(a.clone(), "x").await;
+        cycle(a.clone(), "x").await; // quiet: the next one leaves out its read
+        cycle(other.clone(), "elsewhere").await; // ...and reads after its grant
+        let rule = proxy.on(
+            txn_starting(env, "get-tree", "x"),
+            1,
+            HttpFault::DelayRequest(HOLD),
+        );
+        let mut acq = spawn_acquire(a, "x");
+        tokio::select! {
+            _ = rule.wait_hit() => {
+                eprintln!("the read after a fast grant is held (attempt {attempt})");
+                return (rule, acq);
+            }
+            r = &mut acq => {
+                // The cluster was busy: the read stayed in the acquire.
+                proxy.clear_rules();
+                r.unwrap().unwrap().release().await.unwrap();
+            }
+        }
+    }
+    panic!("never found the cluster quiet enough");
+}
+
+/// Finding 1, the variant inside the break's grace: the late read shows
+/// `.lock` still locked by our session but rewritten by the operator's
+/// break (another index, marked broken). That is not our grant: the
+/// acquire waits until the break is done and takes the lock after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_read_inside_a_break_never_grants_the_broken_lock() {
+    let Some(mut env) = Env::new() else { return };
+    serially(async {
+        let (a, proxy) = env.proxied("ttl=1h").await;
+        let admin = env.client("lock_delay=4s").await;
+        let other = env.client("").await;
+        let (rule, mut a_acq) = fast_grant_with_its_read_held(&env, &a, &other, &proxy).await;
+        let ours = admin.inspect("x").await.unwrap().holders[0].token;
+        let a2 = admin.clone();
+        let breaking = tokio::spawn(async move { a2.break_lock("x").await });
+        let start = Instant::now();
+        let broken_at = loop {
+            let st = admin.inspect("x").await.unwrap();
+            if let Some(h) = st.holders.first().filter(|h| h.token != ours) {
+                break h.token;
+            }
+            assert!(start.elapsed() < SOON, "the break never rewrote .lock");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        rule.release();
+        if let Ok(r) = timeout(Duration::from_millis(1500), &mut a_acq).await {
+            let g = r.unwrap().unwrap();
+            panic!(
+                "granted during the break's grace with token {} (the broken .lock is at {broken_at})",
+                g.token()
+            );
+        }
+        assert!(timeout(SOON, breaking).await.unwrap().unwrap().unwrap());
+        let g = timeout(SOON, a_acq)
+            .await
+            .expect("never granted after the break")
+            .unwrap()
+            .unwrap();
+        assert!(g.token() > broken_at, "{} after {broken_at}", g.token());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(g.is_held(), "{:?}", g.loss());
+        g.release().await.unwrap();
+    })
+    .await;
+    env.finish().await;
+}
+
+/// Finding 2: the answer to a fast acquire is lost after the agent applied
+/// it (A holds `.lock` and does not know), and another contender queues
+/// before A looks again: A must find its own `.lock` (at any place in the
+/// queue), not wait behind a contender that waits for A.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_answer_to_a_fast_acquire_does_not_deadlock() {
+    let Some(mut env) = Env::new() else { return };
+    serially(async {
+        let (a, proxy) = env.proxied("").await;
+        let b = env.client("").await;
+        let lost = proxy.on(
+            txn_starting(&env, "check-not-exists", "x"),
+            1,
+            HttpFault::DropAnswer,
+        );
+        let join = proxy.on(
+            Match::any()
+                .path("/v1/txn")
+                .body(&format!(r#""Verb":"lock","Key":"{}queue/"#, env.key("x"))),
+            1,
+            HttpFault::DelayRequest(HOLD),
+        );
+        let mut a_acq = spawn_acquire(&a, "x");
+        timeout(SOON, lost.wait_done()).await.expect("no fast acquire");
+        // Before A looks again (if it queues), B queues.
+        let queued_first = tokio::select! {
+            _ = join.wait_hit() => true,
+            _ = tokio::time::sleep(Duration::from_secs(5)) => false,
+        };
+        let b_acq = spawn_acquire(&b, "x");
+        eventually("B to queue", || async { waiters(&b, "x").await >= 1 }).await;
+        join.release();
+        let g = match timeout(Duration::from_secs(15), &mut a_acq).await {
+            Ok(r) => r.unwrap().unwrap(),
+            Err(_) => panic!(
+                "A was never granted (queued again: {queued_first}): it waits behind B, which waits for A's .lock; inspect: {:?}",
+                b.inspect("x").await.unwrap()
+            ),
+        };
+        let a_token = g.token();
+        g.release().await.unwrap();
+        let bg = timeout(SOON, b_acq).await.expect("B never granted").unwrap().unwrap();
+        assert!(bg.token() > a_token);
+        bg.release().await.unwrap();
+    })
+    .await;
+    env.finish().await;
+}
+
+/// Finding 3 (and the issue's "done when"): a revoke request to an
+/// uncontended holder does not make its waiter spin: the waiter sends no
+/// more requests per second after the request than before it (+1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoke_request_does_not_make_a_waiter_spin() {
+    let Some(mut env) = Env::new() else { return };
+    serially(async {
+        let holder = env.client("ttl=1h").await;
+        let (w, proxy) = env.proxied("ttl=1h").await;
+        let g = acquire(&holder, "x").await;
+        let w_acq = spawn_acquire(&w, "x");
+        eventually("the waiter to queue", || async {
+            waiters(&holder, "x").await == 1
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let window = Duration::from_secs(2);
+        let t0 = Instant::now();
+        tokio::time::sleep(window).await;
+        let before = proxy.count_since(&Match::any(), t0);
+        assert!(holder.request_revoke("x").await.unwrap());
+        timeout(SOON, g.revoke_requested())
+            .await
+            .expect("revoke not seen");
+        let t1 = Instant::now();
+        tokio::time::sleep(window).await;
+        let after = proxy.count_since(&Match::any(), t1);
+        eprintln!(
+            "waiter requests in {window:?}: {before} before the revoke request, {after} after"
+        );
+        let secs = window.as_secs() as usize;
+        assert!(
+            after <= before + secs,
+            "the waiter sent {after} requests in {window:?} after a revoke request, {before} before"
+        );
+        g.release().await.unwrap();
+        let wg = timeout(SOON, w_acq)
+            .await
+            .expect("waiter not granted")
+            .unwrap()
+            .unwrap();
+        wg.release().await.unwrap();
+    })
+    .await;
+    env.finish().await;
+}
+
+/// Finding 5: a reader whose entry an operator broke before its grant
+/// (the re-read after its wait lands in the break's grace, while the entry
+/// is rewritten as broken) is not granted that broken entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rw_entry_broken_before_its_grant_is_not_granted() {
+    let Some(mut env) = Env::new() else { return };
+    serially(async {
+        let writer = env.client("").await;
+        let admin = env.client("lock_delay=3s").await;
+        let (r, proxy) = env.proxied("").await;
+        let wg = timeout(SOON, writer.rwlock("x").unwrap().write())
+            .await
+            .unwrap()
+            .unwrap();
+        let r2 = r.clone();
+        let r_acq = tokio::spawn(async move { r2.rwlock("x").unwrap().read().await });
+        eventually("the reader to queue", || async {
+            waiters(&admin, "x").await == 1
+        })
+        .await;
+        let reread = proxy.on(
+            txn_starting(&env, "get-tree", "x"),
+            1,
+            HttpFault::DelayRequest(HOLD),
+        );
+        wg.release().await.unwrap();
+        timeout(SOON, reread.wait_hit())
+            .await
+            .expect("the reader never re-read");
+        // The reader holds by its place now; the operator breaks it.
+        let before = admin.inspect("x").await.unwrap();
+        assert_eq!(before.holders.len(), 1, "{before:?}");
+        let joined = before.holders[0].token;
+        let a2 = admin.clone();
+        let breaking = tokio::spawn(async move { a2.break_lock("x").await });
+        let start = Instant::now();
+        let broken_at = loop {
+            let st = admin.inspect("x").await.unwrap();
+            match st.holders.first() {
+                Some(h) if h.token != joined => break h.token,
+                _ => {}
+            }
+            assert!(start.elapsed() < SOON, "the break never rewrote the entry");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        reread.release();
+        let g = timeout(SOON, r_acq)
+            .await
+            .expect("reader never granted")
+            .unwrap()
+            .unwrap();
+        assert_ne!(
+            g.token(),
+            broken_at,
+            "granted the entry the operator broke (token {broken_at})"
+        );
+        assert!(timeout(SOON, breaking).await.unwrap().unwrap().unwrap());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(
+            g.is_held(),
+            "the reader's grant was taken by the break: {:?}",
+            g.loss()
+        );
+        g.release().await.unwrap();
+    })
+    .await;
+    env.finish().await;
+}
+
+/// Finding 6: `delete-cas` of a missing key succeeds on Consul. An
+/// operator's break whose holder let go during the grace (and queued
+/// again, behind a reader) must not delete that new queue key of the same
+/// session with its phase 2: the waiter keeps its place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn break_after_the_holder_let_go_keeps_its_new_place_in_line() {
+    let Some(mut env) = Env::new() else { return };
+    serially(async {
+        let h = env.client("").await;
+        let r = env.client("").await;
+        let admin = env.client("lock_delay=3s").await;
+        let g = acquire(&h, "x").await;
+        let a2 = admin.clone();
+        let breaking = tokio::spawn(async move { a2.break_lock("x").await });
+        timeout(SOON, g.lost())
+            .await
+            .expect("the break was not seen");
+        g.release().await.ok(); // lost: its release removes what is left
+        let rg = timeout(SOON, r.rwlock("x").unwrap().read())
+            .await
+            .unwrap()
+            .unwrap();
+        let h_acq = spawn_acquire(&h, "x");
+        eventually("the holder to queue again", || async {
+            waiters(&admin, "x").await == 1
+        })
+        .await;
+        let place = admin.inspect("x").await.unwrap().waiters[0].clone();
+        assert!(
+            !breaking.is_finished(),
+            "the break ended before the holder queued again: make its grace longer"
+        );
+        assert!(timeout(SOON, breaking).await.unwrap().unwrap().unwrap());
+        let st = admin.inspect("x").await.unwrap();
+        assert_eq!(st.waiters.len(), 1, "{st:?}");
+        assert_eq!(
+            (st.waiters[0].entry.as_str(), st.waiters[0].token),
+            (place.entry.as_str(), place.token),
+            "the break's second phase removed the waiter's new queue key"
+        );
+        rg.release().await.unwrap();
+        let hg = timeout(SOON, h_acq)
+            .await
+            .expect("never granted")
+            .unwrap()
+            .unwrap();
+        hg.release().await.unwrap();
+    })
+    .await;
+    env.finish().await;
+}
+
+/// Finding 7: A's fast grant finds a contender of ours ahead, so A gives
+/// `.lock` back; an operator's break lands before the give-back. A's
+/// acquire must go on waiting (and be granted after the contender), not
+/// fail with a non-retryable error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn break_before_the_give_back_does_not_fail_the_acquire() {
+    let Some(mut env) = Env::new() else { return };
+    serially(async {
+        let holder = env.client("").await;
+        let admin = env.client("lock_delay=1s").await;
+        let (b, bproxy) = env.proxied("").await;
+        let (a, aproxy) = env.proxied("").await;
+        let hg = acquire(&holder, "x").await;
+        let b_acq = spawn_acquire(&b, "x");
+        eventually("B to queue", || async { waiters(&admin, "x").await == 1 }).await;
+        // B's grant (after the holder's release) is held: B is in line
+        // ahead of anyone who comes now, and `.lock` is free.
+        let b_take = bproxy.on(
+            Match::any()
+                .path("/v1/txn")
+                .body(r#""Verb":"check-session""#),
+            1,
+            HttpFault::DelayRequest(HOLD),
+        );
+        hg.release().await.unwrap();
+        timeout(SOON, b_take.wait_hit())
+            .await
+            .expect("B never tried to take the lock");
+        // The give-back: `.lock` deleted at A's token, A's queue key written.
+        let give_back = aproxy.on(
+            Match::any()
+                .path("/v1/txn")
+                .body(&format!(
+                    r#""Verb":"delete-cas","Key":"{}lock""#,
+                    env.key("x")
+                ))
+                .body(&format!(r#""Verb":"lock","Key":"{}queue/"#, env.key("x"))),
+            1,
+            HttpFault::DelayRequest(HOLD),
+        );
+        let a_acq = spawn_acquire(&a, "x");
+        timeout(SOON, give_back.wait_hit())
+            .await
+            .expect("A never gave the lock back");
+        let st = admin.inspect("x").await.unwrap();
+        let a_token = st.holders[0].token;
+        let a2 = admin.clone();
+        let breaking = tokio::spawn(async move { a2.break_lock("x").await });
+        eventually("the break's rewrite", || async {
+            admin
+                .inspect("x")
+                .await
+                .unwrap()
+                .holders
+                .first()
+                .map_or(true, |h| h.token != a_token)
+        })
+        .await;
+        give_back.release();
+        b_take.release();
+        assert!(timeout(SOON, breaking).await.unwrap().unwrap().unwrap());
+        let bg = timeout(SOON, b_acq)
+            .await
+            .expect("B never granted")
+            .unwrap()
+            .unwrap();
+        let b_token = bg.token();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        bg.release().await.unwrap();
+        let g = timeout(SOON, a_acq)
+            .await
+            .expect("A never granted")
+            .unwrap()
+            .unwrap_or_else(|e| panic!("A's acquire failed: {e} ({:?})", e.kind()));
+        assert!(g.token() > b_token);
+        g.release().await.unwrap();
+    })
+    .await;
+    env.finish().await;
+}
+
+/// Finding 8: with TTL 10 s, one renew whose answer never comes (it hangs
+/// to its timeout) must leave time for another try before the local
+/// deadline (TTL x 0.8 after the last confirmed renew was sent): the lock
+/// is not reported lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_hanging_renew_does_not_lose_the_lock() {
+    let Some(mut env) = Env::new() else { return };
+    serially(async {
+        let (a, proxy) = env.proxied("ttl=10s").await;
+        let hang = proxy.on(
+            Match::any().method("PUT").path("/v1/session/renew/"),
+            1,
+            HttpFault::DelayAnswer(HOLD),
+        );
+        let g = acquire(&a, "x").await;
+        timeout(SOON, hang.wait_hit())
+            .await
+            .expect("no renew within 30 s");
+        // Past the deadline of the session's first confirmation (8 s after
+        // its create, the renew came at 5 s).
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(g.is_held(), "lost after one hanging renew: {:?}", g.loss());
+        hang.release();
+        g.release().await.unwrap();
+    })
+    .await;
+    env.finish().await;
+}
+
+/// Finding 9: a malformed session id is bad input, not a store failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_session_with_a_malformed_id_is_invalid_argument() {
+    let Some(mut env) = Env::new() else { return };
+    let c = env.client("").await;
+    for bad in ["", "not a session", "../../v1/kv/x"] {
+        let e = c.backend().kill_session(bad).await.unwrap_err();
+        assert_eq!(
+            e.kind(),
+            lockcore::ErrorKind::InvalidArgument,
+            "{bad:?}: {e}"
+        );
+    }
+    env.finish().await;
+}
+
+/// A semaphore permit whose CAS answer was lost (the agent applied it) is
+/// found on reading back; if another holder's CAS moved `.lock` in
+/// between, `.lock`'s index is that holder's token, not ours: the two
+/// permits must not share a token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_answer_to_a_permit_does_not_share_another_holders_token() {
+    let Some(mut env) = Env::new() else { return };
+    serially(async {
+        let (a, proxy) = env.proxied("").await;
+        let b = env.client("").await;
+        let lost = proxy.on(
+            Match::any()
+                .path("/v1/txn")
+                .body(&format!(r#""Verb":"cas","Key":"{}/s/.lock""#, env.ns)),
+            1,
+            HttpFault::DropAnswer,
+        );
+        let read_back = proxy.on(
+            Match::any()
+                .method("GET")
+                .path(&format!("/v1/kv/{}/s/?recurse", env.ns)),
+            1,
+            HttpFault::DelayRequest(HOLD),
+        );
+        let a2 = a.clone();
+        let a_acq = tokio::spawn(async move { a2.semaphore("s", 2).unwrap().acquire().await });
+        timeout(SOON, lost.wait_done())
+            .await
+            .expect("A never took a permit");
+        timeout(SOON, read_back.wait_hit())
+            .await
+            .expect("A never read back");
+        let bg = timeout(SOON, b.semaphore("s", 2).unwrap().acquire())
+            .await
+            .unwrap()
+            .unwrap();
+        read_back.release();
+        let ag = timeout(SOON, a_acq)
+            .await
+            .expect("A never granted")
+            .unwrap()
+            .unwrap();
+        assert_ne!(ag.token(), bg.token(), "two permits with one token");
+        ag.release().await.unwrap();
+        bg.release().await.unwrap();
+    })
+    .await;
+    env.finish().await;
+}
