@@ -383,15 +383,22 @@ impl EtcdSession {
                 })
                 .collect();
             tracing::trace!(lock = %req.name, waits_for = ahead.len(), "waiting");
-            let lost = {
+            let pause = {
                 let nexts = ws.iter_mut().map(|w| Box::pin(w.next()));
                 let (ev, _, _) = futures::future::select_all(nexts).await;
-                matches!(ev, WatchEvent::Lost)
+                match ev {
+                    // Cancelled (compaction): re-check after a pause.
+                    WatchEvent::Lost => Some(Duration::from_millis(100)),
+                    // Never created: re-check (a read that is refused too
+                    // ends the acquire), but do not hammer etcd with
+                    // creates it refuses.
+                    WatchEvent::Refused => Some(Duration::from_secs(1)),
+                    _ => None,
+                }
             };
             drop(ws);
-            if lost {
-                // Stream broke: re-check after a pause, do not spin.
-                tokio::time::sleep(Duration::from_millis(100)).await;
+            if let Some(pause) = pause {
+                tokio::time::sleep(pause).await;
             }
         }
         if oldest.is_none() {
@@ -599,10 +606,11 @@ impl HeldEntry {
         inner.hub.subscribe(key, from, Arc::new(self), later);
     }
 
-    /// etcd cancelled the watch (compaction past its start): re-read the
-    /// key, then watch again from there.
-    async fn rewatch(self) {
-        let mut delay = Duration::from_millis(100);
+    /// etcd cancelled the watch (compaction past its start) or refused to
+    /// create it: re-read the key after `first`, then watch again from
+    /// there (a failed read is retried, 2 s apart at most).
+    async fn rewatch(self, first: Duration) {
+        let mut delay = first;
         loop {
             tokio::select! {
                 _ = self.signals.finished() => return,
@@ -671,7 +679,14 @@ impl Sink for HeldEntry {
                 false
             }
             WatchEvent::Lost => {
-                tokio::spawn(self.copy().rewatch());
+                tokio::spawn(self.copy().rewatch(Duration::from_millis(100)));
+                false
+            }
+            WatchEvent::Refused => {
+                // No watch on our key any more: re-read it and watch again,
+                // later than after a compaction (the next create may be
+                // refused as well).
+                tokio::spawn(self.copy().rewatch(Duration::from_secs(1)));
                 false
             }
         }
