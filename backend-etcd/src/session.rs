@@ -9,8 +9,8 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use etcd_client::{
-    Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    WatchFilterType,
+    Compare, CompareOp, GetOptions, GetResponse, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
+    TxnOp, WatchFilterType,
 };
 use lockcore::{
     AcquireRequest, Acquired, EntrySignals, Error, ErrorKind, LockKind, LossReason, QuietGrants,
@@ -179,9 +179,57 @@ impl EtcdSession {
         TxnOp::get(key, Some(opts))
     }
 
+    /// Reads the range `key`/`opts` in one txn with our own key `mine`,
+    /// which must still be the one created at `my_rev`: a decision taken
+    /// on a range read must rest on a snapshot that shows our key (a key
+    /// deleted between two reads must never be granted; issue 17,
+    /// finding 4).
+    async fn range_with_mine(
+        &self,
+        mine: &str,
+        my_rev: i64,
+        key: impl Into<Vec<u8>>,
+        opts: GetOptions,
+    ) -> Result<GetResponse> {
+        let txn = Txn::new().and_then([TxnOp::get(mine, None), TxnOp::get(key, Some(opts))]);
+        let resp = self.inner.txn("range contenders", txn).await?;
+        match range_at(&resp, 0)?.kvs().first() {
+            Some(kv) if kv.create_revision() == my_rev => range_at(&resp, 1),
+            _ => Err(self.session_lost(
+                "our etcd key vanished while reading the lock (lease expired or key deleted)",
+            )),
+        }
+    }
+
+    /// The first contender among `kvs` (a range answer with `limit 1` of
+    /// [`first_created`]); if that one was a nested lock's key, the whole
+    /// range is read again (with our own key `mine`) and filtered.
+    async fn first_contender(
+        &self,
+        pfx_slash: &str,
+        kvs: &[KeyValue],
+        mine: &str,
+        my_rev: i64,
+    ) -> Result<Option<KeyValue>> {
+        match kvs.first() {
+            None => return Ok(None),
+            Some(kv) if is_contender(pfx_slash, kv.key()) => return Ok(Some(kv.clone())),
+            Some(_) => {}
+        }
+        let all = self
+            .range_with_mine(mine, my_rev, pfx_slash, first_created())
+            .await?;
+        Ok(all
+            .kvs()
+            .iter()
+            .find(|kv| is_contender(pfx_slash, kv.key()))
+            .cloned())
+    }
+
     /// The entries `kind` waits for among the range answer `kvs` (direct
     /// children only, `mine` left out); if the limited answer contained
-    /// other keys (nested lock names), the range is read again in full.
+    /// other keys (nested lock names), the range is read again in full,
+    /// with our own key.
     async fn ahead(
         &self,
         pfx: &str,
@@ -199,8 +247,7 @@ impl EtcdSession {
         if out.len() < n && kvs.iter().any(|kv| !is_contender(&pfx_slash, kv.key())) {
             let (key, opts) = ahead_query(pfx, kind, before.or(Some(my_rev)));
             let all = self
-                .inner
-                .get("range contenders", key, opts.with_limit(0))
+                .range_with_mine(mine, my_rev, key, opts.with_limit(0))
                 .await?;
             out = all.kvs().iter().filter(keep).take(n).cloned().collect();
         }
@@ -290,8 +337,7 @@ impl EtcdSession {
         self.attempt_at(req, my_rev);
         // Semaphores mix only with semaphores of the same permit count.
         let oldest = self
-            .inner
-            .first_contender(&pfx_slash, range_at(&resp, 1)?.kvs(), first_created())
+            .first_contender(&pfx_slash, range_at(&resp, 1)?.kvs(), &key, my_rev)
             .await?
             .filter(|o| o.create_revision() != my_rev);
         let mut first = if first_is_enough {
@@ -304,7 +350,10 @@ impl EtcdSession {
             }
         } else if resp.succeeded() {
             let kvs = range_at(&resp, 2)?;
-            Some(self.ahead(&pfx, kind, None, kvs.kvs(), &key, rev).await?)
+            Some(
+                self.ahead(&pfx, kind, None, kvs.kvs(), &key, my_rev)
+                    .await?,
+            )
         } else {
             None
         };

@@ -1,7 +1,9 @@
 //! Requests that reach etcd later than the client thinks: an abandon whose
 //! answer never came back (the link broke while it was on its way) is
 //! applied after the client has moved on, and must then delete nothing
-//! but the attempt it was sent for (issue 17, finding 2).
+//! but the attempt it was sent for (issue 17, finding 2); and a waiter
+//! whose two reads of one step land at different moments must not be
+//! granted on a key deleted between them (finding 4).
 //!
 //! A small proxy of our own holds the bytes a client sends on one
 //! connection (they neither reach etcd nor fail), breaks that connection on
@@ -289,4 +291,145 @@ async fn late_abandon_spares_the_next_attempts_key_etcd34() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn late_abandon_spares_the_next_attempts_key_etcd35() {
     late_abandon_spares_the_next_attempts_key("QUORUMLOCK_TEST_ETCD35_URL").await;
+}
+
+/// Finding 4: a waiter's read meets a nested lock's key (`x/sub/...`
+/// among `x`'s keys) and reads the lock again; our key is deleted between
+/// the two reads, while the holder ahead is gone. The grant must never
+/// rest on the second read alone. With 2 s of latency on the way to etcd
+/// only, the waiter's first read after the release lands about 2 s after
+/// it and the second about 4 s after it; the key is deleted at 3 s.
+async fn no_grant_on_a_key_deleted_between_two_reads(var: &str) {
+    let Some(h) = harness(var) else { return };
+    let case = h.case();
+    let admin = case.client().await;
+    let url = h.url_for(case.namespace());
+    let proxy = LatencyProxy::start(target_of(&url)).await;
+    let mut slow_url = proxy_url(proxy.addr, &url);
+    // Keepalives answered 2 s late must not cost the lease.
+    slow_url.query_pairs_mut().append_pair("ttl", "30s");
+    let ours = client_at(&slow_url).await;
+
+    let holder = admin.lock("x").unwrap().acquire().await.unwrap();
+    let nested = admin.lock("x/sub").unwrap().acquire().await.unwrap();
+    let c = ours.clone();
+    let waiting = tokio::spawn(async move { c.lock("x").unwrap().acquire().await });
+    let start = Instant::now();
+    let (first_token, first_entry) = loop {
+        let st = admin.inspect("x").await.unwrap();
+        if let Some(w) = st.waiters.first() {
+            break (w.token, w.entry.clone());
+        }
+        assert!(start.elapsed() < SOON, "our waiter never queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // Let it read past the nested key and watch the holder.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+
+    proxy.delay.send_replace(Duration::from_secs(2));
+    let released = Instant::now();
+    holder.release().await.unwrap();
+    tokio::time::sleep_until(released + Duration::from_secs(3)).await;
+    let config = backend_etcd::EtcdConfig::from_url(&url).unwrap();
+    let mut raw = etcd_client::Client::connect(config.endpoints.clone(), None)
+        .await
+        .expect("this test needs a plain etcd:// URL");
+    let del = raw.delete(first_entry.as_str(), None).await.unwrap();
+    assert_eq!(del.deleted(), 1, "our waiter's key was not there any more");
+
+    let got = tokio::time::timeout(SOON, waiting)
+        .await
+        .expect("the waiter hangs")
+        .unwrap();
+    proxy.delay.send_replace(Duration::ZERO);
+    // The client layer retries a lost key with a new one, which holds (the
+    // nested lock is no contender); the deleted key never does.
+    let g = got.expect("the waiter failed instead of queueing again");
+    assert_ne!(
+        g.token(),
+        first_token,
+        "granted on our key that was deleted before the grant"
+    );
+    let st = admin.inspect("x").await.unwrap();
+    assert_eq!(
+        st.holders.iter().map(|c| c.token).collect::<Vec<_>>(),
+        vec![g.token()]
+    );
+    g.release().await.unwrap();
+    nested.release().await.unwrap();
+    ours.wait_idle().await;
+    ours.close().await;
+    case.finish().await;
+}
+
+/// A TCP proxy that delays what clients send by a settable latency (each
+/// chunk `delay` after it was read, chunks in flight overlapping); what
+/// etcd sends passes at once.
+struct LatencyProxy {
+    addr: SocketAddr,
+    delay: Arc<watch::Sender<Duration>>,
+}
+
+impl LatencyProxy {
+    async fn start(target: SocketAddr) -> LatencyProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let delay = Arc::new(watch::channel(Duration::ZERO).0);
+        let d = delay.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let d = d.clone();
+                tokio::spawn(async move {
+                    let Ok(server) = TcpStream::connect(target).await else {
+                        return;
+                    };
+                    let _ = client.set_nodelay(true);
+                    let _ = server.set_nodelay(true);
+                    let (mut crd, mut cwr) = client.into_split();
+                    let (mut srd, mut swr) = server.into_split();
+                    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+                    let up_read = async move {
+                        let mut buf = vec![0u8; 16 * 1024];
+                        while let Ok(n @ 1..) = crd.read(&mut buf).await {
+                            let due = Instant::now() + *d.borrow();
+                            if tx.send((due, buf[..n].to_vec())).is_err() {
+                                return;
+                            }
+                        }
+                    };
+                    let up_write = async move {
+                        while let Some((due, bytes)) = rx.recv().await {
+                            tokio::time::sleep_until(due).await;
+                            if swr.write_all(&bytes).await.is_err() {
+                                return;
+                            }
+                        }
+                    };
+                    let down = tokio::io::copy(&mut srd, &mut cwr);
+                    tokio::select! {
+                        _ = async { tokio::join!(up_read, up_write) } => {}
+                        _ = down => {}
+                    }
+                });
+            }
+        });
+        LatencyProxy { addr, delay }
+    }
+}
+
+fn proxy_url(addr: SocketAddr, url: &Url) -> Url {
+    let mut u = url.clone();
+    u.set_host(Some("127.0.0.1")).unwrap();
+    u.set_port(Some(addr.port())).unwrap();
+    u
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_grant_on_a_key_deleted_between_two_reads_etcd34() {
+    no_grant_on_a_key_deleted_between_two_reads("QUORUMLOCK_TEST_ETCD_URL").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_grant_on_a_key_deleted_between_two_reads_etcd35() {
+    no_grant_on_a_key_deleted_between_two_reads("QUORUMLOCK_TEST_ETCD35_URL").await;
 }
