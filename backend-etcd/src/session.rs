@@ -12,6 +12,7 @@ use etcd_client::{
     Compare, CompareOp, GetOptions, GetResponse, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
     TxnOp, WatchFilterType,
 };
+use lockcore::backend::InFlightWrites;
 use lockcore::{
     AcquireRequest, Acquired, EntrySignals, Error, ErrorKind, LockKind, LossReason, QuietGrants,
     Result, SessionLiveness, StoreSession,
@@ -157,10 +158,23 @@ impl EtcdSession {
     /// Runs a read-only or idempotent txn, retrying connection trouble
     /// while the lease can still be alive: a waiter keeps its place in the
     /// queue across a short outage instead of re-queueing at the end.
-    async fn retrying(&self, what: &str, txn: Txn) -> Result<etcd_client::TxnResponse> {
+    /// A txn that writes an attempt's entry passes the attempt's `writes`.
+    async fn retrying(
+        &self,
+        what: &'static str,
+        txn: Txn,
+        writes: Option<&InFlightWrites>,
+    ) -> Result<etcd_client::TxnResponse> {
         let mut delay = Duration::from_millis(50);
         loop {
-            match self.inner.txn(what, txn.clone()).await {
+            let sent = match writes {
+                Some(w) => {
+                    let (inner, txn) = (self.inner.clone(), txn.clone());
+                    w.run(async move { inner.txn(what, txn).await }).await
+                }
+                None => self.inner.txn(what, txn.clone()).await,
+            };
+            match sent {
                 Err(e) if e.kind() == ErrorKind::Connection && self.liveness.is_alive() => {
                     tracing::debug!(error = %e, "{what} failed; retrying");
                     tokio::time::sleep(delay).await;
@@ -272,7 +286,12 @@ impl EtcdSession {
         let last = self.lone_grants.take(&pfx);
         if last.is_some_and(|l| l.quiet) {
             // After a quiet cycle: one plain put (see `lone_grants`).
-            match self.inner.put("enqueue", &key, &value, self.lease).await {
+            let put = {
+                let (inner, key, value, lease) =
+                    (self.inner.clone(), key.clone(), value.clone(), self.lease);
+                async move { inner.put("enqueue", &key, &value, lease).await }
+            };
+            match req.writes.run(put).await {
                 Ok(r) => {
                     let rev = r.header().map_or(0, |h| h.revision());
                     if last.is_some_and(|l| l.alone_at(rev as u64)) {
@@ -315,10 +334,17 @@ impl EtcdSession {
             ]);
         // A lost reply is retried with the same txn: it finds the key the
         // first try created instead of creating a second one.
+        // Each try runs to its end even if this acquire is dropped
+        // (`req.writes`): etcd serves the streams of one connection
+        // concurrently, so an abandon sent while the txn is in flight
+        // could be applied before it and leave our new key behind.
         let resp = if req.wait {
-            self.retrying("enqueue", txn).await?
+            self.retrying("enqueue", txn, Some(&req.writes)).await?
         } else {
-            self.inner.txn("enqueue", txn).await?
+            let inner = self.inner.clone();
+            req.writes
+                .run(async move { inner.txn("enqueue", txn).await })
+                .await?
         };
         let mut rev = header_revision(&resp);
         let mut revoked = false;
@@ -382,7 +408,7 @@ impl EtcdSession {
                         TxnOp::get(key.clone(), None),
                         self.ahead_op(&pfx, kind, Some(my_rev)),
                     ]);
-                    let resp = self.retrying("find predecessor", txn).await?;
+                    let resp = self.retrying("find predecessor", txn, None).await?;
                     rev = header_revision(&resp);
                     // Never grant on an expired lease or a deleted key
                     // (etcd #11456, #9921, and the RWMutex recipe's

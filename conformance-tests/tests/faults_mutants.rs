@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use conformance_tests::faults::{scenarios, FaultTarget};
+use conformance_tests::faults::{explorer, scenarios, FaultTarget};
 use lockcore::backend::{AcquireRequest, Acquired, Capabilities, LockState, StoreSession};
 use lockcore::{Backend, EntrySignals, LockName, Result, SessionLiveness};
 
@@ -20,6 +20,14 @@ enum Mutation {
     AbandonDoesNothing,
     /// Every holder gets the same token: fencing cannot tell them apart.
     ConstantToken,
+    /// A held lock is granted anyway, with its holder's token (Consul's
+    /// grant-then-read with another holder's token, issue 15).
+    ForeignToken,
+    /// One grant in four answers as a lost reply: the entry stays, held
+    /// by nobody, and the abandon of that attempt misses it (Consul's
+    /// lost fast-path reply, issue 15; lockcore's dropped abandon, issue
+    /// 17).
+    LostReplyOrphan,
 }
 
 #[derive(Debug)]
@@ -31,7 +39,22 @@ struct Mutant {
 #[derive(Debug)]
 struct MutantSession {
     inner: Arc<dyn StoreSession>,
+    backend: Arc<dyn Backend>,
     mutation: Mutation,
+    grants: std::sync::atomic::AtomicU64,
+    orphans: std::sync::Mutex<Vec<uuid::Uuid>>,
+}
+
+impl MutantSession {
+    fn new(inner: Arc<dyn StoreSession>, backend: Arc<dyn Backend>, mutation: Mutation) -> Self {
+        MutantSession {
+            inner,
+            backend,
+            mutation,
+            grants: Default::default(),
+            orphans: Default::default(),
+        }
+    }
 }
 
 fn target(mutation: Mutation) -> FaultTarget {
@@ -72,15 +95,17 @@ impl Backend for Mutant {
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
             });
-            return Ok(Arc::new(MutantSession {
-                inner: session,
-                mutation: self.mutation,
-            }));
+            return Ok(Arc::new(MutantSession::new(
+                session,
+                self.inner.clone(),
+                self.mutation,
+            )));
         }
-        Ok(Arc::new(MutantSession {
-            inner: self.inner.open_session(outer).await?,
-            mutation: self.mutation,
-        }))
+        Ok(Arc::new(MutantSession::new(
+            self.inner.open_session(outer).await?,
+            self.inner.clone(),
+            self.mutation,
+        )))
     }
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
         self.inner.inspect(name).await
@@ -114,9 +139,40 @@ impl StoreSession for MutantSession {
             deaf.signals = EntrySignals::new();
             return self.inner.acquire(&deaf).await;
         }
+        if let Mutation::ForeignToken = self.mutation {
+            let mut first = req.clone();
+            first.wait = false;
+            match self.inner.acquire(&first).await {
+                Err(e) if e.kind() == lockcore::ErrorKind::WouldBlock && req.wait => {
+                    let holder = self.backend.inspect(&req.name).await?;
+                    if let Some(h) = holder.holders.first() {
+                        return Ok(Acquired {
+                            token: h.token,
+                            entry: h.entry.clone(),
+                        });
+                    }
+                    return self.inner.acquire(req).await;
+                }
+                r => return r,
+            }
+        }
         let mut a = self.inner.acquire(req).await?;
         if let Mutation::ConstantToken = self.mutation {
             a.token = 1;
+        }
+        if let Mutation::LostReplyOrphan = self.mutation {
+            if self
+                .grants
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                % 4
+                == 3
+            {
+                self.orphans.lock().unwrap().push(req.contender);
+                return Err(lockcore::Error::new(
+                    lockcore::ErrorKind::Connection,
+                    "mutant: the grant's reply was lost",
+                ));
+            }
         }
         Ok(a)
     }
@@ -130,6 +186,9 @@ impl StoreSession for MutantSession {
     async fn abandon(&self, req: &AcquireRequest) -> Result<()> {
         match self.mutation {
             Mutation::AbandonDoesNothing => Ok(()),
+            Mutation::LostReplyOrphan if self.orphans.lock().unwrap().contains(&req.contender) => {
+                Ok(())
+            }
             _ => self.inner.abandon(req).await,
         }
     }
@@ -175,4 +234,62 @@ async fn identity_wrapper_passes() {
     let t = FaultTarget::mem("mem://mutants?ttl=1s").wrap_backends(|b| b);
     scenarios::partitioned_holder(&t).await;
     scenarios::paused_holder_fenced(&t).await;
+}
+
+/// The explorer finds each mutant within a few schedules of fixed seeds.
+async fn explorer_catches(mutation: Mutation) {
+    let t = target(mutation);
+    let shape = explorer::Shape {
+        run_for: Duration::from_secs(4),
+        ..explorer::Shape::default()
+    };
+    let mut found = Vec::new();
+    for seed in 1..=6u64 {
+        let o = explorer::explore(&t, seed, shape).await;
+        if !o.violations.is_empty() {
+            found = o.violations;
+            break;
+        }
+    }
+    assert!(!found.is_empty(), "the explorer missed {mutation:?}");
+    eprintln!("{mutation:?} caught: {}", found[0]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explorer_catches_late_deadline() {
+    explorer_catches(Mutation::LateDeadline).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explorer_catches_orphaned_entries() {
+    explorer_catches(Mutation::AbandonDoesNothing).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explorer_catches_constant_tokens() {
+    explorer_catches(Mutation::ConstantToken).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explorer_catches_a_grant_with_a_foreign_token() {
+    explorer_catches(Mutation::ForeignToken).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explorer_catches_a_lost_reply_orphan() {
+    explorer_catches(Mutation::LostReplyOrphan).await;
+}
+
+/// The explorer passes the unmutated wrapper on the same seeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explorer_passes_the_identity_wrapper() {
+    let t = FaultTarget::mem("mem://mutants?ttl=1s").wrap_backends(|b| b);
+    let shape = explorer::Shape {
+        run_for: Duration::from_secs(4),
+        ..explorer::Shape::default()
+    };
+    for seed in 1..=2u64 {
+        let o = explorer::explore(&t, seed, shape).await;
+        assert!(o.violations.is_empty(), "seed {seed}: {:#?}", o.violations);
+    }
 }

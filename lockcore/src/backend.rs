@@ -23,6 +23,7 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 
+pub use crate::inflight::{finish_on_drop, InFlightWrites};
 use crate::signal::{EntrySignals, SessionLiveness};
 use crate::{LockName, Result};
 
@@ -217,50 +218,6 @@ impl QuietGrants {
     }
 }
 
-/// Runs `fut` to its end even if the caller stops waiting: it is polled in
-/// place, and if the returned future is dropped before `fut` is done, the
-/// rest of `fut` runs on a spawned task. For a store write whose outcome
-/// must be settled before anything else touches the same entry (a request
-/// already sent may still be applied, and an abandon that overtakes it
-/// would leave it behind), without paying a task per write.
-///
-/// # Cancel safety
-/// That is its purpose: dropping the returned future never drops `fut`
-/// midway (outside a runtime, where nothing can be spawned, it is dropped).
-pub async fn finish_on_drop<F>(fut: F) -> F::Output
-where
-    F: std::future::Future + Send + 'static,
-    F::Output: Send + 'static,
-{
-    struct Finish<F: std::future::Future + Send + 'static>(Option<std::pin::Pin<Box<F>>>)
-    where
-        F::Output: Send + 'static;
-
-    impl<F: std::future::Future + Send + 'static> Drop for Finish<F>
-    where
-        F::Output: Send + 'static,
-    {
-        fn drop(&mut self) {
-            if let (Some(rest), Ok(rt)) = (self.0.take(), tokio::runtime::Handle::try_current()) {
-                rt.spawn(rest);
-            }
-        }
-    }
-
-    let mut running = Finish(Some(Box::pin(fut)));
-    let out = std::future::poll_fn(|cx| {
-        running
-            .0
-            .as_mut()
-            .expect("not polled after its end")
-            .as_mut()
-            .poll(cx)
-    })
-    .await;
-    running.0 = None;
-    out
-}
-
 /// What a backend supports; the conformance suite runs only the cases a
 /// backend declares.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -344,6 +301,10 @@ pub struct AcquireRequest {
     pub wait: bool,
     /// Where the backend reports loss of the entry and revoke requests.
     pub signals: EntrySignals,
+    /// The attempt's writes in flight: the backend runs every write that
+    /// creates the attempt's entry through it, and the client layer waits
+    /// for them before it abandons the attempt.
+    pub writes: InFlightWrites,
 }
 
 impl AcquireRequest {
@@ -355,6 +316,7 @@ impl AcquireRequest {
             contender: uuid::Uuid::new_v4(),
             wait,
             signals: EntrySignals::new(),
+            writes: InFlightWrites::default(),
         }
     }
 }
@@ -614,24 +576,5 @@ mod tests {
             quiet: true
         }
         .alone_at(1));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn finish_on_drop_runs_the_rest_after_the_caller_is_dropped() {
-        use std::sync::atomic::{AtomicBool, Ordering};
-        let done = Arc::new(AtomicBool::new(false));
-        let flag = done.clone();
-        let write = finish_on_drop(async move {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            flag.store(true, Ordering::SeqCst);
-            7
-        });
-        let cut = tokio::time::timeout(Duration::from_millis(10), write).await;
-        assert!(cut.is_err(), "the caller gave up first");
-        assert!(!done.load(Ordering::SeqCst));
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(done.load(Ordering::SeqCst), "the rest ran on its own");
-        // Awaited to its end, it is just the future's output.
-        assert_eq!(finish_on_drop(async { 7 }).await, 7);
     }
 }

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{oneshot, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -361,7 +361,10 @@ impl LockClient {
                     Some(Ok(_)) => {
                         // Granted, but the session died meanwhile: never
                         // grant on a session that may have expired.
-                        ticket = pending.abandon_now().await;
+                        let Some(t) = pending.abandon(deadline).await else {
+                            return Err(timed_out(name));
+                        };
+                        ticket = t;
                         if mode == Mode::Try {
                             return Err(Error::new(ErrorKind::SessionLost, "session lost while acquiring"));
                         }
@@ -373,7 +376,10 @@ impl LockClient {
                     }
                     Some(Err(e)) if e.is_retryable() && mode != Mode::Try => {
                         tracing::debug!(error = %e, "acquire attempt failed, retrying");
-                        ticket = pending.abandon_now().await;
+                        let Some(t) = pending.abandon(deadline).await else {
+                            return Err(timed_out(name));
+                        };
+                        ticket = t;
                         if until(deadline, backoff.wait()).await.is_none() {
                             return Err(timed_out(name));
                         }
@@ -381,11 +387,11 @@ impl LockClient {
                     Some(Err(e)) => {
                         // A final error (conflict, credentials, ...): leave
                         // the store clean before saying so.
-                        pending.abandon_now().await;
+                        pending.abandon(deadline.map(|d| d.max(Instant::now()) + ABANDON_GRACE)).await;
                         return Err(e);
                     }
                     None => {
-                        pending.abandon_now().await;
+                        pending.abandon(Some(Instant::now() + ABANDON_GRACE)).await;
                         return Err(timed_out(name));
                     }
                 }
@@ -428,21 +434,38 @@ async fn until<F: Future>(deadline: Option<Instant>, f: F) -> Option<F::Output> 
 
 /// Removes a store entry, retrying transient failures until it is gone or
 /// the session is dead (then the store removes it with the session).
+///
+/// Each attempt races the session's loss: a request stuck on a dead link
+/// (the store's client library may queue it until it gives up) ends when
+/// the session's local deadline passes, so a removal never outlives the
+/// session it belongs to.
 async fn remove_entry(session: &SessionSlot, req: &AcquireRequest, held: Option<&Acquired>) {
     let mut backoff = Backoff::default();
     loop {
         if !session.liveness.is_alive() {
             return;
         }
-        let r = match held {
-            Some(h) => session.store.release(req, h).await,
-            None => session.store.abandon(req).await,
+        let attempt = async {
+            // A write of the attempt still in flight could land after
+            // the removal and leave its entry behind.
+            req.writes.settled().await;
+            match held {
+                Some(h) => session.store.release(req, h).await,
+                None => session.store.abandon(req).await,
+            }
+        };
+        let r = tokio::select! {
+            r = attempt => r,
+            _ = session.liveness.lost() => return,
         };
         match r {
             Ok(()) => return,
             Err(e) if e.is_retryable() => {
                 tracing::debug!(error = %e, lock = %req.name, "removing entry failed, retrying");
-                backoff.wait().await;
+                tokio::select! {
+                    () = backoff.wait() => {}
+                    _ = session.liveness.lost() => return,
+                }
             }
             Err(e) => {
                 tracing::warn!(error = %e, lock = %req.name, "removing entry failed");
@@ -451,6 +474,11 @@ async fn remove_entry(session: &SessionSlot, req: &AcquireRequest, held: Option<
         }
     }
 }
+
+/// How long a timed-out or failed acquire waits for the store to confirm
+/// that its entry is gone before returning; past it the removal goes on in
+/// the background ([`LockClient::wait_idle`] waits for it).
+const ABANDON_GRACE: Duration = Duration::from_millis(100);
 
 /// How long an acquire may wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -513,26 +541,45 @@ impl PendingAcquire {
         self.ticket.take().expect("ticket taken once")
     }
 
-    async fn abandon_now(mut self) -> LocalTicket {
-        if let Some(req) = self.req.take() {
+    /// Hands the removal of our entry to the background (before any
+    /// await, so that dropping the caller while it waits loses nothing),
+    /// then waits for it until `bound`. Returns the local ticket if the
+    /// removal finished in time; otherwise the background job keeps the
+    /// ticket until the entry is gone, so no later attempt of this client
+    /// on the name overtakes the removal.
+    ///
+    /// # Cancel safety
+    /// Dropping it only stops the wait; the removal goes on.
+    async fn abandon(mut self, bound: Option<Instant>) -> Option<LocalTicket> {
+        let done = self.spawn_abandon()?;
+        until(bound, done).await.and_then(|r| r.ok())
+    }
+
+    /// Starts the background removal; the receiver gets the local ticket
+    /// once our entry is gone. `None` if there was nothing to abandon.
+    fn spawn_abandon(&mut self) -> Option<oneshot::Receiver<LocalTicket>> {
+        let req = self.req.take()?;
+        let ticket = self.ticket.take();
+        let session = self.session.clone();
+        let (tx, rx) = oneshot::channel();
+        spawn_cleanup(&self.client, async move {
             req.signals.finish();
-            remove_entry(&self.session, &req, None).await;
-        }
-        self.ticket.take().expect("ticket taken once")
+            remove_entry(&session, &req, None).await;
+            if let Some(t) = ticket {
+                // Nobody waiting any more: the slot is freed here.
+                let _ = tx.send(t);
+            }
+        });
+        Some(rx)
     }
 }
 
 impl Drop for PendingAcquire {
     fn drop(&mut self) {
-        let Some(req) = self.req.take() else { return };
-        let session = self.session.clone();
-        let ticket = self.ticket.take();
-        tracing::debug!(lock = %req.name, "acquire cancelled; abandoning in the background");
-        spawn_cleanup(&self.client, async move {
-            req.signals.finish();
-            remove_entry(&session, &req, None).await;
-            drop(ticket);
-        });
+        if let Some(req) = &self.req {
+            tracing::debug!(lock = %req.name, "acquire cancelled; abandoning in the background");
+        }
+        self.spawn_abandon();
     }
 }
 
@@ -571,8 +618,11 @@ impl Lock {
             .await
     }
 
-    /// Waits at most `timeout`; then [`ErrorKind::Timeout`], with our
-    /// waiting entry already removed from the store.
+    /// Waits at most `timeout`; then [`ErrorKind::Timeout`]. Returns
+    /// within `timeout` + 100 ms whatever the link does: our waiting entry
+    /// is removed by then, or, if the store does not confirm it in time,
+    /// its removal goes on in the background ([`LockClient::wait_idle`])
+    /// and the next owner of this client waits for it.
     ///
     /// # Cancel safety
     /// As [`acquire`](Self::acquire).
@@ -747,7 +797,8 @@ impl LockGuard {
     }
 
     /// Releases the lock now and confirms that our entry is gone (or that
-    /// the session that held it is dead, which removes it).
+    /// the session that held it is dead, which removes it). On a dead link
+    /// it returns by the session's local deadline, within the TTL.
     ///
     /// Returns [`ErrorKind::LockLost`] if the lock had been lost before the
     /// release: the work done under it was not protected.

@@ -4,6 +4,7 @@
 pub mod backend;
 mod client;
 mod error;
+mod inflight;
 pub mod mem;
 mod name;
 mod rw;

@@ -32,7 +32,9 @@ use lockcore::{Backend, LockClient};
 
 use crate::{BackendFactory, Harness};
 
+mod cancel;
 pub mod cluster;
+pub mod explorer;
 mod history;
 mod proxy;
 mod register;
@@ -313,7 +315,10 @@ macro_rules! fault_suite {
             reset_during_acquire,
             waiter_session_killed_while_queued,
             cancelled_acquires_under_contention,
-            keepalive_delay_then_failure
+            keepalive_delay_then_failure,
+            cancel_at_every_poll,
+            calls_return_within_bounds_on_a_dead_link,
+            explore_random_schedules
         );
     };
 }
