@@ -37,7 +37,7 @@ pub(crate) enum WatchEvent {
     /// the state instead of trusting it.
     Lost,
     /// etcd refused to create the watch (e.g. no read permission on the
-    /// key, or an expired auth token on the stream): there is no watch.
+    /// key): there is no watch.
     /// Re-read the state, and wait a while before watching again: the
     /// next create may be refused too.
     Refused,

@@ -243,7 +243,11 @@ async fn late_abandon_spares_the_next_attempts_key(var: &str) {
         .unwrap()
         .expect_err("acquired a held lock");
     assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
-    // The retried abandon removed the first attempt's key.
+    // The abandon runs in the background: its retry, on a new connection,
+    // removed the first attempt's key.
+    tokio::time::timeout(SOON, ours.wait_idle())
+        .await
+        .expect("the abandon never finished");
     let st = other.inspect("m").await.unwrap();
     assert!(st.waiters.is_empty(), "abandon left {:?}", st.waiters);
 
