@@ -53,7 +53,7 @@ done
 [ ${#backends[@]} -gt 0 ] || backends=(mem etcd zk consul)
 case "$minutes" in ''|*[!0-9.]*) echo "chaos.sh: --minutes takes a number" >&2; exit 2 ;; esac
 
-SCENARIOS=10   # scenarios in conformance_tests::fault_suite!
+SCENARIOS=12   # scripted scenarios in conformance_tests::fault_suite!
 log() { printf 'chaos.sh: %s\n' "$*" >&2; }
 
 need_stores=0
@@ -77,11 +77,13 @@ export QUORUMLOCK_CHAOS_RESULTS=$results
 export QUORUMLOCK_TEST_REQUIRE=1
 export CARGO_TERM_COLOR=never
 
-# Seconds per backend, and per scenario within one pass of a suite.
+# Seconds per backend: half for the explorer's random schedules, half
+# shared by the scripted scenarios within one pass of a suite.
 slice=$(awk -v m="$minutes" -v n="${#backends[@]}" 'BEGIN { printf "%d", m * 60 / n }')
-per_scenario=$(awk -v s="$slice" -v k="$SCENARIOS" 'BEGIN { printf "%d", s / k }')
+per_scenario=$(awk -v s="$slice" -v k="$SCENARIOS" 'BEGIN { printf "%d", s / 2 / k }')
 export QUORUMLOCK_CHAOS_SECONDS=$per_scenario
-log "${#backends[@]} backend(s), ${slice}s each, ${per_scenario}s per scenario per pass"
+export QUORUMLOCK_EXPLORE_SECONDS=$(( slice / 2 ))
+log "${#backends[@]} backend(s), ${slice}s each: explorer ${QUORUMLOCK_EXPLORE_SECONDS}s, ${per_scenario}s per scenario per pass"
 
 # add_missing_rows BACKEND LOG FIRST_LINE: a FAIL row for every test that
 # failed in LOG without recording its own row (rows from line FIRST_LINE on).
@@ -172,6 +174,9 @@ awk -F'\t' '
     }
     exit bad
   }' "$results" || failed_tests=1
+echo
+echo "explorer (random schedules; faults by kind):"
+awk -F'\t' '$2 == "explore_random_schedules" { printf "  %-14s %s  %s\n", $1, $10, substr($11, 1, 300) }' "$results"
 echo
 echo "raw rows: $results   logs: $logs"
 exit "$failed_tests"

@@ -85,7 +85,12 @@ fn registry() -> &'static Mutex<HashMap<i64, Registered>> {
 }
 
 pub(crate) fn register_session(client: &zk::Client, liveness: &Arc<SessionLiveness>) {
-    registry().lock().expect("registry poisoned").insert(
+    let mut registry = registry().lock().expect("registry poisoned");
+    // Ended sessions nobody holds any more (dropped without `close`):
+    // nothing is left to kill. A dropped owner with a session still open
+    // stays, so that `kill_session` can still end it.
+    registry.retain(|_, r| r.liveness.strong_count() > 0 || !r.state.peek_state().is_terminated());
+    registry.insert(
         client.session_id().0,
         Registered {
             info: client.session().clone(),
@@ -212,11 +217,16 @@ impl Shared {
         }
     }
 
+    /// Remembers a new lock session for `leftovers()` and `kill_session`.
+    /// Sessions that have ended are forgotten here, so that the lists hold
+    /// the sessions still open (and, in the process-wide registry, those
+    /// whose owner still cares), not every session ever opened.
     pub(crate) fn record_opened(&self, client: &zk::Client, liveness: &Arc<SessionLiveness>) {
-        self.opened
-            .lock()
-            .expect("poisoned")
-            .push((client.session_id(), client.state_watcher()));
+        let mut opened = self.opened.lock().expect("poisoned");
+        // An ended session is never a leftover (`leftovers_once` skips it).
+        opened.retain(|(_, state)| !state.peek_state().is_terminated());
+        opened.push((client.session_id(), client.state_watcher()));
+        drop(opened);
         register_session(client, liveness);
     }
 
@@ -619,25 +629,51 @@ impl ZkBackend {
             }
             let mut marked = false;
             for h in &state.holders {
-                // A lease keeps its permit count next to the marker.
-                let data = match h.kind {
-                    LockKind::Semaphore { permits } => {
-                        let mut d = REVOKE_MESSAGE.to_vec();
-                        d.push(b' ');
-                        d.extend(permits_data(permits));
-                        d
+                let done = match h.kind {
+                    LockKind::Semaphore { .. } => self.mark_lease(&c, &h.entry).await?,
+                    _ => {
+                        self.shared.count(1);
+                        match c.set_data(&h.entry, REVOKE_MESSAGE, None).await {
+                            Ok(_) => true,
+                            Err(zk::Error::NoNode) => false,
+                            Err(e) => return Err(map(e, "marking the holder's node for revoke")),
+                        }
                     }
-                    _ => REVOKE_MESSAGE.to_vec(),
                 };
-                self.shared.count(1);
-                match c.set_data(&h.entry, &data, None).await {
-                    Ok(_) => marked = true,
-                    Err(zk::Error::NoNode) => {}
-                    Err(e) => return Err(map(e, "marking the holder's node for revoke")),
-                }
+                marked |= done;
             }
             if marked {
                 return Ok(true);
+            }
+        }
+    }
+
+    /// Writes the revoke marker on a lease; whether the lease was there.
+    /// A lease keeps its permit count after the marker, but only a count
+    /// read from that lease's own data: `inspect` guesses the count when
+    /// only Curator's leases (whose data is a host address) are present,
+    /// and a guess written here would later be read back as a fact (a
+    /// semaphore of another count then failed with `Conflict`). The write
+    /// is conditional on the version read, so the count is the node's.
+    async fn mark_lease(&self, c: &zk::Client, lease: &str) -> Result<bool> {
+        loop {
+            self.shared.count(1);
+            let (data, stat) = match c.get_data(lease).await {
+                Ok(r) => r,
+                Err(zk::Error::NoNode) => return Ok(false),
+                Err(e) => return Err(map(e, "reading a lease")),
+            };
+            let mut marker = REVOKE_MESSAGE.to_vec();
+            if let Some(permits) = parse_permits(&data) {
+                marker.push(b' ');
+                marker.extend(permits_data(permits));
+            }
+            self.shared.count(1);
+            match c.set_data(lease, &marker, Some(stat.version)).await {
+                Ok(_) => return Ok(true),
+                Err(zk::Error::NoNode) => return Ok(false),
+                Err(zk::Error::BadVersion) => continue, // written meanwhile: read again
+                Err(e) => return Err(map(e, "marking a lease for revoke")),
             }
         }
     }
@@ -732,10 +768,11 @@ impl Backend for ZkBackend {
         liveness.confirm(started, timeout);
         if !liveness.is_alive() {
             // The connect took most of a timeout (hosts tried in turn):
-            // confirm with a fresh round trip.
+            // confirm with a fresh round trip through the leader (a read
+            // would be answered by a follower even when cut off from it).
             self.shared.count(1);
             let sent = Instant::now();
-            match client.check_stat("/").await {
+            match client.sync("/").await {
                 Ok(_) => liveness.confirm(sent, timeout),
                 Err(e) => return Err(map(e, "confirming a new session")),
             }
@@ -929,5 +966,69 @@ mod tests {
         assert_eq!(parse_permits(b"__REVOKE__ permits=7"), Some(7));
         assert_eq!(parse_permits(b"192.168.0.1"), None);
         assert_eq!(parse_permits(b"__REVOKE__"), None);
+    }
+}
+
+/// Against the real server (`QUORUMLOCK_TEST_ZK_URL`): what a backend
+/// keeps per session it ever opened.
+#[cfg(test)]
+mod store_tests {
+    use super::*;
+
+    async fn backend() -> Option<ZkBackend> {
+        let Ok(url) = std::env::var("QUORUMLOCK_TEST_ZK_URL") else {
+            assert!(
+                std::env::var("QUORUMLOCK_TEST_REQUIRE").as_deref() != Ok("1"),
+                "QUORUMLOCK_TEST_ZK_URL is not set and QUORUMLOCK_TEST_REQUIRE=1"
+            );
+            eprintln!("SKIPPED: QUORUMLOCK_TEST_ZK_URL is not set");
+            return None;
+        };
+        Some(ZkBackend::connect_str(&url).await.expect("connect"))
+    }
+
+    /// 40 sessions opened and closed one after the other: the list that
+    /// `leftovers()` checks holds the open ones, not every one ever opened
+    /// (it held 40).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sessions_kept_for_leftovers_are_bounded() {
+        let Some(b) = backend().await else { return };
+        let live = b
+            .open_session(Arc::new(SessionLiveness::new()))
+            .await
+            .unwrap();
+        for _ in 0..40 {
+            let s = b
+                .open_session(Arc::new(SessionLiveness::new()))
+                .await
+                .unwrap();
+            s.close().await.unwrap();
+        }
+        let kept = b.shared.opened.lock().expect("poisoned").len();
+        assert!(kept <= 2, "{kept} sessions kept after opening 41");
+        // Sessions dropped without `close` (as a lost session is): gone
+        // from both lists once they have ended and their owner is gone.
+        for _ in 0..40 {
+            let liveness = Arc::new(SessionLiveness::new());
+            drop(b.open_session(liveness).await.unwrap());
+        }
+        let states: Vec<_> = b.shared.opened.lock().expect("poisoned").clone();
+        for (_, state) in states.into_iter().skip(1) {
+            assert!(wait_terminal(state, Duration::from_secs(5)).await);
+        }
+        let last = b
+            .open_session(Arc::new(SessionLiveness::new()))
+            .await
+            .unwrap();
+        let kept = b.shared.opened.lock().expect("poisoned").len();
+        assert!(kept <= 2, "{kept} sessions kept after opening 82");
+        let registered = registry().lock().expect("poisoned").len();
+        assert!(registered <= 2, "{registered} sessions in the registry");
+        last.close().await.unwrap();
+        // The open one is still reported until it is closed.
+        let before = b.leftovers().await.unwrap();
+        assert!(before.iter().any(|l| l.contains(&live.id())), "{before:?}");
+        live.close().await.unwrap();
+        assert_eq!(b.leftovers().await.unwrap(), Vec::<String>::new());
     }
 }

@@ -194,19 +194,22 @@ impl Inner {
         Instant::now()
     }
 
-    /// Any reply from the server proves the session was alive when the
-    /// request left: confirm the local deadline from the send time. Only
-    /// answers the server itself gives count; the library also fails
-    /// in-flight requests with errors of its own when a connection breaks
-    /// (`ConnectionLoss`, `Timeout`, I/O errors as `Custom`), and those
-    /// prove nothing. A terminal session error is a loss.
+    /// A reply to a request that the LEADER answered (a write, or a
+    /// `sync`) proves that the session was alive on the leader after the
+    /// request left: confirm the local deadline from the send time. A
+    /// follower forwards writes and syncs to the leader and answers them
+    /// only once the leader has, after applying every earlier commit
+    /// (a `closeSession` of our expired session included, which ends our
+    /// connection first). Answers to reads prove nothing (see
+    /// [`Inner::heard_read`]). Only answers the server itself gives count;
+    /// the library also fails in-flight requests with errors of its own
+    /// when a connection breaks (`ConnectionLoss`, `Timeout`, I/O errors
+    /// as `Custom`), and those prove nothing. A terminal session error is
+    /// a loss.
     fn heard<T>(&self, sent: Instant, r: &std::result::Result<T, zk::Error>) {
         use zk::Error as E;
         match r {
             Ok(_) => self.liveness.confirm(sent, self.timeout),
-            Err(E::SessionExpired | E::SessionMoved | E::AuthFailed) => {
-                self.liveness.lose(LossReason::SessionExpired)
-            }
             Err(
                 E::NoNode
                 | E::NodeExists
@@ -215,14 +218,26 @@ impl Inner {
                 | E::NoAuth
                 | E::NoChildrenForEphemerals,
             ) => self.liveness.confirm(sent, self.timeout),
-            Err(_) => {}
+            _ => self.heard_read(r),
+        }
+    }
+
+    /// A reply to a read: a follower answers it from its own copy, also
+    /// while it is cut off from the leader (until `syncLimit x tickTime`),
+    /// when the leader may already have expired our session and handed
+    /// our locks to others. So it never moves the deadline; only a
+    /// terminal session error counts (as a loss).
+    fn heard_read<T>(&self, r: &std::result::Result<T, zk::Error>) {
+        use zk::Error as E;
+        if let Err(E::SessionExpired | E::SessionMoved | E::AuthFailed) = r {
+            self.liveness.lose(LossReason::SessionExpired)
         }
     }
 
     async fn list(&self, c: &zk::Client, dir: &str) -> Result<Option<Vec<String>>> {
-        let sent = self.send(1);
+        self.send(1);
         let r = c.list_children(dir).await;
-        self.heard(sent, &r);
+        self.heard_read(&r);
         match r {
             Ok(children) => Ok(Some(children)),
             Err(zk::Error::NoNode) => Ok(None),
@@ -254,27 +269,87 @@ impl Inner {
         Ok(())
     }
 
+    /// Makes the server's view include every write the leader had
+    /// acknowledged (or was about to commit) when it answered: a `sync`.
+    /// A follower that our session moved to after a connection loss may
+    /// not yet have applied a create that the old server passed on, so a
+    /// listing without it can miss our own node.
+    async fn sync_dir(&self, c: &zk::Client, dir: &str) -> Result<()> {
+        let sent = self.send(1);
+        let r = c.sync(dir).await;
+        self.heard(sent, &r);
+        match r {
+            Ok(()) | Err(zk::Error::NoNode) => Ok(()),
+            Err(e) => Err(map(e, "syncing with the leader")),
+        }
+    }
+
     /// Our contender node among `children`, found by its GUID, if it is a
     /// node of THIS session (never one of an older session: CURATOR-604).
-    async fn find_ours(
+    /// If several nodes of this session carry the GUID (a create whose
+    /// reply was lost, made again), the first in the queue is kept and
+    /// the others deleted, so that we never wait behind our own orphan.
+    /// Returns the kept node and `children` without the deleted ones.
+    async fn keep_ours(
         &self,
         c: &zk::Client,
         dir: &str,
-        prefix_name: &str,
-        children: &[String],
-    ) -> Result<Option<(String, zk::Stat)>> {
-        for child in children.iter().filter(|n| n.starts_with(prefix_name)) {
+        guid_prefix: &str,
+        mut children: Vec<String>,
+    ) -> Result<(Option<(String, zk::Stat)>, Vec<String>)> {
+        let mut mine: Vec<String> = children
+            .iter()
+            .filter(|n| n.starts_with(guid_prefix))
+            .cloned()
+            .collect();
+        mine.sort_by_key(|n| sequence_of(n));
+        let mut kept = None;
+        for child in mine {
             let path = format!("{dir}/{child}");
-            let sent = self.send(1);
+            self.send(1);
             let r = c.check_stat(&path).await;
-            self.heard(sent, &r);
+            self.heard_read(&r);
             match r {
-                Ok(Some(st)) if st.ephemeral_owner == self.id.0 => return Ok(Some((path, st))),
+                Ok(Some(st)) if st.ephemeral_owner == self.id.0 => {
+                    if kept.is_none() {
+                        kept = Some((path, st));
+                    } else {
+                        tracing::info!(node = %path, "deleting a second contender node of ours (a create whose reply was lost)");
+                        self.delete(c, &path).await?;
+                        children.retain(|n| *n != child);
+                    }
+                }
                 Ok(_) => {}
                 Err(e) => return Err(map(e, "reading our contender node")),
             }
         }
-        Ok(None)
+        Ok((kept, children))
+    }
+
+    /// Deletes the nodes in `sorted` (a listing of `dir`) that carry our
+    /// GUID but are not `ours`: orphans of a create whose reply was lost,
+    /// seen only now. Left in place, one ahead of us would make us wait
+    /// for ourselves forever (and a reader's would hold a read lock until
+    /// the session ends). Whether any was deleted (then list again).
+    async fn delete_orphans(
+        &self,
+        c: &zk::Client,
+        dir: &str,
+        sorted: &[String],
+        guid_prefix: &str,
+        ours: &str,
+    ) -> Result<bool> {
+        let mut deleted = false;
+        for orphan in sorted
+            .iter()
+            .filter(|n| n.starts_with(guid_prefix) && *n != ours)
+        {
+            let node = format!("{dir}/{orphan}");
+            tracing::info!(%node, "deleting a second contender node of ours");
+            self.delete(c, &node).await?;
+            deleted = true;
+        }
+        Ok(deleted)
     }
 
     /// Creates our contender node and, if `list`, lists the lock's
@@ -294,8 +369,8 @@ impl Inner {
         req: &AcquireRequest,
         list: bool,
     ) -> Result<Created> {
-        let prefix_name = format!("_c_{}-{marker}", req.contender.hyphenated());
-        let prefix = format!("{dir}/{prefix_name}");
+        let guid_prefix = format!("_c_{}-", req.contender.hyphenated());
+        let prefix = format!("{dir}/{guid_prefix}{marker}");
         let opts = create_options();
         let mut attempts = 0;
         loop {
@@ -333,7 +408,10 @@ impl Inner {
                     // The create may have been applied: find our node by
                     // its GUID. Create again only once a listing proves it
                     // absent (a request of the old connection is applied
-                    // before the session moves, or rejected).
+                    // before the session moves, or rejected). The listing
+                    // follows a `sync`: the server we reconnected to may
+                    // not have applied that create yet; once the leader
+                    // answers the sync, it has.
                     let mut tries = 0u32;
                     loop {
                         tries += 1;
@@ -343,10 +421,14 @@ impl Inner {
                                 "session lost while looking for our contender node",
                             ));
                         }
-                        match self.list(c, dir).await {
+                        let listed = match self.sync_dir(c, dir).await {
+                            Ok(()) => self.list(c, dir).await,
+                            Err(e) => Err(e),
+                        };
+                        match listed {
                             Ok(Some(children)) => {
-                                if let Some((node, stat)) =
-                                    self.find_ours(c, dir, &prefix_name, &children).await?
+                                if let (Some((node, stat)), children) =
+                                    self.keep_ours(c, dir, &guid_prefix, children).await?
                                 {
                                     tracing::debug!(%node, "found our contender node after a connection loss");
                                     return Ok(Created {
@@ -411,11 +493,11 @@ impl Inner {
         // Before the request: a reconnect from now on shows.
         let mut state = self.state.clone();
         state.state();
-        let sent = self.send(1);
+        self.send(1);
         let watch = c.check_and_watch_stat(dir);
         async move {
             let r = watch.await;
-            self.heard(sent, &r);
+            self.heard_read(&r);
             match r {
                 Ok((Some(st), watcher)) => {
                     let fired = Box::pin(watcher.changed());
@@ -464,9 +546,9 @@ impl Inner {
         backoff: &mut Duration,
         on_data: impl FnOnce(&[u8]) -> Result<()>,
     ) -> Result<()> {
-        let sent = self.send(1);
+        self.send(1);
         let r = c.get_and_watch_data(node).await;
-        self.heard(sent, &r);
+        self.heard_read(&r);
         match r {
             Ok((data, _, watcher)) => {
                 on_data(&data)?;
@@ -518,6 +600,7 @@ impl Inner {
         };
         let node = created.node;
         let our_name = node.rsplit('/').next().expect("a path").to_string();
+        let guid_prefix = format!("_c_{}-", req.contender.hyphenated());
         let mut listed = created.listed;
         let mut parent = None;
         match (chain, armed) {
@@ -549,6 +632,12 @@ impl Inner {
                 ));
             }
             let sorted = backend::sort_contenders(children);
+            if self
+                .delete_orphans(&c, &dir, &sorted, &guid_prefix, &our_name)
+                .await?
+            {
+                continue;
+            }
             let Some(index) = sorted.iter().position(|n| *n == our_name) else {
                 // Deleted behind our back, or our session ended: never grant.
                 return Err(lost_session(
@@ -596,6 +685,7 @@ impl Inner {
             .create_contender(&c, &locks_dir, LOCK_MARKER, &data, req, true)
             .await?;
         let our_lock = lock_node.rsplit('/').next().expect("a path").to_string();
+        let guid_prefix = format!("_c_{}-", req.contender.hyphenated());
         let mut backoff = Duration::from_millis(20);
         let conflict = |why: String| Error::new(ErrorKind::Conflict, why);
         // 1. The internal mutex, FIFO and herd-free as any mutex.
@@ -605,6 +695,12 @@ impl Inner {
                 None => self.list_retrying(&c, &locks_dir).await?,
             };
             let sorted = backend::sort_by_marker(children, LOCK_MARKER);
+            if self
+                .delete_orphans(&c, &locks_dir, &sorted, &guid_prefix, &our_lock)
+                .await?
+            {
+                continue;
+            }
             let Some(index) = sorted.iter().position(|n| *n == our_lock) else {
                 return Err(lost_session(
                     "our contender node is gone (session expired or node deleted)",
@@ -641,9 +737,9 @@ impl Inner {
         }
         // 2. We hold the internal mutex: check the kind and the permit
         // count before creating our lease.
-        let sent = self.send(2);
+        self.send(2);
         let (top, leases) = futures::join!(c.list_children(&dir), c.list_children(&leases_dir));
-        self.heard(sent, &top);
+        self.heard_read(&top);
         let top = top.map_err(|e| map(e, "listing the semaphore node"))?;
         let leases = match leases {
             Ok(l) => backend::sort_by_marker(l, backend::LEASE_MARKER),
@@ -661,9 +757,9 @@ impl Inner {
             if refuse.is_some() {
                 break;
             }
-            let sent = self.send(1);
+            self.send(1);
             let r = c.get_data(&format!("{leases_dir}/{lease}")).await;
-            self.heard(sent, &r);
+            self.heard_read(&r);
             match r {
                 Ok((d, _)) => match backend::parse_permits(&d) {
                     Some(p) if p != permits => {
@@ -704,9 +800,9 @@ impl Inner {
             let (children, watcher) = match listed.take() {
                 Some(ch) => (ch, None),
                 None => {
-                    let sent = self.send(1);
+                    self.send(1);
                     let r = c.list_and_watch_children(&leases_dir).await;
-                    self.heard(sent, &r);
+                    self.heard_read(&r);
                     match r {
                         Ok((ch, w)) => (ch, Some(w)),
                         Err(e) if !is_terminal(&e) && self.liveness.is_alive() => {
@@ -785,9 +881,9 @@ fn arm(inner: &Arc<Inner>, key: uuid::Uuid, attempt: u32) -> StepFuture {
         let Ok(c) = inner.client() else {
             return Step::Gone;
         };
-        let sent = inner.send(1);
+        inner.send(1);
         let r = c.get_and_watch_data(&node).await;
-        inner.heard(sent, &r);
+        inner.heard_read(&r);
         Step::Armed(key, attempt, r)
     })
 }
@@ -872,8 +968,9 @@ async fn watch_dispatcher(inner: Arc<Inner>, mut armed: mpsc::UnboundedReceiver<
     }
 }
 
-/// The one background task of a session: a light read every third of the
-/// negotiated timeout confirms the local deadline from its send time;
+/// The one background task of a session: a `sync` every third of the
+/// negotiated timeout, answered through the leader, confirms the local
+/// deadline from its send time;
 /// a terminal session state (expired, auth failed, closed) is a loss.
 async fn keepalive(inner: Arc<Inner>) {
     let mut state = inner.state.clone();
@@ -905,14 +1002,15 @@ async fn keepalive(inner: Arc<Inner>) {
         let Ok(c) = inner.client() else { return };
         inner.shared.count_keepalive();
         let sent = Instant::now();
+        // A `sync`, not a read: the leader answers it (see `Inner::heard`).
         let r = tokio::select! {
-            r = c.check_stat("/") => r,
+            r = c.sync("/") => r,
             _ = inner.stop.cancelled() => return,
         };
         drop(c);
         inner.heard(sent, &r);
         if let Err(e) = r {
-            tracing::debug!(error = %e, "keepalive read failed");
+            tracing::debug!(error = %e, "keepalive sync failed");
         }
     }
 }
@@ -958,6 +1056,9 @@ impl StoreSession for ZkSession {
             _ => vec![dir],
         };
         for dir in dirs {
+            // As after a lost create: the server may not have applied a
+            // create of ours yet; after a sync it has.
+            inner.sync_dir(&c, &dir).await?;
             let Some(children) = inner.list(&c, &dir).await? else {
                 continue;
             };

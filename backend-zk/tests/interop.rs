@@ -540,3 +540,56 @@ async fn semaphore_leases_count_across_curator_and_ours() {
     s.peer.quit().await;
     s.case.finish().await;
 }
+
+/// Our `request_revoke` on a semaphore held only by Curator leases (whose
+/// data carries no permit count) must not write a guessed count into the
+/// revoke marker: our semaphore of 3 then still takes the third permit
+/// beside Curator's two (it used to read back the guess, 2, and fail with
+/// `Conflict`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoke_of_curator_leases_writes_no_guessed_count() {
+    let Some(mut s) = setup().await else { return };
+    let a = s.case.client().await;
+    for id in ["c1", "c2"] {
+        s.peer
+            .send(&format!("semaphore {id} {}/sem 3", s.ns_path))
+            .await;
+        s.peer.expect("ok").await;
+        s.peer.send(&format!("acquire {id}")).await;
+        s.peer.expect(&format!("acquired {id}")).await;
+    }
+    assert!(a.request_revoke("sem").await.unwrap(), "no holder marked");
+    let raw = zookeeper_client::Client::connect(
+        &ZkConfig::from_url(&s.case.harness().url_for(s.case.namespace()))
+            .unwrap()
+            .connect_string(),
+    )
+    .await
+    .unwrap();
+    let leases_dir = format!("{}/sem/leases", s.ns_path);
+    for lease in raw.list_children(&leases_dir).await.unwrap() {
+        let (data, _) = raw
+            .get_data(&format!("{leases_dir}/{lease}"))
+            .await
+            .unwrap();
+        assert_eq!(
+            data,
+            b"__REVOKE__",
+            "the marker on Curator's lease {lease}: {:?}",
+            String::from_utf8_lossy(&data)
+        );
+    }
+    drop(raw);
+    let g = tokio::time::timeout(SOON, a.semaphore("sem", 3).unwrap().try_acquire())
+        .await
+        .expect("our third permit")
+        .unwrap_or_else(|e| panic!("our semaphore of 3 beside two revoked Curator leases: {e}"));
+    assert_eq!(a.inspect("sem").await.unwrap().holders.len(), 3);
+    g.release().await.unwrap();
+    for id in ["c1", "c2"] {
+        s.peer.send(&format!("release {id}")).await;
+        s.peer.expect(&format!("released {id}")).await;
+    }
+    s.peer.quit().await;
+    s.case.finish().await;
+}

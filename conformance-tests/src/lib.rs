@@ -31,6 +31,7 @@ macro_rules! for_each_case {
             cancelled_acquire_of_free_lock_leaves_no_holder,
             thousand_locks_on_one_session,
             invalid_names_rejected_and_nothing_written,
+            nested_layout_segment_names_are_independent,
             inspect_reports_holder_and_waiters_in_order,
             loss_future_outlives_guard_and_fires_on_client_close,
             dropped_client_ends_its_session

@@ -17,6 +17,6 @@ pub use backend::{
 };
 pub use client::{Lock, LockClient, LockGuard, Reentry};
 pub use error::{Error, ErrorKind, Result};
-pub use name::{LockName, MAX_NAME_LEN, MAX_SEGMENT_LEN};
+pub use name::{LockName, MAX_NAME_LEN, MAX_SEGMENT_LEN, RESERVED_NESTED_SEGMENTS};
 pub use rw::{RwLock, Semaphore};
 pub use signal::{EntrySignals, LossReason, SessionLiveness};

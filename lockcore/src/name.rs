@@ -13,6 +13,15 @@ pub const MAX_SEGMENT_LEN: usize = 64;
 /// among a lock node's children; a nested lock name must not look like one.
 const RESERVED_IN_NESTED: [&str; 4] = ["lock-", "lease-", "__READ__", "__WRIT__"];
 
+/// Children that a store layout puts under a lock's own node: ZooKeeper's
+/// semaphore keeps its internal mutex in `locks` and its leases in
+/// `leases` (Curator's `InterProcessSemaphoreV2`). A nested lock of that
+/// name would be that very node, so `p/leases` and `p/locks` are refused.
+/// (Consul's own children, `.lock`, `.queue`, `.rw`, `.revoke`, start with
+/// `.`; etcd puts only contender keys under a lock's prefix, and names
+/// nested ones by a further `/`.)
+pub const RESERVED_NESTED_SEGMENTS: [&str; 2] = ["leases", "locks"];
+
 /// A validated lock name.
 ///
 /// A name is one or more segments joined by `/`. The rules, each checked
@@ -28,7 +37,10 @@ const RESERVED_IN_NESTED: [&str; 4] = ["lock-", "lease-", "__READ__", "__WRIT__"
 /// 5. segments after the first must start with a letter and must not
 ///    contain `lock-`, `lease-`, `__READ__` or `__WRIT__`: on ZooKeeper a
 ///    nested lock is a child of its parent lock's node, and Curator treats
-///    every child there as a contender sorted by the text after `lock-`.
+///    every child there as a contender sorted by the text after `lock-`;
+/// 6. segments after the first must not be `leases` or `locks`
+///    ([`RESERVED_NESTED_SEGMENTS`]): on ZooKeeper those children of a
+///    lock's node hold its semaphore.
 ///
 /// The namespace (the URL path) is not part of the name.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -64,6 +76,17 @@ fn invalid(name: &str, rule: &str) -> Error {
 }
 
 fn validate(name: &str) -> Result<()> {
+    validate_with(name, true)
+}
+
+/// Checks a namespace (the URL path) by the rules of a name, except rule 6:
+/// the namespace is the directory that lock nodes live in, never a child
+/// of a lock's node, so `app/locks` is a fine namespace.
+pub(crate) fn validate_namespace(path: &str) -> Result<()> {
+    validate_with(path, false)
+}
+
+fn validate_with(name: &str, reserve_layout_children: bool) -> Result<()> {
     if name.is_empty() {
         return Err(invalid(name, "it is empty"));
     }
@@ -120,6 +143,14 @@ fn validate(name: &str) -> Result<()> {
                 return Err(invalid(
                     name,
                     &format!("nested segment {seg:?} must start with a letter"),
+                ));
+            }
+            if reserve_layout_children && RESERVED_NESTED_SEGMENTS.contains(&seg) {
+                return Err(invalid(
+                    name,
+                    &format!(
+                        "nested segment {seg:?} is reserved: a lock's semaphore keeps its own children under that name"
+                    ),
                 ));
             }
             if let Some(r) = RESERVED_IN_NESTED.iter().find(|r| seg.contains(*r)) {
@@ -191,6 +222,12 @@ mod tests {
             "a:b.c-d_e",
             "db/shard-7/primary",
             "9lives",
+            // Only nested segments can be a lock node's own children.
+            "leases",
+            "locks/x",
+            "x/leases2",
+            "x/Locks",
+            "x/lock",
         ] {
             LockName::new(n).unwrap_or_else(|e| panic!("{n}: {e}"));
         }
@@ -213,6 +250,9 @@ mod tests {
             ("a/9b", "start with a letter"),
             ("a/my-lock-1", "contender"),
             ("a/x__READ__", "contender"),
+            ("x/leases", "reserved"),
+            ("x/locks", "reserved"),
+            ("x/leases/y", "reserved"),
             ("é", "not allowed"),
         ];
         for (n, why) in cases {
@@ -220,6 +260,11 @@ mod tests {
             assert_eq!(e.kind(), ErrorKind::InvalidName, "{n}");
             assert!(e.to_string().contains(why), "{n}: {e}");
         }
+        // A namespace is no lock's child: only rule 6 is lifted.
+        validate_namespace("app/locks").unwrap();
+        validate_namespace("x/leases/y").unwrap();
+        let e = validate_namespace("app/.x").unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidName);
         let long = "a".repeat(MAX_NAME_LEN + 1);
         assert!(LockName::new(long)
             .unwrap_err()

@@ -75,13 +75,14 @@ pub fn parse(url: &str) -> Result<Url> {
 
 /// The namespace from the URL path: `""` for none, else the path without
 /// its leading and trailing `/`, each segment checked like a lock name
-/// segment.
+/// segment (except that `leases` and `locks`, reserved in nested lock
+/// names, are allowed: a namespace is no lock's child).
 pub fn namespace(url: &Url) -> Result<String> {
     let path = url.path().trim_matches('/');
     if path.is_empty() {
         return Ok(String::new());
     }
-    crate::LockName::new(path).map_err(|e| {
+    crate::name::validate_namespace(path).map_err(|e| {
         Error::new(
             ErrorKind::InvalidUrl,
             format!("the URL path is the namespace, and {}", e.message()),

@@ -25,13 +25,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lockcore::{ErrorKind, LockClient, LockGuard};
+use lockcore::{ErrorKind, LockClient, LockGuard, LossReason};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
 use super::cancel::poll_times;
-use super::{FaultTarget, FencedRegister, NetControl, NetMode};
+use super::{FaultTarget, FencedRegister, NetControl, NetMode, OneShot, Row};
 
 /// The mutex names of a schedule.
 const MUTEXES: [&str; 2] = ["m0", "m1"];
@@ -118,6 +118,12 @@ pub struct FaultCounts {
     pub kills: u64,
     /// Futures dropped at a random await.
     pub drops: u64,
+    /// One answer lost after the store applied its request.
+    pub lost_answers: u64,
+    /// One request lost before it reached the store.
+    pub lost_requests: u64,
+    /// One request or one answer held back.
+    pub delayed_messages: u64,
 }
 
 /// The outcome of one schedule.
@@ -403,6 +409,12 @@ async fn hold(
     tokio::time::sleep(dwell).await;
     write(sh, &g);
     sh.log.end(id, Instant::now());
+    // A lost session stopped the belief at its local deadline
+    // (`is_held()` says false from then on), even if the watchdog task
+    // that fires `lost()` ran later.
+    if let (Some(LossReason::DeadlinePassed), Some(d)) = (g.loss(), g.deadline()) {
+        sh.log.end(id, d);
+    }
     watcher.abort();
     if rng.gen_bool(0.5) {
         let _ = g.release().await;
@@ -430,7 +442,29 @@ async fn nemesis(
         let net = &nets[ci];
         let length =
             Duration::from_millis(rng.gen_range(50..=(ttl.as_millis() as u64 * 3 / 2).max(100)));
-        match rng.gen_range(0..100) {
+        match rng.gen_range(0..130) {
+            100..=114 => {
+                if net.arm(OneShot::LoseAnswer) {
+                    n.lost_answers += 1;
+                }
+            }
+            115..=121 => {
+                if net.arm(OneShot::LoseRequest) {
+                    n.lost_requests += 1;
+                }
+            }
+            122..=129 => {
+                let d =
+                    Duration::from_millis(rng.gen_range(50..=(ttl.as_millis() as u64).max(100)));
+                let fault = if rng.gen_bool(0.5) {
+                    OneShot::DelayAnswer(d)
+                } else {
+                    OneShot::DelayRequest(d)
+                };
+                if net.arm(fault) {
+                    n.delayed_messages += 1;
+                }
+            }
             0..=19 => {
                 n.delay += 1;
                 net.set_mode(NetMode::Delay(Duration::from_millis(rng.gen_range(5..200))));
@@ -557,54 +591,149 @@ fn check(sh: &Shared) -> Vec<String> {
     out
 }
 
-/// The seeds a test runs: `QUORUMLOCK_EXPLORE_SEED` alone if set, else
-/// `n` seeds from a time-based start (printed, so a failure replays).
-pub fn seeds(n: u64) -> Vec<u64> {
-    if let Some(s) = std::env::var("QUORUMLOCK_EXPLORE_SEED")
+/// The seed `QUORUMLOCK_EXPLORE_SEED` asks to replay, if any.
+fn replay_seed() -> Option<u64> {
+    std::env::var("QUORUMLOCK_EXPLORE_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
-    {
-        return vec![s];
-    }
-    let n = std::env::var("QUORUMLOCK_EXPLORE_SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(n);
-    let start = std::time::SystemTime::now()
+}
+
+/// A time-based first seed, different on every run.
+fn fresh_seed() -> u64 {
+    std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(1, |d| d.as_nanos() as u64);
-    (0..n)
-        .map(|i| start.wrapping_add(i.wrapping_mul(7919)))
-        .collect()
+        .map_or(1, |d| d.as_nanos() as u64)
 }
 
-/// Runs `n` schedules (see [`seeds`]) and panics with the seed of the
-/// first that finds a violation.
-pub async fn explore_seeds(t: &FaultTarget, n: u64, shape: Shape) -> Vec<Outcome> {
-    let mut outs = Vec::new();
-    for seed in seeds(n) {
-        let o = explore(t, seed, shape).await;
-        eprintln!(
-            "explorer {}: seed {seed}: {} ops, {} holds, faults {:?}, {} violations",
-            t.name(),
-            o.ops,
-            o.holds,
-            o.faults,
-            o.violations.len()
-        );
-        assert!(
-            o.violations.is_empty(),
-            "explorer on {}: seed {seed} (replay: QUORUMLOCK_EXPLORE_SEED={seed}): {:#?}",
-            t.name(),
-            o.violations
-        );
-        outs.push(o);
+/// How long the explorer runs schedules: `QUORUMLOCK_EXPLORE_SECONDS`
+/// (unset or 0: `QUORUMLOCK_EXPLORE_SEEDS` schedules, default 3).
+fn explore_budget() -> Duration {
+    std::env::var("QUORUMLOCK_EXPLORE_SECONDS")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|s| *s > 0.0)
+        .map_or(Duration::ZERO, Duration::from_secs_f64)
+}
+
+impl FaultCounts {
+    fn add(&mut self, o: &FaultCounts) {
+        self.delay += o.delay;
+        self.blackhole += o.blackhole;
+        self.cut += o.cut;
+        self.reset += o.reset;
+        self.breaks += o.breaks;
+        self.revokes += o.revokes;
+        self.kills += o.kills;
+        self.drops += o.drops;
+        self.lost_answers += o.lost_answers;
+        self.lost_requests += o.lost_requests;
+        self.delayed_messages += o.delayed_messages;
     }
-    outs
+
+    fn total(&self) -> u64 {
+        self.delay
+            + self.blackhole
+            + self.cut
+            + self.reset
+            + self.breaks
+            + self.revokes
+            + self.kills
+            + self.drops
+            + self.lost_answers
+            + self.lost_requests
+            + self.delayed_messages
+    }
 }
 
-/// The explorer's share of `scripts/test.sh`: `QUORUMLOCK_EXPLORE_SEEDS`
-/// schedules (default 3) of the default [`Shape`].
-pub async fn explore_random_schedules(t: &FaultTarget) {
-    explore_seeds(t, 3, Shape::default()).await;
+impl std::fmt::Display for FaultCounts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "delay {} blackhole {} cut {} reset {} break {} revoke {} kill {} drop {} lost-answer {} lost-request {} delayed-message {}",
+            self.delay,
+            self.blackhole,
+            self.cut,
+            self.reset,
+            self.breaks,
+            self.revokes,
+            self.kills,
+            self.drops,
+            self.lost_answers,
+            self.lost_requests,
+            self.delayed_messages
+        )
+    }
+}
+
+/// Schedules run at once on one store (each in its own namespace, with
+/// its own clients and links).
+const AT_ONCE: usize = 2;
+
+/// Runs schedules of the default [`Shape`], [`AT_ONCE`] at a time:
+/// the replay seed alone, or for `QUORUMLOCK_EXPLORE_SECONDS`, or
+/// `QUORUMLOCK_EXPLORE_SEEDS` of them (default 3, the share of
+/// `scripts/test.sh`). Records one row (schedules and faults by kind in
+/// its notes) and fails with the seed of every schedule that found a
+/// violation.
+pub async fn explore_random_schedules(t: &FaultTarget) -> Row {
+    let budget = explore_budget();
+    let count: u64 = std::env::var("QUORUMLOCK_EXPLORE_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
+    let replay = replay_seed();
+    let first = replay.unwrap_or_else(fresh_seed);
+    let start = Instant::now();
+    let mut row = Row::new(t.name(), "explore_random_schedules");
+    let mut faults = FaultCounts::default();
+    let mut schedules = 0u64;
+    let mut next = 0u64;
+    loop {
+        let batch: Vec<u64> = (0..AT_ONCE as u64)
+            .map(|i| first.wrapping_add((next + i).wrapping_mul(7919)))
+            .take(if replay.is_some() { 1 } else { AT_ONCE })
+            .collect();
+        next += batch.len() as u64;
+        let outs =
+            futures::future::join_all(batch.iter().map(|seed| explore(t, *seed, Shape::default())))
+                .await;
+        for o in outs {
+            eprintln!(
+                "explorer {}: seed {}: {} ops, {} holds, faults: {}, {} violations",
+                t.name(),
+                o.seed,
+                o.ops,
+                o.holds,
+                o.faults,
+                o.violations.len()
+            );
+            schedules += 1;
+            row.cycles += o.ops;
+            faults.add(&o.faults);
+            if !o.violations.is_empty() {
+                row.violation(format!(
+                    "seed {} (replay: QUORUMLOCK_EXPLORE_SEED={}): {}",
+                    o.seed,
+                    o.seed,
+                    o.violations.join("; ")
+                ));
+            }
+        }
+        let done = replay.is_some()
+            || if budget.is_zero() {
+                next >= count
+            } else {
+                start.elapsed() >= budget
+            };
+        if done {
+            break;
+        }
+    }
+    row.faults = faults.total();
+    let notes = std::mem::take(&mut row.notes);
+    row.note(format!("{schedules} schedules; faults: {faults}"));
+    if !notes.is_empty() {
+        row.note(notes);
+    }
+    row.finish()
 }

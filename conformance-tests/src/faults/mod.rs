@@ -44,7 +44,7 @@ mod sim;
 
 pub use cluster::{Cluster, ClusterTurn, StoreKind};
 pub use history::{History, Hold, HoldEnd, Overlap, Tracked};
-pub use proxy::{ProxyStats, TcpProxy};
+pub use proxy::{OneShot, ProxyStats, TcpProxy};
 pub use register::{FencedRegister, StaleToken, Write};
 pub use report::{chaos_budget, Row};
 pub use sim::SimNet;
@@ -72,6 +72,11 @@ pub trait NetControl: Send + Sync + fmt::Debug {
     fn mode(&self) -> NetMode;
     /// How many times the link was switched away from [`NetMode::Pass`].
     fn faults(&self) -> u64;
+    /// Arms a one-shot request-level fault ([`OneShot`]); `false` where
+    /// the link cannot (the simulated `mem://` link).
+    fn arm(&self, _fault: OneShot) -> bool {
+        false
+    }
     /// Resets what is open and lets new traffic pass.
     fn pulse_reset(&self) {
         self.set_mode(NetMode::Reset);
@@ -88,6 +93,10 @@ impl NetControl for Arc<TcpProxy> {
     }
     fn faults(&self) -> u64 {
         (**self).faults()
+    }
+    fn arm(&self, fault: OneShot) -> bool {
+        TcpProxy::arm(self, fault);
+        true
     }
 }
 

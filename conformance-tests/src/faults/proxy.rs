@@ -24,6 +24,39 @@ struct State {
     abort: bool,
 }
 
+/// A one-shot fault at request granularity, armed on the proxy and
+/// spent on the first request (client bytes) that any connection forwards
+/// after arming, and on that connection's next answer (server bytes).
+///
+/// Exact for a protocol with one request in flight per connection (HTTP/1.1
+/// as Consul's client uses it) and for ZooKeeper's ordered frames; on
+/// etcd's HTTP/2 connection a "request" or "answer" is the next chunk of
+/// frames in that direction (often a request or its answer, sometimes a
+/// ping or a window update): an approximation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OneShot {
+    /// The request reaches the server (which applies it); its answer is
+    /// dropped and the connection reset.
+    LoseAnswer,
+    /// The request is dropped before the server sees it and the
+    /// connection reset.
+    LoseRequest,
+    /// The answer is held back this long.
+    DelayAnswer(Duration),
+    /// The request is held back this long.
+    DelayRequest(Duration),
+}
+
+/// Where an armed one-shot fault is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Armed {
+    Idle,
+    /// Waiting for the next request on any connection.
+    Request(OneShot),
+    /// The request went out on connection `conn`; waiting for its answer.
+    Answer(OneShot, u64),
+}
+
 /// Counters of a proxy.
 #[derive(Debug, Default)]
 pub struct ProxyStats {
@@ -31,8 +64,16 @@ pub struct ProxyStats {
     pub accepted: AtomicU64,
     /// Bytes forwarded, both directions.
     pub bytes: AtomicU64,
-    /// Mode changes away from [`NetMode::Pass`].
+    /// Mode changes away from [`NetMode::Pass`], and one-shot faults spent.
     pub faults: AtomicU64,
+}
+
+/// What the connections of one proxy share besides the mode.
+#[derive(Debug)]
+struct Shared {
+    stats: ProxyStats,
+    armed: std::sync::Mutex<Armed>,
+    next_conn: AtomicU64,
 }
 
 /// A TCP proxy on `127.0.0.1:<ephemeral>` forwarding to one target.
@@ -58,7 +99,7 @@ pub struct TcpProxy {
     addr: SocketAddr,
     target: SocketAddr,
     state: Arc<watch::Sender<State>>,
-    stats: Arc<ProxyStats>,
+    shared: Arc<Shared>,
     accept: tokio::task::JoinHandle<()>,
 }
 
@@ -73,13 +114,17 @@ impl TcpProxy {
             abort: false,
         });
         let state = Arc::new(tx);
-        let stats = Arc::new(ProxyStats::default());
-        let accept = tokio::spawn(accept_loop(listener, target, state.clone(), stats.clone()));
+        let shared = Arc::new(Shared {
+            stats: ProxyStats::default(),
+            armed: std::sync::Mutex::new(Armed::Idle),
+            next_conn: AtomicU64::new(0),
+        });
+        let accept = tokio::spawn(accept_loop(listener, target, state.clone(), shared.clone()));
         Ok(TcpProxy {
             addr,
             target,
             state,
-            stats,
+            shared,
             accept,
         })
     }
@@ -96,7 +141,18 @@ impl TcpProxy {
 
     /// The counters.
     pub fn stats(&self) -> &ProxyStats {
-        &self.stats
+        &self.shared.stats
+    }
+
+    /// Arms `fault` for the next request any connection forwards (it
+    /// replaces a fault armed before and not yet spent).
+    pub fn arm(&self, fault: OneShot) {
+        *self.shared.armed.lock().expect("poisoned") = Armed::Request(fault);
+    }
+
+    /// Whether an armed fault is still waiting to be spent.
+    pub fn armed(&self) -> bool {
+        *self.shared.armed.lock().expect("poisoned") != Armed::Idle
     }
 
     /// Aborts (RST) every open connection; new ones pass.
@@ -109,7 +165,7 @@ impl TcpProxy {
 impl NetControl for TcpProxy {
     fn set_mode(&self, mode: NetMode) {
         if mode != NetMode::Pass {
-            self.stats.faults.fetch_add(1, Ordering::Relaxed);
+            self.shared.stats.faults.fetch_add(1, Ordering::Relaxed);
         }
         self.state.send_modify(|s| {
             match mode {
@@ -132,7 +188,12 @@ impl NetControl for TcpProxy {
     }
 
     fn faults(&self) -> u64 {
-        self.stats.faults.load(Ordering::Relaxed)
+        self.shared.stats.faults.load(Ordering::Relaxed)
+    }
+
+    fn arm(&self, fault: OneShot) -> bool {
+        TcpProxy::arm(self, fault);
+        true
     }
 }
 
@@ -152,15 +213,15 @@ async fn accept_loop(
     listener: TcpListener,
     target: SocketAddr,
     state: Arc<watch::Sender<State>>,
-    stats: Arc<ProxyStats>,
+    shared: Arc<Shared>,
 ) {
     loop {
         let Ok((sock, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         };
-        stats.accepted.fetch_add(1, Ordering::Relaxed);
-        tokio::spawn(connection(sock, target, state.subscribe(), stats.clone()));
+        shared.stats.accepted.fetch_add(1, Ordering::Relaxed);
+        tokio::spawn(connection(sock, target, state.subscribe(), shared.clone()));
     }
 }
 
@@ -172,7 +233,7 @@ async fn connection(
     client: TcpStream,
     target: SocketAddr,
     mut rx: watch::Receiver<State>,
-    stats: Arc<ProxyStats>,
+    shared: Arc<Shared>,
 ) {
     // Until the path is open: hold the connection while blackholed,
     // refuse it while cut or reset.
@@ -196,9 +257,64 @@ async fn connection(
     let _ = server.set_nodelay(true);
     let (crd, cwr) = client.into_split();
     let (srd, swr) = server.into_split();
-    let up = tokio::spawn(pump(crd, swr, rx.clone(), epoch, stats.clone()));
-    pump(srd, cwr, rx, epoch, stats).await;
+    let conn = shared.next_conn.fetch_add(1, Ordering::Relaxed);
+    let kill = Arc::new(watch::channel(false).0);
+    let up = Way {
+        shared: shared.clone(),
+        conn,
+        up: true,
+        kill: kill.clone(),
+    };
+    let down = Way {
+        shared,
+        conn,
+        up: false,
+        kill,
+    };
+    let up = tokio::spawn(pump(crd, swr, rx.clone(), epoch, up));
+    pump(srd, cwr, rx, epoch, down).await;
     let _ = up.await;
+}
+
+/// One direction of one connection.
+struct Way {
+    shared: Arc<Shared>,
+    conn: u64,
+    /// Client to server.
+    up: bool,
+    /// Set when a one-shot fault breaks the connection: both ways abort.
+    kill: Arc<watch::Sender<bool>>,
+}
+
+/// What an armed one-shot fault does to a chunk.
+enum Spend {
+    Pass,
+    Drop,
+    Delay(Duration),
+}
+
+impl Way {
+    /// Spends the armed fault on this chunk if it is the one it waits for.
+    fn spend(&self) -> Spend {
+        let mut armed = self.shared.armed.lock().expect("poisoned");
+        let (fault, spent) = match *armed {
+            Armed::Request(f) if self.up => match f {
+                OneShot::LoseRequest => (Spend::Drop, Armed::Idle),
+                OneShot::DelayRequest(d) => (Spend::Delay(d), Armed::Idle),
+                _ => (Spend::Pass, Armed::Answer(f, self.conn)),
+            },
+            Armed::Answer(f, conn) if !self.up && conn == self.conn => match f {
+                OneShot::DelayAnswer(d) => (Spend::Delay(d), Armed::Idle),
+                _ => (Spend::Drop, Armed::Idle),
+            },
+            _ => return Spend::Pass,
+        };
+        *armed = spent;
+        if !matches!(fault, Spend::Pass) {
+            self.shared.stats.faults.fetch_add(1, Ordering::Relaxed);
+        }
+        fault
+    }
 }
 
 /// What a direction does next, given the current state.
@@ -240,16 +356,24 @@ async fn pump(
     mut wr: OwnedWriteHalf,
     mut rx: watch::Receiver<State>,
     epoch: u64,
-    stats: Arc<ProxyStats>,
+    way: Way,
 ) {
+    let stats = &way.shared.stats;
+    let mut killed = way.kill.subscribe();
     let mut buf = vec![0u8; 16 * 1024];
     loop {
+        if *killed.borrow_and_update() {
+            return close(rd, wr, true).await;
+        }
         let s = *rx.borrow_and_update();
         match next(&s, epoch) {
             Next::Close { abort } => return close(rd, wr, abort).await,
             Next::Wait => {
-                if rx.changed().await.is_err() {
-                    return close(rd, wr, false).await;
+                tokio::select! {
+                    r = rx.changed() => if r.is_err() {
+                        return close(rd, wr, false).await;
+                    },
+                    _ = killed.changed() => {}
                 }
             }
             Next::Forward(_) => {
@@ -264,8 +388,22 @@ async fn pump(
                         }
                         continue;
                     }
+                    _ = killed.changed() => continue,
                 };
-                let read_at = Instant::now();
+                let mut read_at = Instant::now();
+                match way.spend() {
+                    Spend::Pass => {}
+                    // Lost: the connection breaks, as a lost packet's
+                    // connection would once its retransmits ran out.
+                    Spend::Drop => {
+                        way.kill.send_replace(true);
+                        return close(rd, wr, true).await;
+                    }
+                    Spend::Delay(d) => {
+                        tokio::time::sleep(d).await;
+                        read_at = Instant::now();
+                    }
+                }
                 // Deliver under whatever mode is in force now.
                 loop {
                     let s = *rx.borrow_and_update();
@@ -463,6 +601,83 @@ mod tests {
             .await
             .expect("hangs");
         assert!(r.is_err(), "an older connection survived the reset");
+    }
+
+    /// A server that counts the bytes it got and echoes them.
+    async fn counting_echo() -> (SocketAddr, Arc<AtomicU64>) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let got = Arc::new(AtomicU64::new(0));
+        let g = got.clone();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                let g = g.clone();
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    while let Ok(n) = s.read(&mut buf).await {
+                        if n == 0 {
+                            return;
+                        }
+                        g.fetch_add(n as u64, Ordering::SeqCst);
+                        if s.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (addr, got)
+    }
+
+    #[tokio::test]
+    async fn lose_answer_applies_the_request_and_breaks_the_connection() {
+        let (server, got) = counting_echo().await;
+        let p = TcpProxy::start(server).await.unwrap();
+        let mut c = TcpStream::connect(p.addr()).await.unwrap();
+        round_trip(&mut c, b"one").await.unwrap();
+        p.arm(OneShot::LoseAnswer);
+        assert!(p.armed());
+        let r = timeout(SHORT * 5, round_trip(&mut c, b"two"))
+            .await
+            .expect("hangs");
+        assert!(r.is_err(), "the answer came through: {r:?}");
+        assert_eq!(got.load(Ordering::SeqCst), 6, "the server got the request");
+        assert!(!p.armed(), "spent once");
+        let mut c2 = TcpStream::connect(p.addr()).await.unwrap();
+        assert_eq!(round_trip(&mut c2, b"three").await.unwrap(), b"three");
+    }
+
+    #[tokio::test]
+    async fn lose_request_never_reaches_the_server() {
+        let (server, got) = counting_echo().await;
+        let p = TcpProxy::start(server).await.unwrap();
+        let mut c = TcpStream::connect(p.addr()).await.unwrap();
+        round_trip(&mut c, b"one").await.unwrap();
+        p.arm(OneShot::LoseRequest);
+        let r = timeout(SHORT * 5, round_trip(&mut c, b"two"))
+            .await
+            .expect("hangs");
+        assert!(r.is_err(), "answered: {r:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            got.load(Ordering::SeqCst),
+            3,
+            "the server saw the lost request"
+        );
+    }
+
+    #[tokio::test]
+    async fn delay_answer_holds_one_answer_back() {
+        let p = TcpProxy::start(echo_server().await).await.unwrap();
+        let mut c = TcpStream::connect(p.addr()).await.unwrap();
+        round_trip(&mut c, b"warm").await.unwrap();
+        p.arm(OneShot::DelayAnswer(Duration::from_millis(200)));
+        let start = Instant::now();
+        round_trip(&mut c, b"slow").await.unwrap();
+        assert!(start.elapsed() >= Duration::from_millis(200));
+        let start = Instant::now();
+        round_trip(&mut c, b"fast").await.unwrap();
+        assert!(start.elapsed() < Duration::from_millis(150));
     }
 
     #[tokio::test]

@@ -13,7 +13,7 @@ use lockcore::mem::MemBackend;
 use lockcore::{Backend, Error, ErrorKind, LockName, Result, SessionLiveness};
 use tokio::sync::watch;
 
-use super::{NetControl, NetMode};
+use super::{NetControl, NetMode, OneShot};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Link {
@@ -37,7 +37,11 @@ pub struct SimNet {
     link: watch::Sender<Link>,
     mem: MemBackend,
     faults: AtomicU64,
+    armed: Armed,
 }
+
+/// A one-shot fault armed for the next call ([`NetControl::arm`]).
+type Armed = Arc<std::sync::Mutex<Option<OneShot>>>;
 
 impl fmt::Debug for SimNet {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -54,14 +58,16 @@ impl SimNet {
             mode: NetMode::Pass,
             epoch: 0,
         });
+        let armed = Armed::default();
         let net = Arc::new(SimNet {
             link: tx,
             mem: mem.clone(),
             faults: AtomicU64::new(0),
+            armed: armed.clone(),
         });
         let backend = Arc::new(SimBackend {
             inner: Arc::new(mem),
-            link: rx,
+            wire: Wire { link: rx, armed },
         });
         (net, backend)
     }
@@ -88,6 +94,14 @@ impl NetControl for SimNet {
 
     fn faults(&self) -> u64 {
         self.faults.load(Ordering::Relaxed)
+    }
+
+    /// Spent on the next call of this client: `LoseAnswer` runs the call
+    /// on the store and then fails it as a lost reply would.
+    fn arm(&self, fault: OneShot) -> bool {
+        self.faults.fetch_add(1, Ordering::Relaxed);
+        *self.armed.lock().expect("poisoned") = Some(fault);
+        true
     }
 }
 
@@ -123,32 +137,53 @@ async fn broken_since(mut link: watch::Receiver<Link>, epoch: u64) {
     let _ = link.wait_for(|l| l.epoch != epoch).await;
 }
 
-async fn through<T>(
-    link: &watch::Receiver<Link>,
-    call: impl Future<Output = Result<T>>,
-) -> Result<T> {
-    let mut rx = link.clone();
-    pass(&mut rx, None).await?;
-    let epoch = rx.borrow().epoch;
-    let r = tokio::select! {
-        r = call => r,
-        _ = broken_since(link.clone(), epoch) => return Err(broken()),
-    };
-    // The reply crosses the link too.
-    pass(&mut rx, Some(epoch)).await?;
-    r
+/// The link of one simulated client and its armed one-shot fault.
+#[derive(Debug, Clone)]
+struct Wire {
+    link: watch::Receiver<Link>,
+    armed: Armed,
+}
+
+impl Wire {
+    /// Runs `call` across the link: the request and the reply each wait
+    /// for the link to pass, and an armed one-shot fault is spent on it.
+    async fn through<T>(&self, call: impl Future<Output = Result<T>>) -> Result<T> {
+        let link = &self.link;
+        let fault = self.armed.lock().expect("poisoned").take();
+        let mut rx = link.clone();
+        match fault {
+            Some(OneShot::LoseRequest) => return Err(broken()),
+            Some(OneShot::DelayRequest(d)) => tokio::time::sleep(d).await,
+            _ => {}
+        }
+        pass(&mut rx, None).await?;
+        let epoch = rx.borrow().epoch;
+        let r = tokio::select! {
+            r = call => r,
+            _ = broken_since(link.clone(), epoch) => return Err(broken()),
+        };
+        match fault {
+            // Done on the store; the caller never hears of it.
+            Some(OneShot::LoseAnswer) => return Err(broken()),
+            Some(OneShot::DelayAnswer(d)) => tokio::time::sleep(d).await,
+            _ => {}
+        }
+        // The reply crosses the link too.
+        pass(&mut rx, Some(epoch)).await?;
+        r
+    }
 }
 
 #[derive(Debug)]
 struct SimBackend {
     inner: Arc<MemBackend>,
-    link: watch::Receiver<Link>,
+    wire: Wire,
 }
 
 #[derive(Debug)]
 struct SimSession {
     inner: Arc<dyn StoreSession>,
-    link: watch::Receiver<Link>,
+    wire: Wire,
 }
 
 #[async_trait]
@@ -160,26 +195,26 @@ impl Backend for SimBackend {
         format!("simnet {}", self.inner.describe())
     }
     async fn open_session(&self, l: Arc<SessionLiveness>) -> Result<Arc<dyn StoreSession>> {
-        let inner = through(&self.link, self.inner.open_session(l)).await?;
+        let inner = self.wire.through(self.inner.open_session(l)).await?;
         Ok(Arc::new(SimSession {
             inner,
-            link: self.link.clone(),
+            wire: self.wire.clone(),
         }))
     }
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
-        through(&self.link, self.inner.inspect(name)).await
+        self.wire.through(self.inner.inspect(name)).await
     }
     async fn break_lock(&self, name: &LockName) -> Result<bool> {
-        through(&self.link, self.inner.break_lock(name)).await
+        self.wire.through(self.inner.break_lock(name)).await
     }
     async fn request_revoke(&self, name: &LockName) -> Result<bool> {
-        through(&self.link, self.inner.request_revoke(name)).await
+        self.wire.through(self.inner.request_revoke(name)).await
     }
     async fn kill_session(&self, session: &str) -> Result<()> {
-        through(&self.link, self.inner.kill_session(session)).await
+        self.wire.through(self.inner.kill_session(session)).await
     }
     async fn leftovers(&self) -> Result<Vec<String>> {
-        through(&self.link, self.inner.leftovers()).await
+        self.wire.through(self.inner.leftovers()).await
     }
     fn requests_sent(&self) -> u64 {
         self.inner.requests_sent()
@@ -192,15 +227,15 @@ impl StoreSession for SimSession {
         self.inner.id()
     }
     async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired> {
-        through(&self.link, self.inner.acquire(req)).await
+        self.wire.through(self.inner.acquire(req)).await
     }
     async fn release(&self, req: &AcquireRequest, held: &Acquired) -> Result<()> {
-        through(&self.link, self.inner.release(req, held)).await
+        self.wire.through(self.inner.release(req, held)).await
     }
     async fn abandon(&self, req: &AcquireRequest) -> Result<()> {
-        through(&self.link, self.inner.abandon(req)).await
+        self.wire.through(self.inner.abandon(req)).await
     }
     async fn close(&self) -> Result<()> {
-        through(&self.link, self.inner.close()).await
+        self.wire.through(self.inner.close()).await
     }
 }
