@@ -249,28 +249,6 @@ impl Inner {
         .await
     }
 
-    /// The first contender among `kvs` (a range answer with `limit 1` of
-    /// `opts`); if that one was a nested lock's key, the whole range is
-    /// read again without a limit and filtered.
-    pub(crate) async fn first_contender(
-        &self,
-        pfx_slash: &str,
-        kvs: &[KeyValue],
-        opts: GetOptions,
-    ) -> Result<Option<KeyValue>> {
-        match kvs.first() {
-            None => return Ok(None),
-            Some(kv) if is_contender(pfx_slash, kv.key()) => return Ok(Some(kv.clone())),
-            Some(_) => {}
-        }
-        let all = self.get("range contenders", pfx_slash, opts).await?;
-        Ok(all
-            .kvs()
-            .iter()
-            .find(|kv| is_contender(pfx_slash, kv.key()))
-            .cloned())
-    }
-
     /// Contenders of a lock in queue (create revision) order.
     async fn contenders(&self, name: &LockName) -> Result<Vec<KeyValue>> {
         let pfx_slash = format!("{}/", self.lock_prefix(name));

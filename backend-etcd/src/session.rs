@@ -1,16 +1,16 @@
 //! One etcd lease per client session, its ONE keepalive task, and the lock
 //! protocol of Go's `concurrency.Mutex` on top of it.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use etcd_client::{
-    Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    WatchFilterType,
+    Compare, CompareOp, GetOptions, GetResponse, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
+    TxnOp, WatchFilterType,
 };
 use lockcore::backend::InFlightWrites;
 use lockcore::{
@@ -40,6 +40,12 @@ pub(crate) struct EtcdSession {
     /// finds the key the put made and reads the lock. At most
     /// [`LONE_GRANTS_KEPT`] prefixes.
     lone_grants: QuietGrants,
+    /// The create revision of each unfinished attempt's key, by attempt,
+    /// once the enqueue answer has told it: what `abandon` deletes. A
+    /// mutex or semaphore key is the same for every attempt of the lease,
+    /// so only the create revision tells this attempt's key from the next
+    /// one's (issue 17, finding 2).
+    attempts: Mutex<HashMap<uuid::Uuid, i64>>,
 }
 
 /// How many lock prefixes a session remembers a lone grant for.
@@ -94,6 +100,7 @@ impl EtcdSession {
             liveness,
             stop,
             lone_grants: QuietGrants::new(LONE_GRANTS_KEPT),
+            attempts: Mutex::new(HashMap::new()),
         })
     }
 
@@ -186,9 +193,57 @@ impl EtcdSession {
         TxnOp::get(key, Some(opts))
     }
 
+    /// Reads the range `key`/`opts` in one txn with our own key `mine`,
+    /// which must still be the one created at `my_rev`: a decision taken
+    /// on a range read must rest on a snapshot that shows our key (a key
+    /// deleted between two reads must never be granted; issue 17,
+    /// finding 4).
+    async fn range_with_mine(
+        &self,
+        mine: &str,
+        my_rev: i64,
+        key: impl Into<Vec<u8>>,
+        opts: GetOptions,
+    ) -> Result<GetResponse> {
+        let txn = Txn::new().and_then([TxnOp::get(mine, None), TxnOp::get(key, Some(opts))]);
+        let resp = self.inner.txn("range contenders", txn).await?;
+        match range_at(&resp, 0)?.kvs().first() {
+            Some(kv) if kv.create_revision() == my_rev => range_at(&resp, 1),
+            _ => Err(self.session_lost(
+                "our etcd key vanished while reading the lock (lease expired or key deleted)",
+            )),
+        }
+    }
+
+    /// The first contender among `kvs` (a range answer with `limit 1` of
+    /// [`first_created`]); if that one was a nested lock's key, the whole
+    /// range is read again (with our own key `mine`) and filtered.
+    async fn first_contender(
+        &self,
+        pfx_slash: &str,
+        kvs: &[KeyValue],
+        mine: &str,
+        my_rev: i64,
+    ) -> Result<Option<KeyValue>> {
+        match kvs.first() {
+            None => return Ok(None),
+            Some(kv) if is_contender(pfx_slash, kv.key()) => return Ok(Some(kv.clone())),
+            Some(_) => {}
+        }
+        let all = self
+            .range_with_mine(mine, my_rev, pfx_slash, first_created())
+            .await?;
+        Ok(all
+            .kvs()
+            .iter()
+            .find(|kv| is_contender(pfx_slash, kv.key()))
+            .cloned())
+    }
+
     /// The entries `kind` waits for among the range answer `kvs` (direct
     /// children only, `mine` left out); if the limited answer contained
-    /// other keys (nested lock names), the range is read again in full.
+    /// other keys (nested lock names), the range is read again in full,
+    /// with our own key.
     async fn ahead(
         &self,
         pfx: &str,
@@ -206,12 +261,241 @@ impl EtcdSession {
         if out.len() < n && kvs.iter().any(|kv| !is_contender(&pfx_slash, kv.key())) {
             let (key, opts) = ahead_query(pfx, kind, before.or(Some(my_rev)));
             let all = self
-                .inner
-                .get("range contenders", key, opts.with_limit(0))
+                .range_with_mine(mine, my_rev, key, opts.with_limit(0))
                 .await?;
             out = all.kvs().iter().filter(keep).take(n).cloned().collect();
         }
         Ok(out)
+    }
+    /// The acquire protocol (see the crate README, "On the store").
+    ///
+    /// # Cancel safety
+    /// May be dropped at any await point: the client layer then calls
+    /// `abandon`, which deletes this attempt's key by the create revision
+    /// kept in `attempts`, or reads it first if it was never learned.
+    async fn enqueue_and_wait(&self, req: &AcquireRequest) -> Result<Acquired> {
+        if !self.liveness.is_alive() {
+            return Err(self.session_lost("the etcd lease is lost"));
+        }
+        let kind = req.kind;
+        let pfx = self.inner.lock_prefix(&req.name);
+        let pfx_slash = format!("{pfx}/");
+        let key = layout::key(&pfx, kind, self.lease, &req.contender);
+        let value = layout::value(kind, SystemTime::now());
+
+        let last = self.lone_grants.take(&pfx);
+        if last.is_some_and(|l| l.quiet) {
+            // After a quiet cycle: one plain put (see `lone_grants`).
+            let put = {
+                let (inner, key, value, lease) =
+                    (self.inner.clone(), key.clone(), value.clone(), self.lease);
+                async move { inner.put("enqueue", &key, &value, lease).await }
+            };
+            match req.writes.run(put).await {
+                Ok(r) => {
+                    let rev = r.header().map_or(0, |h| h.revision());
+                    if last.is_some_and(|l| l.alone_at(rev as u64)) {
+                        self.lone_grants.keep(&pfx, last, rev as u64);
+                        return Ok(self.granted(req, key, rev, rev, false));
+                    }
+                    // Something else was written meanwhile: the enqueue
+                    // txn below finds our key and reads the lock.
+                    tracing::trace!(lock = %req.name, "a write since our last cycle");
+                }
+                // Unknown outcome: the enqueue txn finds out.
+                Err(e) if e.kind() == ErrorKind::Connection && req.wait => {}
+                Err(e) => return Err(e),
+            }
+        }
+
+        // One txn: create our key if it does not exist (else read it), read
+        // the oldest contender (for the kind check), and what we would
+        // wait for (all of it is older than a key this txn creates).
+        // A mutex or writer holds when it is the oldest: that read is
+        // enough (Go's one-request uncontended path).
+        let first_is_enough = matches!(kind, LockKind::Exclusive | LockKind::Write);
+        let mut then = vec![
+            TxnOp::put(
+                key.clone(),
+                value,
+                Some(PutOptions::new().with_lease(self.lease)),
+            ),
+            TxnOp::get(pfx_slash.clone(), Some(first_created().with_limit(1))),
+        ];
+        if !first_is_enough {
+            then.push(self.ahead_op(&pfx, kind, None));
+        }
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then(then)
+            .or_else([
+                TxnOp::get(key.clone(), None),
+                TxnOp::get(pfx_slash.clone(), Some(first_created().with_limit(1))),
+            ]);
+        // A lost reply is retried with the same txn: it finds the key the
+        // first try created instead of creating a second one.
+        // Each try runs to its end even if this acquire is dropped
+        // (`req.writes`): etcd serves the streams of one connection
+        // concurrently, so an abandon sent while the txn is in flight
+        // could be applied before it and leave our new key behind.
+        let resp = if req.wait {
+            self.retrying("enqueue", txn, Some(&req.writes)).await?
+        } else {
+            let inner = self.inner.clone();
+            req.writes
+                .run(async move { inner.txn("enqueue", txn).await })
+                .await?
+        };
+        let mut rev = header_revision(&resp);
+        let mut revoked = false;
+        let my_rev = if resp.succeeded() {
+            rev
+        } else {
+            // Our key was there (a retried txn, or the put above).
+            match range_at(&resp, 0)?.kvs().first() {
+                Some(kv) => {
+                    revoked = kv.mod_revision() > kv.create_revision();
+                    kv.create_revision()
+                }
+                None => return Err(Error::new(ErrorKind::Internal, "own key vanished in a txn")),
+            }
+        };
+        self.attempt_at(req, my_rev);
+        // Semaphores mix only with semaphores of the same permit count.
+        let oldest = self
+            .first_contender(&pfx_slash, range_at(&resp, 1)?.kvs(), &key, my_rev)
+            .await?
+            .filter(|o| o.create_revision() != my_rev);
+        let mut first = if first_is_enough {
+            // Not first: a try-acquire needs no more; a waiter reads
+            // its nearest predecessor below.
+            match &oldest {
+                None => Some(Vec::new()),
+                Some(o) if !req.wait => Some(vec![o.clone()]),
+                Some(_) => None,
+            }
+        } else if resp.succeeded() {
+            let kvs = range_at(&resp, 2)?;
+            Some(
+                self.ahead(&pfx, kind, None, kvs.kvs(), &key, my_rev)
+                    .await?,
+            )
+        } else {
+            None
+        };
+        if let Some(o) = &oldest {
+            let theirs = layout::kind_of(o);
+            if layout::conflicts(theirs, kind) {
+                // Conflict is the answer even if this delete fails: the
+                // client layer abandons (deletes) the attempt after any
+                // error but WouldBlock.
+                if let Err(e) = self.delete_if(&key, my_rev).await {
+                    tracing::debug!(error = %e, "removing a conflicting entry failed");
+                }
+                return Err(Error::new(
+                    ErrorKind::Conflict,
+                    format!("lock {} is in use as {theirs:?}, not {kind:?}", req.name),
+                ));
+            }
+        }
+
+        loop {
+            let ahead = match first.take() {
+                Some(a) => a,
+                None => {
+                    // Our own key and what we wait for, in one snapshot.
+                    let txn = Txn::new().and_then([
+                        TxnOp::get(key.clone(), None),
+                        self.ahead_op(&pfx, kind, Some(my_rev)),
+                    ]);
+                    let resp = self.retrying("find predecessor", txn, None).await?;
+                    rev = header_revision(&resp);
+                    // Never grant on an expired lease or a deleted key
+                    // (etcd #11456, #9921, and the RWMutex recipe's
+                    // double holder, #16221).
+                    match range_at(&resp, 0)?.kvs().first() {
+                        Some(kv) if kv.create_revision() == my_rev => {
+                            revoked = kv.mod_revision() > my_rev;
+                        }
+                        _ => return Err(self.session_lost(
+                            "our etcd key vanished while waiting (lease expired or key deleted)",
+                        )),
+                    }
+                    let kvs = range_at(&resp, 1)?;
+                    self.ahead(&pfx, kind, Some(my_rev), kvs.kvs(), &key, my_rev)
+                        .await?
+                }
+            };
+            // A semaphore entry never holds beside an older entry of
+            // another kind (a Go mutex key that queued behind our permits,
+            // or a conflicting request that is about to take its key
+            // back): it waits for that one like for a writer.
+            let foreign: Vec<KeyValue> = ahead
+                .iter()
+                .filter(|kv| layout::conflicts(layout::kind_of(kv), kind))
+                .cloned()
+                .collect();
+            if ahead.len() < wanted(kind) && foreign.is_empty() {
+                break;
+            }
+            let ahead = if foreign.is_empty() { ahead } else { foreign };
+            if !req.wait {
+                self.delete_if(&key, my_rev).await?;
+                return Err(Error::new(
+                    ErrorKind::WouldBlock,
+                    format!("lock {} is held", req.name),
+                ));
+            }
+            // Watch only what we wait for: the nearest older contender
+            // (writer), the nearest older writer (reader), or the
+            // `permits` nearest older entries (semaphore).
+            let mut ws: Vec<_> = ahead
+                .iter()
+                .map(|kv| {
+                    self.inner
+                        .hub
+                        .watch(kv.key().to_vec(), rev + 1, WatchFilterType::NoPut)
+                })
+                .collect();
+            tracing::trace!(lock = %req.name, waits_for = ahead.len(), "waiting");
+            let pause = {
+                let nexts = ws.iter_mut().map(|w| Box::pin(w.next()));
+                let (ev, _, _) = futures::future::select_all(nexts).await;
+                match ev {
+                    // Cancelled (compaction): re-check after a pause.
+                    WatchEvent::Lost => Some(Duration::from_millis(100)),
+                    // Never created: re-check (a read that is refused too
+                    // ends the acquire), but do not hammer etcd with
+                    // creates it refuses.
+                    WatchEvent::Refused => Some(Duration::from_secs(1)),
+                    _ => None,
+                }
+            };
+            drop(ws);
+            if let Some(pause) = pause {
+                tokio::time::sleep(pause).await;
+            }
+        }
+        if oldest.is_none() {
+            self.lone_grants.keep(&pfx, last, my_rev as u64);
+        }
+        Ok(self.granted(req, key, my_rev, rev, revoked))
+    }
+
+    /// Remembers the create revision of `req`'s key for `abandon`.
+    fn attempt_at(&self, req: &AcquireRequest, rev: i64) {
+        self.attempts
+            .lock()
+            .expect("poisoned")
+            .insert(req.contender, rev);
+    }
+
+    /// `req` left nothing to abandon, or was abandoned.
+    fn attempt_done(&self, req: &AcquireRequest) {
+        self.attempts
+            .lock()
+            .expect("poisoned")
+            .remove(&req.contender);
     }
 }
 
@@ -397,10 +681,11 @@ impl HeldEntry {
         inner.hub.subscribe(key, from, Arc::new(self), later);
     }
 
-    /// etcd cancelled the watch (compaction past its start): re-read the
-    /// key, then watch again from there.
-    async fn rewatch(self) {
-        let mut delay = Duration::from_millis(100);
+    /// etcd cancelled the watch (compaction past its start) or refused to
+    /// create it: re-read the key after `first`, then watch again from
+    /// there (a failed read is retried, 2 s apart at most).
+    async fn rewatch(self, first: Duration) {
+        let mut delay = first;
         loop {
             tokio::select! {
                 _ = self.signals.finished() => return,
@@ -469,7 +754,14 @@ impl Sink for HeldEntry {
                 false
             }
             WatchEvent::Lost => {
-                tokio::spawn(self.copy().rewatch());
+                tokio::spawn(self.copy().rewatch(Duration::from_millis(100)));
+                false
+            }
+            WatchEvent::Refused => {
+                // No watch on our key any more: re-read it and watch again,
+                // later than after a compaction (the next create may be
+                // refused as well).
+                tokio::spawn(self.copy().rewatch(Duration::from_secs(1)));
                 false
             }
         }
@@ -487,202 +779,14 @@ impl StoreSession for EtcdSession {
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired> {
-        if !self.liveness.is_alive() {
-            return Err(self.session_lost("the etcd lease is lost"));
+        let r = self.enqueue_and_wait(req).await;
+        // Granted, or WouldBlock (the key is deleted already): nothing to
+        // abandon. Any other error is followed by `abandon`, which needs
+        // the revision (a dropped acquire never gets here).
+        if r.is_ok() || r.as_ref().is_err_and(|e| e.kind() == ErrorKind::WouldBlock) {
+            self.attempt_done(req);
         }
-        let kind = req.kind;
-        let pfx = self.inner.lock_prefix(&req.name);
-        let pfx_slash = format!("{pfx}/");
-        let key = layout::key(&pfx, kind, self.lease, &req.contender);
-        let value = layout::value(kind, SystemTime::now());
-
-        let last = self.lone_grants.take(&pfx);
-        if last.is_some_and(|l| l.quiet) {
-            // After a quiet cycle: one plain put (see `lone_grants`).
-            let put = {
-                let (inner, key, value, lease) =
-                    (self.inner.clone(), key.clone(), value.clone(), self.lease);
-                async move { inner.put("enqueue", &key, &value, lease).await }
-            };
-            match req.writes.run(put).await {
-                Ok(r) => {
-                    let rev = r.header().map_or(0, |h| h.revision());
-                    if last.is_some_and(|l| l.alone_at(rev as u64)) {
-                        self.lone_grants.keep(&pfx, last, rev as u64);
-                        return Ok(self.granted(req, key, rev, rev, false));
-                    }
-                    // Something else was written meanwhile: the enqueue
-                    // txn below finds our key and reads the lock.
-                    tracing::trace!(lock = %req.name, "a write since our last cycle");
-                }
-                // Unknown outcome: the enqueue txn finds out.
-                Err(e) if e.kind() == ErrorKind::Connection && req.wait => {}
-                Err(e) => return Err(e),
-            }
-        }
-
-        // One txn: create our key if it does not exist (else read it), read
-        // the oldest contender (for the kind check), and what we would
-        // wait for (all of it is older than a key this txn creates).
-        // A mutex or writer holds when it is the oldest: that read is
-        // enough (Go's one-request uncontended path).
-        let first_is_enough = matches!(kind, LockKind::Exclusive | LockKind::Write);
-        let mut then = vec![
-            TxnOp::put(
-                key.clone(),
-                value,
-                Some(PutOptions::new().with_lease(self.lease)),
-            ),
-            TxnOp::get(pfx_slash.clone(), Some(first_created().with_limit(1))),
-        ];
-        if !first_is_enough {
-            then.push(self.ahead_op(&pfx, kind, None));
-        }
-        let txn = Txn::new()
-            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then(then)
-            .or_else([
-                TxnOp::get(key.clone(), None),
-                TxnOp::get(pfx_slash.clone(), Some(first_created().with_limit(1))),
-            ]);
-        // A lost reply is retried with the same txn: it finds the key the
-        // first try created instead of creating a second one.
-        // Each try runs to its end even if this acquire is dropped
-        // (`req.writes`): etcd serves the streams of one connection
-        // concurrently, so an abandon sent while the txn is in flight
-        // could be applied before it and leave our new key behind.
-        let resp = if req.wait {
-            self.retrying("enqueue", txn, Some(&req.writes)).await?
-        } else {
-            let inner = self.inner.clone();
-            req.writes
-                .run(async move { inner.txn("enqueue", txn).await })
-                .await?
-        };
-        let mut rev = header_revision(&resp);
-        let mut revoked = false;
-        let my_rev = if resp.succeeded() {
-            rev
-        } else {
-            // Our key was there (a retried txn, or the put above).
-            match range_at(&resp, 0)?.kvs().first() {
-                Some(kv) => {
-                    revoked = kv.mod_revision() > kv.create_revision();
-                    kv.create_revision()
-                }
-                None => return Err(Error::new(ErrorKind::Internal, "own key vanished in a txn")),
-            }
-        };
-        // Semaphores mix only with semaphores of the same permit count.
-        let oldest = self
-            .inner
-            .first_contender(&pfx_slash, range_at(&resp, 1)?.kvs(), first_created())
-            .await?
-            .filter(|o| o.create_revision() != my_rev);
-        let mut first = if first_is_enough {
-            // Not first: a try-acquire needs no more; a waiter reads
-            // its nearest predecessor below.
-            match &oldest {
-                None => Some(Vec::new()),
-                Some(o) if !req.wait => Some(vec![o.clone()]),
-                Some(_) => None,
-            }
-        } else if resp.succeeded() {
-            let kvs = range_at(&resp, 2)?;
-            Some(self.ahead(&pfx, kind, None, kvs.kvs(), &key, rev).await?)
-        } else {
-            None
-        };
-        if let Some(o) = &oldest {
-            let theirs = layout::kind_of(o);
-            if layout::conflicts(theirs, kind) {
-                // Conflict is the answer even if this delete fails: the
-                // client layer abandons (deletes) the attempt after any
-                // error but WouldBlock.
-                if let Err(e) = self.delete_if(&key, my_rev).await {
-                    tracing::debug!(error = %e, "removing a conflicting entry failed");
-                }
-                return Err(Error::new(
-                    ErrorKind::Conflict,
-                    format!("lock {} is in use as {theirs:?}, not {kind:?}", req.name),
-                ));
-            }
-        }
-
-        loop {
-            let ahead = match first.take() {
-                Some(a) => a,
-                None => {
-                    // Our own key and what we wait for, in one snapshot.
-                    let txn = Txn::new().and_then([
-                        TxnOp::get(key.clone(), None),
-                        self.ahead_op(&pfx, kind, Some(my_rev)),
-                    ]);
-                    let resp = self.retrying("find predecessor", txn, None).await?;
-                    rev = header_revision(&resp);
-                    // Never grant on an expired lease or a deleted key
-                    // (etcd #11456, #9921, and the RWMutex recipe's
-                    // double holder, #16221).
-                    match range_at(&resp, 0)?.kvs().first() {
-                        Some(kv) if kv.create_revision() == my_rev => {
-                            revoked = kv.mod_revision() > my_rev;
-                        }
-                        _ => return Err(self.session_lost(
-                            "our etcd key vanished while waiting (lease expired or key deleted)",
-                        )),
-                    }
-                    let kvs = range_at(&resp, 1)?;
-                    self.ahead(&pfx, kind, Some(my_rev), kvs.kvs(), &key, my_rev)
-                        .await?
-                }
-            };
-            // A semaphore entry never holds beside an older entry of
-            // another kind (a Go mutex key that queued behind our permits,
-            // or a conflicting request that is about to take its key
-            // back): it waits for that one like for a writer.
-            let foreign: Vec<KeyValue> = ahead
-                .iter()
-                .filter(|kv| layout::conflicts(layout::kind_of(kv), kind))
-                .cloned()
-                .collect();
-            if ahead.len() < wanted(kind) && foreign.is_empty() {
-                break;
-            }
-            let ahead = if foreign.is_empty() { ahead } else { foreign };
-            if !req.wait {
-                self.delete_if(&key, my_rev).await?;
-                return Err(Error::new(
-                    ErrorKind::WouldBlock,
-                    format!("lock {} is held", req.name),
-                ));
-            }
-            // Watch only what we wait for: the nearest older contender
-            // (writer), the nearest older writer (reader), or the
-            // `permits` nearest older entries (semaphore).
-            let mut ws: Vec<_> = ahead
-                .iter()
-                .map(|kv| {
-                    self.inner
-                        .hub
-                        .watch(kv.key().to_vec(), rev + 1, WatchFilterType::NoPut)
-                })
-                .collect();
-            tracing::trace!(lock = %req.name, waits_for = ahead.len(), "waiting");
-            let lost = {
-                let nexts = ws.iter_mut().map(|w| Box::pin(w.next()));
-                let (ev, _, _) = futures::future::select_all(nexts).await;
-                matches!(ev, WatchEvent::Lost)
-            };
-            drop(ws);
-            if lost {
-                // Stream broke: re-check after a pause, do not spin.
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-        if oldest.is_none() {
-            self.lone_grants.keep(&pfx, last, my_rev as u64);
-        }
-        Ok(self.granted(req, key, my_rev, rev, revoked))
+        r
     }
 
     async fn release(&self, req: &AcquireRequest, held: &Acquired) -> Result<()> {
@@ -707,14 +811,41 @@ impl StoreSession for EtcdSession {
     }
 
     async fn abandon(&self, req: &AcquireRequest) -> Result<()> {
-        // The client layer runs no newer attempt of ours on this name
-        // while abandoning (and read/write keys carry the attempt's uuid),
-        // so the key is this attempt's if it exists.
+        // Never a plain delete: a mutex or semaphore key is the same for
+        // every attempt of the lease, and this request may reach etcd late
+        // (its answer lost, retried meanwhile), after our next attempt
+        // created the key again. Guarded by the attempt's create revision,
+        // a late copy deletes nothing newer (issue 17, finding 2).
         let pfx = self.inner.lock_prefix(&req.name);
         let key = layout::key(&pfx, req.kind, self.lease, &req.contender);
-        self.inner
-            .txn("abandon", Txn::new().and_then([TxnOp::delete(key, None)]))
-            .await?;
+        let known = self
+            .attempts
+            .lock()
+            .expect("poisoned")
+            .get(&req.contender)
+            .copied();
+        let rev = match known {
+            Some(rev) => rev,
+            None => {
+                // The enqueue answer never came: the key, if any, is this
+                // attempt's (the client layer starts no newer attempt of
+                // ours on the name until this returns); a late copy of the
+                // read is harmless, and the delete below is guarded.
+                let resp = self
+                    .inner
+                    .get("abandon", key.as_bytes(), GetOptions::new())
+                    .await?;
+                match resp.kvs().first() {
+                    Some(kv) => kv.create_revision(),
+                    None => {
+                        self.attempt_done(req);
+                        return Ok(());
+                    }
+                }
+            }
+        };
+        self.delete_if(&key, rev).await?;
+        self.attempt_done(req);
         Ok(())
     }
 

@@ -13,7 +13,7 @@
 //! creates every live watch again from its start revision, so an outage
 //! costs one new stream and one create per watch, not a read per lock.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,9 +33,14 @@ pub(crate) enum WatchEvent {
     Put(KeyValue),
     /// The key was deleted (or expired with its lease).
     Delete,
-    /// etcd cancelled the watch (its start revision was compacted, or the
-    /// watch was refused): re-read the state instead of trusting it.
+    /// etcd cancelled the watch (its start revision was compacted): re-read
+    /// the state instead of trusting it.
     Lost,
+    /// etcd refused to create the watch (e.g. no read permission on the
+    /// key): there is no watch.
+    /// Re-read the state, and wait a while before watching again: the
+    /// next create may be refused too.
+    Refused,
 }
 
 /// Where a watch's events go. Called on the watch task: must not block.
@@ -156,9 +161,24 @@ impl WatchHub {
     }
 }
 
+/// Watch creates sent on one stream and not answered yet, at most: the
+/// task keeps reading answers while it sends, and never has more creates
+/// out than this, so a reconnect with tens of thousands of watches cannot
+/// fill the stream's flow-control windows with answers nobody reads
+/// (issue 17, finding 5).
+const CREATES_IN_FLIGHT: usize = 64;
+
 struct Stream {
     sender: WatchRequestSender,
     responses: WatchResponseStream,
+    /// Watches to create on this stream, not sent yet, in order.
+    to_create: VecDeque<i64>,
+    /// Watches to cancel on this stream, not sent yet.
+    to_cancel: VecDeque<i64>,
+    /// Creates sent and not answered yet, in send order. etcd answers
+    /// the creates of a stream in order, and a refusal carries watch id
+    /// -1: the front of this queue is the watch it refuses.
+    unanswered: VecDeque<i64>,
 }
 
 /// One watch as the task keeps it: enough to create it again on a new
@@ -168,6 +188,8 @@ struct Sub {
     start_revision: i64,
     filter: Option<WatchFilterType>,
     sink: Arc<dyn Sink>,
+    /// Its create was sent on the current stream (a cancel must be too).
+    sent: bool,
 }
 
 impl Sub {
@@ -182,6 +204,7 @@ impl Sub {
             start_revision,
             filter,
             sink,
+            sent: false,
         }
     }
 
@@ -196,22 +219,69 @@ impl Sub {
     }
 }
 
-async fn next_response(
-    stream: &mut Option<Stream>,
-) -> Result<Option<WatchResponse>, etcd_client::Error> {
-    match stream {
-        Some(s) => s.responses.message().await,
-        None => std::future::pending().await,
+/// A request sent on the stream.
+#[derive(Debug, Clone, Copy)]
+enum Out {
+    Create(i64),
+    Cancel(i64),
+}
+
+/// What happened on the stream.
+enum Io {
+    Response(Result<Option<WatchResponse>, etcd_client::Error>),
+    Sent(Out, Result<(), etcd_client::Error>),
+}
+
+/// Reads the next answer, or sends the next request (cancels first, then
+/// creates while fewer than [`CREATES_IN_FLIGHT`] are unanswered),
+/// whichever comes first; answers first when both are ready. Never when
+/// there is no stream.
+///
+/// # Cancel safety
+/// Dropping it sends nothing and loses nothing: a request leaves its queue
+/// only when [`Io::Sent`] is handled (a send into the stream's channel
+/// that is dropped midway sends nothing).
+async fn io(stream: &mut Option<Stream>, subs: &HashMap<i64, Sub>) -> Io {
+    let Some(s) = stream else {
+        return std::future::pending().await;
+    };
+    // Creates of watches dropped before they were sent: skip them.
+    while s.to_create.front().is_some_and(|id| !subs.contains_key(id)) {
+        s.to_create.pop_front();
+    }
+    let out = match s.to_cancel.front() {
+        Some(&id) => Some(Out::Cancel(id)),
+        None if s.unanswered.len() < CREATES_IN_FLIGHT => {
+            s.to_create.front().map(|&id| Out::Create(id))
+        }
+        None => None,
+    };
+    let sender = &mut s.sender;
+    let send = async move {
+        match out {
+            Some(Out::Cancel(id)) => sender.cancel(id).await,
+            Some(Out::Create(id)) => {
+                let sub = &subs[&id];
+                sender.watch(sub.key.to_vec(), Some(sub.options(id))).await
+            }
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        biased;
+        r = s.responses.message() => Io::Response(r),
+        r = send => Io::Sent(out.expect("sent something"), r),
     }
 }
 
-/// The watch task. While the stream is up, creates and cancels go to it at
-/// once. When it breaks, the task waits (100 ms, doubling up to 2 s), opens
-/// a new stream and creates every live watch again from its start
-/// revision: subscribers hear nothing of it (an event they already had may
-/// come twice, which every subscriber tolerates). Only a watch the server
-/// cancels (compaction past its start revision) reports
-/// [`WatchEvent::Lost`].
+/// The watch task. While the stream is up, creates and cancels go to it in
+/// order, interleaved with reading its answers. When it breaks, the task
+/// waits (100 ms, doubling up to 2 s), opens a new stream and creates every
+/// live watch again from its start revision: subscribers hear nothing of it
+/// (an event they already had may come twice, which every subscriber
+/// tolerates). A watch the server cancels (compaction past its start
+/// revision) reports [`WatchEvent::Lost`], one it refuses to create
+/// [`WatchEvent::Refused`].
 async fn run(
     mut client: WatchClient,
     mut rx: mpsc::UnboundedReceiver<Cmd>,
@@ -237,40 +307,62 @@ async fn run(
                     if wait {
                         later.push((id, sub));
                     } else {
-                        start(&mut stream, &mut subs, &mut reopen_at, &requests, id, sub).await;
+                        start(&mut stream, &mut subs, &mut reopen_at, id, sub);
                     }
                 }
                 Some(Cmd::Cancel(id)) => {
-                    if subs.remove(&id).is_some() {
-                        cancel(&mut stream, &mut reopen_at, backoff, &requests, id).await;
+                    if let Some(sub) = subs.remove(&id) {
+                        cancel(&mut stream, &sub, id);
                     }
                 }
             },
-            msg = next_response(&mut stream) => match msg {
-                Ok(Some(resp)) => {
+            io = io(&mut stream, &subs) => match io {
+                Io::Response(Ok(Some(resp))) => {
                     backoff = FIRST_RETRY;
-                    if let Some(id) = dispatch(resp, &mut subs) {
-                        // The sink is done with it: cancel on the stream too.
-                        cancel(&mut stream, &mut reopen_at, backoff, &requests, id).await;
+                    let s = stream.as_mut().expect("answered on a stream");
+                    if let Some(id) = dispatch(resp, &mut subs, &mut s.unanswered) {
+                        // The sink is done with it, or etcd cancelled it
+                        // and keeps its id: cancel on the stream too.
+                        s.to_cancel.push_back(id);
                     }
                 }
-                Ok(None) | Err(_) => {
-                    tracing::debug!(error = ?msg.err(), watches = subs.len(), "etcd watch stream broke");
+                Io::Response(Ok(None) | Err(_)) | Io::Sent(_, Err(_)) => {
+                    let error = match io {
+                        Io::Response(Err(e)) | Io::Sent(_, Err(e)) => Some(e),
+                        _ => None,
+                    };
+                    tracing::debug!(?error, watches = subs.len(), "etcd watch stream broke");
                     stream = None;
                     reopen_at = Some(Instant::now() + backoff);
+                }
+                Io::Sent(out, Ok(())) => {
+                    requests.fetch_add(1, Ordering::Relaxed);
+                    let s = stream.as_mut().expect("sent on a stream");
+                    match out {
+                        Out::Cancel(_) => {
+                            s.to_cancel.pop_front();
+                        }
+                        Out::Create(id) => {
+                            s.to_create.pop_front();
+                            s.unanswered.push_back(id);
+                            if let Some(sub) = subs.get_mut(&id) {
+                                sub.sent = true;
+                            }
+                        }
+                    }
                 }
             },
             _ = tokio::time::sleep_until(later.next_due().unwrap_or_else(Instant::now)), if !later.is_empty() => {
                 while let Some((id, sub)) = later.pop_due() {
                     if !sub.sink.closed() {
-                        start(&mut stream, &mut subs, &mut reopen_at, &requests, id, sub).await;
+                        start(&mut stream, &mut subs, &mut reopen_at, id, sub);
                     }
                 }
             }
             _ = tokio::time::sleep_until(reopen.unwrap_or_else(Instant::now)), if reopen.is_some() => {
                 subs.retain(|_, sub| !sub.sink.closed());
                 subs.shrink_to_fit();
-                match open(&mut client, &subs, &requests, open_timeout).await {
+                match open(&mut client, &mut subs, &requests, open_timeout).await {
                     Ok(s) => {
                         stream = Some(s);
                         reopen_at = None;
@@ -286,61 +378,44 @@ async fn run(
     }
 }
 
-/// Cancels watch `id` on the stream, if it is up; a failed send drops the
-/// stream, to be opened again after `backoff`.
-async fn cancel(
-    stream: &mut Option<Stream>,
-    reopen_at: &mut Option<Instant>,
-    backoff: Duration,
-    requests: &AtomicU64,
-    id: i64,
-) {
+/// Cancels a watch on the stream if its create was sent there.
+fn cancel(stream: &mut Option<Stream>, sub: &Sub, id: i64) {
     if let Some(s) = stream {
-        requests.fetch_add(1, Ordering::Relaxed);
-        if s.sender.cancel(id).await.is_err() {
-            *stream = None;
-            *reopen_at = Some(Instant::now() + backoff);
+        if sub.sent {
+            s.to_cancel.push_back(id);
         }
     }
 }
 
-/// Creates watch `id` on the stream now, or keeps it for the next stream.
-async fn start(
+/// Queues watch `id`'s create on the stream, or keeps it for the next
+/// stream.
+fn start(
     stream: &mut Option<Stream>,
     subs: &mut HashMap<i64, Sub>,
     reopen_at: &mut Option<Instant>,
-    requests: &AtomicU64,
     id: i64,
     sub: Sub,
 ) {
-    if let Some(s) = stream {
-        requests.fetch_add(1, Ordering::Relaxed);
-        let sent = s
-            .sender
-            .watch(sub.key.to_vec(), Some(sub.options(id)))
-            .await;
-        subs.insert(id, sub);
-        if sent.is_err() {
-            *stream = None;
-            *reopen_at = Some(Instant::now());
-        }
-    } else {
-        subs.insert(id, sub);
-        if reopen_at.is_none() {
-            *reopen_at = Some(Instant::now());
+    subs.insert(id, sub);
+    match stream {
+        Some(s) => s.to_create.push_back(id),
+        None => {
+            if reopen_at.is_none() {
+                *reopen_at = Some(Instant::now());
+            }
         }
     }
 }
 
-/// Opens a stream with the first watch and sends every other one on it.
+/// Opens a stream with the first watch; every other one is queued to be
+/// created on it (see [`io`]).
 async fn open(
     client: &mut WatchClient,
-    subs: &HashMap<i64, Sub>,
+    subs: &mut HashMap<i64, Sub>,
     requests: &AtomicU64,
     open_timeout: Duration,
 ) -> Result<Stream, etcd_client::Error> {
-    let mut all = subs.iter();
-    let Some((&id, first)) = all.next() else {
+    let Some((&id, first)) = subs.iter().next() else {
         return Err(etcd_client::Error::WatchError(
             "no watch to open a stream with".into(),
         ));
@@ -352,33 +427,60 @@ async fn open(
     )
     .await
     .unwrap_or_else(|_| Err(etcd_client::Error::WatchError("opening timed out".into())))?;
-    let (mut sender, responses) = ws.split();
-    for (&id, sub) in all {
-        requests.fetch_add(1, Ordering::Relaxed);
-        sender
-            .watch(sub.key.to_vec(), Some(sub.options(id)))
-            .await?;
+    let (sender, responses) = ws.split();
+    let mut to_create = VecDeque::with_capacity(subs.len() - 1);
+    for (&other, sub) in subs.iter_mut() {
+        sub.sent = other == id;
+        if other != id {
+            to_create.push_back(other);
+        }
     }
     tracing::debug!(watches = subs.len(), "etcd watch stream opened");
-    Ok(Stream { sender, responses })
+    Ok(Stream {
+        sender,
+        responses,
+        to_create,
+        to_cancel: VecDeque::new(),
+        unanswered: VecDeque::from([id]),
+    })
 }
 
 /// Routes one response; returns a watch id to cancel on the stream: one its
 /// sink no longer wants, or one etcd cancelled (for compaction etcd keeps
 /// the id registered until the client cancels it, as Go's client does).
-fn dispatch(resp: WatchResponse, subs: &mut HashMap<i64, Sub>) -> Option<i64> {
+/// `unanswered`: the stream's creates not answered yet, oldest first.
+fn dispatch(
+    resp: WatchResponse,
+    subs: &mut HashMap<i64, Sub>,
+    unanswered: &mut VecDeque<i64>,
+) -> Option<i64> {
     let id = resp.watch_id();
-    if resp.canceled() && !subs.contains_key(&id) {
-        // A refused create (etcd answers those with id -1) or the echo of
-        // our own cancel: nothing of ours is lost, but a refusal would be.
-        if resp.created() {
+    if resp.created() {
+        // etcd answers creates in the order they were sent.
+        let asked = unanswered.pop_front();
+        if resp.canceled() {
+            // Refused (with watch id -1): etcd has no such watch, so there
+            // is nothing to cancel, but the subscriber must know.
             tracing::warn!(
-                watch = id,
+                watch = ?asked,
                 reason = resp.cancel_reason(),
                 "etcd refused a watch"
             );
+            if let Some(sub) = asked.and_then(|a| subs.remove(&a)) {
+                sub.sink.event(WatchEvent::Refused);
+            }
+            return None;
         }
-        return None;
+        if asked != Some(id) {
+            tracing::warn!(
+                watch = id,
+                ?asked,
+                "etcd answered a watch create out of order"
+            );
+        }
+    }
+    if resp.canceled() && !subs.contains_key(&id) {
+        return None; // the echo of our own cancel
     }
     let mut unwanted = None;
     if let Some(sub) = subs.get(&id) {
