@@ -5,9 +5,12 @@
 # etcd client needs it to build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ! command -v protoc >/dev/null; then
-  echo "quickstart.sh: installing protobuf-compiler (needed to build the etcd client)" >&2
-  if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq protobuf-compiler >/dev/null
-  else sudo apt-get update -qq && sudo apt-get install -y -qq protobuf-compiler >/dev/null; fi
+# protoc and the well-known .proto files (libprotobuf-dev: etcd-client's
+# build includes google/protobuf/descriptor.proto).
+if ! command -v protoc >/dev/null || [ ! -e /usr/include/google/protobuf/descriptor.proto ]; then
+  echo "quickstart.sh: installing protobuf-compiler and libprotobuf-dev (needed to build the etcd client)" >&2
+  pkgs="protobuf-compiler libprotobuf-dev"
+  if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq $pkgs >/dev/null
+  else sudo apt-get update -qq && sudo apt-get install -y -qq $pkgs >/dev/null; fi
 fi
 exec cargo run -q -p quorumlock --all-features --example quickstart

@@ -49,7 +49,7 @@ CONSUL_PORTS=(8500 8300 8301 8302 8502 8600)
 ALL_STORES=(zk etcd etcd35 consul)
 
 # Debian packages from the machine's own suite (bookworm).
-APT_PACKAGES=(zookeeper etcd-server etcd-client protobuf-compiler libcurator-recipes-java)
+APT_PACKAGES=(zookeeper etcd-server etcd-client protobuf-compiler libprotobuf-dev libcurator-recipes-java)
 # The Curator interop test compiles its Java peer: a JDK, unless one is there
 # (zookeeper pulls in only a JRE).
 command -v javac >/dev/null || APT_PACKAGES+=(default-jdk-headless)
