@@ -217,6 +217,13 @@ fn would_block(keys: &Keys) -> Error {
     Error::new(ErrorKind::WouldBlock, format!("lock {} is held", keys.lock))
 }
 
+/// Whether a rolled-back lock of a key named by our session says that the
+/// session is gone: "invalid session", or a lock-delay, which Consul
+/// checks first and puts only on keys of an invalidated session.
+fn session_gone(what: &str) -> bool {
+    what.contains("invalid session") || what.contains("lock delay")
+}
+
 fn failed(what: &str, errs: &[TxnError]) -> Error {
     Error::new(
         ErrorKind::Store,
@@ -566,9 +573,10 @@ impl StoreSession for ConsulSession {
                 Ok(Txn::Done(results)) => {
                     break View::from_entries(&keys, read_after_lock(results));
                 }
-                Ok(Txn::Failed(errs))
-                    if errs.iter().any(|e| e.what.contains("invalid session")) =>
-                {
+                // Our entry's key is named by our session: a lock-delay on
+                // it means our own session was invalidated (Consul checks
+                // the delay before the session, so it says that instead).
+                Ok(Txn::Failed(errs)) if errs.iter().any(|e| session_gone(&e.what)) => {
                     return Err(session_lost("the Consul session is gone"));
                 }
                 Ok(Txn::Failed(errs)) => return Err(failed("joining the queue", &errs)),
@@ -1351,9 +1359,10 @@ impl ConsulSession {
                     decided_in_write = true;
                     break View::from_entries(&keys, read_after_lock(results));
                 }
-                Ok(Txn::Failed(errs))
-                    if errs.iter().any(|e| e.what.contains("invalid session")) =>
-                {
+                // Our entry's key is named by our session: a lock-delay on
+                // it means our own session was invalidated (Consul checks
+                // the delay before the session, so it says that instead).
+                Ok(Txn::Failed(errs)) if errs.iter().any(|e| session_gone(&e.what)) => {
                     return Err(session_lost("the Consul session is gone"));
                 }
                 Ok(Txn::Failed(errs)) => return Err(failed("joining the queue", &errs)),
