@@ -201,13 +201,19 @@ pub async fn cancel_at_every_poll(t: &FaultTarget) -> Row {
         }
     }
     net.set_mode(NetMode::Pass);
-    for c in [&slow, &third, &admin] {
+    finish(t, &ns, &[&slow, &third, &admin], row).await
+}
+
+/// Ends a test of this file: waits for every client's cleanup, closes
+/// them, and records the row after asserting that nothing is left.
+async fn finish(t: &FaultTarget, ns: &str, clients: &[&LockClient], mut row: Row) -> Row {
+    for c in clients {
         tokio::time::timeout(SETTLE, c.wait_idle())
             .await
             .expect("cleanup stuck at the end");
         c.close().await;
     }
-    let probe = t.backend(&ns).await;
+    let probe = t.backend(ns).await;
     let left = probe.leftovers().await.expect("listing leftovers");
     row.leaked = left.len();
     assert!(left.is_empty(), "left on the store: {left:?}");
@@ -284,13 +290,5 @@ pub async fn calls_return_within_bounds_on_a_dead_link(t: &FaultTarget) -> Row {
             .unwrap_or_else(|e| panic!("{name} after the heal on {}: {e}", t.name()));
         g.release().await.unwrap();
     }
-    for c in [&cut_off, &admin] {
-        c.close().await;
-    }
-    let probe = t.backend(&ns).await;
-    let left = probe.leftovers().await.expect("listing leftovers");
-    row.leaked = left.len();
-    assert!(left.is_empty(), "left on the store: {left:?}");
-    row.record();
-    row
+    finish(t, &ns, &[&cut_off, &admin], row).await
 }
