@@ -15,7 +15,8 @@
 #   --no-clusters  skip the three-node cluster scenarios.
 #
 # After its timed passes, each real backend runs its cluster scenarios
-# once (three-node clusters on 127.0.0.2-4, started and stopped by the
+# (and two explorer schedules with a leader kill, a whole-cluster pause or a
+# follower kill each) once (three-node clusters on 127.0.0.2-4, started and stopped by the
 # tests; about 20 s for etcd, 2-3 min for ZooKeeper and Consul), through
 # backend-<B>/tests/fault_cluster.rs (one `cluster_fault_suite!(...)`).
 #
@@ -136,7 +137,7 @@ for b in "${backends[@]}"; do
       out=$logs/$b.cluster.log
       log "$b: cluster scenarios (log: $out)"
       first=$(( $(wc -l <"$results") + 1 ))
-      if ! QUORUMLOCK_CHAOS_SECONDS=0 \
+      if ! QUORUMLOCK_CHAOS_SECONDS=0 QUORUMLOCK_EXPLORE_SECONDS=0 \
           cargo test "${cluster[@]}" -- --include-ignored --test-threads=1 >"$out" 2>&1; then
         failed_tests=1
         add_missing_rows "$b-cluster" "$out" "$first"
@@ -176,7 +177,7 @@ awk -F'\t' '
   }' "$results" || failed_tests=1
 echo
 echo "explorer (random schedules; faults by kind):"
-awk -F'\t' '$2 == "explore_random_schedules" { printf "  %-14s %s  %s\n", $1, $10, substr($11, 1, 300) }' "$results"
+awk -F'\t' '$2 ~ /^explore_/ { printf "  %-14s %s  %s\n", $1, $10, substr($11, 1, 300) }' "$results"
 echo
 echo "raw rows: $results   logs: $logs"
 exit "$failed_tests"

@@ -226,7 +226,7 @@ const TIMEOUT_SLACK: Duration = Duration::from_millis(250);
 
 /// On a blackholed link, every call returns within its bound: a timed
 /// acquire (waiting for a held lock, or for a free one) within its
-/// timeout + [`TIMEOUT_SLACK`], a release within the session TTL; what is
+/// timeout + 250 ms, a release within the session TTL; what is
 /// left to do goes to the background, and after the link heals nothing of
 /// ours is left on the store.
 pub async fn calls_return_within_bounds_on_a_dead_link(t: &FaultTarget) -> Row {

@@ -31,7 +31,7 @@ use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
 use super::cancel::poll_times;
-use super::{FaultTarget, FencedRegister, NetControl, NetMode, OneShot, Row};
+use super::{Cluster, FaultTarget, FencedRegister, NetControl, NetMode, OneShot, Row};
 
 /// The mutex names of a schedule.
 const MUTEXES: [&str; 2] = ["m0", "m1"];
@@ -721,7 +721,7 @@ impl std::fmt::Display for FaultCounts {
 /// its own clients and links).
 const AT_ONCE: usize = 2;
 
-/// Runs schedules of the default [`Shape`], [`AT_ONCE`] at a time:
+/// Runs schedules of the default [`Shape`], two at a time:
 /// the replay seed alone, or for `QUORUMLOCK_EXPLORE_SECONDS`, or
 /// `QUORUMLOCK_EXPLORE_SEEDS` of them (default 3, the share of
 /// `scripts/test.sh`). Records one row (schedules and faults by kind in
@@ -750,26 +750,8 @@ pub async fn explore_random_schedules(t: &FaultTarget) -> Row {
             futures::future::join_all(batch.iter().map(|seed| explore(t, *seed, Shape::default())))
                 .await;
         for o in outs {
-            eprintln!(
-                "explorer {}: seed {}: {} ops, {} holds, faults: {}, {} violations",
-                t.name(),
-                o.seed,
-                o.ops,
-                o.holds,
-                o.faults,
-                o.violations.len()
-            );
             schedules += 1;
-            row.cycles += o.ops;
-            faults.add(&o.faults);
-            if !o.violations.is_empty() {
-                row.violation(format!(
-                    "seed {} (replay: QUORUMLOCK_EXPLORE_SEED={}): {}",
-                    o.seed,
-                    o.seed,
-                    o.violations.join("; ")
-                ));
-            }
+            tally(t, &mut row, &mut faults, &o);
         }
         let done = replay.is_some()
             || if budget.is_zero() {
@@ -781,6 +763,35 @@ pub async fn explore_random_schedules(t: &FaultTarget) -> Row {
             break;
         }
     }
+    summarize(row, schedules, &faults)
+}
+
+/// Adds one schedule's outcome to the row.
+fn tally(t: &FaultTarget, row: &mut Row, faults: &mut FaultCounts, o: &Outcome) {
+    eprintln!(
+        "explorer {}: seed {}: {} ops, {} holds, faults: {}, {} violations",
+        t.name(),
+        o.seed,
+        o.ops,
+        o.holds,
+        o.faults,
+        o.violations.len()
+    );
+    row.cycles += o.ops;
+    faults.add(&o.faults);
+    if !o.violations.is_empty() {
+        row.violation(format!(
+            "seed {} (replay: QUORUMLOCK_EXPLORE_SEED={}): {}",
+            o.seed,
+            o.seed,
+            o.violations.join("; ")
+        ));
+    }
+}
+
+/// Puts the schedules and faults by kind first in the row's notes,
+/// records it and asserts that no schedule found a violation.
+fn summarize(mut row: Row, schedules: u64, faults: &FaultCounts) -> Row {
     row.faults = faults.total();
     let notes = std::mem::take(&mut row.notes);
     row.note(format!("{schedules} schedules; faults: {faults}"));
@@ -788,4 +799,79 @@ pub async fn explore_random_schedules(t: &FaultTarget) -> Row {
         row.note(notes);
     }
     row.finish()
+}
+
+/// What a cluster schedule does to the cluster, early in the schedule.
+async fn cluster_fault(cluster: &mut Cluster, seed: u64, ttl: Duration) -> &'static str {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0xc1c1_c1c1);
+    let recover = Duration::from_secs(60);
+    tokio::time::sleep(Duration::from_millis(rng.gen_range(300..1500))).await;
+    let Some(leader) = cluster.leader().await else {
+        return "no leader to fault";
+    };
+    let what = match rng.gen_range(0..3) {
+        0 => {
+            cluster.kill(leader);
+            let _ = cluster.wait_leader(recover).await;
+            let _ = cluster.restart(leader);
+            "leader killed and restarted"
+        }
+        1 => {
+            for i in 0..3 {
+                cluster.stop(i);
+            }
+            tokio::time::sleep(ttl + Duration::from_millis(500)).await;
+            for i in 0..3 {
+                cluster.cont(i);
+            }
+            "whole cluster paused past the TTL"
+        }
+        _ => {
+            let follower = (leader + 1) % 3;
+            cluster.kill(follower);
+            tokio::time::sleep(ttl).await;
+            let _ = cluster.restart(follower);
+            "a follower killed and restarted"
+        }
+    };
+    if cluster.wait_leader(recover).await.is_err() {
+        return "no leader after the fault";
+    }
+    what
+}
+
+/// Explorer schedules on a three-node cluster (`scripts/chaos.sh`): each
+/// also kills the leader, pauses the whole cluster past the TTL, or kills
+/// a follower, early in the schedule (chosen by the seed), and heals it
+/// before the schedule's faults stop. `QUORUMLOCK_EXPLORE_SECONDS` long
+/// (default: 2 schedules).
+pub async fn explore_on_cluster(t: &FaultTarget, cluster: &mut Cluster) -> Row {
+    let ttl = t.backend("qle-probe").await.capabilities().session_ttl;
+    let shape = Shape {
+        run_for: Duration::from_secs(15).max(ttl * 3),
+        ..Shape::default()
+    };
+    let budget = explore_budget();
+    let first = replay_seed().unwrap_or_else(fresh_seed);
+    let start = Instant::now();
+    let mut row = Row::new(t.name(), "explore_on_cluster");
+    let mut faults = FaultCounts::default();
+    let mut schedules = 0u64;
+    loop {
+        let seed = first.wrapping_add(schedules.wrapping_mul(7919));
+        let (o, what) = tokio::join!(explore(t, seed, shape), cluster_fault(cluster, seed, ttl));
+        eprintln!("explorer {}: seed {seed}: cluster fault: {what}", t.name());
+        schedules += 1;
+        tally(t, &mut row, &mut faults, &o);
+        let done = replay_seed().is_some()
+            || if budget.is_zero() {
+                schedules >= 2
+            } else {
+                start.elapsed() >= budget
+            };
+        if done {
+            break;
+        }
+    }
+    summarize(row, schedules, &faults)
 }

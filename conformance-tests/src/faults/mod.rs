@@ -367,7 +367,8 @@ macro_rules! cluster_fault_suite {
         $crate::__cluster_fault_suite_expand!($kind, $factory, $key, $value;
             leader_killed_while_held,
             cluster_paused_while_held,
-            cluster_restarted_while_held
+            cluster_restarted_while_held,
+            explore_on_cluster
         );
     };
 }
