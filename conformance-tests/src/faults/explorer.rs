@@ -173,6 +173,8 @@ pub struct FaultCounts {
     pub lost_requests: u64,
     /// One request or one answer held back.
     pub delayed_messages: u64,
+    /// Cluster faults: a leader or follower killed, the cluster paused.
+    pub cluster: u64,
 }
 
 /// The outcome of one schedule.
@@ -680,6 +682,7 @@ impl FaultCounts {
         self.lost_answers += o.lost_answers;
         self.lost_requests += o.lost_requests;
         self.delayed_messages += o.delayed_messages;
+        self.cluster += o.cluster;
     }
 
     fn total(&self) -> u64 {
@@ -694,6 +697,7 @@ impl FaultCounts {
             + self.lost_answers
             + self.lost_requests
             + self.delayed_messages
+            + self.cluster
     }
 }
 
@@ -701,7 +705,7 @@ impl std::fmt::Display for FaultCounts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "delay {} blackhole {} cut {} reset {} break {} revoke {} kill {} drop {} lost-answer {} lost-request {} delayed-message {}",
+            "delay {} blackhole {} cut {} reset {} break {} revoke {} kill {} drop {} lost-answer {} lost-request {} delayed-message {} cluster {}",
             self.delay,
             self.blackhole,
             self.cut,
@@ -712,7 +716,8 @@ impl std::fmt::Display for FaultCounts {
             self.drops,
             self.lost_answers,
             self.lost_requests,
-            self.delayed_messages
+            self.delayed_messages,
+            self.cluster
         )
     }
 }
@@ -863,6 +868,9 @@ pub async fn explore_on_cluster(t: &FaultTarget, cluster: &mut Cluster) -> Row {
         eprintln!("explorer {}: seed {seed}: cluster fault: {what}", t.name());
         schedules += 1;
         tally(t, &mut row, &mut faults, &o);
+        if what != "no leader to fault" {
+            faults.cluster += 1;
+        }
         let done = replay_seed().is_some()
             || if budget.is_zero() {
                 schedules >= 2
