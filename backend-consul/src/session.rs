@@ -1080,8 +1080,11 @@ impl ConsulSession {
                 }
             }
         }
+        // Retryable: the client layer tries again after a pause, until our
+        // name is out of `.lock` or the session is gone; a final error
+        // would free the local slot with our name still a holder.
         Err(Error::new(
-            ErrorKind::Store,
+            ErrorKind::Timeout,
             format!("semaphore {} kept changing while leaving it", keys.sem.lock),
         ))
     }
@@ -1119,9 +1122,9 @@ impl ConsulSession {
                 Ok(Txn::Done(results)) => {
                     break SemView::from_entries(&keys.sem, 0, read_after_lock(results));
                 }
-                Ok(Txn::Failed(errs))
-                    if errs.iter().any(|e| e.what.contains("invalid session")) =>
-                {
+                // Our contender key is named by our session (see
+                // `session_gone`).
+                Ok(Txn::Failed(errs)) if errs.iter().any(|e| session_gone(&e.what)) => {
                     return Err(session_lost("the Consul session is gone"));
                 }
                 Ok(Txn::Failed(errs)) => return Err(failed("joining a semaphore", &errs)),
