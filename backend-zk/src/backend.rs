@@ -16,7 +16,7 @@ use lockcore::{
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
-use crate::config::ZkConfig;
+use crate::config::{deadline_ttl, ZkConfig};
 use crate::error::map;
 use crate::session::ZkSession;
 
@@ -765,7 +765,7 @@ impl Backend for ZkBackend {
     async fn open_session(&self, liveness: Arc<SessionLiveness>) -> Result<Arc<dyn StoreSession>> {
         let (client, started) = self.shared.connect(None).await?;
         let timeout = client.session_timeout();
-        liveness.confirm(started, timeout);
+        liveness.confirm(started, deadline_ttl(timeout));
         if !liveness.is_alive() {
             // The connect took most of a timeout (hosts tried in turn):
             // confirm with a fresh round trip through the leader (a read
@@ -773,7 +773,7 @@ impl Backend for ZkBackend {
             self.shared.count(1);
             let sent = Instant::now();
             match client.sync("/").await {
-                Ok(_) => liveness.confirm(sent, timeout),
+                Ok(_) => liveness.confirm(sent, deadline_ttl(timeout)),
                 Err(e) => return Err(map(e, "confirming a new session")),
             }
         }

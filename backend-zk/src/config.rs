@@ -243,6 +243,17 @@ fn parse_servers(list: &str, shared_port: Option<u16>) -> Result<Vec<(String, u1
     Ok(out)
 }
 
+/// The TTL a confirmed keepalive is counted with: 7/8 of the session
+/// timeout, so that the local deadline (`sent + ttl - ttl/5`) falls
+/// `timeout/5 + timeout/10` before the leader could expire the session.
+/// The extra `timeout/10` covers how late the leader may hear of a request
+/// answered through a follower (the follower reports it with its next ping
+/// answer, up to `tickTime/2` later; `timeout/10 >= tickTime/2` whenever
+/// `timeout >= 5 x tickTime`). See the README's "Safety on an ensemble".
+pub(crate) fn deadline_ttl(timeout: Duration) -> Duration {
+    timeout * 7 / 8
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -21,6 +21,7 @@ use tracing::Instrument;
 use zookeeper_client as zk;
 
 use crate::backend::{self, Role, Shared, BREAK_MESSAGE, LOCK_MARKER, REVOKE_MESSAGE};
+use crate::config::deadline_ttl;
 use crate::error::map;
 
 /// A lock session: one ZooKeeper session, shared by every lock of a client.
@@ -209,7 +210,7 @@ impl Inner {
     fn heard<T>(&self, sent: Instant, r: &std::result::Result<T, zk::Error>) {
         use zk::Error as E;
         match r {
-            Ok(_) => self.liveness.confirm(sent, self.timeout),
+            Ok(_) => self.liveness.confirm(sent, deadline_ttl(self.timeout)),
             Err(
                 E::NoNode
                 | E::NodeExists
@@ -217,7 +218,7 @@ impl Inner {
                 | E::BadVersion
                 | E::NoAuth
                 | E::NoChildrenForEphemerals,
-            ) => self.liveness.confirm(sent, self.timeout),
+            ) => self.liveness.confirm(sent, deadline_ttl(self.timeout)),
             _ => self.heard_read(r),
         }
     }
