@@ -387,7 +387,12 @@ impl LockClient {
                     Some(Err(e)) => {
                         // A final error (conflict, credentials, ...): leave
                         // the store clean before saying so.
-                        pending.abandon(deadline.map(|d| d.max(Instant::now()) + ABANDON_GRACE)).await;
+                        // Bounded also without a deadline (a try, or a
+                        // conflict on a waiting acquire): the rest goes on
+                        // in the background.
+                        let now = Instant::now();
+                        let bound = deadline.map_or(now, |d| d.max(now)) + ABANDON_GRACE;
+                        pending.abandon(Some(bound)).await;
                         return Err(e);
                     }
                     None => {
