@@ -2,7 +2,6 @@
 //! store named by `QUORUMLOCK_TEST_{ETCD,ETCD35,ZK,CONSUL}_URL`. A store whose
 //! variable is unset is skipped loudly, or fails the test when
 //! `QUORUMLOCK_TEST_REQUIRE=1`.
-#![cfg(feature = "cli")]
 
 use std::path::Path;
 use std::process::{Child, Command as StdCommand, Stdio};
