@@ -100,11 +100,11 @@ add_missing_rows() {
 failed_tests=0
 for b in "${backends[@]}"; do
   case "$b" in
-    mem) file=conformance-tests/tests/faults_mem.rs; suite=(-p conformance-tests --test faults_mem) ;;
-    *) file=backend-$b/tests/fault_suite.rs; suite=(-p "backend-$b" --test fault_suite) ;;
+    mem) file=conformance-tests/tests/faults_mem.rs; suite=(-p quorumlock-conformance --test faults_mem) ;;
+    *) file=backend-$b/tests/fault_suite.rs; suite=(-p "quorumlock-$b" --test fault_suite) ;;
   esac
   cfile=backend-$b/tests/fault_cluster.rs
-  cluster=(-p "backend-$b" --test fault_cluster)
+  cluster=(-p "quorumlock-$b" --test fault_cluster)
   B=$(printf '%s' "$b" | tr '[:lower:]' '[:upper:]')
   o=QUORUMLOCK_CHAOS_SUITE_$B; if [ -n "${!o:-}" ]; then read -ra suite <<<"${!o}"; file=/dev/null; fi
   o=QUORUMLOCK_CHAOS_CLUSTER_$B; if [ -n "${!o:-}" ]; then read -ra cluster <<<"${!o}"; cfile=/dev/null; fi

@@ -3,7 +3,9 @@
 # installs what is missing (stores, protoc, Curator, a JDK), starts real ZooKeeper,
 # etcd 3.4, etcd 3.5 and Consul on loopback, runs formatting, lints, every
 # test of the workspace against them (skipping is an error), the docs and
-# the quickstart on every store, and stops the stores even on failure.
+# the quickstart on every store, checks the packaging (MSRV, `cargo package`,
+# a project outside the workspace on the packaged crates), and stops the
+# stores even on failure.
 #
 #   scripts/test.sh            # everything
 #   scripts/test.sh -- ARGS    # extra arguments for `cargo test`
@@ -26,14 +28,25 @@ export CARGO_TERM_COLOR=never
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
+step "MSRV: no dependency needs a newer Rust than rust-version (scripts/msrv-check.sh)"
+scripts/msrv-check.sh
+
 step "cargo clippy (all targets, all features, warnings are errors)"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 
 step "cargo test (every crate, against the real stores)"
 cargo test --workspace --all-features --no-fail-fast -- "${extra[@]}"
 
-step "cargo doc"
-RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps
+step "cargo doc, as docs.rs builds it (--cfg docsrs: each backend module names its feature)"
+# RUSTC_BOOTSTRAP lets stable rustdoc take doc_cfg, the nightly feature
+# docs.rs uses; one run instead of a plain one and a docs.rs one (the two
+# differ only in the cfg_attr(docsrs) lines).
+RUSTC_BOOTSTRAP=1 RUSTDOCFLAGS="--cfg docsrs -D warnings" cargo doc --workspace --all-features --no-deps
+doc=${CARGO_TARGET_DIR:-target}/doc/quorumlock
+for feature in mem etcd zk consul; do
+  grep -q "Available on <strong>crate feature <code>$feature</code></strong> only" "$doc/$feature/index.html" ||
+    { echo "test.sh: $doc/$feature/index.html does not name the feature $feature" >&2; exit 1; }
+done
 
 step "examples on every store"
 out=$(mktemp)
@@ -46,5 +59,11 @@ for url in "mem://" "$QUORUMLOCK_TEST_ETCD_URL/examples" "$QUORUMLOCK_TEST_ZK_UR
   done
 done
 rm -f "$out"
+
+step "cargo package --workspace (builds every published crate from its .crate file)"
+cargo package --workspace --exclude quorumlock-bench --locked --allow-dirty
+
+step "a project outside the workspace on the packaged quorumlock (etcd), quickstart on etcd"
+scripts/packaged-quickstart.sh
 
 step "all passed"

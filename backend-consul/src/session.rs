@@ -436,7 +436,7 @@ impl ConsulSession {
         // moved that prefix's index; one at or past the token may have been
         // judged without this entry, one over another prefix does not see
         // it: redo the read.
-        let wake = w.inflight.as_ref().map_or(true, |(q, prefix)| {
+        let wake = w.inflight.as_ref().is_none_or(|(q, prefix)| {
             *q >= token
                 || !key.starts_with(prefix.as_str())
                 || covers
@@ -1004,7 +1004,7 @@ impl ConsulSession {
                 Err(e) => {
                     transient.absorb(e).await?;
                     let v = transient.retry(|| read_view(&s.backend.api, keys)).await?;
-                    if !v.lock.as_ref().is_some_and(|l| l.modify_index == token) {
+                    if v.lock.as_ref().is_none_or(|l| l.modify_index != token) {
                         // Given back (or taken from us): go on from here.
                         return Ok(Some(v));
                     }

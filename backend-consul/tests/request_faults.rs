@@ -538,7 +538,7 @@ async fn break_before_the_give_back_does_not_fail_the_acquire() {
                 .unwrap()
                 .holders
                 .first()
-                .map_or(true, |h| h.token != a_token)
+                .is_none_or(|h| h.token != a_token)
         })
         .await;
         give_back.release();

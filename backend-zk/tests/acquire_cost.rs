@@ -1,6 +1,6 @@
 //! Measures what the pipelined children listing saves on an uncontended
 //! acquire (numbers in the README). Ignored by default; run with
-//! `cargo test -p backend-zk --release --test acquire_cost -- --ignored --nocapture`.
+//! `cargo test -p quorumlock-zk --release --test acquire_cost -- --ignored --nocapture`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -347,7 +347,7 @@ async fn follower_cut_from_leader_holder_loses_before_waiter_is_granted() {
 /// The keepalive's cost: median round trip of a read (`exists /`, the
 /// keepalive before) and of a `sync /` (the keepalive now), on the
 /// standalone dev server and on a follower of the ensemble. Ignored (a
-/// measurement): `cargo test -p backend-zk --release --test ensemble --
+/// measurement): `cargo test -p quorumlock-zk --release --test ensemble --
 /// --ignored --nocapture keepalive_cost`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore]

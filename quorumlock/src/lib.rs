@@ -1,5 +1,8 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
+// docs.rs builds with every feature and `--cfg docsrs`: each backend's
+// module then carries a note naming the feature that enables it.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 use std::sync::Arc;
 
@@ -11,13 +14,20 @@ pub use lockcore::{
 };
 
 #[cfg(feature = "mem")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mem")))]
 pub use lockcore::mem;
 
 #[cfg(feature = "consul")]
+#[cfg_attr(docsrs, doc(cfg(feature = "consul")))]
+#[doc(inline)]
 pub use backend_consul as consul;
 #[cfg(feature = "etcd")]
+#[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
+#[doc(inline)]
 pub use backend_etcd as etcd;
 #[cfg(feature = "zk")]
+#[cfg_attr(docsrs, doc(cfg(feature = "zk")))]
+#[doc(inline)]
 pub use backend_zk as zk;
 
 /// The environment variable [`connect_from_env`] reads.

@@ -109,7 +109,7 @@ impl Log {
     fn end(&self, id: usize, at: Instant) {
         let mut h = self.holds.lock().unwrap();
         let hold = &mut h[id];
-        if hold.ended.map_or(true, |t| at < t) {
+        if hold.ended.is_none_or(|t| at < t) {
             hold.ended = Some(at);
         }
     }
@@ -139,7 +139,7 @@ impl Log {
                 if *at < h.acquired {
                     h.forced = true;
                     h.ended = Some(h.acquired);
-                } else if h.ended.map_or(true, |t| *at < t) {
+                } else if h.ended.is_none_or(|t| *at < t) {
                     h.ended = Some(*at);
                 }
             }

@@ -60,8 +60,8 @@ impl Match {
 
     /// Whether `r` matches.
     pub fn matches(&self, r: &Seen) -> bool {
-        self.method.as_ref().map_or(true, |m| *m == r.method)
-            && self.path.as_ref().map_or(true, |p| r.target.starts_with(p))
+        self.method.as_ref().is_none_or(|m| *m == r.method)
+            && self.path.as_ref().is_none_or(|p| r.target.starts_with(p))
             && self.body.iter().all(|s| r.body.contains(s))
             && !self.body_not.iter().any(|s| r.body.contains(s))
     }

@@ -11,7 +11,6 @@
 //! has the whole story.
 #![deny(missing_docs)]
 
-#[path = "../cli/mod.rs"]
 mod cli;
 
 fn main() -> std::process::ExitCode {

@@ -2,7 +2,6 @@
 //! store named by `QUORUMLOCK_TEST_{ETCD,ETCD35,ZK,CONSUL}_URL`. A store whose
 //! variable is unset is skipped loudly, or fails the test when
 //! `QUORUMLOCK_TEST_REQUIRE=1`.
-#![cfg(feature = "cli")]
 
 use std::path::Path;
 use std::process::{Child, Command as StdCommand, Stdio};
@@ -108,7 +107,7 @@ fn alive(pid: i32) -> bool {
     // /proc/PID exists for running and zombie processes alike; a zombie
     // has state Z.
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => !s.split_whitespace().nth(2).is_some_and(|st| st == "Z"),
+        Ok(s) => s.split_whitespace().nth(2).is_none_or(|st| st != "Z"),
         Err(_) => false,
     }
 }
