@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lockcore::{ErrorKind, LockClient, LockGuard, LossReason};
+use lockcore::{ErrorKind, LockClient, LockGuard};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
@@ -463,10 +463,11 @@ async fn hold(
     tokio::time::sleep(dwell).await;
     write(sh, &g);
     sh.log.end(id, Instant::now());
-    // A lost session stopped the belief at its local deadline
-    // (`is_held()` says false from then on), even if the watchdog task
-    // that fires `lost()` ran later.
-    if let (Some(LossReason::DeadlinePassed), Some(d)) = (g.loss(), g.deadline()) {
+    // `is_held()` says false from the local deadline on, whatever the
+    // reason the loss was later reported with and however late the task
+    // that fires `lost()` ran (on a loaded machine the store's own expiry
+    // can be heard first): a deadline already passed ended the belief.
+    if let Some(d) = g.deadline().filter(|d| *d <= Instant::now()) {
         sh.log.end(id, d);
     }
     watcher.abort();
