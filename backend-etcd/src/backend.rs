@@ -171,7 +171,7 @@ impl Inner {
         }
     }
 
-    fn namespace_prefix(&self) -> String {
+    pub(crate) fn namespace_prefix(&self) -> String {
         match self.config.namespace.as_str() {
             "" => String::new(),
             ns => format!("{ns}/"),
@@ -214,23 +214,6 @@ impl Inner {
         self.call(what, || {
             let (mut kv, txn) = (self.client.kv_client(), txn.clone());
             async move { kv.txn(txn).await }
-        })
-        .await
-    }
-
-    /// A plain put of `key` under `lease`: the repeat acquire of
-    /// [`EtcdSession`] (see `EtcdSession::lone_grants`).
-    pub(crate) async fn put(
-        &self,
-        what: &str,
-        key: &str,
-        value: &str,
-        lease: i64,
-    ) -> Result<etcd_client::PutResponse> {
-        self.call(what, || {
-            let mut kv = self.client.kv_client();
-            let opts = PutOptions::new().with_lease(lease);
-            async move { kv.put(key, value, Some(opts)).await }
         })
         .await
     }

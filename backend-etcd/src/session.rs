@@ -34,8 +34,9 @@ pub(crate) struct EtcdSession {
     stop: CancellationToken,
     /// Per lock prefix, our last grant that found no other contender (by
     /// the revision that created our key): after a quiet cycle the next
-    /// acquire is one plain put, like the floor, instead of Go's txn with
-    /// its reads (see [`QuietGrants`]). A put at any other revision than
+    /// acquire is one put (a one-op txn guarded by compares only: the
+    /// attempt's fence is absent, the key is new), like the floor, instead
+    /// of Go's txn with its reads (see [`QuietGrants`]). A put at any other revision than
     /// two past the grant sends the acquire on to the enqueue txn, which
     /// finds the key the put made and reads the lock. At most
     /// [`LONE_GRANTS_KEPT`] prefixes.
@@ -116,6 +117,57 @@ impl EtcdSession {
         self.inner.txn("delete contender", txn).await.map(|_| ())
     }
 
+    /// The fence of `req`'s attempt: `<ns>/.fence/<lease hex>/<contender>`,
+    /// outside every lock prefix (no lock-name segment starts with `.`),
+    /// so Go's `concurrency.Mutex` and `etcdctl lock` never see it. Every
+    /// write that creates the attempt's key requires it to be absent; it
+    /// is written (with our lease, so it ends with the session) only when
+    /// a write of the attempt may still land (see `fenced_removal`).
+    fn fence_key(&self, req: &AcquireRequest) -> String {
+        format!(
+            "{}.fence/{:x}/{}",
+            self.inner.namespace_prefix(),
+            self.lease,
+            req.contender.simple()
+        )
+    }
+
+    /// Removes the attempt's key `key` and fences the attempt off, in one
+    /// txn, for an attempt with a write of unknown outcome
+    /// ([`InFlightWrites::outcome_unknown`]): a late copy of that write
+    /// then fails its compare on the fence and creates nothing. `rev` is
+    /// the key's create revision if known (0: absent, or not known); a key
+    /// found at another revision is this attempt's as well (the client
+    /// layer starts no newer attempt of ours on the name until this
+    /// returns, and the late copy of an abandon or release deletes nothing
+    /// but the revision it names), and is removed with the same txn.
+    async fn fenced_removal(&self, req: &AcquireRequest, key: &str, rev: i64) -> Result<()> {
+        let fence = TxnOp::put(
+            self.fence_key(req),
+            "",
+            Some(PutOptions::new().with_lease(self.lease)),
+        );
+        let mut rev = rev;
+        for _ in 0..8 {
+            let txn = Txn::new()
+                .when([Compare::create_revision(key, CompareOp::Equal, rev)])
+                .and_then([TxnOp::delete(key, None), fence.clone()])
+                .or_else([TxnOp::get(key, None)]);
+            let resp = self.inner.txn("fence contender", txn).await?;
+            if resp.succeeded() {
+                return Ok(());
+            }
+            rev = range_at(&resp, 0)?
+                .kvs()
+                .first()
+                .map_or(0, |kv| kv.create_revision());
+        }
+        Err(Error::new(
+            ErrorKind::Connection,
+            "our etcd key kept changing while fencing off an attempt",
+        ))
+    }
+
     /// Watches a held entry's own key from `from`: a delete is a loss, a
     /// put a revoke request. The watch starts after
     /// [`lockcore::HELD_WATCH_DELAY`] (from `from`, so nothing in between
@@ -170,7 +222,8 @@ impl EtcdSession {
             let sent = match writes {
                 Some(w) => {
                     let (inner, txn) = (self.inner.clone(), txn.clone());
-                    w.run(async move { inner.txn(what, txn).await }).await
+                    w.run_judged(async move { inner.txn(what, txn).await }, unanswered)
+                        .await
                 }
                 None => self.inner.txn(what, txn.clone()).await,
             };
@@ -283,18 +336,29 @@ impl EtcdSession {
         let key = layout::key(&pfx, kind, self.lease, &req.contender);
         let value = layout::value(kind, SystemTime::now());
 
+        let fence = self.fence_key(req);
         let last = self.lone_grants.take(&pfx);
         if last.is_some_and(|l| l.quiet) {
-            // After a quiet cycle: one plain put (see `lone_grants`).
-            let put = {
-                let (inner, key, value, lease) =
-                    (self.inner.clone(), key.clone(), value.clone(), self.lease);
-                async move { inner.put("enqueue", &key, &value, lease).await }
-            };
-            match req.writes.run(put).await {
+            // After a quiet cycle: one put (see `lone_grants`), in a txn
+            // only for its guards (still one request and one revision): the
+            // attempt is not fenced off (see `fenced_removal`), and the key
+            // is new (a late copy never rewrites a held key).
+            let txn = Txn::new()
+                .when([
+                    Compare::version(fence.clone(), CompareOp::Equal, 0),
+                    Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+                ])
+                .and_then([TxnOp::put(
+                    key.clone(),
+                    value.clone(),
+                    Some(PutOptions::new().with_lease(self.lease)),
+                )]);
+            let inner = self.inner.clone();
+            let put = async move { inner.txn("enqueue", txn).await };
+            match req.writes.run_judged(put, unanswered).await {
                 Ok(r) => {
-                    let rev = r.header().map_or(0, |h| h.revision());
-                    if last.is_some_and(|l| l.alone_at(rev as u64)) {
+                    let rev = header_revision(&r);
+                    if r.succeeded() && last.is_some_and(|l| l.alone_at(rev as u64)) {
                         self.lone_grants.keep(&pfx, last, rev as u64);
                         return Ok(self.granted(req, key, rev, rev, false));
                     }
@@ -326,7 +390,10 @@ impl EtcdSession {
             then.push(self.ahead_op(&pfx, kind, None));
         }
         let txn = Txn::new()
-            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .when([
+                Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+                Compare::version(fence, CompareOp::Equal, 0),
+            ])
             .and_then(then)
             .or_else([
                 TxnOp::get(key.clone(), None),
@@ -343,7 +410,7 @@ impl EtcdSession {
         } else {
             let inner = self.inner.clone();
             req.writes
-                .run(async move { inner.txn("enqueue", txn).await })
+                .run_judged(async move { inner.txn("enqueue", txn).await }, unanswered)
                 .await?
         };
         let mut rev = header_revision(&resp);
@@ -497,6 +564,12 @@ impl EtcdSession {
             .expect("poisoned")
             .remove(&req.contender);
     }
+}
+
+/// Whether a write ended without etcd's answer (a request timeout or a
+/// transport error): it may have been applied, or be applied later.
+fn unanswered<T>(r: &Result<T>) -> bool {
+    r.as_ref().is_err_and(|e| e.kind() == ErrorKind::Connection)
 }
 
 /// How many entries ahead decide whether `kind` holds: the nearest one
@@ -793,6 +866,15 @@ impl StoreSession for EtcdSession {
         // Delete only the key we were granted (etcd #22082: never a newer
         // key of the same lease). The client layer has finished the
         // entry's signals, so its watch ignores this delete and ends.
+        let pfx = self.inner.lock_prefix(&req.name);
+        if req.writes.outcome_unknown() {
+            // An earlier try of this attempt may still land (and create
+            // the key again after this delete): fence it off as well.
+            self.lone_grants.released(&pfx, held.token, false);
+            return self
+                .fenced_removal(req, &held.entry, held.token as i64)
+                .await;
+        }
         let txn = Txn::new()
             .when([Compare::create_revision(
                 held.entry.clone(),
@@ -805,7 +887,6 @@ impl StoreSession for EtcdSession {
         // during the hold: the next acquire would miss, forget the grant.
         let one_write = matches!(&released, Ok(r) if r.succeeded()
             && u64::try_from(header_revision(r)).ok() == held.token.checked_add(1));
-        let pfx = self.inner.lock_prefix(&req.name);
         self.lone_grants.released(&pfx, held.token, one_write);
         released.map(|_| ())
     }
@@ -824,6 +905,14 @@ impl StoreSession for EtcdSession {
             .expect("poisoned")
             .get(&req.contender)
             .copied();
+        if req.writes.outcome_unknown() {
+            // A write of this attempt may still land: remove and fence in
+            // one txn (never a read first: the late write could land
+            // between the read and the delete).
+            self.fenced_removal(req, &key, known.unwrap_or(0)).await?;
+            self.attempt_done(req);
+            return Ok(());
+        }
         let rev = match known {
             Some(rev) => rev,
             None => {

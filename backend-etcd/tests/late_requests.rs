@@ -437,3 +437,165 @@ async fn no_grant_on_a_key_deleted_between_two_reads_etcd34() {
 async fn no_grant_on_a_key_deleted_between_two_reads_etcd35() {
     no_grant_on_a_key_deleted_between_two_reads("QUORUMLOCK_TEST_ETCD35_URL").await;
 }
+
+/// An enqueue request outlives its attempt: the acquire times out while
+/// the enqueue txn is held on its way to etcd, the txn then ends on our
+/// side without etcd's answer (the link breaks: a transport error, like a
+/// request timeout, leaves its outcome unknown), the abandon finds no key
+/// and finishes, and only then does etcd apply the held txn. The key it
+/// creates under our still-alive lease belongs to no attempt: it must not
+/// be created, or every other client waits behind it until we close.
+async fn late_enqueue_after_abandon_creates_nothing(var: &str) {
+    let Some(h) = harness(var) else { return };
+    let case = h.case();
+    let other = case.client().await;
+    let url = h.url_for(case.namespace());
+    let proxy = HoldProxy::start(target_of(&url)).await;
+    let mut short = proxy.url(&url);
+    // Held keepalives must not cost the lease.
+    short.query_pairs_mut().append_pair("ttl", "30s");
+    let ours = client_at(&short).await;
+    // Opens our session (and the connection that is held below).
+    ours.lock("warm")
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+
+    proxy.hold();
+    let c = ours.clone();
+    let wait = Duration::from_millis(500);
+    let attempt = tokio::spawn(async move { c.lock("m").unwrap().acquire_timeout(wait).await });
+    // The attempt times out; its abandon waits for the enqueue txn, which
+    // the broken link ends without an answer.
+    tokio::time::sleep(wait + Duration::from_millis(300)).await;
+    proxy.detach();
+    let e = tokio::time::timeout(SOON, attempt)
+        .await
+        .expect("the timed-out attempt never came back")
+        .unwrap()
+        .expect_err("acquired a lock whose enqueue never reached etcd");
+    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+    tokio::time::timeout(SOON, ours.wait_idle())
+        .await
+        .expect("the abandon never finished");
+    let st = other.inspect("m").await.unwrap();
+    assert!(
+        st.holders.is_empty() && st.waiters.is_empty(),
+        "before the late txn: {st:?}"
+    );
+
+    // The held enqueue txn reaches etcd now.
+    proxy.flush();
+    eventually("etcd answers the late requests", || async {
+        proxy.answered.load(Ordering::SeqCst) > 0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let st = other.inspect("m").await.unwrap();
+    assert!(
+        st.holders.is_empty() && st.waiters.is_empty(),
+        "the late enqueue left an entry of ours: {st:?}"
+    );
+    let g = tokio::time::timeout(Duration::from_secs(5), other.lock("m").unwrap().acquire())
+        .await
+        .expect("another client cannot acquire the lock after our late enqueue")
+        .unwrap();
+    g.release().await.unwrap();
+    // Ours still works on the same name.
+    let g = tokio::time::timeout(SOON, ours.lock("m").unwrap().acquire())
+        .await
+        .expect("our next attempt was not granted")
+        .unwrap();
+    g.release().await.unwrap();
+    ours.wait_idle().await;
+    ours.close().await;
+    case.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_enqueue_after_abandon_creates_nothing_etcd34() {
+    late_enqueue_after_abandon_creates_nothing("QUORUMLOCK_TEST_ETCD_URL").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_enqueue_after_abandon_creates_nothing_etcd35() {
+    late_enqueue_after_abandon_creates_nothing("QUORUMLOCK_TEST_ETCD35_URL").await;
+}
+
+/// An earlier try of a granted attempt lands after its release: the
+/// enqueue (`quiet`: the plain put of a repeat acquire after a quiet
+/// cycle) ends without an answer when the link breaks, the waiter's retry
+/// on a new connection queues it, it is granted and released, and only
+/// then does etcd apply the first try. It must create nothing.
+async fn late_try_after_release_creates_nothing(var: &str, quiet: bool) {
+    let Some(h) = harness(var) else { return };
+    let case = h.case();
+    let other = case.client().await;
+    let url = h.url_for(case.namespace());
+    let proxy = HoldProxy::start(target_of(&url)).await;
+    let mut long = proxy.url(&url);
+    long.query_pairs_mut().append_pair("ttl", "30s");
+    let ours = client_at(&long).await;
+    // Opens our session; twice on `m`, a quiet cycle: the next acquire of
+    // `m` starts with the plain put.
+    let warm = if quiet { "m" } else { "warm" };
+    for _ in 0..2 {
+        let g = ours.lock(warm).unwrap().acquire().await.unwrap();
+        g.release().await.unwrap();
+    }
+    let g0 = other.lock("m").unwrap().acquire().await.unwrap();
+
+    proxy.hold();
+    let c = ours.clone();
+    let attempt = tokio::spawn(async move { c.lock("m").unwrap().acquire().await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.detach();
+    eventually("our retried enqueue queues", || async {
+        !other.inspect("m").await.unwrap().waiters.is_empty()
+    })
+    .await;
+    g0.release().await.unwrap();
+    let g = tokio::time::timeout(SOON, attempt)
+        .await
+        .expect("the waiter was not granted")
+        .unwrap()
+        .unwrap();
+    g.release().await.unwrap();
+    tokio::time::timeout(SOON, ours.wait_idle())
+        .await
+        .expect("the release never finished");
+
+    // The first try reaches etcd now.
+    proxy.flush();
+    eventually("etcd answers the late requests", || async {
+        proxy.answered.load(Ordering::SeqCst) > 0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let st = other.inspect("m").await.unwrap();
+    assert!(
+        st.holders.is_empty() && st.waiters.is_empty(),
+        "the late try left an entry of ours: {st:?}"
+    );
+    let g = tokio::time::timeout(Duration::from_secs(5), other.lock("m").unwrap().acquire())
+        .await
+        .expect("another client cannot acquire the lock after our late try")
+        .unwrap();
+    g.release().await.unwrap();
+    ours.close().await;
+    case.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_enqueue_try_after_release_creates_nothing_etcd34() {
+    late_try_after_release_creates_nothing("QUORUMLOCK_TEST_ETCD_URL", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_quiet_put_after_release_creates_nothing_etcd35() {
+    late_try_after_release_creates_nothing("QUORUMLOCK_TEST_ETCD35_URL", true).await;
+}

@@ -2,7 +2,7 @@
 //! dropped, and the writes of one acquire attempt still in flight.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tokio::sync::Notify;
@@ -67,6 +67,14 @@ where
 /// A request whose answer never comes (a dead link) keeps the abandon
 /// waiting until the session's local deadline; the store then removes the
 /// entry with the session.
+///
+/// A write can also end on our side without the store's answer (the
+/// request's own timeout, or a transport error) and still be applied
+/// later. [`run_judged`](Self::run_judged) records such an end: once
+/// [`outcome_unknown`](Self::outcome_unknown) is true, the backend must
+/// remove the attempt in a way that also stops a late copy of the write
+/// from creating anything (e.g. a fence that every such write requires to
+/// be absent).
 #[derive(Debug, Clone, Default)]
 pub struct InFlightWrites(Arc<Counter>);
 
@@ -74,6 +82,7 @@ pub struct InFlightWrites(Arc<Counter>);
 struct Counter {
     count: AtomicUsize,
     idle: Notify,
+    unknown: AtomicBool,
 }
 
 /// Counts one write down when its task ends, even by a panic.
@@ -99,14 +108,41 @@ impl InFlightWrites {
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
+        self.run_judged(write, |_| false).await
+    }
+
+    /// [`run`](Self::run), and if `unknown` says the write ended without
+    /// the store's answer (it may still be applied), records that for
+    /// [`outcome_unknown`](Self::outcome_unknown) before the write counts
+    /// as ended.
+    ///
+    /// # Cancel safety
+    /// As [`run`](Self::run): the judgement is made when the write ends,
+    /// whether or not anyone still waits for it.
+    pub async fn run_judged<F, J>(&self, write: F, unknown: J) -> F::Output
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+        J: FnOnce(&F::Output) -> bool + Send + 'static,
+    {
         self.0.count.fetch_add(1, Ordering::AcqRel);
         let ticket = Ticket(self.0.clone());
         finish_on_drop(async move {
             let r = write.await;
+            if unknown(&r) {
+                ticket.0.unknown.store(true, Ordering::Release);
+            }
             drop(ticket);
             r
         })
         .await
+    }
+
+    /// Whether a write of the attempt ended without the store's answer
+    /// (see [`run_judged`](Self::run_judged)): it may have been applied,
+    /// or still be, after anything the attempt does next. Stays true.
+    pub fn outcome_unknown(&self) -> bool {
+        self.0.unknown.load(Ordering::Acquire)
     }
 
     /// How many writes are in flight.
@@ -186,5 +222,35 @@ mod tests {
             .expect("settled after the write ended")
             .unwrap();
         assert_eq!(w.pending(), 0);
+        assert!(!w.outcome_unknown());
+    }
+
+    #[tokio::test]
+    async fn an_unanswered_write_is_recorded_before_it_counts_as_ended() {
+        let w = InFlightWrites::default();
+        assert_eq!(w.run_judged(async { 1 }, |r| *r != 1).await, 1);
+        assert!(!w.outcome_unknown());
+        let caller = tokio::spawn({
+            let w = w.clone();
+            async move {
+                w.run_judged(
+                    async {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        Err::<(), ()>(())
+                    },
+                    |r| r.is_err(),
+                )
+                .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        caller.abort();
+        let _ = caller.await;
+        tokio::time::timeout(Duration::from_secs(5), w.settled())
+            .await
+            .unwrap();
+        assert!(w.outcome_unknown(), "recorded although its caller was gone");
+        w.run(async {}).await;
+        assert!(w.outcome_unknown(), "stays recorded");
     }
 }
