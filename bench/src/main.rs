@@ -261,6 +261,9 @@ async fn contended(url: &str, n: usize, secs: f64) -> quorumlock::Result<Value> 
     }))
 }
 
+/// Acquires (and releases) in flight at once in the scale measurement.
+const SCALE_CONCURRENCY: usize = 64;
+
 /// One client holds `count` locks: time to acquire them, keepalive requests
 /// per TTL while they are held (against one lock held), memory per lock.
 async fn scale(url: &str, count: usize) -> quorumlock::Result<Value> {
@@ -284,7 +287,7 @@ async fn scale(url: &str, count: usize) -> quorumlock::Result<Value> {
             let c = c.clone();
             async move { c.lock(format!("scale/l{i}"))?.acquire().await }
         })
-        .buffer_unordered(64)
+        .buffer_unordered(SCALE_CONCURRENCY)
         .collect::<Vec<_>>()
         .await
         .into_iter()
@@ -298,7 +301,7 @@ async fn scale(url: &str, count: usize) -> quorumlock::Result<Value> {
     let t = Instant::now();
     stream::iter(guards)
         .map(|g| g.release())
-        .buffer_unordered(64)
+        .buffer_unordered(SCALE_CONCURRENCY)
         .collect::<Vec<_>>()
         .await
         .into_iter()
@@ -408,7 +411,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let scale = if runs("scale") {
         eprintln!("bench: scale ({} locks)", args.scale_locks);
-        scale(&url, args.scale_locks).await?
+        let mut v = scale(&url, args.scale_locks).await?;
+        // Its floor: the same number of raw writes, as many in flight.
+        if let Some(f) = floor::Floor::connect(&parsed).await? {
+            let (take, give) = f.scale(args.scale_locks - 1, SCALE_CONCURRENCY).await?;
+            v["floor_acquire_all_s"] = json!(take);
+            v["floor_release_all_s"] = json!(give);
+            f.close().await;
+        }
+        v
     } else {
         Value::Null
     };
@@ -479,8 +490,8 @@ fn print_markdown(r: &Value) {
     }
     let s = &r["scale"];
     println!(
-        "| {} locks held by one client ({} session) | | | acquire all {} s; keepalive requests per TTL: {} with 1 lock, {} with all; {} bytes per lock |",
-        s["locks"], s["sessions"], f(&s["acquire_all_s"]), s["requests_per_ttl_one_lock"], s["requests_per_ttl_all_locks"], f(&s["client_bytes_per_lock"])
+        "| {} locks held by one client ({} session) | | | acquire all {} s (floor {} s), release all {} s (floor {} s); keepalive requests per TTL: {} with 1 lock, {} with all; {} bytes per lock |",
+        s["locks"], s["sessions"], f(&s["acquire_all_s"]), f(&s["floor_acquire_all_s"]), f(&s["release_all_s"]), f(&s["floor_release_all_s"]), s["requests_per_ttl_one_lock"], s["requests_per_ttl_all_locks"], f(&s["client_bytes_per_lock"])
     );
     let l = &r["loss_detection"];
     println!(
