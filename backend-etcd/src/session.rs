@@ -49,6 +49,9 @@ pub(crate) struct EtcdSession {
     attempts: Mutex<HashMap<uuid::Uuid, i64>>,
 }
 
+/// An entry a waiter waits for: its key and create revision.
+type Predecessor = (Vec<u8>, i64);
+
 /// How many lock prefixes a session remembers a lone grant for.
 const LONE_GRANTS_KEPT: usize = 1024;
 
@@ -466,6 +469,10 @@ impl EtcdSession {
             }
         }
 
+        // Watches on the entries we wait for, created and confirmed by
+        // etcd before the latest read: (their keys and create revisions,
+        // the watches).
+        let mut watching: Option<(Vec<Predecessor>, Vec<crate::watch::Watch>)> = None;
         loop {
             let ahead = match first.take() {
                 Some(a) => a,
@@ -516,26 +523,68 @@ impl EtcdSession {
             // Watch only what we wait for: the nearest older contender
             // (writer), the nearest older writer (reader), or the
             // `permits` nearest older entries (semaphore).
-            let mut ws: Vec<_> = ahead
+            let preds: Vec<Predecessor> = ahead
                 .iter()
-                .map(|kv| {
-                    self.inner
-                        .hub
-                        .watch(kv.key().to_vec(), rev + 1, WatchFilterType::NoPut)
-                })
+                .map(|kv| (kv.key().to_vec(), kv.create_revision()))
                 .collect();
+            let mut ws = match watching.take() {
+                // Watches etcd confirmed before the read above: they
+                // report any delete after it.
+                Some((watched, ws)) if watched == preds => ws,
+                _ => {
+                    // Watch from now, not from `rev + 1`: etcd serves a
+                    // watch that starts in the past from a loop that runs
+                    // every 100 ms (the handoff tail of issue 20). Once
+                    // etcd has created the watches, the loop reads again
+                    // (at a revision at or after their start), so a delete
+                    // between the read above and the watches is not
+                    // missed; the grant still rests only on that read.
+                    let mut ws: Vec<_> = preds
+                        .iter()
+                        .map(|(k, _)| self.inner.hub.watch(k.clone(), 0, WatchFilterType::NoPut))
+                        .collect();
+                    // None: all created; Some(pause): read again after it
+                    // without keeping them.
+                    let mut pause = None;
+                    for w in &mut ws {
+                        pause = match w.next().await {
+                            WatchEvent::Created(at) => {
+                                tracing::trace!(lock = %req.name, at, "predecessor watch created");
+                                continue;
+                            }
+                            WatchEvent::Lost => Some(Duration::from_millis(100)),
+                            WatchEvent::Refused => Some(Duration::from_secs(1)),
+                            // A delete already: read again at once.
+                            WatchEvent::Delete | WatchEvent::Put(_) => Some(Duration::ZERO),
+                        };
+                        break;
+                    }
+                    match pause {
+                        None => watching = Some((preds, ws)),
+                        Some(pause) => {
+                            drop(ws);
+                            if !pause.is_zero() {
+                                tokio::time::sleep(pause).await;
+                            }
+                        }
+                    }
+                    continue;
+                }
+            };
             tracing::trace!(lock = %req.name, waits_for = ahead.len(), "waiting");
-            let pause = {
+            let pause = loop {
                 let nexts = ws.iter_mut().map(|w| Box::pin(w.next()));
                 let (ev, _, _) = futures::future::select_all(nexts).await;
                 match ev {
+                    // Created again on a new stream, from where it was.
+                    WatchEvent::Created(_) => continue,
                     // Cancelled (compaction): re-check after a pause.
-                    WatchEvent::Lost => Some(Duration::from_millis(100)),
+                    WatchEvent::Lost => break Some(Duration::from_millis(100)),
                     // Never created: re-check (a read that is refused too
                     // ends the acquire), but do not hammer etcd with
                     // creates it refuses.
-                    WatchEvent::Refused => Some(Duration::from_secs(1)),
-                    _ => None,
+                    WatchEvent::Refused => break Some(Duration::from_secs(1)),
+                    _ => break None,
                 }
             };
             drop(ws);
@@ -815,6 +864,7 @@ impl Sink for HeldEntry {
             return false; // our own release or abandon
         }
         match ev {
+            WatchEvent::Created(_) => true,
             WatchEvent::Put(kv) => {
                 if kv.mod_revision() > self.token {
                     tracing::debug!(key = %self.key, "revoke requested");

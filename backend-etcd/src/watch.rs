@@ -29,6 +29,10 @@ use tokio::time::Instant;
 /// What a subscriber hears about its watch.
 #[derive(Debug)]
 pub(crate) enum WatchEvent {
+    /// etcd created the watch; it reports every event after this revision
+    /// (the store's revision when it was created). Sent again when the
+    /// watch is created anew on a new stream.
+    Created(i64),
     /// The key was written; the new key-value.
     Put(KeyValue),
     /// The key was deleted (or expired with its lease).
@@ -115,8 +119,11 @@ impl WatchHub {
         }
     }
 
-    /// Watches `key` from `start_revision` (inclusive) for deletes only
-    /// (`NoPut`) or puts only (`NoDelete`).
+    /// Watches `key` from `start_revision` (inclusive; 0: from the
+    /// revision etcd has when it creates the watch, which etcd serves as a
+    /// "synced" watcher, at once, where a start in the past waits for its
+    /// 100 ms catch-up loop) for deletes only (`NoPut`) or puts only
+    /// (`NoDelete`). The subscriber hears [`WatchEvent::Created`] first.
     pub(crate) fn watch(
         &self,
         key: impl Into<Vec<u8>>,
@@ -458,6 +465,21 @@ fn dispatch(
     if resp.created() {
         // etcd answers creates in the order they were sent.
         let asked = unanswered.pop_front();
+        if !resp.canceled() {
+            if let Some(sub) = subs.get_mut(&id) {
+                // A watch "from now" is pinned to the revision it was
+                // created at, so a new stream creates it again from there
+                // and misses nothing in between.
+                let at = resp.header().map_or(0, |h| h.revision());
+                if sub.start_revision == 0 && at > 0 {
+                    sub.start_revision = at + 1;
+                }
+                if !sub.sink.event(WatchEvent::Created(at)) {
+                    subs.remove(&id);
+                    return Some(id);
+                }
+            }
+        }
         if resp.canceled() {
             // Refused (with watch id -1): etcd has no such watch, so there
             // is nothing to cancel, but the subscriber must know.

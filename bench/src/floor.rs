@@ -149,6 +149,63 @@ impl Floor {
         Ok(())
     }
 
+    /// The floor of taking `count` distinct locks on one client and giving
+    /// them back: `count` raw writes (etcd: put with the lease; ZooKeeper:
+    /// create ephemeral; Consul: txn `lock`), `concurrency` in flight, then
+    /// as many deletes (txn `unlock`). Seconds for each half.
+    pub async fn scale(&self, count: usize, concurrency: usize) -> Result<(f64, f64)> {
+        use futures::stream::{self, StreamExt, TryStreamExt};
+        let mut halves = [0.0; 2];
+        for (half, secs) in halves.iter_mut().enumerate() {
+            let t = std::time::Instant::now();
+            stream::iter(0..count)
+                .map(|i| self.scale_op(i, half == 0))
+                .buffer_unordered(concurrency)
+                .try_collect::<Vec<()>>()
+                .await?;
+            *secs = t.elapsed().as_secs_f64();
+        }
+        Ok((halves[0], halves[1]))
+    }
+
+    async fn scale_op(&self, i: usize, take: bool) -> Result<()> {
+        match self {
+            Floor::Etcd { client, lease, key } => {
+                let mut kv = client.kv_client();
+                let k = format!("{key}/s{i}");
+                if take {
+                    let opts = etcd_client::PutOptions::new().with_lease(*lease);
+                    kv.put(k, "", Some(opts)).await.map_err(text)?;
+                } else {
+                    kv.delete(k, None).await.map_err(text)?;
+                }
+            }
+            Floor::Zk { client, prefix, .. } => {
+                use zookeeper_client::{Acls, CreateMode};
+                let path = format!("{prefix}s{i}");
+                if take {
+                    let opts = CreateMode::Ephemeral.with_acls(Acls::anyone_all());
+                    client.create(&path, b"", &opts).await.map_err(text)?;
+                } else {
+                    client.delete(&path, None).await.map_err(text)?;
+                }
+            }
+            Floor::Consul(c) => {
+                let verb = if take { "lock" } else { "unlock" };
+                let op = serde_json::json!([{"KV": {"Verb": verb, "Key": format!("{}/s{i}", c.key), "Session": c.session, "Flags": 0x2ddc_cbc0_58a5_0c18u64}}]);
+                c.http
+                    .put(format!("{}/v1/txn", c.base))
+                    .json(&op)
+                    .send()
+                    .await
+                    .map_err(text)?
+                    .error_for_status()
+                    .map_err(text)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Removes what the floor left on the store.
     pub async fn close(self) {
         match self {
@@ -163,9 +220,10 @@ impl Floor {
             Floor::Consul(c) => {
                 let destroy = format!("{}/v1/session/destroy/{}", c.base, c.session);
                 let _ = c.http.put(destroy).send().await;
+                // `.lock` and the scale floor's keys under it.
                 let _ = c
                     .http
-                    .delete(format!("{}/v1/kv/{}", c.base, c.key))
+                    .delete(format!("{}/v1/kv/{}?recurse=true", c.base, c.key))
                     .send()
                     .await;
             }

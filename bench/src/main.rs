@@ -51,6 +51,16 @@ struct Args {
     /// Locks held at once by one client for the scale measurement.
     #[arg(long, default_value_t = 10_000)]
     scale_locks: usize,
+    /// Client counts (each its own session) for the contended measurement.
+    #[arg(long, value_delimiter = ',', default_values_t = [8, 32])]
+    contended: Vec<usize>,
+    /// Seconds each contended measurement runs.
+    #[arg(long, default_value_t = 3.0)]
+    contended_secs: f64,
+    /// Run only these parts (comma-separated: cycle, handoff, contended,
+    /// scale, loss); all when empty.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
     /// Rounds of the loss-detection measurement.
     #[arg(long, default_value_t = 5)]
     loss_rounds: usize,
@@ -198,6 +208,62 @@ async fn handoff(url: &str, waiters: usize, handoffs: usize) -> quorumlock::Resu
     }))
 }
 
+/// `n` clients, each its own session, contend for one lock for `secs`
+/// seconds (acquire, release, again): handoffs per second, and the gap
+/// from a release starting to the next grant (p50, p99).
+async fn contended(url: &str, n: usize, secs: f64) -> quorumlock::Result<Value> {
+    let cs = clients(url, n).await?;
+    for c in &cs {
+        c.lock("warm")?.acquire().await?.release().await?;
+    }
+    let last_release = Arc::new(Mutex::new(None::<Instant>));
+    let gaps = Arc::new(Mutex::new(histogram()));
+    let granted = Arc::new(AtomicU64::new(0));
+    let before = requests(&cs);
+    let start = Instant::now();
+    let end = start + Duration::from_secs_f64(secs);
+    let mut tasks = Vec::new();
+    for c in cs.clone() {
+        let (last_release, gaps, granted) = (last_release.clone(), gaps.clone(), granted.clone());
+        tasks.push(tokio::spawn(async move {
+            let lock = c.lock("contended")?;
+            while Instant::now() < end {
+                let g = lock.acquire().await?;
+                granted.fetch_add(1, Ordering::Relaxed);
+                if let Some(t) = last_release.lock().unwrap().take() {
+                    gaps.lock()
+                        .unwrap()
+                        .record(t.elapsed().as_micros().max(1) as u64)
+                        .expect("in range");
+                }
+                *last_release.lock().unwrap() = Some(Instant::now());
+                g.release().await?;
+            }
+            Ok::<_, quorumlock::Error>(())
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task panicked")?;
+    }
+    let elapsed = start.elapsed();
+    let sent = requests(&cs) - before;
+    let got = granted.load(Ordering::Relaxed);
+    for c in &cs {
+        c.close().await;
+    }
+    let gaps = gaps.lock().unwrap().clone();
+    Ok(json!({
+        "clients": n,
+        "handoffs": got,
+        "gap": summary(&gaps),
+        "requests_per_handoff": sent as f64 / got.max(1) as f64,
+        "handoffs_per_s": got as f64 / elapsed.as_secs_f64(),
+    }))
+}
+
+/// Acquires (and releases) in flight at once in the scale measurement.
+const SCALE_CONCURRENCY: usize = 64;
+
 /// One client holds `count` locks: time to acquire them, keepalive requests
 /// per TTL while they are held (against one lock held), memory per lock.
 async fn scale(url: &str, count: usize) -> quorumlock::Result<Value> {
@@ -221,7 +287,7 @@ async fn scale(url: &str, count: usize) -> quorumlock::Result<Value> {
             let c = c.clone();
             async move { c.lock(format!("scale/l{i}"))?.acquire().await }
         })
-        .buffer_unordered(64)
+        .buffer_unordered(SCALE_CONCURRENCY)
         .collect::<Vec<_>>()
         .await
         .into_iter()
@@ -235,7 +301,7 @@ async fn scale(url: &str, count: usize) -> quorumlock::Result<Value> {
     let t = Instant::now();
     stream::iter(guards)
         .map(|g| g.release())
-        .buffer_unordered(64)
+        .buffer_unordered(SCALE_CONCURRENCY)
         .collect::<Vec<_>>()
         .await
         .into_iter()
@@ -317,30 +383,62 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         quorumlock::url::redact(&parsed)
     );
 
-    eprintln!("bench: uncontended cycle and the floor, interleaved");
-    let floor_conn = floor::Floor::connect(&parsed).await?;
-    let (cycle, floor) = uncontended(&url, floor_conn, args.cycles).await?;
-    let ratio = floor
-        .as_ref()
-        .map(|f| cycle.value_at_quantile(0.5) as f64 / f.value_at_quantile(0.5) as f64);
-    let mut handoffs = Vec::new();
-    for &w in &args.waiters {
-        eprintln!("bench: handoff with {w} waiters");
-        handoffs.push(handoff(&url, w, args.handoffs).await?);
+    let runs = |part: &str| args.only.is_empty() || args.only.iter().any(|p| p == part);
+    let (mut cycle, mut floor, mut ratio) = (None, None, None);
+    if runs("cycle") {
+        eprintln!("bench: uncontended cycle and the floor, interleaved");
+        let floor_conn = floor::Floor::connect(&parsed).await?;
+        let (c, f) = uncontended(&url, floor_conn, args.cycles).await?;
+        ratio = f
+            .as_ref()
+            .map(|f| c.value_at_quantile(0.5) as f64 / f.value_at_quantile(0.5) as f64);
+        cycle = Some(c);
+        floor = f;
     }
-    eprintln!("bench: scale ({} locks)", args.scale_locks);
-    let scale = scale(&url, args.scale_locks).await?;
-    eprintln!("bench: loss detection");
-    let loss = loss_detection(&url, args.loss_rounds).await?;
+    let mut handoffs = Vec::new();
+    if runs("handoff") {
+        for &w in &args.waiters {
+            eprintln!("bench: handoff with {w} waiters");
+            handoffs.push(handoff(&url, w, args.handoffs).await?);
+        }
+    }
+    let mut contention = Vec::new();
+    if runs("contended") {
+        for &n in &args.contended {
+            eprintln!("bench: {n} contending clients, {} s", args.contended_secs);
+            contention.push(contended(&url, n, args.contended_secs).await?);
+        }
+    }
+    let scale = if runs("scale") {
+        eprintln!("bench: scale ({} locks)", args.scale_locks);
+        let mut v = scale(&url, args.scale_locks).await?;
+        // Its floor: the same number of raw writes, as many in flight.
+        if let Some(f) = floor::Floor::connect(&parsed).await? {
+            let (take, give) = f.scale(args.scale_locks - 1, SCALE_CONCURRENCY).await?;
+            v["floor_acquire_all_s"] = json!(take);
+            v["floor_release_all_s"] = json!(give);
+            f.close().await;
+        }
+        v
+    } else {
+        Value::Null
+    };
+    let loss = if runs("loss") {
+        eprintln!("bench: loss detection");
+        loss_detection(&url, args.loss_rounds).await?
+    } else {
+        Value::Null
+    };
 
     let report = json!({
         "store": quorumlock::url::redact(&parsed),
         "scheme": scheme,
         "floor_is": floor::describe(&scheme),
         "floor": floor.as_ref().map(summary),
-        "cycle": summary(&cycle),
+        "cycle": cycle.as_ref().map(summary),
         "cycle_over_floor_p50": ratio,
         "handoff": handoffs,
+        "contended": contention,
         "scale": scale,
         "loss_detection": loss,
     });
@@ -380,10 +478,20 @@ fn print_markdown(r: &Value) {
             f(&h["requests_per_handoff"])
         );
     }
+    for h in r["contended"].as_array().into_iter().flatten() {
+        println!(
+            "| contended, {} clients (own sessions), one lock | {} | {} | {} handoffs/s; {} store requests per handoff |",
+            h["clients"],
+            f(&h["gap"]["p50_ms"]),
+            f(&h["gap"]["p99_ms"]),
+            f(&h["handoffs_per_s"]),
+            f(&h["requests_per_handoff"])
+        );
+    }
     let s = &r["scale"];
     println!(
-        "| {} locks held by one client ({} session) | | | acquire all {} s; keepalive requests per TTL: {} with 1 lock, {} with all; {} bytes per lock |",
-        s["locks"], s["sessions"], f(&s["acquire_all_s"]), s["requests_per_ttl_one_lock"], s["requests_per_ttl_all_locks"], f(&s["client_bytes_per_lock"])
+        "| {} locks held by one client ({} session) | | | acquire all {} s (floor {} s), release all {} s (floor {} s); keepalive requests per TTL: {} with 1 lock, {} with all; {} bytes per lock |",
+        s["locks"], s["sessions"], f(&s["acquire_all_s"]), f(&s["floor_acquire_all_s"]), f(&s["release_all_s"]), f(&s["floor_release_all_s"]), s["requests_per_ttl_one_lock"], s["requests_per_ttl_all_locks"], f(&s["client_bytes_per_lock"])
     );
     let l = &r["loss_detection"];
     println!(
