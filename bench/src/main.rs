@@ -152,6 +152,41 @@ async fn uncontended(
     Ok((ours, has_floor.then_some(theirs)))
 }
 
+/// What the contending tasks of a handoff run share: grants counted, and
+/// the gap from a release starting to the next grant.
+#[derive(Clone)]
+struct Handoffs {
+    last_release: Arc<Mutex<Option<Instant>>>,
+    gaps: Arc<Mutex<Histogram>>,
+    granted: Arc<AtomicU64>,
+}
+
+impl Handoffs {
+    fn new() -> Self {
+        Handoffs {
+            last_release: Arc::new(Mutex::new(None)),
+            gaps: Arc::new(Mutex::new(histogram())),
+            granted: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// One acquire and release of `lock`, recording the gap since the
+    /// previous release started.
+    async fn cycle(&self, lock: &quorumlock::Lock) -> quorumlock::Result<()> {
+        let g = lock.acquire().await?;
+        self.granted.fetch_add(1, Ordering::Relaxed);
+        if let Some(t) = self.last_release.lock().unwrap().take() {
+            self.gaps
+                .lock()
+                .unwrap()
+                .record(t.elapsed().as_micros().max(1) as u64)
+                .expect("in range");
+        }
+        *self.last_release.lock().unwrap() = Some(Instant::now());
+        g.release().await
+    }
+}
+
 /// `waiters` tasks on up to 16 clients contend for one lock; times the gap
 /// from a release starting to the next holder being granted, and counts
 /// store requests per handoff.
@@ -162,28 +197,16 @@ async fn handoff(url: &str, waiters: usize, handoffs: usize) -> quorumlock::Resu
         c.lock("warm")?.acquire().await?.release().await?;
     }
     let rounds = handoffs.div_ceil(waiters).max(2);
-    let last_release = Arc::new(Mutex::new(None::<Instant>));
-    let gaps = Arc::new(Mutex::new(histogram()));
+    let h = Handoffs::new();
     let before = requests(&cs);
-    let granted = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let mut tasks = Vec::new();
     for w in 0..waiters {
-        let c = cs[w % cs.len()].clone();
-        let (last_release, gaps, granted) = (last_release.clone(), gaps.clone(), granted.clone());
+        let (c, h) = (cs[w % cs.len()].clone(), h.clone());
         tasks.push(tokio::spawn(async move {
             let lock = c.lock("handoff")?;
             for _ in 0..rounds {
-                let g = lock.acquire().await?;
-                granted.fetch_add(1, Ordering::Relaxed);
-                if let Some(t) = last_release.lock().unwrap().take() {
-                    gaps.lock()
-                        .unwrap()
-                        .record(t.elapsed().as_micros().max(1) as u64)
-                        .expect("in range");
-                }
-                *last_release.lock().unwrap() = Some(Instant::now());
-                g.release().await?;
+                h.cycle(&lock).await?;
             }
             Ok::<_, quorumlock::Error>(())
         }));
@@ -193,11 +216,11 @@ async fn handoff(url: &str, waiters: usize, handoffs: usize) -> quorumlock::Resu
     }
     let elapsed = start.elapsed();
     let sent = requests(&cs) - before;
-    let n = granted.load(Ordering::Relaxed);
+    let n = h.granted.load(Ordering::Relaxed);
     for c in &cs {
         c.close().await;
     }
-    let gaps = gaps.lock().unwrap().clone();
+    let gaps = h.gaps.lock().unwrap().clone();
     Ok(json!({
         "waiters": waiters,
         "clients": cs.len(),
@@ -216,28 +239,17 @@ async fn contended(url: &str, n: usize, secs: f64) -> quorumlock::Result<Value> 
     for c in &cs {
         c.lock("warm")?.acquire().await?.release().await?;
     }
-    let last_release = Arc::new(Mutex::new(None::<Instant>));
-    let gaps = Arc::new(Mutex::new(histogram()));
-    let granted = Arc::new(AtomicU64::new(0));
+    let h = Handoffs::new();
     let before = requests(&cs);
     let start = Instant::now();
     let end = start + Duration::from_secs_f64(secs);
     let mut tasks = Vec::new();
     for c in cs.clone() {
-        let (last_release, gaps, granted) = (last_release.clone(), gaps.clone(), granted.clone());
+        let h = h.clone();
         tasks.push(tokio::spawn(async move {
             let lock = c.lock("contended")?;
             while Instant::now() < end {
-                let g = lock.acquire().await?;
-                granted.fetch_add(1, Ordering::Relaxed);
-                if let Some(t) = last_release.lock().unwrap().take() {
-                    gaps.lock()
-                        .unwrap()
-                        .record(t.elapsed().as_micros().max(1) as u64)
-                        .expect("in range");
-                }
-                *last_release.lock().unwrap() = Some(Instant::now());
-                g.release().await?;
+                h.cycle(&lock).await?;
             }
             Ok::<_, quorumlock::Error>(())
         }));
@@ -247,11 +259,11 @@ async fn contended(url: &str, n: usize, secs: f64) -> quorumlock::Result<Value> 
     }
     let elapsed = start.elapsed();
     let sent = requests(&cs) - before;
-    let got = granted.load(Ordering::Relaxed);
+    let got = h.granted.load(Ordering::Relaxed);
     for c in &cs {
         c.close().await;
     }
-    let gaps = gaps.lock().unwrap().clone();
+    let gaps = h.gaps.lock().unwrap().clone();
     Ok(json!({
         "clients": n,
         "handoffs": got,
