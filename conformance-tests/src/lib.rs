@@ -5,6 +5,7 @@ pub mod cases;
 pub mod faults;
 mod harness;
 pub mod herd;
+pub mod multi;
 pub mod repeat;
 
 pub use harness::{BackendFactory, Case, Flavor, Harness};
@@ -34,7 +35,11 @@ macro_rules! for_each_case {
             nested_layout_segment_names_are_independent,
             inspect_reports_holder_and_waiters_in_order,
             loss_future_outlives_guard_and_fires_on_client_close,
-            dropped_client_ends_its_session
+            dropped_client_ends_its_session,
+            multi_lock_opposite_orders_never_deadlock,
+            multi_lock_all_or_nothing,
+            multi_lock_loss_of_one_is_loss_of_set,
+            scoped_run_stops_work_on_loss
         );
     };
 }

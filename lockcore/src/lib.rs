@@ -6,8 +6,10 @@ mod client;
 mod error;
 mod inflight;
 pub mod mem;
+mod multi;
 mod name;
 mod rw;
+mod scoped;
 pub mod signal;
 pub mod url;
 
@@ -17,6 +19,7 @@ pub use backend::{
 };
 pub use client::{Lock, LockClient, LockGuard, Reentry};
 pub use error::{Error, ErrorKind, Result};
+pub use multi::{MultiGuard, MultiLock};
 pub use name::{LockName, MAX_NAME_LEN, MAX_SEGMENT_LEN, RESERVED_NESTED_SEGMENTS};
 pub use rw::{RwLock, Semaphore};
 pub use signal::{EntrySignals, LossReason, SessionLiveness};

@@ -1,0 +1,230 @@
+//! Several locks taken all-or-nothing, in one canonical order.
+//!
+//! Two programs that each hold one lock and wait for the other's deadlock
+//! forever. [`MultiLock`] takes its names in one order (sorted by name,
+//! duplicates removed) whatever order the caller gave, so two multi-locks
+//! over overlapping sets never wait for each other in a cycle.
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use futures::future::{select_all, FutureExt};
+use tokio::time::Instant;
+
+use crate::{Error, ErrorKind, Lock, LockClient, LockGuard, LockName, LossReason, Result};
+
+/// A set of named mutexes acquired together ([`LockClient::multi_lock`]).
+#[derive(Clone)]
+pub struct MultiLock {
+    /// In canonical order: sorted by name, no duplicates.
+    locks: Vec<Lock>,
+}
+
+impl fmt::Debug for MultiLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list()
+            .entries(self.locks.iter().map(Lock::name))
+            .finish()
+    }
+}
+
+/// How long one attempt of the set may wait.
+#[derive(Clone, Copy)]
+enum Wait {
+    Forever,
+    Until(Instant),
+    No,
+}
+
+impl LockClient {
+    /// A handle to the mutexes `names`, to be held all at once.
+    ///
+    /// The names are taken in sorted order (duplicates count once), so two
+    /// clients that ask for the same names in different orders cannot
+    /// deadlock. Errors: [`ErrorKind::InvalidName`] for a bad name,
+    /// [`ErrorKind::InvalidArgument`] for an empty set.
+    pub fn multi_lock<I>(&self, names: I) -> Result<MultiLock>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        let mut locks = names
+            .into_iter()
+            .map(|n| self.lock(n))
+            .collect::<Result<Vec<_>>>()?;
+        if locks.is_empty() {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                "a multi-lock needs at least one name",
+            ));
+        }
+        locks.sort_by(|a, b| a.name().as_str().cmp(b.name().as_str()));
+        locks.dedup_by(|a, b| a.name() == b.name());
+        Ok(MultiLock { locks })
+    }
+}
+
+impl MultiLock {
+    /// The names, in the order they are taken.
+    pub fn names(&self) -> impl Iterator<Item = &LockName> {
+        self.locks.iter().map(Lock::name)
+    }
+
+    /// Waits until every lock of the set is held.
+    ///
+    /// If a lock already taken is lost while a later one is awaited, all
+    /// are given back and the set is taken again from the first name.
+    ///
+    /// # Cancel safety
+    /// Dropping the future releases the locks taken so far and removes the
+    /// pending entry, in the background ([`LockClient::wait_idle`]).
+    pub async fn acquire(&self) -> Result<MultiGuard> {
+        self.take(Wait::Forever).await
+    }
+
+    /// Takes the set only if every lock is free now; else
+    /// [`ErrorKind::WouldBlock`] and nothing is held.
+    ///
+    /// # Cancel safety
+    /// As [`acquire`](Self::acquire).
+    pub async fn try_acquire(&self) -> Result<MultiGuard> {
+        self.take(Wait::No).await
+    }
+
+    /// Waits at most `timeout` for the whole set; then
+    /// [`ErrorKind::Timeout`] and nothing is held.
+    ///
+    /// # Cancel safety
+    /// As [`acquire`](Self::acquire).
+    pub async fn acquire_timeout(&self, timeout: Duration) -> Result<MultiGuard> {
+        self.take(Wait::Until(Instant::now() + timeout)).await
+    }
+
+    async fn take(&self, wait: Wait) -> Result<MultiGuard> {
+        'attempt: loop {
+            let mut guards: Vec<LockGuard> = Vec::with_capacity(self.locks.len());
+            for lock in &self.locks {
+                let next = match wait {
+                    Wait::Forever => lock.acquire().boxed(),
+                    Wait::No => lock.try_acquire().boxed(),
+                    Wait::Until(deadline) => lock
+                        .acquire_timeout(deadline.saturating_duration_since(Instant::now()))
+                        .boxed(),
+                };
+                let guard = if guards.is_empty() {
+                    next.await?
+                } else {
+                    // A lock taken earlier may be lost while we wait: then
+                    // the set cannot be held, give all back and start over.
+                    let lost = any_lost(&guards);
+                    let next = async {
+                        match next.await {
+                            Ok(g) => Ok(g),
+                            Err(e) => {
+                                give_back(std::mem::take(&mut guards)).await;
+                                Err(e)
+                            }
+                        }
+                    };
+                    tokio::select! {
+                        got = next => got?,
+                        reason = lost => {
+                            tracing::debug!(%reason, "multi-lock: a lock of the set was lost while waiting; taking the set again");
+                            give_back(guards).await;
+                            continue 'attempt;
+                        }
+                    }
+                };
+                guards.push(guard);
+            }
+            if guards.iter().all(LockGuard::is_held) {
+                return Ok(MultiGuard { guards });
+            }
+            // Lost between the last grant and here: nothing to hand out.
+            give_back(guards).await;
+        }
+    }
+}
+
+/// Releases the locks of an attempt that did not get the whole set, and
+/// waits for it, so that nothing is held when the attempt's error returns.
+/// (Dropped midway, the rest is released in the background.)
+async fn give_back(guards: Vec<LockGuard>) {
+    for guard in guards.into_iter().rev() {
+        // A loss here changes nothing: the set was not handed out.
+        let _ = guard.release().await;
+    }
+}
+
+fn any_lost(guards: &[LockGuard]) -> impl Future<Output = LossReason> + Send + 'static {
+    let all = select_all(guards.iter().map(|g| g.lost().boxed()));
+    async move { all.await.0 }
+}
+
+/// Proof that every lock of a [`MultiLock`] is held, with a fencing token
+/// per name. Dropping it queues the release of all; loss of any one lock is
+/// loss of the set.
+pub struct MultiGuard {
+    guards: Vec<LockGuard>,
+}
+
+impl fmt::Debug for MultiGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map()
+            .entries(self.guards.iter().map(|g| (g.name(), g.token())))
+            .finish()
+    }
+}
+
+impl MultiGuard {
+    /// Each name with its fencing token, in canonical order.
+    pub fn tokens(&self) -> impl Iterator<Item = (&LockName, u64)> {
+        self.guards.iter().map(|g| (g.name(), g.token()))
+    }
+
+    /// The fencing token of `name`, if it is in the set.
+    pub fn token(&self, name: &str) -> Option<u64> {
+        self.guards
+            .iter()
+            .find(|g| g.name().as_str() == name)
+            .map(LockGuard::token)
+    }
+
+    /// The guards of the set, in canonical order.
+    pub fn guards(&self) -> &[LockGuard] {
+        &self.guards
+    }
+
+    /// Whether every lock of the set can still be assumed held.
+    pub fn is_held(&self) -> bool {
+        self.guards.iter().all(LockGuard::is_held)
+    }
+
+    /// Why the set was lost (the first lost lock's reason), if it was.
+    pub fn loss(&self) -> Option<LossReason> {
+        self.guards.iter().find_map(LockGuard::loss)
+    }
+
+    /// Resolves when any lock of the set is lost (see
+    /// [`LockGuard::lost`]).
+    pub fn lost(&self) -> impl Future<Output = LossReason> + Send + 'static {
+        any_lost(&self.guards)
+    }
+
+    /// Releases every lock of the set, in reverse order, and confirms.
+    /// Returns [`ErrorKind::LockLost`] if any was lost before the release;
+    /// the others are released all the same.
+    ///
+    /// # Cancel safety
+    /// If dropped, the releases not yet done continue in the background.
+    pub async fn release(self) -> Result<()> {
+        let mut first_err = None;
+        for guard in self.guards.into_iter().rev() {
+            if let Err(e) = guard.release().await {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+}
