@@ -529,6 +529,14 @@ pub(crate) mod op {
         }
         .into()
     }
+    /// Set `key` to a value, whoever holds it.
+    pub fn set(key: &str, value_b64: &str) -> Op {
+        Kv {
+            value: Some(value_b64.to_string()),
+            ..op("set", key)
+        }
+        .into()
+    }
     /// Delete `key` (no error if missing).
     pub fn delete(key: &str) -> Op {
         op("delete", key).into()

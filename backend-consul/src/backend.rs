@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
+use lockcore::backend::{HeldEntry, KeyWrite};
 use lockcore::url::Url;
 use lockcore::{
     Backend, Capabilities, Contender, Error, ErrorKind, LockKind, LockName, LockState, Result,
@@ -14,6 +15,7 @@ use lockcore::{
 use crate::api::{op, Api, Block, KvEntry, Record, Txn};
 use crate::config::ConsulConfig;
 use crate::error::map;
+use crate::fenced;
 use crate::semaphore::{SemKeys, SemView, SEMAPHORE_FLAGS};
 use crate::session::ConsulSession;
 
@@ -785,5 +787,21 @@ impl Backend for ConsulBackend {
 
     fn requests_sent(&self) -> u64 {
         self.inner.api.requests()
+    }
+
+    async fn fenced_write(&self, held: &[HeldEntry], write: &KeyWrite) -> Result<()> {
+        fenced::check_key(write, &self.inner.config.namespace_prefix())?;
+        fenced::fenced_write(&self.inner.api, held, write).await
+    }
+
+    async fn read_key(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        let probe = KeyWrite::Delete { key: key.into() };
+        fenced::check_key(&probe, &self.inner.config.namespace_prefix())?;
+        fenced::read_key(&self.inner.api, key).await
+    }
+
+    async fn write_key(&self, write: &KeyWrite) -> Result<()> {
+        fenced::check_key(write, &self.inner.config.namespace_prefix())?;
+        fenced::write_key(&self.inner.api, write).await
     }
 }

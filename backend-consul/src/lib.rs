@@ -5,6 +5,7 @@ mod api;
 mod backend;
 mod config;
 mod error;
+mod fenced;
 mod semaphore;
 mod session;
 

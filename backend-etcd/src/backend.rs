@@ -13,6 +13,7 @@ use etcd_client::{
     KeyValue, PutOptions, SortOrder, SortTarget, TlsOptions, Txn, TxnOp, TxnOpResponse,
     TxnResponse,
 };
+use lockcore::backend::{HeldEntry, KeyWrite};
 use lockcore::url::Url;
 use lockcore::{
     Backend, Capabilities, Contender, Error, ErrorKind, LockKind, LockName, LockState, Result,
@@ -441,6 +442,18 @@ impl Backend for EtcdBackend {
 
     fn requests_sent(&self) -> u64 {
         self.inner.requests.load(Ordering::Relaxed)
+    }
+
+    async fn fenced_write(&self, held: &[HeldEntry], write: &KeyWrite) -> Result<()> {
+        crate::fenced::fenced_write(&self.inner, held, write).await
+    }
+
+    async fn read_key(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        crate::fenced::read_key(&self.inner, key).await
+    }
+
+    async fn write_key(&self, write: &KeyWrite) -> Result<()> {
+        crate::fenced::write_key(&self.inner, write).await
     }
 }
 

@@ -4,6 +4,7 @@
 mod backend;
 mod config;
 mod error;
+mod fenced;
 mod layout;
 mod session;
 mod watch;

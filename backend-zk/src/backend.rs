@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
+use lockcore::backend::{HeldEntry, KeyWrite};
 use lockcore::url::Url;
 use lockcore::{
     Backend, Capabilities, Contender, Error, ErrorKind, LockKind, LockName, LockState, LossReason,
@@ -18,6 +19,7 @@ use zookeeper_client as zk;
 
 use crate::config::{deadline_ttl, ZkConfig};
 use crate::error::map;
+use crate::fenced;
 use crate::session::ZkSession;
 
 /// The data Curator's `Revoker` writes on a holder's node.
@@ -885,6 +887,27 @@ impl Backend for ZkBackend {
 
     fn requests_sent(&self) -> u64 {
         self.shared.requests.load(Ordering::Relaxed)
+    }
+
+    async fn fenced_write(&self, held: &[HeldEntry], write: &KeyWrite) -> Result<()> {
+        fenced::check_path(write, &self.shared.root())?;
+        self.shared.count(1);
+        self.with_admin(|c| async move { fenced::fenced_write(&c, held, write).await })
+            .await
+    }
+
+    async fn read_key(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        fenced::check_path(&KeyWrite::Delete { key: key.into() }, &self.shared.root())?;
+        self.shared.count(1);
+        self.with_admin(|c| async move { fenced::read_key(&c, key).await })
+            .await
+    }
+
+    async fn write_key(&self, write: &KeyWrite) -> Result<()> {
+        fenced::check_path(write, &self.shared.root())?;
+        self.shared.count(1);
+        self.with_admin(|c| async move { fenced::write_key(&c, write).await })
+            .await
     }
 }
 

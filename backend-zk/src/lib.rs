@@ -4,6 +4,7 @@
 mod backend;
 mod config;
 mod error;
+mod fenced;
 mod session;
 
 pub use backend::ZkBackend;

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use crate::{Flavor, Harness};
 
+pub use crate::fenced::fenced_writes_refused_after_loss;
 pub use crate::multi::{
     multi_lock_all_or_nothing, multi_lock_loss_of_one_is_loss_of_set,
     multi_lock_opposite_orders_never_deadlock, scoped_run_stops_work_on_loss,

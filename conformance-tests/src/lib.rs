@@ -3,6 +3,7 @@
 
 pub mod cases;
 pub mod faults;
+pub mod fenced;
 mod harness;
 pub mod herd;
 pub mod multi;
@@ -39,7 +40,8 @@ macro_rules! for_each_case {
             multi_lock_opposite_orders_never_deadlock,
             multi_lock_all_or_nothing,
             multi_lock_loss_of_one_is_loss_of_set,
-            scoped_run_stops_work_on_loss
+            scoped_run_stops_work_on_loss,
+            fenced_writes_refused_after_loss
         );
     };
 }

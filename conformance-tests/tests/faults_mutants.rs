@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use conformance_tests::faults::{explorer, scenarios, FaultTarget};
-use lockcore::backend::{AcquireRequest, Acquired, Capabilities, LockState, StoreSession};
+use lockcore::backend::{
+    AcquireRequest, Acquired, Capabilities, HeldEntry, KeyWrite, LockState, StoreSession,
+};
 use lockcore::{Backend, EntrySignals, LockName, Result, SessionLiveness};
 
 #[derive(Debug, Clone, Copy)]
@@ -28,6 +30,9 @@ enum Mutation {
     /// lost fast-path reply, issue 15; lockcore's dropped abandon, issue
     /// 17).
     LostReplyOrphan,
+    /// A fenced write skips its check: a paused holder's write to the
+    /// store lands after it lost the lock.
+    FencelessWrite,
 }
 
 #[derive(Debug)]
@@ -124,6 +129,18 @@ impl Backend for Mutant {
     }
     fn requests_sent(&self) -> u64 {
         self.inner.requests_sent()
+    }
+    async fn fenced_write(&self, held: &[HeldEntry], write: &KeyWrite) -> Result<()> {
+        match self.mutation {
+            Mutation::FencelessWrite => self.inner.write_key(write).await,
+            _ => self.inner.fenced_write(held, write).await,
+        }
+    }
+    async fn read_key(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        self.inner.read_key(key).await
+    }
+    async fn write_key(&self, write: &KeyWrite) -> Result<()> {
+        self.inner.write_key(write).await
     }
 }
 
@@ -225,6 +242,12 @@ async fn orphaned_entries_are_caught_by_resets() {
 #[should_panic(expected = "stale write of the paused holder was accepted")]
 async fn constant_tokens_are_caught_by_fencing() {
     scenarios::paused_holder_fenced(&target(Mutation::ConstantToken)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[should_panic(expected = "fenced store write was not refused")]
+async fn fenceless_writes_are_caught_by_the_paused_holder() {
+    scenarios::paused_holder_fenced(&target(Mutation::FencelessWrite)).await;
 }
 
 /// The unmutated wrapper passes: the failures above come from the

@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use conformance_tests::{cases, Harness};
-use lockcore::backend::{AcquireRequest, Acquired, Capabilities, LockState, StoreSession};
+use lockcore::backend::{
+    AcquireRequest, Acquired, Capabilities, HeldEntry, KeyWrite, LockState, StoreSession,
+};
 use lockcore::mem::MemBackend;
 use lockcore::{Backend, ErrorKind, LockKind, LockName, Result, SessionLiveness};
 
@@ -82,6 +84,15 @@ impl Backend for Mutant {
     }
     fn requests_sent(&self) -> u64 {
         self.inner.requests_sent()
+    }
+    async fn fenced_write(&self, held: &[HeldEntry], write: &KeyWrite) -> Result<()> {
+        self.inner.fenced_write(held, write).await
+    }
+    async fn read_key(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        self.inner.read_key(key).await
+    }
+    async fn write_key(&self, write: &KeyWrite) -> Result<()> {
+        self.inner.write_key(write).await
     }
 }
 

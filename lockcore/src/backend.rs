@@ -23,6 +23,7 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 
+pub use crate::fenced::{check_kinds, refused, HeldEntry, KeyWrite, MAX_KEY_LEN};
 pub use crate::inflight::{finish_on_drop, InFlightWrites};
 use crate::signal::{EntrySignals, SessionLiveness};
 use crate::{LockName, Result};
@@ -395,6 +396,29 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
 
     /// Requests sent to the store by this instance so far.
     fn requests_sent(&self) -> u64;
+
+    /// Applies `write` in one store transaction that also checks every
+    /// entry of `held` is still on the store, unchanged; if one is not,
+    /// writes nothing and returns [`crate::ErrorKind::LockLost`]
+    /// ([`refused`]).
+    ///
+    /// # Contract
+    /// - `write` is validated first ([`KeyWrite::validate`] with the
+    ///   namespace's prefix, and the store's own key rules):
+    ///   [`crate::ErrorKind::InvalidArgument`] and nothing written.
+    /// - Holds other than [`crate::LockKind::Exclusive`] are refused with
+    ///   `InvalidArgument` ([`check_kinds`]).
+    /// - Idempotent to retry only if the transaction did not apply; a
+    ///   transport error after sending is returned as is.
+    async fn fenced_write(&self, held: &[HeldEntry], write: &KeyWrite) -> Result<()>;
+
+    /// Reads a key of the store's own key space (what fenced writes
+    /// write); `None` if absent. Same key rules as [`Backend::fenced_write`].
+    async fn read_key(&self, key: &str) -> Result<Option<Vec<u8>>>;
+
+    /// Writes a key with no fence at all: what a holder without fencing
+    /// would do. For tools and for tests that show what a fence prevents.
+    async fn write_key(&self, write: &KeyWrite) -> Result<()>;
 }
 
 /// One store session (ZooKeeper session, etcd lease, Consul session).

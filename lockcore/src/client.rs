@@ -691,6 +691,19 @@ impl LockGuard {
         self.held.as_ref().expect("guard used after release")
     }
 
+    /// The store and our entry, for a fenced write.
+    pub(crate) fn fence(&self) -> (Arc<dyn Backend>, crate::backend::HeldEntry) {
+        let h = self.held();
+        let entry = crate::backend::HeldEntry {
+            name: h.req.name.clone(),
+            kind: h.req.kind,
+            entry: h.acquired.entry.clone(),
+            token: h.acquired.token,
+            session: h.session.store.id(),
+        };
+        (h.client.backend.clone(), entry)
+    }
+
     /// The fencing token: pass it to the resource you protect and let it
     /// reject writes carrying a lower token than it has seen.
     pub fn token(&self) -> u64 {

@@ -4,6 +4,7 @@
 pub mod backend;
 mod client;
 mod error;
+mod fenced;
 mod inflight;
 pub mod mem;
 mod multi;
@@ -19,6 +20,7 @@ pub use backend::{
 };
 pub use client::{Lock, LockClient, LockGuard, Reentry};
 pub use error::{Error, ErrorKind, Result};
+pub use fenced::KeyWrite;
 pub use multi::{MultiGuard, MultiLock};
 pub use name::{LockName, MAX_NAME_LEN, MAX_SEGMENT_LEN, RESERVED_NESTED_SEGMENTS};
 pub use rw::{RwLock, Semaphore};

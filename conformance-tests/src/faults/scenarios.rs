@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::{ErrorKind, LockClient, LockGuard};
+use lockcore::{ErrorKind, KeyWrite, LockClient, LockGuard};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -569,6 +569,25 @@ pub async fn paused_holder_fenced(t: &FaultTarget) -> Row {
             s.row
                 .violation(format!("{rejected} of 3 stale writes rejected"));
         }
+        // The store fences its own keys: the paused holder's write there
+        // is refused, while the same write without a fence goes through
+        // (so the fence refused it, not the link).
+        let key = crate::fenced::scratch_key(a.backend().as_ref(), &s.ns, &format!("p{round}"));
+        match ga.fenced_put(key.as_str(), b"stale".to_vec()).await {
+            Err(e) if e.kind() == ErrorKind::LockLost => {}
+            other => s.row.violation(format!(
+                "the paused holder's fenced store write was not refused: {other:?}"
+            )),
+        }
+        let unfenced = KeyWrite::Put {
+            key: key.clone(),
+            value: b"unfenced".to_vec(),
+        };
+        a.backend()
+            .write_key(&unfenced)
+            .await
+            .expect("the paused holder's unfenced write");
+        crate::fenced::remove_scratch(&s.admin, &key).await;
         if got.token <= ga.token() {
             s.row
                 .violation(format!("token {} after {}", got.token, ga.token()));

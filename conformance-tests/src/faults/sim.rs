@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use lockcore::backend::{AcquireRequest, Acquired, Capabilities, LockState, StoreSession};
+use lockcore::backend::{
+    AcquireRequest, Acquired, Capabilities, HeldEntry, KeyWrite, LockState, StoreSession,
+};
 use lockcore::mem::MemBackend;
 use lockcore::{Backend, Error, ErrorKind, LockName, Result, SessionLiveness};
 use tokio::sync::watch;
@@ -218,6 +220,17 @@ impl Backend for SimBackend {
     }
     fn requests_sent(&self) -> u64 {
         self.inner.requests_sent()
+    }
+    async fn fenced_write(&self, held: &[HeldEntry], write: &KeyWrite) -> Result<()> {
+        self.wire
+            .through(self.inner.fenced_write(held, write))
+            .await
+    }
+    async fn read_key(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        self.wire.through(self.inner.read_key(key)).await
+    }
+    async fn write_key(&self, write: &KeyWrite) -> Result<()> {
+        self.wire.through(self.inner.write_key(write)).await
     }
 }
 

@@ -7,7 +7,9 @@ use async_trait::async_trait;
 use super::config::MemConfig;
 use super::session::MemSession;
 use super::store::{self, MemStore};
-use crate::backend::{Backend, Capabilities, LockState, StoreSession};
+use crate::backend::{
+    check_kinds, refused, Backend, Capabilities, HeldEntry, KeyWrite, LockState, StoreSession,
+};
 use crate::signal::{LossReason, SessionLiveness};
 use crate::url::{self, Url};
 use crate::{Error, ErrorKind, LockName, Result};
@@ -166,5 +168,34 @@ impl Backend for MemBackend {
 
     fn requests_sent(&self) -> u64 {
         self.inner.requests.load(Ordering::Relaxed)
+    }
+
+    async fn fenced_write(&self, held: &[HeldEntry], write: &KeyWrite) -> Result<()> {
+        write.validate(&self.prefix())?;
+        check_kinds(held)?;
+        self.count_request();
+        let mut st = self.store().state();
+        let all_there = held.iter().all(|h| {
+            store::parse_entry_name(&h.entry)
+                .is_some_and(|(key, index)| st.entry_exists(key, index))
+        });
+        if !all_there {
+            return Err(refused(write, held));
+        }
+        st.kv_write(write);
+        Ok(())
+    }
+
+    async fn read_key(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        KeyWrite::Delete { key: key.into() }.validate(&self.prefix())?;
+        self.count_request();
+        Ok(self.store().state().kv_get(key))
+    }
+
+    async fn write_key(&self, write: &KeyWrite) -> Result<()> {
+        write.validate(&self.prefix())?;
+        self.count_request();
+        self.store().state().kv_write(write);
+        Ok(())
     }
 }

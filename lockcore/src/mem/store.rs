@@ -38,6 +38,8 @@ pub(super) struct State {
     sessions: HashMap<u64, SessionRec>,
     /// Queue per full key (namespace + name), ordered by index.
     queues: BTreeMap<String, Vec<Entry>>,
+    /// The store's own key space, for fenced writes.
+    kv: BTreeMap<String, Vec<u8>>,
 }
 
 #[derive(Debug)]
@@ -241,6 +243,28 @@ impl State {
     }
 
     /// Breaks the lock: the holders' entries go and their guards are told.
+    /// Whether the entry `index` of the lock `key` is still in its queue.
+    pub(super) fn entry_exists(&self, key: &str, index: u64) -> bool {
+        self.queues
+            .get(key)
+            .is_some_and(|q| q.iter().any(|e| e.index == index))
+    }
+
+    pub(super) fn kv_get(&self, key: &str) -> Option<Vec<u8>> {
+        self.kv.get(key).cloned()
+    }
+
+    pub(super) fn kv_write(&mut self, write: &crate::backend::KeyWrite) {
+        match write {
+            crate::backend::KeyWrite::Put { key, value } => {
+                self.kv.insert(key.clone(), value.clone());
+            }
+            crate::backend::KeyWrite::Delete { key } => {
+                self.kv.remove(key);
+            }
+        }
+    }
+
     pub(super) fn break_holders(&mut self, key: &str) -> bool {
         let holders = self
             .queues
@@ -342,4 +366,10 @@ pub(super) fn parse_session_id(s: &str) -> Option<u64> {
 
 pub(super) fn entry_name(key: &str, index: u64) -> String {
     format!("{key}#{index}")
+}
+
+/// The lock key and index of an [`entry_name`].
+pub(super) fn parse_entry_name(entry: &str) -> Option<(&str, u64)> {
+    let (key, index) = entry.rsplit_once('#')?;
+    Some((key, index.parse().ok()?))
 }
