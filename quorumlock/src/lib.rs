@@ -9,8 +9,9 @@ use std::sync::Arc;
 pub use lockcore::backend;
 pub use lockcore::url;
 pub use lockcore::{
-    Backend, Capabilities, Contender, Error, ErrorKind, Lock, LockClient, LockGuard, LockKind,
-    LockName, LockState, LossReason, Reentry, Result, RwLock, Semaphore,
+    Backend, Capabilities, Contender, Error, ErrorKind, KeyWrite, Lock, LockClient, LockGuard,
+    LockKind, LockName, LockState, LossReason, MultiGuard, MultiLock, Reentry, Result, RwLock,
+    Semaphore,
 };
 
 #[cfg(feature = "mem")]
