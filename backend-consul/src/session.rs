@@ -412,16 +412,11 @@ impl ConsulSession {
             ..Record::default()
         };
         let mut ops = vec![op::lock(&key, &self.s.id, FENCE_FLAGS, &record.encode())];
-        let expired: Vec<String> = {
-            let f = self.s.fences.lock().expect("poisoned");
-            let over = f.len().saturating_sub(FENCE_MAX);
-            f.iter()
-                .enumerate()
-                .filter(|(i, (k, at))| (*i < over || at.elapsed() > FENCE_KEEP) && *k != key)
-                .take(FENCE_DELETES)
-                .map(|(_, (k, _))| k.clone())
-                .collect()
-        };
+        let expired = expired_fences(
+            &self.s.fences.lock().expect("poisoned"),
+            &key,
+            Instant::now(),
+        );
         ops.extend(expired.iter().map(|k| op::delete(k)));
         match self.write(keys, ops, "fencing off an attempt").await? {
             Txn::Done(_) => {
@@ -1659,6 +1654,22 @@ impl ConsulSession {
     }
 }
 
+/// The fences of `fences` (oldest first) to delete with a new one, `key`:
+/// those older than [`FENCE_KEEP`] and those past the newest [`FENCE_MAX`],
+/// at most [`FENCE_DELETES`], never `key` itself.
+fn expired_fences(fences: &VecDeque<(String, Instant)>, key: &str, now: Instant) -> Vec<String> {
+    let over = fences.len().saturating_sub(FENCE_MAX);
+    fences
+        .iter()
+        .enumerate()
+        .filter(|(i, (k, at))| {
+            (*i < over || now.saturating_duration_since(*at) > FENCE_KEEP) && k != key
+        })
+        .take(FENCE_DELETES)
+        .map(|(_, (k, _))| k.clone())
+        .collect()
+}
+
 /// A base64 value with a trailing newline added (or removed if it has
 /// one): a different value that JSON readers take for the same.
 fn toggle_trailing_newline(b64: &str) -> String {
@@ -2028,7 +2039,28 @@ async fn evaluate(s: &Shared, prefix: &str, idx: u64, entries: &[KvEntry]) -> us
 
 #[cfg(test)]
 mod tests {
-    use super::common_prefix;
+    use super::*;
+
+    #[test]
+    fn fences_are_deleted_when_old_or_too_many() {
+        let now = Instant::now() + FENCE_KEEP * 2;
+        let old = now - FENCE_KEEP - Duration::from_secs(1);
+        let fresh = now - Duration::from_secs(1);
+        let f: VecDeque<(String, Instant)> = [("a", old), ("b", fresh), ("c", old), ("d", fresh)]
+            .into_iter()
+            .map(|(k, t)| (k.to_string(), t))
+            .collect();
+        assert_eq!(expired_fences(&f, "x", now), ["a", "c"]);
+        // The one being written again is kept.
+        assert_eq!(expired_fences(&f, "c", now), ["a"]);
+        // Past FENCE_MAX, the oldest go, at most FENCE_DELETES at once.
+        let many: VecDeque<(String, Instant)> = (0..FENCE_MAX + 3)
+            .map(|i| (format!("f{i}"), fresh))
+            .collect();
+        assert_eq!(expired_fences(&many, "x", now), ["f0", "f1", "f2"]);
+        let aged: VecDeque<(String, Instant)> = (0..100).map(|i| (format!("f{i}"), old)).collect();
+        assert_eq!(expired_fences(&aged, "x", now).len(), FENCE_DELETES);
+    }
 
     #[test]
     fn common_prefix_of_lock_keys() {

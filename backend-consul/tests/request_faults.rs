@@ -675,6 +675,15 @@ async fn keys_left(env: &Env) -> Vec<String> {
     keys
 }
 
+/// The fences in the test's namespace.
+async fn fences(env: &Env) -> Vec<String> {
+    let url = lockcore::url::parse(&format!("consul://{}/{}", env.agent(), env.ns)).unwrap();
+    let probe = backend_consul::ConsulBackend::connect(&url).await.unwrap();
+    let mut keys = lockcore::Backend::leftovers(&probe).await.unwrap();
+    keys.retain(|k| k.starts_with(&format!("{}/.fence/", env.ns)));
+    keys
+}
+
 /// After the late request landed: nothing of the abandoned attempt is
 /// left, and `other` takes the lock within a few seconds.
 async fn lock_is_free_after_late_write(env: &Env, late: &HttpRule, other: &LockClient) {
@@ -715,6 +724,13 @@ async fn late_fast_acquire_after_a_failed_try_leaves_nothing() {
         );
         assert!(late.hit());
         timeout(SOON, a.wait_idle()).await.expect("abandon hung");
+        // The abandon fenced the attempt off, under our session.
+        let sid = a.session_id().await.unwrap();
+        let fences = fences(&env).await;
+        assert!(
+            fences.len() == 1 && fences[0].starts_with(&format!("{}/.fence/{sid}/", env.ns)),
+            "{fences:?}"
+        );
         lock_is_free_after_late_write(&env, &late, &b).await;
     })
     .await;
@@ -908,6 +924,43 @@ async fn late_semaphore_join_after_a_failed_try_leaves_nothing() {
             .release()
             .await
             .unwrap();
+    })
+    .await;
+    env.finish().await;
+}
+
+/// (b) A waiting acquire of a held lock whose queue join is cut on our
+/// side joins again and waits; it times out and is abandoned; the first
+/// join reaches the agent afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_queue_join_after_a_timed_out_acquire_leaves_nothing() {
+    let Some(mut env) = Env::new() else { return };
+    serially(async {
+        let (a, proxy) = env.proxied("ttl=1h").await;
+        let b = env.client("").await;
+        let c = env.client("").await;
+        let bg = acquire(&b, "x").await;
+        let late = proxy.on(
+            Match::any().path("/v1/txn").body(&format!(
+                r#"[{{"KV":{{"Verb":"lock","Key":"{}queue/"#,
+                env.key("x")
+            )),
+            1,
+            HttpFault::LateRequest(HOLD),
+        );
+        let r = a
+            .lock("x")
+            .unwrap()
+            .acquire_timeout(Duration::from_secs(2))
+            .await;
+        assert_eq!(
+            r.err().map(|e| e.kind()),
+            Some(lockcore::ErrorKind::Timeout)
+        );
+        assert!(late.hit(), "the join was not the one cut");
+        timeout(SOON, a.wait_idle()).await.expect("abandon hung");
+        bg.release().await.unwrap();
+        lock_is_free_after_late_write(&env, &late, &c).await;
     })
     .await;
     env.finish().await;
