@@ -399,7 +399,9 @@ impl ConsulSession {
     /// by our session (it goes with it); fences older than [`FENCE_KEEP`],
     /// or past the newest [`FENCE_MAX`], are deleted in the same txn.
     /// Called before the removal; idempotent (a retried removal writes it
-    /// again).
+    /// again). A transient failure fails the removal (the client layer
+    /// retries it); a refusal for good (ACL) is logged, and the removal
+    /// goes on without the fence.
     async fn fence(&self, keys: &Keys, req: &AcquireRequest) -> Result<()> {
         if !req.writes.outcome_unknown() {
             return Ok(());
@@ -418,7 +420,19 @@ impl ConsulSession {
             Instant::now(),
         );
         ops.extend(expired.iter().map(|k| op::delete(k)));
-        match self.write(keys, ops, "fencing off an attempt").await? {
+        let written = match self.write(keys, ops, "fencing off an attempt").await {
+            // Retried by the client layer, removal and all.
+            Err(e) if e.is_retryable() => return Err(e),
+            // Refused for good (an ACL without `ns/.fence/`): remove
+            // without the fence rather than leave the attempt's keys.
+            Err(e) => {
+                tracing::warn!(lock = %keys.lock, error = %e,
+                    "cannot fence off an attempt; a late write of it may still land");
+                return Ok(());
+            }
+            Ok(t) => t,
+        };
+        match written {
             Txn::Done(_) => {
                 let mut f = self.s.fences.lock().expect("poisoned");
                 f.retain(|(k, _)| !expired.contains(k) && *k != key);
@@ -430,7 +444,11 @@ impl ConsulSession {
             // Our session is gone, and every key of ours with it; a late
             // write names the session and fails as well.
             Txn::Failed(errs) if errs.iter().any(|e| session_gone(&e.what)) => Ok(()),
-            Txn::Failed(errs) => Err(failed("fencing off an attempt", &errs)),
+            Txn::Failed(errs) => {
+                tracing::warn!(lock = %keys.lock, ?errs,
+                    "cannot fence off an attempt; a late write of it may still land");
+                Ok(())
+            }
         }
     }
 
