@@ -36,6 +36,11 @@ pub const READ_FLAGS: u64 = 0x716c_6f63_6b72_6561; // "qlockrea"
 /// The `Flags` of a read-write lock's write entries, `<prefix>/.rw/<session>-<contender>`.
 pub const WRITE_FLAGS: u64 = 0x716c_6f63_6b77_7269; // "qlockwri"
 
+/// The `Flags` of an acquire attempt's fence, `<ns>/.fence/<session>/<contender>`:
+/// written when a write of the attempt may still land after its removal;
+/// every such write requires it to be absent.
+pub const FENCE_FLAGS: u64 = 0x716c_6f63_6b66_6e63; // "qlockfnc"
+
 /// How long `connect` waits for an agent that refuses connections.
 const CONNECT_PATIENCE: Duration = Duration::from_secs(10);
 
@@ -758,6 +763,7 @@ impl Backend for ConsulBackend {
                     || e.key.contains("/.queue/")
                     || e.key.contains("/.rw/")
                     || e.key.contains("/.revoke/")
+                    || e.key.starts_with(".fence/")
                     || e.flags == SEMAPHORE_FLAGS
             })
             .map(|e| e.key)

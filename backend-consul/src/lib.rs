@@ -9,7 +9,9 @@ mod fenced;
 mod semaphore;
 mod session;
 
-pub use backend::{ConsulBackend, LOCK_FLAGS, QUEUE_FLAGS, READ_FLAGS, REVOKE_FLAGS, WRITE_FLAGS};
+pub use backend::{
+    ConsulBackend, FENCE_FLAGS, LOCK_FLAGS, QUEUE_FLAGS, READ_FLAGS, REVOKE_FLAGS, WRITE_FLAGS,
+};
 pub use config::{ConsulConfig, DEFAULT_LOCK_DELAY, DEFAULT_PORT, DEFAULT_TLS_PORT, DEFAULT_TTL};
 pub use semaphore::SEMAPHORE_FLAGS;
 

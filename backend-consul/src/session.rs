@@ -1,12 +1,13 @@
 //! One Consul session: acquire/release/abandon, the renew task and the
 //! monitor of held locks.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lockcore::backend::InFlightWrites;
 use lockcore::{
     finish_on_drop, AcquireRequest, Acquired, EntrySignals, Error, ErrorKind, LastGrant, LockKind,
     LossReason, QuietGrants, Result, SessionLiveness, StoreSession, HELD_WATCH_DELAY,
@@ -18,10 +19,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::{op, Block, KvEntry, Record, Txn, TxnError};
 use crate::backend::{
-    line_holds, now_ms, read_view, rw_revoke, Inner, Keys, View, LOCK_FLAGS, QUEUE_FLAGS,
-    READ_FLAGS, WRITE_FLAGS,
+    line_holds, now_ms, read_view, rw_revoke, Inner, Keys, View, FENCE_FLAGS, LOCK_FLAGS,
+    QUEUE_FLAGS, READ_FLAGS, WRITE_FLAGS,
 };
-use crate::error::map;
+use crate::error::{map, ApiError};
 use crate::semaphore::{SemLock, SemView, SEMAPHORE_FLAGS};
 
 /// Longest wait of one blocking query (Consul caps it at 10 minutes).
@@ -44,6 +45,15 @@ const ABANDONED_DESTROY_PATIENCE: Duration = Duration::from_secs(600);
 const CONTENDED_MEMORY: usize = 1024;
 /// Unexpected txn failures tolerated in one acquire before giving up.
 const MAX_ACQUIRE_RETRIES: u32 = 20;
+/// How long a session keeps an attempt's fence (see
+/// [`ConsulSession::fence`]): far longer than any request of ours is in
+/// flight (10 s timeout); a copy delivered later than this is not fenced.
+const FENCE_KEEP: Duration = Duration::from_secs(15 * 60);
+/// At most this many fences per session: past it the oldest go first.
+const FENCE_MAX: usize = 1024;
+/// At most this many old fences are deleted with a new one (a Consul txn
+/// takes at most 64 ops).
+const FENCE_DELETES: usize = 32;
 
 /// One Consul session (behavior `delete`, TTL renewed at TTL/2).
 pub(crate) struct ConsulSession {
@@ -74,6 +84,10 @@ struct Shared {
     /// written key shows its index as `ModifyIndex`). At most
     /// [`CONTENDED_MEMORY`] mutexes.
     lone_grants: QuietGrants,
+    /// Our fences (see [`ConsulSession::fence`]), oldest first, with the
+    /// time each was written: deleted after [`FENCE_KEEP`] or past
+    /// [`FENCE_MAX`], else they go with the session.
+    fences: Mutex<VecDeque<(String, Instant)>>,
 }
 
 /// What [`ConsulSession::try_fast`] found when it took the lock.
@@ -224,6 +238,17 @@ fn session_gone(what: &str) -> bool {
     what.contains("invalid session") || what.contains("lock delay")
 }
 
+/// Whether a txn that failed so may still be applied: no answer (a
+/// timeout, a cut connection), or an agent's 5xx (a leader election, an
+/// RPC timeout: the write may be on its way to the leader), or an answer
+/// we could not read. A 4xx (429 included) was refused unapplied.
+fn unanswered(e: &ApiError) -> bool {
+    match e {
+        ApiError::Transport(_) | ApiError::Decode(_) => true,
+        ApiError::Status { code, .. } => *code >= 500,
+    }
+}
+
 fn failed(what: &str, errs: &[TxnError]) -> Error {
     Error::new(
         ErrorKind::Store,
@@ -281,6 +306,7 @@ impl ConsulSession {
             contended: Mutex::new(Default::default()),
             fast_held: Mutex::new(Default::default()),
             lone_grants: QuietGrants::new(CONTENDED_MEMORY),
+            fences: Mutex::new(VecDeque::new()),
         });
         tokio::spawn(keepalive(s.clone()));
         tokio::spawn(monitor(s.clone()));
@@ -296,6 +322,33 @@ impl ConsulSession {
     /// is never left half-known: a later `abandon` of the same lock runs
     /// after it.
     async fn write(&self, keys: &Keys, ops: Vec<op::Op>, what: &'static str) -> Result<Txn> {
+        self.write_as(keys, ops, what, None).await
+    }
+
+    /// A write of attempt `req` that may create or take one of its keys:
+    /// [`write`](Self::write), refused by the agent once the attempt is
+    /// fenced off (a `check-not-exists` of its fence, last so that the op
+    /// indexes of `ops` stay as they are; it reads nothing), and counted in
+    /// `req.writes`, which records an end without the agent's answer (the
+    /// txn may still be applied later: see [`ConsulSession::fence`]).
+    async fn write_attempt(
+        &self,
+        keys: &Keys,
+        req: &AcquireRequest,
+        mut ops: Vec<op::Op>,
+        what: &'static str,
+    ) -> Result<Txn> {
+        ops.push(op::check_not_exists(&self.fence_key(req)));
+        self.write_as(keys, ops, what, Some(&req.writes)).await
+    }
+
+    async fn write_as(
+        &self,
+        keys: &Keys,
+        ops: Vec<op::Op>,
+        what: &'static str,
+        writes: Option<&InFlightWrites>,
+    ) -> Result<Txn> {
         let m = {
             let mut map = self.s.ops.lock().expect("poisoned");
             map.entry(keys.tree.clone()).or_default().clone()
@@ -305,7 +358,7 @@ impl ConsulSession {
         // drop of the caller either sent nothing or leaves the write running.
         let s = self.s.clone();
         let tree = keys.tree.clone();
-        finish_on_drop(async move {
+        let txn = async move {
             let r = s.backend.api.txn(ops).await;
             drop(guard);
             let mut map = s.ops.lock().expect("poisoned");
@@ -313,9 +366,90 @@ impl ConsulSession {
                 map.remove(&tree);
             }
             r
-        })
-        .await
-        .map_err(|e| map(e, what))
+        };
+        let r = match writes {
+            Some(w) => {
+                w.run_judged(txn, |r| r.as_ref().is_err_and(unanswered))
+                    .await
+            }
+            None => finish_on_drop(txn).await,
+        };
+        r.map_err(|e| map(e, what))
+    }
+
+    /// The fence of attempt `req`: `<ns>/.fence/<session>/<contender>`,
+    /// outside every lock's keys (no lock-name segment starts with `.`),
+    /// so neither our readers nor `consul lock` (`-n`) ever see it.
+    fn fence_key(&self, req: &AcquireRequest) -> String {
+        format!(
+            "{}.fence/{}/{}",
+            self.s.backend.config.namespace_prefix(),
+            self.s.id,
+            req.contender.simple()
+        )
+    }
+
+    /// Fences attempt `req` off if one of its writes ended without the
+    /// agent's answer ([`InFlightWrites::outcome_unknown`]): such a txn may
+    /// still be applied, after this attempt was abandoned or released, and
+    /// take `.lock` or a place in line for nobody. Every such write
+    /// requires the fence to be absent ([`write_attempt`](Self::write_attempt)),
+    /// so once it stands nothing of the attempt can appear any more, and
+    /// the removal that follows sees the last of it. The fence is locked
+    /// by our session (it goes with it); fences older than [`FENCE_KEEP`],
+    /// or past the newest [`FENCE_MAX`], are deleted in the same txn.
+    /// Called before the removal; idempotent (a retried removal writes it
+    /// again). A transient failure fails the removal (the client layer
+    /// retries it); a refusal for good (ACL) is logged, and the removal
+    /// goes on without the fence.
+    async fn fence(&self, keys: &Keys, req: &AcquireRequest) -> Result<()> {
+        if !req.writes.outcome_unknown() {
+            return Ok(());
+        }
+        let key = self.fence_key(req);
+        let record = Record {
+            quorumlock: 1,
+            contender: Some(req.contender.to_string()),
+            since_ms: Some(now_ms()),
+            ..Record::default()
+        };
+        let mut ops = vec![op::lock(&key, &self.s.id, FENCE_FLAGS, &record.encode())];
+        let expired = expired_fences(
+            &self.s.fences.lock().expect("poisoned"),
+            &key,
+            Instant::now(),
+        );
+        ops.extend(expired.iter().map(|k| op::delete(k)));
+        let written = match self.write(keys, ops, "fencing off an attempt").await {
+            // Retried by the client layer, removal and all.
+            Err(e) if e.is_retryable() => return Err(e),
+            // Refused for good (an ACL without `ns/.fence/`): remove
+            // without the fence rather than leave the attempt's keys.
+            Err(e) => {
+                tracing::warn!(lock = %keys.lock, error = %e,
+                    "cannot fence off an attempt; a late write of it may still land");
+                return Ok(());
+            }
+            Ok(t) => t,
+        };
+        match written {
+            Txn::Done(_) => {
+                let mut f = self.s.fences.lock().expect("poisoned");
+                f.retain(|(k, _)| !expired.contains(k) && *k != key);
+                f.push_back((key, Instant::now()));
+                tracing::debug!(lock = %keys.lock, contender = %req.contender,
+                    "a write of the attempt may still land: fenced it off");
+                Ok(())
+            }
+            // Our session is gone, and every key of ours with it; a late
+            // write names the session and fails as well.
+            Txn::Failed(errs) if errs.iter().any(|e| session_gone(&e.what)) => Ok(()),
+            Txn::Failed(errs) => {
+                tracing::warn!(lock = %keys.lock, ?errs,
+                    "cannot fence off an attempt; a late write of it may still land");
+                Ok(())
+            }
+        }
     }
 
     async fn leave_queue(&self, keys: &Keys) -> Result<()> {
@@ -549,7 +683,7 @@ impl StoreSession for ConsulSession {
             // it. Else (our grant was taken from us first, or the join's
             // answer was lost and it did not go through) join below.
             fast = self
-                .give_back(&keys, token, Some(record()), &mut transient)
+                .give_back(req, &keys, token, Some(record()), &mut transient)
                 .await?
                 .filter(|v| {
                     v.queue
@@ -569,7 +703,10 @@ impl StoreSession for ConsulSession {
                 op::lock(&qkey, &s.id, QUEUE_FLAGS, &record().encode()),
                 op::get_tree(&keys.tree),
             ];
-            match self.write(&keys, ops, "joining the queue").await {
+            match self
+                .write_attempt(&keys, req, ops, "joining the queue")
+                .await
+            {
                 Ok(Txn::Done(results)) => {
                     break View::from_entries(&keys, read_after_lock(results));
                 }
@@ -618,7 +755,10 @@ impl StoreSession for ConsulSession {
                         entry: keys.lock.clone(),
                     });
                 }
-                if let Some(v) = self.give_back(&keys, token, None, &mut transient).await? {
+                if let Some(v) = self
+                    .give_back(req, &keys, token, None, &mut transient)
+                    .await?
+                {
                     view = v;
                     continue;
                 }
@@ -677,7 +817,7 @@ impl StoreSession for ConsulSession {
                 op::lock(&keys.lock, &s.id, LOCK_FLAGS, &record().encode()),
                 op::get(&keys.lock),
             ];
-            let outcome = match self.write(&keys, ops, "taking the lock").await {
+            let outcome = match self.write_attempt(&keys, req, ops, "taking the lock").await {
                 Ok(o) => o,
                 Err(e) => {
                     // Unknown outcome: read back (the loop recognizes our
@@ -739,6 +879,8 @@ impl StoreSession for ConsulSession {
 
     async fn release(&self, req: &AcquireRequest, held: &Acquired) -> Result<()> {
         let keys = Keys::new(&self.s.backend.config, &req.name);
+        // A write of this attempt may still land after the release.
+        self.fence(&keys, req).await?;
         if matches!(req.kind, LockKind::Semaphore { .. }) {
             self.unwatch_key(&keys.sem.contender(&self.s.id));
             return self.remove_sem(&keys).await;
@@ -807,6 +949,8 @@ impl StoreSession for ConsulSession {
 
     async fn abandon(&self, req: &AcquireRequest) -> Result<()> {
         let keys = Keys::new(&self.s.backend.config, &req.name);
+        // A write of this attempt may still land after the removal.
+        self.fence(&keys, req).await?;
         if matches!(req.kind, LockKind::Semaphore { .. }) {
             self.unwatch_key(&keys.sem.contender(&self.s.id));
             return self.remove_sem(&keys).await;
@@ -878,6 +1022,11 @@ impl ConsulSession {
         if !skip_read {
             ops.push(op::get_tree(&keys.tree));
         }
+        // Last (it reads nothing): not once we are in line. A fast txn
+        // whose answer was lost may land late, after this acquire queued;
+        // a `.lock` of ours taken then, while a contender ahead of us waits
+        // for it and we wait for that contender, would deadlock.
+        ops.push(op::check_not_exists(&keys.queue(&self.s.id)));
         let read = || read_view(&self.s.backend.api, keys);
         // Our grant at `token`, judged on a read taken after it: only if
         // that read still shows `.lock` ours at that token and not broken
@@ -905,7 +1054,10 @@ impl ConsulSession {
                 last,
             })
         };
-        let results = match self.write(keys, ops, "taking a free lock").await {
+        let results = match self
+            .write_attempt(keys, req, ops, "taking a free lock")
+            .await
+        {
             Ok(Txn::Done(results)) => results,
             Ok(Txn::Failed(_)) => return Ok(None),
             // Unknown outcome: read back. Our `.lock` (found by its
@@ -963,6 +1115,7 @@ impl ConsulSession {
     /// removes our `.lock` and queue key.
     async fn give_back(
         &self,
+        req: &AcquireRequest,
         keys: &Keys,
         token: u64,
         join: Option<Record>,
@@ -980,7 +1133,13 @@ impl ConsulSession {
                 ops.push(op::lock(&qkey, &s.id, QUEUE_FLAGS, &r.encode()));
             }
             ops.push(op::get_tree(&keys.tree));
-            match self.write(keys, ops, "giving the lock back").await {
+            let sent = if join.is_some() {
+                self.write_attempt(keys, req, ops, "giving the lock back")
+                    .await
+            } else {
+                self.write(keys, ops, "giving the lock back").await
+            };
+            match sent {
                 Ok(Txn::Done(results)) => {
                     // After a `lock` op, its own entry comes before the tree.
                     let results = if join.is_some() {
@@ -1118,7 +1277,10 @@ impl ConsulSession {
                 op::lock(&contender, sid, SEMAPHORE_FLAGS, &record.encode()),
                 op::get_tree(&keys.sem.prefix),
             ];
-            match self.write(&keys, ops, "joining a semaphore").await {
+            match self
+                .write_attempt(&keys, req, ops, "joining a semaphore")
+                .await
+            {
                 Ok(Txn::Done(results)) => {
                     break SemView::from_entries(&keys.sem, 0, read_after_lock(results));
                 }
@@ -1188,7 +1350,7 @@ impl ConsulSession {
                     ),
                     op::get(&keys.sem.lock),
                 ];
-                match self.write(&keys, ops, "taking a permit").await {
+                match self.write_attempt(&keys, req, ops, "taking a permit").await {
                     Ok(Txn::Done(results)) => {
                         if let Some(t) = results.iter().rev().find(|e| e.key == keys.sem.lock) {
                             return Ok(self.granted_sem(&keys, t.modify_index, my_index, req));
@@ -1244,7 +1406,7 @@ impl ConsulSession {
                 op::cas(&keys.sem.lock, at, SEMAPHORE_FLAGS, &new.encode()),
                 op::get(&keys.sem.lock),
             ];
-            match self.write(&keys, ops, "taking a permit").await {
+            match self.write_attempt(&keys, req, ops, "taking a permit").await {
                 Ok(Txn::Done(results)) => {
                     let token = results
                         .iter()
@@ -1357,7 +1519,10 @@ impl ConsulSession {
                 op::lock(&entry, &s.id, flags, &record.encode()),
                 op::get_tree(&keys.tree),
             ];
-            match self.write(&keys, ops, "joining the queue").await {
+            match self
+                .write_attempt(&keys, req, ops, "joining the queue")
+                .await
+            {
                 Ok(Txn::Done(results)) => {
                     decided_in_write = true;
                     break View::from_entries(&keys, read_after_lock(results));
@@ -1466,7 +1631,7 @@ impl ConsulSession {
                 op::cas(&entry, ours.modify_index, flags, &stamp.encode()),
                 op::get_tree(&keys.tree),
             ];
-            match self.write(&keys, ops, "taking the lock").await {
+            match self.write_attempt(&keys, req, ops, "taking the lock").await {
                 Ok(Txn::Done(results)) => {
                     view = View::from_entries(&keys, read_after_lock(results));
                     decided_in_write = true;
@@ -1505,6 +1670,22 @@ impl ConsulSession {
             Txn::Failed(_) => self.leave_queue(keys).await,
         }
     }
+}
+
+/// The fences of `fences` (oldest first) to delete with a new one, `key`:
+/// those older than [`FENCE_KEEP`] and those past the newest [`FENCE_MAX`],
+/// at most [`FENCE_DELETES`], never `key` itself.
+fn expired_fences(fences: &VecDeque<(String, Instant)>, key: &str, now: Instant) -> Vec<String> {
+    let over = fences.len().saturating_sub(FENCE_MAX);
+    fences
+        .iter()
+        .enumerate()
+        .filter(|(i, (k, at))| {
+            (*i < over || now.saturating_duration_since(*at) > FENCE_KEEP) && k != key
+        })
+        .take(FENCE_DELETES)
+        .map(|(_, (k, _))| k.clone())
+        .collect()
 }
 
 /// A base64 value with a trailing newline added (or removed if it has
@@ -1876,7 +2057,28 @@ async fn evaluate(s: &Shared, prefix: &str, idx: u64, entries: &[KvEntry]) -> us
 
 #[cfg(test)]
 mod tests {
-    use super::common_prefix;
+    use super::*;
+
+    #[test]
+    fn fences_are_deleted_when_old_or_too_many() {
+        let now = Instant::now() + FENCE_KEEP * 2;
+        let old = now - FENCE_KEEP - Duration::from_secs(1);
+        let fresh = now - Duration::from_secs(1);
+        let f: VecDeque<(String, Instant)> = [("a", old), ("b", fresh), ("c", old), ("d", fresh)]
+            .into_iter()
+            .map(|(k, t)| (k.to_string(), t))
+            .collect();
+        assert_eq!(expired_fences(&f, "x", now), ["a", "c"]);
+        // The one being written again is kept.
+        assert_eq!(expired_fences(&f, "c", now), ["a"]);
+        // Past FENCE_MAX, the oldest go, at most FENCE_DELETES at once.
+        let many: VecDeque<(String, Instant)> = (0..FENCE_MAX + 3)
+            .map(|i| (format!("f{i}"), fresh))
+            .collect();
+        assert_eq!(expired_fences(&many, "x", now), ["f0", "f1", "f2"]);
+        let aged: VecDeque<(String, Instant)> = (0..100).map(|i| (format!("f{i}"), old)).collect();
+        assert_eq!(expired_fences(&aged, "x", now).len(), FENCE_DELETES);
+    }
 
     #[test]
     fn common_prefix_of_lock_keys() {

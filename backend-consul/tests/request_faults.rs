@@ -658,3 +658,310 @@ async fn lost_answer_to_a_permit_does_not_share_another_holders_token() {
     .await;
     env.finish().await;
 }
+
+// Late writes: a write of an acquire that the agent applies after the
+// client gave up on it (its request cut on the client's side, delivered
+// later: `HttpFault::LateRequest`), once the attempt was abandoned or
+// released. It must create nothing: no key of ours may stay behind with no
+// owner, where it blocks the lock until our session ends.
+
+/// Every key in the test's namespace but the attempts' fences (which
+/// belong to their session and go with it).
+async fn keys_left(env: &Env) -> Vec<String> {
+    let url = lockcore::url::parse(&format!("consul://{}/{}", env.agent(), env.ns)).unwrap();
+    let probe = backend_consul::ConsulBackend::connect(&url).await.unwrap();
+    let mut keys = lockcore::Backend::leftovers(&probe).await.unwrap();
+    keys.retain(|k| !k.starts_with(&format!("{}/.fence/", env.ns)));
+    keys
+}
+
+/// The fences in the test's namespace.
+async fn fences(env: &Env) -> Vec<String> {
+    let url = lockcore::url::parse(&format!("consul://{}/{}", env.agent(), env.ns)).unwrap();
+    let probe = backend_consul::ConsulBackend::connect(&url).await.unwrap();
+    let mut keys = lockcore::Backend::leftovers(&probe).await.unwrap();
+    keys.retain(|k| k.starts_with(&format!("{}/.fence/", env.ns)));
+    keys
+}
+
+/// After the late request landed: nothing of the abandoned attempt is
+/// left, and `other` takes the lock within a few seconds.
+async fn lock_is_free_after_late_write(env: &Env, late: &HttpRule, other: &LockClient) {
+    late.release();
+    timeout(SOON, late.wait_done())
+        .await
+        .expect("the late request never reached the agent");
+    let left = keys_left(env).await;
+    let g = timeout(Duration::from_secs(5), other.lock("x").unwrap().acquire()).await;
+    assert!(
+        left.is_empty(),
+        "after the late write: {left:?} left on the store (lock free for another client: {})",
+        g.is_ok()
+    );
+    let g = g
+        .expect("another client could not take the lock after the late write")
+        .unwrap();
+    g.release().await.unwrap();
+}
+
+/// (a) A try-acquire whose fast-path txn is cut on our side fails and is
+/// abandoned; the txn reaches the agent afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_fast_acquire_after_a_failed_try_leaves_nothing() {
+    let Some(mut env) = Env::new() else { return };
+    serially(async {
+        let (a, proxy) = env.proxied("ttl=1h").await;
+        let b = env.client("").await;
+        let late = proxy.on(
+            txn_starting(&env, "check-not-exists", "x"),
+            1,
+            HttpFault::LateRequest(HOLD),
+        );
+        let r = timeout(SOON, a.lock("x").unwrap().try_acquire()).await;
+        assert!(
+            r.expect("try-acquire hung").is_err(),
+            "granted by a cut txn"
+        );
+        assert!(late.hit());
+        timeout(SOON, a.wait_idle()).await.expect("abandon hung");
+        // The abandon fenced the attempt off, under our session.
+        let sid = a.session_id().await.unwrap();
+        let fences = fences(&env).await;
+        assert!(
+            fences.len() == 1 && fences[0].starts_with(&format!("{}/.fence/{sid}/", env.ns)),
+            "{fences:?}"
+        );
+        lock_is_free_after_late_write(&env, &late, &b).await;
+    })
+    .await;
+    env.finish().await;
+}
+
+/// (a) A waiting acquire whose fast-path txn is cut on our side is granted
+/// through the queue and released; the fast txn reaches the agent after
+/// the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_fast_acquire_after_the_release_leaves_nothing() {
+    let Some(mut env) = Env::new() else { return };
+    serially(async {
+        let (a, proxy) = env.proxied("ttl=1h").await;
+        let b = env.client("").await;
+        let late = proxy.on(
+            txn_starting(&env, "check-not-exists", "x"),
+            1,
+            HttpFault::LateRequest(HOLD),
+        );
+        let g = acquire(&a, "x").await;
+        assert!(late.hit(), "the fast txn was not the one cut");
+        g.release().await.unwrap();
+        timeout(SOON, a.wait_idle()).await.expect("release hung");
+        lock_is_free_after_late_write(&env, &late, &b).await;
+    })
+    .await;
+    env.finish().await;
+}
+
+/// (b) A try-acquire of a held lock whose queue join is cut on our side
+/// fails and is abandoned; the join reaches the agent afterwards, when the
+/// holder has let go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_queue_join_after_a_failed_try_leaves_nothing() {
+    let Some(mut env) = Env::new() else { return };
+    serially(async {
+        let (a, proxy) = env.proxied("ttl=1h").await;
+        let b = env.client("").await;
+        let c = env.client("").await;
+        let bg = acquire(&b, "x").await;
+        let late = proxy.on(
+            Match::any().path("/v1/txn").body(&format!(
+                r#"[{{"KV":{{"Verb":"lock","Key":"{}queue/"#,
+                env.key("x")
+            )),
+            1,
+            HttpFault::LateRequest(HOLD),
+        );
+        let r = timeout(SOON, a.lock("x").unwrap().try_acquire()).await;
+        assert!(r.expect("try-acquire hung").is_err());
+        assert!(late.hit(), "the join was not the one cut");
+        timeout(SOON, a.wait_idle()).await.expect("abandon hung");
+        bg.release().await.unwrap();
+        lock_is_free_after_late_write(&env, &late, &c).await;
+    })
+    .await;
+    env.finish().await;
+}
+
+/// (c) A's fast txn is cut on its side; A queues behind C (which waits for
+/// B's `.lock`). B lets go; before C sees it (C's answer is held), A's fast
+/// txn lands on the free `.lock`. C must not then wait for A's `.lock`
+/// while A waits for C's queue key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_fast_acquire_of_a_queued_waiter_does_not_deadlock() {
+    let Some(mut env) = Env::new() else { return };
+    serially(async {
+        let (a, pa) = env.proxied("ttl=1h").await;
+        let (c, pc) = env.proxied("ttl=1h").await;
+        let b = env.client("").await;
+        let bg = acquire(&b, "x").await;
+        // C queues and waits on `.lock`; the answer to that wait is held.
+        let c_wait = pc.on(
+            Match::any()
+                .method("GET")
+                .path(&format!("/v1/kv/{}/x/.lock?", env.ns)),
+            1,
+            HttpFault::DelayAnswer(HOLD),
+        );
+        let c_acq = spawn_acquire(&c, "x");
+        timeout(SOON, c_wait.wait_hit())
+            .await
+            .expect("C never waited on .lock");
+        let late = pa.on(
+            txn_starting(&env, "check-not-exists", "x"),
+            1,
+            HttpFault::LateRequest(HOLD),
+        );
+        let a_acq = spawn_acquire(&a, "x");
+        timeout(SOON, late.wait_hit()).await.expect("A never tried");
+        eventually("A to queue behind C", || async {
+            waiters(&b, "x").await >= 2
+        })
+        .await;
+        bg.release().await.unwrap();
+        late.release();
+        timeout(SOON, late.wait_done())
+            .await
+            .expect("the late request never reached the agent");
+        c_wait.release();
+        let cg = match timeout(Duration::from_secs(15), c_acq).await {
+            Ok(r) => r.unwrap().unwrap(),
+            Err(_) => panic!("C was never granted: {:?}", b.inspect("x").await.unwrap()),
+        };
+        let c_token = cg.token();
+        cg.release().await.unwrap();
+        let ag = timeout(SOON, a_acq)
+            .await
+            .expect("A never granted")
+            .unwrap()
+            .unwrap();
+        assert!(ag.token() > c_token);
+        ag.release().await.unwrap();
+    })
+    .await;
+    env.finish().await;
+}
+
+/// (d) A try-write of a held read-write lock whose join is cut on our
+/// side fails and is abandoned; the join reaches the agent afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_rw_join_after_a_failed_try_leaves_nothing() {
+    let Some(mut env) = Env::new() else { return };
+    serially(async {
+        let (a, proxy) = env.proxied("ttl=1h").await;
+        let b = env.client("").await;
+        let c = env.client("").await;
+        let bg = acquire(&b, "x").await;
+        let late = proxy.on(
+            Match::any().path("/v1/txn").body(&format!(
+                r#"[{{"KV":{{"Verb":"lock","Key":"{}rw/"#,
+                env.key("x")
+            )),
+            1,
+            HttpFault::LateRequest(HOLD),
+        );
+        let r = timeout(SOON, a.rwlock("x").unwrap().try_write()).await;
+        assert!(r.expect("try-write hung").is_err());
+        assert!(late.hit(), "the join was not the one cut");
+        timeout(SOON, a.wait_idle()).await.expect("abandon hung");
+        bg.release().await.unwrap();
+        lock_is_free_after_late_write(&env, &late, &c).await;
+    })
+    .await;
+    env.finish().await;
+}
+
+/// (d) A try-acquire of a full semaphore whose join is cut on our side
+/// fails and is abandoned; the join reaches the agent afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_semaphore_join_after_a_failed_try_leaves_nothing() {
+    let Some(mut env) = Env::new() else { return };
+    serially(async {
+        let (a, proxy) = env.proxied("ttl=1h").await;
+        let b = env.client("").await;
+        let c = env.client("").await;
+        let bg = timeout(SOON, b.semaphore("s", 1).unwrap().acquire())
+            .await
+            .unwrap()
+            .unwrap();
+        let late = proxy.on(
+            Match::any()
+                .path("/v1/txn")
+                .body(&format!(r#"[{{"KV":{{"Verb":"lock","Key":"{}/s/"#, env.ns)),
+            1,
+            HttpFault::LateRequest(HOLD),
+        );
+        let r = timeout(SOON, a.semaphore("s", 1).unwrap().try_acquire()).await;
+        assert!(r.expect("try-acquire hung").is_err());
+        assert!(late.hit(), "the join was not the one cut");
+        timeout(SOON, a.wait_idle()).await.expect("abandon hung");
+        bg.release().await.unwrap();
+        late.release();
+        timeout(SOON, late.wait_done())
+            .await
+            .expect("the late request never reached the agent");
+        let left = keys_left(&env).await;
+        let g = timeout(
+            Duration::from_secs(5),
+            c.semaphore("s", 1).unwrap().acquire(),
+        )
+        .await;
+        assert!(
+            left.is_empty(),
+            "after the late write: {left:?} left on the store (permit free for another client: {})",
+            g.is_ok()
+        );
+        g.expect("another client could not take the permit after the late write")
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    })
+    .await;
+    env.finish().await;
+}
+
+/// (b) A waiting acquire of a held lock whose queue join is cut on our
+/// side joins again and waits; it times out and is abandoned; the first
+/// join reaches the agent afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_queue_join_after_a_timed_out_acquire_leaves_nothing() {
+    let Some(mut env) = Env::new() else { return };
+    serially(async {
+        let (a, proxy) = env.proxied("ttl=1h").await;
+        let b = env.client("").await;
+        let c = env.client("").await;
+        let bg = acquire(&b, "x").await;
+        let late = proxy.on(
+            Match::any().path("/v1/txn").body(&format!(
+                r#"[{{"KV":{{"Verb":"lock","Key":"{}queue/"#,
+                env.key("x")
+            )),
+            1,
+            HttpFault::LateRequest(HOLD),
+        );
+        let r = a
+            .lock("x")
+            .unwrap()
+            .acquire_timeout(Duration::from_secs(2))
+            .await;
+        assert_eq!(
+            r.err().map(|e| e.kind()),
+            Some(lockcore::ErrorKind::Timeout)
+        );
+        assert!(late.hit(), "the join was not the one cut");
+        timeout(SOON, a.wait_idle()).await.expect("abandon hung");
+        bg.release().await.unwrap();
+        lock_is_free_after_late_write(&env, &late, &c).await;
+    })
+    .await;
+    env.finish().await;
+}

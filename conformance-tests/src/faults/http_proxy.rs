@@ -81,6 +81,14 @@ pub enum HttpFault {
     DelayAnswer(Duration),
     /// Half of the answer passes, then the connection is reset (RST).
     ResetMidAnswer,
+    /// The request is held, the client's connection is reset (RST) at
+    /// once, and the request is forwarded this long later (or at
+    /// [`HttpRule::release`]); its answer is thrown away. The client gives
+    /// up on a request that the server applies after whatever the client
+    /// did next: a request that an agent, a load balancer or a proxy
+    /// delivers late. [`HttpRule::wait_done`] resolves once the server
+    /// answered it.
+    LateRequest(Duration),
 }
 
 /// One request as the proxy saw it.
@@ -395,6 +403,17 @@ async fn connection(client: TcpStream, target: SocketAddr, shared: Arc<Shared>) 
         if let (Some(r), Some(HttpFault::DelayRequest(d))) = (&rule, fault) {
             r.hold(d).await;
         }
+        if let (Some(r), Some(HttpFault::LateRequest(d))) = (&rule, fault) {
+            if let Ok(c) = crd.into_inner().reunite(cwr) {
+                reset(&c);
+            }
+            r.hold(d).await;
+            if swr.write_all(&req.raw).await.is_ok() {
+                let _ = read_message(&mut srd, Some(seen.method == "HEAD")).await;
+            }
+            r.state.stage.send_replace(2);
+            return;
+        }
         if swr.write_all(&req.raw).await.is_err() {
             return;
         }
@@ -562,5 +581,28 @@ mod tests {
         assert_eq!(call(&mut c, "/x", "abcdefgh").await, None);
         cut.wait_done().await;
         assert_eq!(served.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn a_late_request_fails_the_client_first_and_reaches_the_server_later() {
+        let (addr, served) = server().await;
+        let p = HttpProxy::start(addr).await.unwrap();
+        let late = p.on(
+            Match::any().path("/late"),
+            1,
+            HttpFault::LateRequest(Duration::from_secs(60)),
+        );
+        let mut c = BufReader::new(TcpStream::connect(p.addr()).await.unwrap());
+        // The client's side ends at once, before the server has it.
+        assert_eq!(call(&mut c, "/late", "x").await, None);
+        assert!(late.hit());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(served.load(Ordering::SeqCst), 0, "forwarded before release");
+        // Other connections pass meanwhile.
+        let mut c = BufReader::new(TcpStream::connect(p.addr()).await.unwrap());
+        assert_eq!(call(&mut c, "/now", "y").await.unwrap(), "y");
+        late.release();
+        late.wait_done().await;
+        assert_eq!(served.load(Ordering::SeqCst), 2, "the late request arrived");
     }
 }
