@@ -94,7 +94,7 @@ impl Env {
         }
         let url = lockcore::url::parse(&format!("consul://{}/{}", self.agent(), self.ns)).unwrap();
         let probe = backend_consul::ConsulBackend::connect(&url).await.unwrap();
-        let left = lockcore::Backend::leftovers(&probe).await.unwrap();
+        let left = lockcore::backend::Backend::leftovers(&probe).await.unwrap();
         assert_eq!(left, Vec::<String>::new(), "left on the store");
     }
 }

@@ -7,8 +7,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use conformance_tests::faults::{explorer, scenarios, FaultTarget};
-use lockcore::backend::{AcquireRequest, Acquired, Capabilities, LockState, StoreSession};
-use lockcore::{Backend, EntrySignals, LockName, Result, SessionLiveness};
+use lockcore::backend::{AcquireRequest, Acquired, Capabilities, StoreSession};
+use lockcore::backend::{Backend, EntrySignals, SessionLiveness};
+use lockcore::LockState;
+use lockcore::{LockName, Result};
 
 #[derive(Debug, Clone, Copy)]
 enum Mutation {

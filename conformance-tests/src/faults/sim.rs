@@ -8,9 +8,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use lockcore::backend::{AcquireRequest, Acquired, Capabilities, LockState, StoreSession};
+use lockcore::backend::{AcquireRequest, Acquired, Capabilities, StoreSession};
+use lockcore::backend::{Backend, SessionLiveness};
 use lockcore::mem::MemBackend;
-use lockcore::{Backend, Error, ErrorKind, LockName, Result, SessionLiveness};
+use lockcore::LockState;
+use lockcore::{Error, ErrorKind, LockName, Result};
 use tokio::sync::watch;
 
 use super::{NetControl, NetMode, OneShot};
