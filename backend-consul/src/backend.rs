@@ -5,12 +5,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use lockcore::backend::{HeldEntry, KeyWrite};
-use lockcore::url::Url;
-use lockcore::{
-    Backend, Capabilities, Contender, Error, ErrorKind, LockKind, LockName, LockState, Result,
-    SessionLiveness, StoreSession,
+use lockcore::backend::{
+    Backend, Capabilities, HeldEntry, KeyWrite, SessionLiveness, StoreSession,
 };
+use lockcore::{Contender, Error, ErrorKind, LockKind, LockName, LockState, Result};
 
 use crate::api::{op, Api, Block, KvEntry, Record, Txn};
 use crate::config::ConsulConfig;
@@ -93,7 +91,7 @@ pub(crate) struct Keys {
 
 impl Keys {
     pub fn new(config: &ConsulConfig, name: &LockName) -> Keys {
-        let base = config.lock_prefix(name.as_str());
+        let base = config.lock_prefix(name);
         Keys {
             lock: format!("{base}/.lock"),
             revoke: format!("{base}/.lock.revoke"),
@@ -237,8 +235,8 @@ impl ConsulBackend {
     ///
     /// # Cancel safety
     /// Only reads; safe to drop.
-    pub async fn connect(url: &Url) -> Result<ConsulBackend> {
-        let b = Self::new(ConsulConfig::from_url(url)?)?;
+    pub async fn connect(url: impl AsRef<str>) -> Result<ConsulBackend> {
+        let b = Self::new(ConsulConfig::parse(url.as_ref())?)?;
         let start = tokio::time::Instant::now();
         let mut pause = Duration::from_millis(100);
         let leader = loop {

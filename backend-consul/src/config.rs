@@ -4,8 +4,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use lockcore::backend::Namespace;
 use lockcore::url::{self, Secret, Url};
-use lockcore::{Error, ErrorKind, Result};
+use lockcore::{Error, ErrorKind, LockName, Result};
 
 /// The agent's HTTP port used when a `consul://` URL has none.
 pub const DEFAULT_PORT: u16 = 8500;
@@ -49,7 +50,7 @@ pub struct ConsulConfig {
     pub port: u16,
     /// The namespace (the URL path without its slashes): lock `n` lives
     /// under the key prefix `<namespace>/n/`, or `n/` when it is empty.
-    pub namespace: String,
+    pub namespace: Namespace,
     /// ACL token.
     pub token: Option<Secret>,
     /// Datacenter (`?dc=` on every request).
@@ -110,7 +111,7 @@ impl ConsulConfig {
         if port == 0 {
             return Err(invalid("port 0 is not a valid agent port"));
         }
-        let namespace = url::namespace(u)?;
+        let namespace = Namespace::from_url(u)?;
         let mut opts = url::Options::new(u)?;
         let token = match opts.take("token") {
             None => None,
@@ -187,21 +188,13 @@ impl ConsulConfig {
     }
 
     /// The key prefix of lock `name`: `<namespace>/<name>`.
-    pub fn lock_prefix(&self, name: &str) -> String {
-        if self.namespace.is_empty() {
-            name.to_string()
-        } else {
-            format!("{}/{name}", self.namespace)
-        }
+    pub fn lock_prefix(&self, name: &LockName) -> String {
+        self.namespace.lock_key(name)
     }
 
     /// The prefix every key of this namespace starts with (`""` for none).
     pub fn namespace_prefix(&self) -> String {
-        if self.namespace.is_empty() {
-            String::new()
-        } else {
-            format!("{}/", self.namespace)
-        }
+        self.namespace.prefix()
     }
 }
 
@@ -232,7 +225,7 @@ mod tests {
         assert!(c.checks.is_empty());
         assert_eq!(c.ca_file, None);
         assert_eq!(c.agent_url().unwrap().as_str(), "http://127.0.0.1:8500/");
-        assert_eq!(c.lock_prefix("a/b"), "a/b");
+        assert_eq!(c.lock_prefix(&LockName::new("a/b").unwrap()), "a/b");
         assert_eq!(c.namespace_prefix(), "");
     }
 
@@ -249,7 +242,7 @@ mod tests {
         assert_eq!(c.ttl, Duration::from_secs(30));
         assert_eq!(c.lock_delay, Duration::ZERO);
         assert_eq!(c.checks, vec!["serfHealth", "service:web"]);
-        assert_eq!(c.lock_prefix("x"), "app/locks/x");
+        assert_eq!(c.lock_prefix(&LockName::new("x").unwrap()), "app/locks/x");
         assert_eq!(c.namespace_prefix(), "app/locks/");
         let c = parse("consul://h?ttl=24h&lock_delay=60s&checks=").unwrap();
         assert_eq!(c.ttl, Duration::from_secs(86400));

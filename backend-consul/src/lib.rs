@@ -16,4 +16,4 @@ pub use config::{ConsulConfig, DEFAULT_LOCK_DELAY, DEFAULT_PORT, DEFAULT_TLS_POR
 pub use semaphore::SEMAPHORE_FLAGS;
 
 /// URL schemes this backend serves: `consul` (HTTP) and `consuls` (HTTPS).
-pub const SCHEMES: &[&str] = &["consul", "consuls"];
+pub const SCHEMES: &[&str] = lockcore::backend::schemes::CONSUL;

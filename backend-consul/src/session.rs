@@ -7,11 +7,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lockcore::backend::InFlightWrites;
-use lockcore::{
-    finish_on_drop, AcquireRequest, Acquired, EntrySignals, Error, ErrorKind, LastGrant, LockKind,
-    LossReason, QuietGrants, Result, SessionLiveness, StoreSession, HELD_WATCH_DELAY,
+use lockcore::backend::{
+    finish_on_drop, AcquireRequest, Acquired, EntrySignals, InFlightWrites, LastGrant, QuietGrants,
+    SessionLiveness, StoreSession, HELD_WATCH_DELAY,
 };
+use lockcore::{Error, ErrorKind, LockKind, LossReason, Result};
 use serde_json::json;
 use tokio::sync::Notify;
 use tokio::time::Instant;

@@ -9,7 +9,7 @@ conformance_tests::fault_suite!(conformance_tests::faults::FaultTarget::from_env
     |url| async move {
         Ok(
             std::sync::Arc::new(backend_consul::ConsulBackend::connect(&url).await?)
-                as std::sync::Arc<dyn lockcore::Backend>,
+                as std::sync::Arc<dyn lockcore::backend::Backend>,
         )
     },
 )

@@ -94,7 +94,7 @@ impl Env {
         }
         let url = lockcore::url::parse(&format!("consul://{}/{}", self.agent(), self.ns)).unwrap();
         let probe = backend_consul::ConsulBackend::connect(&url).await.unwrap();
-        let left = lockcore::Backend::leftovers(&probe).await.unwrap();
+        let left = lockcore::backend::Backend::leftovers(&probe).await.unwrap();
         assert_eq!(left, Vec::<String>::new(), "left on the store");
     }
 }
@@ -670,7 +670,7 @@ async fn lost_answer_to_a_permit_does_not_share_another_holders_token() {
 async fn keys_left(env: &Env) -> Vec<String> {
     let url = lockcore::url::parse(&format!("consul://{}/{}", env.agent(), env.ns)).unwrap();
     let probe = backend_consul::ConsulBackend::connect(&url).await.unwrap();
-    let mut keys = lockcore::Backend::leftovers(&probe).await.unwrap();
+    let mut keys = lockcore::backend::Backend::leftovers(&probe).await.unwrap();
     keys.retain(|k| !k.starts_with(&format!("{}/.fence/", env.ns)));
     keys
 }
@@ -679,7 +679,7 @@ async fn keys_left(env: &Env) -> Vec<String> {
 async fn fences(env: &Env) -> Vec<String> {
     let url = lockcore::url::parse(&format!("consul://{}/{}", env.agent(), env.ns)).unwrap();
     let probe = backend_consul::ConsulBackend::connect(&url).await.unwrap();
-    let mut keys = lockcore::Backend::leftovers(&probe).await.unwrap();
+    let mut keys = lockcore::backend::Backend::leftovers(&probe).await.unwrap();
     keys.retain(|k| k.starts_with(&format!("{}/.fence/", env.ns)));
     keys
 }

@@ -13,12 +13,10 @@ use etcd_client::{
     KeyValue, PutOptions, SortOrder, SortTarget, TlsOptions, Txn, TxnOp, TxnOpResponse,
     TxnResponse,
 };
-use lockcore::backend::{HeldEntry, KeyWrite};
-use lockcore::url::Url;
-use lockcore::{
-    Backend, Capabilities, Contender, Error, ErrorKind, LockKind, LockName, LockState, Result,
-    SessionLiveness, StoreSession,
+use lockcore::backend::{
+    Backend, Capabilities, HeldEntry, KeyWrite, SessionLiveness, StoreSession,
 };
+use lockcore::{Contender, Error, ErrorKind, LockKind, LockName, LockState, Result};
 
 use crate::config::EtcdConfig;
 use crate::error;
@@ -60,8 +58,8 @@ impl EtcdBackend {
     ///
     /// # Cancel safety
     /// Writes nothing; safe to drop at any point.
-    pub async fn connect(url: &Url) -> Result<EtcdBackend> {
-        let config = EtcdConfig::from_url(url)?;
+    pub async fn connect(url: impl AsRef<str>) -> Result<EtcdBackend> {
+        let config = EtcdConfig::from_url(&lockcore::url::parse(url.as_ref())?)?;
         Self::new(config).await
     }
 
@@ -166,17 +164,11 @@ impl Inner {
     /// `<ns>/<name>` (or `<name>` without a namespace): Go's mutex prefix
     /// without its trailing slash.
     pub(crate) fn lock_prefix(&self, name: &LockName) -> String {
-        match self.config.namespace.as_str() {
-            "" => name.as_str().to_string(),
-            ns => format!("{ns}/{name}"),
-        }
+        self.config.namespace.lock_key(name)
     }
 
     pub(crate) fn namespace_prefix(&self) -> String {
-        match self.config.namespace.as_str() {
-            "" => String::new(),
-            ns => format!("{ns}/"),
-        }
+        self.config.namespace.prefix()
     }
 
     /// Runs one request: counts it, bounds it by the configured timeout and
@@ -255,7 +247,7 @@ impl Inner {
         let (holders, waiters): (Vec<_>, Vec<_>) = all
             .into_iter()
             .enumerate()
-            .partition(|(i, _)| layout::holds(&kinds, *i));
+            .partition(|(i, _)| lockcore::backend::holds(&kinds, *i));
         Ok((
             holders.into_iter().map(|(_, kv)| kv).collect(),
             waiters.into_iter().map(|(_, kv)| kv).collect(),

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use lockcore::backend::Namespace;
 use lockcore::url::{self, Options, Secret, Url};
 use lockcore::{Error, ErrorKind, Result};
 
@@ -42,7 +43,7 @@ pub struct EtcdConfig {
     /// Password for etcd's auth (the URL password).
     pub password: Option<Secret>,
     /// Key prefix of every lock (the URL path, without slashes at the ends).
-    pub namespace: String,
+    pub namespace: Namespace,
     /// Lease TTL (`ttl=`, whole seconds, default 10 s, 2 s ..= 24 h).
     pub ttl: Duration,
     /// Deadline of each unary request (`timeout=`, default 5 s,
@@ -84,12 +85,12 @@ impl EtcdConfig {
                 ))
             }
             (user, Some(pw)) => (
-                Some(percent_decode(user, "user name")?),
-                Some(Secret::new(percent_decode(pw, "password")?)),
+                Some(url::percent_decode(user, "user name")?),
+                Some(Secret::new(url::percent_decode(pw, "password")?)),
             ),
         };
 
-        let namespace = url::namespace(u)?;
+        let namespace = Namespace::from_url(u)?;
         let mut opts = Options::new(u)?;
         let ttl = opts.duration("ttl", DEFAULT_TTL, MIN_TTL, MAX_TTL)?;
         if ttl.subsec_nanos() != 0 {
@@ -176,28 +177,6 @@ fn host_port(ep: &str) -> Result<String> {
         return Err(bad());
     }
     Ok(format!("{host}:{port}"))
-}
-
-/// Decodes `%XX` escapes of the URL's user info.
-fn percent_decode(s: &str, what: &str) -> Result<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = bytes
-                .get(i + 1..i + 3)
-                .and_then(|h| std::str::from_utf8(h).ok())
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or_else(|| invalid(format!("the URL {what} has a bad %-escape")))?;
-            out.push(hex);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).map_err(|_| invalid(format!("the URL {what} is not UTF-8")))
 }
 
 #[cfg(test)]

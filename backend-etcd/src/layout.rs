@@ -89,28 +89,6 @@ pub(crate) fn writer_range(pfx: &str) -> (String, String) {
     (format!("{pfx}/0"), format!("{pfx}0"))
 }
 
-/// Whether an entry of kind `new` may not queue behind one of `existing`:
-/// mutexes and read-write locks share the exclusive/write rule; semaphores
-/// only mix with semaphores of the same permit count.
-pub(crate) fn conflicts(existing: LockKind, new: LockKind) -> bool {
-    match (existing, new) {
-        (LockKind::Semaphore { permits: a }, LockKind::Semaphore { permits: b }) => a != b,
-        (LockKind::Semaphore { .. }, _) | (_, LockKind::Semaphore { .. }) => true,
-        _ => false,
-    }
-}
-
-/// Whether entry `i` of a queue (kinds in create-revision order) holds:
-/// a mutex or writer when first, a reader when no mutex or writer is
-/// ahead, a semaphore permit when fewer than `permits` entries are ahead.
-pub(crate) fn holds(kinds: &[LockKind], i: usize) -> bool {
-    match kinds[i] {
-        LockKind::Read => kinds[..i].iter().all(|k| *k == LockKind::Read),
-        LockKind::Semaphore { permits } => i < permits as usize,
-        _ => i == 0,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -151,20 +129,5 @@ mod tests {
             assert!(lo.as_str() <= w.as_str() && w.as_str() < hi.as_str(), "{w}");
         }
         assert_eq!(key("ns/a", LockKind::Exclusive, 0x694d, &u), "ns/a/694d");
-    }
-
-    #[test]
-    fn queue_rules() {
-        use LockKind::*;
-        let q = [Read, Read, Write, Read];
-        assert!(holds(&q, 0) && holds(&q, 1) && !holds(&q, 2) && !holds(&q, 3));
-        let q = [Exclusive, Read];
-        assert!(holds(&q, 0) && !holds(&q, 1));
-        let s = Semaphore { permits: 2 };
-        let q = [s, s, s];
-        assert!(holds(&q, 0) && holds(&q, 1) && !holds(&q, 2));
-        assert!(conflicts(s, Semaphore { permits: 3 }));
-        assert!(conflicts(s, Read) && conflicts(Exclusive, s));
-        assert!(!conflicts(Exclusive, Read) && !conflicts(s, s));
     }
 }

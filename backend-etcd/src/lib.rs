@@ -13,4 +13,4 @@ pub use backend::EtcdBackend;
 pub use config::{EtcdConfig, DEFAULT_PORT, DEFAULT_TIMEOUT, DEFAULT_TTL, MAX_TTL, MIN_TTL};
 
 /// URL schemes this backend serves: `etcd` (plain) and `etcds` (TLS).
-pub const SCHEMES: &[&str] = &["etcd", "etcds"];
+pub const SCHEMES: &[&str] = lockcore::backend::schemes::ETCD;

@@ -13,10 +13,10 @@ use etcd_client::{
     TxnOp, WatchFilterType,
 };
 use lockcore::backend::InFlightWrites;
-use lockcore::{
-    AcquireRequest, Acquired, EntrySignals, Error, ErrorKind, LockKind, LossReason, QuietGrants,
-    Result, SessionLiveness, StoreSession,
+use lockcore::backend::{
+    AcquireRequest, Acquired, EntrySignals, QuietGrants, SessionLiveness, StoreSession,
 };
+use lockcore::{Error, ErrorKind, LockKind, LossReason, Result};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -173,7 +173,7 @@ impl EtcdSession {
 
     /// Watches a held entry's own key from `from`: a delete is a loss, a
     /// put a revoke request. The watch starts after
-    /// [`lockcore::HELD_WATCH_DELAY`] (from `from`, so nothing in between
+    /// [`lockcore::backend::HELD_WATCH_DELAY`] (from `from`, so nothing in between
     /// is missed), and not at all if the lock is released before. No task
     /// and no channel per held entry: the backend's watch task calls the
     /// entry's [`Sink`].
@@ -455,7 +455,7 @@ impl EtcdSession {
         };
         if let Some(o) = &oldest {
             let theirs = layout::kind_of(o);
-            if layout::conflicts(theirs, kind) {
+            if kind.conflicts_with(theirs) {
                 // Conflict is the answer even if this delete fails: the
                 // client layer abandons (deletes) the attempt after any
                 // error but WouldBlock.
@@ -506,7 +506,7 @@ impl EtcdSession {
             // back): it waits for that one like for a writer.
             let foreign: Vec<KeyValue> = ahead
                 .iter()
-                .filter(|kv| layout::conflicts(layout::kind_of(kv), kind))
+                .filter(|kv| kind.conflicts_with(layout::kind_of(kv)))
                 .cloned()
                 .collect();
             if ahead.len() < wanted(kind) && foreign.is_empty() {
@@ -797,7 +797,7 @@ impl HeldEntry {
     }
 
     /// Watches our key from revision `from`; `later`: after
-    /// [`lockcore::HELD_WATCH_DELAY`], if still held then.
+    /// [`lockcore::backend::HELD_WATCH_DELAY`], if still held then.
     fn subscribe(self, from: i64, later: bool) {
         let (inner, key) = (self.inner.clone(), self.key.as_bytes().to_vec());
         inner.hub.subscribe(key, from, Arc::new(self), later);

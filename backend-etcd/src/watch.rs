@@ -22,7 +22,7 @@ use etcd_client::{
     EventType, KeyValue, WatchClient, WatchFilterType, WatchOptions, WatchRequestSender,
     WatchResponse, WatchResponseStream,
 };
-use lockcore::{DelayQueue, HELD_WATCH_DELAY};
+use lockcore::backend::{DelayQueue, HELD_WATCH_DELAY};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 

@@ -7,7 +7,7 @@ conformance_tests::cluster_fault_suite!(
     |url| async move {
         Ok(
             std::sync::Arc::new(backend_etcd::EtcdBackend::connect(&url).await?)
-                as std::sync::Arc<dyn lockcore::Backend>,
+                as std::sync::Arc<dyn lockcore::backend::Backend>,
         )
     },
     "ttl",

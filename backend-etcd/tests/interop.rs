@@ -89,6 +89,7 @@ fn key_prefix(url: &Url) -> String {
     backend_etcd::EtcdConfig::from_url(url)
         .expect("test URL")
         .namespace
+        .to_string()
 }
 
 /// `etcdctl` with the endpoint and credentials of `url`.

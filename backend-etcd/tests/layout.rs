@@ -25,6 +25,7 @@ fn key_prefix(h: &Harness, namespace: &str) -> String {
     backend_etcd::EtcdConfig::from_url(&h.url_for(namespace))
         .unwrap()
         .namespace
+        .to_string()
 }
 
 /// A plain etcd client for the same store, to read the keys directly.

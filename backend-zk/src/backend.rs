@@ -8,12 +8,10 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use lockcore::backend::{HeldEntry, KeyWrite};
-use lockcore::url::Url;
-use lockcore::{
-    Backend, Capabilities, Contender, Error, ErrorKind, LockKind, LockName, LockState, LossReason,
-    Result, SessionLiveness, StoreSession,
+use lockcore::backend::{
+    Backend, Capabilities, HeldEntry, KeyWrite, SessionLiveness, StoreSession,
 };
+use lockcore::{Contender, Error, ErrorKind, LockKind, LockName, LockState, LossReason, Result};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
@@ -148,25 +146,17 @@ impl Shared {
 
     /// The path of the lock node of `name`: `/<namespace>/<name>`.
     pub(crate) fn lock_dir(&self, name: &LockName) -> Result<String> {
-        match self.config.namespace.as_str() {
-            "" => {
-                if name.segments().next() == Some("zookeeper") {
-                    return Err(Error::new(
-                        ErrorKind::InvalidName,
-                        "without a namespace, a lock name must not start with zookeeper (the server's own tree)",
-                    ));
-                }
-                Ok(format!("/{name}"))
-            }
-            ns => Ok(format!("/{ns}/{name}")),
+        if self.config.namespace.is_empty() && name.segments().next() == Some("zookeeper") {
+            return Err(Error::new(
+                ErrorKind::InvalidName,
+                "without a namespace, a lock name must not start with zookeeper (the server's own tree)",
+            ));
         }
+        Ok(format!("/{}", self.config.namespace.lock_key(name)))
     }
 
     fn root(&self) -> String {
-        match self.config.namespace.as_str() {
-            "" => "/".to_string(),
-            ns => format!("/{ns}"),
-        }
+        format!("/{}", self.config.namespace)
     }
 
     /// Opens a ZooKeeper session (or reattaches to `session`), retrying
@@ -394,19 +384,8 @@ impl ZkBackend {
     /// # Cancel safety
     /// Dropping it may leave the admin session half open; it is closed when
     /// the backend is dropped, or expires by its timeout.
-    pub async fn connect(url: &Url) -> Result<ZkBackend> {
-        let b = ZkBackend::new(ZkConfig::from_url(url)?);
-        b.shared.admin().await?;
-        Ok(b)
-    }
-
-    /// As [`ZkBackend::connect`], for a URL given as text; accepts a port
-    /// per server (`zk://a:2181,b:2182/ns`).
-    ///
-    /// # Cancel safety
-    /// As [`ZkBackend::connect`].
-    pub async fn connect_str(url: &str) -> Result<ZkBackend> {
-        let b = ZkBackend::new(ZkConfig::parse(url)?);
+    pub async fn connect(url: impl AsRef<str>) -> Result<ZkBackend> {
+        let b = ZkBackend::new(ZkConfig::parse(url.as_ref())?);
         b.shared.admin().await?;
         Ok(b)
     }
@@ -605,7 +584,7 @@ impl ZkBackend {
                 // node yet (it starts HELD_WATCH_DELAY after the grant, and
                 // then reads the mark): give it that long before the
                 // delete can let a waiter in.
-                tokio::time::sleep(2 * lockcore::HELD_WATCH_DELAY).await;
+                tokio::time::sleep(2 * lockcore::backend::HELD_WATCH_DELAY).await;
                 self.shared.count(1);
                 match c.delete(&h.entry, None).await {
                     // Gone already: our holder saw the mark and let go.
@@ -1007,7 +986,7 @@ mod store_tests {
             eprintln!("SKIPPED: QUORUMLOCK_TEST_ZK_URL is not set");
             return None;
         };
-        Some(ZkBackend::connect_str(&url).await.expect("connect"))
+        Some(ZkBackend::connect(&url).await.expect("connect"))
     }
 
     /// 40 sessions opened and closed one after the other: the list that

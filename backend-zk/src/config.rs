@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use lockcore::backend::Namespace;
 use lockcore::url::{self, Secret, Url};
 use lockcore::{Error, ErrorKind, Result};
 
@@ -28,7 +29,7 @@ pub struct ZkConfig {
     pub servers: Vec<(String, u16)>,
     /// The namespace (the URL path without its slashes): lock `n` lives at
     /// `/<namespace>/n`, or `/n` when the namespace is empty.
-    pub namespace: String,
+    pub namespace: Namespace,
     /// Requested session timeout.
     pub session_timeout: Duration,
     /// Deadline for opening a session.
@@ -108,16 +109,16 @@ impl ZkConfig {
                 ))
             }
             (user, Some(pw)) => {
-                let user = decode(user)?;
-                let pw = decode(pw)?;
+                let user = url::percent_decode(user, "user name")?;
+                let pw = url::percent_decode(pw, "password")?;
                 if user.contains(':') {
                     return Err(invalid("the digest user name must not contain ':'"));
                 }
                 Some((user, Secret::new(pw)))
             }
         };
-        let namespace = url::namespace(u)?;
-        if namespace.split('/').next() == Some("zookeeper") {
+        let namespace = Namespace::from_url(u)?;
+        if namespace.as_str().split('/').next() == Some("zookeeper") {
             return Err(invalid(
                 "the namespace must not be under /zookeeper (the server's own tree)",
             ));
@@ -171,29 +172,6 @@ impl ZkConfig {
             .collect::<Vec<_>>()
             .join(",")
     }
-}
-
-fn decode(s: &str) -> Result<String> {
-    let bytes: Vec<u8> =
-        percent_decode(s).ok_or_else(|| invalid("bad %-escape in the credentials"))?;
-    String::from_utf8(bytes).map_err(|_| invalid("the credentials are not UTF-8"))
-}
-
-fn percent_decode(s: &str) -> Option<Vec<u8>> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = s.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    Some(out)
 }
 
 /// `host[:port],host[:port]`; `shared_port` applies to hosts without one.

@@ -11,4 +11,4 @@ pub use backend::ZkBackend;
 pub use config::{ZkConfig, DEFAULT_PORT};
 
 /// URL schemes this backend serves.
-pub const SCHEMES: &[&str] = &["zk"];
+pub const SCHEMES: &[&str] = lockcore::backend::schemes::ZK;

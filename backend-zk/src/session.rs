@@ -10,10 +10,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::FutureExt;
-use lockcore::{
-    AcquireRequest, Acquired, DelayQueue, EntrySignals, Error, ErrorKind, GrantMemory, LockKind,
-    LossReason, Result, SessionLiveness, StoreSession, HELD_WATCH_DELAY,
+use lockcore::backend::{
+    AcquireRequest, Acquired, DelayQueue, EntrySignals, GrantMemory, SessionLiveness, StoreSession,
+    HELD_WATCH_DELAY,
 };
+use lockcore::{Error, ErrorKind, LockKind, LossReason, Result};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;

@@ -260,7 +260,7 @@ fn available() -> bool {
 }
 
 async fn client(url: &str) -> LockClient {
-    let b = backend_zk::ZkBackend::connect_str(url)
+    let b = backend_zk::ZkBackend::connect(url)
         .await
         .unwrap_or_else(|e| panic!("connect {url}: {e}"));
     LockClient::new(Arc::new(b))

@@ -39,7 +39,7 @@ struct Cost {
 }
 
 fn totals(bs: &[ZkBackend]) -> Cost {
-    use lockcore::Backend;
+    use lockcore::backend::Backend;
     Cost {
         requests: bs
             .iter()
@@ -135,7 +135,7 @@ async fn release_cost(h: &Harness, n: usize, kind: Kind) -> Cost {
         c.close().await;
     }
     for b in &backends {
-        use lockcore::Backend;
+        use lockcore::backend::Backend;
         let left = b.leftovers().await.unwrap();
         assert!(left.is_empty(), "{left:?}");
     }

@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use lockcore::{Backend, ErrorKind, KeyWrite, LockClient};
+use lockcore::backend::{Backend, KeyWrite};
+use lockcore::{ErrorKind, LockClient};
 
 use crate::Harness;
 

@@ -6,8 +6,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use lockcore::backend::Backend;
 use lockcore::url::{self, Url};
-use lockcore::{Backend, LockClient};
+use lockcore::LockClient;
 
 /// Makes one backend (one "process") for a URL whose path is the case's
 /// namespace.

@@ -1,6 +1,6 @@
 //! Checks for a backend whose repeat acquire infers "nobody else is in
 //! line" from a cluster-wide write counter (etcd's revision, Consul's raft
-//! index; `lockcore::QuietGrants`) instead of reading the lock. Any write
+//! index; `lockcore::backend::QuietGrants`) instead of reading the lock. Any write
 //! on the server changes what such an acquire does, so these run one at a
 //! time ([`serially`]) and from [`quiet_repeat_suite!`](crate::quiet_repeat_suite).
 

@@ -8,9 +8,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use conformance_tests::faults::{explorer, scenarios, FaultTarget};
 use lockcore::backend::{
-    AcquireRequest, Acquired, Capabilities, HeldEntry, KeyWrite, LockState, StoreSession,
+    AcquireRequest, Acquired, Backend, Capabilities, EntrySignals, HeldEntry, KeyWrite,
+    SessionLiveness, StoreSession,
 };
-use lockcore::{Backend, EntrySignals, LockName, Result, SessionLiveness};
+use lockcore::LockState;
+use lockcore::{LockName, Result};
 
 #[derive(Debug, Clone, Copy)]
 enum Mutation {

@@ -5,14 +5,14 @@ use std::sync::Arc;
 
 use conformance_tests::herd::cost_of_one_release;
 use conformance_tests::Harness;
+use lockcore::backend::Backend;
 use lockcore::mem::MemBackend;
-use lockcore::Backend;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_release_wakes_one_waiter() {
     let base = lockcore::url::parse("mem://herd").unwrap();
     let h = Harness::new("mem", base, |url| async move {
-        Ok(Arc::new(MemBackend::from_url(&url)?) as Arc<dyn Backend>)
+        Ok(Arc::new(MemBackend::connect(&url).await?) as Arc<dyn Backend>)
     })
     .with_option("ttl", "1h");
     let four = cost_of_one_release(&h, 4).await;

@@ -3,13 +3,13 @@
 use std::sync::Arc;
 
 use conformance_tests::Harness;
+use lockcore::backend::Backend;
 use lockcore::mem::MemBackend;
-use lockcore::Backend;
 
 fn harness() -> Option<Harness> {
     let base = lockcore::url::parse("mem://conformance?ttl=2s").unwrap();
     Some(Harness::new("mem", base, |url| async move {
-        Ok(Arc::new(MemBackend::from_url(&url)?) as Arc<dyn Backend>)
+        Ok(Arc::new(MemBackend::connect(&url).await?) as Arc<dyn Backend>)
     }))
 }
 

@@ -7,10 +7,12 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use conformance_tests::{cases, Harness};
 use lockcore::backend::{
-    AcquireRequest, Acquired, Capabilities, HeldEntry, KeyWrite, LockState, StoreSession,
+    AcquireRequest, Acquired, Backend, Capabilities, HeldEntry, KeyWrite, SessionLiveness,
+    StoreSession,
 };
 use lockcore::mem::MemBackend;
-use lockcore::{Backend, ErrorKind, LockKind, LockName, Result, SessionLiveness};
+use lockcore::LockState;
+use lockcore::{ErrorKind, LockKind, LockName, Result};
 
 #[derive(Debug, Clone, Copy)]
 enum Mutation {
@@ -174,7 +176,7 @@ fn mutant(m: Mutation) -> Harness {
     let base = lockcore::url::parse("mem://mutants?ttl=2s").unwrap();
     Harness::new("mutant", base, move |url| async move {
         Ok(Arc::new(Mutant {
-            inner: MemBackend::from_url(&url)?,
+            inner: MemBackend::connect(&url).await?,
             mutation: m,
         }) as Arc<dyn Backend>)
     })

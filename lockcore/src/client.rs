@@ -12,9 +12,10 @@ use tokio::sync::{oneshot, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::backend::{AcquireRequest, Acquired, Backend, LockKind, LockState, StoreSession};
+use crate::backend::{AcquireRequest, Acquired, Backend, StoreSession};
 use crate::signal::{LossReason, SessionLiveness};
 use crate::{Error, ErrorKind, LockName, Result};
+use crate::{LockKind, LockState};
 
 /// A handle to one store, cheap to clone; all clones share one session.
 ///

@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::{LockKind, LockState};
 use crate::client::Mode;
 use crate::{LockClient, LockGuard, LockName, Result};
+use crate::{LockKind, LockState};
 
 /// A named read-write lock; see [`LockClient::rwlock`].
 ///

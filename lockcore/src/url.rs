@@ -1,5 +1,6 @@
 //! URL helpers shared by every backend's `config.rs`: option parsing with
-//! typed errors, the namespace from the path, and secret redaction.
+//! typed errors, percent-decoding of credentials, and secret redaction
+//! (the namespace from the path is [`crate::backend::Namespace`]).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -73,22 +74,27 @@ pub fn parse(url: &str) -> Result<Url> {
     })
 }
 
-/// The namespace from the URL path: `""` for none, else the path without
-/// its leading and trailing `/`, each segment checked like a lock name
-/// segment (except that `leases` and `locks`, reserved in nested lock
-/// names, are allowed: a namespace is no lock's child).
-pub fn namespace(url: &Url) -> Result<String> {
-    let path = url.path().trim_matches('/');
-    if path.is_empty() {
-        return Ok(String::new());
+/// Decodes the `%XX` escapes of a URL's user info (`what`: "user name",
+/// "password", for the error). A bad escape or a result that is not UTF-8
+/// is [`ErrorKind::InvalidUrl`].
+pub fn percent_decode(s: &str, what: &str) -> Result<String> {
+    let bad = |why: &str| Error::new(ErrorKind::InvalidUrl, format!("the URL {what} {why}"));
+    // percent-encoding passes a malformed escape through as text; the
+    // store would then see a credential nobody meant.
+    let bytes = s.as_bytes();
+    for (i, b) in bytes.iter().enumerate() {
+        if *b == b'%'
+            && !bytes
+                .get(i + 1..i + 3)
+                .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit))
+        {
+            return Err(bad("has a bad %-escape"));
+        }
     }
-    crate::name::validate_namespace(path).map_err(|e| {
-        Error::new(
-            ErrorKind::InvalidUrl,
-            format!("the URL path is the namespace, and {}", e.message()),
-        )
-    })?;
-    Ok(path.to_string())
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8()
+        .map(|c| c.into_owned())
+        .map_err(|_| bad("is not UTF-8"))
 }
 
 /// Query options of a URL, taken one by one; anything left at the end is
@@ -243,10 +249,14 @@ mod tests {
     }
 
     #[test]
-    fn namespace_is_checked() {
-        assert_eq!(namespace(&parse("zk://h:1/a/b/").unwrap()).unwrap(), "a/b");
-        assert_eq!(namespace(&parse("zk://h:1").unwrap()).unwrap(), "");
-        let e = namespace(&parse("zk://h:1/a/%20b").unwrap()).unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::InvalidUrl);
+    fn percent_decode_checks_escapes() {
+        assert_eq!(percent_decode("a%40b%2Fc", "user").unwrap(), "a@b/c");
+        for bad in ["a%4", "a%zz", "%"] {
+            let e = percent_decode(bad, "password").unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidUrl, "{bad}");
+            assert!(e.to_string().contains("password"), "{e}");
+        }
+        let e = percent_decode("%ff", "user").unwrap_err();
+        assert!(e.to_string().contains("UTF-8"), "{e}");
     }
 }

@@ -6,12 +6,15 @@
 
 use std::sync::Arc;
 
+use lockcore::backend::Backend;
+
+/// The backend contract (for a store of your own; see
+/// [`LockClient::new`]).
 pub use lockcore::backend;
 pub use lockcore::url;
 pub use lockcore::{
-    Backend, Capabilities, Contender, Error, ErrorKind, KeyWrite, Lock, LockClient, LockGuard,
-    LockKind, LockName, LockState, LossReason, MultiGuard, MultiLock, Reentry, Result, RwLock,
-    Semaphore,
+    Contender, Error, ErrorKind, Lock, LockClient, LockGuard, LockKind, LockName, LockState,
+    LossReason, MultiGuard, MultiLock, Reentry, Result, RwLock, Semaphore,
 };
 
 #[cfg(feature = "mem")]
@@ -37,15 +40,28 @@ pub const URL_ENV: &str = "QUORUMLOCK_URL";
 /// The URL [`connect_from_env`] uses when [`URL_ENV`] is unset.
 pub const DEFAULT_URL: &str = "mem://";
 
-/// Every scheme quorumlock knows, with the cargo feature that enables it.
-pub const SCHEMES: &[(&str, &str)] = &[
-    ("mem", "mem"),
-    ("etcd", "etcd"),
-    ("etcds", "etcd"),
-    ("zk", "zk"),
-    ("consul", "consul"),
-    ("consuls", "consul"),
-];
+/// Every scheme quorumlock knows, per cargo feature: each backend's own
+/// `SCHEMES` (for a feature that is off, the same list from
+/// [`lockcore::backend::schemes`], so that its error can name the feature).
+pub const SCHEMES: &[(&str, &[&str])] =
+    &[("mem", MEM), ("etcd", ETCD), ("zk", ZK), ("consul", CONSUL)];
+
+#[cfg(feature = "mem")]
+const MEM: &[&str] = lockcore::mem::SCHEMES;
+#[cfg(not(feature = "mem"))]
+const MEM: &[&str] = lockcore::backend::schemes::MEM;
+#[cfg(feature = "etcd")]
+const ETCD: &[&str] = backend_etcd::SCHEMES;
+#[cfg(not(feature = "etcd"))]
+const ETCD: &[&str] = lockcore::backend::schemes::ETCD;
+#[cfg(feature = "zk")]
+const ZK: &[&str] = backend_zk::SCHEMES;
+#[cfg(not(feature = "zk"))]
+const ZK: &[&str] = lockcore::backend::schemes::ZK;
+#[cfg(feature = "consul")]
+const CONSUL: &[&str] = backend_consul::SCHEMES;
+#[cfg(not(feature = "consul"))]
+const CONSUL: &[&str] = lockcore::backend::schemes::CONSUL;
 
 /// Connects to the store named by `url` and returns a client.
 ///
@@ -82,8 +98,8 @@ pub async fn connect_from_env() -> Result<LockClient> {
     }
 }
 
-/// One arm per feature. ZooKeeper takes the URL as text: its
-/// `host:port,host:port` server list is not a URL authority.
+/// One arm per feature; every backend has the same constructor,
+/// `connect(url)`.
 async fn backend_for(url: &str) -> Result<Arc<dyn Backend>> {
     let scheme = match url.split_once("://") {
         Some((s, _)) if !s.is_empty() => s,
@@ -94,32 +110,26 @@ async fn backend_for(url: &str) -> Result<Arc<dyn Backend>> {
             ))
         }
     };
-    match feature_of(scheme)? {
+    let feature = feature_of(scheme)?;
+    match feature {
         "mem" => {
             #[cfg(feature = "mem")]
-            return Ok(Arc::new(lockcore::mem::MemBackend::from_url(
-                &lockcore::url::parse(url)?,
-            )?));
+            return Ok(Arc::new(lockcore::mem::MemBackend::connect(url).await?));
         }
         "etcd" => {
             #[cfg(feature = "etcd")]
-            return Ok(Arc::new(
-                backend_etcd::EtcdBackend::connect(&lockcore::url::parse(url)?).await?,
-            ));
+            return Ok(Arc::new(backend_etcd::EtcdBackend::connect(url).await?));
         }
         "zk" => {
             #[cfg(feature = "zk")]
-            return Ok(Arc::new(backend_zk::ZkBackend::connect_str(url).await?));
+            return Ok(Arc::new(backend_zk::ZkBackend::connect(url).await?));
         }
         "consul" => {
             #[cfg(feature = "consul")]
-            return Ok(Arc::new(
-                backend_consul::ConsulBackend::connect(&lockcore::url::parse(url)?).await?,
-            ));
+            return Ok(Arc::new(backend_consul::ConsulBackend::connect(url).await?));
         }
         _ => {}
     }
-    let feature = feature_of(scheme)?;
     Err(Error::new(
         ErrorKind::FeatureDisabled,
         format!(
@@ -133,10 +143,13 @@ async fn backend_for(url: &str) -> Result<Arc<dyn Backend>> {
 fn feature_of(scheme: &str) -> Result<&'static str> {
     SCHEMES
         .iter()
-        .find(|(s, _)| *s == scheme)
-        .map(|(_, f)| *f)
+        .find(|(_, schemes)| schemes.contains(&scheme))
+        .map(|(f, _)| *f)
         .ok_or_else(|| {
-            let known: Vec<&str> = SCHEMES.iter().map(|(s, _)| *s).collect();
+            let known: Vec<&str> = SCHEMES
+                .iter()
+                .flat_map(|(_, s)| s.iter().copied())
+                .collect();
             Error::new(
                 ErrorKind::UnknownScheme,
                 format!("unknown scheme {scheme}:// (known: {})", known.join(", ")),
@@ -168,7 +181,10 @@ mod tests {
 
     #[tokio::test]
     async fn disabled_feature_is_named_and_secrets_stay_hidden() {
-        for (scheme, feature) in SCHEMES {
+        for (feature, scheme) in SCHEMES
+            .iter()
+            .flat_map(|(f, schemes)| schemes.iter().map(move |s| (f, s)))
+        {
             let enabled = match *feature {
                 "mem" => cfg!(feature = "mem"),
                 "etcd" => cfg!(feature = "etcd"),

@@ -26,9 +26,10 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
 
+use lockcore::backend::Backend;
 use lockcore::mem::MemBackend;
 use lockcore::url::{self, Url};
-use lockcore::{Backend, LockClient};
+use lockcore::LockClient;
 
 use crate::{BackendFactory, Harness};
 
@@ -207,7 +208,9 @@ impl FaultTarget {
             name: "mem".to_string(),
             base,
             factory: Arc::new(|u| {
-                Box::pin(async move { Ok(Arc::new(MemBackend::from_url(&u)?) as Arc<dyn Backend>) })
+                Box::pin(
+                    async move { Ok(Arc::new(MemBackend::connect(&u).await?) as Arc<dyn Backend>) },
+                )
             }),
             link: Link::Mem,
             wrap: None,
@@ -280,7 +283,7 @@ impl FaultTarget {
         let mut u = self.url_for(namespace);
         match &self.link {
             Link::Mem => {
-                let mem = MemBackend::from_url(&u).expect("mem URL");
+                let mem = MemBackend::connect(&u).await.expect("mem URL");
                 let (net, backend) = SimNet::wrap(mem);
                 (self.wrapped(backend), net)
             }

@@ -13,7 +13,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::{ErrorKind, KeyWrite, LockClient, LockGuard};
+use lockcore::backend::KeyWrite;
+use lockcore::{ErrorKind, LockClient, LockGuard};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 

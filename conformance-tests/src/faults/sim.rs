@@ -9,10 +9,12 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use lockcore::backend::{
-    AcquireRequest, Acquired, Capabilities, HeldEntry, KeyWrite, LockState, StoreSession,
+    AcquireRequest, Acquired, Backend, Capabilities, HeldEntry, KeyWrite, SessionLiveness,
+    StoreSession,
 };
 use lockcore::mem::MemBackend;
-use lockcore::{Backend, Error, ErrorKind, LockName, Result, SessionLiveness};
+use lockcore::LockState;
+use lockcore::{Error, ErrorKind, LockName, Result};
 use tokio::sync::watch;
 
 use super::{NetControl, NetMode, OneShot};

@@ -1,18 +1,17 @@
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 
 use super::config::MemConfig;
+use super::core::Core;
 use super::session::MemSession;
 use super::store::{self, MemStore};
 use crate::backend::{
-    check_kinds, refused, Backend, Capabilities, HeldEntry, KeyWrite, LockState, StoreSession,
+    check_kinds, refused, Backend, Capabilities, HeldEntry, KeyWrite, SessionLiveness, StoreSession,
 };
-use crate::signal::{LossReason, SessionLiveness};
-use crate::url::{self, Url};
-use crate::{Error, ErrorKind, LockName, Result};
+use crate::url;
+use crate::{Error, ErrorKind, LockName, LockState, LossReason, Result};
 
 /// The in-memory backend. Cheap to clone; clones share counters.
 #[derive(Clone)]
@@ -21,17 +20,15 @@ pub struct MemBackend {
 }
 
 struct Inner {
-    config: MemConfig,
-    store: Arc<MemStore>,
-    requests: AtomicU64,
+    core: Arc<Core>,
+    /// Sessions opened by this backend, for [`Backend::leftovers`].
     opened: Mutex<Vec<u64>>,
-    keepalive_paused: AtomicBool,
 }
 
 impl fmt::Debug for MemBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemBackend")
-            .field("config", &self.inner.config)
+            .field("config", &self.inner.core.config)
             .finish()
     }
 }
@@ -41,57 +38,48 @@ impl MemBackend {
     pub fn new(config: MemConfig) -> Self {
         MemBackend {
             inner: Arc::new(Inner {
-                store: store::store(&config.store),
-                config,
-                requests: AtomicU64::new(0),
+                core: Arc::new(Core::new(config)),
                 opened: Mutex::new(Vec::new()),
-                keepalive_paused: AtomicBool::new(false),
             }),
         }
     }
 
-    /// Parses `mem://...` (see [`MemConfig::from_url`]).
-    pub fn from_url(url: &Url) -> Result<Self> {
-        Ok(Self::new(MemConfig::from_url(url)?))
+    /// Parses `mem://...` (see [`MemConfig::from_url`]); the same shape
+    /// as every backend's `connect`. A bad URL is
+    /// [`ErrorKind::InvalidUrl`].
+    ///
+    /// # Cancel safety
+    /// Nothing to cancel: a mem store is in this process.
+    pub async fn connect(url: impl AsRef<str>) -> Result<Self> {
+        Ok(Self::new(MemConfig::from_url(&url::parse(url.as_ref())?)?))
     }
 
     /// The configuration.
     pub fn config(&self) -> &MemConfig {
-        &self.inner.config
+        &self.inner.core.config
     }
 
     /// Stops (or resumes) renewing this backend's sessions, as a paused
     /// process would: the store expires them after the TTL while the
     /// holder's local deadline fires first.
     pub fn pause_keepalive(&self, paused: bool) {
-        self.inner.keepalive_paused.store(paused, Ordering::Release);
+        self.inner.core.pause_keepalive(paused);
     }
 
-    pub(super) fn keepalive_paused(&self) -> bool {
-        self.inner.keepalive_paused.load(Ordering::Acquire)
+    fn core(&self) -> &Core {
+        &self.inner.core
     }
 
-    pub(super) fn store(&self) -> &MemStore {
-        &self.inner.store
+    fn store(&self) -> &MemStore {
+        self.core().store()
     }
 
-    pub(super) fn count_request(&self) {
-        self.inner.requests.fetch_add(1, Ordering::Relaxed);
+    fn count_request(&self) {
+        self.core().count_request();
     }
 
-    /// The store key of a lock: namespace and name.
-    pub(super) fn key(&self, name: &LockName) -> String {
-        match self.inner.config.namespace.as_str() {
-            "" => name.as_str().to_string(),
-            ns => format!("{ns}/{name}"),
-        }
-    }
-
-    fn prefix(&self) -> String {
-        match self.inner.config.namespace.as_str() {
-            "" => String::new(),
-            ns => format!("{ns}/"),
-        }
+    fn key(&self, name: &LockName) -> String {
+        self.core().key(name)
     }
 }
 
@@ -102,18 +90,18 @@ impl Backend for MemBackend {
             kill_session: true,
             rwlock: true,
             semaphore: true,
-            session_ttl: self.inner.config.ttl,
+            session_ttl: self.inner.core.config.ttl,
         }
     }
 
     fn describe(&self) -> String {
-        let c = &self.inner.config;
+        let c = &self.inner.core.config;
         let u = format!("mem://{}/{}", c.store, c.namespace);
         url::parse(&u).map(|u| url::redact(&u)).unwrap_or(u)
     }
 
     async fn open_session(&self, liveness: Arc<SessionLiveness>) -> Result<Arc<dyn StoreSession>> {
-        let session = MemSession::open(self, liveness);
+        let session = MemSession::open(self.inner.core.clone(), liveness);
         if let Some(id) = store::parse_session_id(&session.id()) {
             self.inner.opened.lock().expect("poisoned").push(id);
         }
@@ -157,7 +145,7 @@ impl Backend for MemBackend {
 
     async fn leftovers(&self) -> Result<Vec<String>> {
         let st = self.store().state();
-        let mut out = st.entries_under(&self.prefix());
+        let mut out = st.entries_under(&self.core().config.namespace.prefix());
         for id in self.inner.opened.lock().expect("poisoned").iter() {
             if st.session_exists(*id) {
                 out.push(format!("session {}", store::session_id(*id)));
@@ -167,11 +155,11 @@ impl Backend for MemBackend {
     }
 
     fn requests_sent(&self) -> u64 {
-        self.inner.requests.load(Ordering::Relaxed)
+        self.core().requests()
     }
 
     async fn fenced_write(&self, held: &[HeldEntry], write: &KeyWrite) -> Result<()> {
-        write.validate(&self.prefix())?;
+        write.validate(&self.core().config.namespace.prefix())?;
         check_kinds(held)?;
         self.count_request();
         let mut st = self.store().state();
@@ -187,13 +175,13 @@ impl Backend for MemBackend {
     }
 
     async fn read_key(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        KeyWrite::Delete { key: key.into() }.validate(&self.prefix())?;
+        KeyWrite::Delete { key: key.into() }.validate(&self.core().config.namespace.prefix())?;
         self.count_request();
         Ok(self.store().state().kv_get(key))
     }
 
     async fn write_key(&self, write: &KeyWrite) -> Result<()> {
-        write.validate(&self.prefix())?;
+        write.validate(&self.core().config.namespace.prefix())?;
         self.count_request();
         self.store().state().kv_write(write);
         Ok(())

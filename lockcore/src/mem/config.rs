@@ -1,5 +1,6 @@
 use std::time::Duration;
 
+use crate::backend::Namespace;
 use crate::url::{self, Url};
 use crate::{Error, ErrorKind, Result};
 
@@ -9,7 +10,7 @@ pub struct MemConfig {
     /// Which in-process store (the URL host; `default` when empty).
     pub store: String,
     /// Namespace prefix (the URL path).
-    pub namespace: String,
+    pub namespace: Namespace,
     /// Session TTL (`ttl=`, default 10 s, 100 ms..=1 h).
     pub ttl: Duration,
 }
@@ -35,7 +36,7 @@ impl MemConfig {
             "" => "default".to_string(),
             h => h.to_string(),
         };
-        let namespace = url::namespace(url)?;
+        let namespace = Namespace::from_url(url)?;
         let mut opts = url::Options::new(url)?;
         let ttl = opts.duration(
             "ttl",

@@ -6,15 +6,14 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::backend::MemBackend;
+use super::core::Core;
 use super::store::{self, Standing};
-use crate::backend::{AcquireRequest, Acquired, StoreSession};
-use crate::signal::{LossReason, SessionLiveness};
-use crate::{Error, ErrorKind, Result};
+use crate::backend::{AcquireRequest, Acquired, SessionLiveness, StoreSession};
+use crate::{Error, ErrorKind, LossReason, Result};
 
 /// One session on a `mem://` store, renewed at a third of its TTL.
 pub(super) struct MemSession {
-    backend: MemBackend,
+    backend: Arc<Core>,
     id: u64,
     stop: CancellationToken,
 }
@@ -26,24 +25,20 @@ impl fmt::Debug for MemSession {
 }
 
 impl MemSession {
-    pub(super) fn open(backend: &MemBackend, liveness: Arc<SessionLiveness>) -> Self {
-        let ttl = backend.config().ttl;
+    pub(super) fn open(backend: Arc<Core>, liveness: Arc<SessionLiveness>) -> Self {
+        let ttl = backend.config.ttl;
         let sent = Instant::now();
         let id = backend.store().state().open_session(ttl, &liveness);
         backend.count_request();
         liveness.confirm(sent, ttl);
         let stop = CancellationToken::new();
         tokio::spawn(keepalive(backend.clone(), id, ttl, liveness, stop.clone()));
-        MemSession {
-            backend: backend.clone(),
-            id,
-            stop,
-        }
+        MemSession { backend, id, stop }
     }
 }
 
 async fn keepalive(
-    backend: MemBackend,
+    backend: Arc<Core>,
     id: u64,
     ttl: Duration,
     liveness: Arc<SessionLiveness>,

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::backend::{Contender, LockKind};
+use crate::queue::{self, Contender, LockKind};
 use crate::signal::{EntrySignals, LossReason, SessionLiveness};
 
 /// Stores by name, shared by every client of this process that names them.
@@ -157,7 +157,7 @@ impl State {
             ));
         }
         if let Some(other) = self.queues.get(key).and_then(|q| q.first()) {
-            if conflicts(other.kind, kind) {
+            if kind.conflicts_with(other.kind) {
                 return Err(crate::Error::new(
                     crate::ErrorKind::Conflict,
                     format!("{key} is in use as {:?}, not {kind:?}", other.kind),
@@ -325,15 +325,10 @@ impl State {
     }
 }
 
-/// Whether entry `i` of a queue holds: a mutex or writer when first, a
-/// reader when no mutex or writer is ahead, a semaphore permit when fewer
-/// than `permits` entries are ahead.
+/// Whether entry `i` of a queue holds, by [`crate::queue::holds`].
 fn holds(q: &[Entry], i: usize) -> bool {
-    match q[i].kind {
-        LockKind::Read => !q[..i].iter().any(|e| e.kind != LockKind::Read),
-        LockKind::Semaphore { permits } => i < permits as usize,
-        _ => i == 0,
-    }
+    let kinds: Vec<LockKind> = q[..=i].iter().map(|e| e.kind).collect();
+    queue::holds(&kinds, i)
 }
 
 fn holder_indexes(q: &[Entry]) -> Vec<u64> {
@@ -341,17 +336,6 @@ fn holder_indexes(q: &[Entry]) -> Vec<u64> {
         .filter(|&i| holds(q, i))
         .map(|i| q[i].index)
         .collect()
-}
-
-/// Whether `new` may not queue behind `existing` on one name. Mutexes and
-/// read-write locks share the exclusive/write rule; semaphores only mix
-/// with semaphores of the same permit count.
-fn conflicts(existing: LockKind, new: LockKind) -> bool {
-    match (existing, new) {
-        (LockKind::Semaphore { permits: a }, LockKind::Semaphore { permits: b }) => a != b,
-        (LockKind::Semaphore { .. }, _) | (_, LockKind::Semaphore { .. }) => true,
-        _ => false,
-    }
 }
 
 /// The text id of a mem session.

@@ -1,0 +1,259 @@
+//! The backend contract: what a store crate implements.
+//!
+//! The client layer ([`crate::LockClient`]) owns everything that is the
+//! same on every store: the per-name local queue (one store contender per
+//! client and name), reentrancy, timeouts, cancel safety (abandon on drop),
+//! the background release queue, session replacement, and the local
+//! deadline. A backend only speaks its store's protocol.
+//!
+//! How the three stores map onto it:
+//!
+//! | step | ZooKeeper | etcd | Consul |
+//! |---|---|---|---|
+//! | [`Backend::open_session`] | connect (one ZK session) | `LeaseGrant` + keepalive stream | `session/create` + renew loop |
+//! | [`StoreSession::acquire`] | create2 `_c_<id>-lock-`, list, watch predecessor | put `<pfx>/<lease>` in a txn, watch older key | contender key, block on predecessor, txn `lock` on `.lock` |
+//! | [`StoreSession::release`] | delete our node | delete our key (guarded by create revision) | txn `unlock` + delete contender |
+//! | [`StoreSession::abandon`] | find node by GUID, delete | delete `<pfx>/<lease>` | delete contender, release if held |
+//! | loss of an entry | watch on own node | watch on own key | blocking query on `.lock` |
+//! | token | `czxid` | `create_revision` | `ModifyIndex` of the lock write |
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+mod delay;
+mod grants;
+mod namespace;
+pub mod schemes;
+
+pub use crate::fenced::{check_kinds, refused, HeldEntry, KeyWrite, MAX_KEY_LEN};
+pub use crate::inflight::{finish_on_drop, InFlightWrites};
+pub use crate::queue::holds;
+pub use crate::signal::{EntrySignals, SessionLiveness};
+pub use delay::{DelayQueue, HELD_WATCH_DELAY};
+pub use grants::{GrantMemory, LastGrant, QuietGrants};
+pub use namespace::Namespace;
+
+use crate::{LockKind, LockName, LockState, Result};
+
+/// What a backend supports; the conformance suite runs only the cases a
+/// backend declares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Capabilities {
+    /// [`Backend::kill_session`] works on sessions of other clients (on
+    /// ZooKeeper, only on sessions opened in the same process: the server
+    /// closes a session only for a client that knows its password).
+    pub kill_session: bool,
+    /// Read-write locks.
+    pub rwlock: bool,
+    /// Counting semaphores.
+    pub semaphore: bool,
+    /// The session TTL in force (the loss signal fires within about this).
+    pub session_ttl: Duration,
+}
+
+impl Default for Capabilities {
+    fn default() -> Self {
+        Capabilities {
+            kill_session: true,
+            rwlock: false,
+            semaphore: false,
+            session_ttl: Duration::from_secs(10),
+        }
+    }
+}
+
+/// One attempt to acquire, as the client layer hands it to a backend.
+///
+/// `contender` is fresh for every attempt and is written into the entry
+/// where the layout allows (ZooKeeper's `_c_<uuid>`), so that an entry
+/// whose create reply was lost can be found again and never duplicated.
+#[derive(Debug, Clone)]
+pub struct AcquireRequest {
+    /// The validated lock name (without the namespace).
+    pub name: LockName,
+    /// Mutex, read, write or semaphore.
+    pub kind: LockKind,
+    /// A fresh UUID for this attempt.
+    pub contender: uuid::Uuid,
+    /// `false` for try-acquire: if the lock is not free at once, remove our
+    /// entry and return [`crate::ErrorKind::WouldBlock`].
+    pub wait: bool,
+    /// Where the backend reports loss of the entry and revoke requests.
+    pub signals: EntrySignals,
+    /// The attempt's writes in flight: the backend runs every write that
+    /// creates the attempt's entry through it, and the client layer waits
+    /// for them before it abandons the attempt.
+    pub writes: InFlightWrites,
+}
+
+impl AcquireRequest {
+    /// A new attempt with a fresh contender id and fresh signals.
+    pub fn new(name: LockName, kind: LockKind, wait: bool) -> Self {
+        AcquireRequest {
+            name,
+            kind,
+            contender: uuid::Uuid::new_v4(),
+            wait,
+            signals: EntrySignals::new(),
+            writes: InFlightWrites::default(),
+        }
+    }
+}
+
+/// A granted entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Acquired {
+    /// The fencing token: strictly increasing across successive holders
+    /// of the same lock on the same cluster.
+    pub token: u64,
+    /// The store's name for our entry (node path, key), for release and
+    /// for diagnostics.
+    pub entry: String,
+}
+
+/// A store: admin operations, and the factory of sessions.
+///
+/// # Contract
+/// - Object safe; used as `Arc<dyn Backend>`. One instance serves one
+///   [`crate::LockClient`] and its namespace (the URL path).
+/// - Nothing is written to the store for invalid input: names are already
+///   validated, configuration is validated in `from_url`.
+/// - [`Backend::requests_sent`] counts every request sent to the store by
+///   this instance (keepalives and watches included), for herd and cost
+///   tests.
+///
+/// # Cancel safety
+/// Every async method may be dropped at any await point; a dropped
+/// `open_session` may leave a session on the store that then expires by
+/// its TTL, nothing else.
+#[async_trait]
+pub trait Backend: Send + Sync + fmt::Debug + 'static {
+    /// What this backend supports.
+    fn capabilities(&self) -> Capabilities;
+
+    /// The store's URL with secrets redacted, for logs and `Display`.
+    fn describe(&self) -> String;
+
+    /// Opens one store session and starts the one background task that
+    /// keeps it alive.
+    ///
+    /// # Contract
+    /// - Before returning `Ok`, call `liveness.confirm(sent_at, ttl)` with
+    ///   the send time of the request that created the session.
+    /// - While alive, confirm every successful keepalive with the send time
+    ///   of that keepalive; when the store says the session is gone, call
+    ///   `liveness.lose(LossReason::SessionExpired)`.
+    /// - Stop the keepalive when [`StoreSession::close`] is called or the
+    ///   session is lost.
+    async fn open_session(&self, liveness: Arc<SessionLiveness>) -> Result<Arc<dyn StoreSession>>;
+
+    /// Holders and waiters of `name`, holders first, waiters in queue order.
+    async fn inspect(&self, name: &LockName) -> Result<LockState>;
+
+    /// Forced break: deletes the holders' entries (every reader of a
+    /// read-write lock, every permit of a semaphore). The holders' guards
+    /// report [`crate::LossReason::EntryDeleted`]. Returns whether anything
+    /// was held.
+    async fn break_lock(&self, name: &LockName) -> Result<bool>;
+
+    /// Cooperative revoke: marks the current holders so that their guards'
+    /// `revoke_requested()` fires. Returns whether anything was held.
+    async fn request_revoke(&self, name: &LockName) -> Result<bool>;
+
+    /// Ends a session on the store, as an operator or a server would;
+    /// every lock of it is lost. `session` is [`StoreSession::id`].
+    /// Idempotent: a session that is already gone is `Ok`; an id that is
+    /// not of this store's form is [`crate::ErrorKind::InvalidArgument`].
+    async fn kill_session(&self, session: &str) -> Result<()>;
+
+    /// What of ours is still on the store: entries (contenders, holders,
+    /// revoke markers) under the namespace, and sessions opened by this
+    /// instance that the store still has. Empty parents and containers
+    /// that the store reaps by itself are not reported.
+    async fn leftovers(&self) -> Result<Vec<String>>;
+
+    /// Requests sent to the store by this instance so far.
+    fn requests_sent(&self) -> u64;
+
+    /// Applies `write` in one store transaction that also checks every
+    /// entry of `held` is still on the store, unchanged; if one is not,
+    /// writes nothing and returns [`crate::ErrorKind::LockLost`]
+    /// ([`refused`]).
+    ///
+    /// # Contract
+    /// - `write` is validated first ([`KeyWrite::validate`] with the
+    ///   namespace's prefix, and the store's own key rules):
+    ///   [`crate::ErrorKind::InvalidArgument`] and nothing written.
+    /// - Holds other than [`crate::LockKind::Exclusive`] are refused with
+    ///   `InvalidArgument` ([`check_kinds`]).
+    /// - Idempotent to retry only if the transaction did not apply; a
+    ///   transport error after sending is returned as is.
+    async fn fenced_write(&self, held: &[HeldEntry], write: &KeyWrite) -> Result<()>;
+
+    /// Reads a key of the store's own key space (what fenced writes
+    /// write); `None` if absent. Same key rules as [`Backend::fenced_write`].
+    async fn read_key(&self, key: &str) -> Result<Option<Vec<u8>>>;
+
+    /// Writes a key with no fence at all: what a holder without fencing
+    /// would do. For tools and for tests that show what a fence prevents.
+    async fn write_key(&self, write: &KeyWrite) -> Result<()>;
+}
+
+/// One store session (ZooKeeper session, etcd lease, Consul session).
+///
+/// # Contract
+/// - At most one entry per request at any time. For `Exclusive` and
+///   `Semaphore` the client layer sends at most one request per (session,
+///   name) at a time, so layouts that key those entries by session (etcd,
+///   Consul) are safe; `Read` and `Write` requests of one session may
+///   overlap on one name.
+/// - `acquire` returns only when our entry holds the lock, after checking
+///   that the entry still exists (a waiter whose session expired while
+///   queued is never granted). While the entry is held, the backend
+///   watches it and calls `req.signals.lose(..)` if it disappears, and
+///   `req.signals.request_revoke()` on a cooperative revoke, until
+///   `req.signals.finished()` resolves. The watch may start up to
+///   [`HELD_WATCH_DELAY`] after the grant, so that a short hold costs no
+///   watch request; what happened to the entry in between must then be
+///   read from the store (replayed or re-read), never missed: only its
+///   report may come that much later.
+///   The client layer calls `finish()` *before* it asks the backend to
+///   release or abandon the entry, so a watcher never mistakes our own
+///   delete for a loss.
+/// - An attempt that fails for good (`Conflict`, credentials) should
+///   remove its own entry first; the client layer also calls `abandon`
+///   before returning any error other than `WouldBlock`.
+/// - On `wait == false`, an entry that does not hold at once is removed
+///   before returning `WouldBlock`.
+/// - Waiting is herd-free: a release wakes the next waiter only.
+///
+/// # Cancel safety
+/// `acquire` may be dropped at any await point, including while a create
+/// is in flight. The client layer then calls [`StoreSession::abandon`]
+/// with the same request, which must find and remove whatever the attempt
+/// wrote. `release` and `abandon` are idempotent and may be retried.
+#[async_trait]
+pub trait StoreSession: Send + Sync + fmt::Debug + 'static {
+    /// The store's id of the session (lease id in hex, ZK session id,
+    /// Consul session UUID).
+    fn id(&self) -> String;
+
+    /// Enqueues and waits until the request holds the lock.
+    async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired>;
+
+    /// Removes a held entry. Must not remove anything else (a newer entry
+    /// of the same session on the same name, etcd #22082).
+    async fn release(&self, req: &AcquireRequest, held: &Acquired) -> Result<()>;
+
+    /// Removes whatever an unfinished `acquire` of `req` wrote, if anything.
+    async fn abandon(&self, req: &AcquireRequest) -> Result<()>;
+
+    /// Ends the session on the store (best effort) and stops its keepalive.
+    /// The client layer calls it once, as soon as the session is lost for
+    /// any reason (local deadline, expiry, client closed or dropped), so a
+    /// client library's own reconnect logic must not keep it alive.
+    async fn close(&self) -> Result<()>;
+}

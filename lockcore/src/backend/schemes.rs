@@ -1,0 +1,13 @@
+//! The URL schemes of the workspace's backends. Each backend's `SCHEMES`
+//! is its list here, and the facade's table is built from them: kept in
+//! lockcore so that the facade knows the schemes of a backend whose
+//! feature (and crate) is off, to name the feature in its error.
+
+/// `mem://` ([`crate::mem`]).
+pub const MEM: &[&str] = &["mem"];
+/// `etcd://`, `etcds://` (TLS): the `quorumlock-etcd` crate.
+pub const ETCD: &[&str] = &["etcd", "etcds"];
+/// `zk://`: the `quorumlock-zk` crate.
+pub const ZK: &[&str] = &["zk"];
+/// `consul://`, `consuls://` (HTTPS): the `quorumlock-consul` crate.
+pub const CONSUL: &[&str] = &["consul", "consuls"];
