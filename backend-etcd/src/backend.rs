@@ -335,6 +335,55 @@ impl Backend for EtcdBackend {
         })
     }
 
+    async fn list(&self, prefix: Option<&LockName>) -> Result<Vec<LockState>> {
+        // One range read of the subtree: every entry is a direct child of
+        // its lock's prefix, so a key's parent is its lock.
+        let ns = self.inner.namespace_prefix();
+        let start = match prefix {
+            Some(p) => format!("{}/", self.inner.lock_prefix(p)),
+            None => ns.clone(),
+        };
+        let (key, opts) = if start.is_empty() {
+            (vec![0], GetOptions::new().with_all_keys())
+        } else {
+            (start.into_bytes(), GetOptions::new().with_prefix())
+        };
+        let opts = opts.with_sort(SortTarget::Create, SortOrder::Ascend);
+        let resp = self.inner.get("range locks", key, opts).await?;
+        let mut locks: std::collections::BTreeMap<LockName, Vec<KeyValue>> = Default::default();
+        for kv in resp.kvs() {
+            let Ok(key) = std::str::from_utf8(kv.key()) else {
+                continue;
+            };
+            let Some((parent, _)) = key.rsplit_once('/') else {
+                continue;
+            };
+            // Keys that are not under a valid lock name are someone else's.
+            let Some(name) = parent
+                .strip_prefix(ns.as_str())
+                .and_then(|n| LockName::new(n).ok())
+            else {
+                continue;
+            };
+            locks.entry(name).or_default().push(kv.clone());
+        }
+        Ok(locks
+            .into_iter()
+            .map(|(name, all)| {
+                let kinds: Vec<LockKind> = all.iter().map(layout::kind_of).collect();
+                let mut state = LockState::free(name);
+                for (i, kv) in all.iter().enumerate() {
+                    if layout::holds(&kinds, i) {
+                        state.holders.push(contender(kv));
+                    } else {
+                        state.waiters.push(contender(kv));
+                    }
+                }
+                state
+            })
+            .collect())
+    }
+
     async fn break_lock(&self, name: &LockName) -> Result<bool> {
         // Every holder's key goes in one txn, guarded by their create
         // revisions; if the holders changed between our read and the txn,

@@ -34,7 +34,8 @@ macro_rules! for_each_case {
             nested_layout_segment_names_are_independent,
             inspect_reports_holder_and_waiters_in_order,
             loss_future_outlives_guard_and_fires_on_client_close,
-            dropped_client_ends_its_session
+            dropped_client_ends_its_session,
+            list_reports_locks_under_a_prefix
         );
     };
 }
