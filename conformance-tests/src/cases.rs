@@ -1405,7 +1405,11 @@ pub async fn list_reports_locks_under_a_prefix(h: &Harness) {
     if caps.rwlock {
         assert_eq!(under[1].holders[0].kind, lockcore::LockKind::Read);
     }
-    assert_eq!(under, a.list("jobs/").await.unwrap(), "a trailing / is ignored");
+    assert_eq!(
+        under,
+        a.list("jobs/").await.unwrap(),
+        "a trailing / is ignored"
+    );
     assert_eq!(
         names(&a.list("jobs/a").await.unwrap()),
         ["jobs/a", "jobs/a/nested"]

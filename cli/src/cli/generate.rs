@@ -38,7 +38,9 @@ fn render_man(cmd: &clap::Command, buf: &mut Vec<u8>) -> std::io::Result<()> {
         page.render_options_section(&mut roff)?;
         // The subcommand's sections become subsections of its own.
         let roff = String::from_utf8_lossy(&roff).replace("\n.SH ", "\n.SS ");
-        let roff = roff.strip_prefix(".SH ").map_or(roff.clone(), |r| format!(".SS {r}"));
+        let roff = roff
+            .strip_prefix(".SH ")
+            .map_or(roff.clone(), |r| format!(".SS {r}"));
         buf.extend_from_slice(format!(".SH \"{}\"\n", name.to_uppercase()).as_bytes());
         buf.extend_from_slice(roff.as_bytes());
     }
@@ -52,6 +54,9 @@ fn write(buf: &[u8]) -> Result<u8, Failure> {
         Ok(()) => Ok(exit::OK),
         // `| head` closed the pipe: not an error.
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(exit::OK),
-        Err(e) => Err(Failure::new(exit::SOFTWARE, format!("writing to stdout: {e}"))),
+        Err(e) => Err(Failure::new(
+            exit::SOFTWARE,
+            format!("writing to stdout: {e}"),
+        )),
     }
 }

@@ -47,7 +47,11 @@ pub fn lock_kind(state: &LockState) -> String {
 
 /// One line per lock: name, kind, holders, waiters.
 pub fn to_text(locks: &[LockState]) -> String {
-    let width = locks.iter().map(|s| s.name.as_str().len()).max().unwrap_or(0);
+    let width = locks
+        .iter()
+        .map(|s| s.name.as_str().len())
+        .max()
+        .unwrap_or(0);
     let mut out = String::new();
     for s in locks {
         let holders = if s.holders.is_empty() {

@@ -75,7 +75,11 @@ async fn watch(
 pub fn change_line(state: &LockState, now: SystemTime) -> String {
     let time = humantime::format_rfc3339_seconds(now);
     if state.holders.is_empty() {
-        return format!("{time}  {}  free  waiters {}\n", state.name, state.waiters.len());
+        return format!(
+            "{time}  {}  free  waiters {}\n",
+            state.name,
+            state.waiters.len()
+        );
     }
     format!(
         "{time}  {}  held by {}  waiters {}\n",
@@ -261,7 +265,10 @@ mod tests {
         assert_eq!(j["waiters"][1]["position"], 2);
         assert_eq!(j["waiters"][1]["session"], "s3");
         let line = change_line(&state, now);
-        assert!(line.ends_with("  a  held by session s1 token 42 (exclusive)  waiters 2\n"), "{line}");
+        assert!(
+            line.ends_with("  a  held by session s1 token 42 (exclusive)  waiters 2\n"),
+            "{line}"
+        );
         let free = LockState::free(LockName::new("a").unwrap());
         assert!(change_line(&free, now).ends_with("  a  free  waiters 0\n"));
         assert!(to_text(&free, "mem://", now).contains("none (free)"));

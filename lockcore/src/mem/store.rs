@@ -301,8 +301,7 @@ impl State {
                 !q.is_empty()
                     && k.starts_with(under)
                     && key.is_none_or(|key| {
-                        k.as_str() == key
-                            || k.strip_prefix(key).is_some_and(|r| r.starts_with('/'))
+                        k.as_str() == key || k.strip_prefix(key).is_some_and(|r| r.starts_with('/'))
                     })
             })
             .map(|(k, _)| k.clone())
