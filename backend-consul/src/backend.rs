@@ -534,6 +534,53 @@ impl Backend for ConsulBackend {
         Ok(state)
     }
 
+    async fn list(&self, prefix: Option<&LockName>) -> Result<Vec<LockState>> {
+        // One listing finds the names: a lock's own keys sit under
+        // `<name>/.` (our layout and `consul lock`) or directly under
+        // `<name>/` with the semaphore's flags (`consul lock -n`). Each
+        // name is then read as `inspect` reads it.
+        let ns = self.inner.config.namespace_prefix();
+        let start = match prefix {
+            Some(p) => format!("{}/", self.inner.config.lock_prefix(p)),
+            None => ns.clone(),
+        };
+        let (_, entries) = self
+            .inner
+            .api
+            .kv_list(
+                &start,
+                Block {
+                    index: 0,
+                    wait: Duration::ZERO,
+                    consistent: true,
+                },
+            )
+            .await
+            .map_err(|e| map(e, "listing locks"))?;
+        let mut names = std::collections::BTreeSet::new();
+        for e in &entries {
+            let Some(rest) = e.key.strip_prefix(ns.as_str()) else {
+                continue;
+            };
+            let base = match rest.find("/.") {
+                Some(i) => &rest[..i],
+                None if e.flags == SEMAPHORE_FLAGS => rest.rsplit_once('/').map_or("", |(b, _)| b),
+                None => continue,
+            };
+            if let Ok(name) = LockName::new(base) {
+                names.insert(name);
+            }
+        }
+        let mut out = Vec::new();
+        for name in names {
+            let state = self.inspect(&name).await?;
+            if !state.is_free() {
+                out.push(state);
+            }
+        }
+        Ok(out)
+    }
+
     async fn break_lock(&self, name: &LockName) -> Result<bool> {
         let keys = Keys::new(&self.inner.config, name);
         let grace = self.inner.config.lock_delay;

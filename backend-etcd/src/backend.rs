@@ -239,7 +239,7 @@ impl Inner {
             .collect())
     }
 
-    /// The current holders (by the queue rules of [`layout::holds`]) and
+    /// The current holders (by the queue rules of [`lockcore::backend::holds`]) and
     /// all contenders, in queue order.
     async fn holders(&self, name: &LockName) -> Result<(Vec<KeyValue>, Vec<KeyValue>)> {
         let all = self.contenders(name).await?;
@@ -326,6 +326,55 @@ impl Backend for EtcdBackend {
             holders: holders.iter().map(contender).collect(),
             waiters: waiters.iter().map(contender).collect(),
         })
+    }
+
+    async fn list(&self, prefix: Option<&LockName>) -> Result<Vec<LockState>> {
+        // One range read of the subtree: every entry is a direct child of
+        // its lock's prefix, so a key's parent is its lock.
+        let ns = self.inner.namespace_prefix();
+        let start = match prefix {
+            Some(p) => format!("{}/", self.inner.lock_prefix(p)),
+            None => ns.clone(),
+        };
+        let (key, opts) = if start.is_empty() {
+            (vec![0], GetOptions::new().with_all_keys())
+        } else {
+            (start.into_bytes(), GetOptions::new().with_prefix())
+        };
+        let opts = opts.with_sort(SortTarget::Create, SortOrder::Ascend);
+        let resp = self.inner.get("range locks", key, opts).await?;
+        let mut locks: std::collections::BTreeMap<LockName, Vec<KeyValue>> = Default::default();
+        for kv in resp.kvs() {
+            let Ok(key) = std::str::from_utf8(kv.key()) else {
+                continue;
+            };
+            let Some((parent, _)) = key.rsplit_once('/') else {
+                continue;
+            };
+            // Keys that are not under a valid lock name are someone else's.
+            let Some(name) = parent
+                .strip_prefix(ns.as_str())
+                .and_then(|n| LockName::new(n).ok())
+            else {
+                continue;
+            };
+            locks.entry(name).or_default().push(kv.clone());
+        }
+        Ok(locks
+            .into_iter()
+            .map(|(name, all)| {
+                let kinds: Vec<LockKind> = all.iter().map(layout::kind_of).collect();
+                let mut state = LockState::free(name);
+                for (i, kv) in all.iter().enumerate() {
+                    if lockcore::backend::holds(&kinds, i) {
+                        state.holders.push(contender(kv));
+                    } else {
+                        state.waiters.push(contender(kv));
+                    }
+                }
+                state
+            })
+            .collect())
     }
 
     async fn break_lock(&self, name: &LockName) -> Result<bool> {

@@ -564,6 +564,54 @@ impl ZkBackend {
         Ok(())
     }
 
+    /// Walks the tree under `prefix` (or the namespace): a node with
+    /// contender children (or a semaphore's `leases`/`locks`) is a lock and
+    /// is inspected; its other children are nested locks and walked too.
+    async fn list_once(&self, c: zk::Client, prefix: Option<&LockName>) -> Result<Vec<LockState>> {
+        let mut stack: Vec<(String, Option<LockName>)> = match prefix {
+            Some(p) => vec![(self.shared.lock_dir(p)?, Some(p.clone()))],
+            None => vec![(self.shared.root(), None)],
+        };
+        let mut out = Vec::new();
+        while let Some((path, name)) = stack.pop() {
+            self.shared.count(1);
+            let children = match c.list_children(&path).await {
+                Ok(ch) => ch,
+                Err(zk::Error::NoNode) => continue, // reaped meanwhile
+                Err(e) => return Err(map(e, "listing locks")),
+            };
+            let layout_child =
+                |ch: &str| classify(ch).is_some() || ch == SEM_LEASES || ch == SEM_LOCKS;
+            for child in &children {
+                if name.is_some() && layout_child(child) {
+                    continue;
+                }
+                if path == "/" && child == "zookeeper" {
+                    continue;
+                }
+                let nested = match &name {
+                    Some(n) => format!("{n}/{child}"),
+                    None => child.clone(),
+                };
+                // Nodes whose names no lock can have are someone else's.
+                if let Ok(nested) = LockName::new(nested) {
+                    let base = if path == "/" { "" } else { path.as_str() };
+                    stack.push((format!("{base}/{child}"), Some(nested)));
+                }
+            }
+            if let Some(name) = name {
+                if children.iter().any(|ch| layout_child(ch)) {
+                    let state = self.inspect_once(c.clone(), &name).await?;
+                    if !state.is_free() {
+                        out.push(state);
+                    }
+                }
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
     async fn break_once(&self, c: zk::Client, name: &LockName) -> Result<bool> {
         loop {
             let state = self.inspect_once(c.clone(), name).await?;
@@ -769,6 +817,13 @@ impl Backend for ZkBackend {
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
         self.shared.lock_dir(name)?; // checked before anything is sent
         self.with_admin(|c| self.inspect_once(c, name)).await
+    }
+
+    async fn list(&self, prefix: Option<&LockName>) -> Result<Vec<LockState>> {
+        if let Some(p) = prefix {
+            self.shared.lock_dir(p)?; // checked before anything is sent
+        }
+        self.with_admin(|c| self.list_once(c, prefix)).await
     }
 
     async fn break_lock(&self, name: &LockName) -> Result<bool> {

@@ -1,11 +1,16 @@
 //! `quorumlock`: distributed locks from the shell, on any store.
 //!
 //! ```text
-//! quorumlock lock [--timeout D] [--ttl D] [--grace D] NAME -- CMD [ARGS...]
-//! quorumlock status [--json] NAME
+//! quorumlock lock [-n | -w D] [-E N] [--shared | --write | --permits N] NAME -- CMD [ARGS...]
+//! quorumlock lock [OPTIONS] NAME -c 'SHELL COMMAND'
+//! quorumlock status [--json] [--watch] NAME
+//! quorumlock list [--json] [PREFIX]
 //! quorumlock revoke NAME
 //! quorumlock break --yes NAME
+//! quorumlock completions SHELL | quorumlock man
 //! ```
+//!
+//! The store is `--url` or `QUORUMLOCK_URL`; there is no default.
 //!
 //! Run `quorumlock --help` for the exit codes; the guide (`docs/guide.md`)
 //! has the whole story.

@@ -51,21 +51,31 @@ impl Bg {
         self.0.id() as i32
     }
 
-    /// Waits at most `limit` for the exit code.
-    fn wait(mut self, limit: Duration) -> (i32, String) {
+    /// Waits at most `limit` for the exit code; returns it with stderr.
+    fn wait(self, limit: Duration) -> (i32, String) {
+        let (code, _, err) = self.wait_output(limit);
+        (code, err)
+    }
+
+    /// Waits at most `limit` for the exit code; returns it with stdout
+    /// and stderr.
+    fn wait_output(mut self, limit: Duration) -> (i32, String, String) {
         let t0 = Instant::now();
         loop {
             if let Some(st) = self.0.try_wait().unwrap() {
-                let mut err = String::new();
+                use std::io::Read;
+                let (mut out, mut err) = (String::new(), String::new());
+                if let Some(mut o) = self.0.stdout.take() {
+                    let _ = o.read_to_string(&mut out);
+                }
                 if let Some(mut e) = self.0.stderr.take() {
-                    use std::io::Read;
                     let _ = e.read_to_string(&mut err);
                 }
                 let code = st.code().unwrap_or_else(|| {
                     use std::os::unix::process::ExitStatusExt;
                     128 + st.signal().unwrap_or(0)
                 });
-                return (code, err);
+                return (code, out, err);
             }
             assert!(
                 t0.elapsed() < limit,
@@ -206,6 +216,146 @@ fn mem_usage_errors_are_64() {
 }
 
 #[test]
+fn no_url_is_a_usage_error_and_runs_nothing() {
+    // Before, a missing QUORUMLOCK_URL meant a private mem:// store: the
+    // command ran "locked" and excluded nobody.
+    let dir = tmpdir();
+    let ran = dir.path().join("ran");
+    let touch = format!("touch {}", ran.display());
+    let commands: [&[&str]; 6] = [
+        &["lock", "deploy/prod", "--", "sh", "-c", &touch],
+        &["lock", "-c", &touch, "deploy/prod"],
+        &["status", "deploy/prod"],
+        &["revoke", "deploy/prod"],
+        &["break", "--yes", "deploy/prod"],
+        &["list"],
+    ];
+    for args in commands {
+        Command::new(BIN)
+            .env_remove("QUORUMLOCK_URL")
+            .env_remove("RUST_LOG")
+            .args(args)
+            .timeout(Duration::from_secs(30))
+            .assert()
+            .code(USAGE)
+            .stderr(predicate::str::contains("--url"))
+            .stderr(predicate::str::contains("QUORUMLOCK_URL"));
+    }
+    assert!(!ran.exists(), "the command ran without a store");
+    // An empty variable is no store either; mem:// named explicitly works.
+    Command::new(BIN)
+        .env("QUORUMLOCK_URL", "")
+        .args(["status", "a"])
+        .assert()
+        .code(USAGE);
+    Command::new(BIN)
+        .env("QUORUMLOCK_URL", "mem://")
+        .args(["lock", "a", "--", "true"])
+        .assert()
+        .success();
+}
+
+#[test]
+fn mem_c_runs_a_shell_command() {
+    // A pipe and a variable: only a shell does both.
+    ql("mem://")
+        .args([
+            "lock",
+            "-c",
+            "echo \"$QUORUMLOCK_NAME\" | tr a-z A-Z; exit 6",
+            "jobs/report",
+        ])
+        .assert()
+        .code(6)
+        .stdout("JOBS/REPORT\n");
+    // -c and a command after -- together, or neither: usage errors.
+    ql("mem://")
+        .args(["lock", "-c", "true", "a", "--", "true"])
+        .assert()
+        .code(USAGE);
+    ql("mem://").args(["lock", "a"]).assert().code(USAGE);
+}
+
+#[test]
+fn mem_durations_are_humantime() {
+    ql("mem://")
+        .args([
+            "lock",
+            "--timeout",
+            "1.5s",
+            "--grace",
+            "250ms",
+            "a",
+            "--",
+            "true",
+        ])
+        .assert()
+        .success();
+    ql("mem://")
+        .args(["lock", "-w", "1m30s", "--ttl", "2.5s", "a", "--", "true"])
+        .assert()
+        .success();
+    ql("mem://")
+        .args(["lock", "--wait", "0.5", "a", "--", "true"])
+        .assert()
+        .success();
+    for bad in ["1.5x", "soon", "-1s"] {
+        ql("mem://")
+            .args(["lock", "--timeout", bad, "a", "--", "true"])
+            .assert()
+            .code(USAGE);
+    }
+    // -n and a timeout contradict each other.
+    ql("mem://")
+        .args(["lock", "-n", "-w", "1s", "a", "--", "true"])
+        .assert()
+        .code(USAGE);
+}
+
+#[test]
+fn completions_and_man_page_name_every_subcommand() {
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let out = Command::new(BIN)
+            .env_remove("QUORUMLOCK_URL")
+            .args(["completions", shell])
+            .assert()
+            .success()
+            .get_output()
+            .stdout
+            .clone();
+        let out = String::from_utf8(out).unwrap();
+        for sub in ["lock", "status", "revoke", "break", "list"] {
+            assert!(out.contains(sub), "{shell}: {sub} missing");
+        }
+        assert!(out.contains("nonblock"), "{shell}: lock's options missing");
+    }
+    let man = Command::new(BIN)
+        .env_remove("QUORUMLOCK_URL")
+        .arg("man")
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let man = String::from_utf8(man).unwrap();
+    assert!(man.starts_with(".ie") || man.starts_with(".TH"), "not roff");
+    for section in [
+        ".TH quorumlock 1",
+        ".SH \"QUORUMLOCK LOCK\"",
+        ".SH \"QUORUMLOCK LIST\"",
+        ".SH \"QUORUMLOCK STATUS\"",
+        "conflict\\-exit\\-code",
+        "QUORUMLOCK_URL",
+    ] {
+        assert!(man.contains(section), "{section} missing from the man page");
+    }
+    Command::new(BIN)
+        .args(["completions", "tcsh"])
+        .assert()
+        .code(USAGE);
+}
+
+#[test]
 fn unreachable_store_is_69_not_a_hang() {
     // Nothing listens on port 1. `lock` reads the lock once before it
     // queues, so it fails at once instead of retrying quietly.
@@ -268,6 +418,37 @@ fn help_documents_the_exit_codes() {
     for code in ["64", "69", "75", "76", "128+N"] {
         assert!(help.contains(code), "{code} missing from --help");
     }
+    for sub in ["list", "completions", "man"] {
+        assert!(help.contains(sub), "{sub} missing from --help");
+    }
+    let out = ql("mem://")
+        .args(["lock", "--help"])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let help = String::from_utf8(out).unwrap();
+    for opt in [
+        "-c, --command",
+        "-n, --nonblock",
+        "-w, --timeout",
+        "--wait",
+        "-E, --conflict-exit-code",
+        "--lost-exit-code",
+        "--write",
+        "1m30s",
+    ] {
+        assert!(help.contains(opt), "{opt} missing from lock --help");
+    }
+    let out = ql("mem://")
+        .args(["status", "--help"])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    assert!(String::from_utf8(out).unwrap().contains("-w, --watch"));
 }
 
 #[test]
@@ -640,6 +821,292 @@ fn shared_and_permits(url: &str) {
     assert_eq!(code, 0, "{err}");
 }
 
+/// The JSON of `status --json NAME`.
+fn status_json(url: &str, name: &str) -> serde_json::Value {
+    let out = ql(url)
+        .args(["status", "--json", name])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    serde_json::from_slice(&out).unwrap()
+}
+
+/// Waits until `name` has `n` waiters.
+fn wait_waiters(url: &str, name: &str, n: usize) {
+    let t0 = Instant::now();
+    loop {
+        let v = status_json(url, name);
+        if v["waiters"].as_array().is_some_and(|w| w.len() == n) {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "never {n} waiters: {v}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A holder started with `-c`: `-n` gives up at once with 75, or with the
+/// code `-E` names; `-w`/`--wait` are `--timeout`.
+fn nonblock_and_conflict_codes(url: &str) {
+    let dir = tmpdir();
+    let tok = dir.path().join("token");
+    let holder = Bg::spawn(
+        url,
+        &[
+            "lock",
+            "held",
+            "-c",
+            &format!("echo $QUORUMLOCK_TOKEN > {}; sleep 30", tok.display()),
+        ],
+    );
+    let token: u64 = wait_file(&tok, Duration::from_secs(15)).parse().unwrap();
+    assert!(token > 0);
+
+    let t0 = Instant::now();
+    ql(url)
+        .args(["lock", "-n", "held", "--", "true"])
+        .assert()
+        .code(NOT_ACQUIRED)
+        .stderr(predicate::str::contains("held by someone else"));
+    ql(url)
+        .args(["lock", "--nonblock", "-E", "3", "held", "-c", "exit 0"])
+        .assert()
+        .code(3);
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "-n waited: {:?}",
+        t0.elapsed()
+    );
+
+    let t0 = Instant::now();
+    ql(url)
+        .args([
+            "lock",
+            "-w",
+            "0.7",
+            "--conflict-exit-code",
+            "9",
+            "held",
+            "--",
+            "true",
+        ])
+        .assert()
+        .code(9);
+    ql(url)
+        .args(["lock", "--wait", "300ms", "held", "--", "true"])
+        .assert()
+        .code(NOT_ACQUIRED);
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_millis(1000),
+        "did not wait: {took:?}"
+    );
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    wait_waiters(url, "held", 0);
+    // SAFETY: kill(2) on a child we spawned and have not reaped.
+    unsafe { libc::kill(holder.pid(), libc::SIGTERM) };
+    let (code, err) = holder.wait(Duration::from_secs(15));
+    assert_eq!(code, 128 + 15, "{err}");
+}
+
+/// `--lost-exit-code` replaces 76 when the lock is broken under the
+/// command.
+fn lost_exit_code(url: &str) {
+    let dir = tmpdir();
+    let up = dir.path().join("up");
+    let holder = Bg::spawn(
+        url,
+        &[
+            "lock",
+            "--lost-exit-code",
+            "90",
+            "--grace",
+            "1s",
+            "gone",
+            "-c",
+            &format!("echo up > {}; exec sleep 30", up.display()),
+        ],
+    );
+    wait_file(&up, Duration::from_secs(15));
+    ql(url).args(["break", "--yes", "gone"]).assert().success();
+    let (code, err) = holder.wait(Duration::from_secs(20));
+    assert_eq!(code, 90, "{err}");
+}
+
+/// `--write` is the write side: it waits for `--shared` readers and they
+/// wait for it, and a plain `lock` waits for it too.
+fn write_side_excludes_readers(url: &str) {
+    let dir = tmpdir();
+    let d = dir.path().display().to_string();
+    let reader = Bg::spawn(
+        url,
+        &[
+            "lock",
+            "--shared",
+            "rw",
+            "-c",
+            &format!("echo r > {d}/r; sleep 3"),
+        ],
+    );
+    wait_file(&dir.path().join("r"), Duration::from_secs(15));
+    ql(url)
+        .args(["lock", "--write", "-n", "rw", "--", "true"])
+        .assert()
+        .code(NOT_ACQUIRED);
+    // Another reader shares with the first.
+    ql(url)
+        .args(["lock", "--shared", "-n", "rw", "--", "true"])
+        .assert()
+        .success();
+    let (code, err) = reader.wait(Duration::from_secs(20));
+    assert_eq!(code, 0, "{err}");
+
+    let writer = Bg::spawn(
+        url,
+        &[
+            "lock",
+            "--write",
+            "rw",
+            "-c",
+            &format!("echo w > {d}/w; sleep 3"),
+        ],
+    );
+    wait_file(&dir.path().join("w"), Duration::from_secs(15));
+    let v = status_json(url, "rw");
+    assert_eq!(v["holders"][0]["kind"], "write", "{v}");
+    for args in [&["--shared", "-n"][..], &["--write", "-n"], &["-n"]] {
+        ql(url)
+            .arg("lock")
+            .args(args)
+            .args(["rw", "--", "true"])
+            .assert()
+            .code(NOT_ACQUIRED);
+    }
+    let (code, err) = writer.wait(Duration::from_secs(20));
+    assert_eq!(code, 0, "{err}");
+}
+
+/// `list` shows a held lock with its token and waiter, nested names, and
+/// nothing outside the prefix; `--json` has the same.
+fn list_shows_holders_and_waiters(url: &str) {
+    let dir = tmpdir();
+    let tok = dir.path().join("token");
+    let _holder = Bg::spawn(
+        url,
+        &[
+            "lock",
+            "jobs/a",
+            "-c",
+            &format!("echo $QUORUMLOCK_TOKEN > {}; sleep 30", tok.display()),
+        ],
+    );
+    let token = wait_file(&tok, Duration::from_secs(15));
+    let _waiter = Bg::spawn(url, &["lock", "jobs/a", "--", "true"]);
+    let other = dir.path().join("other");
+    let _other = Bg::spawn(
+        url,
+        &[
+            "lock",
+            "jobsx",
+            "-c",
+            &format!("echo up > {}; sleep 30", other.display()),
+        ],
+    );
+    wait_file(&other, Duration::from_secs(15));
+    wait_waiters(url, "jobs/a", 1);
+
+    let out = ql(url)
+        .args(["list", "jobs"])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let text = String::from_utf8(out).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 1, "{text}");
+    assert!(lines[0].starts_with("jobs/a  exclusive"), "{text}");
+    assert!(
+        lines[0].contains(&format!("token {token} (exclusive)")),
+        "{text}"
+    );
+    assert!(lines[0].ends_with("waiters 1"), "{text}");
+
+    let out = ql(url)
+        .args(["list", "--json"])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let locks = v["locks"].as_array().unwrap();
+    let names: Vec<&str> = locks.iter().map(|l| l["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["jobs/a", "jobsx"], "{v}");
+    assert_eq!(locks[0]["holders"][0]["token"].to_string(), token, "{v}");
+    assert!(
+        locks[0]["holders"][0]["session"]
+            .as_str()
+            .is_some_and(|s| !s.is_empty()),
+        "{v}"
+    );
+    assert_eq!(locks[0]["waiters"].as_array().map(Vec::len), Some(1), "{v}");
+    ql(url).args(["list", "bad name"]).assert().code(USAGE);
+    ql(url)
+        .args(["list", "nothing"])
+        .assert()
+        .success()
+        .stdout("");
+}
+
+/// `status --watch` prints the lock free, then each holder with its
+/// token, and ends with 0 on SIGTERM.
+fn status_watch_prints_changes(url: &str) {
+    let watch = Bg::spawn(
+        url,
+        &["status", "--watch", "--interval", "100ms", "watched"],
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let mut tokens = Vec::new();
+    for _ in 0..2 {
+        let out = ql(url)
+            .args(["lock", "watched", "-c", "echo $QUORUMLOCK_TOKEN; sleep 1"])
+            .assert()
+            .success()
+            .get_output()
+            .stdout
+            .clone();
+        tokens.push(String::from_utf8(out).unwrap().trim().to_string());
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    // SAFETY: kill(2) on a child we spawned and have not reaped.
+    unsafe { libc::kill(watch.pid(), libc::SIGTERM) };
+    let (code, out, err) = watch.wait_output(Duration::from_secs(10));
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines.first().is_some_and(|l| l.contains("watched  free")),
+        "{out}"
+    );
+    assert!(
+        lines.last().is_some_and(|l| l.contains("watched  free")),
+        "{out}"
+    );
+    let held: Vec<&str> = lines
+        .iter()
+        .copied()
+        .filter(|l| l.contains("held by"))
+        .collect();
+    assert_eq!(held.len(), 2, "{out}");
+    for (line, token) in held.iter().zip(&tokens) {
+        assert!(line.contains(&format!("token {token} ")), "{token}: {out}");
+    }
+}
+
 macro_rules! store_tests {
     ($store:ident, $var:literal) => {
         mod $store {
@@ -677,6 +1144,41 @@ macro_rules! store_tests {
             fn shared_readers_overlap_and_permits_cap_holders() {
                 if let Some(url) = store($var) {
                     shared_and_permits(&url);
+                }
+            }
+
+            #[test]
+            fn nonblock_gives_the_conflict_code_at_once() {
+                if let Some(url) = store($var) {
+                    nonblock_and_conflict_codes(&url);
+                }
+            }
+
+            #[test]
+            fn lost_exit_code_replaces_76() {
+                if let Some(url) = store($var) {
+                    lost_exit_code(&url);
+                }
+            }
+
+            #[test]
+            fn write_side_excludes_shared_readers() {
+                if let Some(url) = store($var) {
+                    write_side_excludes_readers(&url);
+                }
+            }
+
+            #[test]
+            fn list_shows_a_held_lock_and_a_waiter() {
+                if let Some(url) = store($var) {
+                    list_shows_holders_and_waiters(&url);
+                }
+            }
+
+            #[test]
+            fn status_watch_prints_each_change_of_holder() {
+                if let Some(url) = store($var) {
+                    status_watch_prints_changes(&url);
                 }
             }
 

@@ -41,7 +41,8 @@ macro_rules! for_each_case {
             multi_lock_all_or_nothing,
             multi_lock_loss_of_one_is_loss_of_set,
             scoped_run_stops_work_on_loss,
-            fenced_writes_refused_after_loss
+            fenced_writes_refused_after_loss,
+            list_reports_locks_under_a_prefix
         );
     };
 }

@@ -141,6 +141,9 @@ impl Backend for Mutant {
     async fn read_key(&self, key: &str) -> Result<Option<Vec<u8>>> {
         self.inner.read_key(key).await
     }
+    async fn list(&self, prefix: Option<&LockName>) -> Result<Vec<LockState>> {
+        self.inner.list(prefix).await
+    }
     async fn write_key(&self, write: &KeyWrite) -> Result<()> {
         self.inner.write_key(write).await
     }

@@ -155,6 +155,27 @@ impl LockClient {
         self.inner.backend.inspect(&name).await
     }
 
+    /// Every lock under `prefix` that someone holds or waits for, sorted by
+    /// name, each as [`inspect`](Self::inspect) reports it: `prefix` itself
+    /// and the names nested under it (whole segments: `deploy` covers
+    /// `deploy/prod`, not `deployment`). An empty `prefix` lists the whole
+    /// namespace; a trailing `/` is ignored. Free locks are left out.
+    ///
+    /// It reads the prefix's whole subtree on the store (there is no index
+    /// of names), so it is for operators and diagnostics, not hot paths.
+    ///
+    /// # Cancel Safety
+    /// Read-only; safe to drop.
+    pub async fn list(&self, prefix: impl AsRef<str>) -> Result<Vec<LockState>> {
+        let p = prefix.as_ref();
+        let p = p.strip_suffix('/').unwrap_or(p);
+        let prefix = match p {
+            "" => None,
+            p => Some(LockName::new(p)?),
+        };
+        self.inner.backend.list(prefix.as_ref()).await
+    }
+
     /// Asks the holder of `name` to let go (cooperative revoke); its
     /// guard's [`LockGuard::revoke_requested`] fires. Returns whether the
     /// lock was held.

@@ -9,18 +9,20 @@ use quorumlock::{Error, ErrorKind};
 
 /// Success (and the child's own exit status for `lock`).
 pub const OK: u8 = 0;
-/// Bad command line, lock name or store URL, a scheme whose backend is not
-/// built in, or `break` without `--yes` (`EX_USAGE`).
+/// Bad command line, lock name or store URL, no store URL at all, a scheme
+/// whose backend is not built in, or `break` without `--yes` (`EX_USAGE`).
 pub const USAGE: u8 = 64;
 /// The store could not be reached or answered with an error
 /// (`EX_UNAVAILABLE`).
 pub const UNAVAILABLE: u8 = 69;
 /// A bug: an invariant inside quorumlock did not hold (`EX_SOFTWARE`).
 pub const SOFTWARE: u8 = 70;
-/// `lock`: the lock was not acquired within `--timeout` (`EX_TEMPFAIL`).
+/// `lock`: the lock was not acquired: held with `-n`, or not within
+/// `--timeout` (`EX_TEMPFAIL`); `-E N` chooses another code.
 pub const NOT_ACQUIRED: u8 = 75;
 /// `lock`: the lock was lost while the command ran (session expired, lock
 /// broken); the command was stopped with SIGTERM, then SIGKILL.
+/// `--lost-exit-code N` chooses another code.
 pub const LOCK_LOST: u8 = 76;
 /// The store rejected the credentials or the permission (`EX_NOPERM`).
 pub const NO_PERMISSION: u8 = 77;
@@ -36,13 +38,16 @@ pub const SIGNAL_BASE: u8 = 128;
 pub const HELP: &str = "\
 Exit status:
   0       success; for `lock`, the command's own exit status is passed on
-  64      usage error: bad arguments, lock name or URL, unknown scheme,
-          `break` without --yes, NAME in use with another kind or --permits
+  64      usage error: bad arguments, lock name or URL, no URL given,
+          unknown scheme, `break` without --yes, NAME in use with another
+          kind or --permits
   69      the store is unreachable or answered with an error
   70      internal error (a bug in quorumlock)
-  75      `lock`: not acquired within --timeout
+  75      `lock`: not acquired (held with -n, or --timeout ran out);
+          -E N / --conflict-exit-code N picks another code
   76      `lock`: the lock was lost while the command ran; the command was
-          sent SIGTERM, then SIGKILL after --grace
+          sent SIGTERM, then SIGKILL after --grace; --lost-exit-code N
+          picks another code
   77      the store refused the credentials or the permission
   126     `lock`: the command could not be executed
   127     `lock`: the command was not found
@@ -50,8 +55,8 @@ Exit status:
           interrupted by signal N while waiting for the lock
 
 Environment:
-  QUORUMLOCK_URL  the store, as for --url (default mem://, which lives only
-                  inside one process)
+  QUORUMLOCK_URL  the store, as for --url; there is no default (mem://,
+                  which lives only inside one process, must be named)
   RUST_LOG        log filter, overrides -v (logs go to stderr, secrets
                   redacted)";
 

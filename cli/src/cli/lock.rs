@@ -53,20 +53,22 @@ impl Signals {
     }
 }
 
-/// What `lock` takes: a mutex, the read side of a read-write lock
-/// (`--shared`), or a semaphore permit (`--permits N`).
+/// What `lock` takes: a mutex, the read or write side of a read-write lock
+/// (`--shared`, `--write`), or a semaphore permit (`--permits N`).
 enum Target {
     Mutex(quorumlock::Lock),
     Read(quorumlock::RwLock),
+    Write(quorumlock::RwLock),
     Permit(quorumlock::Semaphore),
 }
 
 impl Target {
     fn new(client: &LockClient, args: &LockArgs) -> quorumlock::Result<Target> {
-        Ok(match (args.shared, args.permits) {
-            (true, _) => Target::Read(client.rwlock(&args.name)?),
-            (false, Some(n)) => Target::Permit(client.semaphore(&args.name, n)?),
-            (false, None) => Target::Mutex(client.lock(&args.name)?),
+        Ok(match (args.shared, args.write, args.permits) {
+            (true, _, _) => Target::Read(client.rwlock(&args.name)?),
+            (false, true, _) => Target::Write(client.rwlock(&args.name)?),
+            (false, false, Some(n)) => Target::Permit(client.semaphore(&args.name, n)?),
+            (false, false, None) => Target::Mutex(client.lock(&args.name)?),
         })
     }
 
@@ -79,6 +81,9 @@ impl Target {
             (Target::Read(rw), None) => rw.read().await,
             (Target::Read(rw), Some(d)) if d.is_zero() => rw.try_read().await,
             (Target::Read(rw), Some(d)) => rw.read_timeout(d).await,
+            (Target::Write(rw), None) => rw.write().await,
+            (Target::Write(rw), Some(d)) if d.is_zero() => rw.try_write().await,
+            (Target::Write(rw), Some(d)) => rw.write_timeout(d).await,
             (Target::Permit(s), None) => s.acquire().await,
             (Target::Permit(s), Some(d)) if d.is_zero() => s.try_acquire().await,
             (Target::Permit(s), Some(d)) => s.acquire_timeout(d).await,
@@ -104,13 +109,29 @@ pub async fn run_with(
     args: &LockArgs,
     signals: &mut Signals,
 ) -> Result<u8, Failure> {
+    // The two outcomes whose codes the caller chooses (-E, --lost-exit-code).
+    run_inner(client, args, signals).await.map_err(|mut f| {
+        f.code = match f.code {
+            exit::NOT_ACQUIRED => args.conflict_exit_code,
+            exit::LOCK_LOST => args.lost_exit_code,
+            c => c,
+        };
+        f
+    })
+}
+
+async fn run_inner(
+    client: &LockClient,
+    args: &LockArgs,
+    signals: &mut Signals,
+) -> Result<u8, Failure> {
     let target = Target::new(client, args)?;
     // One read first: an unreachable store fails now with 69 instead of
     // the acquire retrying quietly.
     client.inspect(&args.name).await?;
 
     let guard = {
-        let acquire = target.acquire(args.timeout);
+        let acquire = target.acquire(args.wait());
         tokio::pin!(acquire);
         let spinner = std::io::stderr()
             .is_terminal()
@@ -158,7 +179,8 @@ async fn supervise(
     args: &LockArgs,
     signals: &mut Signals,
 ) -> Result<u8, Failure> {
-    let (program, rest) = args.command.split_first().expect("clap requires CMD");
+    let argv = args.program();
+    let (program, rest) = argv.split_first().expect("clap requires CMD or -c");
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(rest)
         .env("QUORUMLOCK_NAME", &args.name)
@@ -321,13 +343,18 @@ mod tests {
     fn args(name: &str, cmd: &[&str]) -> LockArgs {
         LockArgs {
             timeout: Some(Duration::from_secs(5)),
+            nonblock: false,
+            conflict_exit_code: exit::NOT_ACQUIRED,
+            lost_exit_code: exit::LOCK_LOST,
             ttl: None,
             grace: Duration::from_millis(300),
+            shell_command: None,
             ignore_revoke: false,
             shared: false,
+            write: false,
             permits: None,
             name: name.into(),
-            command: cmd.iter().map(OsString::from).collect(),
+            argv: cmd.iter().map(OsString::from).collect(),
         }
     }
 

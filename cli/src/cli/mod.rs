@@ -8,6 +8,8 @@ use clap::{Args, Parser, Subcommand};
 use quorumlock::LockClient;
 
 pub mod exit;
+mod generate;
+mod list;
 mod lock;
 mod spinner;
 mod status;
@@ -19,10 +21,16 @@ const ABOUT: &str = "Distributed locks over ZooKeeper, etcd and Consul, from the
 const LONG_ABOUT: &str = "\
 Distributed locks over ZooKeeper, etcd and Consul, from the shell.
 
-The store is named by a URL (--url or QUORUMLOCK_URL):
+The store is named by a URL (--url or QUORUMLOCK_URL); there is no
+default, so a forgotten variable is an error, not a private lock:
   etcd://127.0.0.1:2379/NAMESPACE      zk://127.0.0.1:2181/NAMESPACE
   consul://127.0.0.1:8500/NAMESPACE    mem:// (in this process only)
-Query options are the backend's, e.g. ?ttl=10s (see --ttl).";
+Query options are the backend's, e.g. ?ttl=10s (see --ttl).
+
+Durations: 250ms, 1.5s, 10s, 1m30s, 2h (a bare number is seconds).
+
+Shell completions: `quorumlock completions bash|zsh|fish|elvish|powershell`;
+man page: `quorumlock man > quorumlock.1`.";
 
 /// The whole command line.
 #[derive(Debug, Parser)]
@@ -35,17 +43,17 @@ Query options are the backend's, e.g. ?ttl=10s (see --ttl).";
     propagate_version = true
 )]
 pub struct Cli {
-    /// The store's URL. mem:// lives inside this one process, so it is
-    /// only useful for trying `lock` out.
+    /// The store's URL (required by every command that talks to a store).
+    /// mem:// lives inside this one process, so it is only useful for
+    /// trying `lock` out, and is used only when named.
     #[arg(
         long,
         global = true,
         env = quorumlock::URL_ENV,
-        default_value = quorumlock::DEFAULT_URL,
         hide_env_values = true,
         value_name = "URL"
     )]
-    pub url: String,
+    pub url: Option<String>,
 
     /// More logs on stderr: -v info, -vv debug, -vvv trace (RUST_LOG
     /// overrides). Secrets in URLs are never printed.
@@ -62,12 +70,16 @@ pub struct Cli {
 pub enum Command {
     /// Run a command while holding a lock.
     ///
-    /// The command gets QUORUMLOCK_NAME and QUORUMLOCK_TOKEN (the fencing
-    /// token: pass it to the resource you write to, so that it can reject
-    /// writes from an older holder). SIGINT, SIGTERM and SIGHUP are
-    /// forwarded to it. If the lock is lost while it runs, it gets SIGTERM,
-    /// then SIGKILL after --grace, and quorumlock exits with 76. When the
-    /// command ends, the lock is released and its exit status is passed on.
+    /// The command comes after `--` (run as is) or as `-c 'shell command'`
+    /// (run by `sh -c`, as flock -c does). It gets QUORUMLOCK_NAME and
+    /// QUORUMLOCK_TOKEN (the fencing token: pass it to the resource you
+    /// write to, so that it can reject writes from an older holder).
+    /// SIGINT, SIGTERM and SIGHUP are forwarded to it. If the lock is lost
+    /// while it runs, it gets SIGTERM, then SIGKILL after --grace, and
+    /// quorumlock exits with 76 (--lost-exit-code). When the command ends,
+    /// the lock is released and its exit status is passed on; a lock not
+    /// acquired (-n, --timeout) exits with 75 (-E), so pick codes your
+    /// command does not use.
     ///
     /// When stdin is not a terminal the command runs in its own process
     /// group and signals go to the whole group; on a terminal it stays in
@@ -96,15 +108,60 @@ pub enum Command {
     /// are for.
     #[command(name = "break", after_help = exit::HELP)]
     Break(BreakArgs),
+
+    /// List the locks under a prefix that someone holds or waits for.
+    ///
+    /// One line per lock: its name, kind, holders (session and fencing
+    /// token) and number of waiters. PREFIX covers whole segments:
+    /// `deploy` lists `deploy` and `deploy/prod`, not `deployment`; no
+    /// PREFIX lists the whole namespace. Free locks are not shown.
+    #[command(after_help = exit::HELP)]
+    List(ListArgs),
+
+    /// Print a shell completion script for SHELL on stdout.
+    ///
+    /// E.g. `quorumlock completions bash > /etc/bash_completion.d/quorumlock`
+    /// or `quorumlock completions zsh > "${fpath[1]}/_quorumlock"`.
+    Completions(CompletionsArgs),
+
+    /// Print the man page (roff) on stdout: `quorumlock man > quorumlock.1`.
+    Man,
 }
 
 /// Arguments of `lock`.
 #[derive(Debug, Args)]
 pub struct LockArgs {
-    /// Give up after this long (75); 0 means try once. E.g. 500ms, 10s, 2m.
+    /// Give up after this long (exit 75, see -E); 0 means try once.
+    /// E.g. 500ms, 1.5s, 2m, 1m30s; a bare number is seconds.
     /// Default: wait forever.
-    #[arg(long, value_name = "D", value_parser = parse_duration)]
+    #[arg(
+        long,
+        short = 'w',
+        visible_alias = "wait",
+        value_name = "D",
+        value_parser = parse_duration
+    )]
     pub timeout: Option<Duration>,
+
+    /// Do not wait: if the lock is held, exit at once (75, see -E). The
+    /// same as --timeout 0.
+    #[arg(short = 'n', long, conflicts_with = "timeout")]
+    pub nonblock: bool,
+
+    /// The exit status when the lock is not acquired (held with -n, or
+    /// --timeout ran out) instead of 75.
+    #[arg(
+        short = 'E',
+        long,
+        value_name = "N",
+        default_value_t = exit::NOT_ACQUIRED
+    )]
+    pub conflict_exit_code: u8,
+
+    /// The exit status when the lock is lost while the command runs
+    /// instead of 76.
+    #[arg(long, value_name = "N", default_value_t = exit::LOCK_LOST)]
+    pub lost_exit_code: u8,
 
     /// Session TTL: how long the store keeps the lock after this process
     /// stops renewing it. Sets the URL's `ttl` option (replacing a
@@ -118,15 +175,33 @@ pub struct LockArgs {
     #[arg(long, value_name = "D", value_parser = parse_duration, default_value = "5s")]
     pub grace: Duration,
 
+    /// Run CMD with `sh -c` instead of a command after `--`.
+    #[arg(
+        short = 'c',
+        long = "command",
+        value_name = "CMD",
+        conflicts_with = "argv"
+    )]
+    pub shell_command: Option<String>,
+
     /// Do not send SIGTERM to the command on a cooperative revoke.
     #[arg(long)]
     pub ignore_revoke: bool,
 
     /// Take the read side of a read-write lock: `--shared` holders run
-    /// together; a plain `lock` of the same name waits for all of them
-    /// and they wait for it.
-    #[arg(long, conflicts_with = "permits")]
+    /// together; a plain `lock` or `--write` of the same name waits for
+    /// all of them and they wait for it. On ZooKeeper this is Curator's
+    /// InterProcessReadWriteLock read side.
+    #[arg(long, conflicts_with_all = ["permits", "write"])]
     pub shared: bool,
+
+    /// Take the write side of a read-write lock: excludes `--shared`
+    /// readers, other writers and plain `lock` holders. On ZooKeeper this
+    /// is Curator's InterProcessReadWriteLock write side, so Java services
+    /// using that recipe on the same path wait for it (a plain `lock` is
+    /// a Curator mutex, which Curator's readers do not see).
+    #[arg(long, conflicts_with = "permits")]
+    pub write: bool,
 
     /// Take one permit of a semaphore of N: at most N commands hold NAME
     /// at once. Every user of NAME must give the same N.
@@ -136,20 +211,79 @@ pub struct LockArgs {
     /// The lock's name: segments of [A-Za-z0-9._:-] joined by `/`.
     pub name: String,
 
-    /// The command to run, after `--`.
-    #[arg(last = true, required = true, value_name = "CMD")]
-    pub command: Vec<OsString>,
+    /// The command to run, after `--` (or give -c).
+    #[arg(
+        last = true,
+        required_unless_present = "shell_command",
+        value_name = "CMD"
+    )]
+    pub argv: Vec<OsString>,
+}
+
+impl LockArgs {
+    /// How long to wait: `None` forever, zero once.
+    pub fn wait(&self) -> Option<Duration> {
+        if self.nonblock {
+            Some(Duration::ZERO)
+        } else {
+            self.timeout
+        }
+    }
+
+    /// The program and its arguments.
+    pub fn program(&self) -> Vec<OsString> {
+        match &self.shell_command {
+            Some(c) => vec!["sh".into(), "-c".into(), c.into()],
+            None => self.argv.clone(),
+        }
+    }
 }
 
 /// Arguments of `status`.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
+    /// Print JSON instead of text (with --watch, one object per line).
+    #[arg(long)]
+    pub json: bool,
+
+    /// Keep going: print a line each time the holders change (polling
+    /// every --interval) until interrupted (then exit 0).
+    #[arg(short = 'w', long)]
+    pub watch: bool,
+
+    /// How often --watch reads the lock.
+    #[arg(
+        long,
+        value_name = "D",
+        value_parser = parse_duration,
+        default_value = "500ms",
+        requires = "watch"
+    )]
+    pub interval: Duration,
+
+    /// The lock's name.
+    pub name: String,
+}
+
+/// Arguments of `list`.
+#[derive(Debug, Args)]
+pub struct ListArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
 
-    /// The lock's name.
-    pub name: String,
+    /// Lock names to list: this name and the names nested under it.
+    /// Default: the whole namespace.
+    #[arg(default_value = "")]
+    pub prefix: String,
+}
+
+/// Arguments of `completions`.
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
 }
 
 /// A lone lock name.
@@ -170,8 +304,15 @@ pub struct BreakArgs {
     pub name: String,
 }
 
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    quorumlock::url::parse_duration(s)
+/// `humantime` durations (`250ms`, `1.5s`, `1m30s`), and a bare number of
+/// seconds as flock's `-w` takes (`0`, `5`, `0.5`).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+        let secs: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+        return Duration::try_from_secs_f64(secs).map_err(|e| e.to_string());
+    }
+    humantime::parse_duration(s).map_err(|e| format!("{e} (e.g. 250ms, 1.5s, 10s, 1m30s)"))
 }
 
 /// Parses the command line, runs it and returns the exit status.
@@ -239,8 +380,19 @@ pub async fn run(cli: Cli) -> Result<u8, Failure> {
         Command::Status(a) => &a.name,
         Command::Revoke(a) => &a.name,
         Command::Break(a) => &a.name,
+        Command::List(a) => {
+            let p = a.prefix.strip_suffix('/').unwrap_or(&a.prefix);
+            if !p.is_empty() {
+                quorumlock::LockName::new(p)?;
+            }
+            &a.prefix
+        }
+        Command::Completions(a) => return generate::completions(a.shell),
+        Command::Man => return generate::man(),
     };
-    quorumlock::LockName::new(name.as_str())?;
+    if !matches!(cli.command, Command::List(_)) {
+        quorumlock::LockName::new(name.as_str())?;
+    }
     if let Command::Break(a) = &cli.command {
         if !a.yes {
             return Err(Failure::usage(format!(
@@ -254,13 +406,21 @@ pub async fn run(cli: Cli) -> Result<u8, Failure> {
         Command::Lock(a) => a.ttl,
         _ => None,
     };
-    let url = store_url(&cli.url, ttl)?;
+    let Some(url) = cli.url.as_deref() else {
+        return Err(Failure::usage(
+            "no store given: pass --url URL or set QUORUMLOCK_URL \
+             (etcd://, zk://, consul://; mem:// only lives inside this one process)",
+        ));
+    };
+    let url = store_url(url, ttl)?;
     let client = connect(&url).await?;
     let result = match &cli.command {
         Command::Lock(a) => lock::run(&client, a).await,
         Command::Status(a) => status::status(&client, a).await,
         Command::Revoke(a) => status::revoke(&client, &a.name).await,
         Command::Break(a) => status::break_lock(&client, &a.name).await,
+        Command::List(a) => list::run(&client, a).await,
+        Command::Completions(_) | Command::Man => unreachable!("handled above"),
     };
     close(&client).await;
     result
@@ -358,6 +518,20 @@ mod tests {
         assert_eq!(human(Duration::from_millis(12_340)), "12.3s");
         assert_eq!(human(Duration::from_secs(245)), "4m05s");
         assert_eq!(human(Duration::from_secs(7620)), "2h07m");
+    }
+
+    #[test]
+    fn durations_take_humantime_and_bare_seconds() {
+        let ms = Duration::from_millis;
+        assert_eq!(parse_duration("1.5s").unwrap(), ms(1500));
+        assert_eq!(parse_duration("1m30s").unwrap(), ms(90_000));
+        assert_eq!(parse_duration("250ms").unwrap(), ms(250));
+        assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
+        assert_eq!(parse_duration("5").unwrap(), ms(5000));
+        assert_eq!(parse_duration("0.5").unwrap(), ms(500));
+        for bad in ["", "soon", "1.2.3", "-1s", "5 parsecs"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} accepted");
+        }
     }
 
     #[test]

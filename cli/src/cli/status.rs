@@ -14,6 +14,10 @@ use super::{human, StatusArgs};
 /// # Cancel safety
 /// Read-only; safe to drop.
 pub async fn status(client: &LockClient, args: &StatusArgs) -> Result<u8, Failure> {
+    if args.watch {
+        let mut signals = super::lock::Signals::install()?;
+        return watch(client, args, &mut signals).await;
+    }
     let state = client.inspect(&args.name).await?;
     let store = client.backend().describe();
     let now = SystemTime::now();
@@ -24,6 +28,75 @@ pub async fn status(client: &LockClient, args: &StatusArgs) -> Result<u8, Failur
     };
     out(&text);
     Ok(exit::OK)
+}
+
+/// Runs `quorumlock status --watch`: reads the lock every `--interval` and
+/// prints a line when its holders change (the first read too), until a
+/// signal ends it with 0.
+///
+/// # Cancel safety
+/// Read-only; safe to drop.
+async fn watch(
+    client: &LockClient,
+    args: &StatusArgs,
+    signals: &mut super::lock::Signals,
+) -> Result<u8, Failure> {
+    let mut last: Option<Vec<(String, u64)>> = None;
+    loop {
+        let state = client.inspect(&args.name).await?;
+        let holders: Vec<(String, u64)> = state
+            .holders
+            .iter()
+            .map(|h| (h.session.clone(), h.token))
+            .collect();
+        if last.as_ref() != Some(&holders) {
+            let now = SystemTime::now();
+            let line = if args.json {
+                let mut v = to_json(&state, &client.backend().describe(), now);
+                v["time_unix_ms"] = json!(unix_ms(now));
+                format!("{v}\n")
+            } else {
+                change_line(&state, now)
+            };
+            out(&line);
+            last = Some(holders);
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(args.interval) => {}
+            sig = signals.recv() => {
+                tracing::info!(signal = sig, "watch stopped");
+                return Ok(exit::OK);
+            }
+        }
+    }
+}
+
+/// One line of `status --watch`: the time and who holds the lock now.
+pub fn change_line(state: &LockState, now: SystemTime) -> String {
+    let time = humantime::format_rfc3339_seconds(now);
+    if state.holders.is_empty() {
+        return format!(
+            "{time}  {}  free  waiters {}\n",
+            state.name,
+            state.waiters.len()
+        );
+    }
+    format!(
+        "{time}  {}  held by {}  waiters {}\n",
+        state.name,
+        holders_text(state),
+        state.waiters.len()
+    )
+}
+
+/// The holders as `session S token T (kind)`, comma separated.
+pub fn holders_text(state: &LockState) -> String {
+    state
+        .holders
+        .iter()
+        .map(|h| format!("session {} token {} ({})", h.session, h.token, kind(h.kind)))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Runs `quorumlock revoke`.
@@ -55,7 +128,7 @@ pub async fn break_lock(client: &LockClient, name: &str) -> Result<u8, Failure> 
 }
 
 /// Writes to stdout; a closed pipe (`| head`) is not an error.
-fn out(text: &str) {
+pub fn out(text: &str) {
     use std::io::Write as _;
     let mut stdout = std::io::stdout().lock();
     let _ = stdout
@@ -63,7 +136,7 @@ fn out(text: &str) {
         .and_then(|()| stdout.flush());
 }
 
-fn kind(k: LockKind) -> String {
+pub fn kind(k: LockKind) -> String {
     match k {
         LockKind::Exclusive => "exclusive".into(),
         LockKind::Read => "read".into(),
@@ -191,7 +264,13 @@ mod tests {
         assert_eq!(j["holders"][0]["held_for_ms"], 75_000);
         assert_eq!(j["waiters"][1]["position"], 2);
         assert_eq!(j["waiters"][1]["session"], "s3");
+        let line = change_line(&state, now);
+        assert!(
+            line.ends_with("  a  held by session s1 token 42 (exclusive)  waiters 2\n"),
+            "{line}"
+        );
         let free = LockState::free(LockName::new("a").unwrap());
+        assert!(change_line(&free, now).ends_with("  a  free  waiters 0\n"));
         assert!(to_text(&free, "mem://", now).contains("none (free)"));
         assert_eq!(to_json(&free, "mem://", now)["held"], false);
     }

@@ -231,6 +231,9 @@ impl Backend for SimBackend {
     async fn read_key(&self, key: &str) -> Result<Option<Vec<u8>>> {
         self.wire.through(self.inner.read_key(key)).await
     }
+    async fn list(&self, prefix: Option<&LockName>) -> Result<Vec<LockState>> {
+        self.wire.through(self.inner.list(prefix)).await
+    }
     async fn write_key(&self, write: &KeyWrite) -> Result<()> {
         self.wire.through(self.inner.write_key(write)).await
     }

@@ -159,6 +159,17 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// was held.
     async fn break_lock(&self, name: &LockName) -> Result<bool>;
 
+    /// Every lock under `prefix` that someone holds or waits for, as
+    /// [`Backend::inspect`] reports it, sorted by name: `prefix` itself and
+    /// the names nested under it (`prefix/...`, whole segments only: `a`
+    /// does not cover `ab`), or every lock of the namespace for `None`.
+    /// Free locks are left out, so an empty parent node or key that a
+    /// store keeps is never reported as a lock.
+    ///
+    /// Admin and diagnostics only (`quorumlock list`): a store has no index
+    /// of lock names, so this reads the prefix's whole subtree.
+    async fn list(&self, prefix: Option<&LockName>) -> Result<Vec<LockState>>;
+
     /// Cooperative revoke: marks the current holders so that their guards'
     /// `revoke_requested()` fires. Returns whether anything was held.
     async fn request_revoke(&self, name: &LockName) -> Result<bool>;

@@ -118,6 +118,26 @@ impl Backend for MemBackend {
         })
     }
 
+    async fn list(&self, prefix: Option<&LockName>) -> Result<Vec<LockState>> {
+        self.count_request();
+        let under = self.core().config.namespace.prefix();
+        let st = self.store().state();
+        let key = prefix.map(|p| self.key(p));
+        let mut out = Vec::new();
+        for k in st.keys_under(&under, key.as_deref()) {
+            let Ok(name) = LockName::new(&k[under.len()..]) else {
+                continue;
+            };
+            let (holders, waiters) = st.contenders(&k);
+            out.push(LockState {
+                name,
+                holders,
+                waiters,
+            });
+        }
+        Ok(out)
+    }
+
     async fn break_lock(&self, name: &LockName) -> Result<bool> {
         self.count_request();
         Ok(self.store().state().break_holders(&self.key(name)))

@@ -315,6 +315,23 @@ impl State {
         (holders, waiters)
     }
 
+    /// Keys of the non-empty queues under `under` (the namespace prefix,
+    /// `""` or `ns/`) that are `key` or nested under it (`key/...`), or all
+    /// of them for `None`; in key order.
+    pub(super) fn keys_under(&self, under: &str, key: Option<&str>) -> Vec<String> {
+        self.queues
+            .iter()
+            .filter(|(k, q)| {
+                !q.is_empty()
+                    && k.starts_with(under)
+                    && key.is_none_or(|key| {
+                        k.as_str() == key || k.strip_prefix(key).is_some_and(|r| r.starts_with('/'))
+                    })
+            })
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
     /// Entries under `prefix`, as entry names.
     pub(super) fn entries_under(&self, prefix: &str) -> Vec<String> {
         self.queues
