@@ -85,7 +85,12 @@ fn url_in(base: &str, ns: &str) -> String {
     let (head, query) = base
         .split_once('?')
         .map_or((base, None), |(h, q)| (h, Some(q)));
-    let head = head.trim_end_matches('/');
+    // `mem://` has an empty authority: keep its `//`.
+    let head = if head.ends_with("://") {
+        head
+    } else {
+        head.trim_end_matches('/')
+    };
     match query {
         Some(q) => format!("{head}/{ns}?{q}"),
         None => format!("{head}/{ns}"),
@@ -518,4 +523,23 @@ fn print_markdown(r: &Value) {
         f(&l["session_kill"]["p50_ms"]),
         f(&l["session_kill"]["p99_ms"])
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::url_in;
+
+    #[test]
+    fn run_namespace_goes_under_the_url_path() {
+        assert_eq!(url_in("mem://", "b-1"), "mem:///b-1");
+        assert_eq!(url_in("etcd://h:2379/", "b-1"), "etcd://h:2379/b-1");
+        assert_eq!(url_in("zk://h/app?ttl=2s", "b-1"), "zk://h/app/b-1?ttl=2s");
+        for url in ["mem://", "mem:///x"] {
+            let parsed = quorumlock::url::parse(&url_in(url, "b-1")).unwrap();
+            assert!(
+                quorumlock::mem::MemConfig::from_url(&parsed).is_ok(),
+                "{url}"
+            );
+        }
+    }
 }
