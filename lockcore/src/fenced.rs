@@ -106,12 +106,15 @@ pub struct HeldEntry {
 /// The error of a fenced write the store refused.
 pub fn refused(write: &KeyWrite, held: &[HeldEntry]) -> Error {
     let names: Vec<&str> = held.iter().map(|h| h.name.as_str()).collect();
+    let whose = match names.as_slice() {
+        [one] => format!("the entry of {one} is gone"),
+        many => format!("an entry of {} is gone", many.join(", ")),
+    };
     Error::new(
         ErrorKind::LockLost,
         format!(
-            "fenced write to {:?} refused by the store: the entry of {} is gone",
-            write.key(),
-            names.join(", ")
+            "fenced write to {:?} refused by the store: {whose}",
+            write.key()
         ),
     )
 }
