@@ -12,6 +12,7 @@ use tokio::sync::{oneshot, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::availability::{name_holders, ClientOptions, Unreachable};
 use crate::backend::{AcquireRequest, Acquired, Backend, StoreSession};
 use crate::signal::{LossReason, SessionLiveness};
 use crate::{Error, ErrorKind, LockName, Result};
@@ -35,6 +36,7 @@ pub struct LockClient {
 
 struct ClientInner {
     backend: Arc<dyn Backend>,
+    options: ClientOptions,
     session: tokio::sync::Mutex<Option<Arc<SessionSlot>>>,
     local: StdMutex<HashMap<LockName, Arc<Semaphore>>>,
     cleanup: Cleanup,
@@ -93,11 +95,19 @@ impl fmt::Debug for LockClient {
 }
 
 impl LockClient {
-    /// A client over `backend`. Must be called inside a tokio runtime.
+    /// A client over `backend` with the default [`ClientOptions`]. Must be
+    /// called inside a tokio runtime.
     pub fn new(backend: Arc<dyn Backend>) -> Self {
+        Self::with_options(backend, ClientOptions::default())
+    }
+
+    /// A client over `backend` with `options`. Must be called inside a
+    /// tokio runtime.
+    pub fn with_options(backend: Arc<dyn Backend>, options: ClientOptions) -> Self {
         LockClient {
             inner: Arc::new(ClientInner {
                 backend,
+                options,
                 session: tokio::sync::Mutex::new(None),
                 local: StdMutex::new(HashMap::new()),
                 cleanup: Cleanup::default(),
@@ -325,6 +335,16 @@ impl LockClient {
         kind: LockKind,
         mode: Mode,
     ) -> Result<LockGuard> {
+        match (self.acquire_once(name, kind, mode).await, mode) {
+            (Err(e), Mode::Until(d)) if e.kind() == ErrorKind::Timeout => {
+                let backend = self.inner.backend.as_ref();
+                Err(name_holders(backend, name, e, d.max(Instant::now()) + ABANDON_GRACE).await)
+            }
+            (r, _) => r,
+        }
+    }
+
+    async fn acquire_once(&self, name: &LockName, kind: LockKind, mode: Mode) -> Result<LockGuard> {
         let span = tracing::debug_span!("acquire", lock = %name, ?kind, ?mode);
         async move {
             let deadline = match mode {
@@ -333,21 +353,43 @@ impl LockClient {
             };
             let mut ticket = self.local_ticket(name, kind, mode).await?;
             let mut backoff = Backoff::default();
+            let mut unreachable = Unreachable::new(&self.inner.options);
+            let store = || self.inner.backend.describe();
+            // Which limit ended a wait: the caller's deadline or ours.
+            let gave_up = |u: &Unreachable| {
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    timed_out(name)
+                } else {
+                    u.error(name, &store())
+                }
+            };
+            let mut current: Option<Arc<SessionSlot>> = None;
             loop {
-                let session = match until(deadline, self.session()).await {
-                    None => return Err(timed_out(name)),
+                let started = Instant::now();
+                let session = match until(earliest(deadline, unreachable.open_by()), self.session()).await {
+                    None => {
+                        let e = Error::new(ErrorKind::Connection, "no answer while opening a session");
+                        unreachable.failed(&store(), &e, started);
+                        return Err(gave_up(&unreachable));
+                    }
                     Some(Ok(s)) => s,
                     // The store is unreachable for now: a waiting acquire
-                    // keeps trying until its deadline, like a queued one.
+                    // keeps trying, until its deadline or until the store
+                    // has been unreachable for `unavailable_after`.
                     Some(Err(e)) if e.is_retryable() && mode != Mode::Try => {
-                        tracing::debug!(error = %e, "opening a session failed, retrying");
-                        if until(deadline, backoff.wait()).await.is_none() {
-                            return Err(timed_out(name));
+                        unreachable.failed(&store(), &e, started);
+                        let until_at = earliest(deadline, unreachable.give_up_at());
+                        if until(until_at, backoff.wait()).await.is_none() {
+                            return Err(gave_up(&unreachable));
                         }
                         continue;
                     }
                     Some(Err(e)) => return Err(e),
                 };
+                if !current.as_ref().is_some_and(|c| Arc::ptr_eq(c, &session)) {
+                    unreachable.recovered();
+                    current = Some(session.clone());
+                }
                 let req = AcquireRequest::new(name.clone(), kind, mode != Mode::Try);
                 let pending = PendingAcquire {
                     client: self.inner.clone(),
@@ -397,13 +439,18 @@ impl LockClient {
                         return Err(e);
                     }
                     Some(Err(e)) if e.is_retryable() && mode != Mode::Try => {
-                        tracing::debug!(error = %e, "acquire attempt failed, retrying");
+                        if e.kind() == ErrorKind::Connection {
+                            unreachable.failed(&store(), &e, Instant::now());
+                        } else {
+                            tracing::debug!(error = %e, "acquire attempt failed, retrying");
+                        }
                         let Some(t) = pending.abandon(deadline).await else {
                             return Err(timed_out(name));
                         };
                         ticket = t;
-                        if until(deadline, backoff.wait()).await.is_none() {
-                            return Err(timed_out(name));
+                        let until_at = earliest(deadline, unreachable.give_up_at());
+                        if until(until_at, backoff.wait()).await.is_none() {
+                            return Err(gave_up(&unreachable));
                         }
                     }
                     Some(Err(e)) => {
@@ -449,6 +496,14 @@ fn timed_out(name: &LockName) -> Error {
         ErrorKind::Timeout,
         format!("lock {name} was not acquired in time"),
     )
+}
+
+/// The earlier of two optional instants.
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
 }
 
 /// Runs `f` until `deadline`; `None` if the deadline came first.

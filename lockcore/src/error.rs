@@ -40,6 +40,9 @@ pub enum ErrorKind {
     Connection,
     /// The store answered with an error not covered by another kind.
     Store,
+    /// The store could not be reached for longer than the client allows
+    /// ([`crate::ClientOptions::unavailable_after`]); an acquire gave up.
+    Unavailable,
     /// A read holder asked to upgrade to write; refused instead of
     /// deadlocking.
     UpgradeRefused,
@@ -67,6 +70,7 @@ impl ErrorKind {
             ErrorKind::PermissionDenied => "permission denied",
             ErrorKind::Connection => "connection",
             ErrorKind::Store => "store",
+            ErrorKind::Unavailable => "unavailable",
             ErrorKind::UpgradeRefused => "upgrade refused",
             ErrorKind::Closed => "closed",
             ErrorKind::Internal => "internal",
@@ -122,6 +126,7 @@ impl Error {
         matches!(
             self.kind,
             ErrorKind::Connection
+                | ErrorKind::Unavailable
                 | ErrorKind::SessionLost
                 | ErrorKind::Timeout
                 | ErrorKind::WouldBlock

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
+mod availability;
 pub mod backend;
 mod client;
 mod error;
@@ -15,6 +16,7 @@ mod scoped;
 mod signal;
 pub mod url;
 
+pub use availability::{ClientOptions, DEFAULT_UNAVAILABLE_AFTER};
 pub use client::{Lock, LockClient, LockGuard, Reentry};
 pub use error::{Error, ErrorKind, Result};
 pub use multi::{MultiGuard, MultiLock};

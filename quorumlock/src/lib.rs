@@ -13,8 +13,8 @@ use lockcore::backend::Backend;
 pub use lockcore::backend;
 pub use lockcore::url;
 pub use lockcore::{
-    Contender, Error, ErrorKind, Lock, LockClient, LockGuard, LockKind, LockName, LockState,
-    LossReason, MultiGuard, MultiLock, Reentry, Result, RwLock, Semaphore,
+    ClientOptions, Contender, Error, ErrorKind, Lock, LockClient, LockGuard, LockKind, LockName,
+    LockState, LossReason, MultiGuard, MultiLock, Reentry, Result, RwLock, Semaphore,
 };
 
 #[cfg(feature = "mem")]

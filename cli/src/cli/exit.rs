@@ -127,6 +127,7 @@ mod tests {
         assert_eq!(code_of(ErrorKind::UnknownScheme), USAGE);
         assert_eq!(code_of(ErrorKind::FeatureDisabled), USAGE);
         assert_eq!(code_of(ErrorKind::Connection), UNAVAILABLE);
+        assert_eq!(code_of(ErrorKind::Unavailable), UNAVAILABLE);
         assert_eq!(code_of(ErrorKind::Timeout), NOT_ACQUIRED);
         assert_eq!(code_of(ErrorKind::WouldBlock), NOT_ACQUIRED);
         assert_eq!(code_of(ErrorKind::LockLost), LOCK_LOST);

@@ -43,6 +43,7 @@ mod register;
 mod report;
 pub mod scenarios;
 mod sim;
+mod unavailable;
 
 pub use cluster::{Cluster, ClusterTurn, StoreKind};
 pub use history::{History, Hold, HoldEnd, Overlap, Tracked};
@@ -332,6 +333,7 @@ macro_rules! fault_suite {
             keepalive_delay_then_failure,
             cancel_at_every_poll,
             calls_return_within_bounds_on_a_dead_link,
+            unreachable_store_is_unavailable,
             explore_random_schedules
         );
     };
