@@ -15,6 +15,7 @@ use tracing::Instrument;
 use crate::availability::{name_holders, ClientOptions, Unreachable};
 use crate::backend::{AcquireRequest, Acquired, Backend, StoreSession};
 use crate::signal::{LossReason, SessionLiveness};
+use crate::telemetry;
 use crate::{Error, ErrorKind, LockName, Result};
 use crate::{LockKind, LockState};
 
@@ -335,13 +336,17 @@ impl LockClient {
         kind: LockKind,
         mode: Mode,
     ) -> Result<LockGuard> {
-        match (self.acquire_once(name, kind, mode).await, mode) {
+        let start = Instant::now();
+        let r = match (self.acquire_once(name, kind, mode).await, mode) {
             (Err(e), Mode::Until(d)) if e.kind() == ErrorKind::Timeout => {
                 let backend = self.inner.backend.as_ref();
                 Err(name_holders(backend, name, e, d.max(Instant::now()) + ABANDON_GRACE).await)
             }
             (r, _) => r,
-        }
+        };
+        let outcome = r.as_ref().map(|_| ()).map_err(Error::kind);
+        telemetry::acquire_ended(kind, outcome, start.elapsed());
+        r
     }
 
     async fn acquire_once(&self, name: &LockName, kind: LockKind, mode: Mode) -> Result<LockGuard> {
@@ -407,6 +412,9 @@ impl LockClient {
                     }
                 };
                 let outcome = until(deadline, attempt).await;
+                if let Some(r) = &outcome {
+                    telemetry::store_call("acquire", r.as_ref().err().map(Error::kind));
+                }
                 match outcome {
                     Some(Ok(acquired)) if session.liveness.is_alive() => {
                         let ticket = pending.disarm();
@@ -418,6 +426,7 @@ impl LockClient {
                                 req,
                                 acquired,
                                 ticket,
+                                since: Instant::now(),
                             }),
                             depth: 1,
                         });
@@ -540,6 +549,8 @@ async fn remove_entry(session: &SessionSlot, req: &AcquireRequest, held: Option<
             r = attempt => r,
             _ = session.liveness.lost() => return,
         };
+        let op = if held.is_some() { "release" } else { "abandon" };
+        telemetry::store_call(op, r.as_ref().err().map(Error::kind));
         match r {
             Ok(()) => return,
             Err(e) if e.is_retryable() => {
@@ -749,6 +760,18 @@ struct Held {
     req: AcquireRequest,
     acquired: Acquired,
     ticket: LocalTicket,
+    /// When the grant was handed out, for the hold-time metric.
+    since: Instant,
+}
+
+impl Held {
+    /// Why the lock was lost, if it was: the entry's or the session's.
+    fn loss(&self) -> Option<LossReason> {
+        self.req
+            .signals
+            .loss()
+            .or_else(|| self.session.liveness.loss())
+    }
 }
 
 impl fmt::Debug for LockGuard {
@@ -818,7 +841,7 @@ impl LockGuard {
     /// Why the lock was lost, if it was.
     pub fn loss(&self) -> Option<LossReason> {
         let h = self.held();
-        h.req.signals.loss().or_else(|| h.session.liveness.loss())
+        h.loss()
     }
 
     /// A future that resolves when the lock can no longer be assumed held
@@ -902,11 +925,8 @@ impl LockGuard {
     /// If dropped, the release continues in the background.
     pub async fn release(mut self) -> Result<()> {
         let held = self.held.take().expect("guard used after release");
-        let lost = held
-            .req
-            .signals
-            .loss()
-            .or_else(|| held.session.liveness.loss());
+        let lost = held.loss();
+        telemetry::hold_ended(held.req.kind, held.since.elapsed(), lost);
         // Watchers stop first: our own delete is not a loss.
         held.req.signals.finish();
         let finish = ReleaseOnDrop(Some(held));
@@ -946,6 +966,7 @@ impl Drop for ReleaseOnDrop {
 }
 
 fn queue_release(held: Held) {
+    telemetry::hold_ended(held.req.kind, held.since.elapsed(), held.loss());
     let client = held.client.clone();
     held.req.signals.finish();
     spawn_cleanup(&client, async move {

@@ -14,6 +14,7 @@ mod queue;
 mod rw;
 mod scoped;
 mod signal;
+mod telemetry;
 pub mod url;
 
 pub use availability::{ClientOptions, DEFAULT_UNAVAILABLE_AFTER};

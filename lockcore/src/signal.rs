@@ -97,6 +97,7 @@ impl SessionLiveness {
     /// was confirmed by the store, with `ttl` granted.
     /// The deadline only moves forward.
     pub fn confirm(&self, sent_at: Instant, ttl: Duration) {
+        crate::telemetry::keepalive(sent_at.elapsed());
         let deadline = sent_at + ttl - Self::margin(ttl);
         let ns = deadline.saturating_duration_since(self.epoch).as_nanos() as u64;
         self.deadline_ns.fetch_max(ns.max(1), Ordering::AcqRel);
