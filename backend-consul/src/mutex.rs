@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lockcore::backend::{AcquireRequest, Acquired, LastGrant};
-use lockcore::{Error, ErrorKind, Result};
+use lockcore::{Error, ErrorKind, LockKind, Result};
 
 use crate::api::{op, KvEntry, Record, Txn};
 use crate::core::{
@@ -29,7 +29,7 @@ struct FastTry {
 }
 
 /// A mutex (see the crate documentation, "Acquire"): the fast path when
-/// the lock is free, else our queue.
+/// the lock is free (step 0), else our queue (steps 1 to 4).
 ///
 /// # Cancel safety
 /// Every write runs to its end if dropped; the `abandon` that follows
@@ -38,56 +38,152 @@ pub(crate) async fn acquire(s: &Arc<Shared>, req: &AcquireRequest) -> Result<Acq
     if !s.liveness.is_alive() {
         return Err(session_lost("the Consul session is lost"));
     }
-    let keys = Keys::new(&s.backend.config, &req.name);
-    let qkey = keys.queue(&s.id);
-    let contender = req.contender.to_string();
-    let record = || Record {
-        quorumlock: 1,
-        contender: Some(contender.clone()),
-        since_ms: Some(now_ms()),
-        ..Record::default()
-    };
-    // A `.lock` that this acquire wrote (its contender id, our session,
-    // not rewritten by a break): ours, whatever the answer said.
-    let mine = |l: &KvEntry| {
-        l.holder() == Some(s.id.as_str())
-            && l.flags == LOCK_FLAGS
-            && l.record()
-                .is_some_and(|r| !r.broken && r.contender.as_deref() == Some(&contender))
-    };
-
+    let a = Attempt::new(s, req);
     // A waiting acquire rides out transient trouble (a reset, a leader
     // election) without losing its place in the queue: reads are
     // retried, and a write whose answer was lost is checked by reading
     // back. A try-acquire fails fast instead.
     let mut transient = Transient::new(req.wait, &s.liveness);
-    let read = || read_view(&s.backend.api, &keys);
-
-    // 0. Fast path, one request when the lock is free: take `.lock` in
-    // one txn, guarded by `.lock` not existing, and read the whole
-    // lock. No queue key: a waiter that comes while we hold treats us
-    // as it treats a `consul lock` holder (it waits on `.lock`). If a
-    // contender of ours was already queued (it is between the
-    // previous holder's release and its own grant), we never report
-    // the grant: one txn gives `.lock` back and joins the queue behind
-    // it, so FIFO holds. Any failure (`.lock` held, a lock-delay,
-    // another recipe's `.lock`) leaves nothing written and falls
-    // through to the queued path.
-    let mut fast = None;
-    let contended = s.contended.lock().expect("poisoned").contains(&keys.lock);
-    let tried = if contended {
-        None
-    } else {
-        try_fast(s, req, &keys, record(), &mut transient).await?
+    let joined = match a.fast_path(&mut transient).await? {
+        Fast::Granted(held) => return Ok(held),
+        Fast::Queue(joined) => joined,
     };
-    if let Some(FastTry {
-        view: v,
-        token,
-        at_grant,
-        last,
-    }) = tried
-    {
-        if v.line(&keys).is_empty() {
+    let view = match joined {
+        Some(v) => v,
+        None => a.join_queue(&mut transient).await?,
+    };
+    a.wait_and_take(view, &mut transient).await
+}
+
+/// One mutex acquire attempt: what each of its steps needs.
+struct Attempt<'a> {
+    s: &'a Arc<Shared>,
+    req: &'a AcquireRequest,
+    keys: Keys,
+    /// Our queue key.
+    qkey: String,
+    /// The attempt's contender id, as our records carry it.
+    contender: String,
+}
+
+/// How the fast path ended.
+// Returned once per step and moved straight on: boxing the view would
+// only add an allocation.
+#[allow(clippy::large_enum_variant)]
+enum Fast {
+    /// Taken, with nobody of ours in line: held.
+    Granted(Acquired),
+    /// Not taken, or given back: queue. `Some`: already joined (the
+    /// give-back txn did), the lock as that txn read it.
+    Queue(Option<View>),
+}
+
+/// What the queued path does after one step.
+// Returned once per step and moved straight on: boxing the view would
+// only add an allocation.
+#[allow(clippy::large_enum_variant)]
+enum Next {
+    /// Held.
+    Granted(Acquired),
+    /// Look at the lock again, as it is in this view.
+    Look(View),
+}
+
+/// Consecutive failures of the grant txn (step 4): unexpected ones are
+/// counted, a lock-delay is waited out with a growing pause.
+struct Failures {
+    retries: u32,
+    delay_wait: Duration,
+}
+
+impl<'a> Attempt<'a> {
+    fn new(s: &'a Arc<Shared>, req: &'a AcquireRequest) -> Attempt<'a> {
+        let keys = Keys::new(&s.backend.config, &req.name);
+        Attempt {
+            s,
+            req,
+            qkey: keys.queue(&s.id),
+            keys,
+            contender: req.contender.to_string(),
+        }
+    }
+
+    /// The value of each key this attempt writes (its `since_ms` is the
+    /// time of that write).
+    fn record(&self) -> Record {
+        Record {
+            quorumlock: 1,
+            contender: Some(self.contender.clone()),
+            since_ms: Some(now_ms()),
+            ..Record::default()
+        }
+    }
+
+    /// A `.lock` that this acquire wrote (its contender id, our session,
+    /// not rewritten by a break): ours, whatever the answer said.
+    fn mine(&self, l: &KvEntry) -> bool {
+        l.holder() == Some(self.s.id.as_str())
+            && l.flags == LOCK_FLAGS
+            && l.record()
+                .is_some_and(|r| !r.broken && r.contender.as_deref() == Some(&self.contender))
+    }
+
+    /// Whether `e` is our queue key, held by our session.
+    fn is_our_entry(&self, e: &KvEntry) -> bool {
+        e.key == self.qkey && e.holder() == Some(self.s.id.as_str())
+    }
+
+    /// Reads every key of the lock.
+    async fn read(&self) -> Result<View> {
+        read_view(&self.s.backend.api, &self.keys).await
+    }
+
+    /// Reports the grant at `token`, handing `.lock` to the monitor.
+    fn granted(&self, token: u64) -> Acquired {
+        self.s.watch(&self.keys, token, &self.req.signals);
+        Acquired {
+            token,
+            entry: self.keys.lock.clone(),
+        }
+    }
+
+    /// Try-acquire only: leaves the queue and says the lock is held.
+    async fn leave<T>(&self) -> Result<T> {
+        leave_queue(self.s, &self.keys).await?;
+        Err(would_block(&self.keys))
+    }
+
+    /// Step 0, the fast path, one request when the lock is free: take
+    /// `.lock` in one txn, guarded by `.lock` not existing, and read the
+    /// whole lock. No queue key: a waiter that comes while we hold treats
+    /// us as it treats a `consul lock` holder (it waits on `.lock`). If a
+    /// contender of ours was already queued (it is between the previous
+    /// holder's release and its own grant), we never report the grant:
+    /// one txn gives `.lock` back and joins the queue behind it, so FIFO
+    /// holds. Any failure (`.lock` held, a lock-delay, another recipe's
+    /// `.lock`) leaves nothing written and falls through to the queued
+    /// path. Skipped for a mutex that was contended at its last release.
+    async fn fast_path(&self, transient: &mut Transient<'_>) -> Result<Fast> {
+        let (s, keys) = (self.s, &self.keys);
+        let contended = s.contended.lock().expect("poisoned").contains(&keys.lock);
+        let tried = if contended {
+            None
+        } else {
+            try_fast(s, self.req, keys, self.record(), transient).await?
+        };
+        let Some(FastTry {
+            view: v,
+            token,
+            at_grant,
+            last,
+        }) = tried
+        else {
+            if !contended {
+                note_contention(s, keys, true); // `.lock` is taken
+            }
+            return Ok(Fast::Queue(None));
+        };
+        if v.line(keys).is_empty() {
             // A marker of an earlier holder (see `release`) goes
             // with our release, as a queued holder's does.
             if v.revoke.is_none() {
@@ -96,156 +192,188 @@ pub(crate) async fn acquire(s: &Arc<Shared>, req: &AcquireRequest) -> Result<Acq
                     s.lone_grants.keep(&keys.lock, last, token);
                 }
             }
-            s.watch(&keys, token, &req.signals);
-            return Ok(Acquired {
-                token,
-                entry: keys.lock.clone(),
-            });
+            return Ok(Fast::Granted(self.granted(token)));
         }
-        note_contention(s, &keys, true);
+        note_contention(s, keys, true);
         // Given back and joined: go on from the lock as that txn read
         // it. Else (our grant was taken from us first, or the join's
         // answer was lost and it did not go through) join below.
-        fast = give_back(s, req, &keys, token, Some(record()), &mut transient)
+        let joined = give_back(s, self.req, keys, token, Some(self.record()), transient)
             .await?
-            .filter(|v| {
-                v.queue
-                    .iter()
-                    .any(|e| e.key == qkey && e.holder() == Some(s.id.as_str()))
-            });
-    } else if !contended {
-        note_contention(s, &keys, true); // `.lock` is taken
+            .filter(|v| v.queue.iter().any(|e| self.is_our_entry(e)));
+        Ok(Fast::Queue(joined))
     }
 
-    // 1. Join our queue and read the whole lock in one request.
-    let mut view = loop {
-        if let Some(v) = fast.take() {
-            break v;
-        }
-        let ops = vec![
-            op::lock(&qkey, &s.id, QUEUE_FLAGS, &record().encode()),
-            op::get_tree(&keys.tree),
-        ];
-        match s.write_attempt(&keys, req, ops, "joining the queue").await {
-            Ok(Txn::Done(results)) => {
-                break View::from_entries(&keys, read_after_lock(results));
-            }
-            // Our entry's key is named by our session: a lock-delay on
-            // it means our own session was invalidated (Consul checks
-            // the delay before the session, so it says that instead).
-            Ok(Txn::Failed(errs)) if errs.iter().any(|e| session_gone(&e.what)) => {
-                return Err(session_lost("the Consul session is gone"));
-            }
-            Ok(Txn::Failed(errs)) => return Err(failed("joining the queue", &errs)),
-            Err(e) => {
-                transient.absorb(e).await?;
-                let v = transient.retry(read).await?;
-                if v.queue
-                    .iter()
-                    .any(|e| e.key == qkey && e.holder() == Some(s.id.as_str()))
-                {
-                    break v; // the join went through; its answer was lost
+    /// Step 1: join our queue and read the whole lock in one request. A
+    /// join whose answer was lost is read back: our queue key there means
+    /// it went through.
+    async fn join_queue(&self, transient: &mut Transient<'_>) -> Result<View> {
+        let (s, keys) = (self.s, &self.keys);
+        loop {
+            let ops = vec![
+                op::lock(&self.qkey, &s.id, QUEUE_FLAGS, &self.record().encode()),
+                op::get_tree(&keys.tree),
+            ];
+            match s
+                .write_attempt(keys, self.req, ops, "joining the queue")
+                .await
+            {
+                Ok(Txn::Done(results)) => {
+                    return Ok(View::from_entries(keys, read_after_lock(results)));
+                }
+                // Our entry's key is named by our session: a lock-delay on
+                // it means our own session was invalidated (Consul checks
+                // the delay before the session, so it says that instead).
+                Ok(Txn::Failed(errs)) if errs.iter().any(|e| session_gone(&e.what)) => {
+                    return Err(session_lost("the Consul session is gone"));
+                }
+                Ok(Txn::Failed(errs)) => return Err(failed("joining the queue", &errs)),
+                Err(e) => {
+                    transient.absorb(e).await?;
+                    let v = transient.retry(|| self.read()).await?;
+                    if v.queue.iter().any(|e| self.is_our_entry(e)) {
+                        return Ok(v); // the join went through; its answer was lost
+                    }
                 }
             }
         }
-    };
+    }
 
-    let mut retries = 0;
-    let mut delay_wait = Duration::from_millis(50);
-    loop {
-        // Mutexes and read-write locks of one name share one line.
-        let line = view.line(&keys);
-        let pos = line
-            .iter()
-            .position(|(_, e)| e.key == qkey && e.holder() == Some(s.id.as_str()));
-        // Our own `.lock` (a grant whose answer was lost, here or on the
-        // fast path), at whatever place our queue key has: held by us
-        // unless contenders of ours were in line before that grant,
-        // then given back (at our token only).
-        if let Some(l) = view.lock.clone().filter(|l| mine(l)) {
-            let token = l.modify_index;
-            let since = pos.map_or(token, |p| token.min(line[p].1.create_index));
-            let ahead = line
-                .iter()
-                .any(|(_, e)| e.key != qkey && e.create_index < since);
-            if !ahead {
-                s.watch(&keys, token, &req.signals);
-                return Ok(Acquired {
-                    token,
-                    entry: keys.lock.clone(),
-                });
-            }
-            if let Some(v) = give_back(s, req, &keys, token, None, &mut transient).await? {
-                view = v;
-                continue;
-            }
-            view = transient.retry(read).await?;
-            continue;
-        }
-        let Some(pos) = pos else {
-            return Err(session_lost(
-                "our queue entry is gone (session expired or entry deleted)",
-            ));
+    /// Steps 2 to 4, from `view` until the lock is ours: each look at the
+    /// lock ends in a grant, a wait, or a new look.
+    async fn wait_and_take(
+        &self,
+        mut view: View,
+        transient: &mut Transient<'_>,
+    ) -> Result<Acquired> {
+        let mut failures = Failures {
+            retries: 0,
+            delay_wait: Duration::from_millis(50),
         };
-        if pos > 0 {
-            // 2. Not first among our contenders: wait for the one just
-            // ahead to leave (herd-free: nobody else watches it).
-            if !req.wait {
-                leave_queue(s, &keys).await?;
-                return Err(would_block(&keys));
-            }
-            let pred = line[pos - 1].1.clone();
-            transient.retry(|| s.wait_gone(&pred)).await?;
-            view = transient.retry(read).await?;
-            continue;
-        }
-        // 3. First in our queue: only we look at `.lock`.
-        if let Some(l) = &view.lock {
-            if l.flags != LOCK_FLAGS {
-                return Err(Error::new(
-                    ErrorKind::Conflict,
-                    format!(
-                        "{} has flags {:#x}, not the lock flags {LOCK_FLAGS:#x}: another recipe (a consul lock -n semaphore?) owns it",
-                        keys.lock, l.flags
-                    ),
-                ));
-            }
-            // Held by another session, or by ours but broken by an
-            // operator (it goes at the end of the break's grace):
-            // wait until it changes.
-            let broken = l.record().is_some_and(|r| r.broken);
-            if l.holder().is_some_and(|h| h != s.id || broken) {
-                if !req.wait {
-                    leave_queue(s, &keys).await?;
-                    return Err(would_block(&keys));
+        loop {
+            // Mutexes and read-write locks of one name share one line.
+            let line = view.line(&self.keys);
+            let pos = line.iter().position(|(_, e)| self.is_our_entry(e));
+            let next = if let Some(l) = view.lock.clone().filter(|l| self.mine(l)) {
+                self.own_grant(&line, pos, &l, transient).await?
+            } else {
+                let Some(pos) = pos else {
+                    return Err(session_lost(
+                        "our queue entry is gone (session expired or entry deleted)",
+                    ));
+                };
+                if pos > 0 {
+                    self.wait_ahead(&line[pos - 1].1, transient).await?
+                } else if self.wait_holder(&mut view, transient).await? {
+                    Next::Look(view)
+                } else {
+                    self.take(&view, &mut failures, transient).await?
                 }
-                let held = l.clone();
-                view.lock = transient.retry(|| s.wait_lock(&keys, &held)).await?;
-                continue;
+            };
+            match next {
+                Next::Granted(held) => return Ok(held),
+                Next::Look(v) => view = v,
             }
         }
+    }
+
+    /// Our own `.lock` (a grant whose answer was lost, in step 4 or on the
+    /// fast path), at whatever place `pos` our queue key has: held by us
+    /// unless contenders of ours were in line before that grant, then
+    /// given back (at our token only).
+    async fn own_grant(
+        &self,
+        line: &[(LockKind, KvEntry)],
+        pos: Option<usize>,
+        l: &KvEntry,
+        transient: &mut Transient<'_>,
+    ) -> Result<Next> {
+        let token = l.modify_index;
+        let since = pos.map_or(token, |p| token.min(line[p].1.create_index));
+        let ahead = line
+            .iter()
+            .any(|(_, e)| e.key != self.qkey && e.create_index < since);
+        if !ahead {
+            return Ok(Next::Granted(self.granted(token)));
+        }
+        if let Some(v) = give_back(self.s, self.req, &self.keys, token, None, transient).await? {
+            return Ok(Next::Look(v));
+        }
+        Ok(Next::Look(transient.retry(|| self.read()).await?))
+    }
+
+    /// Step 2: not first among our contenders: wait for `pred`, the one
+    /// just ahead, to leave (herd-free: nobody else watches it), then
+    /// look again.
+    async fn wait_ahead(&self, pred: &KvEntry, transient: &mut Transient<'_>) -> Result<Next> {
+        if !self.req.wait {
+            return self.leave().await;
+        }
+        let pred = pred.clone();
+        transient.retry(|| self.s.wait_gone(&pred)).await?;
+        Ok(Next::Look(transient.retry(|| self.read()).await?))
+    }
+
+    /// Step 3: first in our queue, only we look at `.lock`. Another
+    /// recipe's `.lock` is a conflict. `true`: `.lock` was held by another
+    /// session, or by ours but broken by an operator (it goes at the end
+    /// of the break's grace), and we waited until it changed (`view.lock`
+    /// is it now). `false`: free for step 4.
+    async fn wait_holder(&self, view: &mut View, transient: &mut Transient<'_>) -> Result<bool> {
+        let keys = &self.keys;
+        let Some(l) = &view.lock else {
+            return Ok(false);
+        };
+        if l.flags != LOCK_FLAGS {
+            return Err(Error::new(
+                ErrorKind::Conflict,
+                format!(
+                    "{} has flags {:#x}, not the lock flags {LOCK_FLAGS:#x}: another recipe (a consul lock -n semaphore?) owns it",
+                    keys.lock, l.flags
+                ),
+            ));
+        }
+        let broken = l.record().is_some_and(|r| r.broken);
+        if !l.holder().is_some_and(|h| h != self.s.id || broken) {
+            return Ok(false);
+        }
+        if !self.req.wait {
+            return self.leave().await;
+        }
+        let held = l.clone();
+        view.lock = transient.retry(|| self.s.wait_lock(keys, &held)).await?;
+        Ok(true)
+    }
+
+    /// Step 4: take `.lock` with one txn: `check-index` (or
+    /// `check-not-exists`) of the `.lock` in `view`, `check-session` of our
+    /// queue key (so a contender whose session died while queued is never
+    /// granted), `lock` of `.lock`, and `get` of `.lock` for the token.
+    /// Anything but a grant re-reads the lock (after a pause for a
+    /// lock-delay or an unexpected failure); an unknown outcome too (the
+    /// next look recognizes our own grant by its contender id).
+    async fn take(
+        &self,
+        view: &View,
+        failures: &mut Failures,
+        transient: &mut Transient<'_>,
+    ) -> Result<Next> {
+        let (s, keys) = (self.s, &self.keys);
         let check = match &view.lock {
             Some(l) => op::check_index(&keys.lock, l.modify_index),
             None => op::check_not_exists(&keys.lock),
         };
         let ops = vec![
             check,
-            op::check_session(&qkey, &s.id),
-            op::lock(&keys.lock, &s.id, LOCK_FLAGS, &record().encode()),
+            op::check_session(&self.qkey, &s.id),
+            op::lock(&keys.lock, &s.id, LOCK_FLAGS, &self.record().encode()),
             op::get(&keys.lock),
         ];
-        let outcome = match s.write_attempt(&keys, req, ops, "taking the lock").await {
-            Ok(o) => o,
-            Err(e) => {
-                // Unknown outcome: read back (the loop recognizes our
-                // own grant by its contender id).
-                transient.absorb(e).await?;
-                view = transient.retry(read).await?;
-                continue;
-            }
-        };
-        match outcome {
-            Txn::Done(results) => {
+        let errs = match s
+            .write_attempt(keys, self.req, ops, "taking the lock")
+            .await
+        {
+            Ok(Txn::Done(results)) => {
                 let token = results
                     .iter()
                     .rev()
@@ -254,43 +382,41 @@ pub(crate) async fn acquire(s: &Arc<Shared>, req: &AcquireRequest) -> Result<Acq
                     .ok_or_else(|| {
                         Error::new(ErrorKind::Internal, "Consul txn returned no .lock entry")
                     })?;
-                s.watch(&keys, token, &req.signals);
-                return Ok(Acquired {
-                    token,
-                    entry: keys.lock.clone(),
-                });
+                return Ok(Next::Granted(self.granted(token)));
             }
-            Txn::Failed(errs) => {
-                let first = errs.first().cloned();
-                let (at, what) = first
-                    .map(|e| (e.op_index, e.what))
-                    .unwrap_or((usize::MAX, String::new()));
-                if at == 1 || what.contains("invalid session") {
-                    return Err(session_lost(
-                        "our queue entry or session is gone (session expired?)",
-                    ));
-                }
-                if what.contains("lock delay") {
-                    // The previous holder's session was invalidated
-                    // within its lock-delay; nothing will wake us.
-                    if !req.wait {
-                        leave_queue(s, &keys).await?;
-                        return Err(would_block(&keys));
-                    }
-                    tracing::debug!(lock = %keys.lock, "lock-delay in force; retrying");
-                    tokio::time::sleep(delay_wait).await;
-                    delay_wait = (delay_wait * 2).min(Duration::from_secs(1));
-                } else if at != 0 {
-                    retries += 1;
-                    if retries > MAX_ACQUIRE_RETRIES {
-                        return Err(failed("taking the lock", &errs));
-                    }
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-                // `.lock` changed since we read it (or we slept): re-read.
-                view = transient.retry(read).await?;
+            Ok(Txn::Failed(errs)) => errs,
+            Err(e) => {
+                transient.absorb(e).await?;
+                return Ok(Next::Look(transient.retry(|| self.read()).await?));
             }
+        };
+        let first = errs.first().cloned();
+        let (at, what) = first
+            .map(|e| (e.op_index, e.what))
+            .unwrap_or((usize::MAX, String::new()));
+        if at == 1 || what.contains("invalid session") {
+            return Err(session_lost(
+                "our queue entry or session is gone (session expired?)",
+            ));
         }
+        if what.contains("lock delay") {
+            // The previous holder's session was invalidated
+            // within its lock-delay; nothing will wake us.
+            if !self.req.wait {
+                return self.leave().await;
+            }
+            tracing::debug!(lock = %keys.lock, "lock-delay in force; retrying");
+            tokio::time::sleep(failures.delay_wait).await;
+            failures.delay_wait = (failures.delay_wait * 2).min(Duration::from_secs(1));
+        } else if at != 0 {
+            failures.retries += 1;
+            if failures.retries > MAX_ACQUIRE_RETRIES {
+                return Err(failed("taking the lock", &errs));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // `.lock` changed since we read it (or we slept): re-read.
+        Ok(Next::Look(transient.retry(|| self.read()).await?))
     }
 }
 

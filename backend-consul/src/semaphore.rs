@@ -89,7 +89,7 @@ async fn remove_sem(s: &Arc<Shared>, keys: &Keys) -> Result<()> {
     ))
 }
 
-/// A permit of a `consul lock -n N` semaphore (see `semaphore.rs`).
+/// A permit of a `consul lock -n N` semaphore (layout in `layout.rs`).
 /// Our contenders queue by CreateIndex: one with `permits` or more of
 /// ours ahead waits for one of the `permits` nearest to go; one
 /// nearer the head adds itself to `.lock`'s holders by CAS when the
