@@ -1,4 +1,6 @@
-//! The Consul backend: admin operations and the session factory.
+//! The Consul backend: admin operations and the session factory (the
+//! top of the crate: imports the session, and below it the shared core
+//! and the layout).
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -12,32 +14,11 @@ use lockcore::{Contender, Error, ErrorKind, LockKind, LockName, LockState, Resul
 
 use crate::api::{op, Api, Block, KvEntry, Record, Txn};
 use crate::config::ConsulConfig;
+use crate::core::{now_ms, read_view, Inner};
 use crate::error::map;
 use crate::fenced;
-use crate::semaphore::{SemKeys, SemView, SEMAPHORE_FLAGS};
+use crate::layout::{line_holds, rw_revoke, Keys, SemView, View, REVOKE_FLAGS, SEMAPHORE_FLAGS};
 use crate::session::ConsulSession;
-
-/// The `Flags` value of `api.Lock` / `consul lock` on `<prefix>/.lock`.
-/// A `.lock` key with other flags belongs to another recipe (for example
-/// a `consul lock -n N` semaphore): acquiring reports a conflict.
-pub const LOCK_FLAGS: u64 = 0x2ddc_cbc0_58a5_0c18;
-
-/// The `Flags` of our queue (contender) keys, `<prefix>/.queue/<session>`.
-pub const QUEUE_FLAGS: u64 = 0x716c_6f63_6b71_7565; // "qlockque"
-
-/// The `Flags` of revoke markers, `<prefix>/.lock.revoke`.
-pub const REVOKE_FLAGS: u64 = 0x716c_6f63_6b72_766b; // "qlockrvk"
-
-/// The `Flags` of a read-write lock's read entries, `<prefix>/.rw/<session>-<contender>`.
-pub const READ_FLAGS: u64 = 0x716c_6f63_6b72_6561; // "qlockrea"
-
-/// The `Flags` of a read-write lock's write entries, `<prefix>/.rw/<session>-<contender>`.
-pub const WRITE_FLAGS: u64 = 0x716c_6f63_6b77_7269; // "qlockwri"
-
-/// The `Flags` of an acquire attempt's fence, `<ns>/.fence/<session>/<contender>`:
-/// written when a write of the attempt may still land after its removal;
-/// every such write requires it to be absent.
-pub const FENCE_FLAGS: u64 = 0x716c_6f63_6b66_6e63; // "qlockfnc"
 
 /// How long `connect` waits for an agent that refuses connections.
 const CONNECT_PATIENCE: Duration = Duration::from_secs(10);
@@ -55,159 +36,12 @@ pub struct ConsulBackend {
     pub(crate) inner: Arc<Inner>,
 }
 
-pub(crate) struct Inner {
-    pub config: ConsulConfig,
-    pub api: Api,
-    /// Sessions this instance created, for `leftovers()`.
-    opened: Mutex<Vec<String>>,
-}
-
 impl fmt::Debug for ConsulBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ConsulBackend")
             .field("url", &self.inner.config.display)
             .finish()
     }
-}
-
-/// The keys of one lock.
-#[derive(Debug, Clone)]
-pub(crate) struct Keys {
-    /// `<ns>/<name>/.lock`: the key `consul lock` uses.
-    pub lock: String,
-    /// `<ns>/<name>/.lock.revoke`: our cooperative revoke marker (under the
-    /// `.lock` prefix, so one blocking query on that prefix sees both).
-    pub revoke: String,
-    /// `<ns>/<name>/.queue/`: prefix of our contender keys.
-    pub queue_prefix: String,
-    /// `<ns>/<name>/.rw/`: prefix of read-write lock entries.
-    pub rw_prefix: String,
-    /// The `consul lock -n` semaphore keys on the same prefix.
-    pub sem: SemKeys,
-    /// `<ns>/<name>/.`: prefix of every key of this lock (and no nested
-    /// lock's, since name segments never start with `.`).
-    pub tree: String,
-}
-
-impl Keys {
-    pub fn new(config: &ConsulConfig, name: &LockName) -> Keys {
-        let base = config.lock_prefix(name);
-        Keys {
-            lock: format!("{base}/.lock"),
-            revoke: format!("{base}/.lock.revoke"),
-            queue_prefix: format!("{base}/.queue/"),
-            rw_prefix: format!("{base}/.rw/"),
-            sem: SemKeys::new(&base),
-            tree: format!("{base}/."),
-        }
-    }
-
-    /// The queue key of `session`.
-    pub fn queue(&self, session: &str) -> String {
-        format!("{}{session}", self.queue_prefix)
-    }
-
-    /// The read-write entry of one acquire attempt.
-    pub fn rw_entry(&self, session: &str, contender: &impl fmt::Display) -> String {
-        format!("{}{session}-{contender}", self.rw_prefix)
-    }
-}
-
-/// The revoke marker of a read-write entry.
-pub(crate) fn rw_revoke(entry: &str) -> String {
-    format!("{entry}.revoke")
-}
-
-/// The kind of a queue entry of our layout, by its key and flags.
-pub(crate) fn entry_kind(keys: &Keys, e: &KvEntry) -> LockKind {
-    if e.key.starts_with(&keys.rw_prefix) && e.flags == READ_FLAGS {
-        LockKind::Read
-    } else if e.key.starts_with(&keys.rw_prefix) {
-        LockKind::Write
-    } else {
-        LockKind::Exclusive
-    }
-}
-
-/// What the store holds for one lock.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct View {
-    /// `.lock`, if it exists.
-    pub lock: Option<KvEntry>,
-    /// `.lock.revoke`, if it exists.
-    pub revoke: Option<KvEntry>,
-    /// Our queue keys that a live session holds, by CreateIndex.
-    pub queue: Vec<KvEntry>,
-    /// Read-write entries that a live session holds, by CreateIndex.
-    pub rw: Vec<KvEntry>,
-    /// Revoke markers of read-write entries.
-    pub rw_revokes: Vec<KvEntry>,
-}
-
-impl View {
-    pub fn from_entries(keys: &Keys, entries: Vec<KvEntry>) -> View {
-        let mut v = View::default();
-        for e in entries {
-            if e.key == keys.lock {
-                v.lock = Some(e);
-            } else if e.key == keys.revoke {
-                v.revoke = Some(e);
-            } else if e.key.starts_with(&keys.queue_prefix) && e.holder().is_some() {
-                v.queue.push(e);
-            } else if e.key.starts_with(&keys.rw_prefix) && e.key.ends_with(".revoke") {
-                v.rw_revokes.push(e);
-            } else if e.key.starts_with(&keys.rw_prefix) && e.holder().is_some() {
-                v.rw.push(e);
-            }
-        }
-        v.queue.sort_by_key(|e| e.create_index);
-        v.rw.sort_by_key(|e| e.create_index);
-        v
-    }
-
-    /// Mutex queue keys and read-write entries in one line, by
-    /// CreateIndex: mutexes and read-write locks of one name share it.
-    pub fn line(&self, keys: &Keys) -> Vec<(LockKind, KvEntry)> {
-        let mut l: Vec<(LockKind, KvEntry)> = self
-            .queue
-            .iter()
-            .chain(self.rw.iter())
-            .map(|e| (entry_kind(keys, e), e.clone()))
-            .collect();
-        l.sort_by_key(|(_, e)| e.create_index);
-        l
-    }
-
-    /// The read-write entries that hold (by their place in the line).
-    pub fn rw_holders(&self, keys: &Keys) -> Vec<(LockKind, KvEntry)> {
-        let line = self.line(keys);
-        (0..line.len())
-            .filter(|&i| line_holds(&line, i) && line[i].0 != LockKind::Exclusive)
-            .map(|i| line[i].clone())
-            .collect()
-    }
-
-    /// The session holding `.lock`, if any.
-    pub fn holder(&self) -> Option<&str> {
-        self.lock.as_ref().and_then(KvEntry::holder)
-    }
-}
-
-/// Whether entry `i` of a line holds by its place: a reader when no
-/// writer or mutex is ahead, anything else when it is first.
-pub(crate) fn line_holds(line: &[(LockKind, KvEntry)], i: usize) -> bool {
-    match line[i].0 {
-        LockKind::Read => line[..i].iter().all(|(k, _)| *k == LockKind::Read),
-        _ => i == 0,
-    }
-}
-
-/// Milliseconds since the Unix epoch, now.
-pub(crate) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 fn since(e: &KvEntry) -> Option<SystemTime> {
@@ -427,22 +261,6 @@ impl ConsulBackend {
                 .map_err(|e| map(e, "breaking a lock"))?;
         }
         Ok(true)
-    }
-}
-
-/// Reads every key of one lock in one request (a read-only txn with
-/// `get-tree`, because a `<name>/.` prefix cannot go into a URL path).
-pub(crate) async fn read_view(api: &Api, keys: &Keys) -> Result<View> {
-    match api
-        .txn(vec![op::get_tree(&keys.tree)])
-        .await
-        .map_err(|e| map(e, "reading a lock"))?
-    {
-        Txn::Done(entries) => Ok(View::from_entries(keys, entries)),
-        Txn::Failed(errs) => Err(Error::new(
-            ErrorKind::Store,
-            format!("Consul: reading {} failed: {errs:?}", keys.tree),
-        )),
     }
 }
 

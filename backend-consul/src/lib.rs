@@ -4,16 +4,22 @@
 mod api;
 mod backend;
 mod config;
+mod core;
 mod error;
 mod fenced;
+mod layout;
+mod monitor;
+mod mutex;
+mod renew;
+mod rw;
 mod semaphore;
 mod session;
 
-pub use backend::{
-    ConsulBackend, FENCE_FLAGS, LOCK_FLAGS, QUEUE_FLAGS, READ_FLAGS, REVOKE_FLAGS, WRITE_FLAGS,
-};
+pub use backend::ConsulBackend;
 pub use config::{ConsulConfig, DEFAULT_LOCK_DELAY, DEFAULT_PORT, DEFAULT_TLS_PORT, DEFAULT_TTL};
-pub use semaphore::SEMAPHORE_FLAGS;
+pub use layout::{
+    FENCE_FLAGS, LOCK_FLAGS, QUEUE_FLAGS, READ_FLAGS, REVOKE_FLAGS, SEMAPHORE_FLAGS, WRITE_FLAGS,
+};
 
 /// URL schemes this backend serves: `consul` (HTTP) and `consuls` (HTTPS).
 pub const SCHEMES: &[&str] = lockcore::backend::schemes::CONSUL;

@@ -1,0 +1,706 @@
+//! Mutexes on the key of `consul lock` / Go `api.Lock`: the one-txn fast
+//! path of a free lock, our FIFO queue of contenders (`.queue/<session>`),
+//! the grant, the give-back of a grant that would jump the line, and the
+//! release and removal of a mutex.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lockcore::backend::{AcquireRequest, Acquired, LastGrant};
+use lockcore::{Error, ErrorKind, LockKind, Result};
+
+use crate::api::{op, KvEntry, Record, Txn};
+use crate::core::{
+    failed, now_ms, read_after_lock, read_view, session_gone, session_lost, would_block, Shared,
+    Transient, CONTENDED_MEMORY, MAX_ACQUIRE_RETRIES,
+};
+use crate::layout::{Keys, View, LOCK_FLAGS, QUEUE_FLAGS};
+
+/// What [`ConsulSession::try_fast`] found when it took the lock.
+struct FastTry {
+    view: View,
+    /// Our `.lock`'s index.
+    token: u64,
+    /// The view is the lock at the grant (not a read after it): a grant
+    /// that finds nobody in line is remembered in `Shared::lone_grants`.
+    at_grant: bool,
+    /// What the acquire took from `lone_grants`.
+    last: Option<LastGrant>,
+}
+
+/// A mutex (see the crate documentation, "Acquire"): the fast path when
+/// the lock is free (step 0), else our queue (steps 1 to 4).
+///
+/// # Cancel safety
+/// Every write runs to its end if dropped; the `abandon` that follows
+/// removes what it wrote.
+pub(crate) async fn acquire(s: &Arc<Shared>, req: &AcquireRequest) -> Result<Acquired> {
+    if !s.liveness.is_alive() {
+        return Err(session_lost("the Consul session is lost"));
+    }
+    let a = Attempt::new(s, req);
+    // A waiting acquire rides out transient trouble (a reset, a leader
+    // election) without losing its place in the queue: reads are
+    // retried, and a write whose answer was lost is checked by reading
+    // back. A try-acquire fails fast instead.
+    let mut transient = Transient::new(req.wait, &s.liveness);
+    let joined = match a.fast_path(&mut transient).await? {
+        Fast::Granted(held) => return Ok(held),
+        Fast::Queue(joined) => joined,
+    };
+    let view = match joined {
+        Some(v) => v,
+        None => a.join_queue(&mut transient).await?,
+    };
+    a.wait_and_take(view, &mut transient).await
+}
+
+/// One mutex acquire attempt: what each of its steps needs.
+struct Attempt<'a> {
+    s: &'a Arc<Shared>,
+    req: &'a AcquireRequest,
+    keys: Keys,
+    /// Our queue key.
+    qkey: String,
+    /// The attempt's contender id, as our records carry it.
+    contender: String,
+}
+
+/// How the fast path ended.
+// Returned once per step and moved straight on: boxing the view would
+// only add an allocation.
+#[allow(clippy::large_enum_variant)]
+enum Fast {
+    /// Taken, with nobody of ours in line: held.
+    Granted(Acquired),
+    /// Not taken, or given back: queue. `Some`: already joined (the
+    /// give-back txn did), the lock as that txn read it.
+    Queue(Option<View>),
+}
+
+/// What the queued path does after one step.
+// Returned once per step and moved straight on: boxing the view would
+// only add an allocation.
+#[allow(clippy::large_enum_variant)]
+enum Next {
+    /// Held.
+    Granted(Acquired),
+    /// Look at the lock again, as it is in this view.
+    Look(View),
+}
+
+/// Consecutive failures of the grant txn (step 4): unexpected ones are
+/// counted, a lock-delay is waited out with a growing pause.
+struct Failures {
+    retries: u32,
+    delay_wait: Duration,
+}
+
+impl<'a> Attempt<'a> {
+    fn new(s: &'a Arc<Shared>, req: &'a AcquireRequest) -> Attempt<'a> {
+        let keys = Keys::new(&s.backend.config, &req.name);
+        Attempt {
+            s,
+            req,
+            qkey: keys.queue(&s.id),
+            keys,
+            contender: req.contender.to_string(),
+        }
+    }
+
+    /// The value of each key this attempt writes (its `since_ms` is the
+    /// time of that write).
+    fn record(&self) -> Record {
+        Record {
+            quorumlock: 1,
+            contender: Some(self.contender.clone()),
+            since_ms: Some(now_ms()),
+            ..Record::default()
+        }
+    }
+
+    /// A `.lock` that this acquire wrote (its contender id, our session,
+    /// not rewritten by a break): ours, whatever the answer said.
+    fn mine(&self, l: &KvEntry) -> bool {
+        l.holder() == Some(self.s.id.as_str())
+            && l.flags == LOCK_FLAGS
+            && l.record()
+                .is_some_and(|r| !r.broken && r.contender.as_deref() == Some(&self.contender))
+    }
+
+    /// Whether `e` is our queue key, held by our session.
+    fn is_our_entry(&self, e: &KvEntry) -> bool {
+        e.key == self.qkey && e.holder() == Some(self.s.id.as_str())
+    }
+
+    /// Reads every key of the lock.
+    async fn read(&self) -> Result<View> {
+        read_view(&self.s.backend.api, &self.keys).await
+    }
+
+    /// Reports the grant at `token`, handing `.lock` to the monitor.
+    fn granted(&self, token: u64) -> Acquired {
+        self.s.watch(&self.keys, token, &self.req.signals);
+        Acquired {
+            token,
+            entry: self.keys.lock.clone(),
+        }
+    }
+
+    /// Try-acquire only: leaves the queue and says the lock is held.
+    async fn leave<T>(&self) -> Result<T> {
+        leave_queue(self.s, &self.keys).await?;
+        Err(would_block(&self.keys))
+    }
+
+    /// Step 0, the fast path, one request when the lock is free: take
+    /// `.lock` in one txn, guarded by `.lock` not existing, and read the
+    /// whole lock. No queue key: a waiter that comes while we hold treats
+    /// us as it treats a `consul lock` holder (it waits on `.lock`). If a
+    /// contender of ours was already queued (it is between the previous
+    /// holder's release and its own grant), we never report the grant:
+    /// one txn gives `.lock` back and joins the queue behind it, so FIFO
+    /// holds. Any failure (`.lock` held, a lock-delay, another recipe's
+    /// `.lock`) leaves nothing written and falls through to the queued
+    /// path. Skipped for a mutex that was contended at its last release.
+    async fn fast_path(&self, transient: &mut Transient<'_>) -> Result<Fast> {
+        let (s, keys) = (self.s, &self.keys);
+        let contended = s.contended.lock().expect("poisoned").contains(&keys.lock);
+        let tried = if contended {
+            None
+        } else {
+            try_fast(s, self.req, keys, self.record(), transient).await?
+        };
+        let Some(FastTry {
+            view: v,
+            token,
+            at_grant,
+            last,
+        }) = tried
+        else {
+            if !contended {
+                note_contention(s, keys, true); // `.lock` is taken
+            }
+            return Ok(Fast::Queue(None));
+        };
+        if v.line(keys).is_empty() {
+            // A marker of an earlier holder (see `release`) goes
+            // with our release, as a queued holder's does.
+            if v.revoke.is_none() {
+                s.fast_held.lock().expect("poisoned").insert(token);
+                if at_grant {
+                    s.lone_grants.keep(&keys.lock, last, token);
+                }
+            }
+            return Ok(Fast::Granted(self.granted(token)));
+        }
+        note_contention(s, keys, true);
+        // Given back and joined: go on from the lock as that txn read
+        // it. Else (our grant was taken from us first, or the join's
+        // answer was lost and it did not go through) join below.
+        let joined = give_back(s, self.req, keys, token, Some(self.record()), transient)
+            .await?
+            .filter(|v| v.queue.iter().any(|e| self.is_our_entry(e)));
+        Ok(Fast::Queue(joined))
+    }
+
+    /// Step 1: join our queue and read the whole lock in one request. A
+    /// join whose answer was lost is read back: our queue key there means
+    /// it went through.
+    async fn join_queue(&self, transient: &mut Transient<'_>) -> Result<View> {
+        let (s, keys) = (self.s, &self.keys);
+        loop {
+            let ops = vec![
+                op::lock(&self.qkey, &s.id, QUEUE_FLAGS, &self.record().encode()),
+                op::get_tree(&keys.tree),
+            ];
+            match s
+                .write_attempt(keys, self.req, ops, "joining the queue")
+                .await
+            {
+                Ok(Txn::Done(results)) => {
+                    return Ok(View::from_entries(keys, read_after_lock(results)));
+                }
+                // Our entry's key is named by our session: a lock-delay on
+                // it means our own session was invalidated (Consul checks
+                // the delay before the session, so it says that instead).
+                Ok(Txn::Failed(errs)) if errs.iter().any(|e| session_gone(&e.what)) => {
+                    return Err(session_lost("the Consul session is gone"));
+                }
+                Ok(Txn::Failed(errs)) => return Err(failed("joining the queue", &errs)),
+                Err(e) => {
+                    transient.absorb(e).await?;
+                    let v = transient.retry(|| self.read()).await?;
+                    if v.queue.iter().any(|e| self.is_our_entry(e)) {
+                        return Ok(v); // the join went through; its answer was lost
+                    }
+                }
+            }
+        }
+    }
+
+    /// Steps 2 to 4, from `view` until the lock is ours: each look at the
+    /// lock ends in a grant, a wait, or a new look.
+    async fn wait_and_take(
+        &self,
+        mut view: View,
+        transient: &mut Transient<'_>,
+    ) -> Result<Acquired> {
+        let mut failures = Failures {
+            retries: 0,
+            delay_wait: Duration::from_millis(50),
+        };
+        loop {
+            // Mutexes and read-write locks of one name share one line.
+            let line = view.line(&self.keys);
+            let pos = line.iter().position(|(_, e)| self.is_our_entry(e));
+            let next = if let Some(l) = view.lock.clone().filter(|l| self.mine(l)) {
+                self.own_grant(&line, pos, &l, transient).await?
+            } else {
+                let Some(pos) = pos else {
+                    return Err(session_lost(
+                        "our queue entry is gone (session expired or entry deleted)",
+                    ));
+                };
+                if pos > 0 {
+                    self.wait_ahead(&line[pos - 1].1, transient).await?
+                } else if self.wait_holder(&mut view, transient).await? {
+                    Next::Look(view)
+                } else {
+                    self.take(&view, &mut failures, transient).await?
+                }
+            };
+            match next {
+                Next::Granted(held) => return Ok(held),
+                Next::Look(v) => view = v,
+            }
+        }
+    }
+
+    /// Our own `.lock` (a grant whose answer was lost, in step 4 or on the
+    /// fast path), at whatever place `pos` our queue key has: held by us
+    /// unless contenders of ours were in line before that grant, then
+    /// given back (at our token only).
+    async fn own_grant(
+        &self,
+        line: &[(LockKind, KvEntry)],
+        pos: Option<usize>,
+        l: &KvEntry,
+        transient: &mut Transient<'_>,
+    ) -> Result<Next> {
+        let token = l.modify_index;
+        let since = pos.map_or(token, |p| token.min(line[p].1.create_index));
+        let ahead = line
+            .iter()
+            .any(|(_, e)| e.key != self.qkey && e.create_index < since);
+        if !ahead {
+            return Ok(Next::Granted(self.granted(token)));
+        }
+        if let Some(v) = give_back(self.s, self.req, &self.keys, token, None, transient).await? {
+            return Ok(Next::Look(v));
+        }
+        Ok(Next::Look(transient.retry(|| self.read()).await?))
+    }
+
+    /// Step 2: not first among our contenders: wait for `pred`, the one
+    /// just ahead, to leave (herd-free: nobody else watches it), then
+    /// look again.
+    async fn wait_ahead(&self, pred: &KvEntry, transient: &mut Transient<'_>) -> Result<Next> {
+        if !self.req.wait {
+            return self.leave().await;
+        }
+        let pred = pred.clone();
+        transient.retry(|| self.s.wait_gone(&pred)).await?;
+        Ok(Next::Look(transient.retry(|| self.read()).await?))
+    }
+
+    /// Step 3: first in our queue, only we look at `.lock`. Another
+    /// recipe's `.lock` is a conflict. `true`: `.lock` was held by another
+    /// session, or by ours but broken by an operator (it goes at the end
+    /// of the break's grace), and we waited until it changed (`view.lock`
+    /// is it now). `false`: free for step 4.
+    async fn wait_holder(&self, view: &mut View, transient: &mut Transient<'_>) -> Result<bool> {
+        let keys = &self.keys;
+        let Some(l) = &view.lock else {
+            return Ok(false);
+        };
+        if l.flags != LOCK_FLAGS {
+            return Err(Error::new(
+                ErrorKind::Conflict,
+                format!(
+                    "{} has flags {:#x}, not the lock flags {LOCK_FLAGS:#x}: another recipe (a consul lock -n semaphore?) owns it",
+                    keys.lock, l.flags
+                ),
+            ));
+        }
+        let broken = l.record().is_some_and(|r| r.broken);
+        if !l.holder().is_some_and(|h| h != self.s.id || broken) {
+            return Ok(false);
+        }
+        if !self.req.wait {
+            return self.leave().await;
+        }
+        let held = l.clone();
+        view.lock = transient.retry(|| self.s.wait_lock(keys, &held)).await?;
+        Ok(true)
+    }
+
+    /// Step 4: take `.lock` with one txn: `check-index` (or
+    /// `check-not-exists`) of the `.lock` in `view`, `check-session` of our
+    /// queue key (so a contender whose session died while queued is never
+    /// granted), `lock` of `.lock`, and `get` of `.lock` for the token.
+    /// Anything but a grant re-reads the lock (after a pause for a
+    /// lock-delay or an unexpected failure); an unknown outcome too (the
+    /// next look recognizes our own grant by its contender id).
+    async fn take(
+        &self,
+        view: &View,
+        failures: &mut Failures,
+        transient: &mut Transient<'_>,
+    ) -> Result<Next> {
+        let (s, keys) = (self.s, &self.keys);
+        let check = match &view.lock {
+            Some(l) => op::check_index(&keys.lock, l.modify_index),
+            None => op::check_not_exists(&keys.lock),
+        };
+        let ops = vec![
+            check,
+            op::check_session(&self.qkey, &s.id),
+            op::lock(&keys.lock, &s.id, LOCK_FLAGS, &self.record().encode()),
+            op::get(&keys.lock),
+        ];
+        let errs = match s
+            .write_attempt(keys, self.req, ops, "taking the lock")
+            .await
+        {
+            Ok(Txn::Done(results)) => {
+                let token = results
+                    .iter()
+                    .rev()
+                    .find(|e| e.key == keys.lock)
+                    .map(|e| e.modify_index)
+                    .ok_or_else(|| {
+                        Error::new(ErrorKind::Internal, "Consul txn returned no .lock entry")
+                    })?;
+                return Ok(Next::Granted(self.granted(token)));
+            }
+            Ok(Txn::Failed(errs)) => errs,
+            Err(e) => {
+                transient.absorb(e).await?;
+                return Ok(Next::Look(transient.retry(|| self.read()).await?));
+            }
+        };
+        let first = errs.first().cloned();
+        let (at, what) = first
+            .map(|e| (e.op_index, e.what))
+            .unwrap_or((usize::MAX, String::new()));
+        if at == 1 || what.contains("invalid session") {
+            return Err(session_lost(
+                "our queue entry or session is gone (session expired?)",
+            ));
+        }
+        if what.contains("lock delay") {
+            // The previous holder's session was invalidated
+            // within its lock-delay; nothing will wake us.
+            if !self.req.wait {
+                return self.leave().await;
+            }
+            tracing::debug!(lock = %keys.lock, "lock-delay in force; retrying");
+            tokio::time::sleep(failures.delay_wait).await;
+            failures.delay_wait = (failures.delay_wait * 2).min(Duration::from_secs(1));
+        } else if at != 0 {
+            failures.retries += 1;
+            if failures.retries > MAX_ACQUIRE_RETRIES {
+                return Err(failed("taking the lock", &errs));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // `.lock` changed since we read it (or we slept): re-read.
+        Ok(Next::Look(transient.retry(|| self.read()).await?))
+    }
+}
+
+/// Releases a held mutex (after its fence, if any): one txn, `.lock` at
+/// our token only; if it is not at our token any more, removes what this
+/// session has.
+pub(crate) async fn release(
+    s: &Arc<Shared>,
+    req: &AcquireRequest,
+    keys: &Keys,
+    held: &Acquired,
+) -> Result<()> {
+    s.unwatch(keys);
+    let fast = s.fast_held.lock().expect("poisoned").remove(&held.token);
+    // `.lock` only at our token: never a newer holder's, never a newer
+    // lock of this session (etcd #22082). A revoke marker names our
+    // token (it is written under a check of `.lock`) or an earlier
+    // holder's, left as below: ours to delete either way.
+    let mut ops = vec![op::delete_cas(&keys.lock, held.token)];
+    // A fast holder deletes the revoke marker only if it saw one: the
+    // monitor reads from HELD_WATCH_DELAY after the grant, so a marker
+    // written in a short hold's last moments may stay behind, locked
+    // by our session and naming our token. No later holder takes it
+    // for its own (tokens differ); the next one deletes it with its
+    // release, a revoke request replaces it, and it goes with our
+    // session.
+    if !fast || req.signals.is_revoke_requested() {
+        ops.push(op::delete(&keys.revoke));
+    }
+    if !fast {
+        // A queued holder: its queue key, and whether anyone of ours
+        // waits (then our next acquire queues at once instead of
+        // trying the fast path). A fast holder had nobody ahead, has no
+        // queue key, and learns of waiters from its next fast try.
+        let qkey = keys.queue(&s.id);
+        ops.extend([op::delete(&qkey), op::get_tree(&keys.tree)]);
+    }
+    let released = s.write(keys, ops, "releasing").await;
+    let one_txn = fast && matches!(released, Ok(Txn::Done(_)));
+    s.lone_grants.released(&keys.lock, held.token, one_txn);
+    match released? {
+        Txn::Done(results) => {
+            if !fast {
+                let v = View::from_entries(keys, results);
+                note_contention(s, keys, !(v.queue.is_empty() && v.rw.is_empty()));
+            }
+            Ok(())
+        }
+        Txn::Failed(errs) => {
+            // `.lock` is not at our token: broken (gone, or another
+            // holder's now) or rewritten behind our back while still
+            // locked by this session. Remove what this session has.
+            tracing::debug!(lock = %keys.lock, ?errs, "the lock was not at our token");
+            remove_own(s, keys).await
+        }
+    }
+}
+
+async fn leave_queue(s: &Arc<Shared>, keys: &Keys) -> Result<()> {
+    match s
+        .write(
+            keys,
+            vec![op::delete(&keys.queue(&s.id))],
+            "leaving the queue",
+        )
+        .await?
+    {
+        Txn::Done(_) => Ok(()),
+        Txn::Failed(errs) => Err(failed("leaving the queue", &errs)),
+    }
+}
+
+/// Remembers whether the mutex of `keys` had other contenders of ours
+/// (its next acquire then skips the fast path).
+fn note_contention(s: &Arc<Shared>, keys: &Keys, contended: bool) {
+    let mut c = s.contended.lock().expect("poisoned");
+    if !contended {
+        c.remove(&keys.lock);
+    } else if !c.contains(&keys.lock) {
+        if c.len() >= CONTENDED_MEMORY {
+            c.clear();
+        }
+        c.insert(keys.lock.clone());
+    }
+}
+
+/// The one-txn acquire of a free mutex: `check-not-exists` of `.lock`,
+/// `lock` of `.lock`, `get-tree` (none after a quiet cycle: see
+/// `Shared::lone_grants`).
+/// `None`: not taken (rolled back: not free; nothing written), or an
+/// answer lost and our `.lock` not found on reading back. `Some`: our
+/// `.lock` at our token, not broken, and the lock as it was at that
+/// grant (`at_grant`) or as a read after it shows our `.lock` still
+/// ours at that token (entries made after our grant, which are behind
+/// us, left out). No queue key of ours: the fast holder has none (a
+/// queue key is only for waiting, and the write costs a tenth of the
+/// cycle).
+///
+/// # Cancel safety
+/// The write runs to its end if dropped ([`ConsulSession::write`]);
+/// the `abandon` that follows removes a `.lock` it took.
+async fn try_fast(
+    s: &Arc<Shared>,
+    req: &AcquireRequest,
+    keys: &Keys,
+    record: Record,
+    transient: &mut Transient<'_>,
+) -> Result<Option<FastTry>> {
+    let last = s.lone_grants.take(&keys.lock);
+    let skip_read = last.is_some_and(|l| l.quiet);
+    let contender = record.contender.clone();
+    let mut ops = vec![
+        op::check_not_exists(&keys.lock),
+        op::lock(&keys.lock, &s.id, LOCK_FLAGS, &record.encode()),
+    ];
+    if !skip_read {
+        ops.push(op::get_tree(&keys.tree));
+    }
+    // Last (it reads nothing): not once we are in line. A fast txn
+    // whose answer was lost may land late, after this acquire queued;
+    // a `.lock` of ours taken then, while a contender ahead of us waits
+    // for it and we wait for that contender, would deadlock.
+    ops.push(op::check_not_exists(&keys.queue(&s.id)));
+    let read = || read_view(&s.backend.api, keys);
+    // Our grant at `token`, judged on a read taken after it: only if
+    // that read still shows `.lock` ours at that token and not broken
+    // (else an operator broke it and someone else may hold it now:
+    // its `.lock`, its index, are not ours). Entries made after our
+    // grant are behind us.
+    let after = |mut v: View, token: u64| {
+        let ours = v.lock.as_ref().is_some_and(|l| {
+            l.holder() == Some(s.id.as_str())
+                && l.modify_index == token
+                && l.flags == LOCK_FLAGS
+                && l.record()
+                    .is_some_and(|r| !r.broken && r.contender == contender)
+        });
+        if !ours {
+            tracing::debug!(lock = %keys.lock, token, "our fast grant was taken before we reported it");
+            return None;
+        }
+        v.queue.retain(|e| e.create_index < token);
+        v.rw.retain(|e| e.create_index < token);
+        Some(FastTry {
+            view: v,
+            token,
+            at_grant: false,
+            last,
+        })
+    };
+    let results = match s.write_attempt(keys, req, ops, "taking a free lock").await {
+        Ok(Txn::Done(results)) => results,
+        Ok(Txn::Failed(_)) => return Ok(None),
+        // Unknown outcome: read back. Our `.lock` (found by its
+        // contender id) is a grant like any other; the queued path
+        // also recognizes it later, at any place in the queue.
+        Err(e) if e.kind() == ErrorKind::Connection && req.wait => {
+            transient.absorb(e).await?;
+            let v = transient.retry(read).await?;
+            let Some(token) = v.lock.as_ref().map(|l| l.modify_index) else {
+                return Ok(None);
+            };
+            return Ok(after(v, token));
+        }
+        Err(e) => return Err(e),
+    };
+    let token = results
+        .iter()
+        .find(|e| e.key == keys.lock)
+        .map(|e| e.modify_index)
+        .ok_or_else(|| Error::new(ErrorKind::Internal, "Consul txn returned no .lock entry"))?;
+    if !skip_read {
+        let view = View::from_entries(keys, read_after_lock(results));
+        return Ok(Some(FastTry {
+            view,
+            token,
+            at_grant: true,
+            last,
+        }));
+    }
+    if last.is_some_and(|l| l.alone_at(token)) {
+        let view = View::from_entries(keys, results);
+        return Ok(Some(FastTry {
+            view,
+            token,
+            at_grant: true,
+            last,
+        }));
+    }
+    // Something else was written meanwhile: read the lock.
+    let v = transient.retry(read).await?;
+    Ok(after(v, token))
+}
+
+/// Gives our `.lock` back (at our `token` only: never another holder's)
+/// because contenders of ours were in line before our grant, and (with
+/// `join`, the record of a queue key) joins the queue in the same txn.
+/// `Some(view)`: given back; the lock as the same txn (or, after a lost
+/// answer, a read) shows it. `None`: `.lock` was not ours at `token`
+/// any more (an operator's break, a lost session): nothing to give
+/// back, nothing written, and the caller goes on as if the grant never
+/// happened.
+///
+/// # Cancel safety
+/// Each write runs to its end if dropped; the `abandon` that follows
+/// removes our `.lock` and queue key.
+async fn give_back(
+    s: &Arc<Shared>,
+    req: &AcquireRequest,
+    keys: &Keys,
+    token: u64,
+    join: Option<Record>,
+    transient: &mut Transient<'_>,
+) -> Result<Option<View>> {
+    let qkey = keys.queue(&s.id);
+    loop {
+        // `check-index` first: `delete-cas` of a missing key succeeds.
+        let mut ops = vec![
+            op::check_index(&keys.lock, token),
+            op::delete_cas(&keys.lock, token),
+        ];
+        if let Some(r) = &join {
+            ops.push(op::lock(&qkey, &s.id, QUEUE_FLAGS, &r.encode()));
+        }
+        ops.push(op::get_tree(&keys.tree));
+        let sent = if join.is_some() {
+            s.write_attempt(keys, req, ops, "giving the lock back")
+                .await
+        } else {
+            s.write(keys, ops, "giving the lock back").await
+        };
+        match sent {
+            Ok(Txn::Done(results)) => {
+                // After a `lock` op, its own entry comes before the tree.
+                let results = if join.is_some() {
+                    read_after_lock(results)
+                } else {
+                    results
+                };
+                return Ok(Some(View::from_entries(keys, results)));
+            }
+            Ok(Txn::Failed(errs)) if errs.iter().any(|e| e.what.contains("invalid session")) => {
+                return Err(session_lost("the Consul session is gone"));
+            }
+            Ok(Txn::Failed(errs)) => {
+                // `.lock` is not at our token: broken or gone with our
+                // session. Not ours to give back; nothing was written.
+                tracing::debug!(lock = %keys.lock, ?errs, "our grant was taken before we gave it back");
+                return Ok(None);
+            }
+            Err(e) => {
+                transient.absorb(e).await?;
+                let v = transient.retry(|| read_view(&s.backend.api, keys)).await?;
+                if v.lock.as_ref().is_none_or(|l| l.modify_index != token) {
+                    // Given back (or taken from us): go on from here.
+                    return Ok(Some(v));
+                }
+                // Not applied: try again.
+            }
+        }
+    }
+}
+
+/// Removes our queue key, and `.lock` (with any revoke marker) if this
+/// session holds it. The client layer has at most one request per
+/// (session, name) and keeps it until this returns, so a `.lock` that
+/// this session holds belongs to the request being removed.
+async fn remove_own(s: &Arc<Shared>, keys: &Keys) -> Result<()> {
+    let qkey = keys.queue(&s.id);
+    let ops = vec![
+        op::check_session(&keys.lock, &s.id),
+        op::delete(&keys.lock),
+        op::delete(&qkey),
+        op::delete(&keys.revoke),
+    ];
+    match s.write(keys, ops, "removing our entry").await? {
+        Txn::Done(_) => Ok(()),
+        Txn::Failed(_) => leave_queue(s, keys).await,
+    }
+}
+
+/// Abandons a mutex acquire: out of the monitor's hands, then
+/// [`remove_own`].
+pub(crate) async fn abandon(s: &Arc<Shared>, keys: &Keys) -> Result<()> {
+    s.unwatch(keys);
+    remove_own(s, keys).await
+}
