@@ -382,7 +382,7 @@ impl Backend for EtcdBackend {
     async fn kill_session(&self, session: &str) -> Result<()> {
         let id = u64::from_str_radix(session, 16).map_err(|_| {
             Error::new(
-                ErrorKind::Store,
+                ErrorKind::InvalidArgument,
                 format!("{session:?} is not an etcd lease id in hex"),
             )
         })? as i64;

@@ -789,7 +789,7 @@ impl Backend for ZkBackend {
             .map(|v| v as i64)
             .ok_or_else(|| {
                 Error::new(
-                    ErrorKind::Store,
+                    ErrorKind::InvalidArgument,
                     format!("{session:?} is not a ZooKeeper session id (0x...)"),
                 )
             })?;
