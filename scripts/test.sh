@@ -28,6 +28,12 @@ export CARGO_TERM_COLOR=never
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
+step "no module cycle inside a crate (scripts/module-cycles.py)"
+# backend-consul is left out until its session.rs/backend.rs are split
+# (issue 19); remove it from this list then.
+python3 scripts/module-cycles.py --self-test \
+    lockcore backend-etcd backend-zk quorumlock cli conformance-tests bench
+
 step "MSRV: no dependency needs a newer Rust than rust-version (scripts/msrv-check.sh)"
 scripts/msrv-check.sh
 
