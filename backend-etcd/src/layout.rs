@@ -89,6 +89,14 @@ pub(crate) fn writer_range(pfx: &str) -> (String, String) {
     (format!("{pfx}/0"), format!("{pfx}0"))
 }
 
+/// `key` is a contender of the lock whose keys start with `pfx_slash`: a
+/// direct child (`<pfx>/<lease hex>`). Keys of nested lock names
+/// (`<pfx>/<child>/<lease hex>`) share the prefix but are not contenders.
+pub(crate) fn is_contender(pfx_slash: &str, key: &[u8]) -> bool {
+    key.strip_prefix(pfx_slash.as_bytes())
+        .is_some_and(|rest| !rest.is_empty() && !rest.contains(&b'/'))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,5 +137,13 @@ mod tests {
             assert!(lo.as_str() <= w.as_str() && w.as_str() < hi.as_str(), "{w}");
         }
         assert_eq!(key("ns/a", LockKind::Exclusive, 0x694d, &u), "ns/a/694d");
+    }
+
+    #[test]
+    fn contenders_are_direct_children() {
+        assert!(is_contender("ns/a/", b"ns/a/694d7c3a2f1b4e05"));
+        assert!(!is_contender("ns/a/", b"ns/a/"));
+        assert!(!is_contender("ns/a/", b"ns/a/beef/694d"));
+        assert!(!is_contender("ns/a/", b"ns/ab/694d"));
     }
 }

@@ -21,14 +21,14 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::backend::{first_created, header_revision, is_contender, range_at, Inner};
+use crate::core::{first_created, header_revision, range_at, Core};
 use crate::error;
 use crate::layout;
 use crate::watch::{Sink, WatchEvent};
 
 /// One lease, shared by every lock of one client.
 pub(crate) struct EtcdSession {
-    inner: Arc<Inner>,
+    inner: Arc<Core>,
     lease: i64,
     liveness: Arc<SessionLiveness>,
     stop: CancellationToken,
@@ -66,8 +66,8 @@ impl fmt::Debug for EtcdSession {
 impl EtcdSession {
     /// Grants the lease (confirming it with the grant's send time) and
     /// starts the keepalive task.
-    pub(crate) async fn open(inner: Arc<Inner>, liveness: Arc<SessionLiveness>) -> Result<Self> {
-        // A retried grant (see `Inner::call`) keeps the first send time:
+    pub(crate) async fn open(inner: Arc<Core>, liveness: Arc<SessionLiveness>) -> Result<Self> {
+        // A retried grant (see `Core::call`) keeps the first send time:
         // earlier is the safe side for the deadline.
         let sent = Instant::now();
         let ttl_secs = inner.config.ttl_secs();
@@ -283,7 +283,7 @@ impl EtcdSession {
     ) -> Result<Option<KeyValue>> {
         match kvs.first() {
             None => return Ok(None),
-            Some(kv) if is_contender(pfx_slash, kv.key()) => return Ok(Some(kv.clone())),
+            Some(kv) if layout::is_contender(pfx_slash, kv.key()) => return Ok(Some(kv.clone())),
             Some(_) => {}
         }
         let all = self
@@ -292,7 +292,7 @@ impl EtcdSession {
         Ok(all
             .kvs()
             .iter()
-            .find(|kv| is_contender(pfx_slash, kv.key()))
+            .find(|kv| layout::is_contender(pfx_slash, kv.key()))
             .cloned())
     }
 
@@ -311,10 +311,15 @@ impl EtcdSession {
     ) -> Result<Vec<KeyValue>> {
         let pfx_slash = format!("{pfx}/");
         let n = wanted(kind);
-        let keep =
-            |kv: &&KeyValue| is_contender(&pfx_slash, kv.key()) && kv.key() != mine.as_bytes();
+        let keep = |kv: &&KeyValue| {
+            layout::is_contender(&pfx_slash, kv.key()) && kv.key() != mine.as_bytes()
+        };
         let mut out: Vec<KeyValue> = kvs.iter().filter(keep).take(n).cloned().collect();
-        if out.len() < n && kvs.iter().any(|kv| !is_contender(&pfx_slash, kv.key())) {
+        if out.len() < n
+            && kvs
+                .iter()
+                .any(|kv| !layout::is_contender(&pfx_slash, kv.key()))
+        {
             let (key, opts) = ahead_query(pfx, kind, before.or(Some(my_rev)));
             let all = self
                 .range_with_mine(mine, my_rev, key, opts.with_limit(0))
@@ -660,7 +665,7 @@ fn ahead_query(pfx: &str, kind: LockKind, before: Option<i64>) -> (String, GetOp
 /// lease is gone. A stream that breaks, or leaves a request unanswered for
 /// a whole TTL, is replaced.
 async fn keepalive(
-    inner: Arc<Inner>,
+    inner: Arc<Core>,
     id: i64,
     ttl: Duration,
     liveness: Arc<SessionLiveness>,
@@ -776,7 +781,7 @@ async fn keepalive(
 /// A held entry as the watch task keeps it: what a delete or put on its
 /// key means. A few hundred bytes per held lock.
 struct HeldEntry {
-    inner: Arc<Inner>,
+    inner: Arc<Core>,
     liveness: Arc<SessionLiveness>,
     lease: i64,
     signals: EntrySignals,

@@ -3,7 +3,9 @@
 
 mod backend;
 mod config;
+mod core;
 mod error;
+mod layout;
 mod session;
 
 pub use backend::ZkBackend;

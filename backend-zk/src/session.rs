@@ -21,9 +21,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use zookeeper_client as zk;
 
-use crate::backend::{self, Role, Shared, BREAK_MESSAGE, LOCK_MARKER, REVOKE_MESSAGE};
 use crate::config::deadline_ttl;
+use crate::core::{self, Shared, Shutdown};
 use crate::error::map;
+use crate::layout::{self, Role, BREAK_MESSAGE, LOCK_MARKER, REVOKE_MESSAGE};
 
 /// A lock session: one ZooKeeper session, shared by every lock of a client.
 pub(crate) struct ZkSession {
@@ -170,7 +171,7 @@ impl ZkSession {
 
     /// For `kill_session`: stops this session's tasks and drops its
     /// client, so that the library closes the session on the server.
-    pub(crate) fn shutdown_handle(&self) -> backend::Shutdown {
+    pub(crate) fn shutdown_handle(&self) -> Shutdown {
         let weak = Arc::downgrade(&self.inner);
         Arc::new(move || {
             if let Some(inner) = weak.upgrade() {
@@ -571,7 +572,7 @@ impl Inner {
     /// Whether `dir` has a semaphore with leases (a mutex or read-write
     /// contender on the same node is then a conflict).
     async fn has_leases(&self, c: &zk::Client, dir: &str) -> Result<bool> {
-        let leases = format!("{dir}/{}", backend::SEM_LEASES);
+        let leases = format!("{dir}/{}", layout::SEM_LEASES);
         Ok(self.list(c, &leases).await?.is_some_and(|l| !l.is_empty()))
     }
 
@@ -624,8 +625,7 @@ impl Inner {
                 None => self.list_retrying(&c, &dir).await?,
             };
             let alone = std::mem::take(&mut first) && children == [our_name.as_str()];
-            if children.iter().any(|n| n == backend::SEM_LEASES)
-                && self.has_leases(&c, &dir).await?
+            if children.iter().any(|n| n == layout::SEM_LEASES) && self.has_leases(&c, &dir).await?
             {
                 self.delete(&c, &node).await?;
                 return Err(Error::new(
@@ -633,7 +633,7 @@ impl Inner {
                     format!("{} is used as a semaphore", req.name),
                 ));
             }
-            let sorted = backend::sort_contenders(children);
+            let sorted = layout::sort_contenders(children);
             if self
                 .delete_orphans(&c, &dir, &sorted, &guid_prefix, &our_name)
                 .await?
@@ -646,7 +646,7 @@ impl Inner {
                     "our contender node is gone (session expired or node deleted)",
                 ));
             };
-            let Some(ahead) = backend::blocker(&sorted, index, role) else {
+            let Some(ahead) = layout::blocker(&sorted, index, role) else {
                 if alone {
                     self.chains.keep(&dir, created.seq, parent.take());
                 }
@@ -675,9 +675,9 @@ impl Inner {
     /// wait until at most `permits` leases exist; then leave the mutex.
     async fn acquire_semaphore(&self, req: &AcquireRequest, permits: u32) -> Result<Acquired> {
         let dir = self.shared.lock_dir(&req.name)?;
-        let locks_dir = format!("{dir}/{}", backend::SEM_LOCKS);
-        let leases_dir = format!("{dir}/{}", backend::SEM_LEASES);
-        let data = backend::permits_data(permits);
+        let locks_dir = format!("{dir}/{}", layout::SEM_LOCKS);
+        let leases_dir = format!("{dir}/{}", layout::SEM_LEASES);
+        let data = layout::permits_data(permits);
         let c = self.client()?;
         let Created {
             node: lock_node,
@@ -696,7 +696,7 @@ impl Inner {
                 Some(ch) => ch,
                 None => self.list_retrying(&c, &locks_dir).await?,
             };
-            let sorted = backend::sort_by_marker(children, LOCK_MARKER);
+            let sorted = layout::sort_by_marker(children, LOCK_MARKER);
             if self
                 .delete_orphans(&c, &locks_dir, &sorted, &guid_prefix, &our_lock)
                 .await?
@@ -721,7 +721,7 @@ impl Inner {
             let pred = format!("{locks_dir}/{}", sorted[index - 1]);
             let waited = self
                 .wait_for(&c, &pred, &mut backoff, |d| {
-                    match backend::parse_permits(d) {
+                    match layout::parse_permits(d) {
                         Some(p) if p != permits => Err(conflict(format!(
                             "semaphore {} is used with {p} permits, not {permits}",
                             req.name
@@ -744,12 +744,12 @@ impl Inner {
         self.heard_read(&top);
         let top = top.map_err(|e| map(e, "listing the semaphore node"))?;
         let leases = match leases {
-            Ok(l) => backend::sort_by_marker(l, backend::LEASE_MARKER),
+            Ok(l) => layout::sort_by_marker(l, layout::LEASE_MARKER),
             Err(zk::Error::NoNode) => Vec::new(),
             Err(e) => return Err(map(e, "listing leases")),
         };
         let mut refuse = None;
-        if top.iter().any(|n| backend::classify(n).is_some()) {
+        if top.iter().any(|n| layout::classify(n).is_some()) {
             refuse = Some(conflict(format!(
                 "{} is used as a mutex or read-write lock",
                 req.name
@@ -763,7 +763,7 @@ impl Inner {
             let r = c.get_data(&format!("{leases_dir}/{lease}")).await;
             self.heard_read(&r);
             match r {
-                Ok((d, _)) => match backend::parse_permits(&d) {
+                Ok((d, _)) => match layout::parse_permits(&d) {
                     Some(p) if p != permits => {
                         refuse = Some(conflict(format!(
                             "semaphore {} is used with {p} permits, not {permits}",
@@ -793,7 +793,7 @@ impl Inner {
             mut listed,
             ..
         } = self
-            .create_contender(&c, &leases_dir, backend::LEASE_MARKER, &data, req, true)
+            .create_contender(&c, &leases_dir, layout::LEASE_MARKER, &data, req, true)
             .await?;
         let our_lease = lease_node.rsplit('/').next().expect("a path").to_string();
         // 3. Wait (the only waiter on the leases, herd-free) until our
@@ -1020,7 +1020,7 @@ async fn keepalive(inner: Arc<Inner>) {
 #[async_trait]
 impl StoreSession for ZkSession {
     fn id(&self) -> String {
-        backend::session_text(self.inner.id.0)
+        core::session_text(self.inner.id.0)
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired> {
@@ -1052,8 +1052,8 @@ impl StoreSession for ZkSession {
         let dirs = match req.kind {
             // The lease first: it counts against the permits.
             LockKind::Semaphore { .. } => vec![
-                format!("{dir}/{}", backend::SEM_LEASES),
-                format!("{dir}/{}", backend::SEM_LOCKS),
+                format!("{dir}/{}", layout::SEM_LEASES),
+                format!("{dir}/{}", layout::SEM_LOCKS),
             ],
             _ => vec![dir],
         };
@@ -1082,11 +1082,11 @@ impl StoreSession for ZkSession {
                 inner.shared.count(1); // closeSession, sent once every clone is gone
             }
             drop(c);
-            if !backend::wait_terminal(state, inner.shared.config.connect_timeout).await {
+            if !core::wait_terminal(state, inner.shared.config.connect_timeout).await {
                 tracing::warn!(session = %inner.id, "session did not close in time; it will expire");
             }
         }
-        backend::unregister_session(inner.id);
+        core::unregister_session(inner.id);
         Ok(())
     }
 }
