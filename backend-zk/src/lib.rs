@@ -6,6 +6,7 @@ mod config;
 mod core;
 mod error;
 mod layout;
+mod monitor;
 mod session;
 
 pub use backend::ZkBackend;
