@@ -586,7 +586,7 @@ impl EtcdSession {
             }
             let ahead = if foreign.is_empty() { ahead } else { foreign };
             if !req.wait {
-                self.delete_if(&key, my_rev).await?;
+                self.delete_if(key, my_rev).await?;
                 return Err(Error::new(
                     ErrorKind::WouldBlock,
                     format!("lock {} is held", req.name),
