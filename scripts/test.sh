@@ -28,6 +28,11 @@ export CARGO_TERM_COLOR=never
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
+step "no module cycle inside a crate (scripts/module-cycles.py)"
+# Every workspace member (read from Cargo.toml).
+python3 scripts/module-cycles.py --self-test
+python3 scripts/module-cycles.py
+
 step "MSRV: no dependency needs a newer Rust than rust-version (scripts/msrv-check.sh)"
 scripts/msrv-check.sh
 

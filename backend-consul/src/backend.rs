@@ -587,7 +587,9 @@ impl Backend for ConsulBackend {
     }
 
     async fn kill_session(&self, session: &str) -> Result<()> {
-        if session.is_empty() || !session.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+        // Consul's ids are hyphenated UUIDs; it answers anything else with
+        // an HTTP 500, which would read as a store fault.
+        if session.len() != 36 || uuid::Uuid::try_parse(session).is_err() {
             return Err(Error::new(
                 ErrorKind::InvalidArgument,
                 format!("{session:?} is not a Consul session id"),

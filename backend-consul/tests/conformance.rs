@@ -7,17 +7,3 @@ conformance_tests::suite!(conformance_tests::Harness::from_env(
         Ok(std::sync::Arc::new(backend_consul::ConsulBackend::connect(&url).await?) as _)
     },
 ));
-
-conformance_tests::rwlock_suite!(conformance_tests::Harness::from_env(
-    "QUORUMLOCK_TEST_CONSUL_URL",
-    |url| async move {
-        Ok(std::sync::Arc::new(backend_consul::ConsulBackend::connect(&url).await?) as _)
-    },
-));
-
-conformance_tests::semaphore_suite!(conformance_tests::Harness::from_env(
-    "QUORUMLOCK_TEST_CONSUL_URL",
-    |url| async move {
-        Ok(std::sync::Arc::new(backend_consul::ConsulBackend::connect(&url).await?) as _)
-    },
-));

@@ -2,16 +2,14 @@
 //! operations (inspect, break, revoke, kill a lease, leftovers).
 
 use std::fmt;
-use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, GetResponse, Identity,
-    KeyValue, PutOptions, SortOrder, SortTarget, TlsOptions, Txn, TxnOp, TxnOpResponse,
-    TxnResponse,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, KeyValue,
+    PutOptions, SortOrder, SortTarget, TlsOptions, Txn, TxnOp,
 };
 use lockcore::backend::{
     Backend, Capabilities, HeldEntry, KeyWrite, SessionLiveness, StoreSession,
@@ -19,6 +17,7 @@ use lockcore::backend::{
 use lockcore::{Contender, Error, ErrorKind, LockKind, LockName, LockState, Result};
 
 use crate::config::EtcdConfig;
+use crate::core::Core;
 use crate::error;
 use crate::layout;
 use crate::session::EtcdSession;
@@ -29,16 +28,7 @@ use crate::watch::WatchHub;
 /// sessions (leases) opened through it. Cheap to clone.
 #[derive(Clone)]
 pub struct EtcdBackend {
-    pub(crate) inner: Arc<Inner>,
-}
-
-pub(crate) struct Inner {
-    pub(crate) config: EtcdConfig,
-    pub(crate) client: Client,
-    pub(crate) requests: Arc<AtomicU64>,
-    pub(crate) hub: WatchHub,
-    /// Leases this instance granted, for `leftovers`.
-    opened: Mutex<Vec<i64>>,
+    pub(crate) inner: Arc<Core>,
 }
 
 impl fmt::Debug for EtcdBackend {
@@ -104,7 +94,7 @@ impl EtcdBackend {
         let hub = WatchHub::new(client.watch_client(), requests.clone(), config.timeout);
         tracing::debug!(url = %config.display, "etcd backend ready");
         Ok(EtcdBackend {
-            inner: Arc::new(Inner {
+            inner: Arc::new(Core {
                 config,
                 client,
                 requests,
@@ -128,147 +118,6 @@ fn read_file(p: &std::path::Path, what: &str) -> Result<Vec<u8>> {
         )
         .with_source(e)
     })
-}
-
-/// `key` is a contender of the lock whose keys start with `pfx_slash`: a
-/// direct child (`<pfx>/<lease hex>`). Keys of nested lock names
-/// (`<pfx>/<child>/<lease hex>`) share the prefix but are not contenders.
-pub(crate) fn is_contender(pfx_slash: &str, key: &[u8]) -> bool {
-    key.strip_prefix(pfx_slash.as_bytes())
-        .is_some_and(|rest| !rest.is_empty() && !rest.contains(&b'/'))
-}
-
-/// The first response of a txn's op responses as a range response.
-pub(crate) fn range_at(resp: &TxnResponse, i: usize) -> Result<GetResponse> {
-    match resp.op_responses().into_iter().nth(i) {
-        Some(TxnOpResponse::Get(g)) => Ok(g),
-        _ => Err(Error::new(
-            ErrorKind::Internal,
-            "etcd txn answered without the expected range response",
-        )),
-    }
-}
-
-pub(crate) fn header_revision(resp: &TxnResponse) -> i64 {
-    resp.header().map_or(0, |h| h.revision())
-}
-
-/// Range of the oldest contender (what Go's `WithFirstCreate` asks).
-pub(crate) fn first_created() -> GetOptions {
-    GetOptions::new()
-        .with_prefix()
-        .with_sort(SortTarget::Create, SortOrder::Ascend)
-}
-
-impl Inner {
-    /// `<ns>/<name>` (or `<name>` without a namespace): Go's mutex prefix
-    /// without its trailing slash.
-    pub(crate) fn lock_prefix(&self, name: &LockName) -> String {
-        self.config.namespace.lock_key(name)
-    }
-
-    pub(crate) fn namespace_prefix(&self) -> String {
-        self.config.namespace.prefix()
-    }
-
-    /// Runs one request: counts it, bounds it by the configured timeout and
-    /// maps its error. A request that could not even connect (an endpoint
-    /// of several is down, and the balanced channel picked it) never
-    /// reached etcd, so it is sent again at once, up to once per endpoint.
-    pub(crate) async fn call<T, F, Fut>(&self, what: &str, mut f: F) -> Result<T>
-    where
-        F: FnMut() -> Fut,
-        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
-    {
-        let mut attempts = self.config.endpoints.len() + 1;
-        loop {
-            attempts -= 1;
-            self.requests.fetch_add(1, Ordering::Relaxed);
-            match tokio::time::timeout(self.config.timeout, f()).await {
-                Ok(Ok(v)) => return Ok(v),
-                Ok(Err(e)) if attempts > 0 && error::not_sent(&e) => {
-                    tracing::debug!(error = %e, "{what}: endpoint unreachable; trying again");
-                }
-                Ok(Err(e)) => return Err(error::map(e, what)),
-                Err(_) => {
-                    return Err(Error::new(
-                        ErrorKind::Connection,
-                        format!(
-                            "{what}: no answer from etcd within {:?}",
-                            self.config.timeout
-                        ),
-                    ))
-                }
-            }
-        }
-    }
-
-    pub(crate) async fn txn(&self, what: &str, txn: Txn) -> Result<TxnResponse> {
-        self.call(what, || {
-            let (mut kv, txn) = (self.client.kv_client(), txn.clone());
-            async move { kv.txn(txn).await }
-        })
-        .await
-    }
-
-    pub(crate) async fn get(
-        &self,
-        what: &str,
-        key: impl Into<Vec<u8>>,
-        opts: GetOptions,
-    ) -> Result<GetResponse> {
-        let key = key.into();
-        self.call(what, || {
-            let (mut kv, key, opts) = (self.client.kv_client(), key.clone(), opts.clone());
-            async move { kv.get(key, Some(opts)).await }
-        })
-        .await
-    }
-
-    /// Contenders of a lock in queue (create revision) order.
-    async fn contenders(&self, name: &LockName) -> Result<Vec<KeyValue>> {
-        let pfx_slash = format!("{}/", self.lock_prefix(name));
-        let resp = self
-            .get("range contenders", pfx_slash.clone(), first_created())
-            .await?;
-        Ok(resp
-            .kvs()
-            .iter()
-            .filter(|kv| is_contender(&pfx_slash, kv.key()))
-            .cloned()
-            .collect())
-    }
-
-    /// The current holders (by the queue rules of [`lockcore::backend::holds`]) and
-    /// all contenders, in queue order.
-    async fn holders(&self, name: &LockName) -> Result<(Vec<KeyValue>, Vec<KeyValue>)> {
-        let all = self.contenders(name).await?;
-        let kinds: Vec<LockKind> = all.iter().map(layout::kind_of).collect();
-        let (holders, waiters): (Vec<_>, Vec<_>) = all
-            .into_iter()
-            .enumerate()
-            .partition(|(i, _)| lockcore::backend::holds(&kinds, *i));
-        Ok((
-            holders.into_iter().map(|(_, kv)| kv).collect(),
-            waiters.into_iter().map(|(_, kv)| kv).collect(),
-        ))
-    }
-
-    pub(crate) fn record_lease(&self, id: i64) {
-        let mut opened = self.opened.lock().expect("poisoned");
-        opened.push(id);
-    }
-
-    /// Whether etcd still has lease `id` (TimeToLive reports ttl > 0).
-    pub(crate) async fn lease_alive(&self, id: i64) -> Result<bool> {
-        let r = self
-            .call("lease time-to-live", || {
-                let mut lease = self.client.lease_client();
-                async move { lease.time_to_live(id, None).await }
-            })
-            .await?;
-        Ok(r.ttl() > 0)
-    }
 }
 
 /// The session id of a key: its lease in hex, or the key's last segment for
@@ -433,7 +282,7 @@ impl Backend for EtcdBackend {
     async fn kill_session(&self, session: &str) -> Result<()> {
         let id = u64::from_str_radix(session, 16).map_err(|_| {
             Error::new(
-                ErrorKind::Store,
+                ErrorKind::InvalidArgument,
                 format!("{session:?} is not an etcd lease id in hex"),
             )
         })? as i64;
@@ -495,18 +344,5 @@ impl Backend for EtcdBackend {
 
     async fn write_key(&self, write: &KeyWrite) -> Result<()> {
         crate::fenced::write_key(&self.inner, write).await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn contenders_are_direct_children() {
-        assert!(is_contender("ns/a/", b"ns/a/694d7c3a2f1b4e05"));
-        assert!(!is_contender("ns/a/", b"ns/a/"));
-        assert!(!is_contender("ns/a/", b"ns/a/beef/694d"));
-        assert!(!is_contender("ns/a/", b"ns/ab/694d"));
     }
 }

@@ -6,7 +6,7 @@ use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use lockcore::backend::{check_kinds, refused, HeldEntry, KeyWrite};
 use lockcore::Result;
 
-use crate::backend::Inner;
+use crate::core::Core;
 
 fn op(write: &KeyWrite) -> TxnOp {
     match write {
@@ -15,11 +15,7 @@ fn op(write: &KeyWrite) -> TxnOp {
     }
 }
 
-pub(crate) async fn fenced_write(
-    inner: &Inner,
-    held: &[HeldEntry],
-    write: &KeyWrite,
-) -> Result<()> {
+pub(crate) async fn fenced_write(inner: &Core, held: &[HeldEntry], write: &KeyWrite) -> Result<()> {
     write.validate(&inner.namespace_prefix())?;
     check_kinds(held)?;
     let ours: Vec<Compare> = held
@@ -34,13 +30,13 @@ pub(crate) async fn fenced_write(
     }
 }
 
-pub(crate) async fn read_key(inner: &Inner, key: &str) -> Result<Option<Vec<u8>>> {
+pub(crate) async fn read_key(inner: &Core, key: &str) -> Result<Option<Vec<u8>>> {
     KeyWrite::Delete { key: key.into() }.validate(&inner.namespace_prefix())?;
     let resp = inner.get("read key", key, Default::default()).await?;
     Ok(resp.kvs().first().map(|kv| kv.value().to_vec()))
 }
 
-pub(crate) async fn write_key(inner: &Inner, write: &KeyWrite) -> Result<()> {
+pub(crate) async fn write_key(inner: &Core, write: &KeyWrite) -> Result<()> {
     write.validate(&inner.namespace_prefix())?;
     inner
         .txn("unfenced write", Txn::new().and_then([op(write)]))

@@ -19,7 +19,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use etcd_client::KeyValue;
+use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget};
 use lockcore::LockKind;
 
 /// The value we write into a new entry: its kind and creation time.
@@ -89,6 +89,45 @@ pub(crate) fn writer_range(pfx: &str) -> (String, String) {
     (format!("{pfx}/0"), format!("{pfx}0"))
 }
 
+/// `key` is a contender of the lock whose keys start with `pfx_slash`: a
+/// direct child (`<pfx>/<lease hex>`). Keys of nested lock names
+/// (`<pfx>/<child>/<lease hex>`) share the prefix but are not contenders.
+pub(crate) fn is_contender(pfx_slash: &str, key: &[u8]) -> bool {
+    key.strip_prefix(pfx_slash.as_bytes())
+        .is_some_and(|rest| !rest.is_empty() && !rest.contains(&b'/'))
+}
+
+/// How many entries ahead decide whether `kind` holds: the nearest one
+/// (a writer, or the nearest writer for a reader), or `permits` for a
+/// semaphore (it holds when fewer than that are ahead).
+pub(crate) fn wanted(kind: LockKind) -> usize {
+    match kind {
+        LockKind::Semaphore { permits } => permits as usize,
+        _ => 1,
+    }
+}
+
+/// The range read of what an entry of `kind` waits for: for a reader the writers'
+/// key range, for everyone else all of `<pfx>/`; newest first.
+pub(crate) fn ahead_query(pfx: &str, kind: LockKind, before: Option<i64>) -> (String, GetOptions) {
+    let mut opts = GetOptions::new().with_sort(SortTarget::Create, SortOrder::Descend);
+    let key = if kind == LockKind::Read {
+        let (lo, hi) = writer_range(pfx);
+        opts = opts.with_range(hi);
+        lo
+    } else {
+        opts = opts.with_prefix();
+        format!("{pfx}/")
+    };
+    // In the enqueue txn our own key is among the answer: one more.
+    let limit = wanted(kind) as i64 + i64::from(before.is_none());
+    opts = opts.with_limit(limit);
+    if let Some(rev) = before {
+        opts = opts.with_max_create_revision(rev - 1);
+    }
+    (key, opts)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,5 +168,13 @@ mod tests {
             assert!(lo.as_str() <= w.as_str() && w.as_str() < hi.as_str(), "{w}");
         }
         assert_eq!(key("ns/a", LockKind::Exclusive, 0x694d, &u), "ns/a/694d");
+    }
+
+    #[test]
+    fn contenders_are_direct_children() {
+        assert!(is_contender("ns/a/", b"ns/a/694d7c3a2f1b4e05"));
+        assert!(!is_contender("ns/a/", b"ns/a/"));
+        assert!(!is_contender("ns/a/", b"ns/a/beef/694d"));
+        assert!(!is_contender("ns/a/", b"ns/ab/694d"));
     }
 }

@@ -3,9 +3,11 @@
 
 mod backend;
 mod config;
+mod core;
 mod error;
 mod fenced;
 mod layout;
+mod monitor;
 mod session;
 mod watch;
 

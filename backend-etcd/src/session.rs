@@ -1,34 +1,31 @@
 //! One etcd lease per client session, its ONE keepalive task, and the lock
 //! protocol of Go's `concurrency.Mutex` on top of it.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use etcd_client::{
-    Compare, CompareOp, GetOptions, GetResponse, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
-    TxnOp, WatchFilterType,
+    Compare, CompareOp, GetOptions, GetResponse, KeyValue, PutOptions, Txn, TxnOp, WatchFilterType,
 };
-use lockcore::backend::InFlightWrites;
 use lockcore::backend::{
-    AcquireRequest, Acquired, EntrySignals, QuietGrants, SessionLiveness, StoreSession,
+    AcquireRequest, Acquired, InFlightWrites, LastGrant, QuietGrants, SessionLiveness, StoreSession,
 };
-use lockcore::{Error, ErrorKind, LockKind, LossReason, Result};
+use lockcore::{Error, ErrorKind, LockKind, Result};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::backend::{first_created, header_revision, is_contender, range_at, Inner};
-use crate::error;
+use crate::core::{first_created, header_revision, range_at, Core};
 use crate::layout;
-use crate::watch::{Sink, WatchEvent};
+use crate::monitor::{keepalive, HeldEntry};
+use crate::watch::WatchEvent;
 
 /// One lease, shared by every lock of one client.
 pub(crate) struct EtcdSession {
-    inner: Arc<Inner>,
+    inner: Arc<Core>,
     lease: i64,
     liveness: Arc<SessionLiveness>,
     stop: CancellationToken,
@@ -52,6 +49,20 @@ pub(crate) struct EtcdSession {
 /// An entry a waiter waits for: its key and create revision.
 type Predecessor = (Vec<u8>, i64);
 
+/// What the enqueue txn of an acquire learned.
+struct Enqueued {
+    /// Our key's create revision.
+    my_rev: i64,
+    /// The revision of the latest read.
+    rev: i64,
+    /// Whether our key was rewritten (a revoke request) when last read.
+    revoked: bool,
+    /// The oldest contender other than us, if any.
+    oldest: Option<KeyValue>,
+    /// What we wait for, if the enqueue txn read it already.
+    first: Option<Vec<KeyValue>>,
+}
+
 /// How many lock prefixes a session remembers a lone grant for.
 const LONE_GRANTS_KEPT: usize = 1024;
 
@@ -66,8 +77,8 @@ impl fmt::Debug for EtcdSession {
 impl EtcdSession {
     /// Grants the lease (confirming it with the grant's send time) and
     /// starts the keepalive task.
-    pub(crate) async fn open(inner: Arc<Inner>, liveness: Arc<SessionLiveness>) -> Result<Self> {
-        // A retried grant (see `Inner::call`) keeps the first send time:
+    pub(crate) async fn open(inner: Arc<Core>, liveness: Arc<SessionLiveness>) -> Result<Self> {
+        // A retried grant (see `Core::call`) keeps the first send time:
         // earlier is the safe side for the deadline.
         let sent = Instant::now();
         let ttl_secs = inner.config.ttl_secs();
@@ -245,7 +256,7 @@ impl EtcdSession {
     /// older than `before` (None: all, in the enqueue txn where everything
     /// else is older than our new key), newest first, at most `n`.
     fn ahead_op(&self, pfx: &str, kind: LockKind, before: Option<i64>) -> TxnOp {
-        let (key, opts) = ahead_query(pfx, kind, before);
+        let (key, opts) = layout::ahead_query(pfx, kind, before);
         TxnOp::get(key, Some(opts))
     }
 
@@ -283,7 +294,7 @@ impl EtcdSession {
     ) -> Result<Option<KeyValue>> {
         match kvs.first() {
             None => return Ok(None),
-            Some(kv) if is_contender(pfx_slash, kv.key()) => return Ok(Some(kv.clone())),
+            Some(kv) if layout::is_contender(pfx_slash, kv.key()) => return Ok(Some(kv.clone())),
             Some(_) => {}
         }
         let all = self
@@ -292,7 +303,7 @@ impl EtcdSession {
         Ok(all
             .kvs()
             .iter()
-            .find(|kv| is_contender(pfx_slash, kv.key()))
+            .find(|kv| layout::is_contender(pfx_slash, kv.key()))
             .cloned())
     }
 
@@ -310,12 +321,17 @@ impl EtcdSession {
         my_rev: i64,
     ) -> Result<Vec<KeyValue>> {
         let pfx_slash = format!("{pfx}/");
-        let n = wanted(kind);
-        let keep =
-            |kv: &&KeyValue| is_contender(&pfx_slash, kv.key()) && kv.key() != mine.as_bytes();
+        let n = layout::wanted(kind);
+        let keep = |kv: &&KeyValue| {
+            layout::is_contender(&pfx_slash, kv.key()) && kv.key() != mine.as_bytes()
+        };
         let mut out: Vec<KeyValue> = kvs.iter().filter(keep).take(n).cloned().collect();
-        if out.len() < n && kvs.iter().any(|kv| !is_contender(&pfx_slash, kv.key())) {
-            let (key, opts) = ahead_query(pfx, kind, before.or(Some(my_rev)));
+        if out.len() < n
+            && kvs
+                .iter()
+                .any(|kv| !layout::is_contender(&pfx_slash, kv.key()))
+        {
+            let (key, opts) = layout::ahead_query(pfx, kind, before.or(Some(my_rev)));
             let all = self
                 .range_with_mine(mine, my_rev, key, opts.with_limit(0))
                 .await?;
@@ -333,48 +349,86 @@ impl EtcdSession {
         if !self.liveness.is_alive() {
             return Err(self.session_lost("the etcd lease is lost"));
         }
-        let kind = req.kind;
         let pfx = self.inner.lock_prefix(&req.name);
-        let pfx_slash = format!("{pfx}/");
-        let key = layout::key(&pfx, kind, self.lease, &req.contender);
-        let value = layout::value(kind, SystemTime::now());
-
+        let key = layout::key(&pfx, req.kind, self.lease, &req.contender);
+        let value = layout::value(req.kind, SystemTime::now());
         let fence = self.fence_key(req);
         let last = self.lone_grants.take(&pfx);
         if last.is_some_and(|l| l.quiet) {
-            // After a quiet cycle: one put (see `lone_grants`), in a txn
-            // only for its guards (still one request and one revision): the
-            // attempt is not fenced off (see `fenced_removal`), and the key
-            // is new (a late copy never rewrites a held key).
-            let txn = Txn::new()
-                .when([
-                    Compare::version(fence.clone(), CompareOp::Equal, 0),
-                    Compare::create_revision(key.clone(), CompareOp::Equal, 0),
-                ])
-                .and_then([TxnOp::put(
-                    key.clone(),
-                    value.clone(),
-                    Some(PutOptions::new().with_lease(self.lease)),
-                )]);
-            let inner = self.inner.clone();
-            let put = async move { inner.txn("enqueue", txn).await };
-            match req.writes.run_judged(put, unanswered).await {
-                Ok(r) => {
-                    let rev = header_revision(&r);
-                    if r.succeeded() && last.is_some_and(|l| l.alone_at(rev as u64)) {
-                        self.lone_grants.keep(&pfx, last, rev as u64);
-                        return Ok(self.granted(req, key, rev, rev, false));
-                    }
-                    // Something else was written meanwhile: the enqueue
-                    // txn below finds our key and reads the lock.
-                    tracing::trace!(lock = %req.name, "a write since our last cycle");
-                }
-                // Unknown outcome: the enqueue txn finds out.
-                Err(e) if e.kind() == ErrorKind::Connection && req.wait => {}
-                Err(e) => return Err(e),
+            if let Some(granted) = self
+                .quiet_put(req, &pfx, &key, &value, &fence, last)
+                .await?
+            {
+                return Ok(granted);
             }
         }
+        let mut q = self.enqueue(req, &pfx, &key, value, fence).await?;
+        self.wait_turn(req, &pfx, &key, &mut q).await?;
+        if q.oldest.is_none() {
+            self.lone_grants.keep(&pfx, last, q.my_rev as u64);
+        }
+        Ok(self.granted(req, key, q.my_rev, q.rev, q.revoked))
+    }
 
+    /// After a quiet cycle: our key by one put; granted if nothing else was
+    /// written since our last grant (`None`: the enqueue txn goes on).
+    async fn quiet_put(
+        &self,
+        req: &AcquireRequest,
+        pfx: &str,
+        key: &str,
+        value: &str,
+        fence: &str,
+        last: Option<LastGrant>,
+    ) -> Result<Option<Acquired>> {
+        let (key, value, fence) = (key.to_string(), value.to_string(), fence.to_string());
+        // After a quiet cycle: one put (see `lone_grants`), in a txn
+        // only for its guards (still one request and one revision): the
+        // attempt is not fenced off (see `fenced_removal`), and the key
+        // is new (a late copy never rewrites a held key).
+        let txn = Txn::new()
+            .when([
+                Compare::version(fence.clone(), CompareOp::Equal, 0),
+                Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+            ])
+            .and_then([TxnOp::put(
+                key.clone(),
+                value.clone(),
+                Some(PutOptions::new().with_lease(self.lease)),
+            )]);
+        let inner = self.inner.clone();
+        let put = async move { inner.txn("enqueue", txn).await };
+        match req.writes.run_judged(put, unanswered).await {
+            Ok(r) => {
+                let rev = header_revision(&r);
+                if r.succeeded() && last.is_some_and(|l| l.alone_at(rev as u64)) {
+                    self.lone_grants.keep(pfx, last, rev as u64);
+                    return Ok(Some(self.granted(req, key, rev, rev, false)));
+                }
+                // Something else was written meanwhile: the enqueue
+                // txn below finds our key and reads the lock.
+                tracing::trace!(lock = %req.name, "a write since our last cycle");
+            }
+            // Unknown outcome: the enqueue txn finds out.
+            Err(e) if e.kind() == ErrorKind::Connection && req.wait => {}
+            Err(e) => return Err(e),
+        }
+        Ok(None)
+    }
+
+    /// The enqueue txn: creates our key (or finds it), reads the oldest
+    /// contender, and what we would wait for; refuses a conflicting kind.
+    async fn enqueue(
+        &self,
+        req: &AcquireRequest,
+        pfx: &str,
+        key: &str,
+        value: String,
+        fence: String,
+    ) -> Result<Enqueued> {
+        let kind = req.kind;
+        let pfx_slash = format!("{pfx}/");
+        let key = key.to_string();
         // One txn: create our key if it does not exist (else read it), read
         // the oldest contender (for the kind check), and what we would
         // wait for (all of it is older than a key this txn creates).
@@ -390,7 +444,7 @@ impl EtcdSession {
             TxnOp::get(pfx_slash.clone(), Some(first_created().with_limit(1))),
         ];
         if !first_is_enough {
-            then.push(self.ahead_op(&pfx, kind, None));
+            then.push(self.ahead_op(pfx, kind, None));
         }
         let txn = Txn::new()
             .when([
@@ -416,7 +470,7 @@ impl EtcdSession {
                 .run_judged(async move { inner.txn("enqueue", txn).await }, unanswered)
                 .await?
         };
-        let mut rev = header_revision(&resp);
+        let rev = header_revision(&resp);
         let mut revoked = false;
         let my_rev = if resp.succeeded() {
             rev
@@ -436,7 +490,7 @@ impl EtcdSession {
             .first_contender(&pfx_slash, range_at(&resp, 1)?.kvs(), &key, my_rev)
             .await?
             .filter(|o| o.create_revision() != my_rev);
-        let mut first = if first_is_enough {
+        let first = if first_is_enough {
             // Not first: a try-acquire needs no more; a waiter reads
             // its nearest predecessor below.
             match &oldest {
@@ -446,10 +500,7 @@ impl EtcdSession {
             }
         } else if resp.succeeded() {
             let kvs = range_at(&resp, 2)?;
-            Some(
-                self.ahead(&pfx, kind, None, kvs.kvs(), &key, my_rev)
-                    .await?,
-            )
+            Some(self.ahead(pfx, kind, None, kvs.kvs(), &key, my_rev).await?)
         } else {
             None
         };
@@ -469,34 +520,55 @@ impl EtcdSession {
             }
         }
 
+        Ok(Enqueued {
+            my_rev,
+            rev,
+            revoked,
+            oldest,
+            first,
+        })
+    }
+
+    /// Waits until nothing we wait for is ahead of our key (watching only
+    /// that), re-reading after every change; `q` is updated with the
+    /// revision of the last read.
+    async fn wait_turn(
+        &self,
+        req: &AcquireRequest,
+        pfx: &str,
+        key: &str,
+        q: &mut Enqueued,
+    ) -> Result<()> {
+        let kind = req.kind;
+        let my_rev = q.my_rev;
         // Watches on the entries we wait for, created and confirmed by
         // etcd before the latest read: (their keys and create revisions,
         // the watches).
         let mut watching: Option<(Vec<Predecessor>, Vec<crate::watch::Watch>)> = None;
         loop {
-            let ahead = match first.take() {
+            let ahead = match q.first.take() {
                 Some(a) => a,
                 None => {
                     // Our own key and what we wait for, in one snapshot.
                     let txn = Txn::new().and_then([
-                        TxnOp::get(key.clone(), None),
-                        self.ahead_op(&pfx, kind, Some(my_rev)),
+                        TxnOp::get(key, None),
+                        self.ahead_op(pfx, kind, Some(my_rev)),
                     ]);
                     let resp = self.retrying("find predecessor", txn, None).await?;
-                    rev = header_revision(&resp);
+                    q.rev = header_revision(&resp);
                     // Never grant on an expired lease or a deleted key
                     // (etcd #11456, #9921, and the RWMutex recipe's
                     // double holder, #16221).
                     match range_at(&resp, 0)?.kvs().first() {
                         Some(kv) if kv.create_revision() == my_rev => {
-                            revoked = kv.mod_revision() > my_rev;
+                            q.revoked = kv.mod_revision() > my_rev;
                         }
                         _ => return Err(self.session_lost(
                             "our etcd key vanished while waiting (lease expired or key deleted)",
                         )),
                     }
                     let kvs = range_at(&resp, 1)?;
-                    self.ahead(&pfx, kind, Some(my_rev), kvs.kvs(), &key, my_rev)
+                    self.ahead(pfx, kind, Some(my_rev), kvs.kvs(), key, my_rev)
                         .await?
                 }
             };
@@ -509,12 +581,12 @@ impl EtcdSession {
                 .filter(|kv| kind.conflicts_with(layout::kind_of(kv)))
                 .cloned()
                 .collect();
-            if ahead.len() < wanted(kind) && foreign.is_empty() {
+            if ahead.len() < layout::wanted(kind) && foreign.is_empty() {
                 break;
             }
             let ahead = if foreign.is_empty() { ahead } else { foreign };
             if !req.wait {
-                self.delete_if(&key, my_rev).await?;
+                self.delete_if(key, my_rev).await?;
                 return Err(Error::new(
                     ErrorKind::WouldBlock,
                     format!("lock {} is held", req.name),
@@ -539,63 +611,60 @@ impl EtcdSession {
                     // (at a revision at or after their start), so a delete
                     // between the read above and the watches is not
                     // missed; the grant still rests only on that read.
-                    let mut ws: Vec<_> = preds
-                        .iter()
-                        .map(|(k, _)| self.inner.hub.watch(k.clone(), 0, WatchFilterType::NoPut))
-                        .collect();
-                    // None: all created; Some(pause): read again after it
-                    // without keeping them.
-                    let mut pause = None;
-                    for w in &mut ws {
-                        pause = match w.next().await {
-                            WatchEvent::Created(at) => {
-                                tracing::trace!(lock = %req.name, at, "predecessor watch created");
-                                continue;
-                            }
-                            WatchEvent::Lost => Some(Duration::from_millis(100)),
-                            WatchEvent::Refused => Some(Duration::from_secs(1)),
-                            // A delete already: read again at once.
-                            WatchEvent::Delete | WatchEvent::Put(_) => Some(Duration::ZERO),
-                        };
-                        break;
-                    }
-                    match pause {
-                        None => watching = Some((preds, ws)),
-                        Some(pause) => {
-                            drop(ws);
-                            if !pause.is_zero() {
-                                tokio::time::sleep(pause).await;
-                            }
-                        }
+                    if let Some(ws) = self.watch_ahead(req, &preds).await {
+                        watching = Some((preds, ws));
                     }
                     continue;
                 }
             };
             tracing::trace!(lock = %req.name, waits_for = ahead.len(), "waiting");
-            let pause = loop {
-                let nexts = ws.iter_mut().map(|w| Box::pin(w.next()));
-                let (ev, _, _) = futures::future::select_all(nexts).await;
-                match ev {
-                    // Created again on a new stream, from where it was.
-                    WatchEvent::Created(_) => continue,
-                    // Cancelled (compaction): re-check after a pause.
-                    WatchEvent::Lost => break Some(Duration::from_millis(100)),
-                    // Never created: re-check (a read that is refused too
-                    // ends the acquire), but do not hammer etcd with
-                    // creates it refuses.
-                    WatchEvent::Refused => break Some(Duration::from_secs(1)),
-                    _ => break None,
-                }
-            };
+            let pause = next_change(&mut ws).await;
             drop(ws);
             if let Some(pause) = pause {
                 tokio::time::sleep(pause).await;
             }
         }
-        if oldest.is_none() {
-            self.lone_grants.keep(&pfx, last, my_rev as u64);
+        Ok(())
+    }
+
+    /// Watches `preds` from now: `Some` once etcd created every watch;
+    /// `None` after the pause that a failed create calls for (the caller
+    /// reads again without keeping them).
+    async fn watch_ahead(
+        &self,
+        req: &AcquireRequest,
+        preds: &[Predecessor],
+    ) -> Option<Vec<crate::watch::Watch>> {
+        let mut ws: Vec<_> = preds
+            .iter()
+            .map(|(k, _)| self.inner.hub.watch(k.clone(), 0, WatchFilterType::NoPut))
+            .collect();
+        // None: all created; Some(pause): read again after it
+        // without keeping them.
+        let mut pause = None;
+        for w in &mut ws {
+            pause = match w.next().await {
+                WatchEvent::Created(at) => {
+                    tracing::trace!(lock = %req.name, at, "predecessor watch created");
+                    continue;
+                }
+                WatchEvent::Lost => Some(Duration::from_millis(100)),
+                WatchEvent::Refused => Some(Duration::from_secs(1)),
+                // A delete already: read again at once.
+                WatchEvent::Delete | WatchEvent::Put(_) => Some(Duration::ZERO),
+            };
+            break;
         }
-        Ok(self.granted(req, key, my_rev, rev, revoked))
+        match pause {
+            None => Some(ws),
+            Some(pause) => {
+                drop(ws);
+                if !pause.is_zero() {
+                    tokio::time::sleep(pause).await;
+                }
+                None
+            }
+        }
     }
 
     /// Remembers the create revision of `req`'s key for `abandon`.
@@ -615,284 +684,30 @@ impl EtcdSession {
     }
 }
 
+/// Waits for a change to any of `ws`: `None` for a delete (read again
+/// at once), `Some(pause)` when a watch was lost or refused.
+async fn next_change(ws: &mut [crate::watch::Watch]) -> Option<Duration> {
+    loop {
+        let nexts = ws.iter_mut().map(|w| Box::pin(w.next()));
+        let (ev, _, _) = futures::future::select_all(nexts).await;
+        match ev {
+            // Created again on a new stream, from where it was.
+            WatchEvent::Created(_) => continue,
+            // Cancelled (compaction): re-check after a pause.
+            WatchEvent::Lost => break Some(Duration::from_millis(100)),
+            // Never created: re-check (a read that is refused too
+            // ends the acquire), but do not hammer etcd with
+            // creates it refuses.
+            WatchEvent::Refused => break Some(Duration::from_secs(1)),
+            _ => break None,
+        }
+    }
+}
+
 /// Whether a write ended without etcd's answer (a request timeout or a
 /// transport error): it may have been applied, or be applied later.
 fn unanswered<T>(r: &Result<T>) -> bool {
     r.as_ref().is_err_and(|e| e.kind() == ErrorKind::Connection)
-}
-
-/// How many entries ahead decide whether `kind` holds: the nearest one
-/// (a writer, or the nearest writer for a reader), or `permits` for a
-/// semaphore (it holds when fewer than that are ahead).
-fn wanted(kind: LockKind) -> usize {
-    match kind {
-        LockKind::Semaphore { permits } => permits as usize,
-        _ => 1,
-    }
-}
-
-/// The range read of [`EtcdSession::ahead_op`]: for a reader the writers'
-/// key range, for everyone else all of `<pfx>/`; newest first.
-fn ahead_query(pfx: &str, kind: LockKind, before: Option<i64>) -> (String, GetOptions) {
-    let mut opts = GetOptions::new().with_sort(SortTarget::Create, SortOrder::Descend);
-    let key = if kind == LockKind::Read {
-        let (lo, hi) = layout::writer_range(pfx);
-        opts = opts.with_range(hi);
-        lo
-    } else {
-        opts = opts.with_prefix();
-        format!("{pfx}/")
-    };
-    // In the enqueue txn our own key is among the answer: one more.
-    let limit = wanted(kind) as i64 + i64::from(before.is_none());
-    opts = opts.with_limit(limit);
-    if let Some(rev) = before {
-        opts = opts.with_max_create_revision(rev - 1);
-    }
-    (key, opts)
-}
-
-/// The keepalive loop: one `LeaseKeepAlive` stream, one request every
-/// TTL/3 (every TTL/10 while the link is slow). Requests are not held back by slow answers: etcd answers them in
-/// order, so each answer is matched with its request's send time, and an
-/// answer with `ttl > 0` confirms the lease from that send time, however
-/// late it comes. An answer with ttl 0 (or "lease not found") means the
-/// lease is gone. A stream that breaks, or leaves a request unanswered for
-/// a whole TTL, is replaced.
-async fn keepalive(
-    inner: Arc<Inner>,
-    id: i64,
-    ttl: Duration,
-    liveness: Arc<SessionLiveness>,
-    stop: CancellationToken,
-) {
-    let period = ttl / 3;
-    let fast = ttl / 10;
-    let retry = period.min(Duration::from_millis(300));
-    let mut next = Instant::now() + period;
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = liveness.lost() => return,
-            _ = tokio::time::sleep_until(next) => {}
-        }
-        // Opening the stream sends the first keepalive and waits for its
-        // answer; it fails with "lease not found" when the lease is gone.
-        let sent = Instant::now();
-        inner.requests.fetch_add(1, Ordering::Relaxed);
-        let mut lease = inner.client.lease_client();
-        let opened = tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = liveness.lost() => return,
-            r = tokio::time::timeout(ttl, lease.keep_alive(id)) => r,
-        };
-        let (mut keeper, mut answers) = match opened {
-            Ok(Ok(s)) => {
-                liveness.confirm(sent, ttl);
-                s
-            }
-            Ok(Err(e)) => {
-                let e = error::map(e, "lease keepalive");
-                if e.kind() == ErrorKind::SessionLost {
-                    tracing::warn!("etcd lease not found");
-                    liveness.lose(LossReason::SessionExpired);
-                    return;
-                }
-                tracing::debug!(error = %e, "opening the keepalive stream failed; retrying");
-                next = Instant::now() + retry;
-                continue;
-            }
-            Err(_) => {
-                tracing::debug!("the keepalive stream did not open within the TTL; retrying");
-                next = Instant::now();
-                continue;
-            }
-        };
-        let mut last_sent = sent;
-        let mut last_rtt = sent.elapsed();
-        let mut pending: VecDeque<Instant> = VecDeque::new();
-        loop {
-            let stale = pending.front().map(|s| *s + ttl);
-            // A slow link (an answer took more than TTL/10, or one is
-            // overdue by that much) renews every TTL/10 instead of TTL/3:
-            // the deadline runs from the send time of the newest answered
-            // request, so sending more often keeps it from falling behind
-            // by the latency plus a whole period.
-            let slow = last_rtt > fast || pending.front().is_some_and(|s| s.elapsed() > fast);
-            let next = last_sent + if slow { fast } else { period };
-            // Also wake when the oldest answer becomes overdue, to switch.
-            let wake = match pending.front() {
-                Some(f) if !slow => next.min(*f + fast),
-                _ => next,
-            };
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = liveness.lost() => return,
-                _ = tokio::time::sleep_until(wake) => {
-                    let now = Instant::now();
-                    if now < next {
-                        continue;
-                    }
-                    inner.requests.fetch_add(1, Ordering::Relaxed);
-                    if keeper.keep_alive().await.is_err() {
-                        break;
-                    }
-                    pending.push_back(now);
-                    last_sent = now;
-                }
-                answer = answers.message() => match answer {
-                    Ok(Some(r)) => {
-                        let Some(sent) = pending.pop_front() else { continue };
-                        last_rtt = sent.elapsed();
-                        if r.ttl() > 0 {
-                            liveness.confirm(sent, Duration::from_secs(r.ttl() as u64));
-                        } else {
-                            tracing::warn!("etcd lease expired");
-                            liveness.lose(LossReason::SessionExpired);
-                            return;
-                        }
-                    }
-                    Ok(None) => break,
-                    Err(e) => {
-                        let e = error::map(e, "lease keepalive");
-                        if e.kind() == ErrorKind::SessionLost {
-                            liveness.lose(LossReason::SessionExpired);
-                            return;
-                        }
-                        tracing::debug!(error = %e, "keepalive stream failed");
-                        break;
-                    }
-                },
-                _ = tokio::time::sleep_until(stale.unwrap_or(next)), if stale.is_some() => {
-                    tracing::debug!("a keepalive went unanswered for a TTL; reopening the stream");
-                    break;
-                }
-            }
-        }
-        next = Instant::now() + retry;
-    }
-}
-
-/// A held entry as the watch task keeps it: what a delete or put on its
-/// key means. A few hundred bytes per held lock.
-struct HeldEntry {
-    inner: Arc<Inner>,
-    liveness: Arc<SessionLiveness>,
-    lease: i64,
-    signals: EntrySignals,
-    key: Box<str>,
-    token: i64,
-}
-
-impl HeldEntry {
-    fn copy(&self) -> HeldEntry {
-        HeldEntry {
-            inner: self.inner.clone(),
-            liveness: self.liveness.clone(),
-            lease: self.lease,
-            signals: self.signals.clone(),
-            key: self.key.clone(),
-            token: self.token,
-        }
-    }
-
-    /// Watches our key from revision `from`; `later`: after
-    /// [`lockcore::backend::HELD_WATCH_DELAY`], if still held then.
-    fn subscribe(self, from: i64, later: bool) {
-        let (inner, key) = (self.inner.clone(), self.key.as_bytes().to_vec());
-        inner.hub.subscribe(key, from, Arc::new(self), later);
-    }
-
-    /// etcd cancelled the watch (compaction past its start) or refused to
-    /// create it: re-read the key after `first`, then watch again from
-    /// there (a failed read is retried, 2 s apart at most).
-    async fn rewatch(self, first: Duration) {
-        let mut delay = first;
-        loop {
-            tokio::select! {
-                _ = self.signals.finished() => return,
-                _ = tokio::time::sleep(delay) => {}
-            }
-            delay = (delay * 2).min(Duration::from_secs(2));
-            let resp = match self
-                .inner
-                .get("re-read held entry", self.key.as_bytes(), GetOptions::new())
-                .await
-            {
-                Ok(r) => r,
-                Err(e) => {
-                    tracing::debug!(error = %e, key = %self.key, "re-reading a held entry failed");
-                    continue;
-                }
-            };
-            match resp.kvs().first() {
-                Some(kv) if kv.create_revision() == self.token => {
-                    if kv.mod_revision() > self.token {
-                        self.signals.request_revoke();
-                    }
-                }
-                _ => return self.deleted().await,
-            }
-            if self.signals.is_finished() {
-                return;
-            }
-            let from = resp.header().map_or(0, |h| h.revision()) + 1;
-            return self.subscribe(from, false);
-        }
-    }
-
-    /// Our key is gone: a forced break, or our lease ended with it.
-    async fn deleted(self) {
-        if let Some(reason) = self.liveness.loss() {
-            self.signals.lose(reason);
-            return;
-        }
-        match self.inner.lease_alive(self.lease).await {
-            Ok(false) => {
-                self.signals.lose(LossReason::SessionExpired);
-                self.liveness.lose(LossReason::SessionExpired);
-            }
-            _ => self.signals.lose(LossReason::EntryDeleted),
-        }
-        tracing::debug!(key = %self.key, reason = ?self.signals.loss(), "held entry lost");
-    }
-}
-
-impl Sink for HeldEntry {
-    fn event(&self, ev: WatchEvent) -> bool {
-        if self.signals.is_finished() {
-            return false; // our own release or abandon
-        }
-        match ev {
-            WatchEvent::Created(_) => true,
-            WatchEvent::Put(kv) => {
-                if kv.mod_revision() > self.token {
-                    tracing::debug!(key = %self.key, "revoke requested");
-                    self.signals.request_revoke();
-                }
-                true
-            }
-            WatchEvent::Delete => {
-                tokio::spawn(self.copy().deleted());
-                false
-            }
-            WatchEvent::Lost => {
-                tokio::spawn(self.copy().rewatch(Duration::from_millis(100)));
-                false
-            }
-            WatchEvent::Refused => {
-                // No watch on our key any more: re-read it and watch again,
-                // later than after a compaction (the next create may be
-                // refused as well).
-                tokio::spawn(self.copy().rewatch(Duration::from_secs(1)));
-                false
-            }
-        }
-    }
-
-    fn closed(&self) -> bool {
-        self.signals.is_finished()
-    }
 }
 
 #[async_trait]

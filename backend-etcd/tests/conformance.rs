@@ -9,34 +9,10 @@ mod etcd34 {
             Ok(std::sync::Arc::new(backend_etcd::EtcdBackend::connect(&url).await?) as _)
         },
     ));
-    conformance_tests::rwlock_suite!(conformance_tests::Harness::from_env(
-        "QUORUMLOCK_TEST_ETCD_URL",
-        |url| async move {
-            Ok(std::sync::Arc::new(backend_etcd::EtcdBackend::connect(&url).await?) as _)
-        },
-    ));
-    conformance_tests::semaphore_suite!(conformance_tests::Harness::from_env(
-        "QUORUMLOCK_TEST_ETCD_URL",
-        |url| async move {
-            Ok(std::sync::Arc::new(backend_etcd::EtcdBackend::connect(&url).await?) as _)
-        },
-    ));
 }
 
 mod etcd35 {
     conformance_tests::suite!(conformance_tests::Harness::from_env(
-        "QUORUMLOCK_TEST_ETCD35_URL",
-        |url| async move {
-            Ok(std::sync::Arc::new(backend_etcd::EtcdBackend::connect(&url).await?) as _)
-        },
-    ));
-    conformance_tests::rwlock_suite!(conformance_tests::Harness::from_env(
-        "QUORUMLOCK_TEST_ETCD35_URL",
-        |url| async move {
-            Ok(std::sync::Arc::new(backend_etcd::EtcdBackend::connect(&url).await?) as _)
-        },
-    ));
-    conformance_tests::semaphore_suite!(conformance_tests::Harness::from_env(
         "QUORUMLOCK_TEST_ETCD35_URL",
         |url| async move {
             Ok(std::sync::Arc::new(backend_etcd::EtcdBackend::connect(&url).await?) as _)

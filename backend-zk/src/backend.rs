@@ -1,10 +1,9 @@
 //! The `Backend` for ZooKeeper: connection setup, the Curator layout, and
 //! the admin operations (inspect, break, revoke, kill, leftovers).
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -16,18 +15,13 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::config::{deadline_ttl, ZkConfig};
+use crate::core::{
+    registry, session_text, set_shutdown, unregister_session, wait_terminal, Registered, Shared,
+};
 use crate::error::map;
 use crate::fenced;
+use crate::layout::*;
 use crate::session::ZkSession;
-
-/// The data Curator's `Revoker` writes on a holder's node.
-pub(crate) const REVOKE_MESSAGE: &[u8] = b"__REVOKE__";
-/// The data `break_lock` writes on a holder's node before deleting it, so
-/// that our holder (watching its own node) learns of the break one write
-/// before any waiter can be granted.
-pub(crate) const BREAK_MESSAGE: &[u8] = b"__BREAK__";
-/// The text before the sequence number in a contender node's name.
-pub(crate) const LOCK_MARKER: &str = "lock-";
 
 /// A ZooKeeper backend: one ZooKeeper session per [`lockcore::LockClient`],
 /// Curator's `InterProcessMutex` layout, `czxid` fencing tokens.
@@ -36,21 +30,6 @@ pub(crate) const LOCK_MARKER: &str = "lock-";
 #[derive(Clone)]
 pub struct ZkBackend {
     pub(crate) shared: Arc<Shared>,
-}
-
-/// What the backend and its sessions share.
-pub(crate) struct Shared {
-    pub(crate) config: ZkConfig,
-    connect_string: String,
-    requests: AtomicU64,
-    keepalives: AtomicU64,
-    watch_events: AtomicU64,
-    negotiated_ms: AtomicU64,
-    /// Lock sessions opened by this instance, for `leftovers()`.
-    opened: Mutex<Vec<(zk::SessionId, zk::StateWatcher)>>,
-    /// A lazily opened session for admin reads and writes (inspect,
-    /// break, revoke, leftovers); it never creates nodes of its own.
-    admin: tokio::sync::Mutex<Option<zk::Client>>,
 }
 
 impl fmt::Debug for ZkBackend {
@@ -63,303 +42,6 @@ impl fmt::Debug for ZkBackend {
 
 /// A session opened in this process: its id and password, and its
 /// liveness.
-#[derive(Clone)]
-struct Registered {
-    info: zk::SessionInfo,
-    liveness: Weak<SessionLiveness>,
-    state: zk::StateWatcher,
-    /// Drops the owner's client (which then closes the session itself).
-    shutdown: Option<Shutdown>,
-}
-
-/// Stops a lock session's tasks and drops its client.
-pub(crate) type Shutdown = Arc<dyn Fn() + Send + Sync>;
-
-/// Sessions opened in this process, by id, with what it takes to reattach
-/// to them: ZooKeeper ends a session only for a client that presents its
-/// id AND password, so [`Backend::kill_session`] can end sessions opened
-/// by any `ZkBackend` of this process, not of other processes.
-fn registry() -> &'static Mutex<HashMap<i64, Registered>> {
-    static R: OnceLock<Mutex<HashMap<i64, Registered>>> = OnceLock::new();
-    R.get_or_init(Default::default)
-}
-
-pub(crate) fn register_session(client: &zk::Client, liveness: &Arc<SessionLiveness>) {
-    let mut registry = registry().lock().expect("registry poisoned");
-    // Ended sessions nobody holds any more (dropped without `close`):
-    // nothing is left to kill. A dropped owner with a session still open
-    // stays, so that `kill_session` can still end it.
-    registry.retain(|_, r| r.liveness.strong_count() > 0 || !r.state.peek_state().is_terminated());
-    registry.insert(
-        client.session_id().0,
-        Registered {
-            info: client.session().clone(),
-            liveness: Arc::downgrade(liveness),
-            state: client.state_watcher(),
-            shutdown: None,
-        },
-    );
-}
-
-pub(crate) fn set_shutdown(id: zk::SessionId, shutdown: Shutdown) {
-    if let Some(r) = registry().lock().expect("registry poisoned").get_mut(&id.0) {
-        r.shutdown = Some(shutdown);
-    }
-}
-
-pub(crate) fn unregister_session(id: zk::SessionId) {
-    registry().lock().expect("registry poisoned").remove(&id.0);
-}
-
-/// The text form of a session id, as `StoreSession::id` and `inspect`
-/// report it: ZooKeeper's own `0x...` hex.
-pub(crate) fn session_text(id: i64) -> String {
-    format!("{id:#x}")
-}
-
-/// Waits until a dropped client's session reaches a terminal state.
-pub(crate) async fn wait_terminal(mut state: zk::StateWatcher, limit: Duration) -> bool {
-    let wait = async {
-        loop {
-            if state.peek_state().is_terminated() {
-                return;
-            }
-            state.changed().await;
-        }
-    };
-    tokio::time::timeout(limit, wait).await.is_ok()
-}
-
-impl Shared {
-    pub(crate) fn count(&self, n: u64) {
-        self.requests.fetch_add(n, Ordering::Relaxed);
-    }
-
-    pub(crate) fn count_keepalive(&self) {
-        self.keepalives.fetch_add(1, Ordering::Relaxed);
-        self.count(1);
-    }
-
-    pub(crate) fn count_watch_event(&self) {
-        self.watch_events.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// The path of the lock node of `name`: `/<namespace>/<name>`.
-    pub(crate) fn lock_dir(&self, name: &LockName) -> Result<String> {
-        if self.config.namespace.is_empty() && name.segments().next() == Some("zookeeper") {
-            return Err(Error::new(
-                ErrorKind::InvalidName,
-                "without a namespace, a lock name must not start with zookeeper (the server's own tree)",
-            ));
-        }
-        Ok(format!("/{}", self.config.namespace.lock_key(name)))
-    }
-
-    fn root(&self) -> String {
-        format!("/{}", self.config.namespace)
-    }
-
-    /// Opens a ZooKeeper session (or reattaches to `session`), retrying
-    /// until the connect timeout: the library gives up on one attempt
-    /// after about a session timeout, and a server that is restarting or
-    /// a link that is healing deserves the whole `connect_timeout`.
-    ///
-    /// Returns the client and the start of the attempt that succeeded (no
-    /// later than the server's creation of the session).
-    pub(crate) async fn connect(
-        &self,
-        session: Option<zk::SessionInfo>,
-    ) -> Result<(zk::Client, Instant)> {
-        let deadline = Instant::now() + self.config.connect_timeout;
-        let mut backoff = Duration::from_millis(20);
-        loop {
-            let mut c = zk::Client::connector().with_session_timeout(self.config.session_timeout);
-            if let Some((user, pw)) = &self.config.auth {
-                c = c.with_auth("digest", format!("{user}:{}", pw.expose()).as_bytes());
-            }
-            if let Some(s) = &session {
-                c = c.with_session(s.clone());
-            }
-            self.count(1);
-            let started = Instant::now();
-            let err = match tokio::time::timeout_at(deadline, c.connect(&self.connect_string)).await
-            {
-                Ok(Ok(client)) => {
-                    self.negotiated_ms.store(
-                        client.session_timeout().as_millis() as u64,
-                        Ordering::Relaxed,
-                    );
-                    return Ok((client, started));
-                }
-                Ok(Err(e)) => map(e, "opening a session"),
-                Err(_) => Error::new(
-                    ErrorKind::Connection,
-                    format!(
-                        "ZooKeeper: no session with {} within connect_timeout={:?}",
-                        self.config.display, self.config.connect_timeout
-                    ),
-                ),
-            };
-            if err.kind() != ErrorKind::Connection || Instant::now() + backoff >= deadline {
-                return Err(err);
-            }
-            tracing::debug!(error = %err, "connecting failed, retrying");
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_millis(500));
-        }
-    }
-
-    /// Remembers a new lock session for `leftovers()` and `kill_session`.
-    /// Sessions that have ended are forgotten here, so that the lists hold
-    /// the sessions still open (and, in the process-wide registry, those
-    /// whose owner still cares), not every session ever opened.
-    pub(crate) fn record_opened(&self, client: &zk::Client, liveness: &Arc<SessionLiveness>) {
-        let mut opened = self.opened.lock().expect("poisoned");
-        // An ended session is never a leftover (`leftovers_once` skips it).
-        opened.retain(|(_, state)| !state.peek_state().is_terminated());
-        opened.push((client.session_id(), client.state_watcher()));
-        drop(opened);
-        register_session(client, liveness);
-    }
-
-    async fn admin(&self) -> Result<zk::Client> {
-        let mut slot = self.admin.lock().await;
-        if let Some(c) = slot.as_ref() {
-            if !c.state().is_terminated() {
-                return Ok(c.clone());
-            }
-        }
-        let (c, _) = self.connect(None).await?;
-        *slot = Some(c.clone());
-        Ok(c)
-    }
-}
-
-/// The marker of a read contender (Curator's `InterProcessReadWriteLock`).
-pub(crate) const READ_MARKER: &str = "__READ__";
-/// The marker of a write contender.
-pub(crate) const WRITE_MARKER: &str = "__WRIT__";
-/// The marker of a semaphore lease (Curator's `InterProcessSemaphoreV2`).
-pub(crate) const LEASE_MARKER: &str = "lease-";
-/// The child of a semaphore node holding its internal mutex.
-pub(crate) const SEM_LOCKS: &str = "locks";
-/// The child of a semaphore node holding its leases.
-pub(crate) const SEM_LEASES: &str = "leases";
-
-/// What a contender directly under a lock node asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Role {
-    /// `-lock-`: a mutex; it waits like a writer.
-    Mutex,
-    /// `-__READ__`.
-    Read,
-    /// `-__WRIT__`.
-    Write,
-}
-
-impl Role {
-    pub(crate) fn of(kind: LockKind) -> Role {
-        match kind {
-            LockKind::Read => Role::Read,
-            LockKind::Write => Role::Write,
-            _ => Role::Mutex,
-        }
-    }
-
-    pub(crate) fn marker(self) -> &'static str {
-        match self {
-            Role::Mutex => LOCK_MARKER,
-            Role::Read => READ_MARKER,
-            Role::Write => WRITE_MARKER,
-        }
-    }
-
-    pub(crate) fn kind(self) -> LockKind {
-        match self {
-            Role::Mutex => LockKind::Exclusive,
-            Role::Read => LockKind::Read,
-            Role::Write => LockKind::Write,
-        }
-    }
-}
-
-/// The role of a contender and the part of its name that orders it: the
-/// text after the LAST marker (Curator's `fixForSorting`, which the
-/// read-write lock applies for both of its markers). `None` for other
-/// children (nested locks, a semaphore's `locks`/`leases`).
-pub(crate) fn classify(child: &str) -> Option<(Role, &str)> {
-    let mut best: Option<(usize, Role)> = None;
-    for role in [Role::Mutex, Role::Read, Role::Write] {
-        if let Some(i) = child.rfind(role.marker()) {
-            match best {
-                Some((j, _)) if j >= i => {}
-                _ => best = Some((i, role)),
-            }
-        }
-    }
-    best.map(|(i, role)| (role, &child[i + role.marker().len()..]))
-}
-
-/// The part of a contender's name that orders it.
-pub(crate) fn sort_key(child: &str) -> &str {
-    classify(child).map_or(child, |(_, k)| k)
-}
-
-/// Contender children (mutex, read and write entries: one queue) sorted by
-/// their sequence number; other children (nested locks) are left out.
-pub(crate) fn sort_contenders(children: Vec<String>) -> Vec<String> {
-    let mut v: Vec<String> = children
-        .into_iter()
-        .filter(|c| classify(c).is_some())
-        .collect();
-    v.sort_by(|a, b| sort_key(a).cmp(sort_key(b)));
-    v
-}
-
-/// What the entry at `index` of `sorted` (of `role`) waits for: `None` if
-/// it holds, else the index of the one entry it watches. A reader waits
-/// for the nearest mutex or writer ahead of it; anything else for its
-/// predecessor.
-pub(crate) fn blocker(sorted: &[String], index: usize, role: Role) -> Option<usize> {
-    match role {
-        Role::Read => (0..index)
-            .rev()
-            .find(|&j| !matches!(classify(&sorted[j]), Some((Role::Read, _)))),
-        Role::Mutex | Role::Write => index.checked_sub(1),
-    }
-}
-
-/// Lease (or semaphore lock) children sorted by their sequence number.
-pub(crate) fn sort_by_marker(children: Vec<String>, marker: &str) -> Vec<String> {
-    let key = |c: &String| c.rfind(marker).map_or(c.len(), |i| i + marker.len());
-    let mut v: Vec<String> = children
-        .into_iter()
-        .filter(|c| c.contains(marker))
-        .collect();
-    v.sort_by(|a, b| a[key(a)..].cmp(&b[key(b)..]));
-    v
-}
-
-/// The data of our semaphore nodes: `permits=<N>`.
-pub(crate) fn permits_data(permits: u32) -> Vec<u8> {
-    format!("permits={permits}").into_bytes()
-}
-
-/// The permit count in a semaphore node's data (ours write `permits=N`,
-/// also after a revoke marker); `None` for Curator's (its host address or
-/// user data).
-pub(crate) fn parse_permits(data: &[u8]) -> Option<u32> {
-    let s = std::str::from_utf8(data).ok()?;
-    let i = s.rfind("permits=")?;
-    s[i + "permits=".len()..].trim().parse().ok()
-}
-
-/// The `_c_<uuid>-` prefix of a protected node name, if it has one.
-pub(crate) fn guid_prefix(child: &str) -> Option<&str> {
-    let rest = child.strip_prefix("_c_")?;
-    (rest.len() > 37 && rest.as_bytes()[36] == b'-').then(|| &child[..3 + 37])
-}
-
 impl ZkBackend {
     /// A backend for `config`. Connects lazily: sessions are opened by
     /// [`Backend::open_session`], the admin session on first admin use.
@@ -847,7 +529,7 @@ impl Backend for ZkBackend {
             .map(|v| v as i64)
             .ok_or_else(|| {
                 Error::new(
-                    ErrorKind::Store,
+                    ErrorKind::InvalidArgument,
                     format!("{session:?} is not a ZooKeeper session id (0x...)"),
                 )
             })?;
@@ -942,87 +624,6 @@ impl Backend for ZkBackend {
         self.shared.count(1);
         self.with_admin(|c| async move { fenced::write_key(&c, write).await })
             .await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sorts_like_curator() {
-        let kids = vec![
-            "_c_b-lock-0000000003".to_string(),
-            "nested".to_string(),
-            "_c_a-lock-0000000001".to_string(),
-            "_c_c-lock-0000000002".to_string(),
-        ];
-        assert_eq!(
-            sort_contenders(kids),
-            vec![
-                "_c_a-lock-0000000001",
-                "_c_c-lock-0000000002",
-                "_c_b-lock-0000000003"
-            ]
-        );
-        assert_eq!(sort_key("_c_x-lock-y-lock-0000000007"), "0000000007");
-    }
-
-    #[test]
-    fn rw_and_mutex_entries_form_one_queue() {
-        let kids = vec![
-            "_c_b-__WRIT__0000000004".to_string(),
-            "_c_a-__READ__0000000001".to_string(),
-            "leases".to_string(),
-            "_c_c-__READ__0000000002".to_string(),
-            "_c_d-lock-0000000003".to_string(),
-            "_c_e-__READ__0000000005".to_string(),
-        ];
-        let sorted = sort_contenders(kids);
-        assert_eq!(
-            sorted,
-            vec![
-                "_c_a-__READ__0000000001",
-                "_c_c-__READ__0000000002",
-                "_c_d-lock-0000000003",
-                "_c_b-__WRIT__0000000004",
-                "_c_e-__READ__0000000005",
-            ]
-        );
-        // Both readers ahead of the mutex hold; the mutex waits for its
-        // predecessor; the writer for the mutex; the last reader for the
-        // nearest writer ahead.
-        assert_eq!(blocker(&sorted, 0, Role::Read), None);
-        assert_eq!(blocker(&sorted, 1, Role::Read), None);
-        assert_eq!(blocker(&sorted, 2, Role::Mutex), Some(1));
-        assert_eq!(blocker(&sorted, 3, Role::Write), Some(2));
-        assert_eq!(blocker(&sorted, 4, Role::Read), Some(3));
-        assert_eq!(blocker(&sorted, 0, Role::Write), None);
-        assert_eq!(classify("locks"), None);
-        assert_eq!(classify("leases"), None);
-        assert_eq!(
-            classify("_c_x-__READ__0000000009"),
-            Some((Role::Read, "0000000009"))
-        );
-    }
-
-    #[test]
-    fn semaphore_helpers() {
-        let leases = vec![
-            "_c_9e2f5d6a-3b1c-4d2e-8f00-0123456789ab-lease-0000000002".to_string(),
-            "_c_0e2f5d6a-3b1c-4d2e-8f00-0123456789ab-lease-0000000001".to_string(),
-        ];
-        let sorted = sort_by_marker(leases, LEASE_MARKER);
-        assert!(sorted[0].ends_with("0000000001"));
-        assert_eq!(
-            guid_prefix(&sorted[0]),
-            Some("_c_0e2f5d6a-3b1c-4d2e-8f00-0123456789ab-")
-        );
-        assert_eq!(guid_prefix("lease-0000000001"), None);
-        assert_eq!(parse_permits(&permits_data(3)), Some(3));
-        assert_eq!(parse_permits(b"__REVOKE__ permits=7"), Some(7));
-        assert_eq!(parse_permits(b"192.168.0.1"), None);
-        assert_eq!(parse_permits(b"__REVOKE__"), None);
     }
 }
 

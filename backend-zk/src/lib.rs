@@ -3,8 +3,11 @@
 
 mod backend;
 mod config;
+mod core;
 mod error;
 mod fenced;
+mod layout;
+mod monitor;
 mod session;
 
 pub use backend::ZkBackend;

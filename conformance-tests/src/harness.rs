@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use lockcore::backend::Backend;
+use lockcore::backend::{Backend, Capabilities};
 use lockcore::url::{self, Url};
 use lockcore::LockClient;
 
@@ -136,6 +136,46 @@ impl Harness {
         (self.factory)(u.clone())
             .await
             .unwrap_or_else(|e| panic!("connecting to {}: {e}", url::redact(&u)))
+    }
+
+    /// Whether the backend declares every capability `case` needs; if not,
+    /// says so on stderr (a loud skip: the suite runs every case on every
+    /// backend, and the backend's [`Capabilities`] decide).
+    pub async fn supports(&self, case: &str, needs: &[Needs]) -> bool {
+        if needs.is_empty() {
+            return true;
+        }
+        let caps = self.backend("capabilities").await.capabilities();
+        let missing: Vec<&Needs> = needs.iter().filter(|n| !n.met_by(&caps)).collect();
+        if !missing.is_empty() {
+            eprintln!(
+                "SKIPPED: {case} needs {missing:?}, which {} lacks",
+                self.store
+            );
+        }
+        missing.is_empty()
+    }
+}
+
+/// A capability a case needs, checked against the backend's
+/// [`Capabilities`] when the case runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Needs {
+    /// [`Capabilities::rwlock`].
+    RwLock,
+    /// [`Capabilities::semaphore`].
+    Semaphore,
+    /// [`Capabilities::kill_session`].
+    KillSession,
+}
+
+impl Needs {
+    fn met_by(self, caps: &Capabilities) -> bool {
+        match self {
+            Needs::RwLock => caps.rwlock,
+            Needs::Semaphore => caps.semaphore,
+            Needs::KillSession => caps.kill_session,
+        }
     }
 }
 

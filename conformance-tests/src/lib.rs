@@ -9,13 +9,29 @@ pub mod herd;
 pub mod multi;
 pub mod repeat;
 
-pub use harness::{BackendFactory, Case, Flavor, Harness};
+pub use harness::{BackendFactory, Case, Flavor, Harness, Needs};
 
-/// Every case of the suite, for [`suite!`].
+/// Expands to one `#[tokio::test]` per case of the suite, each running
+/// against the [`Harness`] that `$harness` (an expression of type
+/// `Option<Harness>`, evaluated in each test) gives. `None` skips loudly.
+///
+/// Every case is there: the mutex cases, the kill cases, the read-write
+/// lock cases (module `rwlock`) and the semaphore cases (module
+/// `semaphore`), and the mutex cases again on the write side of a
+/// read-write lock and on a semaphore of one permit. A case that needs a
+/// capability the backend does not declare (see [`Needs`]) skips loudly
+/// at run time, so one macro serves every backend.
+///
+/// ```ignore
+/// conformance_tests::suite!(conformance_tests::Harness::from_env(
+///     "QUORUMLOCK_TEST_ETCD_URL",
+///     |url| async move { Ok(std::sync::Arc::new(MyBackend::connect(&url).await?) as _) },
+/// ));
+/// ```
 #[macro_export]
-macro_rules! for_each_case {
-    ($($m:ident)::+, $h:expr) => {
-        $($m)::+!($h;
+macro_rules! suite {
+    ($harness:expr) => {
+        $crate::__conformance_tests_expand!($harness; [];
             exclusion_under_contention,
             tokens_strictly_increase,
             try_acquire_when_held,
@@ -25,8 +41,6 @@ macro_rules! for_each_case {
             reentrancy_by_guard,
             local_owners_exclude_each_other,
             release_by_drop_and_by_release,
-            session_expiry_fires_loss_and_waiter_gets_larger_token,
-            new_session_after_loss,
             forced_break_reports_loss,
             cooperative_revoke,
             cancelled_acquire_at_each_await_point_leaves_nothing,
@@ -42,43 +56,16 @@ macro_rules! for_each_case {
             multi_lock_loss_of_one_is_loss_of_set,
             scoped_run_stops_work_on_loss,
             fenced_writes_refused_after_loss,
-            list_reports_locks_under_a_prefix
+            list_reports_locks_under_a_prefix,
+            kill_session_refuses_a_malformed_id
         );
-    };
-}
-
-/// The mutex cases that also run on a semaphore of one permit and on the
-/// write side of a read-write lock.
-#[doc(hidden)]
-#[macro_export]
-macro_rules! for_each_flavored_case {
-    ($($m:ident)::+, $h:expr) => {
-        $($m)::+!($h;
-            exclusion_under_contention,
-            local_owners_exclude_each_other,
-            tokens_strictly_increase,
-            try_acquire_when_held,
-            holder_between_repeated_cycles,
-            timeout_bounds_and_no_leftover_waiter,
-            fifo_order_across_clients,
-            release_by_drop_and_by_release,
+        $crate::__conformance_tests_expand!($harness; [KillSession];
             session_expiry_fires_loss_and_waiter_gets_larger_token,
-            forced_break_reports_loss,
-            cooperative_revoke,
-            cancelled_acquire_at_each_await_point_leaves_nothing,
-            cancelled_acquire_of_free_lock_leaves_no_holder
+            new_session_after_loss
         );
-    };
-}
-
-/// Read-write lock cases, plus the flavored mutex cases on the write side.
-/// For backends whose capabilities include `rwlock`.
-#[macro_export]
-macro_rules! rwlock_suite {
-    ($harness:expr) => {
         mod rwlock {
             use super::*;
-            $crate::__conformance_tests_expand!($harness;
+            $crate::__conformance_tests_expand!($harness; [RwLock];
                 rw_readers_overlap,
                 rw_writer_excludes_readers_and_writers,
                 rw_writer_not_starved_by_readers,
@@ -91,23 +78,15 @@ macro_rules! rwlock_suite {
             );
             mod write_side {
                 use super::*;
-                $crate::for_each_flavored_case!(
-                    $crate::__conformance_tests_expand,
-                    ($harness).map(|h: $crate::Harness| h.with_flavor($crate::Flavor::RwWrite))
+                $crate::__conformance_tests_flavored!(
+                    ($harness).map(|h: $crate::Harness| h.with_flavor($crate::Flavor::RwWrite));
+                    RwLock
                 );
             }
         }
-    };
-}
-
-/// Semaphore cases, plus the flavored mutex cases on a semaphore of one.
-/// For backends whose capabilities include `semaphore`.
-#[macro_export]
-macro_rules! semaphore_suite {
-    ($harness:expr) => {
         mod semaphore {
             use super::*;
-            $crate::__conformance_tests_expand!($harness;
+            $crate::__conformance_tests_expand!($harness; [Semaphore];
                 semaphore_never_exceeds_permits,
                 semaphore_permit_count_conflict,
                 semaphore_fifo,
@@ -115,42 +94,60 @@ macro_rules! semaphore_suite {
             );
             mod one_permit {
                 use super::*;
-                $crate::for_each_flavored_case!(
-                    $crate::__conformance_tests_expand,
-                    ($harness).map(|h: $crate::Harness| h.with_flavor($crate::Flavor::Semaphore1))
+                $crate::__conformance_tests_flavored!(
+                    ($harness).map(|h: $crate::Harness| h.with_flavor($crate::Flavor::Semaphore1));
+                    Semaphore
                 );
             }
         }
     };
 }
 
-/// Expands to one `#[tokio::test]` per case of the suite, each running
-/// against the [`Harness`] that `$harness` (an expression of type
-/// `Option<Harness>`, evaluated in each test) gives. `None` skips loudly.
-///
-/// ```ignore
-/// conformance_tests::suite!(conformance_tests::Harness::from_env(
-///     "QUORUMLOCK_TEST_ETCD_URL",
-///     |url| async move { Ok(std::sync::Arc::new(MyBackend::connect(&url).await?) as _) },
-/// ));
-/// ```
+/// The mutex cases that also run on a semaphore of one permit and on the
+/// write side of a read-write lock, needing `$need` (and the kill cases
+/// `KillSession` too).
+#[doc(hidden)]
 #[macro_export]
-macro_rules! suite {
-    ($harness:expr) => {
-        $crate::for_each_case!($crate::__conformance_tests_expand, $harness);
+macro_rules! __conformance_tests_flavored {
+    ($h:expr; $need:ident) => {
+        $crate::__conformance_tests_expand!($h; [$need];
+            exclusion_under_contention,
+            local_owners_exclude_each_other,
+            tokens_strictly_increase,
+            try_acquire_when_held,
+            holder_between_repeated_cycles,
+            timeout_bounds_and_no_leftover_waiter,
+            fifo_order_across_clients,
+            release_by_drop_and_by_release,
+            forced_break_reports_loss,
+            cooperative_revoke,
+            cancelled_acquire_at_each_await_point_leaves_nothing,
+            cancelled_acquire_of_free_lock_leaves_no_holder
+        );
+        $crate::__conformance_tests_expand!($h; [$need, KillSession];
+            session_expiry_fires_loss_and_waiter_gets_larger_token
+        );
     };
 }
 
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __conformance_tests_expand {
-    ($h:expr; $($case:ident),* $(,)?) => {
+    (@needs $needs:expr; $h:expr; $($case:ident),*) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $case() {
                 let Some(harness) = $h else { return };
+                if !harness.supports(stringify!($case), $needs).await {
+                    return;
+                }
                 $crate::cases::$case(&harness).await;
             }
         )*
+    };
+    ($h:expr; [$($need:ident),*]; $($case:ident),* $(,)?) => {
+        $crate::__conformance_tests_expand!(
+            @needs &[$($crate::Needs::$need),*]; $h; $($case),*
+        );
     };
 }

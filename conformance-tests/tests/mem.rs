@@ -14,5 +14,3 @@ fn harness() -> Option<Harness> {
 }
 
 conformance_tests::suite!(harness());
-conformance_tests::rwlock_suite!(harness());
-conformance_tests::semaphore_suite!(harness());

@@ -4,8 +4,7 @@
 
 use std::time::Duration;
 
-use crate::signal::LossReason;
-use crate::{ErrorKind, LockKind};
+use crate::{ErrorKind, LockKind, LossReason};
 
 fn kind_label(kind: LockKind) -> &'static str {
     match kind {

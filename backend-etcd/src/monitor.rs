@@ -1,0 +1,260 @@
+//! What watches a session and its held keys: the lease keepalive, and
+//! the watch of each held key (through the shared [`crate::watch`] hub).
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::GetOptions;
+use lockcore::backend::{EntrySignals, SessionLiveness};
+use lockcore::{ErrorKind, LossReason};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::core::Core;
+use crate::error;
+use crate::watch::{Sink, WatchEvent};
+
+/// The keepalive loop: one `LeaseKeepAlive` stream, one request every
+/// TTL/3 (every TTL/10 while the link is slow). Requests are not held back by slow answers: etcd answers them in
+/// order, so each answer is matched with its request's send time, and an
+/// answer with `ttl > 0` confirms the lease from that send time, however
+/// late it comes. An answer with ttl 0 (or "lease not found") means the
+/// lease is gone. A stream that breaks, or leaves a request unanswered for
+/// a whole TTL, is replaced.
+pub(crate) async fn keepalive(
+    inner: Arc<Core>,
+    id: i64,
+    ttl: Duration,
+    liveness: Arc<SessionLiveness>,
+    stop: CancellationToken,
+) {
+    let period = ttl / 3;
+    let fast = ttl / 10;
+    let retry = period.min(Duration::from_millis(300));
+    let mut next = Instant::now() + period;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = liveness.lost() => return,
+            _ = tokio::time::sleep_until(next) => {}
+        }
+        // Opening the stream sends the first keepalive and waits for its
+        // answer; it fails with "lease not found" when the lease is gone.
+        let sent = Instant::now();
+        inner.requests.fetch_add(1, Ordering::Relaxed);
+        let mut lease = inner.client.lease_client();
+        let opened = tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = liveness.lost() => return,
+            r = tokio::time::timeout(ttl, lease.keep_alive(id)) => r,
+        };
+        let (mut keeper, mut answers) = match opened {
+            Ok(Ok(s)) => {
+                liveness.confirm(sent, ttl);
+                s
+            }
+            Ok(Err(e)) => {
+                let e = error::map(e, "lease keepalive");
+                if e.kind() == ErrorKind::SessionLost {
+                    tracing::warn!("etcd lease not found");
+                    liveness.lose(LossReason::SessionExpired);
+                    return;
+                }
+                tracing::debug!(error = %e, "opening the keepalive stream failed; retrying");
+                next = Instant::now() + retry;
+                continue;
+            }
+            Err(_) => {
+                tracing::debug!("the keepalive stream did not open within the TTL; retrying");
+                next = Instant::now();
+                continue;
+            }
+        };
+        let mut last_sent = sent;
+        let mut last_rtt = sent.elapsed();
+        let mut pending: VecDeque<Instant> = VecDeque::new();
+        loop {
+            let stale = pending.front().map(|s| *s + ttl);
+            // A slow link (an answer took more than TTL/10, or one is
+            // overdue by that much) renews every TTL/10 instead of TTL/3:
+            // the deadline runs from the send time of the newest answered
+            // request, so sending more often keeps it from falling behind
+            // by the latency plus a whole period.
+            let slow = last_rtt > fast || pending.front().is_some_and(|s| s.elapsed() > fast);
+            let next = last_sent + if slow { fast } else { period };
+            // Also wake when the oldest answer becomes overdue, to switch.
+            let wake = match pending.front() {
+                Some(f) if !slow => next.min(*f + fast),
+                _ => next,
+            };
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = liveness.lost() => return,
+                _ = tokio::time::sleep_until(wake) => {
+                    let now = Instant::now();
+                    if now < next {
+                        continue;
+                    }
+                    inner.requests.fetch_add(1, Ordering::Relaxed);
+                    if keeper.keep_alive().await.is_err() {
+                        break;
+                    }
+                    pending.push_back(now);
+                    last_sent = now;
+                }
+                answer = answers.message() => match answer {
+                    Ok(Some(r)) => {
+                        let Some(sent) = pending.pop_front() else { continue };
+                        last_rtt = sent.elapsed();
+                        if r.ttl() > 0 {
+                            liveness.confirm(sent, Duration::from_secs(r.ttl() as u64));
+                        } else {
+                            tracing::warn!("etcd lease expired");
+                            liveness.lose(LossReason::SessionExpired);
+                            return;
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        let e = error::map(e, "lease keepalive");
+                        if e.kind() == ErrorKind::SessionLost {
+                            liveness.lose(LossReason::SessionExpired);
+                            return;
+                        }
+                        tracing::debug!(error = %e, "keepalive stream failed");
+                        break;
+                    }
+                },
+                _ = tokio::time::sleep_until(stale.unwrap_or(next)), if stale.is_some() => {
+                    tracing::debug!("a keepalive went unanswered for a TTL; reopening the stream");
+                    break;
+                }
+            }
+        }
+        next = Instant::now() + retry;
+    }
+}
+
+/// A held entry as the watch task keeps it: what a delete or put on its
+/// key means. A few hundred bytes per held lock.
+pub(crate) struct HeldEntry {
+    pub(crate) inner: Arc<Core>,
+    pub(crate) liveness: Arc<SessionLiveness>,
+    pub(crate) lease: i64,
+    pub(crate) signals: EntrySignals,
+    pub(crate) key: Box<str>,
+    pub(crate) token: i64,
+}
+
+impl HeldEntry {
+    pub(crate) fn copy(&self) -> HeldEntry {
+        HeldEntry {
+            inner: self.inner.clone(),
+            liveness: self.liveness.clone(),
+            lease: self.lease,
+            signals: self.signals.clone(),
+            key: self.key.clone(),
+            token: self.token,
+        }
+    }
+
+    /// Watches our key from revision `from`; `later`: after
+    /// [`lockcore::backend::HELD_WATCH_DELAY`], if still held then.
+    pub(crate) fn subscribe(self, from: i64, later: bool) {
+        let (inner, key) = (self.inner.clone(), self.key.as_bytes().to_vec());
+        inner.hub.subscribe(key, from, Arc::new(self), later);
+    }
+
+    /// etcd cancelled the watch (compaction past its start) or refused to
+    /// create it: re-read the key after `first`, then watch again from
+    /// there (a failed read is retried, 2 s apart at most).
+    pub(crate) async fn rewatch(self, first: Duration) {
+        let mut delay = first;
+        loop {
+            tokio::select! {
+                _ = self.signals.finished() => return,
+                _ = tokio::time::sleep(delay) => {}
+            }
+            delay = (delay * 2).min(Duration::from_secs(2));
+            let resp = match self
+                .inner
+                .get("re-read held entry", self.key.as_bytes(), GetOptions::new())
+                .await
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::debug!(error = %e, key = %self.key, "re-reading a held entry failed");
+                    continue;
+                }
+            };
+            match resp.kvs().first() {
+                Some(kv) if kv.create_revision() == self.token => {
+                    if kv.mod_revision() > self.token {
+                        self.signals.request_revoke();
+                    }
+                }
+                _ => return self.deleted().await,
+            }
+            if self.signals.is_finished() {
+                return;
+            }
+            let from = resp.header().map_or(0, |h| h.revision()) + 1;
+            return self.subscribe(from, false);
+        }
+    }
+
+    /// Our key is gone: a forced break, or our lease ended with it.
+    pub(crate) async fn deleted(self) {
+        if let Some(reason) = self.liveness.loss() {
+            self.signals.lose(reason);
+            return;
+        }
+        match self.inner.lease_alive(self.lease).await {
+            Ok(false) => {
+                self.signals.lose(LossReason::SessionExpired);
+                self.liveness.lose(LossReason::SessionExpired);
+            }
+            _ => self.signals.lose(LossReason::EntryDeleted),
+        }
+        tracing::debug!(key = %self.key, reason = ?self.signals.loss(), "held entry lost");
+    }
+}
+
+impl Sink for HeldEntry {
+    fn event(&self, ev: WatchEvent) -> bool {
+        if self.signals.is_finished() {
+            return false; // our own release or abandon
+        }
+        match ev {
+            WatchEvent::Created(_) => true,
+            WatchEvent::Put(kv) => {
+                if kv.mod_revision() > self.token {
+                    tracing::debug!(key = %self.key, "revoke requested");
+                    self.signals.request_revoke();
+                }
+                true
+            }
+            WatchEvent::Delete => {
+                tokio::spawn(self.copy().deleted());
+                false
+            }
+            WatchEvent::Lost => {
+                tokio::spawn(self.copy().rewatch(Duration::from_millis(100)));
+                false
+            }
+            WatchEvent::Refused => {
+                // No watch on our key any more: re-read it and watch again,
+                // later than after a compaction (the next create may be
+                // refused as well).
+                tokio::spawn(self.copy().rewatch(Duration::from_secs(1)));
+                false
+            }
+        }
+    }
+
+    fn closed(&self) -> bool {
+        self.signals.is_finished()
+    }
+}

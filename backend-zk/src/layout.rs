@@ -1,0 +1,219 @@
+//! Curator's node layout: node names and markers, the order of a queue,
+//! what each contender waits for, the data of revoke, break and
+//! semaphore nodes.
+
+use lockcore::LockKind;
+
+/// The data Curator's `Revoker` writes on a holder's node.
+pub(crate) const REVOKE_MESSAGE: &[u8] = b"__REVOKE__";
+/// The data `break_lock` writes on a holder's node before deleting it, so
+/// that our holder (watching its own node) learns of the break one write
+/// before any waiter can be granted.
+pub(crate) const BREAK_MESSAGE: &[u8] = b"__BREAK__";
+/// The text before the sequence number in a contender node's name.
+pub(crate) const LOCK_MARKER: &str = "lock-";
+/// The marker of a read contender (Curator's `InterProcessReadWriteLock`).
+pub(crate) const READ_MARKER: &str = "__READ__";
+/// The marker of a write contender.
+pub(crate) const WRITE_MARKER: &str = "__WRIT__";
+/// The marker of a semaphore lease (Curator's `InterProcessSemaphoreV2`).
+pub(crate) const LEASE_MARKER: &str = "lease-";
+/// The child of a semaphore node holding its internal mutex.
+pub(crate) const SEM_LOCKS: &str = "locks";
+/// The child of a semaphore node holding its leases.
+pub(crate) const SEM_LEASES: &str = "leases";
+
+/// What a contender directly under a lock node asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// `-lock-`: a mutex; it waits like a writer.
+    Mutex,
+    /// `-__READ__`.
+    Read,
+    /// `-__WRIT__`.
+    Write,
+}
+
+impl Role {
+    pub(crate) fn of(kind: LockKind) -> Role {
+        match kind {
+            LockKind::Read => Role::Read,
+            LockKind::Write => Role::Write,
+            _ => Role::Mutex,
+        }
+    }
+
+    pub(crate) fn marker(self) -> &'static str {
+        match self {
+            Role::Mutex => LOCK_MARKER,
+            Role::Read => READ_MARKER,
+            Role::Write => WRITE_MARKER,
+        }
+    }
+
+    pub(crate) fn kind(self) -> LockKind {
+        match self {
+            Role::Mutex => LockKind::Exclusive,
+            Role::Read => LockKind::Read,
+            Role::Write => LockKind::Write,
+        }
+    }
+}
+
+/// The role of a contender and the part of its name that orders it: the
+/// text after the LAST marker (Curator's `fixForSorting`, which the
+/// read-write lock applies for both of its markers). `None` for other
+/// children (nested locks, a semaphore's `locks`/`leases`).
+pub(crate) fn classify(child: &str) -> Option<(Role, &str)> {
+    let mut best: Option<(usize, Role)> = None;
+    for role in [Role::Mutex, Role::Read, Role::Write] {
+        if let Some(i) = child.rfind(role.marker()) {
+            match best {
+                Some((j, _)) if j >= i => {}
+                _ => best = Some((i, role)),
+            }
+        }
+    }
+    best.map(|(i, role)| (role, &child[i + role.marker().len()..]))
+}
+
+/// The part of a contender's name that orders it.
+pub(crate) fn sort_key(child: &str) -> &str {
+    classify(child).map_or(child, |(_, k)| k)
+}
+
+/// Contender children (mutex, read and write entries: one queue) sorted by
+/// their sequence number; other children (nested locks) are left out.
+pub(crate) fn sort_contenders(children: Vec<String>) -> Vec<String> {
+    let mut v: Vec<String> = children
+        .into_iter()
+        .filter(|c| classify(c).is_some())
+        .collect();
+    v.sort_by(|a, b| sort_key(a).cmp(sort_key(b)));
+    v
+}
+
+/// What the entry at `index` of `sorted` (of `role`) waits for: `None` if
+/// it holds, else the index of the one entry it watches. A reader waits
+/// for the nearest mutex or writer ahead of it; anything else for its
+/// predecessor.
+pub(crate) fn blocker(sorted: &[String], index: usize, role: Role) -> Option<usize> {
+    match role {
+        Role::Read => (0..index)
+            .rev()
+            .find(|&j| !matches!(classify(&sorted[j]), Some((Role::Read, _)))),
+        Role::Mutex | Role::Write => index.checked_sub(1),
+    }
+}
+
+/// Lease (or semaphore lock) children sorted by their sequence number.
+pub(crate) fn sort_by_marker(children: Vec<String>, marker: &str) -> Vec<String> {
+    let key = |c: &String| c.rfind(marker).map_or(c.len(), |i| i + marker.len());
+    let mut v: Vec<String> = children
+        .into_iter()
+        .filter(|c| c.contains(marker))
+        .collect();
+    v.sort_by(|a, b| a[key(a)..].cmp(&b[key(b)..]));
+    v
+}
+
+/// The data of our semaphore nodes: `permits=<N>`.
+pub(crate) fn permits_data(permits: u32) -> Vec<u8> {
+    format!("permits={permits}").into_bytes()
+}
+
+/// The permit count in a semaphore node's data (ours write `permits=N`,
+/// also after a revoke marker); `None` for Curator's (its host address or
+/// user data).
+pub(crate) fn parse_permits(data: &[u8]) -> Option<u32> {
+    let s = std::str::from_utf8(data).ok()?;
+    let i = s.rfind("permits=")?;
+    s[i + "permits=".len()..].trim().parse().ok()
+}
+
+/// The `_c_<uuid>-` prefix of a protected node name, if it has one.
+pub(crate) fn guid_prefix(child: &str) -> Option<&str> {
+    let rest = child.strip_prefix("_c_")?;
+    (rest.len() > 37 && rest.as_bytes()[36] == b'-').then(|| &child[..3 + 37])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sorts_like_curator() {
+        let kids = vec![
+            "_c_b-lock-0000000003".to_string(),
+            "nested".to_string(),
+            "_c_a-lock-0000000001".to_string(),
+            "_c_c-lock-0000000002".to_string(),
+        ];
+        assert_eq!(
+            sort_contenders(kids),
+            vec![
+                "_c_a-lock-0000000001",
+                "_c_c-lock-0000000002",
+                "_c_b-lock-0000000003"
+            ]
+        );
+        assert_eq!(sort_key("_c_x-lock-y-lock-0000000007"), "0000000007");
+    }
+
+    #[test]
+    fn rw_and_mutex_entries_form_one_queue() {
+        let kids = vec![
+            "_c_b-__WRIT__0000000004".to_string(),
+            "_c_a-__READ__0000000001".to_string(),
+            "leases".to_string(),
+            "_c_c-__READ__0000000002".to_string(),
+            "_c_d-lock-0000000003".to_string(),
+            "_c_e-__READ__0000000005".to_string(),
+        ];
+        let sorted = sort_contenders(kids);
+        assert_eq!(
+            sorted,
+            vec![
+                "_c_a-__READ__0000000001",
+                "_c_c-__READ__0000000002",
+                "_c_d-lock-0000000003",
+                "_c_b-__WRIT__0000000004",
+                "_c_e-__READ__0000000005",
+            ]
+        );
+        // Both readers ahead of the mutex hold; the mutex waits for its
+        // predecessor; the writer for the mutex; the last reader for the
+        // nearest writer ahead.
+        assert_eq!(blocker(&sorted, 0, Role::Read), None);
+        assert_eq!(blocker(&sorted, 1, Role::Read), None);
+        assert_eq!(blocker(&sorted, 2, Role::Mutex), Some(1));
+        assert_eq!(blocker(&sorted, 3, Role::Write), Some(2));
+        assert_eq!(blocker(&sorted, 4, Role::Read), Some(3));
+        assert_eq!(blocker(&sorted, 0, Role::Write), None);
+        assert_eq!(classify("locks"), None);
+        assert_eq!(classify("leases"), None);
+        assert_eq!(
+            classify("_c_x-__READ__0000000009"),
+            Some((Role::Read, "0000000009"))
+        );
+    }
+
+    #[test]
+    fn semaphore_helpers() {
+        let leases = vec![
+            "_c_9e2f5d6a-3b1c-4d2e-8f00-0123456789ab-lease-0000000002".to_string(),
+            "_c_0e2f5d6a-3b1c-4d2e-8f00-0123456789ab-lease-0000000001".to_string(),
+        ];
+        let sorted = sort_by_marker(leases, LEASE_MARKER);
+        assert!(sorted[0].ends_with("0000000001"));
+        assert_eq!(
+            guid_prefix(&sorted[0]),
+            Some("_c_0e2f5d6a-3b1c-4d2e-8f00-0123456789ab-")
+        );
+        assert_eq!(guid_prefix("lease-0000000001"), None);
+        assert_eq!(parse_permits(&permits_data(3)), Some(3));
+        assert_eq!(parse_permits(b"__REVOKE__ permits=7"), Some(7));
+        assert_eq!(parse_permits(b"192.168.0.1"), None);
+        assert_eq!(parse_permits(b"__REVOKE__"), None);
+    }
+}

@@ -1,0 +1,71 @@
+//! Listing the locks under a prefix.
+
+use super::*;
+
+/// `list` reports every held or awaited lock under a prefix (whole
+/// segments: `jobs` covers `jobs/a/nested`, not `jobsx`), in name order,
+/// with the holders and waiters `inspect` shows; free locks are left out
+/// and a bad prefix is refused.
+pub async fn list_reports_locks_under_a_prefix(h: &Harness) {
+    let case = h.case();
+    let (a, b) = (case.client().await, case.client().await);
+    let caps = a.backend().capabilities();
+    let held = a.lock("jobs/a").unwrap().acquire().await.unwrap();
+    let nested = if caps.rwlock {
+        a.rwlock("jobs/a/nested").unwrap().read().await.unwrap()
+    } else {
+        a.lock("jobs/a/nested").unwrap().acquire().await.unwrap()
+    };
+    let other = a.lock("jobsx").unwrap().acquire().await.unwrap();
+    let freed = a.lock("jobs/freed").unwrap().acquire().await.unwrap();
+    freed.release().await.unwrap();
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move { b.lock("jobs/a").unwrap().acquire().await?.release().await })
+    };
+    eventually("the waiter to queue", || async {
+        waiters(&a, "jobs/a").await == 1
+    })
+    .await;
+
+    let names = |v: &[lockcore::LockState]| -> Vec<String> {
+        v.iter().map(|s| s.name.as_str().to_string()).collect()
+    };
+    let under = a.list("jobs").await.unwrap();
+    assert_eq!(names(&under), ["jobs/a", "jobs/a/nested"], "{under:#?}");
+    assert_eq!(under[0].holders.len(), 1);
+    assert_eq!(under[0].holders[0].token, held.token());
+    assert_eq!(under[0].holders[0].session, held.session_id());
+    assert_eq!(under[0].holders[0].kind, lockcore::LockKind::Exclusive);
+    assert_eq!(under[0].waiters.len(), 1, "{under:#?}");
+    assert_eq!(under[0].waiters[0].session, b.session_id().await.unwrap());
+    assert_eq!(under[1].holders[0].token, nested.token());
+    if caps.rwlock {
+        assert_eq!(under[1].holders[0].kind, lockcore::LockKind::Read);
+    }
+    assert_eq!(
+        under,
+        a.list("jobs/").await.unwrap(),
+        "a trailing / is ignored"
+    );
+    assert_eq!(
+        names(&a.list("jobs/a").await.unwrap()),
+        ["jobs/a", "jobs/a/nested"]
+    );
+    assert_eq!(
+        names(&a.list("").await.unwrap()),
+        ["jobs/a", "jobs/a/nested", "jobsx"]
+    );
+    assert!(a.list("nothing/here").await.unwrap().is_empty());
+    assert_kind(a.list("bad name").await, ErrorKind::InvalidName, "list");
+
+    held.release().await.unwrap();
+    waiter.await.unwrap().unwrap();
+    nested.release().await.unwrap();
+    other.release().await.unwrap();
+    assert!(
+        a.list("").await.unwrap().is_empty(),
+        "released locks are still listed"
+    );
+    case.finish().await;
+}

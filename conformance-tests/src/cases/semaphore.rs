@@ -1,0 +1,134 @@
+//! Semaphore cases (backends with `Capabilities::semaphore`).
+
+use super::*;
+
+/// Many clients contend for 3 permits: never more than 3 holders, and 3 at
+/// once is reached (it is not a mutex).
+pub async fn semaphore_never_exceeds_permits(h: &Harness) {
+    let case = h.case();
+    let clients = case.clients(6).await;
+    let inside = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for c in &clients {
+        let (c, inside, most) = (c.clone(), inside.clone(), most.clone());
+        tasks.push(tokio::spawn(async move {
+            let sem = c.semaphore("pool", 3).unwrap();
+            for _ in 0..3 {
+                let g = tokio::time::timeout(SOON, sem.acquire())
+                    .await
+                    .expect("permit")
+                    .unwrap();
+                let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(60)).await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                g.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert!(
+        most.load(Ordering::SeqCst) <= 3,
+        "more than 3 holders at once"
+    );
+    assert_eq!(
+        most.load(Ordering::SeqCst),
+        3,
+        "never 3 holders at once: not a semaphore"
+    );
+    case.finish().await;
+}
+
+/// Asking with a different permit count than the holders use is a clear
+/// conflict, not a wait; zero permits is rejected before any I/O.
+pub async fn semaphore_permit_count_conflict(h: &Harness) {
+    let case = h.case();
+    let (a, b) = (case.client().await, case.client().await);
+    assert_kind(
+        a.semaphore("limit", 0).map(|_| ()),
+        ErrorKind::InvalidArgument,
+        "zero permits",
+    );
+    let g = a.semaphore("limit", 3).unwrap().acquire().await.unwrap();
+    assert_kind(
+        b.semaphore("limit", 2).unwrap().try_acquire().await,
+        ErrorKind::Conflict,
+        "try with 2 of 3",
+    );
+    let r = tokio::time::timeout(SOON, b.semaphore("limit", 2).unwrap().acquire()).await;
+    assert_kind(
+        r.expect("a conflicting acquire must fail, not wait"),
+        ErrorKind::Conflict,
+        "acquire with 2 of 3",
+    );
+    assert_eq!(
+        waiters(&a, "limit").await,
+        0,
+        "conflicting request left an entry"
+    );
+    g.release().await.unwrap();
+    case.finish().await;
+}
+
+/// Permits go to waiters in arrival order.
+pub async fn semaphore_fifo(h: &Harness) {
+    let case = h.case();
+    let holders = case.clients(2).await;
+    let clients = case.clients(3).await;
+    let mut held = Vec::new();
+    for c in &holders {
+        held.push(c.semaphore("fifo", 2).unwrap().acquire().await.unwrap());
+    }
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for (i, c) in clients.iter().enumerate() {
+        let (c, order) = (c.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let g = c.semaphore("fifo", 2).unwrap().acquire().await.unwrap();
+            order.lock().unwrap().push(i);
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            g.release().await.unwrap();
+        }));
+        eventually("the waiter to queue", || async {
+            waiters(&holders[0], "fifo").await == i + 1
+        })
+        .await;
+    }
+    // Release one permit at a time so the order is observable.
+    for g in held {
+        g.release().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    assert_eq!(order[0], 0, "first waiter not served first: {order:?}");
+    assert_eq!(order.len(), 3);
+    case.finish().await;
+}
+
+/// One client holds at most one permit of a semaphore at a time; its other
+/// owners queue locally (as `consul lock -n` counts one holder per session).
+pub async fn semaphore_one_permit_per_client(h: &Harness) {
+    let case = h.case();
+    let a = case.client().await;
+    let sem = a.semaphore("per-client", 3).unwrap();
+    let g = sem.acquire().await.unwrap();
+    assert_kind(
+        sem.try_acquire().await,
+        ErrorKind::WouldBlock,
+        "second permit on one client",
+    );
+    g.release().await.unwrap();
+    sem.try_acquire()
+        .await
+        .expect("free again")
+        .release()
+        .await
+        .unwrap();
+    case.finish().await;
+}
