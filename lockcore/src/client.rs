@@ -581,17 +581,30 @@ pub(crate) enum Mode {
     Until(Instant),
 }
 
-/// Exponential backoff from 50 ms to 2 s.
-#[derive(Default)]
-struct Backoff {
-    next: Option<Duration>,
+/// Exponential backoff from 50 ms to 2 s, with jitter (so that clients
+/// that lost the store together do not retry in step), without end.
+struct Backoff(backon::ExponentialBackoff);
+
+const BACKOFF_MIN: Duration = Duration::from_millis(50);
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+impl Default for Backoff {
+    fn default() -> Self {
+        use backon::BackoffBuilder;
+        Backoff(
+            backon::ExponentialBuilder::default()
+                .with_min_delay(BACKOFF_MIN)
+                .with_max_delay(BACKOFF_MAX)
+                .with_jitter()
+                .without_max_times()
+                .build(),
+        )
+    }
 }
 
 impl Backoff {
     async fn wait(&mut self) {
-        let d = self.next.unwrap_or(Duration::from_millis(50));
-        self.next = Some((d * 2).min(Duration::from_secs(2)));
-        tokio::time::sleep(d).await;
+        tokio::time::sleep(self.0.next().unwrap_or(BACKOFF_MAX)).await;
     }
 }
 

@@ -188,27 +188,35 @@ impl Options {
     }
 }
 
-/// Parses `500ms`, `10s`, `2m`, `1h`, or a bare number of seconds.
+/// Parses a duration: `humantime`'s forms (`250ms`, `1.5s`, `10s`,
+/// `1m30s`, `2h`), or a bare number of seconds (`0`, `5`, `0.5`), as
+/// `flock -w` takes it.
 pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
     let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| "expected a whole number with a unit such as 500ms, 10s, 2m".to_string())?;
-    let d = match unit {
-        "ms" => Duration::from_millis(n),
-        "" | "s" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n.saturating_mul(60)),
-        "h" => Duration::from_secs(n.saturating_mul(3600)),
-        u => return Err(format!("unknown unit {u:?} (use ms, s, m or h)")),
-    };
-    Ok(d)
+    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+        let secs: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+        return Duration::try_from_secs_f64(secs).map_err(|e| e.to_string());
+    }
+    humantime::parse_duration(s).map_err(|e| format!("{e} (e.g. 250ms, 1.5s, 10s, 1m30s)"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_take_humantime_and_bare_seconds() {
+        let ms = Duration::from_millis;
+        assert_eq!(parse_duration("1.5s").unwrap(), ms(1500));
+        assert_eq!(parse_duration("1m30s").unwrap(), ms(90_000));
+        assert_eq!(parse_duration("250ms").unwrap(), ms(250));
+        assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
+        assert_eq!(parse_duration("5").unwrap(), ms(5000));
+        assert_eq!(parse_duration("0.5").unwrap(), ms(500));
+        for bad in ["", "soon", "1.2.3", "-1s", "5 parsecs"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} accepted");
+        }
+    }
 
     #[test]
     fn redacts_password_and_token() {

@@ -305,15 +305,9 @@ pub struct BreakArgs {
 }
 
 /// `humantime` durations (`250ms`, `1.5s`, `1m30s`), and a bare number of
-/// seconds as flock's `-w` takes (`0`, `5`, `0.5`).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
-        let secs: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
-        return Duration::try_from_secs_f64(secs).map_err(|e| e.to_string());
-    }
-    humantime::parse_duration(s).map_err(|e| format!("{e} (e.g. 250ms, 1.5s, 10s, 1m30s)"))
-}
+/// seconds as flock's `-w` takes (`0`, `5`, `0.5`): the library's parser,
+/// so that URL options and flags read durations alike.
+pub use quorumlock::url::parse_duration;
 
 /// Parses the command line, runs it and returns the exit status.
 pub fn main() -> ExitCode {
@@ -518,20 +512,6 @@ mod tests {
         assert_eq!(human(Duration::from_millis(12_340)), "12.3s");
         assert_eq!(human(Duration::from_secs(245)), "4m05s");
         assert_eq!(human(Duration::from_secs(7620)), "2h07m");
-    }
-
-    #[test]
-    fn durations_take_humantime_and_bare_seconds() {
-        let ms = Duration::from_millis;
-        assert_eq!(parse_duration("1.5s").unwrap(), ms(1500));
-        assert_eq!(parse_duration("1m30s").unwrap(), ms(90_000));
-        assert_eq!(parse_duration("250ms").unwrap(), ms(250));
-        assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
-        assert_eq!(parse_duration("5").unwrap(), ms(5000));
-        assert_eq!(parse_duration("0.5").unwrap(), ms(500));
-        for bad in ["", "soon", "1.2.3", "-1s", "5 parsecs"] {
-            assert!(parse_duration(bad).is_err(), "{bad:?} accepted");
-        }
     }
 
     #[test]
