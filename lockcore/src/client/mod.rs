@@ -1,23 +1,32 @@
 //! The client layer: everything about locking that is the same on every
 //! store. Backends only speak their protocol (see [`crate::backend`]).
+//! `mod.rs`: the client and its acquire; `guard.rs`: holds; `shared.rs`:
+//! what both use.
+
+mod guard;
+mod shared;
+
+pub use guard::{LockGuard, Reentry};
+pub(crate) use shared::Mode;
 
 use std::collections::HashMap;
 use std::fmt;
-use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use tokio::sync::{oneshot, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::availability::{name_holders, ClientOptions, Unreachable};
-use crate::backend::{AcquireRequest, Acquired, Backend, StoreSession};
+use crate::backend::{AcquireRequest, Backend};
 use crate::signal::{LossReason, SessionLiveness};
 use crate::telemetry;
 use crate::{Error, ErrorKind, LockName, Result};
 use crate::{LockKind, LockState};
+
+use shared::*;
 
 /// A handle to one store, cheap to clone; all clones share one session.
 ///
@@ -33,58 +42,6 @@ use crate::{LockKind, LockState};
 #[derive(Clone)]
 pub struct LockClient {
     inner: Arc<ClientInner>,
-}
-
-struct ClientInner {
-    backend: Arc<dyn Backend>,
-    options: ClientOptions,
-    session: tokio::sync::Mutex<Option<Arc<SessionSlot>>>,
-    local: StdMutex<HashMap<LockName, Arc<Semaphore>>>,
-    cleanup: Cleanup,
-    runtime: tokio::runtime::Handle,
-}
-
-/// The last handle (client, guard or background job) is gone: end the
-/// session so that its keepalive stops and the store frees it now rather
-/// than after the TTL.
-impl Drop for ClientInner {
-    fn drop(&mut self) {
-        if let Some(slot) = self.session.get_mut().take() {
-            // The session's supervisor ends it on the store.
-            slot.liveness.lose(LossReason::ClientClosed);
-        }
-    }
-}
-
-/// The one client-side task per session: turns a passed local deadline
-/// into a loss, and once the session is lost for any reason ends it on the
-/// store, so that no keepalive outlives a session we gave up on (its
-/// entries would otherwise stay until the server expired it).
-async fn supervise(
-    store: Arc<dyn StoreSession>,
-    liveness: Arc<SessionLiveness>,
-    closed: tokio_util::sync::CancellationToken,
-) {
-    liveness.clone().watchdog().await;
-    if let Err(e) = store.close().await {
-        tracing::debug!(error = %e, session = %store.id(), "ending a lost session failed; the store expires it by TTL");
-    }
-    closed.cancel();
-}
-
-/// The current store session and its liveness.
-struct SessionSlot {
-    store: Arc<dyn StoreSession>,
-    liveness: Arc<SessionLiveness>,
-    /// Cancelled by the supervisor once the session is ended on the store.
-    closed: tokio_util::sync::CancellationToken,
-}
-
-/// Background release/abandon jobs and a way to wait for them.
-#[derive(Default)]
-struct Cleanup {
-    pending: AtomicUsize,
-    idle: Notify,
 }
 
 impl fmt::Debug for LockClient {
@@ -419,17 +376,13 @@ impl LockClient {
                     Some(Ok(acquired)) if session.liveness.is_alive() => {
                         let ticket = pending.disarm();
                         tracing::debug!(token = acquired.token, entry = %acquired.entry, "acquired");
-                        return Ok(LockGuard {
-                            held: Some(Held {
-                                client: self.inner.clone(),
-                                session,
-                                req,
-                                acquired,
-                                ticket,
-                                since: Instant::now(),
-                            }),
-                            depth: 1,
-                        });
+                        return Ok(LockGuard::granted(
+                            self.inner.clone(),
+                            session,
+                            req,
+                            acquired,
+                            ticket,
+                        ));
                     }
                     Some(Ok(_)) => {
                         // Granted, but the session died meanwhile: never
@@ -482,210 +435,6 @@ impl LockClient {
         }
         .instrument(span)
         .await
-    }
-}
-
-fn spawn_cleanup(inner: &Arc<ClientInner>, job: impl Future<Output = ()> + Send + 'static) {
-    inner.cleanup.pending.fetch_add(1, Ordering::AcqRel);
-    let inner2 = inner.clone();
-    inner.runtime.spawn(async move {
-        job.await;
-        if inner2.cleanup.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
-            inner2.cleanup.idle.notify_waiters();
-        }
-    });
-}
-
-fn would_block(name: &LockName) -> Error {
-    Error::new(ErrorKind::WouldBlock, format!("lock {name} is held"))
-}
-
-fn timed_out(name: &LockName) -> Error {
-    Error::new(
-        ErrorKind::Timeout,
-        format!("lock {name} was not acquired in time"),
-    )
-}
-
-/// The earlier of two optional instants.
-fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
-}
-
-/// Runs `f` until `deadline`; `None` if the deadline came first.
-async fn until<F: Future>(deadline: Option<Instant>, f: F) -> Option<F::Output> {
-    match deadline {
-        None => Some(f.await),
-        Some(d) => tokio::time::timeout_at(d, f).await.ok(),
-    }
-}
-
-/// Removes a store entry, retrying transient failures until it is gone or
-/// the session is dead (then the store removes it with the session).
-///
-/// Each attempt races the session's loss: a request stuck on a dead link
-/// (the store's client library may queue it until it gives up) ends when
-/// the session's local deadline passes, so a removal never outlives the
-/// session it belongs to.
-async fn remove_entry(session: &SessionSlot, req: &AcquireRequest, held: Option<&Acquired>) {
-    let mut backoff = Backoff::default();
-    loop {
-        if !session.liveness.is_alive() {
-            return;
-        }
-        let attempt = async {
-            // A write of the attempt still in flight could land after
-            // the removal and leave its entry behind.
-            req.writes.settled().await;
-            match held {
-                Some(h) => session.store.release(req, h).await,
-                None => session.store.abandon(req).await,
-            }
-        };
-        let r = tokio::select! {
-            r = attempt => r,
-            _ = session.liveness.lost() => return,
-        };
-        let op = if held.is_some() { "release" } else { "abandon" };
-        telemetry::store_call(op, r.as_ref().err().map(Error::kind));
-        match r {
-            Ok(()) => return,
-            Err(e) if e.is_retryable() => {
-                tracing::debug!(error = %e, lock = %req.name, "removing entry failed, retrying");
-                tokio::select! {
-                    () = backoff.wait() => {}
-                    _ = session.liveness.lost() => return,
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, lock = %req.name, "removing entry failed");
-                return;
-            }
-        }
-    }
-}
-
-/// How long a timed-out or failed acquire waits for the store to confirm
-/// that its entry is gone before returning; past it the removal goes on in
-/// the background ([`LockClient::wait_idle`] waits for it).
-const ABANDON_GRACE: Duration = Duration::from_millis(100);
-
-/// How long an acquire may wait.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Mode {
-    Try,
-    Wait,
-    Until(Instant),
-}
-
-/// Exponential backoff from 50 ms to 2 s, with jitter (so that clients
-/// that lost the store together do not retry in step), without end.
-struct Backoff(backon::ExponentialBackoff);
-
-const BACKOFF_MIN: Duration = Duration::from_millis(50);
-const BACKOFF_MAX: Duration = Duration::from_secs(2);
-
-impl Default for Backoff {
-    fn default() -> Self {
-        use backon::BackoffBuilder;
-        Backoff(
-            backon::ExponentialBuilder::default()
-                .with_min_delay(BACKOFF_MIN)
-                .with_max_delay(BACKOFF_MAX)
-                .with_jitter()
-                .without_max_times()
-                .build(),
-        )
-    }
-}
-
-impl Backoff {
-    async fn wait(&mut self) {
-        tokio::time::sleep(self.0.next().unwrap_or(BACKOFF_MAX)).await;
-    }
-}
-
-/// The local queue slot of one owner; dropping it lets the next local
-/// owner contend, and forgets the queue once nobody uses it.
-struct LocalTicket {
-    client: Arc<ClientInner>,
-    name: LockName,
-    permit: Option<OwnedSemaphorePermit>,
-}
-
-impl Drop for LocalTicket {
-    fn drop(&mut self) {
-        if self.permit.take().is_none() {
-            return;
-        }
-        let mut map = self.client.local.lock().expect("local queue map poisoned");
-        if map
-            .get(&self.name)
-            .is_some_and(|q| Arc::strong_count(q) == 1)
-        {
-            map.remove(&self.name);
-        }
-    }
-}
-
-/// An acquire attempt in flight. Dropped before it is disarmed (the
-/// acquire future was cancelled, or failed), it abandons the attempt in the
-/// background and frees the local slot only afterwards.
-struct PendingAcquire {
-    client: Arc<ClientInner>,
-    session: Arc<SessionSlot>,
-    req: Option<AcquireRequest>,
-    ticket: Option<LocalTicket>,
-}
-
-impl PendingAcquire {
-    fn disarm(mut self) -> LocalTicket {
-        self.req = None;
-        self.ticket.take().expect("ticket taken once")
-    }
-
-    /// Hands the removal of our entry to the background (before any
-    /// await, so that dropping the caller while it waits loses nothing),
-    /// then waits for it until `bound`. Returns the local ticket if the
-    /// removal finished in time; otherwise the background job keeps the
-    /// ticket until the entry is gone, so no later attempt of this client
-    /// on the name overtakes the removal.
-    ///
-    /// # Cancel safety
-    /// Dropping it only stops the wait; the removal goes on.
-    async fn abandon(mut self, bound: Option<Instant>) -> Option<LocalTicket> {
-        let done = self.spawn_abandon()?;
-        until(bound, done).await.and_then(|r| r.ok())
-    }
-
-    /// Starts the background removal; the receiver gets the local ticket
-    /// once our entry is gone. `None` if there was nothing to abandon.
-    fn spawn_abandon(&mut self) -> Option<oneshot::Receiver<LocalTicket>> {
-        let req = self.req.take()?;
-        let ticket = self.ticket.take();
-        let session = self.session.clone();
-        let (tx, rx) = oneshot::channel();
-        spawn_cleanup(&self.client, async move {
-            req.signals.finish();
-            remove_entry(&session, &req, None).await;
-            if let Some(t) = ticket {
-                // Nobody waiting any more: the slot is freed here.
-                let _ = tx.send(t);
-            }
-        });
-        Some(rx)
-    }
-}
-
-impl Drop for PendingAcquire {
-    fn drop(&mut self) {
-        if let Some(req) = &self.req {
-            tracing::debug!(lock = %req.name, "acquire cancelled; abandoning in the background");
-        }
-        self.spawn_abandon();
     }
 }
 
@@ -745,288 +494,5 @@ impl Lock {
     /// Read-only; safe to drop.
     pub async fn inspect(&self) -> Result<LockState> {
         self.client.inner.backend.inspect(&self.name).await
-    }
-}
-
-/// Proof that a lock is held, with its fencing token.
-///
-/// Dropping the guard queues the release in the background (the next
-/// local owner waits until the store entry is gone);
-/// [`release`](Self::release) does it now and confirms.
-///
-/// # Reentrancy
-/// Ownership is the guard itself: [`reenter`](Self::reenter) borrows the
-/// guard mutably and returns a nested hold with the same token (count + 1).
-/// Calling `lock.acquire()` again is always a *new* owner and waits. We
-/// chose this over thread- or task-scoped owners because async code moves
-/// tasks between threads and runs many futures in one task (`join!`,
-/// `select!`): a task id would silently let two concurrent futures share a
-/// lock. A `&mut` borrow makes such sharing a compile error.
-pub struct LockGuard {
-    held: Option<Held>,
-    depth: usize,
-}
-
-struct Held {
-    client: Arc<ClientInner>,
-    session: Arc<SessionSlot>,
-    req: AcquireRequest,
-    acquired: Acquired,
-    ticket: LocalTicket,
-    /// When the grant was handed out, for the hold-time metric.
-    since: Instant,
-}
-
-impl Held {
-    /// Why the lock was lost, if it was: the entry's or the session's.
-    fn loss(&self) -> Option<LossReason> {
-        self.req
-            .signals
-            .loss()
-            .or_else(|| self.session.liveness.loss())
-    }
-}
-
-impl fmt::Debug for LockGuard {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let held = self.held();
-        f.debug_struct("LockGuard")
-            .field("name", &held.req.name)
-            .field("token", &held.acquired.token)
-            .field("held", &self.is_held())
-            .field("depth", &self.depth)
-            .finish()
-    }
-}
-
-impl LockGuard {
-    fn held(&self) -> &Held {
-        self.held.as_ref().expect("guard used after release")
-    }
-
-    /// The store and our entry, for a fenced write.
-    pub(crate) fn fence(&self) -> (Arc<dyn Backend>, crate::backend::HeldEntry) {
-        let h = self.held();
-        let entry = crate::backend::HeldEntry {
-            name: h.req.name.clone(),
-            kind: h.req.kind,
-            entry: h.acquired.entry.clone(),
-            token: h.acquired.token,
-            session: h.session.store.id(),
-        };
-        (h.client.backend.clone(), entry)
-    }
-
-    /// The fencing token: pass it to the resource you protect and let it
-    /// reject writes carrying a lower token than it has seen.
-    pub fn token(&self) -> u64 {
-        self.held().acquired.token
-    }
-
-    /// The lock's name.
-    pub fn name(&self) -> &LockName {
-        &self.held().req.name
-    }
-
-    /// The store's name of our entry (node path or key).
-    pub fn entry(&self) -> &str {
-        &self.held().acquired.entry
-    }
-
-    /// The store session that holds the lock.
-    pub fn session_id(&self) -> String {
-        self.held().session.store.id()
-    }
-
-    /// Whether the lock can still be assumed held: no loss reported and
-    /// the session's local deadline not passed. No I/O.
-    pub fn is_held(&self) -> bool {
-        let h = self.held();
-        h.session.liveness.is_alive() && h.req.signals.loss().is_none()
-    }
-
-    /// The local deadline: the lock is assumed lost at this instant unless
-    /// a keepalive confirms the session before it (`None`: never confirmed).
-    pub fn deadline(&self) -> Option<Instant> {
-        self.held().session.liveness.deadline()
-    }
-
-    /// Why the lock was lost, if it was.
-    pub fn loss(&self) -> Option<LossReason> {
-        let h = self.held();
-        h.loss()
-    }
-
-    /// A future that resolves when the lock can no longer be assumed held
-    /// (session expired, local deadline passed, entry deleted, client
-    /// closed). It fires before another client can acquire the lock, given
-    /// clocks that run at the same rate. Independent of the guard's
-    /// lifetime, so it can be moved into a `select!` or another task.
-    pub fn lost(&self) -> impl Future<Output = LossReason> + Send + 'static {
-        let h = self.held();
-        let liveness = h.session.liveness.clone();
-        let signals = h.req.signals.clone();
-        async move {
-            tokio::select! {
-                r = liveness.lost() => r,
-                r = signals.lost() => r,
-            }
-        }
-    }
-
-    /// Whether someone asked us to let go ([`LockClient::request_revoke`]).
-    pub fn is_revoke_requested(&self) -> bool {
-        self.held().req.signals.is_revoke_requested()
-    }
-
-    /// Resolves when someone asks us to let go. The lock stays held until
-    /// we release it.
-    pub fn revoke_requested(&self) -> impl Future<Output = ()> + Send + 'static {
-        let signals = self.held().req.signals.clone();
-        async move { signals.revoke_requested().await }
-    }
-
-    /// Re-enters the lock as the same owner: the nested hold has the same
-    /// token and ends when dropped; the store entry stays until this guard
-    /// is released.
-    pub fn reenter(&mut self) -> Reentry<'_> {
-        self.depth += 1;
-        Reentry { guard: self }
-    }
-
-    /// Re-enters for reading: always allowed (a writer may read; that is
-    /// how a write holder downgrades).
-    pub fn reenter_read(&mut self) -> Reentry<'_> {
-        self.reenter()
-    }
-
-    /// Re-enters for writing. A read holder is refused with
-    /// [`ErrorKind::UpgradeRefused`] instead of deadlocking: two readers
-    /// upgrading would wait for each other forever.
-    pub fn reenter_write(&mut self) -> Result<Reentry<'_>> {
-        if self.kind() == LockKind::Read {
-            return Err(Error::new(
-                ErrorKind::UpgradeRefused,
-                format!(
-                    "{} is held for reading; release it and acquire for writing",
-                    self.name()
-                ),
-            ));
-        }
-        Ok(self.reenter())
-    }
-
-    /// What is held: a mutex, the read or write side of a read-write lock,
-    /// or a semaphore permit.
-    pub fn kind(&self) -> LockKind {
-        self.held().req.kind
-    }
-
-    /// How many holds this owner has (1 + live reentries).
-    pub fn hold_count(&self) -> usize {
-        self.depth
-    }
-
-    /// Releases the lock now and confirms that our entry is gone (or that
-    /// the session that held it is dead, which removes it). On a dead link
-    /// it returns by the session's local deadline, within the TTL.
-    ///
-    /// Returns [`ErrorKind::LockLost`] if the lock had been lost before the
-    /// release: the work done under it was not protected.
-    ///
-    /// # Cancel safety
-    /// If dropped, the release continues in the background.
-    pub async fn release(mut self) -> Result<()> {
-        let held = self.held.take().expect("guard used after release");
-        let lost = held.loss();
-        telemetry::hold_ended(held.req.kind, held.since.elapsed(), lost);
-        // Watchers stop first: our own delete is not a loss.
-        held.req.signals.finish();
-        let finish = ReleaseOnDrop(Some(held));
-        let h = finish.0.as_ref().expect("set above");
-        remove_entry(&h.session, &h.req, Some(&h.acquired))
-            .instrument(
-                tracing::debug_span!("release", lock = %h.req.name, token = h.acquired.token),
-            )
-            .await;
-        let held = finish.defuse();
-        drop(held.ticket);
-        match lost {
-            None => Ok(()),
-            Some(reason) => Err(Error::new(
-                ErrorKind::LockLost,
-                format!("lock {} was lost before release: {reason}", held.req.name),
-            )),
-        }
-    }
-}
-
-/// Finishes a release in the background if `release()` is dropped midway.
-struct ReleaseOnDrop(Option<Held>);
-
-impl ReleaseOnDrop {
-    fn defuse(mut self) -> Held {
-        self.0.take().expect("defused once")
-    }
-}
-
-impl Drop for ReleaseOnDrop {
-    fn drop(&mut self) {
-        if let Some(held) = self.0.take() {
-            queue_release(held);
-        }
-    }
-}
-
-fn queue_release(held: Held) {
-    telemetry::hold_ended(held.req.kind, held.since.elapsed(), held.loss());
-    let client = held.client.clone();
-    held.req.signals.finish();
-    spawn_cleanup(&client, async move {
-        remove_entry(&held.session, &held.req, Some(&held.acquired))
-            .instrument(
-                tracing::debug_span!("release", lock = %held.req.name, token = held.acquired.token),
-            )
-            .await;
-        drop(held.ticket);
-    });
-}
-
-impl Drop for LockGuard {
-    fn drop(&mut self) {
-        if let Some(held) = self.held.take() {
-            queue_release(held);
-        }
-    }
-}
-
-/// A nested hold of a lock by its owner; see [`LockGuard::reenter`].
-/// Derefs to the guard for the token, loss and revoke signals.
-pub struct Reentry<'a> {
-    guard: &'a mut LockGuard,
-}
-
-impl std::ops::Deref for Reentry<'_> {
-    type Target = LockGuard;
-    fn deref(&self) -> &LockGuard {
-        self.guard
-    }
-}
-
-impl std::ops::DerefMut for Reentry<'_> {
-    fn deref_mut(&mut self) -> &mut LockGuard {
-        self.guard
-    }
-}
-
-impl Drop for Reentry<'_> {
-    fn drop(&mut self) {
-        self.guard.depth -= 1;
-    }
-}
-
-impl fmt::Debug for Reentry<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("Reentry").field(&*self.guard).finish()
     }
 }

@@ -1,0 +1,322 @@
+//! The proof of a hold: [`LockGuard`], its release, and nested holds.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::backend::{AcquireRequest, Acquired, Backend};
+use crate::signal::LossReason;
+use crate::telemetry;
+use crate::LockKind;
+use crate::{Error, ErrorKind, LockName, Result};
+
+use super::shared::*;
+
+/// Proof that a lock is held, with its fencing token.
+///
+/// Dropping the guard queues the release in the background (the next
+/// local owner waits until the store entry is gone);
+/// [`release`](Self::release) does it now and confirms.
+///
+/// # Reentrancy
+/// Ownership is the guard itself: [`reenter`](Self::reenter) borrows the
+/// guard mutably and returns a nested hold with the same token (count + 1).
+/// Calling `lock.acquire()` again is always a *new* owner and waits. We
+/// chose this over thread- or task-scoped owners because async code moves
+/// tasks between threads and runs many futures in one task (`join!`,
+/// `select!`): a task id would silently let two concurrent futures share a
+/// lock. A `&mut` borrow makes such sharing a compile error.
+pub struct LockGuard {
+    held: Option<Held>,
+    depth: usize,
+}
+
+impl LockGuard {
+    /// The guard of a grant the store just confirmed.
+    pub(super) fn granted(
+        client: Arc<ClientInner>,
+        session: Arc<SessionSlot>,
+        req: AcquireRequest,
+        acquired: Acquired,
+        ticket: LocalTicket,
+    ) -> Self {
+        LockGuard {
+            held: Some(Held {
+                client,
+                session,
+                req,
+                acquired,
+                ticket,
+                since: Instant::now(),
+            }),
+            depth: 1,
+        }
+    }
+}
+
+struct Held {
+    client: Arc<ClientInner>,
+    session: Arc<SessionSlot>,
+    req: AcquireRequest,
+    acquired: Acquired,
+    ticket: LocalTicket,
+    /// When the grant was handed out, for the hold-time metric.
+    since: Instant,
+}
+
+impl Held {
+    /// Why the lock was lost, if it was: the entry's or the session's.
+    fn loss(&self) -> Option<LossReason> {
+        self.req
+            .signals
+            .loss()
+            .or_else(|| self.session.liveness.loss())
+    }
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let held = self.held();
+        f.debug_struct("LockGuard")
+            .field("name", &held.req.name)
+            .field("token", &held.acquired.token)
+            .field("held", &self.is_held())
+            .field("depth", &self.depth)
+            .finish()
+    }
+}
+
+impl LockGuard {
+    fn held(&self) -> &Held {
+        self.held.as_ref().expect("guard used after release")
+    }
+
+    /// The store and our entry, for a fenced write.
+    pub(crate) fn fence(&self) -> (Arc<dyn Backend>, crate::backend::HeldEntry) {
+        let h = self.held();
+        let entry = crate::backend::HeldEntry {
+            name: h.req.name.clone(),
+            kind: h.req.kind,
+            entry: h.acquired.entry.clone(),
+            token: h.acquired.token,
+            session: h.session.store.id(),
+        };
+        (h.client.backend.clone(), entry)
+    }
+
+    /// The fencing token: pass it to the resource you protect and let it
+    /// reject writes carrying a lower token than it has seen.
+    pub fn token(&self) -> u64 {
+        self.held().acquired.token
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &LockName {
+        &self.held().req.name
+    }
+
+    /// The store's name of our entry (node path or key).
+    pub fn entry(&self) -> &str {
+        &self.held().acquired.entry
+    }
+
+    /// The store session that holds the lock.
+    pub fn session_id(&self) -> String {
+        self.held().session.store.id()
+    }
+
+    /// Whether the lock can still be assumed held: no loss reported and
+    /// the session's local deadline not passed. No I/O.
+    pub fn is_held(&self) -> bool {
+        let h = self.held();
+        h.session.liveness.is_alive() && h.req.signals.loss().is_none()
+    }
+
+    /// The local deadline: the lock is assumed lost at this instant unless
+    /// a keepalive confirms the session before it (`None`: never confirmed).
+    pub fn deadline(&self) -> Option<Instant> {
+        self.held().session.liveness.deadline()
+    }
+
+    /// Why the lock was lost, if it was.
+    pub fn loss(&self) -> Option<LossReason> {
+        let h = self.held();
+        h.loss()
+    }
+
+    /// A future that resolves when the lock can no longer be assumed held
+    /// (session expired, local deadline passed, entry deleted, client
+    /// closed). It fires before another client can acquire the lock, given
+    /// clocks that run at the same rate. Independent of the guard's
+    /// lifetime, so it can be moved into a `select!` or another task.
+    pub fn lost(&self) -> impl Future<Output = LossReason> + Send + 'static {
+        let h = self.held();
+        let liveness = h.session.liveness.clone();
+        let signals = h.req.signals.clone();
+        async move {
+            tokio::select! {
+                r = liveness.lost() => r,
+                r = signals.lost() => r,
+            }
+        }
+    }
+
+    /// Whether someone asked us to let go ([`LockClient::request_revoke`]).
+    pub fn is_revoke_requested(&self) -> bool {
+        self.held().req.signals.is_revoke_requested()
+    }
+
+    /// Resolves when someone asks us to let go. The lock stays held until
+    /// we release it.
+    pub fn revoke_requested(&self) -> impl Future<Output = ()> + Send + 'static {
+        let signals = self.held().req.signals.clone();
+        async move { signals.revoke_requested().await }
+    }
+
+    /// Re-enters the lock as the same owner: the nested hold has the same
+    /// token and ends when dropped; the store entry stays until this guard
+    /// is released.
+    pub fn reenter(&mut self) -> Reentry<'_> {
+        self.depth += 1;
+        Reentry { guard: self }
+    }
+
+    /// Re-enters for reading: always allowed (a writer may read; that is
+    /// how a write holder downgrades).
+    pub fn reenter_read(&mut self) -> Reentry<'_> {
+        self.reenter()
+    }
+
+    /// Re-enters for writing. A read holder is refused with
+    /// [`ErrorKind::UpgradeRefused`] instead of deadlocking: two readers
+    /// upgrading would wait for each other forever.
+    pub fn reenter_write(&mut self) -> Result<Reentry<'_>> {
+        if self.kind() == LockKind::Read {
+            return Err(Error::new(
+                ErrorKind::UpgradeRefused,
+                format!(
+                    "{} is held for reading; release it and acquire for writing",
+                    self.name()
+                ),
+            ));
+        }
+        Ok(self.reenter())
+    }
+
+    /// What is held: a mutex, the read or write side of a read-write lock,
+    /// or a semaphore permit.
+    pub fn kind(&self) -> LockKind {
+        self.held().req.kind
+    }
+
+    /// How many holds this owner has (1 + live reentries).
+    pub fn hold_count(&self) -> usize {
+        self.depth
+    }
+
+    /// Releases the lock now and confirms that our entry is gone (or that
+    /// the session that held it is dead, which removes it). On a dead link
+    /// it returns by the session's local deadline, within the TTL.
+    ///
+    /// Returns [`ErrorKind::LockLost`] if the lock had been lost before the
+    /// release: the work done under it was not protected.
+    ///
+    /// # Cancel safety
+    /// If dropped, the release continues in the background.
+    pub async fn release(mut self) -> Result<()> {
+        let held = self.held.take().expect("guard used after release");
+        let lost = held.loss();
+        telemetry::hold_ended(held.req.kind, held.since.elapsed(), lost);
+        // Watchers stop first: our own delete is not a loss.
+        held.req.signals.finish();
+        let finish = ReleaseOnDrop(Some(held));
+        let h = finish.0.as_ref().expect("set above");
+        remove_entry(&h.session, &h.req, Some(&h.acquired))
+            .instrument(
+                tracing::debug_span!("release", lock = %h.req.name, token = h.acquired.token),
+            )
+            .await;
+        let held = finish.defuse();
+        drop(held.ticket);
+        match lost {
+            None => Ok(()),
+            Some(reason) => Err(Error::new(
+                ErrorKind::LockLost,
+                format!("lock {} was lost before release: {reason}", held.req.name),
+            )),
+        }
+    }
+}
+
+/// Finishes a release in the background if `release()` is dropped midway.
+struct ReleaseOnDrop(Option<Held>);
+
+impl ReleaseOnDrop {
+    fn defuse(mut self) -> Held {
+        self.0.take().expect("defused once")
+    }
+}
+
+impl Drop for ReleaseOnDrop {
+    fn drop(&mut self) {
+        if let Some(held) = self.0.take() {
+            queue_release(held);
+        }
+    }
+}
+
+fn queue_release(held: Held) {
+    telemetry::hold_ended(held.req.kind, held.since.elapsed(), held.loss());
+    let client = held.client.clone();
+    held.req.signals.finish();
+    spawn_cleanup(&client, async move {
+        remove_entry(&held.session, &held.req, Some(&held.acquired))
+            .instrument(
+                tracing::debug_span!("release", lock = %held.req.name, token = held.acquired.token),
+            )
+            .await;
+        drop(held.ticket);
+    });
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if let Some(held) = self.held.take() {
+            queue_release(held);
+        }
+    }
+}
+
+/// A nested hold of a lock by its owner; see [`LockGuard::reenter`].
+/// Derefs to the guard for the token, loss and revoke signals.
+pub struct Reentry<'a> {
+    guard: &'a mut LockGuard,
+}
+
+impl std::ops::Deref for Reentry<'_> {
+    type Target = LockGuard;
+    fn deref(&self) -> &LockGuard {
+        self.guard
+    }
+}
+
+impl std::ops::DerefMut for Reentry<'_> {
+    fn deref_mut(&mut self) -> &mut LockGuard {
+        self.guard
+    }
+}
+
+impl Drop for Reentry<'_> {
+    fn drop(&mut self) {
+        self.guard.depth -= 1;
+    }
+}
+
+impl fmt::Debug for Reentry<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Reentry").field(&*self.guard).finish()
+    }
+}

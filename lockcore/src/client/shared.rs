@@ -1,0 +1,281 @@
+//! What the client and its guards share: the client's state, its session
+//! slot, the local queue ticket, a pending acquire, and the removal of a
+//! store entry.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use tokio::sync::{oneshot, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+use crate::availability::ClientOptions;
+use crate::backend::{AcquireRequest, Acquired, Backend, StoreSession};
+use crate::signal::{LossReason, SessionLiveness};
+use crate::telemetry;
+use crate::{Error, ErrorKind, LockName};
+
+pub(super) struct ClientInner {
+    pub(super) backend: Arc<dyn Backend>,
+    pub(super) options: ClientOptions,
+    pub(super) session: tokio::sync::Mutex<Option<Arc<SessionSlot>>>,
+    pub(super) local: StdMutex<HashMap<LockName, Arc<Semaphore>>>,
+    pub(super) cleanup: Cleanup,
+    pub(super) runtime: tokio::runtime::Handle,
+}
+
+/// The last handle (client, guard or background job) is gone: end the
+/// session so that its keepalive stops and the store frees it now rather
+/// than after the TTL.
+impl Drop for ClientInner {
+    fn drop(&mut self) {
+        if let Some(slot) = self.session.get_mut().take() {
+            // The session's supervisor ends it on the store.
+            slot.liveness.lose(LossReason::ClientClosed);
+        }
+    }
+}
+
+/// The one client-side task per session: turns a passed local deadline
+/// into a loss, and once the session is lost for any reason ends it on the
+/// store, so that no keepalive outlives a session we gave up on (its
+/// entries would otherwise stay until the server expired it).
+pub(super) async fn supervise(
+    store: Arc<dyn StoreSession>,
+    liveness: Arc<SessionLiveness>,
+    closed: tokio_util::sync::CancellationToken,
+) {
+    liveness.clone().watchdog().await;
+    if let Err(e) = store.close().await {
+        tracing::debug!(error = %e, session = %store.id(), "ending a lost session failed; the store expires it by TTL");
+    }
+    closed.cancel();
+}
+
+/// The current store session and its liveness.
+pub(super) struct SessionSlot {
+    pub(super) store: Arc<dyn StoreSession>,
+    pub(super) liveness: Arc<SessionLiveness>,
+    /// Cancelled by the supervisor once the session is ended on the store.
+    pub(super) closed: tokio_util::sync::CancellationToken,
+}
+
+/// Background release/abandon jobs and a way to wait for them.
+#[derive(Default)]
+pub(super) struct Cleanup {
+    pub(super) pending: AtomicUsize,
+    pub(super) idle: Notify,
+}
+
+pub(super) fn spawn_cleanup(
+    inner: &Arc<ClientInner>,
+    job: impl Future<Output = ()> + Send + 'static,
+) {
+    inner.cleanup.pending.fetch_add(1, Ordering::AcqRel);
+    let inner2 = inner.clone();
+    inner.runtime.spawn(async move {
+        job.await;
+        if inner2.cleanup.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+            inner2.cleanup.idle.notify_waiters();
+        }
+    });
+}
+
+pub(super) fn would_block(name: &LockName) -> Error {
+    Error::new(ErrorKind::WouldBlock, format!("lock {name} is held"))
+}
+
+pub(super) fn timed_out(name: &LockName) -> Error {
+    Error::new(
+        ErrorKind::Timeout,
+        format!("lock {name} was not acquired in time"),
+    )
+}
+
+/// The earlier of two optional instants.
+pub(super) fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// Runs `f` until `deadline`; `None` if the deadline came first.
+pub(super) async fn until<F: Future>(deadline: Option<Instant>, f: F) -> Option<F::Output> {
+    match deadline {
+        None => Some(f.await),
+        Some(d) => tokio::time::timeout_at(d, f).await.ok(),
+    }
+}
+
+/// Removes a store entry, retrying transient failures until it is gone or
+/// the session is dead (then the store removes it with the session).
+///
+/// Each attempt races the session's loss: a request stuck on a dead link
+/// (the store's client library may queue it until it gives up) ends when
+/// the session's local deadline passes, so a removal never outlives the
+/// session it belongs to.
+pub(super) async fn remove_entry(
+    session: &SessionSlot,
+    req: &AcquireRequest,
+    held: Option<&Acquired>,
+) {
+    let mut backoff = Backoff::default();
+    loop {
+        if !session.liveness.is_alive() {
+            return;
+        }
+        let attempt = async {
+            // A write of the attempt still in flight could land after
+            // the removal and leave its entry behind.
+            req.writes.settled().await;
+            match held {
+                Some(h) => session.store.release(req, h).await,
+                None => session.store.abandon(req).await,
+            }
+        };
+        let r = tokio::select! {
+            r = attempt => r,
+            _ = session.liveness.lost() => return,
+        };
+        let op = if held.is_some() { "release" } else { "abandon" };
+        telemetry::store_call(op, r.as_ref().err().map(Error::kind));
+        match r {
+            Ok(()) => return,
+            Err(e) if e.is_retryable() => {
+                tracing::debug!(error = %e, lock = %req.name, "removing entry failed, retrying");
+                tokio::select! {
+                    () = backoff.wait() => {}
+                    _ = session.liveness.lost() => return,
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, lock = %req.name, "removing entry failed");
+                return;
+            }
+        }
+    }
+}
+
+/// How long a timed-out or failed acquire waits for the store to confirm
+/// that its entry is gone before returning; past it the removal goes on in
+/// the background ([`LockClient::wait_idle`] waits for it).
+pub(super) const ABANDON_GRACE: Duration = Duration::from_millis(100);
+
+/// How long an acquire may wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Try,
+    Wait,
+    Until(Instant),
+}
+
+/// Exponential backoff from 50 ms to 2 s, with jitter (so that clients
+/// that lost the store together do not retry in step), without end.
+pub(super) struct Backoff(backon::ExponentialBackoff);
+
+pub(super) const BACKOFF_MIN: Duration = Duration::from_millis(50);
+pub(super) const BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+impl Default for Backoff {
+    fn default() -> Self {
+        use backon::BackoffBuilder;
+        Backoff(
+            backon::ExponentialBuilder::default()
+                .with_min_delay(BACKOFF_MIN)
+                .with_max_delay(BACKOFF_MAX)
+                .with_jitter()
+                .without_max_times()
+                .build(),
+        )
+    }
+}
+
+impl Backoff {
+    pub(super) async fn wait(&mut self) {
+        tokio::time::sleep(self.0.next().unwrap_or(BACKOFF_MAX)).await;
+    }
+}
+
+/// The local queue slot of one owner; dropping it lets the next local
+/// owner contend, and forgets the queue once nobody uses it.
+pub(super) struct LocalTicket {
+    pub(super) client: Arc<ClientInner>,
+    pub(super) name: LockName,
+    pub(super) permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Drop for LocalTicket {
+    fn drop(&mut self) {
+        if self.permit.take().is_none() {
+            return;
+        }
+        let mut map = self.client.local.lock().expect("local queue map poisoned");
+        if map
+            .get(&self.name)
+            .is_some_and(|q| Arc::strong_count(q) == 1)
+        {
+            map.remove(&self.name);
+        }
+    }
+}
+
+/// An acquire attempt in flight. Dropped before it is disarmed (the
+/// acquire future was cancelled, or failed), it abandons the attempt in the
+/// background and frees the local slot only afterwards.
+pub(super) struct PendingAcquire {
+    pub(super) client: Arc<ClientInner>,
+    pub(super) session: Arc<SessionSlot>,
+    pub(super) req: Option<AcquireRequest>,
+    pub(super) ticket: Option<LocalTicket>,
+}
+
+impl PendingAcquire {
+    pub(super) fn disarm(mut self) -> LocalTicket {
+        self.req = None;
+        self.ticket.take().expect("ticket taken once")
+    }
+
+    /// Hands the removal of our entry to the background (before any
+    /// await, so that dropping the caller while it waits loses nothing),
+    /// then waits for it until `bound`. Returns the local ticket if the
+    /// removal finished in time; otherwise the background job keeps the
+    /// ticket until the entry is gone, so no later attempt of this client
+    /// on the name overtakes the removal.
+    ///
+    /// # Cancel safety
+    /// Dropping it only stops the wait; the removal goes on.
+    pub(super) async fn abandon(mut self, bound: Option<Instant>) -> Option<LocalTicket> {
+        let done = self.spawn_abandon()?;
+        until(bound, done).await.and_then(|r| r.ok())
+    }
+
+    /// Starts the background removal; the receiver gets the local ticket
+    /// once our entry is gone. `None` if there was nothing to abandon.
+    pub(super) fn spawn_abandon(&mut self) -> Option<oneshot::Receiver<LocalTicket>> {
+        let req = self.req.take()?;
+        let ticket = self.ticket.take();
+        let session = self.session.clone();
+        let (tx, rx) = oneshot::channel();
+        spawn_cleanup(&self.client, async move {
+            req.signals.finish();
+            remove_entry(&session, &req, None).await;
+            if let Some(t) = ticket {
+                // Nobody waiting any more: the slot is freed here.
+                let _ = tx.send(t);
+            }
+        });
+        Some(rx)
+    }
+}
+
+impl Drop for PendingAcquire {
+    fn drop(&mut self) {
+        if let Some(req) = &self.req {
+            tracing::debug!(lock = %req.name, "acquire cancelled; abandoning in the background");
+        }
+        self.spawn_abandon();
+    }
+}
