@@ -19,7 +19,7 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::availability::{name_holders, ClientOptions, Unreachable};
+use crate::availability::{name_holders, ClientOptions};
 use crate::backend::{AcquireRequest, Backend};
 use crate::signal::{LossReason, SessionLiveness};
 use crate::telemetry;
@@ -306,6 +306,42 @@ impl LockClient {
         r
     }
 
+    /// The session for the next attempt of an acquire, opened if need be.
+    /// `Ok(None)`: it could not be opened yet and the backoff was waited;
+    /// try again. Gives up at the caller's deadline (`Timeout`), or once
+    /// the store has been unreachable for `unavailable_after`
+    /// (`Unavailable`).
+    async fn session_for_attempt(
+        &self,
+        mode: Mode,
+        deadline: Option<Instant>,
+        retry: &mut Retry,
+    ) -> Result<Option<Arc<SessionSlot>>> {
+        let started = Instant::now();
+        let open_by = earliest(deadline, retry.unreachable.open_by());
+        let session = match until(open_by, self.session()).await {
+            None => {
+                let e = Error::new(ErrorKind::Connection, "no answer while opening a session");
+                retry.unreachable.failed(&retry.store, &e, started);
+                return Err(retry.gave_up(deadline));
+            }
+            Some(Ok(s)) => s,
+            // The store is unreachable for now: a waiting acquire keeps
+            // trying, until its deadline or until the store has been
+            // unreachable for `unavailable_after`.
+            Some(Err(e)) if e.is_retryable() && mode != Mode::Try => {
+                retry.unreachable.failed(&retry.store, &e, started);
+                if !retry.back_off(deadline).await {
+                    return Err(retry.gave_up(deadline));
+                }
+                return Ok(None);
+            }
+            Some(Err(e)) => return Err(e),
+        };
+        retry.opened(&session);
+        Ok(Some(session))
+    }
+
     async fn acquire_once(&self, name: &LockName, kind: LockKind, mode: Mode) -> Result<LockGuard> {
         let span = tracing::debug_span!("acquire", lock = %name, ?kind, ?mode);
         async move {
@@ -314,44 +350,11 @@ impl LockClient {
                 _ => None,
             };
             let mut ticket = self.local_ticket(name, kind, mode).await?;
-            let mut backoff = Backoff::default();
-            let mut unreachable = Unreachable::new(&self.inner.options);
-            let store = || self.inner.backend.describe();
-            // Which limit ended a wait: the caller's deadline or ours.
-            let gave_up = |u: &Unreachable| {
-                if deadline.is_some_and(|d| Instant::now() >= d) {
-                    timed_out(name)
-                } else {
-                    u.error(name, &store())
-                }
-            };
-            let mut current: Option<Arc<SessionSlot>> = None;
+            let mut retry = Retry::new(name, &self.inner.options, self.inner.backend.describe());
             loop {
-                let started = Instant::now();
-                let session = match until(earliest(deadline, unreachable.open_by()), self.session()).await {
-                    None => {
-                        let e = Error::new(ErrorKind::Connection, "no answer while opening a session");
-                        unreachable.failed(&store(), &e, started);
-                        return Err(gave_up(&unreachable));
-                    }
-                    Some(Ok(s)) => s,
-                    // The store is unreachable for now: a waiting acquire
-                    // keeps trying, until its deadline or until the store
-                    // has been unreachable for `unavailable_after`.
-                    Some(Err(e)) if e.is_retryable() && mode != Mode::Try => {
-                        unreachable.failed(&store(), &e, started);
-                        let until_at = earliest(deadline, unreachable.give_up_at());
-                        if until(until_at, backoff.wait()).await.is_none() {
-                            return Err(gave_up(&unreachable));
-                        }
-                        continue;
-                    }
-                    Some(Err(e)) => return Err(e),
+                let Some(session) = self.session_for_attempt(mode, deadline, &mut retry).await? else {
+                    continue;
                 };
-                if !current.as_ref().is_some_and(|c| Arc::ptr_eq(c, &session)) {
-                    unreachable.recovered();
-                    current = Some(session.clone());
-                }
                 let req = AcquireRequest::new(name.clone(), kind, mode != Mode::Try);
                 let pending = PendingAcquire {
                     client: self.inner.clone(),
@@ -402,7 +405,7 @@ impl LockClient {
                     }
                     Some(Err(e)) if e.is_retryable() && mode != Mode::Try => {
                         if e.kind() == ErrorKind::Connection {
-                            unreachable.failed(&store(), &e, Instant::now());
+                            retry.unreachable.failed(&retry.store, &e, Instant::now());
                         } else {
                             tracing::debug!(error = %e, "acquire attempt failed, retrying");
                         }
@@ -410,9 +413,8 @@ impl LockClient {
                             return Err(timed_out(name));
                         };
                         ticket = t;
-                        let until_at = earliest(deadline, unreachable.give_up_at());
-                        if until(until_at, backoff.wait()).await.is_none() {
-                            return Err(gave_up(&unreachable));
+                        if !retry.back_off(deadline).await {
+                            return Err(retry.gave_up(deadline));
                         }
                     }
                     Some(Err(e)) => {

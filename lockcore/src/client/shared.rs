@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::sync::{oneshot, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
-use crate::availability::ClientOptions;
+use crate::availability::{ClientOptions, Unreachable};
 use crate::backend::{AcquireRequest, Acquired, Backend, StoreSession};
 use crate::signal::{LossReason, SessionLiveness};
 use crate::telemetry;
@@ -277,5 +277,55 @@ impl Drop for PendingAcquire {
             tracing::debug!(lock = %req.name, "acquire cancelled; abandoning in the background");
         }
         self.spawn_abandon();
+    }
+}
+
+/// The retry state of one acquire: its backoff, its trouble reaching the
+/// store, and the session its last attempt used.
+pub(super) struct Retry {
+    name: LockName,
+    pub(super) store: String,
+    backoff: Backoff,
+    pub(super) unreachable: Unreachable,
+    current: Option<Arc<SessionSlot>>,
+}
+
+impl Retry {
+    pub(super) fn new(name: &LockName, options: &ClientOptions, store: String) -> Self {
+        Retry {
+            name: name.clone(),
+            store,
+            backoff: Backoff::default(),
+            unreachable: Unreachable::new(options),
+            current: None,
+        }
+    }
+
+    /// Waits the next backoff step; false if the deadline or the
+    /// unavailability limit came first.
+    pub(super) async fn back_off(&mut self, deadline: Option<Instant>) -> bool {
+        let until_at = earliest(deadline, self.unreachable.give_up_at());
+        until(until_at, self.backoff.wait()).await.is_some()
+    }
+
+    /// The error of a wait that ended: the caller's deadline or ours.
+    pub(super) fn gave_up(&self, deadline: Option<Instant>) -> Error {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            timed_out(&self.name)
+        } else {
+            self.unreachable.error(&self.name, &self.store)
+        }
+    }
+
+    /// An attempt uses `session`; a new one means the store answered.
+    pub(super) fn opened(&mut self, session: &Arc<SessionSlot>) {
+        if !self
+            .current
+            .as_ref()
+            .is_some_and(|c| Arc::ptr_eq(c, session))
+        {
+            self.unreachable.recovered();
+            self.current = Some(session.clone());
+        }
     }
 }
