@@ -294,50 +294,9 @@ impl Inner {
         }
         // 2. We hold the internal mutex: check the kind and the permit
         // count before creating our lease.
-        self.send(2);
-        let (top, leases) = futures::join!(c.list_children(&dir), c.list_children(&leases_dir));
-        self.heard_read(&top);
-        let top = top.map_err(|e| map(e, "listing the semaphore node"))?;
-        let leases = match leases {
-            Ok(l) => layout::sort_by_marker(l, layout::LEASE_MARKER),
-            Err(zk::Error::NoNode) => Vec::new(),
-            Err(e) => return Err(map(e, "listing leases")),
-        };
-        let mut refuse = None;
-        if top.iter().any(|n| layout::classify(n).is_some()) {
-            refuse = Some(conflict(format!(
-                "{} is used as a mutex or read-write lock",
-                req.name
-            )));
-        }
-        for lease in leases.iter().take(3) {
-            if refuse.is_some() {
-                break;
-            }
-            self.send(1);
-            let r = c.get_data(&format!("{leases_dir}/{lease}")).await;
-            self.heard_read(&r);
-            match r {
-                Ok((d, _)) => match layout::parse_permits(&d) {
-                    Some(p) if p != permits => {
-                        refuse = Some(conflict(format!(
-                            "semaphore {} is used with {p} permits, not {permits}",
-                            req.name
-                        )))
-                    }
-                    Some(_) => break,
-                    None => {} // Curator's lease, or revoked: look at the next
-                },
-                Err(zk::Error::NoNode) => {}
-                Err(e) => return Err(map(e, "reading a lease")),
-            }
-        }
-        if refuse.is_none() && !req.wait && leases.len() >= permits as usize {
-            refuse = Some(Error::new(
-                ErrorKind::WouldBlock,
-                format!("semaphore {} has no free permit", req.name),
-            ));
-        }
+        let refuse = self
+            .semaphore_refusal(&c, req, &dir, &leases_dir, permits)
+            .await?;
         if let Some(e) = refuse {
             self.delete(&c, &lock_node).await?;
             return Err(e);
@@ -398,6 +357,66 @@ impl Inner {
                 self.shared.count_watch_event();
             }
         }
+    }
+
+    /// Step 2 of [`Inner::acquire_semaphore`], holding the internal mutex:
+    /// why our lease must not be created (`Conflict`: the name is used as
+    /// another kind or with another permit count; `WouldBlock`: a try with
+    /// no free permit), if anything.
+    async fn semaphore_refusal(
+        &self,
+        c: &zk::Client,
+        req: &AcquireRequest,
+        dir: &str,
+        leases_dir: &str,
+        permits: u32,
+    ) -> Result<Option<Error>> {
+        let conflict = |why: String| Error::new(ErrorKind::Conflict, why);
+        self.send(2);
+        let (top, leases) = futures::join!(c.list_children(dir), c.list_children(leases_dir));
+        self.heard_read(&top);
+        let top = top.map_err(|e| map(e, "listing the semaphore node"))?;
+        let leases = match leases {
+            Ok(l) => layout::sort_by_marker(l, layout::LEASE_MARKER),
+            Err(zk::Error::NoNode) => Vec::new(),
+            Err(e) => return Err(map(e, "listing leases")),
+        };
+        let mut refuse = None;
+        if top.iter().any(|n| layout::classify(n).is_some()) {
+            refuse = Some(conflict(format!(
+                "{} is used as a mutex or read-write lock",
+                req.name
+            )));
+        }
+        for lease in leases.iter().take(3) {
+            if refuse.is_some() {
+                break;
+            }
+            self.send(1);
+            let r = c.get_data(&format!("{leases_dir}/{lease}")).await;
+            self.heard_read(&r);
+            match r {
+                Ok((d, _)) => match layout::parse_permits(&d) {
+                    Some(p) if p != permits => {
+                        refuse = Some(conflict(format!(
+                            "semaphore {} is used with {p} permits, not {permits}",
+                            req.name
+                        )))
+                    }
+                    Some(_) => break,
+                    None => {} // Curator's lease, or revoked: look at the next
+                },
+                Err(zk::Error::NoNode) => {}
+                Err(e) => return Err(map(e, "reading a lease")),
+            }
+        }
+        if refuse.is_none() && !req.wait && leases.len() >= permits as usize {
+            refuse = Some(Error::new(
+                ErrorKind::WouldBlock,
+                format!("semaphore {} has no free permit", req.name),
+            ));
+        }
+        Ok(refuse)
     }
 }
 

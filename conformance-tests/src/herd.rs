@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use lockcore::LockClient;
+use lockcore::{LockClient, LockGuard};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::Harness;
@@ -27,15 +27,46 @@ fn sent(clients: &[LockClient]) -> Vec<u64> {
         .collect()
 }
 
-/// Queues `waiters` clients one by one behind a holder, releases, and
-/// measures. Also asserts that the first in line is served first, alone,
-/// and that the rest follow in order. Use a harness with a long TTL
-/// ([`Harness::with_option`]) so that keepalives stay out of the window.
+/// What the holder and the waiters take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Herd {
+    /// A mutex.
+    Mutex,
+    /// The write side of a read-write lock.
+    Write,
+    /// A semaphore of 2 whose older permit stays held throughout: the
+    /// released permit is the newer one, the worst case (the first and
+    /// the second waiter both watch it).
+    Semaphore2,
+}
+
+async fn take(c: &LockClient, kind: Herd) -> LockGuard {
+    match kind {
+        Herd::Mutex => c.lock("herd").unwrap().acquire().await.unwrap(),
+        Herd::Write => c.rwlock("herd").unwrap().write().await.unwrap(),
+        Herd::Semaphore2 => c.semaphore("herd", 2).unwrap().acquire().await.unwrap(),
+    }
+}
+
+/// [`cost_of_release`] of a mutex.
 pub async fn cost_of_one_release(h: &Harness, waiters: usize) -> ReleaseCost {
+    cost_of_release(h, waiters, Herd::Mutex).await
+}
+
+/// Queues `waiters` clients one by one behind a holder of `kind`,
+/// releases, and measures. Also asserts that the first in line is served
+/// first, alone, and that the rest follow in order. Use a harness with a
+/// long TTL ([`Harness::with_option`]) so that keepalives stay out of the
+/// window.
+pub async fn cost_of_release(h: &Harness, waiters: usize, kind: Herd) -> ReleaseCost {
     let case = h.case();
     let holder = case.client().await;
     let clients = case.clients(waiters).await;
-    let g = holder.lock("herd").unwrap().acquire().await.unwrap();
+    let other = match kind {
+        Herd::Semaphore2 => Some(take(&case.client().await, kind).await),
+        _ => None,
+    };
+    let g = take(&holder, kind).await;
 
     let (granted_tx, mut granted_rx) = mpsc::unbounded_channel();
     let mut releases = Vec::new();
@@ -45,7 +76,7 @@ pub async fn cost_of_one_release(h: &Harness, waiters: usize) -> ReleaseCost {
         let (rel_tx, rel_rx) = oneshot::channel::<()>();
         releases.push(rel_tx);
         tasks.push(tokio::spawn(async move {
-            let g = c.lock("herd").unwrap().acquire().await.unwrap();
+            let g = take(&c, kind).await;
             granted.send(i).unwrap();
             let _ = rel_rx.await;
             g.release().await.unwrap();
@@ -96,6 +127,9 @@ pub async fn cost_of_one_release(h: &Harness, waiters: usize) -> ReleaseCost {
     }
     for t in tasks {
         t.await.unwrap();
+    }
+    if let Some(o) = other {
+        o.release().await.unwrap();
     }
     case.finish().await;
     cost
