@@ -295,9 +295,11 @@ impl LockClient {
     ) -> Result<LockGuard> {
         let start = Instant::now();
         let r = match (self.acquire_once(name, kind, mode).await, mode) {
+            // Only within the grace the contract allows past the deadline
+            // (the abandon may have used it up: then the plain timeout).
             (Err(e), Mode::Until(d)) if e.kind() == ErrorKind::Timeout => {
                 let backend = self.inner.backend.as_ref();
-                Err(name_holders(backend, name, e, d.max(Instant::now()) + ABANDON_GRACE).await)
+                Err(name_holders(backend, name, e, d + ABANDON_GRACE).await)
             }
             (r, _) => r,
         };
