@@ -25,6 +25,10 @@ pub use backend_consul as consul;
 #[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
 #[doc(inline)]
 pub use backend_etcd as etcd;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+#[doc(inline)]
+pub use backend_redis as redis;
 #[cfg(feature = "zk")]
 #[cfg_attr(docsrs, doc(cfg(feature = "zk")))]
 #[doc(inline)]
@@ -44,6 +48,8 @@ pub const SCHEMES: &[(&str, &str)] = &[
     ("zk", "zk"),
     ("consul", "consul"),
     ("consuls", "consul"),
+    ("redis", "redis"),
+    ("rediss", "redis"),
 ];
 
 /// Connects to the store named by `url` and returns a client.
@@ -54,6 +60,7 @@ pub const SCHEMES: &[(&str, &str)] = &[
 /// | `etcd`, `etcds` | `etcd` | `etcd://user:pass@127.0.0.1:2379/namespace?ttl=10s` |
 /// | `zk` | `zk` | `zk://127.0.0.1:2181,127.0.0.2:2181/namespace` |
 /// | `consul`, `consuls` | `consul` | `consul://127.0.0.1:8500/namespace?token=...` |
+/// | `redis`, `rediss` | `redis` | `redis://:password@127.0.0.1:6379/namespace?ttl=10s` (not CP: see the backend's README) |
 ///
 /// The URL path is the namespace; query parameters are the backend's
 /// options (see each backend's README). An unknown scheme is
@@ -116,6 +123,12 @@ async fn backend_for(url: &str) -> Result<Arc<dyn Backend>> {
                 backend_consul::ConsulBackend::connect(&lockcore::url::parse(url)?).await?,
             ));
         }
+        "redis" => {
+            #[cfg(feature = "redis")]
+            return Ok(Arc::new(
+                backend_redis::RedisBackend::connect(&lockcore::url::parse(url)?).await?,
+            ));
+        }
         _ => {}
     }
     let feature = feature_of(scheme)?;
@@ -149,7 +162,7 @@ mod tests {
 
     #[tokio::test]
     async fn unknown_scheme_lists_the_known_ones() {
-        let e = connect("redis://127.0.0.1:6379").await.unwrap_err();
+        let e = connect("memcached://127.0.0.1:11211").await.unwrap_err();
         assert_eq!(e.kind(), ErrorKind::UnknownScheme);
         assert!(
             e.to_string().contains("etcd") && e.to_string().contains("consul"),
@@ -173,6 +186,7 @@ mod tests {
                 "etcd" => cfg!(feature = "etcd"),
                 "zk" => cfg!(feature = "zk"),
                 "consul" => cfg!(feature = "consul"),
+                "redis" => cfg!(feature = "redis"),
                 f => panic!("feature {f} missing from this test"),
             };
             if enabled {
