@@ -76,13 +76,27 @@ local function holds(live, i)
   end
   return i == 1
 end
--- Grants every entry that holds and has no token yet: a token from the
--- per-name counter, and a message to its session alone (not to `skip`,
--- the caller's own entry).
+-- The next number of the per-name counter, raised to the server's clock
+-- in microseconds for a token: strictly increasing on one server, and
+-- after a failover still above the tokens the old primary gave, unless
+-- the new primary's clock is behind by more than the time between them.
+local function next_token(L)
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local n = redis.call('INCR', L .. '/.n')
+  if n < now then
+    redis.call('SET', L .. '/.n', string.format('%d', now))
+    n = now
+  end
+  return n
+end
+-- Grants every entry that holds and has no token yet: a token from
+-- `next_token`, and a message to its session alone (not to `skip`, the
+-- caller's own entry).
 local function settle(L, live, skip)
   for i, e in ipairs(live) do
     if e.token == 0 and holds(live, i) then
-      e.token = redis.call('INCR', L .. '/.n')
+      e.token = next_token(L)
       redis.call('HSET', L .. '/.e', e.id, fmt(e))
       if e.id ~= skip then tell(e.sid, 'g ' .. e.id) end
     end
@@ -284,17 +298,28 @@ return existed
     )
 });
 
-/// Renews a session and what lives as long as it. ARGV: P, sid, ttl. 0 if
-/// the session is gone.
+/// Renews a session and what lives as long as it, and checks that the
+/// session's held entries are still there (a failover to a replica that
+/// never got a grant keeps the session key but not the entry). ARGV: P,
+/// sid, ttl, then (lock key, contender, token) per held entry. `{0}` if
+/// the session is gone, else `{1, missing contender...}`.
 pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| {
     script(
         r#"
 local sid, ttl = ARGV[2], ARGV[3]
 local s = skey(sid)
-if redis.call('PEXPIRE', s, ttl) == 0 then return 0 end
+if redis.call('PEXPIRE', s, ttl) == 0 then return {0} end
 redis.call('PEXPIRE', s .. '/.locks', ttl)
 redis.call('PEXPIRE', mkey(sid), ttl)
-return 1
+local out = {1}
+for i = 4, #ARGV, 3 do
+  local v = redis.call('HGET', ARGV[i] .. '/.e', ARGV[i + 1])
+  local e = v and parse(v)
+  if not e or e.token ~= tonumber(ARGV[i + 2]) or e.sid ~= sid then
+    out[#out + 1] = ARGV[i + 1]
+  end
+end
+return out
 "#,
     )
 });

@@ -44,6 +44,8 @@ struct Routes(Mutex<HashMap<String, Route>>);
 struct Route {
     signals: EntrySignals,
     wake: Arc<Notify>,
+    /// Once granted: the lock key and token, for the renewal's check.
+    held: Option<(String, u64)>,
 }
 
 impl Routes {
@@ -52,6 +54,7 @@ impl Routes {
         let route = Route {
             signals,
             wake: wake.clone(),
+            held: None,
         };
         self.0.lock().expect("poisoned").insert(id.to_string(), route);
         wake
@@ -59,6 +62,39 @@ impl Routes {
 
     fn remove(&self, id: &str) {
         self.0.lock().expect("poisoned").remove(id);
+    }
+
+    fn granted(&self, id: &str, key: &str, token: u64) {
+        if let Some(r) = self.0.lock().expect("poisoned").get_mut(id) {
+            r.held = Some((key.to_string(), token));
+        }
+    }
+
+    /// (lock key, contender, token) of every held entry not finished with.
+    fn held(&self) -> Vec<(String, String, u64)> {
+        let routes = self.0.lock().expect("poisoned");
+        routes
+            .iter()
+            .filter(|(_, r)| !r.signals.is_finished())
+            .filter_map(|(id, r)| {
+                let (key, token) = r.held.as_ref()?;
+                Some((key.clone(), id.clone(), *token))
+            })
+            .collect()
+    }
+
+    /// The renewal found these held entries gone from the store.
+    fn missing(&self, ids: &[String]) {
+        let routes = self.0.lock().expect("poisoned");
+        for id in ids {
+            if let Some(r) = routes.get(id).filter(|r| !r.signals.is_finished()) {
+                tracing::warn!(
+                    contender = %id,
+                    "a held entry is gone from Redis (a failover to a replica without it?)"
+                );
+                r.signals.lose(LossReason::EntryDeleted);
+            }
+        }
     }
 
     fn deliver(&self, msg: &str, liveness: &SessionLiveness) {
@@ -172,8 +208,14 @@ impl RedisSession {
         let routes = Arc::new(Routes::default());
         let span = tracing::debug_span!("redis_session", sid = %sid);
         tokio::spawn(
-            renew(inner.clone(), sid.clone(), liveness.clone(), stop.clone())
-                .instrument(span.clone()),
+            renew(
+                inner.clone(),
+                sid.clone(),
+                routes.clone(),
+                liveness.clone(),
+                stop.clone(),
+            )
+            .instrument(span.clone()),
         );
         tokio::spawn(
             read_mailbox(
@@ -200,6 +242,7 @@ impl RedisSession {
     /// it.
     async fn granted(&self, key: &str, id: &str, token: u64) -> Result<Acquired> {
         self.inner.replicated("grant").await?;
+        self.routes.granted(id, key, token);
         Ok(Acquired {
             token,
             entry: layout::entry_name(key, id),
@@ -215,11 +258,13 @@ impl RedisSession {
 
 /// Renews the session every third of its TTL; confirms each renewal with
 /// its send time, and reports the session lost when Redis no longer has
-/// it. A failed renewal is tried again sooner; the local deadline ends
-/// the session if none gets through.
+/// it, and a held entry lost when Redis no longer has that. A failed
+/// renewal is tried again sooner; the local deadline ends the session if
+/// none gets through.
 async fn renew(
     inner: Arc<Inner>,
     sid: String,
+    routes: Arc<Routes>,
     liveness: Arc<SessionLiveness>,
     stop: CancellationToken,
 ) {
@@ -235,10 +280,15 @@ async fn renew(
         inv.arg(&inner.prefix)
             .arg(&sid)
             .arg(ttl.as_millis() as u64);
+        for (key, id, token) in routes.held() {
+            inv.arg(key).arg(id).arg(token);
+        }
         let sent = Instant::now();
-        match inner.script::<i64>("renew session", &inv).await {
-            Ok(1) => {
+        match inner.script::<Vec<Value>>("renew session", &inv).await {
+            Ok(reply) if reply.first() == Some(&Value::Int(1)) => {
                 liveness.confirm(sent, ttl);
+                let gone: Vec<String> = reply[1..].iter().filter_map(text).collect();
+                routes.missing(&gone);
                 pause = ttl / 3;
             }
             Ok(_) => {
