@@ -377,9 +377,7 @@ impl Backend for RedisBackend {
 
     async fn read_key(&self, key: &str) -> Result<Option<Vec<u8>>> {
         KeyWrite::Delete { key: key.into() }.validate(&self.inner.prefix)?;
-        self.inner
-            .cmd("read key", redis::cmd("GET").arg(key))
-            .await
+        self.inner.cmd("read key", redis::cmd("GET").arg(key)).await
     }
 
     async fn write_key(&self, write: &KeyWrite) -> Result<()> {
@@ -387,7 +385,10 @@ impl Backend for RedisBackend {
         match write {
             KeyWrite::Put { key, value } => {
                 self.inner
-                    .cmd::<()>("unfenced write", redis::cmd("SET").arg(key).arg(value.as_slice()))
+                    .cmd::<()>(
+                        "unfenced write",
+                        redis::cmd("SET").arg(key).arg(value.as_slice()),
+                    )
                     .await
             }
             KeyWrite::Delete { key } => {

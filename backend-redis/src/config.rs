@@ -160,8 +160,8 @@ mod tests {
 
     #[test]
     fn parses_host_namespace_and_options() {
-        let c = parse("redis://127.0.0.1/app/locks?ttl=3s&timeout=1s&db=2&wait_replicas=1")
-            .unwrap();
+        let c =
+            parse("redis://127.0.0.1/app/locks?ttl=3s&timeout=1s&db=2&wait_replicas=1").unwrap();
         assert_eq!(c.namespace, "app/locks");
         assert_eq!(c.ttl, Duration::from_secs(3));
         assert_eq!(c.timeout, Duration::from_secs(1));

@@ -29,11 +29,7 @@ pub(crate) fn map(e: RedisError, what: &str) -> Error {
 }
 
 fn kind_of(e: &RedisError) -> ErrorKind {
-    if e.is_io_error()
-        || e.is_timeout()
-        || e.is_connection_dropped()
-        || e.is_connection_refusal()
-    {
+    if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() {
         return ErrorKind::Connection;
     }
     match e.code() {

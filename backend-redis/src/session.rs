@@ -56,7 +56,10 @@ impl Routes {
             wake: wake.clone(),
             held: None,
         };
-        self.0.lock().expect("poisoned").insert(id.to_string(), route);
+        self.0
+            .lock()
+            .expect("poisoned")
+            .insert(id.to_string(), route);
         wake
     }
 
@@ -277,9 +280,7 @@ async fn renew(
             _ = tokio::time::sleep(pause) => {}
         }
         let mut inv = scripts::RENEW.prepare_invoke();
-        inv.arg(&inner.prefix)
-            .arg(&sid)
-            .arg(ttl.as_millis() as u64);
+        inv.arg(&inner.prefix).arg(&sid).arg(ttl.as_millis() as u64);
         for (key, id, token) in routes.held() {
             inv.arg(key).arg(id).arg(token);
         }
@@ -322,7 +323,10 @@ async fn read_mailbox(
         inner.requests.fetch_add(1, Ordering::Relaxed);
         let mut cmd = redis::cmd("BLPOP");
         cmd.arg(&key).arg(MAILBOX_BLOCK.as_secs());
-        let read = tokio::time::timeout(bound, cmd.query_async::<Option<(String, String)>>(&mut conn));
+        let read = tokio::time::timeout(
+            bound,
+            cmd.query_async::<Option<(String, String)>>(&mut conn),
+        );
         let r = tokio::select! {
             _ = stop.cancelled() => return,
             _ = liveness.lost() => return,

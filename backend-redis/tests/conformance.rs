@@ -4,19 +4,13 @@
 
 conformance_tests::suite!(conformance_tests::Harness::from_env(
     "QUORUMLOCK_TEST_REDIS_URL",
-    |url| async move {
-        Ok(std::sync::Arc::new(backend_redis::RedisBackend::connect(&url).await?) as _)
-    },
+    |url| async move { Ok(std::sync::Arc::new(backend_redis::RedisBackend::connect(&url).await?) as _) },
 ));
 conformance_tests::rwlock_suite!(conformance_tests::Harness::from_env(
     "QUORUMLOCK_TEST_REDIS_URL",
-    |url| async move {
-        Ok(std::sync::Arc::new(backend_redis::RedisBackend::connect(&url).await?) as _)
-    },
+    |url| async move { Ok(std::sync::Arc::new(backend_redis::RedisBackend::connect(&url).await?) as _) },
 ));
 conformance_tests::semaphore_suite!(conformance_tests::Harness::from_env(
     "QUORUMLOCK_TEST_REDIS_URL",
-    |url| async move {
-        Ok(std::sync::Arc::new(backend_redis::RedisBackend::connect(&url).await?) as _)
-    },
+    |url| async move { Ok(std::sync::Arc::new(backend_redis::RedisBackend::connect(&url).await?) as _) },
 ));

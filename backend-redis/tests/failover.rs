@@ -140,8 +140,7 @@ async fn failover_before_replication_loses_the_lock_and_the_token_fences_the_old
         .await
         .unwrap();
     let link_port = link.addr().port().to_string();
-    let mut replica =
-        Server::start(&bin, &["--replicaof", "127.0.0.1", link_port.as_str()]).await;
+    let mut replica = Server::start(&bin, &["--replicaof", "127.0.0.1", link_port.as_str()]).await;
     for i in 0.. {
         let info: String = replica
             .query(redis::cmd("INFO").arg("replication"))
@@ -162,7 +161,14 @@ async fn failover_before_replication_loses_the_lock_and_the_token_fences_the_old
             .unwrap(),
     ));
     // A's session reaches the replica...
-    a.lock("warmup").unwrap().acquire().await.unwrap().release().await.unwrap();
+    a.lock("warmup")
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
     let acked: i64 = primary
         .query(redis::cmd("WAIT").arg(1).arg(5000))
         .await
@@ -196,13 +202,10 @@ async fn failover_before_replication_loses_the_lock_and_the_token_fences_the_old
             .await
             .unwrap(),
     ));
-    let gb = tokio::time::timeout(
-        Duration::from_secs(5),
-        b.lock("res").unwrap().acquire(),
-    )
-    .await
-    .expect("B was not granted on the new primary")
-    .unwrap();
+    let gb = tokio::time::timeout(Duration::from_secs(5), b.lock("res").unwrap().acquire())
+        .await
+        .expect("B was not granted on the new primary")
+        .unwrap();
     eprintln!(
         "A's guard still held when B was granted: {} (tokens A {} B {})",
         ga.is_held(),
@@ -240,4 +243,56 @@ async fn failover_before_replication_loses_the_lock_and_the_token_fences_the_old
     b.close().await;
     a.close().await;
     let _ = replica.child.kill().await;
+}
+
+/// `wait_replicas=1`: a grant counts only once the replica acknowledged
+/// it. With the replication link partitioned the acquire fails (and
+/// leaves no entry behind); with the link back, the grant is on the
+/// replica before the acquire returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_mode_counts_a_grant_only_once_the_replica_has_it() {
+    let Some(bin) = server_binary() else { return };
+    let primary = Server::start(&bin, &[]).await;
+    let link = TcpProxy::start(([127, 0, 0, 1], primary.port).into())
+        .await
+        .unwrap();
+    let link_port = link.addr().port().to_string();
+    let replica = Server::start(&bin, &["--replicaof", "127.0.0.1", link_port.as_str()]).await;
+    let ns = format!("qlwa-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let url = lockcore::url::parse(&format!(
+        "redis://127.0.0.1:{}/{ns}?ttl=3s&wait_replicas=1",
+        primary.port
+    ))
+    .unwrap();
+    let a = LockClient::new(Arc::new(RedisBackend::connect(&url).await.unwrap()));
+    let g = tokio::time::timeout(Duration::from_secs(10), a.lock("w").unwrap().acquire())
+        .await
+        .expect("acquire in WAIT mode hung")
+        .unwrap();
+    let entries: i64 = replica
+        .query(redis::cmd("HLEN").arg(format!("{ns}/w/.e")))
+        .await
+        .unwrap();
+    assert_eq!(entries, 1, "WAIT returned before the replica had the grant");
+    g.release().await.unwrap();
+
+    link.set_mode(NetMode::Blackhole);
+    // A try-acquire reports the refusal; a waiting acquire keeps trying
+    // (a connection error is retryable) until its own timeout.
+    let e = tokio::time::timeout(Duration::from_secs(10), a.lock("w").unwrap().try_acquire())
+        .await
+        .expect("try-acquire in WAIT mode hung on a partitioned replica")
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Connection, "{e}");
+    assert!(e.to_string().contains("acknowledged"), "{e}");
+    let e = a
+        .lock("w")
+        .unwrap()
+        .acquire_timeout(Duration::from_secs(2))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+    let left = a.inspect("w").await.unwrap();
+    assert!(left.is_free(), "an unacknowledged grant stayed: {left:?}");
+    a.close().await;
 }
