@@ -336,8 +336,10 @@ local out = {}
 for i, e in ipairs(live) do
   local h = 0
   if holds(live, i) then h = 1 end
+  -- Numbers as integers: tostring gives 1.7e+15 for a token.
   for _, x in ipairs({e.id, e.kind, e.permits, e.sid, e.created, e.token, e.seq, h}) do
-    out[#out + 1] = tostring(x)
+    if type(x) == 'number' then x = string.format('%d', x) end
+    out[#out + 1] = x
   end
 end
 return out
