@@ -23,9 +23,13 @@ use crate::backend::{manager, now_ms, Inner};
 use crate::layout;
 use crate::scripts;
 
-/// The longest a mailbox read blocks on the server before it is sent
-/// again (each read is one request).
-const MAILBOX_BLOCK: Duration = Duration::from_secs(10);
+/// How long a mailbox read blocks on the server before it is sent again
+/// (each read is one request): a third of the TTL, like the renewals, so
+/// that a dead mailbox connection is noticed about as soon as a dead
+/// request connection; at least 1 s, at most 1 h.
+fn mailbox_block(ttl: Duration) -> Duration {
+    (ttl / 3).clamp(Duration::from_secs(1), Duration::from_secs(3600))
+}
 
 /// One session key, shared by every lock of one client.
 pub(crate) struct RedisSession {
@@ -318,11 +322,12 @@ async fn read_mailbox(
     stop: CancellationToken,
 ) {
     let key = format!("{}/.mail", layout::session_key(&inner.prefix, &sid));
-    let bound = MAILBOX_BLOCK + inner.config.timeout;
+    let block = mailbox_block(inner.config.ttl);
+    let bound = block + inner.config.timeout;
     loop {
         inner.requests.fetch_add(1, Ordering::Relaxed);
         let mut cmd = redis::cmd("BLPOP");
-        cmd.arg(&key).arg(MAILBOX_BLOCK.as_secs());
+        cmd.arg(&key).arg(block.as_secs_f64());
         let read = tokio::time::timeout(
             bound,
             cmd.query_async::<Option<(String, String)>>(&mut conn),
