@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::backend::{manager, now_ms, Inner};
+use crate::core::{manager, now_ms, Inner};
 use crate::layout;
 use crate::scripts;
 
