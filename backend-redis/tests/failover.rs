@@ -44,26 +44,32 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// A `redis-server` of this test, killed when dropped.
+/// A `redis-server` of this test, killed when dropped, with its own
+/// directory (a replica writes the synced data there), removed too.
 struct Server {
     child: Child,
     port: u16,
+    _dir: tempfile::TempDir,
 }
 
 impl Server {
     async fn start(bin: &str, extra: &[&str]) -> Server {
         let port = free_port();
-        let dir = std::env::temp_dir();
+        let dir = tempfile::tempdir().unwrap();
         let mut cmd = Command::new(bin);
         cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
             .arg("--dir")
-            .arg(&dir)
+            .arg(dir.path())
             .args(extra)
             .stdout(std::process::Stdio::null())
             .kill_on_drop(true);
         let child = cmd.spawn().expect("starting redis-server");
-        let s = Server { child, port };
+        let s = Server {
+            child,
+            port,
+            _dir: dir,
+        };
         for _ in 0..100 {
             if s.query::<String>(&mut redis::cmd("PING")).await.is_ok() {
                 return s;
