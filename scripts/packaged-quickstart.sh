@@ -19,7 +19,7 @@ cd "$(dirname "$0")/.."
 target=${CARGO_TARGET_DIR:-$PWD/target}
 version=$(cargo metadata --format-version 1 --no-deps --locked |
   python3 -c 'import json,sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "quorumlock"))')
-crates=(quorumlock quorumlock-core quorumlock-etcd quorumlock-zk quorumlock-consul)
+crates=(quorumlock quorumlock-core quorumlock-etcd quorumlock-zk quorumlock-consul quorumlock-redis)
 
 # The .crate files, as `cargo publish` would upload them (no build here:
 # `cargo package --workspace` in scripts/test.sh builds each one).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# stores.sh — install and run real ZooKeeper, etcd (3.4 and 3.5) and Consul
+# stores.sh — install and run real ZooKeeper, etcd (3.4 and 3.5), Consul and Redis
 # servers on loopback, as plain processes (no docker), for quorumlock's tests.
 #
 #   scripts/stores.sh install [STORE...]   install what is missing, start nothing
@@ -8,7 +8,7 @@
 #   scripts/stores.sh status  [STORE...]   one line per store; exit 3 if any is down
 #   scripts/stores.sh env     [STORE...]   print the export lines, start nothing
 #
-# STORE is any of: zk etcd etcd35 consul (default: all four).
+# STORE is any of: zk etcd etcd35 consul redis (default: all five).
 #
 #   eval "$(scripts/stores.sh up)"        # progress goes to stderr
 #
@@ -18,6 +18,8 @@
 #   etcd35  etcd 3.5 (trixie .deb, unpacked)      client 2479, peer 2480
 #   consul  Consul 1.8.7 (bullseye .deb, unpacked) `agent -dev`: HTTP 8500,
 #           server RPC 8300, serf 8301/8302, gRPC 8502, DNS 8600
+#   redis   Redis 7.0 (bookworm) standalone        6379, no persistence
+#           (the failover test starts its own pair with QUORUMLOCK_REDIS_SERVER)
 #
 # Environment:
 #   QUORUMLOCK_CACHE   downloaded/unpacked packages (default ~/.cache/quorumlock)
@@ -45,11 +47,12 @@ ETCD35_PEER_PORT=2480
 CONSUL_HTTP_PORT=8500
 # Every port `consul agent -dev -client 127.0.0.1` opens (TCP side).
 CONSUL_PORTS=(8500 8300 8301 8302 8502 8600)
+REDIS_PORT=6379
 
-ALL_STORES=(zk etcd etcd35 consul)
+ALL_STORES=(zk etcd etcd35 consul redis)
 
 # Debian packages from the machine's own suite (bookworm).
-APT_PACKAGES=(zookeeper etcd-server etcd-client protobuf-compiler libprotobuf-dev libcurator-recipes-java)
+APT_PACKAGES=(zookeeper etcd-server etcd-client protobuf-compiler libprotobuf-dev libcurator-recipes-java redis-server)
 # The Curator interop test compiles its Java peer: a JDK, unless one is there
 # (zookeeper pulls in only a JRE).
 command -v javac >/dev/null || APT_PACKAGES+=(default-jdk-headless)
@@ -63,6 +66,8 @@ CONSUL_BIN=$BULLSEYE_DIR/root/usr/bin/consul
 ETCD_BIN=/usr/bin/etcd
 ETCDCTL_BIN=/usr/bin/etcdctl
 ZK_JAR=/usr/share/java/zookeeper.jar
+REDIS_BIN=/usr/bin/redis-server
+REDIS_CLI=/usr/bin/redis-cli
 JAVA_DIR=/usr/share/java
 
 log() { printf 'stores.sh: %s\n' "$*" >&2; }
@@ -208,6 +213,7 @@ install_stores() {
       etcd) if [ ! -x "$ETCD_BIN" ] || [ ! -x "$ETCDCTL_BIN" ]; then die "$ETCD_BIN or $ETCDCTL_BIN missing"; fi ;;
       etcd35) [ -x "$ETCD35_BIN" ] || die "$ETCD35_BIN missing (rm -rf $TRIXIE_DIR and retry)" ;;
       consul) [ -x "$CONSUL_BIN" ] || die "$CONSUL_BIN missing (rm -rf $BULLSEYE_DIR and retry)" ;;
+      redis) if [ ! -x "$REDIS_BIN" ] || [ ! -x "$REDIS_CLI" ]; then die "$REDIS_BIN or $REDIS_CLI missing"; fi ;;
     esac
   done
 }
@@ -308,6 +314,7 @@ healthy() { # STORE
       local leader
       leader=$(http_get "$CONSUL_HTTP_PORT" /v1/status/leader)
       [ -n "$leader" ] && [ "$leader" != '""' ] ;;
+    redis) [ "$(timeout 3 "$REDIS_CLI" -h "$HOST" -p "$REDIS_PORT" ping 2>/dev/null)" = PONG ] ;;
   esac
 }
 
@@ -317,6 +324,7 @@ ports_of() { # STORE
     etcd) echo "$ETCD_PORT $ETCD_PEER_PORT" ;;
     etcd35) echo "$ETCD35_PORT $ETCD35_PEER_PORT" ;;
     consul) echo "${CONSUL_PORTS[*]}" ;;
+    redis) echo "$REDIS_PORT" ;;
   esac
 }
 
@@ -400,6 +408,21 @@ start_consul() {
     -hcl 'disable_update_check = true' -pid-file "$dir/consul-agent.pid"
 }
 
+start_redis() {
+  local dir=$1
+  # The config file lives in the state dir, and the process title names it,
+  # so that pid_of recognises our server (Redis rewrites its command line).
+  cat >"$dir/redis.conf" <<EOF
+bind $HOST
+port $REDIS_PORT
+save ""
+appendonly no
+dir $dir
+proc-title-template "{title} {listen-addr} {server-mode} {config-file}"
+EOF
+  launch redis "$REDIS_BIN" "$dir/redis.conf"
+}
+
 start_store() { # STORE; sets STARTED=1 if it started it, 0 if already running
   local s=$1 dir pid p
   dir=$(store_dir "$s")
@@ -420,6 +443,7 @@ start_store() { # STORE; sets STARTED=1 if it started it, 0 if already running
     etcd) start_etcd "$dir" "$ETCD_BIN" etcd "$ETCD_PORT" "$ETCD_PEER_PORT" ;;
     etcd35) start_etcd "$dir" "$ETCD35_BIN" etcd35 "$ETCD35_PORT" "$ETCD35_PEER_PORT" ;;
     consul) start_consul "$dir" ;;
+    redis) start_redis "$dir" ;;
   esac
   log "$s: started (pid $(cat "$dir/pid")), log $dir/log"
   STARTED=1
@@ -477,13 +501,14 @@ stop_store() { # STORE
 # ------------------------------------------------------------------- env ---
 
 emit_env() {
-  local s has_zk=0 has_etcd=0 has_consul=0
+  local s has_zk=0 has_etcd=0 has_consul=0 has_redis=0
   for s in "$@"; do
     case $s in
       zk) has_zk=1; echo "export QUORUMLOCK_TEST_ZK_URL=zk://$HOST:$ZK_PORT" ;;
       etcd) has_etcd=1; echo "export QUORUMLOCK_TEST_ETCD_URL=etcd://$HOST:$ETCD_PORT" ;;
       etcd35) has_etcd=1; echo "export QUORUMLOCK_TEST_ETCD35_URL=etcd://$HOST:$ETCD35_PORT" ;;
       consul) has_consul=1; echo "export QUORUMLOCK_TEST_CONSUL_URL=consul://$HOST:$CONSUL_HTTP_PORT" ;;
+      redis) has_redis=1; echo "export QUORUMLOCK_TEST_REDIS_URL=redis://$HOST:$REDIS_PORT" ;;
     esac
   done
   if [ "$has_etcd" = 1 ]; then
@@ -491,6 +516,7 @@ emit_env() {
     [ -x "$ETCDCTL35_BIN" ] && printf 'export QUORUMLOCK_ETCDCTL35=%q\n' "$ETCDCTL35_BIN"
   fi
   [ "$has_consul" = 1 ] && printf 'export QUORUMLOCK_CONSUL_BIN=%q\n' "$CONSUL_BIN"
+  [ "$has_redis" = 1 ] && printf 'export QUORUMLOCK_REDIS_SERVER=%q\n' "$REDIS_BIN"
   [ "$has_zk" = 1 ] && printf 'export QUORUMLOCK_CURATOR_CP=%q\n' "$(curator_classpath)"
   true
 }
@@ -506,7 +532,7 @@ select_stores() {
   fi
   # Keep the canonical order whatever order the arguments come in.
   for a in "$@"; do
-    case " ${ALL_STORES[*]} " in *" $a "*) ;; *) log "unknown store '$a' (zk etcd etcd35 consul)"; usage 2 ;; esac
+    case " ${ALL_STORES[*]} " in *" $a "*) ;; *) log "unknown store '$a' (zk etcd etcd35 consul redis)"; usage 2 ;; esac
   done
   for s in "${ALL_STORES[@]}"; do
     for a in "$@"; do

@@ -11,6 +11,7 @@ pub fn describe(scheme: &str) -> &'static str {
         "etcd" | "etcds" => "put(key, lease) + delete(key)",
         "zk" => "create(ephemeral sequential) + delete",
         "consul" | "consuls" => "txn lock + txn unlock, one session",
+        "redis" | "rediss" => "SET key PX NX + DEL key (the naive Redis lock)",
         _ => "none (in-process)",
     }
 }
@@ -28,6 +29,10 @@ pub enum Floor {
         prefix: String,
     },
     Consul(ConsulFloor),
+    Redis {
+        conn: redis::aio::MultiplexedConnection,
+        key: String,
+    },
 }
 
 /// A Consul agent, a session of the floor's own, and its `.lock` key.
@@ -107,6 +112,16 @@ impl Floor {
                     key,
                 })))
             }
+            "redis" => {
+                let url = format!("redis://{host}:{}", port.unwrap_or(6379));
+                let client = redis::Client::open(url).map_err(text)?;
+                let conn = client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .map_err(text)?;
+                let key = format!("qlbench-floor/{}", std::process::id());
+                Ok(Some(Floor::Redis { conn, key }))
+            }
             _ => Ok(None),
         }
     }
@@ -144,6 +159,10 @@ impl Floor {
                         .error_for_status()
                         .map_err(text)?;
                 }
+            }
+            Floor::Redis { conn, key } => {
+                redis_op(conn, key, true).await?;
+                redis_op(conn, key, false).await?;
             }
         }
         Ok(())
@@ -202,6 +221,9 @@ impl Floor {
                     .error_for_status()
                     .map_err(text)?;
             }
+            Floor::Redis { conn, key } => {
+                redis_op(&mut conn.clone(), &format!("{key}/s{i}"), take).await?;
+            }
         }
         Ok(())
     }
@@ -227,6 +249,26 @@ impl Floor {
                     .send()
                     .await;
             }
+            Floor::Redis { .. } => {} // every key was deleted by its cycle
         }
     }
+}
+
+/// `SET key 1 PX 30000 NX` (take) or `DEL key` (give back).
+async fn redis_op(
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    take: bool,
+) -> Result<()> {
+    let cmd = if take {
+        let mut c = redis::cmd("SET");
+        c.arg(key).arg("1").arg("PX").arg(30_000).arg("NX");
+        c
+    } else {
+        let mut c = redis::cmd("DEL");
+        c.arg(key);
+        c
+    };
+    cmd.query_async::<redis::Value>(conn).await.map_err(text)?;
+    Ok(())
 }

@@ -1196,3 +1196,4 @@ store_tests!(etcd, "QUORUMLOCK_TEST_ETCD_URL");
 store_tests!(etcd35, "QUORUMLOCK_TEST_ETCD35_URL");
 store_tests!(zk, "QUORUMLOCK_TEST_ZK_URL");
 store_tests!(consul, "QUORUMLOCK_TEST_CONSUL_URL");
+store_tests!(redis, "QUORUMLOCK_TEST_REDIS_URL");

@@ -29,6 +29,10 @@ pub use backend_consul as consul;
 #[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
 #[doc(inline)]
 pub use backend_etcd as etcd;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+#[doc(inline)]
+pub use backend_redis as redis;
 #[cfg(feature = "zk")]
 #[cfg_attr(docsrs, doc(cfg(feature = "zk")))]
 #[doc(inline)]
@@ -43,8 +47,13 @@ pub const DEFAULT_URL: &str = "mem://";
 /// Every scheme quorumlock knows, per cargo feature: each backend's own
 /// `SCHEMES` (for a feature that is off, the same list from
 /// [`lockcore::backend::schemes`], so that its error can name the feature).
-pub const SCHEMES: &[(&str, &[&str])] =
-    &[("mem", MEM), ("etcd", ETCD), ("zk", ZK), ("consul", CONSUL)];
+pub const SCHEMES: &[(&str, &[&str])] = &[
+    ("mem", MEM),
+    ("etcd", ETCD),
+    ("zk", ZK),
+    ("consul", CONSUL),
+    ("redis", REDIS),
+];
 
 #[cfg(feature = "mem")]
 const MEM: &[&str] = lockcore::mem::SCHEMES;
@@ -62,6 +71,10 @@ const ZK: &[&str] = lockcore::backend::schemes::ZK;
 const CONSUL: &[&str] = backend_consul::SCHEMES;
 #[cfg(not(feature = "consul"))]
 const CONSUL: &[&str] = lockcore::backend::schemes::CONSUL;
+#[cfg(feature = "redis")]
+const REDIS: &[&str] = backend_redis::SCHEMES;
+#[cfg(not(feature = "redis"))]
+const REDIS: &[&str] = lockcore::backend::schemes::REDIS;
 
 /// Connects to the store named by `url` and returns a client.
 ///
@@ -71,6 +84,7 @@ const CONSUL: &[&str] = lockcore::backend::schemes::CONSUL;
 /// | `etcd`, `etcds` | `etcd` | `etcd://user:pass@127.0.0.1:2379/namespace?ttl=10s` |
 /// | `zk` | `zk` | `zk://127.0.0.1:2181,127.0.0.2:2181/namespace` |
 /// | `consul`, `consuls` | `consul` | `consul://127.0.0.1:8500/namespace?token=...` |
+/// | `redis`, `rediss` | `redis` | `redis://:password@127.0.0.1:6379/namespace?ttl=10s` (not CP: see the backend's README) |
 ///
 /// The URL path is the namespace; query parameters are the backend's
 /// options (see each backend's README). An unknown scheme is
@@ -128,6 +142,10 @@ async fn backend_for(url: &str) -> Result<Arc<dyn Backend>> {
             #[cfg(feature = "consul")]
             return Ok(Arc::new(backend_consul::ConsulBackend::connect(url).await?));
         }
+        "redis" => {
+            #[cfg(feature = "redis")]
+            return Ok(Arc::new(backend_redis::RedisBackend::connect(url).await?));
+        }
         _ => {}
     }
     Err(Error::new(
@@ -163,7 +181,7 @@ mod tests {
 
     #[tokio::test]
     async fn unknown_scheme_lists_the_known_ones() {
-        let e = connect("redis://127.0.0.1:6379").await.unwrap_err();
+        let e = connect("memcached://127.0.0.1:11211").await.unwrap_err();
         assert_eq!(e.kind(), ErrorKind::UnknownScheme);
         assert!(
             e.to_string().contains("etcd") && e.to_string().contains("consul"),
@@ -190,6 +208,7 @@ mod tests {
                 "etcd" => cfg!(feature = "etcd"),
                 "zk" => cfg!(feature = "zk"),
                 "consul" => cfg!(feature = "consul"),
+                "redis" => cfg!(feature = "redis"),
                 f => panic!("feature {f} missing from this test"),
             };
             if enabled {

@@ -11,3 +11,5 @@ pub const ETCD: &[&str] = &["etcd", "etcds"];
 pub const ZK: &[&str] = &["zk"];
 /// `consul://`, `consuls://` (HTTPS): the `quorumlock-consul` crate.
 pub const CONSUL: &[&str] = &["consul", "consuls"];
+/// `redis://`, `rediss://` (TLS): the `quorumlock-redis` crate.
+pub const REDIS: &[&str] = &["redis", "rediss"];

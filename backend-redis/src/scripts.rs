@@ -1,0 +1,371 @@
+//! The server-side scripts: every step that reads and changes a queue is
+//! one Lua script, so Redis runs it atomically (run by EVALSHA, with EVAL
+//! when the server does not have it cached, by `redis::Script`).
+//!
+//! Redis cannot expire a member of a sorted set, so every script that
+//! decides a grant first purges the entries whose session key is gone
+//! (`load`), then grants every entry that holds by the queue rules and
+//! has no token yet (`settle`): `INCR` of the per-name counter gives its
+//! token, and one message in its session's mailbox wakes that waiter
+//! alone (herd-free).
+//!
+//! Keys are computed inside the scripts from `ARGV[1]` (the namespace
+//! prefix) and the lock key: fine on a single Redis or a primary with
+//! replicas, not on Redis Cluster (the README says so).
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+/// Functions every script starts with. `P` is the namespace prefix.
+const LIB: &str = r#"
+local P = ARGV[1]
+local function skey(sid) return P .. '.session/' .. sid end
+local function mkey(sid) return P .. '.session/' .. sid .. '/.mail' end
+local function parse(v)
+  local kind, permits, sid, created, token =
+    string.match(v, '^(%a) (%d+) (%x+) (%d+) (%d+)$')
+  if not kind then return nil end
+  return {kind = kind, permits = tonumber(permits), sid = sid,
+          created = created, token = tonumber(token)}
+end
+local function fmt(e)
+  return e.kind .. ' ' .. e.permits .. ' ' .. e.sid .. ' ' .. e.created .. ' '
+    .. string.format('%d', e.token)
+end
+-- A message to a live session's mailbox, kept as long as the session.
+local function tell(sid, msg)
+  local pttl = redis.call('PTTL', skey(sid))
+  if pttl > 0 then
+    redis.call('RPUSH', mkey(sid), msg)
+    redis.call('PEXPIRE', mkey(sid), pttl)
+  end
+end
+-- The queue of L in order, without (and purged of) entries whose session
+-- key is gone.
+local function load(L)
+  local q, h = L .. '/.q', L .. '/.e'
+  local ids = redis.call('ZRANGE', q, 0, -1, 'WITHSCORES')
+  local live = {}
+  for i = 1, #ids, 2 do
+    local id = ids[i]
+    local v = redis.call('HGET', h, id)
+    local e = v and parse(v)
+    if e and redis.call('EXISTS', skey(e.sid)) == 1 then
+      e.id = id
+      e.seq = tonumber(ids[i + 1])
+      live[#live + 1] = e
+    else
+      redis.call('ZREM', q, id)
+      if v then redis.call('HDEL', h, id) end
+    end
+  end
+  return live
+end
+-- Whether live[i] holds: a mutex or writer when first, a reader with no
+-- writer ahead, a permit with fewer than `permits` entries ahead.
+local function holds(live, i)
+  local e = live[i]
+  if e.kind == 'r' then
+    for j = 1, i - 1 do
+      if live[j].kind ~= 'r' then return false end
+    end
+    return true
+  elseif e.kind == 's' then
+    return i <= e.permits
+  end
+  return i == 1
+end
+-- The next number of the per-name counter, raised to the server's clock
+-- in microseconds for a token: strictly increasing on one server, and
+-- after a failover still above the tokens the old primary gave, unless
+-- the new primary's clock is behind by more than the time between them.
+local function next_token(L)
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local n = redis.call('INCR', L .. '/.n')
+  if n < now then
+    redis.call('SET', L .. '/.n', string.format('%d', now))
+    n = now
+  end
+  return n
+end
+-- Grants every entry that holds and has no token yet: a token from
+-- `next_token`, and a message to its session alone (not to `skip`, the
+-- caller's own entry).
+local function settle(L, live, skip)
+  for i, e in ipairs(live) do
+    if e.token == 0 and holds(live, i) then
+      e.token = next_token(L)
+      redis.call('HSET', L .. '/.e', e.id, fmt(e))
+      if e.id ~= skip then tell(e.sid, 'g ' .. e.id) end
+    end
+  end
+end
+local function remove(L, id)
+  redis.call('ZREM', L .. '/.q', id)
+  redis.call('HDEL', L .. '/.e', id)
+end
+-- Where live[i] stands: held (with its token), or waiting, with the
+-- shortest time to live of the sessions ahead (when to look again if
+-- nobody wakes us).
+local function standing(L, live, i)
+  local e = live[i]
+  if e.token > 0 then
+    -- A write of ours after the grant, for WAIT to count.
+    redis.call('HSET', L .. '/.e', e.id, fmt(e))
+    return {'held', e.token, e.seq}
+  end
+  local ahead = -1
+  for j = 1, i - 1 do
+    local pttl = redis.call('PTTL', skey(live[j].sid))
+    if pttl > 0 and (ahead < 0 or pttl < ahead) then ahead = pttl end
+  end
+  return {'wait', e.seq, ahead}
+end
+"#;
+
+fn script(body: &str) -> Script {
+    Script::new(&format!("{LIB}\n{body}"))
+}
+
+/// Enqueue. ARGV: P, L, sid, contender, kind, permits, wait (0/1),
+/// created (ms). `{'gone'}`, `{'fenced'}`, `{'conflict', kind, permits}`,
+/// `{'wouldblock'}`, `{'held', token, seq}` or `{'wait', seq, ahead_ms}`.
+pub(crate) static ENQUEUE: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local L, sid, id = ARGV[2], ARGV[3], ARGV[4]
+local kind, permits, wait, created = ARGV[5], tonumber(ARGV[6]), ARGV[7], ARGV[8]
+if redis.call('EXISTS', skey(sid)) == 0 then return {'gone'} end
+if redis.call('EXISTS', L .. '/.x/' .. id) == 1 then return {'fenced'} end
+local live = load(L)
+local mine
+for i, e in ipairs(live) do
+  if e.id == id then mine = i end
+end
+if not mine then
+  local head = live[1]
+  if head then
+    local clash
+    if head.kind == 's' and kind == 's' then
+      clash = head.permits ~= permits
+    else
+      clash = (head.kind == 's') ~= (kind == 's')
+    end
+    if clash then
+      settle(L, live, '')
+      return {'conflict', head.kind, head.permits}
+    end
+  end
+  local seq = redis.call('INCR', L .. '/.n')
+  local e = {kind = kind, permits = permits, sid = sid, created = created,
+             token = 0, id = id, seq = seq}
+  redis.call('ZADD', L .. '/.q', seq, id)
+  redis.call('HSET', L .. '/.e', id, fmt(e))
+  local locks = skey(sid) .. '/.locks'
+  redis.call('SADD', locks, L)
+  redis.call('PEXPIRE', locks, redis.call('PTTL', skey(sid)))
+  live[#live + 1] = e
+  mine = #live
+end
+settle(L, live, id)
+if live[mine].token == 0 and wait == '0' then
+  remove(L, id)
+  table.remove(live, mine)
+  settle(L, live, '')
+  return {'wouldblock'}
+end
+return standing(L, live, mine)
+"#,
+    )
+});
+
+/// Look again at a waiting entry. ARGV: P, L, contender. `{'gone'}`,
+/// `{'held', token, seq}` or `{'wait', seq, ahead_ms}`.
+pub(crate) static CHECK: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local L, id = ARGV[2], ARGV[3]
+local live = load(L)
+settle(L, live, id)
+for i, e in ipairs(live) do
+  if e.id == id then return standing(L, live, i) end
+end
+return {'gone'}
+"#,
+    )
+});
+
+/// Release a held entry (only the grant `token` of it). ARGV: P, L,
+/// contender, token. 1 if it was there.
+pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local L, id, token = ARGV[2], ARGV[3], tonumber(ARGV[4])
+local v = redis.call('HGET', L .. '/.e', id)
+local e = v and parse(v)
+local found = 0
+if e and e.token == token then
+  remove(L, id)
+  found = 1
+end
+settle(L, load(L), '')
+return found
+"#,
+    )
+});
+
+/// Remove whatever an attempt wrote; with fence = 1, also stop a late
+/// copy of its enqueue for `ttl` ms. ARGV: P, L, contender, fence, ttl.
+pub(crate) static ABANDON: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local L, id, fence, ttl = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+remove(L, id)
+if fence == '1' then
+  redis.call('SET', L .. '/.x/' .. id, '1', 'PX', ttl)
+end
+settle(L, load(L), '')
+return 1
+"#,
+    )
+});
+
+/// Forced break: removes the holders, tells their sessions, grants the
+/// next. ARGV: P, L. The number of holders removed.
+pub(crate) static BREAK: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local L = ARGV[2]
+local live = load(L)
+settle(L, live, '')
+local n = 0
+for i, e in ipairs(live) do
+  if holds(live, i) then
+    remove(L, e.id)
+    tell(e.sid, 'l ' .. e.id)
+    n = n + 1
+  end
+end
+settle(L, load(L), '')
+return n
+"#,
+    )
+});
+
+/// Cooperative revoke: a message to each holder's session. ARGV: P, L.
+/// The number of holders.
+pub(crate) static REVOKE: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local L = ARGV[2]
+local live = load(L)
+settle(L, live, '')
+local n = 0
+for i, e in ipairs(live) do
+  if holds(live, i) then
+    tell(e.sid, 'r ' .. e.id)
+    n = n + 1
+  end
+end
+return n
+"#,
+    )
+});
+
+/// Ends a session: its key goes, the queues it was in are purged and
+/// settled (the next waiters granted). With notify = 1 its mailbox gets
+/// `x` (kept `ttl` ms) so its own client learns at once; else the mailbox
+/// goes too. ARGV: P, sid, notify, ttl. 1 if the session existed.
+pub(crate) static KILL: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local sid, notify, ttl = ARGV[2], ARGV[3], ARGV[4]
+local s = skey(sid)
+local locks = redis.call('SMEMBERS', s .. '/.locks')
+local existed = redis.call('DEL', s)
+redis.call('DEL', s .. '/.locks')
+if notify == '1' and existed == 1 then
+  redis.call('RPUSH', mkey(sid), 'x')
+  redis.call('PEXPIRE', mkey(sid), ttl)
+else
+  redis.call('DEL', mkey(sid))
+end
+for _, L in ipairs(locks) do settle(L, load(L), '') end
+return existed
+"#,
+    )
+});
+
+/// Renews a session and what lives as long as it, and checks that the
+/// session's held entries are still there (a failover to a replica that
+/// never got a grant keeps the session key but not the entry). ARGV: P,
+/// sid, ttl, then (lock key, contender, token) per held entry. `{0}` if
+/// the session is gone, else `{1, missing contender...}`.
+pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local sid, ttl = ARGV[2], ARGV[3]
+local s = skey(sid)
+if redis.call('PEXPIRE', s, ttl) == 0 then return {0} end
+redis.call('PEXPIRE', s .. '/.locks', ttl)
+redis.call('PEXPIRE', mkey(sid), ttl)
+local out = {1}
+for i = 4, #ARGV, 3 do
+  local v = redis.call('HGET', ARGV[i] .. '/.e', ARGV[i + 1])
+  local e = v and parse(v)
+  if not e or e.token ~= tonumber(ARGV[i + 2]) or e.sid ~= sid then
+    out[#out + 1] = ARGV[i + 1]
+  end
+end
+return out
+"#,
+    )
+});
+
+/// The queue of a lock after purging and settling. ARGV: P, L. A flat
+/// list: contender, kind, permits, sid, created, token, seq, holds (0/1).
+pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local L = ARGV[2]
+local live = load(L)
+settle(L, live, '')
+local out = {}
+for i, e in ipairs(live) do
+  local h = 0
+  if holds(live, i) then h = 1 end
+  -- Numbers as integers: tostring gives 1.7e+15 for a token.
+  for _, x in ipairs({e.id, e.kind, e.permits, e.sid, e.created, e.token, e.seq, h}) do
+    if type(x) == 'number' then x = string.format('%d', x) end
+    out[#out + 1] = x
+  end
+end
+return out
+"#,
+    )
+});
+
+/// A write applied only while every held entry is still on the store with
+/// its token, and its session alive. ARGV: P, op (`put`/`del`), key,
+/// value, then (lock key, contender, token) per entry. 1 if applied.
+pub(crate) static FENCED: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local op, key, value = ARGV[2], ARGV[3], ARGV[4]
+for i = 5, #ARGV, 3 do
+  local v = redis.call('HGET', ARGV[i] .. '/.e', ARGV[i + 1])
+  local e = v and parse(v)
+  if not e or e.token ~= tonumber(ARGV[i + 2]) or e.token == 0 then return 0 end
+  if redis.call('EXISTS', skey(e.sid)) == 0 then return 0 end
+end
+if op == 'put' then
+  redis.call('SET', key, value)
+else
+  redis.call('DEL', key)
+end
+return 1
+"#,
+    )
+});

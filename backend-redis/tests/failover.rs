@@ -1,0 +1,304 @@
+//! What Redis does NOT guarantee, shown on a real primary-replica pair:
+//! a grant the replica had not received when it was promoted is lost.
+//! The old holder's client, reconnected to the new primary (as Sentinel
+//! or a moved DNS name would do), reports the loss at its next renewal;
+//! meanwhile a second client is granted the same lock, with a larger
+//! token, so that a register that checks tokens refuses the old holder's
+//! writes.
+//!
+//! The test starts its own two `redis-server` processes (the binary from
+//! `QUORUMLOCK_REDIS_SERVER`, exported by `scripts/stores.sh up redis`)
+//! on free ports; the replication link goes through the suite's TCP proxy
+//! so that it can be partitioned before the grant.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use backend_redis::RedisBackend;
+use conformance_tests::faults::{FencedRegister, NetControl, NetMode, TcpProxy};
+use lockcore::{ErrorKind, LockClient, LossReason};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::process::{Child, Command};
+use tokio::task::JoinSet;
+
+fn server_binary() -> Option<String> {
+    match std::env::var("QUORUMLOCK_REDIS_SERVER") {
+        Ok(b) if !b.is_empty() => Some(b),
+        _ if std::env::var("QUORUMLOCK_TEST_REQUIRE").as_deref() == Ok("1") => {
+            panic!("QUORUMLOCK_REDIS_SERVER is not set and QUORUMLOCK_TEST_REQUIRE=1 (scripts/stores.sh up redis exports it)")
+        }
+        _ => {
+            eprintln!("SKIPPED: QUORUMLOCK_REDIS_SERVER is not set; start the stores with scripts/stores.sh up");
+            None
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A `redis-server` of this test, killed when dropped, with its own
+/// directory (a replica writes the synced data there), removed too.
+struct Server {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Server {
+    async fn start(bin: &str, extra: &[&str]) -> Server {
+        let port = free_port();
+        let dir = tempfile::tempdir().unwrap();
+        let mut cmd = Command::new(bin);
+        cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .args(extra)
+            .stdout(std::process::Stdio::null())
+            .kill_on_drop(true);
+        let child = cmd.spawn().expect("starting redis-server");
+        let s = Server {
+            child,
+            port,
+            _dir: dir,
+        };
+        for _ in 0..100 {
+            if s.query::<String>(&mut redis::cmd("PING")).await.is_ok() {
+                return s;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("redis-server on {port} did not answer");
+    }
+
+    async fn query<T: redis::FromRedisValue>(&self, cmd: &mut redis::Cmd) -> redis::RedisResult<T> {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{}", self.port))?;
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        cmd.query_async(&mut conn).await
+    }
+
+    fn url(&self, port: u16, ns: &str) -> lockcore::url::Url {
+        let _ = self;
+        lockcore::url::parse(&format!("redis://127.0.0.1:{port}/{ns}?ttl=2s")).unwrap()
+    }
+}
+
+/// A TCP forwarder whose target can be switched: new connections go to
+/// the new target, open ones are closed (what a client sees when a
+/// failover moves the address it connects to).
+struct Switch {
+    addr: SocketAddr,
+    target: Arc<AtomicU16>,
+    conns: Arc<std::sync::Mutex<JoinSet<()>>>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Switch {
+    async fn start(target: u16) -> Switch {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let target = Arc::new(AtomicU16::new(target));
+        let conns = Arc::new(std::sync::Mutex::new(JoinSet::new()));
+        let (t, c) = (target.clone(), conns.clone());
+        let accept = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let port = t.load(Ordering::SeqCst);
+                c.lock().unwrap().spawn(async move {
+                    if let Ok(mut out) = TcpStream::connect(("127.0.0.1", port)).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+                    }
+                });
+            }
+        });
+        Switch {
+            addr,
+            target,
+            conns,
+            accept,
+        }
+    }
+
+    fn switch_to(&self, port: u16) {
+        self.target.store(port, Ordering::SeqCst);
+        self.conns.lock().unwrap().abort_all();
+    }
+}
+
+impl Drop for Switch {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_before_replication_loses_the_lock_and_the_token_fences_the_old_holder() {
+    let Some(bin) = server_binary() else { return };
+    let primary = Server::start(&bin, &[]).await;
+    let link = TcpProxy::start(([127, 0, 0, 1], primary.port).into())
+        .await
+        .unwrap();
+    let link_port = link.addr().port().to_string();
+    let mut replica = Server::start(&bin, &["--replicaof", "127.0.0.1", link_port.as_str()]).await;
+    for i in 0.. {
+        let info: String = replica
+            .query(redis::cmd("INFO").arg("replication"))
+            .await
+            .unwrap();
+        if info.contains("master_link_status:up") {
+            break;
+        }
+        assert!(i < 200, "the replica never synced: {info}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let ns = format!("qlfo-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let switch = Switch::start(primary.port).await;
+    let a = LockClient::new(Arc::new(
+        RedisBackend::connect(&primary.url(switch.addr.port(), &ns))
+            .await
+            .unwrap(),
+    ));
+    // A's session reaches the replica...
+    a.lock("warmup")
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let acked: i64 = primary
+        .query(redis::cmd("WAIT").arg(1).arg(5000))
+        .await
+        .unwrap();
+    assert_eq!(acked, 1, "the replica did not acknowledge the session");
+
+    // ...its grant does not: the replication link is partitioned first.
+    link.set_mode(NetMode::Blackhole);
+    let register = FencedRegister::new();
+    let ga = a.lock("res").unwrap().acquire().await.unwrap();
+    register.write("a", ga.token()).unwrap();
+    ga.fenced_put("fo-value", b"a".to_vec()).await.unwrap();
+    let on_replica: i64 = replica
+        .query(redis::cmd("HLEN").arg(format!("{ns}/res/.e")))
+        .await
+        .unwrap();
+    assert_eq!(on_replica, 0, "the replica got the grant after all");
+
+    // Failover: the replica becomes the primary, the old primary dies, and
+    // A's address now leads to the new primary.
+    let _: () = replica
+        .query(redis::cmd("REPLICAOF").arg("NO").arg("ONE"))
+        .await
+        .unwrap();
+    switch.switch_to(replica.port);
+    drop(primary);
+
+    // B is granted the lock A still holds: Redis lost A's grant.
+    let b = LockClient::new(Arc::new(
+        RedisBackend::connect(&replica.url(replica.port, &ns))
+            .await
+            .unwrap(),
+    ));
+    let gb = tokio::time::timeout(Duration::from_secs(5), b.lock("res").unwrap().acquire())
+        .await
+        .expect("B was not granted on the new primary")
+        .unwrap();
+    eprintln!(
+        "A's guard still held when B was granted: {} (tokens A {} B {})",
+        ga.is_held(),
+        ga.token(),
+        gb.token()
+    );
+    assert!(
+        gb.token() > ga.token(),
+        "the new primary's token {} is not above the lost grant's {}",
+        gb.token(),
+        ga.token()
+    );
+    register.write("b", gb.token()).unwrap();
+
+    // A is told, at its next renewal on the new primary.
+    let reason = tokio::time::timeout(Duration::from_secs(4), ga.lost())
+        .await
+        .expect("A's loss was not reported");
+    assert_eq!(reason, LossReason::EntryDeleted);
+    assert!(!ga.is_held());
+
+    // The token refuses A's late write; the store refuses A's fenced one.
+    let stale = register.write("a", ga.token()).unwrap_err();
+    assert_eq!(stale.highest, gb.token(), "{stale}");
+    assert_eq!(register.value().unwrap().1, "b");
+    let e = ga
+        .fenced_put("fo-value", b"a-late".to_vec())
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::LockLost, "{e}");
+    gb.fenced_put("fo-value", b"b".to_vec()).await.unwrap();
+    assert_eq!(b.read_key("fo-value").await.unwrap(), Some(b"b".to_vec()));
+
+    gb.release().await.unwrap();
+    b.close().await;
+    a.close().await;
+    let _ = replica.child.kill().await;
+}
+
+/// `wait_replicas=1`: a grant counts only once the replica acknowledged
+/// it. With the replication link partitioned the acquire fails (and
+/// leaves no entry behind); with the link back, the grant is on the
+/// replica before the acquire returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_mode_counts_a_grant_only_once_the_replica_has_it() {
+    let Some(bin) = server_binary() else { return };
+    let primary = Server::start(&bin, &[]).await;
+    let link = TcpProxy::start(([127, 0, 0, 1], primary.port).into())
+        .await
+        .unwrap();
+    let link_port = link.addr().port().to_string();
+    let replica = Server::start(&bin, &["--replicaof", "127.0.0.1", link_port.as_str()]).await;
+    let ns = format!("qlwa-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let url = lockcore::url::parse(&format!(
+        "redis://127.0.0.1:{}/{ns}?ttl=3s&wait_replicas=1",
+        primary.port
+    ))
+    .unwrap();
+    let a = LockClient::new(Arc::new(RedisBackend::connect(&url).await.unwrap()));
+    let g = tokio::time::timeout(Duration::from_secs(10), a.lock("w").unwrap().acquire())
+        .await
+        .expect("acquire in WAIT mode hung")
+        .unwrap();
+    let entries: i64 = replica
+        .query(redis::cmd("HLEN").arg(format!("{ns}/w/.e")))
+        .await
+        .unwrap();
+    assert_eq!(entries, 1, "WAIT returned before the replica had the grant");
+    g.release().await.unwrap();
+
+    link.set_mode(NetMode::Blackhole);
+    // A try-acquire reports the refusal; a waiting acquire keeps trying
+    // (a connection error is retryable) until its own timeout.
+    let e = tokio::time::timeout(Duration::from_secs(10), a.lock("w").unwrap().try_acquire())
+        .await
+        .expect("try-acquire in WAIT mode hung on a partitioned replica")
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Connection, "{e}");
+    assert!(e.to_string().contains("acknowledged"), "{e}");
+    let e = a
+        .lock("w")
+        .unwrap()
+        .acquire_timeout(Duration::from_secs(2))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+    let left = a.inspect("w").await.unwrap();
+    assert!(left.is_free(), "an unacknowledged grant stayed: {left:?}");
+    a.close().await;
+}
