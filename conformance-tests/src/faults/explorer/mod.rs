@@ -20,6 +20,18 @@
 //! A failing run panics with its seed; `QUORUMLOCK_EXPLORE_SEED=<seed>`
 //! replays that schedule (the choices, not the exact timing).
 
+//!
+//! `mod.rs`: the workload and the nemesis of one schedule; `checker.rs`:
+//! the history and its checker; `runs.rs`: schedules by budget, on single
+//! nodes and clusters, and their report.
+
+mod checker;
+mod runs;
+
+pub use runs::{explore_on_cluster, explore_random_schedules};
+
+use checker::{check, Forced, Held, Log};
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -39,114 +51,6 @@ const MUTEXES: [&str; 2] = ["m0", "m1"];
 const RWLOCK: &str = "rw";
 /// The semaphore of a schedule and its permits.
 const SEMAPHORE: (&str, u32) = ("sem", 2);
-
-/// What one hold was.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Held {
-    Exclusive,
-    Read,
-    Permit(u32),
-}
-
-#[derive(Debug, Clone)]
-struct Hold {
-    name: &'static str,
-    client: usize,
-    kind: Held,
-    token: u64,
-    /// When the acquire was called.
-    started: Instant,
-    /// When it returned the guard.
-    acquired: Instant,
-    ended: Option<Instant>,
-    /// A break or session kill hit it while its acquire was in flight:
-    /// the store may have granted it before the fault and answered after
-    /// it, so it is not a belief the checker can hold against the lock
-    /// (its writes are still checked by the fenced register).
-    forced: bool,
-}
-
-/// Whom a forced fault hit.
-#[derive(Debug, Clone, Copy)]
-enum Forced {
-    /// `break_lock` of a name.
-    Name(&'static str),
-    /// `kill_session` of a client's session.
-    Client(usize),
-}
-
-/// The recorded history of a schedule.
-#[derive(Debug, Default)]
-struct Log {
-    holds: Mutex<Vec<Hold>>,
-    forced: Mutex<Vec<(Instant, Forced)>>,
-}
-
-impl Log {
-    fn begin(
-        &self,
-        name: &'static str,
-        client: usize,
-        kind: Held,
-        token: u64,
-        started: Instant,
-    ) -> usize {
-        let mut h = self.holds.lock().unwrap();
-        h.push(Hold {
-            name,
-            client,
-            kind,
-            token,
-            started,
-            acquired: Instant::now(),
-            ended: None,
-            forced: false,
-        });
-        h.len() - 1
-    }
-
-    /// The earliest end wins.
-    fn end(&self, id: usize, at: Instant) {
-        let mut h = self.holds.lock().unwrap();
-        let hold = &mut h[id];
-        if hold.ended.is_none_or(|t| at < t) {
-            hold.ended = Some(at);
-        }
-    }
-
-    /// Records a break or a session kill at `at`: the holder cannot know
-    /// before the store tells it, so its belief is cut there.
-    fn force(&self, at: Instant, whom: Forced) {
-        self.forced.lock().unwrap().push((at, whom));
-    }
-
-    /// The holds with every forced fault applied: a hold that the fault
-    /// found held ends at it; one whose acquire was in flight is marked
-    /// `forced` and ends where it began.
-    fn settled(&self, now: Instant) -> Vec<Hold> {
-        let forced = self.forced.lock().unwrap().clone();
-        let mut holds = self.holds.lock().unwrap().clone();
-        for h in &mut holds {
-            let end = h.ended.unwrap_or(now);
-            for (at, whom) in &forced {
-                let hits = match whom {
-                    Forced::Name(n) => *n == h.name,
-                    Forced::Client(c) => *c == h.client,
-                };
-                if !hits || *at < h.started || *at >= end {
-                    continue;
-                }
-                if *at < h.acquired {
-                    h.forced = true;
-                    h.ended = Some(h.acquired);
-                } else if h.ended.is_none_or(|t| *at < t) {
-                    h.ended = Some(*at);
-                }
-            }
-        }
-        holds
-    }
-}
 
 /// What the faults of a schedule were, by kind.
 #[derive(Debug, Default, Clone)]
@@ -295,10 +199,35 @@ pub async fn explore(t: &FaultTarget, seed: u64, shape: Shape) -> Outcome {
     }
     violations.extend(shared.errors.lock().unwrap().drain(..));
     violations.extend(check(&shared));
-    // Every lock is free now that every task is done: a fresh client
-    // takes each within the time a dead session needs to go (an entry
-    // nobody owns on a live session would block it for good).
-    let fresh = t.client(&ns).await;
+    violations.extend(not_takeable(t, &ns, &names, ttl).await);
+
+    for c in clients.iter().chain([&admin]) {
+        c.close().await;
+    }
+    violations.extend(left_behind(t, &ns, ttl).await);
+    let mut faults = faults;
+    faults.drops = shared.drops.load(Ordering::Relaxed);
+    let holds = shared.log.holds.lock().unwrap().len();
+    Outcome {
+        seed,
+        ops: shared.ops.load(Ordering::Relaxed),
+        holds,
+        faults,
+        violations,
+    }
+}
+
+/// The names a fresh client cannot take once every task is done, within
+/// the time a dead session needs to go (an entry nobody owns on a live
+/// session would block it for good).
+async fn not_takeable(
+    t: &FaultTarget,
+    ns: &str,
+    names: &[&'static str],
+    ttl: Duration,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    let fresh = t.client(ns).await;
     for name in names.iter().copied() {
         let wait = ttl * 3 + Duration::from_secs(5);
         let got = match name {
@@ -319,16 +248,20 @@ pub async fn explore(t: &FaultTarget, seed: u64, shape: Shape) -> Outcome {
             Ok(g) => {
                 let _ = g.release().await;
             }
-            Err(e) => violations.push(format!("{name} not takeable after the workload ended: {e}")),
+            Err(e) => out.push(format!("{name} not takeable after the workload ended: {e}")),
         }
     }
     fresh.close().await;
 
-    for c in clients.iter().chain([&admin]) {
-        c.close().await;
-    }
+    out
+}
+
+/// What of ours is still on the store after every client closed, once a
+/// lost session's entries had the time to go with it.
+async fn left_behind(t: &FaultTarget, ns: &str, ttl: Duration) -> Vec<String> {
+    let mut out = Vec::new();
     // What a lost session held goes with it, at the latest after its TTL.
-    let probe = t.backend(&ns).await;
+    let probe = t.backend(ns).await;
     let give_up = Instant::now() + ttl * 3 + Duration::from_secs(5);
     loop {
         let left = probe
@@ -339,23 +272,14 @@ pub async fn explore(t: &FaultTarget, seed: u64, shape: Shape) -> Outcome {
             break;
         }
         if Instant::now() > give_up {
-            violations.push(format!(
+            out.push(format!(
                 "left on the store after every client closed: {left:?}"
             ));
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let mut faults = faults;
-    faults.drops = shared.drops.load(Ordering::Relaxed);
-    let holds = shared.log.holds.lock().unwrap().len();
-    Outcome {
-        seed,
-        ops: shared.ops.load(Ordering::Relaxed),
-        holds,
-        faults,
-        violations,
-    }
+    out
 }
 
 /// The longest an operation of the workload waits for a lock.
@@ -567,320 +491,4 @@ async fn nemesis(
         }
     }
     n
-}
-
-/// The checker over the recorded history.
-fn check(sh: &Shared) -> Vec<String> {
-    let now = Instant::now();
-    let holds = sh.log.settled(now);
-    let mut out = Vec::new();
-    let mut by_name: HashMap<&str, Vec<&Hold>> = HashMap::new();
-    for h in holds.iter().filter(|h| !h.forced) {
-        by_name.entry(h.name).or_default().push(h);
-    }
-    for (name, mut hs) in by_name {
-        hs.sort_by_key(|h| h.acquired);
-        let end = |h: &Hold| h.ended.unwrap_or(now);
-        for (i, a) in hs.iter().enumerate() {
-            for b in &hs[i + 1..] {
-                if b.acquired >= end(a) {
-                    continue;
-                }
-                match (a.kind, b.kind) {
-                    (Held::Read, Held::Read) | (Held::Permit(_), Held::Permit(_)) => {}
-                    _ => out.push(format!(
-                        "{name}: two holders at once: client {} ({:?}, token {}) and client {} ({:?}, token {}), overlap {:?}",
-                        a.client,
-                        a.kind,
-                        a.token,
-                        b.client,
-                        b.kind,
-                        b.token,
-                        end(a).min(end(b)) - b.acquired
-                    )),
-                }
-            }
-            // Permit holders at the moment `a` began, `a` included.
-            if let Held::Permit(n) = a.kind {
-                let at_once = hs[..=i]
-                    .iter()
-                    .filter(|h| matches!(h.kind, Held::Permit(_)) && a.acquired < end(h))
-                    .count();
-                if at_once > n as usize {
-                    out.push(format!(
-                        "{name}: {at_once} permit holders at once, more than {n} (token {} among them)",
-                        a.token
-                    ));
-                }
-            }
-            // Two shared holds (readers, permits) granted together may
-            // return to their clients in either order; any other pair is
-            // ordered by the store: the later one waited for the earlier.
-            for b in &hs[i + 1..] {
-                let shared = |h: &Hold| matches!(h.kind, Held::Read | Held::Permit(_));
-                if shared(a) && shared(b) {
-                    continue;
-                }
-                if b.acquired > end(a) && b.token <= a.token {
-                    out.push(format!(
-                        "{name}: token {} granted after a hold with token {} had ended",
-                        b.token, a.token
-                    ));
-                }
-            }
-        }
-        // A write accepted with a token lower than a hold already begun.
-        let reg = &sh.registers[name];
-        for w in reg.log().iter().filter(|w| w.accepted) {
-            if hs
-                .iter()
-                .any(|h| h.kind == Held::Exclusive && h.token > w.token && h.acquired <= w.at)
-            {
-                out.push(format!(
-                    "{name}: the register accepted a stale write of token {} by {}",
-                    w.token, w.holder
-                ));
-            }
-        }
-    }
-    out
-}
-
-/// The seed `QUORUMLOCK_EXPLORE_SEED` asks to replay, if any.
-fn replay_seed() -> Option<u64> {
-    std::env::var("QUORUMLOCK_EXPLORE_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-}
-
-/// A time-based first seed, different on every run.
-fn fresh_seed() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(1, |d| d.as_nanos() as u64)
-}
-
-/// How long the explorer runs schedules: `QUORUMLOCK_EXPLORE_SECONDS`
-/// (unset or 0: `QUORUMLOCK_EXPLORE_SEEDS` schedules, default 3).
-fn explore_budget() -> Duration {
-    std::env::var("QUORUMLOCK_EXPLORE_SECONDS")
-        .ok()
-        .and_then(|s| s.parse::<f64>().ok())
-        .filter(|s| *s > 0.0)
-        .map_or(Duration::ZERO, Duration::from_secs_f64)
-}
-
-impl FaultCounts {
-    fn add(&mut self, o: &FaultCounts) {
-        self.delay += o.delay;
-        self.blackhole += o.blackhole;
-        self.cut += o.cut;
-        self.reset += o.reset;
-        self.breaks += o.breaks;
-        self.revokes += o.revokes;
-        self.kills += o.kills;
-        self.drops += o.drops;
-        self.lost_answers += o.lost_answers;
-        self.lost_requests += o.lost_requests;
-        self.delayed_messages += o.delayed_messages;
-        self.cluster += o.cluster;
-    }
-
-    fn total(&self) -> u64 {
-        self.delay
-            + self.blackhole
-            + self.cut
-            + self.reset
-            + self.breaks
-            + self.revokes
-            + self.kills
-            + self.drops
-            + self.lost_answers
-            + self.lost_requests
-            + self.delayed_messages
-            + self.cluster
-    }
-}
-
-impl std::fmt::Display for FaultCounts {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "delay {} blackhole {} cut {} reset {} break {} revoke {} kill {} drop {} lost-answer {} lost-request {} delayed-message {} cluster {}",
-            self.delay,
-            self.blackhole,
-            self.cut,
-            self.reset,
-            self.breaks,
-            self.revokes,
-            self.kills,
-            self.drops,
-            self.lost_answers,
-            self.lost_requests,
-            self.delayed_messages,
-            self.cluster
-        )
-    }
-}
-
-/// Schedules run at once on one store (each in its own namespace, with
-/// its own clients and links).
-const AT_ONCE: usize = 2;
-
-/// Runs schedules of the default [`Shape`], two at a time:
-/// the replay seed alone, or for `QUORUMLOCK_EXPLORE_SECONDS`, or
-/// `QUORUMLOCK_EXPLORE_SEEDS` of them (default 3, the share of
-/// `scripts/test.sh`). Records one row (schedules and faults by kind in
-/// its notes) and fails with the seed of every schedule that found a
-/// violation.
-pub async fn explore_random_schedules(t: &FaultTarget) -> Row {
-    let budget = explore_budget();
-    let count: u64 = std::env::var("QUORUMLOCK_EXPLORE_SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(3);
-    let replay = replay_seed();
-    let first = replay.unwrap_or_else(fresh_seed);
-    let start = Instant::now();
-    let mut row = Row::new(t.name(), "explore_random_schedules");
-    let mut faults = FaultCounts::default();
-    let mut schedules = 0u64;
-    let mut next = 0u64;
-    loop {
-        let batch: Vec<u64> = (0..AT_ONCE as u64)
-            .map(|i| first.wrapping_add((next + i).wrapping_mul(7919)))
-            .take(if replay.is_some() { 1 } else { AT_ONCE })
-            .collect();
-        next += batch.len() as u64;
-        let outs =
-            futures::future::join_all(batch.iter().map(|seed| explore(t, *seed, Shape::default())))
-                .await;
-        for o in outs {
-            schedules += 1;
-            tally(t, &mut row, &mut faults, &o);
-        }
-        let done = replay.is_some()
-            || if budget.is_zero() {
-                next >= count
-            } else {
-                start.elapsed() >= budget
-            };
-        if done {
-            break;
-        }
-    }
-    summarize(row, schedules, &faults)
-}
-
-/// Adds one schedule's outcome to the row.
-fn tally(t: &FaultTarget, row: &mut Row, faults: &mut FaultCounts, o: &Outcome) {
-    eprintln!(
-        "explorer {}: seed {}: {} ops, {} holds, faults: {}, {} violations",
-        t.name(),
-        o.seed,
-        o.ops,
-        o.holds,
-        o.faults,
-        o.violations.len()
-    );
-    row.cycles += o.ops;
-    faults.add(&o.faults);
-    if !o.violations.is_empty() {
-        row.violation(format!(
-            "seed {} (replay: QUORUMLOCK_EXPLORE_SEED={}): {}",
-            o.seed,
-            o.seed,
-            o.violations.join("; ")
-        ));
-    }
-}
-
-/// Puts the schedules and faults by kind first in the row's notes,
-/// records it and asserts that no schedule found a violation.
-fn summarize(mut row: Row, schedules: u64, faults: &FaultCounts) -> Row {
-    row.faults = faults.total();
-    let notes = std::mem::take(&mut row.notes);
-    row.note(format!("{schedules} schedules; faults: {faults}"));
-    if !notes.is_empty() {
-        row.note(notes);
-    }
-    row.finish()
-}
-
-/// What a cluster schedule does to the cluster, early in the schedule.
-async fn cluster_fault(cluster: &mut Cluster, seed: u64, ttl: Duration) -> &'static str {
-    let mut rng = StdRng::seed_from_u64(seed ^ 0xc1c1_c1c1);
-    let recover = Duration::from_secs(60);
-    tokio::time::sleep(Duration::from_millis(rng.gen_range(300..1500))).await;
-    let Some(leader) = cluster.leader().await else {
-        return "no leader to fault";
-    };
-    let what = match rng.gen_range(0..3) {
-        0 => {
-            cluster.kill(leader);
-            let _ = cluster.wait_leader(recover).await;
-            let _ = cluster.restart(leader);
-            "leader killed and restarted"
-        }
-        1 => {
-            for i in 0..3 {
-                cluster.stop(i);
-            }
-            tokio::time::sleep(ttl + Duration::from_millis(500)).await;
-            for i in 0..3 {
-                cluster.cont(i);
-            }
-            "whole cluster paused past the TTL"
-        }
-        _ => {
-            let follower = (leader + 1) % 3;
-            cluster.kill(follower);
-            tokio::time::sleep(ttl).await;
-            let _ = cluster.restart(follower);
-            "a follower killed and restarted"
-        }
-    };
-    if cluster.wait_leader(recover).await.is_err() {
-        return "no leader after the fault";
-    }
-    what
-}
-
-/// Explorer schedules on a three-node cluster (`scripts/chaos.sh`): each
-/// also kills the leader, pauses the whole cluster past the TTL, or kills
-/// a follower, early in the schedule (chosen by the seed), and heals it
-/// before the schedule's faults stop. `QUORUMLOCK_EXPLORE_SECONDS` long
-/// (default: 2 schedules).
-pub async fn explore_on_cluster(t: &FaultTarget, cluster: &mut Cluster) -> Row {
-    let ttl = t.backend("qle-probe").await.capabilities().session_ttl;
-    let shape = Shape {
-        run_for: Duration::from_secs(15).max(ttl * 3),
-        ..Shape::default()
-    };
-    let budget = explore_budget();
-    let first = replay_seed().unwrap_or_else(fresh_seed);
-    let start = Instant::now();
-    let mut row = Row::new(t.name(), "explore_on_cluster");
-    let mut faults = FaultCounts::default();
-    let mut schedules = 0u64;
-    loop {
-        let seed = first.wrapping_add(schedules.wrapping_mul(7919));
-        let (o, what) = tokio::join!(explore(t, seed, shape), cluster_fault(cluster, seed, ttl));
-        eprintln!("explorer {}: seed {seed}: cluster fault: {what}", t.name());
-        schedules += 1;
-        tally(t, &mut row, &mut faults, &o);
-        if what != "no leader to fault" {
-            faults.cluster += 1;
-        }
-        let done = replay_seed().is_some()
-            || if budget.is_zero() {
-                schedules >= 2
-            } else {
-                start.elapsed() >= budget
-            };
-        if done {
-            break;
-        }
-    }
-    summarize(row, schedules, &faults)
 }

@@ -1,0 +1,188 @@
+//! The recorded history of a schedule and the checker over it.
+
+use super::*;
+
+/// What one hold was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Held {
+    Exclusive,
+    Read,
+    Permit(u32),
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct Hold {
+    pub(super) name: &'static str,
+    pub(super) client: usize,
+    pub(super) kind: Held,
+    pub(super) token: u64,
+    /// When the acquire was called.
+    pub(super) started: Instant,
+    /// When it returned the guard.
+    pub(super) acquired: Instant,
+    pub(super) ended: Option<Instant>,
+    /// A break or session kill hit it while its acquire was in flight:
+    /// the store may have granted it before the fault and answered after
+    /// it, so it is not a belief the checker can hold against the lock
+    /// (its writes are still checked by the fenced register).
+    pub(super) forced: bool,
+}
+
+/// Whom a forced fault hit.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Forced {
+    /// `break_lock` of a name.
+    Name(&'static str),
+    /// `kill_session` of a client's session.
+    Client(usize),
+}
+
+/// The recorded history of a schedule.
+#[derive(Debug, Default)]
+pub(super) struct Log {
+    pub(super) holds: Mutex<Vec<Hold>>,
+    pub(super) forced: Mutex<Vec<(Instant, Forced)>>,
+}
+
+impl Log {
+    pub(super) fn begin(
+        &self,
+        name: &'static str,
+        client: usize,
+        kind: Held,
+        token: u64,
+        started: Instant,
+    ) -> usize {
+        let mut h = self.holds.lock().unwrap();
+        h.push(Hold {
+            name,
+            client,
+            kind,
+            token,
+            started,
+            acquired: Instant::now(),
+            ended: None,
+            forced: false,
+        });
+        h.len() - 1
+    }
+
+    /// The earliest end wins.
+    pub(super) fn end(&self, id: usize, at: Instant) {
+        let mut h = self.holds.lock().unwrap();
+        let hold = &mut h[id];
+        if hold.ended.is_none_or(|t| at < t) {
+            hold.ended = Some(at);
+        }
+    }
+
+    /// Records a break or a session kill at `at`: the holder cannot know
+    /// before the store tells it, so its belief is cut there.
+    pub(super) fn force(&self, at: Instant, whom: Forced) {
+        self.forced.lock().unwrap().push((at, whom));
+    }
+
+    /// The holds with every forced fault applied: a hold that the fault
+    /// found held ends at it; one whose acquire was in flight is marked
+    /// `forced` and ends where it began.
+    pub(super) fn settled(&self, now: Instant) -> Vec<Hold> {
+        let forced = self.forced.lock().unwrap().clone();
+        let mut holds = self.holds.lock().unwrap().clone();
+        for h in &mut holds {
+            let end = h.ended.unwrap_or(now);
+            for (at, whom) in &forced {
+                let hits = match whom {
+                    Forced::Name(n) => *n == h.name,
+                    Forced::Client(c) => *c == h.client,
+                };
+                if !hits || *at < h.started || *at >= end {
+                    continue;
+                }
+                if *at < h.acquired {
+                    h.forced = true;
+                    h.ended = Some(h.acquired);
+                } else if h.ended.is_none_or(|t| *at < t) {
+                    h.ended = Some(*at);
+                }
+            }
+        }
+        holds
+    }
+}
+
+/// The checker over the recorded history.
+pub(super) fn check(sh: &Shared) -> Vec<String> {
+    let now = Instant::now();
+    let holds = sh.log.settled(now);
+    let mut out = Vec::new();
+    let mut by_name: HashMap<&str, Vec<&Hold>> = HashMap::new();
+    for h in holds.iter().filter(|h| !h.forced) {
+        by_name.entry(h.name).or_default().push(h);
+    }
+    for (name, mut hs) in by_name {
+        hs.sort_by_key(|h| h.acquired);
+        let end = |h: &Hold| h.ended.unwrap_or(now);
+        for (i, a) in hs.iter().enumerate() {
+            for b in &hs[i + 1..] {
+                if b.acquired >= end(a) {
+                    continue;
+                }
+                match (a.kind, b.kind) {
+                    (Held::Read, Held::Read) | (Held::Permit(_), Held::Permit(_)) => {}
+                    _ => out.push(format!(
+                        "{name}: two holders at once: client {} ({:?}, token {}) and client {} ({:?}, token {}), overlap {:?}",
+                        a.client,
+                        a.kind,
+                        a.token,
+                        b.client,
+                        b.kind,
+                        b.token,
+                        end(a).min(end(b)) - b.acquired
+                    )),
+                }
+            }
+            // Permit holders at the moment `a` began, `a` included.
+            if let Held::Permit(n) = a.kind {
+                let at_once = hs[..=i]
+                    .iter()
+                    .filter(|h| matches!(h.kind, Held::Permit(_)) && a.acquired < end(h))
+                    .count();
+                if at_once > n as usize {
+                    out.push(format!(
+                        "{name}: {at_once} permit holders at once, more than {n} (token {} among them)",
+                        a.token
+                    ));
+                }
+            }
+            // Two shared holds (readers, permits) granted together may
+            // return to their clients in either order; any other pair is
+            // ordered by the store: the later one waited for the earlier.
+            for b in &hs[i + 1..] {
+                let shared = |h: &Hold| matches!(h.kind, Held::Read | Held::Permit(_));
+                if shared(a) && shared(b) {
+                    continue;
+                }
+                if b.acquired > end(a) && b.token <= a.token {
+                    out.push(format!(
+                        "{name}: token {} granted after a hold with token {} had ended",
+                        b.token, a.token
+                    ));
+                }
+            }
+        }
+        // A write accepted with a token lower than a hold already begun.
+        let reg = &sh.registers[name];
+        for w in reg.log().iter().filter(|w| w.accepted) {
+            if hs
+                .iter()
+                .any(|h| h.kind == Held::Exclusive && h.token > w.token && h.acquired <= w.at)
+            {
+                out.push(format!(
+                    "{name}: the register accepted a stale write of token {} by {}",
+                    w.token, w.holder
+                ));
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,242 @@
+//! Schedules by budget, on single nodes and on clusters, and their report.
+
+use super::*;
+
+/// The seed `QUORUMLOCK_EXPLORE_SEED` asks to replay, if any.
+pub(super) fn replay_seed() -> Option<u64> {
+    std::env::var("QUORUMLOCK_EXPLORE_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+}
+
+/// A time-based first seed, different on every run.
+pub(super) fn fresh_seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64)
+}
+
+/// How long the explorer runs schedules: `QUORUMLOCK_EXPLORE_SECONDS`
+/// (unset or 0: `QUORUMLOCK_EXPLORE_SEEDS` schedules, default 3).
+pub(super) fn explore_budget() -> Duration {
+    std::env::var("QUORUMLOCK_EXPLORE_SECONDS")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|s| *s > 0.0)
+        .map_or(Duration::ZERO, Duration::from_secs_f64)
+}
+
+impl FaultCounts {
+    fn add(&mut self, o: &FaultCounts) {
+        self.delay += o.delay;
+        self.blackhole += o.blackhole;
+        self.cut += o.cut;
+        self.reset += o.reset;
+        self.breaks += o.breaks;
+        self.revokes += o.revokes;
+        self.kills += o.kills;
+        self.drops += o.drops;
+        self.lost_answers += o.lost_answers;
+        self.lost_requests += o.lost_requests;
+        self.delayed_messages += o.delayed_messages;
+        self.cluster += o.cluster;
+    }
+
+    fn total(&self) -> u64 {
+        self.delay
+            + self.blackhole
+            + self.cut
+            + self.reset
+            + self.breaks
+            + self.revokes
+            + self.kills
+            + self.drops
+            + self.lost_answers
+            + self.lost_requests
+            + self.delayed_messages
+            + self.cluster
+    }
+}
+
+impl std::fmt::Display for FaultCounts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "delay {} blackhole {} cut {} reset {} break {} revoke {} kill {} drop {} lost-answer {} lost-request {} delayed-message {} cluster {}",
+            self.delay,
+            self.blackhole,
+            self.cut,
+            self.reset,
+            self.breaks,
+            self.revokes,
+            self.kills,
+            self.drops,
+            self.lost_answers,
+            self.lost_requests,
+            self.delayed_messages,
+            self.cluster
+        )
+    }
+}
+
+/// Schedules run at once on one store (each in its own namespace, with
+/// its own clients and links).
+pub(super) const AT_ONCE: usize = 2;
+
+/// Runs schedules of the default [`Shape`], two at a time:
+/// the replay seed alone, or for `QUORUMLOCK_EXPLORE_SECONDS`, or
+/// `QUORUMLOCK_EXPLORE_SEEDS` of them (default 3, the share of
+/// `scripts/test.sh`). Records one row (schedules and faults by kind in
+/// its notes) and fails with the seed of every schedule that found a
+/// violation.
+pub async fn explore_random_schedules(t: &FaultTarget) -> Row {
+    let budget = explore_budget();
+    let count: u64 = std::env::var("QUORUMLOCK_EXPLORE_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
+    let replay = replay_seed();
+    let first = replay.unwrap_or_else(fresh_seed);
+    let start = Instant::now();
+    let mut row = Row::new(t.name(), "explore_random_schedules");
+    let mut faults = FaultCounts::default();
+    let mut schedules = 0u64;
+    let mut next = 0u64;
+    loop {
+        let batch: Vec<u64> = (0..AT_ONCE as u64)
+            .map(|i| first.wrapping_add((next + i).wrapping_mul(7919)))
+            .take(if replay.is_some() { 1 } else { AT_ONCE })
+            .collect();
+        next += batch.len() as u64;
+        let outs =
+            futures::future::join_all(batch.iter().map(|seed| explore(t, *seed, Shape::default())))
+                .await;
+        for o in outs {
+            schedules += 1;
+            tally(t, &mut row, &mut faults, &o);
+        }
+        let done = replay.is_some()
+            || if budget.is_zero() {
+                next >= count
+            } else {
+                start.elapsed() >= budget
+            };
+        if done {
+            break;
+        }
+    }
+    summarize(row, schedules, &faults)
+}
+
+/// Adds one schedule's outcome to the row.
+pub(super) fn tally(t: &FaultTarget, row: &mut Row, faults: &mut FaultCounts, o: &Outcome) {
+    eprintln!(
+        "explorer {}: seed {}: {} ops, {} holds, faults: {}, {} violations",
+        t.name(),
+        o.seed,
+        o.ops,
+        o.holds,
+        o.faults,
+        o.violations.len()
+    );
+    row.cycles += o.ops;
+    faults.add(&o.faults);
+    if !o.violations.is_empty() {
+        row.violation(format!(
+            "seed {} (replay: QUORUMLOCK_EXPLORE_SEED={}): {}",
+            o.seed,
+            o.seed,
+            o.violations.join("; ")
+        ));
+    }
+}
+
+/// Puts the schedules and faults by kind first in the row's notes,
+/// records it and asserts that no schedule found a violation.
+pub(super) fn summarize(mut row: Row, schedules: u64, faults: &FaultCounts) -> Row {
+    row.faults = faults.total();
+    let notes = std::mem::take(&mut row.notes);
+    row.note(format!("{schedules} schedules; faults: {faults}"));
+    if !notes.is_empty() {
+        row.note(notes);
+    }
+    row.finish()
+}
+
+/// What a cluster schedule does to the cluster, early in the schedule.
+pub(super) async fn cluster_fault(cluster: &mut Cluster, seed: u64, ttl: Duration) -> &'static str {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0xc1c1_c1c1);
+    let recover = Duration::from_secs(60);
+    tokio::time::sleep(Duration::from_millis(rng.gen_range(300..1500))).await;
+    let Some(leader) = cluster.leader().await else {
+        return "no leader to fault";
+    };
+    let what = match rng.gen_range(0..3) {
+        0 => {
+            cluster.kill(leader);
+            let _ = cluster.wait_leader(recover).await;
+            let _ = cluster.restart(leader);
+            "leader killed and restarted"
+        }
+        1 => {
+            for i in 0..3 {
+                cluster.stop(i);
+            }
+            tokio::time::sleep(ttl + Duration::from_millis(500)).await;
+            for i in 0..3 {
+                cluster.cont(i);
+            }
+            "whole cluster paused past the TTL"
+        }
+        _ => {
+            let follower = (leader + 1) % 3;
+            cluster.kill(follower);
+            tokio::time::sleep(ttl).await;
+            let _ = cluster.restart(follower);
+            "a follower killed and restarted"
+        }
+    };
+    if cluster.wait_leader(recover).await.is_err() {
+        return "no leader after the fault";
+    }
+    what
+}
+
+/// Explorer schedules on a three-node cluster (`scripts/chaos.sh`): each
+/// also kills the leader, pauses the whole cluster past the TTL, or kills
+/// a follower, early in the schedule (chosen by the seed), and heals it
+/// before the schedule's faults stop. `QUORUMLOCK_EXPLORE_SECONDS` long
+/// (default: 2 schedules).
+pub async fn explore_on_cluster(t: &FaultTarget, cluster: &mut Cluster) -> Row {
+    let ttl = t.backend("qle-probe").await.capabilities().session_ttl;
+    let shape = Shape {
+        run_for: Duration::from_secs(15).max(ttl * 3),
+        ..Shape::default()
+    };
+    let budget = explore_budget();
+    let first = replay_seed().unwrap_or_else(fresh_seed);
+    let start = Instant::now();
+    let mut row = Row::new(t.name(), "explore_on_cluster");
+    let mut faults = FaultCounts::default();
+    let mut schedules = 0u64;
+    loop {
+        let seed = first.wrapping_add(schedules.wrapping_mul(7919));
+        let (o, what) = tokio::join!(explore(t, seed, shape), cluster_fault(cluster, seed, ttl));
+        eprintln!("explorer {}: seed {seed}: cluster fault: {what}", t.name());
+        schedules += 1;
+        tally(t, &mut row, &mut faults, &o);
+        if what != "no leader to fault" {
+            faults.cluster += 1;
+        }
+        let done = replay_seed().is_some()
+            || if budget.is_zero() {
+                schedules >= 2
+            } else {
+                start.elapsed() >= budget
+            };
+        if done {
+            break;
+        }
+    }
+    summarize(row, schedules, &faults)
+}
