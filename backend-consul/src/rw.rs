@@ -7,7 +7,7 @@ use std::sync::Arc;
 use lockcore::backend::{AcquireRequest, Acquired};
 use lockcore::{Error, ErrorKind, LockKind, Result};
 
-use crate::api::{op, Record, Txn};
+use crate::api::{op, KvEntry, Record, Txn};
 use crate::core::{
     failed, now_ms, read_after_lock, read_view, session_gone, session_lost, would_block, Shared,
     Transient, MAX_ACQUIRE_RETRIES,
@@ -72,18 +72,7 @@ pub(crate) async fn acquire_rw(s: &Arc<Shared>, req: &AcquireRequest) -> Result<
     };
     let mut retries = 0;
     loop {
-        if let Some(l) = &view.lock {
-            if l.flags != LOCK_FLAGS {
-                remove_rw(s, &keys, &entry).await?;
-                return Err(Error::new(
-                    ErrorKind::Conflict,
-                    format!(
-                        "{} has flags {:#x}, not the lock flags {LOCK_FLAGS:#x}: another recipe (a consul lock -n semaphore?) owns it",
-                        keys.lock, l.flags
-                    ),
-                ));
-            }
-        }
+        refuse_foreign_lock(s, &keys, &entry, &view).await?;
         let line = view.line(&keys);
         let Some(pos) = line
             .iter()
@@ -102,15 +91,7 @@ pub(crate) async fn acquire_rw(s: &Arc<Shared>, req: &AcquireRequest) -> Result<
                 "our entry was broken by an operator before its grant",
             ));
         }
-        let blocker = match req.kind {
-            LockKind::Read => line[..pos]
-                .iter()
-                .rev()
-                .find(|(k, _)| *k != LockKind::Read)
-                .map(|(_, e)| e.clone()),
-            _ => pos.checked_sub(1).map(|p| line[p].1.clone()),
-        };
-        if let Some(b) = blocker {
+        if let Some(b) = blocker(&line, pos, req.kind) {
             if !req.wait {
                 return leave().await;
             }
@@ -172,6 +153,37 @@ pub(crate) async fn acquire_rw(s: &Arc<Shared>, req: &AcquireRequest) -> Result<
                 view = transient.retry(read).await?;
             }
         }
+    }
+}
+
+/// `.lock` belongs to another recipe (a `consul lock -n` semaphore?):
+/// our entry goes, and the error says whose it is.
+async fn refuse_foreign_lock(s: &Arc<Shared>, keys: &Keys, entry: &str, view: &View) -> Result<()> {
+    match &view.lock {
+        Some(l) if l.flags != LOCK_FLAGS => {
+            remove_rw(s, keys, entry).await?;
+            Err(Error::new(
+                ErrorKind::Conflict,
+                format!(
+                    "{} has flags {:#x}, not the lock flags {LOCK_FLAGS:#x}: another recipe (a consul lock -n semaphore?) owns it",
+                    keys.lock, l.flags
+                ),
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The entry our place `pos` in `line` waits for: for a reader, the last
+/// writer or mutex ahead; for a writer, whoever is just ahead.
+fn blocker(line: &[(LockKind, KvEntry)], pos: usize, kind: LockKind) -> Option<KvEntry> {
+    match kind {
+        LockKind::Read => line[..pos]
+            .iter()
+            .rev()
+            .find(|(k, _)| *k != LockKind::Read)
+            .map(|(_, e)| e.clone()),
+        _ => pos.checked_sub(1).map(|p| line[p].1.clone()),
     }
 }
 
