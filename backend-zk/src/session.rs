@@ -236,62 +236,22 @@ impl Inner {
         let c = self.client()?;
         let Created {
             node: lock_node,
-            mut listed,
+            listed,
             ..
         } = self
             .create_contender(&c, &locks_dir, LOCK_MARKER, &data, req, true)
             .await?;
-        let our_lock = lock_node.rsplit('/').next().expect("a path").to_string();
-        let guid_prefix = format!("_c_{}-", req.contender.hyphenated());
         let mut backoff = Duration::from_millis(20);
-        let conflict = |why: String| Error::new(ErrorKind::Conflict, why);
-        // 1. The internal mutex, FIFO and herd-free as any mutex.
-        loop {
-            let children = match listed.take() {
-                Some(ch) => ch,
-                None => self.list_retrying(&c, &locks_dir).await?,
-            };
-            let sorted = layout::sort_by_marker(children, LOCK_MARKER);
-            if self
-                .delete_orphans(&c, &locks_dir, &sorted, &guid_prefix, &our_lock)
-                .await?
-            {
-                continue;
-            }
-            let Some(index) = sorted.iter().position(|n| *n == our_lock) else {
-                return Err(lost_session(
-                    "our contender node is gone (session expired or node deleted)",
-                ));
-            };
-            if index == 0 {
-                break;
-            }
-            if !req.wait {
-                self.delete(&c, &lock_node).await?;
-                return Err(Error::new(
-                    ErrorKind::WouldBlock,
-                    format!("semaphore {} has no free permit", req.name),
-                ));
-            }
-            let pred = format!("{locks_dir}/{}", sorted[index - 1]);
-            let waited = self
-                .wait_for(&c, &pred, &mut backoff, |d| {
-                    match layout::parse_permits(d) {
-                        Some(p) if p != permits => Err(conflict(format!(
-                            "semaphore {} is used with {p} permits, not {permits}",
-                            req.name
-                        ))),
-                        _ => Ok(()),
-                    }
-                })
-                .await;
-            if let Err(e) = waited {
-                if e.kind() == ErrorKind::Conflict {
-                    self.delete(&c, &lock_node).await?;
-                }
-                return Err(e);
-            }
-        }
+        self.take_internal_mutex(
+            &c,
+            req,
+            permits,
+            &locks_dir,
+            &lock_node,
+            listed,
+            &mut backoff,
+        )
+        .await?;
         // 2. We hold the internal mutex: check the kind and the permit
         // count before creating our lease.
         let refuse = self
@@ -357,6 +317,71 @@ impl Inner {
                 self.shared.count_watch_event();
             }
         }
+    }
+
+    /// Step 1 of [`Inner::acquire_semaphore`]: the internal mutex of
+    /// Curator's `InterProcessSemaphoreV2`, FIFO and herd-free as any
+    /// mutex. A try that finds it taken, or a waiter that meets another
+    /// permit count, deletes our node `lock_node` and returns the error.
+    #[allow(clippy::too_many_arguments)]
+    async fn take_internal_mutex(
+        &self,
+        c: &zk::Client,
+        req: &AcquireRequest,
+        permits: u32,
+        locks_dir: &str,
+        lock_node: &str,
+        mut listed: Option<Vec<String>>,
+        backoff: &mut Duration,
+    ) -> Result<()> {
+        let our_lock = lock_node.rsplit('/').next().expect("a path").to_string();
+        let guid_prefix = format!("_c_{}-", req.contender.hyphenated());
+        let conflict = |why: String| Error::new(ErrorKind::Conflict, why);
+        loop {
+            let children = match listed.take() {
+                Some(ch) => ch,
+                None => self.list_retrying(c, locks_dir).await?,
+            };
+            let sorted = layout::sort_by_marker(children, LOCK_MARKER);
+            if self
+                .delete_orphans(c, locks_dir, &sorted, &guid_prefix, &our_lock)
+                .await?
+            {
+                continue;
+            }
+            let Some(index) = sorted.iter().position(|n| *n == our_lock) else {
+                return Err(lost_session(
+                    "our contender node is gone (session expired or node deleted)",
+                ));
+            };
+            if index == 0 {
+                break;
+            }
+            if !req.wait {
+                self.delete(c, lock_node).await?;
+                return Err(Error::new(
+                    ErrorKind::WouldBlock,
+                    format!("semaphore {} has no free permit", req.name),
+                ));
+            }
+            let pred = format!("{locks_dir}/{}", sorted[index - 1]);
+            let waited = self
+                .wait_for(c, &pred, backoff, |d| match layout::parse_permits(d) {
+                    Some(p) if p != permits => Err(conflict(format!(
+                        "semaphore {} is used with {p} permits, not {permits}",
+                        req.name
+                    ))),
+                    _ => Ok(()),
+                })
+                .await;
+            if let Err(e) = waited {
+                if e.kind() == ErrorKind::Conflict {
+                    self.delete(c, lock_node).await?;
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
     }
 
     /// Step 2 of [`Inner::acquire_semaphore`], holding the internal mutex:
