@@ -99,7 +99,7 @@ pub struct HeldEntry {
     pub entry: String,
     /// Its fencing token.
     pub token: u64,
-    /// The store session that holds it ([`crate::StoreSession::id`]).
+    /// The store session that holds it ([`crate::backend::StoreSession::id`]).
     pub session: String,
 }
 

@@ -164,7 +164,7 @@ impl LockGuard {
         }
     }
 
-    /// Whether someone asked us to let go ([`LockClient::request_revoke`]).
+    /// Whether someone asked us to let go ([`crate::LockClient::request_revoke`]).
     pub fn is_revoke_requested(&self) -> bool {
         self.held().req.signals.is_revoke_requested()
     }
