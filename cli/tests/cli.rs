@@ -196,7 +196,7 @@ fn mem_usage_errors_are_64() {
         .args(["status", "a"])
         .assert()
         .code(USAGE);
-    ql("redis://127.0.0.1:6379")
+    ql("memcached://127.0.0.1:11211")
         .args(["status", "a"])
         .assert()
         .code(USAGE)
