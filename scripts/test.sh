@@ -66,6 +66,10 @@ done
 rm -f "$out"
 
 step "cargo package --workspace (builds every published crate from its .crate file)"
+# cargo extracts a local registry's crates under registry/src/-<hash>/ once
+# per version and reuses them: a second run on one machine would verify
+# against the first run's sources (0.1.0 both times). Drop ours first.
+rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/quorumlock*
 cargo package --workspace --exclude quorumlock-bench --locked --allow-dirty
 
 step "a project outside the workspace on the packaged quorumlock (etcd), quickstart on etcd"
