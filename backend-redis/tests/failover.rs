@@ -230,7 +230,16 @@ async fn failover_before_replication_loses_the_lock_and_the_token_fences_the_old
     let reason = tokio::time::timeout(Duration::from_secs(4), ga.lost())
         .await
         .expect("A's loss was not reported");
-    assert_eq!(reason, LossReason::EntryDeleted);
+    // The grant never reached the replica; whether A's session key did
+    // depends on timing: the renewal then finds its entry gone, or the
+    // session itself. Either is the loss, reported.
+    assert!(
+        matches!(
+            reason,
+            LossReason::EntryDeleted | LossReason::SessionExpired
+        ),
+        "{reason:?}"
+    );
     assert!(!ga.is_held());
 
     // The token refuses A's late write; the store refuses A's fenced one.
