@@ -24,15 +24,16 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 mod delay;
+mod fenced;
 mod grants;
 mod namespace;
 pub mod schemes;
 
-pub use crate::fenced::{check_kinds, refused, HeldEntry, KeyWrite, MAX_KEY_LEN};
 pub use crate::inflight::{finish_on_drop, InFlightWrites};
 pub use crate::queue::holds;
 pub use crate::signal::{EntrySignals, SessionLiveness};
 pub use delay::{DelayQueue, HELD_WATCH_DELAY};
+pub use fenced::{check_kinds, refused, HeldEntry, KeyWrite, MAX_KEY_LEN};
 pub use grants::{GrantMemory, LastGrant, QuietGrants};
 pub use namespace::Namespace;
 

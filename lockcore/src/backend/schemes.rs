@@ -3,7 +3,7 @@
 //! lockcore so that the facade knows the schemes of a backend whose
 //! feature (and crate) is off, to name the feature in its error.
 
-/// `mem://` ([`crate::mem`]).
+/// `mem://`: the in-process store of this crate.
 pub const MEM: &[&str] = &["mem"];
 /// `etcd://`, `etcds://` (TLS): the `quorumlock-etcd` crate.
 pub const ETCD: &[&str] = &["etcd", "etcds"];

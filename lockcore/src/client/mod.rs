@@ -324,7 +324,7 @@ impl LockClient {
         let session = match until(open_by, self.session()).await {
             None => {
                 let e = Error::new(ErrorKind::Connection, "no answer while opening a session");
-                retry.unreachable.failed(&retry.store, &e, started);
+                retry.failed(&e, started);
                 return Err(retry.gave_up(deadline));
             }
             Some(Ok(s)) => s,
@@ -332,7 +332,7 @@ impl LockClient {
             // trying, until its deadline or until the store has been
             // unreachable for `unavailable_after`.
             Some(Err(e)) if e.is_retryable() && mode != Mode::Try => {
-                retry.unreachable.failed(&retry.store, &e, started);
+                retry.failed(&e, started);
                 if !retry.back_off(deadline).await {
                     return Err(retry.gave_up(deadline));
                 }
@@ -352,7 +352,7 @@ impl LockClient {
                 _ => None,
             };
             let mut ticket = self.local_ticket(name, kind, mode).await?;
-            let mut retry = Retry::new(name, &self.inner.options, self.inner.backend.describe());
+            let mut retry = Retry::new(name, &self.inner.options, self.inner.backend.clone());
             loop {
                 let Some(session) = self.session_for_attempt(mode, deadline, &mut retry).await? else {
                     continue;
@@ -407,7 +407,7 @@ impl LockClient {
                     }
                     Some(Err(e)) if e.is_retryable() && mode != Mode::Try => {
                         if e.kind() == ErrorKind::Connection {
-                            retry.unreachable.failed(&retry.store, &e, Instant::now());
+                            retry.failed(&e, Instant::now());
                         } else {
                             tracing::debug!(error = %e, "acquire attempt failed, retrying");
                         }

@@ -284,21 +284,29 @@ impl Drop for PendingAcquire {
 /// store, and the session its last attempt used.
 pub(super) struct Retry {
     name: LockName,
-    pub(super) store: String,
+    /// Named (`describe`) only in a warning or an error, not per acquire.
+    backend: Arc<dyn Backend>,
     backoff: Backoff,
     pub(super) unreachable: Unreachable,
     current: Option<Arc<SessionSlot>>,
 }
 
 impl Retry {
-    pub(super) fn new(name: &LockName, options: &ClientOptions, store: String) -> Self {
+    pub(super) fn new(name: &LockName, options: &ClientOptions, backend: Arc<dyn Backend>) -> Self {
         Retry {
             name: name.clone(),
-            store,
+            backend,
             backoff: Backoff::default(),
             unreachable: Unreachable::new(options),
             current: None,
         }
+    }
+
+    /// A session could not be opened, or an attempt failed on the link;
+    /// the trouble started no later than `started`.
+    pub(super) fn failed(&mut self, e: &Error, started: Instant) {
+        self.unreachable
+            .failed(&self.backend.describe(), e, started);
     }
 
     /// Waits the next backoff step; false if the deadline or the
@@ -313,7 +321,7 @@ impl Retry {
         if deadline.is_some_and(|d| Instant::now() >= d) {
             timed_out(&self.name)
         } else {
-            self.unreachable.error(&self.name, &self.store)
+            self.unreachable.error(&self.name, &self.backend.describe())
         }
     }
 

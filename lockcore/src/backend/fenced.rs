@@ -1,0 +1,159 @@
+//! The contract of a fenced write: what is written ([`KeyWrite`]), which
+//! held entries it depends on ([`HeldEntry`]), and the checks and error
+//! every backend shares. The user API is in the crate's `fenced.rs`.
+
+use crate::{Error, ErrorKind, LockKind, LockName, Result};
+
+/// Longest key a fenced write accepts (bytes); every store takes this.
+pub const MAX_KEY_LEN: usize = 512;
+
+/// A write to the store's own key space, outside quorumlock's namespace:
+/// an etcd key, a ZooKeeper path (`/app/config`), a Consul KV key.
+#[derive(Clone, PartialEq, Eq)]
+pub enum KeyWrite {
+    /// Set `key` to `value` (created if absent).
+    Put {
+        /// The store key.
+        key: String,
+        /// The new value.
+        value: Vec<u8>,
+    },
+    /// Delete `key` (nothing if absent).
+    Delete {
+        /// The store key.
+        key: String,
+    },
+}
+
+impl std::fmt::Debug for KeyWrite {
+    // Values may be secrets: only their length is shown.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeyWrite::Put { key, value } => f
+                .debug_struct("Put")
+                .field("key", key)
+                .field("value_len", &value.len())
+                .finish(),
+            KeyWrite::Delete { key } => f.debug_struct("Delete").field("key", key).finish(),
+        }
+    }
+}
+
+impl KeyWrite {
+    /// The key written.
+    pub fn key(&self) -> &str {
+        match self {
+            KeyWrite::Put { key, .. } | KeyWrite::Delete { key } => key,
+        }
+    }
+
+    /// Checks what every store requires of a key, and that it is not
+    /// inside quorumlock's own `namespace_prefix` (a write there could
+    /// forge or destroy lock entries). [`ErrorKind::InvalidArgument`].
+    pub fn validate(&self, namespace_prefix: &str) -> Result<()> {
+        let key = self.key();
+        let bad = |why: &str| {
+            Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("fenced write to {key:?}: {why}"),
+            ))
+        };
+        if key.is_empty() {
+            return bad("the key is empty");
+        }
+        if key.len() > MAX_KEY_LEN {
+            return bad("the key is longer than 512 bytes");
+        }
+        if key.chars().any(char::is_control) {
+            return bad("the key has a control character");
+        }
+        let namespace = namespace_prefix.trim_end_matches('/');
+        let inside = !namespace.is_empty()
+            && key
+                .strip_prefix(namespace)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'));
+        if inside {
+            return bad("the key is inside quorumlock's namespace");
+        }
+        Ok(())
+    }
+}
+
+/// A held entry a fenced write depends on: the write applies only if the
+/// store still has it, unchanged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldEntry {
+    /// The lock.
+    pub name: LockName,
+    /// Its kind (fenced writes take [`LockKind::Exclusive`] holds).
+    pub kind: LockKind,
+    /// The store's name of our entry ([`crate::backend::Acquired::entry`]).
+    pub entry: String,
+    /// Its fencing token.
+    pub token: u64,
+    /// The store session that holds it ([`crate::backend::StoreSession::id`]).
+    pub session: String,
+}
+
+/// The error of a fenced write the store refused.
+pub fn refused(write: &KeyWrite, held: &[HeldEntry]) -> Error {
+    let names: Vec<&str> = held.iter().map(|h| h.name.as_str()).collect();
+    let whose = match names.as_slice() {
+        [one] => format!("the entry of {one} is gone"),
+        many => format!("an entry of {} is gone", many.join(", ")),
+    };
+    Error::new(
+        ErrorKind::LockLost,
+        format!(
+            "fenced write to {:?} refused by the store: {whose}",
+            write.key()
+        ),
+    )
+}
+
+/// Fenced writes are for exclusive holds (a mutex, or a set of them):
+/// only there does "our entry still exists" mean "nobody else holds it".
+pub fn check_kinds(held: &[HeldEntry]) -> Result<()> {
+    match held.iter().find(|h| h.kind != LockKind::Exclusive) {
+        None => Ok(()),
+        Some(h) => Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!(
+                "fenced writes need a mutex hold; {} is held as {:?}",
+                h.name, h.kind
+            ),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(key: &str) -> KeyWrite {
+        KeyWrite::Put {
+            key: key.into(),
+            value: b"v".to_vec(),
+        }
+    }
+
+    #[test]
+    fn keys_are_checked_and_the_namespace_is_off_limits() {
+        assert!(put("app/config").validate("locks/").is_ok());
+        assert!(put("locksmith").validate("locks/").is_ok());
+        for bad in ["", "locks", "locks/x", "a\nb"] {
+            let e = put(bad).validate("locks/").unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{bad:?}");
+        }
+        assert!(put(&"k".repeat(MAX_KEY_LEN + 1)).validate("ns").is_err());
+    }
+
+    #[test]
+    fn debug_hides_values() {
+        let w = KeyWrite::Put {
+            key: "k".into(),
+            value: b"hunter2".to_vec(),
+        };
+        assert!(!format!("{w:?}").contains("hunter2"));
+    }
+}
