@@ -468,10 +468,18 @@ async fn late_enqueue_after_abandon_creates_nothing(var: &str) {
     proxy.hold();
     let c = ours.clone();
     let wait = Duration::from_millis(500);
-    let attempt = tokio::spawn(async move { c.lock("m").unwrap().acquire_timeout(wait).await });
+    let (started_tx, started) = tokio::sync::oneshot::channel();
+    let attempt = tokio::spawn(async move {
+        let _ = started_tx.send(Instant::now());
+        c.lock("m").unwrap().acquire_timeout(wait).await
+    });
     // The attempt times out; its abandon waits for the enqueue txn, which
-    // the broken link ends without an answer.
-    tokio::time::sleep(wait + Duration::from_millis(300)).await;
+    // the broken link ends without an answer. The deadline counts from
+    // the attempt's own start: on a loaded machine the spawned task may
+    // start late, and a link broken before its deadline lets the retried
+    // enqueue through on a new connection (a grant, not this case).
+    let started = started.await.unwrap();
+    tokio::time::sleep_until(started + wait + Duration::from_millis(700)).await;
     proxy.detach();
     let e = tokio::time::timeout(SOON, attempt)
         .await
