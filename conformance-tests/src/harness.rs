@@ -140,7 +140,8 @@ impl Harness {
 
     /// Whether the backend declares every capability `case` needs; if not,
     /// says so on stderr (a loud skip: the suite runs every case on every
-    /// backend, and the backend's [`Capabilities`] decide).
+    /// backend, and the backend's [`Capabilities`] decide), or panics when
+    /// `QUORUMLOCK_TEST_REQUIRE=1`.
     pub async fn supports(&self, case: &str, needs: &[Needs]) -> bool {
         if needs.is_empty() {
             return true;
@@ -148,6 +149,14 @@ impl Harness {
         let caps = self.backend("capabilities").await.capabilities();
         let missing: Vec<&Needs> = needs.iter().filter(|n| !n.met_by(&caps)).collect();
         if !missing.is_empty() {
+            // A skipped case must not count as passed where skipping is
+            // forbidden: every backend in CI declares every capability.
+            if require() {
+                panic!(
+                    "{case} needs {missing:?}, which {} lacks, and QUORUMLOCK_TEST_REQUIRE=1",
+                    self.store
+                );
+            }
             eprintln!(
                 "SKIPPED: {case} needs {missing:?}, which {} lacks",
                 self.store
