@@ -7,18 +7,25 @@
 #   scripts/chaos.sh [--minutes N] [--backend B]... [--keep-results FILE]
 #
 #   --minutes N   total wall time to spend (default 10), shared evenly by
-#                 the backends; each backend's suite is repeated until its
-#                 share is used (at least once), and each scenario inside
-#                 it repeats its rounds for QUORUMLOCK_CHAOS_SECONDS.
-#   --backend B   mem, etcd, zk or consul (repeatable; default: all four).
+#                 the backends. In its share a backend first runs the
+#                 fault explorer (random schedules under random faults,
+#                 checked by the history checker) for three quarters of
+#                 it, QUORUMLOCK_EXPLORE_AT_ONCE schedules in flight
+#                 (default here 12), each QUORUMLOCK_EXPLORE_RUN_SECONDS
+#                 long (default here 3); then passes of the scripted
+#                 scenarios, each repeating its rounds for
+#                 QUORUMLOCK_CHAOS_SECONDS, while they fit.
+#   --backend B   mem, etcd, zk, consul or redis (repeatable; default: all).
 #   --keep-results FILE   append the raw rows (TSV) to FILE.
 #   --no-clusters  skip the three-node cluster scenarios.
 #
-# After its timed passes, each real backend runs its cluster scenarios
-# (and two explorer schedules with a leader kill, a whole-cluster pause or a
-# follower kill each) once (three-node clusters on 127.0.0.2-4, started and stopped by the
-# tests; about 20 s for etcd, 2-3 min for ZooKeeper and Consul), through
-# backend-<B>/tests/fault_cluster.rs (one `cluster_fault_suite!(...)`).
+# After its timed passes, each real backend with a cluster target runs its
+# cluster scenarios and explorer rounds on a three-node cluster (each round
+# kills the leader, pauses the whole cluster past the TTL or kills a
+# follower under QUORUMLOCK_EXPLORE_AT_ONCE schedules) once (clusters on
+# 127.0.0.2-4, started and stopped by the tests; about 20 s for etcd, 2-3
+# min for ZooKeeper and Consul), through backend-<B>/tests/fault_cluster.rs
+# (one `cluster_fault_suite!(...)`); this time is not part of --minutes.
 #
 # The real stores come from `scripts/stores.sh up` unless the
 # QUORUMLOCK_TEST_<STORE>_URL variables are already set; this script never
@@ -27,7 +34,8 @@
 #   etcd     backend-etcd/tests/fault_suite.rs
 #   zk       backend-zk/tests/fault_suite.rs
 #   consul   backend-consul/tests/fault_suite.rs
-# (each of those three is one `conformance_tests::fault_suite!(...)` line).
+#   redis    backend-redis/tests/fault_suite.rs
+# (each of those is one `conformance_tests::fault_suite!(...)` line).
 # QUORUMLOCK_CHAOS_SUITE_<B> / QUORUMLOCK_CHAOS_CLUSTER_<B> (B upper-case)
 # replace the cargo arguments that select a suite, e.g.
 # "--manifest-path /elsewhere/Cargo.toml --test etcd".
@@ -51,7 +59,7 @@ while [ $# -gt 0 ]; do
     *) echo "chaos.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-[ ${#backends[@]} -gt 0 ] || backends=(mem etcd zk consul)
+[ ${#backends[@]} -gt 0 ] || backends=(mem etcd zk consul redis)
 case "$minutes" in ''|*[!0-9.]*) echo "chaos.sh: --minutes takes a number" >&2; exit 2 ;; esac
 
 SCENARIOS=12   # scripted scenarios in conformance_tests::fault_suite!
@@ -64,7 +72,8 @@ for b in "${backends[@]}"; do
     etcd) [ -n "${QUORUMLOCK_TEST_ETCD_URL:-}" ] || need_stores=1 ;;
     zk) [ -n "${QUORUMLOCK_TEST_ZK_URL:-}" ] || need_stores=1 ;;
     consul) [ -n "${QUORUMLOCK_TEST_CONSUL_URL:-}" ] || need_stores=1 ;;
-    *) echo "chaos.sh: unknown backend $b (mem, etcd, zk, consul)" >&2; exit 2 ;;
+    redis) [ -n "${QUORUMLOCK_TEST_REDIS_URL:-}" ] || need_stores=1 ;;
+    *) echo "chaos.sh: unknown backend $b (mem, etcd, zk, consul, redis)" >&2; exit 2 ;;
   esac
 done
 if [ "$need_stores" = 1 ]; then
@@ -78,13 +87,15 @@ export QUORUMLOCK_CHAOS_RESULTS=$results
 export QUORUMLOCK_TEST_REQUIRE=1
 export CARGO_TERM_COLOR=never
 
-# Seconds per backend: half for the explorer's random schedules, half
-# shared by the scripted scenarios within one pass of a suite.
+# Seconds per backend: three quarters for the explorer's random
+# schedules, the rest for passes of the scripted scenarios.
 slice=$(awk -v m="$minutes" -v n="${#backends[@]}" 'BEGIN { printf "%d", m * 60 / n }')
-per_scenario=$(awk -v s="$slice" -v k="$SCENARIOS" 'BEGIN { printf "%d", s / 2 / k }')
+explore_share=$(( slice * 3 / 4 ))
+per_scenario=$(awk -v s="$slice" -v e="$explore_share" -v k="$SCENARIOS" 'BEGIN { p = (s - e) / k; printf "%d", (p < 1 ? 1 : p) }')
 export QUORUMLOCK_CHAOS_SECONDS=$per_scenario
-export QUORUMLOCK_EXPLORE_SECONDS=$(( slice / 2 ))
-log "${#backends[@]} backend(s), ${slice}s each: explorer ${QUORUMLOCK_EXPLORE_SECONDS}s, ${per_scenario}s per scenario per pass"
+export QUORUMLOCK_EXPLORE_AT_ONCE=${QUORUMLOCK_EXPLORE_AT_ONCE:-12}
+export QUORUMLOCK_EXPLORE_RUN_SECONDS=${QUORUMLOCK_EXPLORE_RUN_SECONDS:-3}
+log "${#backends[@]} backend(s), ${slice}s each: explorer ${explore_share}s (${QUORUMLOCK_EXPLORE_AT_ONCE} schedules at once, ${QUORUMLOCK_EXPLORE_RUN_SECONDS}s each), then ${per_scenario}s per scenario per pass"
 
 # add_missing_rows BACKEND LOG FIRST_LINE: a FAIL row for every test that
 # failed in LOG without recording its own row (rows from line FIRST_LINE on).
@@ -116,13 +127,26 @@ for b in "${backends[@]}"; do
   log "$b: building"
   cargo test -q "${suite[@]}" --no-run >&2
   start=$(date +%s)
+  # The explorer first: its share split between the explorer tests of the
+  # target (etcd has one per version), which run one after the other.
+  n_explore=$(cargo test -q "${suite[@]}" -- --list 2>/dev/null | grep -c 'explore_random_schedules: test' || true)
+  [ "$n_explore" -gt 0 ] || n_explore=1
+  out=$logs/$b.explore.log
+  log "$b: explorer, ${explore_share}s over $n_explore target(s) (log: $out)"
+  first=$(( $(wc -l <"$results") + 1 ))
+  if ! QUORUMLOCK_EXPLORE_SECONDS=$(( explore_share / n_explore )) \
+      cargo test "${suite[@]}" -- explore_random_schedules --test-threads=1 >"$out" 2>&1; then
+    failed_tests=1
+    add_missing_rows "$b" "$out" "$first"
+    grep -E 'panicked at' -A2 "$out" | head -20 >&2 || true
+  fi
   pass=0
   while :; do
     pass=$((pass + 1))
     out=$logs/$b.$pass.log
     log "$b: pass $pass (log: $out)"
     first=$(( $(wc -l <"$results") + 1 ))
-    if ! cargo test "${suite[@]}" -- --test-threads=1 >"$out" 2>&1; then
+    if ! cargo test "${suite[@]}" -- --skip explore_random_schedules --test-threads=1 >"$out" 2>&1; then
       failed_tests=1
       add_missing_rows "$b" "$out" "$first"
       grep -E 'panicked at' -A2 "$out" | head -20 >&2 || true

@@ -80,50 +80,74 @@ impl std::fmt::Display for FaultCounts {
 }
 
 /// Schedules run at once on one store (each in its own namespace, with
-/// its own clients and links).
-pub(super) const AT_ONCE: usize = 2;
+/// its own clients and links): `QUORUMLOCK_EXPLORE_AT_ONCE`, default 2
+/// (`scripts/chaos.sh` runs more: the stores are far from busy with one).
+pub(super) fn at_once() -> usize {
+    env_number("QUORUMLOCK_EXPLORE_AT_ONCE")
+        .map(|n| n as usize)
+        .filter(|n| *n > 0)
+        .unwrap_or(2)
+}
 
-/// Runs schedules of the default [`Shape`], two at a time:
-/// the replay seed alone, or for `QUORUMLOCK_EXPLORE_SECONDS`, or
-/// `QUORUMLOCK_EXPLORE_SEEDS` of them (default 3, the share of
-/// `scripts/test.sh`). Records one row (schedules and faults by kind in
-/// its notes) and fails with the seed of every schedule that found a
-/// violation.
+/// The shape of a single-node schedule: [`Shape::default`], running for
+/// `QUORUMLOCK_EXPLORE_RUN_SECONDS` when set.
+pub(super) fn single_node_shape() -> Shape {
+    let mut shape = Shape::default();
+    if let Some(s) = env_number("QUORUMLOCK_EXPLORE_RUN_SECONDS").filter(|s| *s > 0.0) {
+        shape.run_for = Duration::from_secs_f64(s);
+    }
+    shape
+}
+
+fn env_number(var: &str) -> Option<f64> {
+    std::env::var(var).ok().and_then(|s| s.parse::<f64>().ok())
+}
+
+/// The seed of the `i`th schedule of a run that starts at `first`.
+fn nth_seed(first: u64, i: u64) -> u64 {
+    first.wrapping_add(i.wrapping_mul(7919))
+}
+
+/// Runs schedules of [`single_node_shape`], [`at_once`] of them in flight
+/// (a new one starts as soon as one ends): the replay seed alone, or for
+/// `QUORUMLOCK_EXPLORE_SECONDS`, or `QUORUMLOCK_EXPLORE_SEEDS` of them
+/// (default 4, the share of `scripts/test.sh`). Records one row
+/// (schedules and faults by kind in its notes) and fails with the seed of
+/// every schedule that found a violation.
 pub async fn explore_random_schedules(t: &FaultTarget) -> Row {
+    use futures::stream::{FuturesUnordered, StreamExt};
+
     let budget = explore_budget();
     let count: u64 = std::env::var("QUORUMLOCK_EXPLORE_SEEDS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(3);
+        .unwrap_or(4);
     let replay = replay_seed();
     let first = replay.unwrap_or_else(fresh_seed);
+    let shape = single_node_shape();
     let start = Instant::now();
     let mut row = Row::new(t.name(), "explore_random_schedules");
     let mut faults = FaultCounts::default();
     let mut schedules = 0u64;
-    let mut next = 0u64;
+    let mut started = 0u64;
+    let may_start = |started: u64| {
+        if replay.is_some() {
+            started == 0
+        } else if budget.is_zero() {
+            started < count
+        } else {
+            start.elapsed() < budget
+        }
+    };
+    let mut running = FuturesUnordered::new();
     loop {
-        let batch: Vec<u64> = (0..AT_ONCE as u64)
-            .map(|i| first.wrapping_add((next + i).wrapping_mul(7919)))
-            .take(if replay.is_some() { 1 } else { AT_ONCE })
-            .collect();
-        next += batch.len() as u64;
-        let outs =
-            futures::future::join_all(batch.iter().map(|seed| explore(t, *seed, Shape::default())))
-                .await;
-        for o in outs {
-            schedules += 1;
-            tally(t, &mut row, &mut faults, &o);
+        while running.len() < at_once() && may_start(started) {
+            running.push(explore(t, nth_seed(first, started), shape));
+            started += 1;
         }
-        let done = replay.is_some()
-            || if budget.is_zero() {
-                next >= count
-            } else {
-                start.elapsed() >= budget
-            };
-        if done {
-            break;
-        }
+        let Some(o) = running.next().await else { break };
+        schedules += 1;
+        tally(t, &mut row, &mut faults, &o);
     }
     summarize(row, schedules, &faults)
 }
@@ -205,8 +229,8 @@ pub(super) async fn cluster_fault(cluster: &mut Cluster, seed: u64, ttl: Duratio
 /// Explorer schedules on a three-node cluster (`scripts/chaos.sh`): each
 /// also kills the leader, pauses the whole cluster past the TTL, or kills
 /// a follower, early in the schedule (chosen by the seed), and heals it
-/// before the schedule's faults stop. `QUORUMLOCK_EXPLORE_SECONDS` long
-/// (default: 2 schedules).
+/// before the schedule's faults stop; [`at_once`] schedules share each
+/// cluster fault. `QUORUMLOCK_EXPLORE_SECONDS` long (default: 2 rounds).
 pub async fn explore_on_cluster(t: &FaultTarget, cluster: &mut Cluster) -> Row {
     let ttl = t.backend("qle-probe").await.capabilities().session_ttl;
     let shape = Shape {
@@ -219,18 +243,35 @@ pub async fn explore_on_cluster(t: &FaultTarget, cluster: &mut Cluster) -> Row {
     let mut row = Row::new(t.name(), "explore_on_cluster");
     let mut faults = FaultCounts::default();
     let mut schedules = 0u64;
+    let mut rounds = 0u64;
     loop {
-        let seed = first.wrapping_add(schedules.wrapping_mul(7919));
-        let (o, what) = tokio::join!(explore(t, seed, shape), cluster_fault(cluster, seed, ttl));
-        eprintln!("explorer {}: seed {seed}: cluster fault: {what}", t.name());
-        schedules += 1;
-        tally(t, &mut row, &mut faults, &o);
+        // One cluster fault per round, under [`at_once`] schedules (the
+        // replay seed alone when replaying): each lives through it.
+        let width = if replay_seed().is_some() {
+            1
+        } else {
+            at_once() as u64
+        };
+        let seeds: Vec<u64> = (0..width).map(|i| nth_seed(first, schedules + i)).collect();
+        let (outs, what) = tokio::join!(
+            futures::future::join_all(seeds.iter().map(|seed| explore(t, *seed, shape))),
+            cluster_fault(cluster, seeds[0], ttl)
+        );
+        eprintln!(
+            "explorer {}: seeds {seeds:?}: cluster fault: {what}",
+            t.name()
+        );
+        rounds += 1;
+        for o in outs {
+            schedules += 1;
+            tally(t, &mut row, &mut faults, &o);
+        }
         if what != "no leader to fault" {
             faults.cluster += 1;
         }
         let done = replay_seed().is_some()
             || if budget.is_zero() {
-                schedules >= 2
+                rounds >= 2
             } else {
                 start.elapsed() >= budget
             };
