@@ -99,6 +99,9 @@ pub(super) fn single_node_shape() -> Shape {
     shape
 }
 
+/// The gap between the first schedules' starts.
+const RAMP_STEP: Duration = Duration::from_millis(200);
+
 fn env_number(var: &str) -> Option<f64> {
     std::env::var(var).ok().and_then(|s| s.parse::<f64>().ok())
 }
@@ -142,7 +145,15 @@ pub async fn explore_random_schedules(t: &FaultTarget) -> Row {
     let mut running = FuturesUnordered::new();
     loop {
         while running.len() < at_once() && may_start(started) {
-            running.push(explore(t, nth_seed(first, started), shape));
+            // The first ones start 200 ms apart: a dozen schedules opening
+            // all their sessions in one instant starve the runtime's
+            // timers, which the checker would see as late returns.
+            let stagger = RAMP_STEP * started.min(at_once() as u64) as u32;
+            let seed = nth_seed(first, started);
+            running.push(async move {
+                tokio::time::sleep(stagger).await;
+                explore(t, seed, shape).await
+            });
             started += 1;
         }
         let Some(o) = running.next().await else { break };
