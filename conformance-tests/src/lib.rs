@@ -3,11 +3,10 @@
 
 pub mod cases;
 pub mod faults;
-pub mod fenced;
 mod harness;
 pub mod herd;
-pub mod multi;
 pub mod repeat;
+pub mod scratch;
 
 pub use harness::{BackendFactory, Case, Flavor, Harness, Needs};
 

@@ -14,8 +14,10 @@ use tokio::time::Instant;
 use crate::{Flavor, Harness};
 
 mod cancel;
+mod fenced;
 mod kinds;
 mod list;
+mod multi;
 mod mutex;
 mod names;
 mod rwlock;
@@ -23,19 +25,15 @@ mod semaphore;
 mod session;
 
 pub use cancel::*;
+pub use fenced::*;
 pub use kinds::*;
 pub use list::*;
+pub use multi::*;
 pub use mutex::*;
 pub use names::*;
 pub use rwlock::*;
 pub use semaphore::*;
 pub use session::*;
-
-pub use crate::fenced::fenced_writes_refused_after_loss;
-pub use crate::multi::{
-    multi_lock_all_or_nothing, multi_lock_loss_of_one_is_loss_of_set,
-    multi_lock_opposite_orders_never_deadlock, scoped_run_stops_work_on_loss,
-};
 
 /// Generous bound for anything that should happen "soon" on a real store.
 const SOON: Duration = Duration::from_secs(30);

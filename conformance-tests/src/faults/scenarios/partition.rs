@@ -136,7 +136,7 @@ pub async fn paused_holder_fenced(t: &FaultTarget) -> Row {
         // The store fences its own keys: the paused holder's write there
         // is refused, while the same write without a fence goes through
         // (so the fence refused it, not the link).
-        let key = crate::fenced::scratch_key(a.backend().as_ref(), &s.ns, &format!("p{round}"));
+        let key = crate::scratch::scratch_key(a.backend().as_ref(), &s.ns, &format!("p{round}"));
         match ga.fenced_put(key.as_str(), b"stale".to_vec()).await {
             Err(e) if e.kind() == ErrorKind::LockLost => {}
             other => s.row.violation(format!(
@@ -151,7 +151,7 @@ pub async fn paused_holder_fenced(t: &FaultTarget) -> Row {
             .write_key(&unfenced)
             .await
             .expect("the paused holder's unfenced write");
-        crate::fenced::remove_scratch(&s.admin, &key).await;
+        crate::scratch::remove_scratch(&s.admin, &key).await;
         if got.token <= ga.token() {
             s.row
                 .violation(format!("token {} after {}", got.token, ga.token()));

@@ -1,36 +1,7 @@
 //! Cases for writes the store itself fences ([`lockcore::LockGuard::fenced_put`]).
 
-use std::time::Duration;
-
-use lockcore::backend::{Backend, KeyWrite};
-use lockcore::{ErrorKind, LockClient};
-
-use crate::Harness;
-
-/// Generous bound for anything that should happen "soon" on a real store.
-const SOON: Duration = Duration::from_secs(30);
-
-/// A key of the store's own key space, outside the lock namespace, unique
-/// to `namespace`: a ZooKeeper path, or a plain key elsewhere.
-pub fn scratch_key(backend: &dyn Backend, namespace: &str, leaf: &str) -> String {
-    if backend.describe().starts_with("zk") {
-        format!("/quorumlock-fenced/{namespace}/{leaf}")
-    } else {
-        format!("quorumlock-fenced/{namespace}/{leaf}")
-    }
-}
-
-/// Deletes `key` (unfenced) and, on ZooKeeper, its now empty parent.
-pub async fn remove_scratch(c: &LockClient, key: &str) {
-    let delete = |key: &str| KeyWrite::Delete { key: key.into() };
-    c.backend().write_key(&delete(key)).await.expect("cleanup");
-    if let Some((parent, _)) = key.rsplit_once('/').filter(|_| key.starts_with('/')) {
-        c.backend()
-            .write_key(&delete(parent))
-            .await
-            .expect("cleanup");
-    }
-}
+use super::*;
+use crate::scratch::{remove_scratch, scratch_key};
 
 async fn value(c: &LockClient, key: &str) -> Option<Vec<u8>> {
     c.read_key(key).await.expect("read key")

@@ -1,17 +1,9 @@
 //! Cases for several locks at once ([`lockcore::MultiLock`]) and for the
 //! scoped form ([`lockcore::Lock::run`]).
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::AtomicBool;
 
-use lockcore::{ErrorKind, LossReason};
-use tokio::time::Instant;
-
-use crate::Harness;
-
-/// Generous bound for anything that should happen "soon" on a real store.
-const SOON: Duration = Duration::from_secs(30);
+use super::*;
 
 /// Holders of one name at a time, counted by every task of a case.
 #[derive(Default)]
