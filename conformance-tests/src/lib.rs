@@ -8,6 +8,7 @@ mod harness;
 pub mod herd;
 pub mod multi;
 pub mod repeat;
+pub mod tls;
 
 pub use harness::{BackendFactory, Case, Flavor, Harness, Needs};
 
