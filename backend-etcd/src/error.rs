@@ -23,9 +23,7 @@ pub(crate) fn map(e: EtcdError, what: &str) -> Error {
     if let Some(reason) = tls_rejection(&e) {
         return Error::new(
             ErrorKind::Tls,
-            format!(
-                "etcd: {what}: TLS handshake failed: {reason} (check ca=, cert= and key=)"
-            ),
+            format!("etcd: {what}: TLS handshake failed: {reason} (check ca=, cert= and key=)"),
         )
         .with_source(e);
     }

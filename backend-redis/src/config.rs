@@ -124,7 +124,9 @@ impl RedisConfig {
         let client_cert_file = file("cert")?;
         let client_key_file = file("key")?;
         if client_cert_file.is_some() != client_key_file.is_some() {
-            return Err(invalid("URL options cert= and key= go together".to_string()));
+            return Err(invalid(
+                "URL options cert= and key= go together".to_string(),
+            ));
         }
         opts.finish(KNOWN)?;
         if timeout >= ttl {

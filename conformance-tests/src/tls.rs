@@ -59,7 +59,9 @@ impl TlsStore {
                  this test needs its TLS store (run scripts/test.sh)"
             ),
             _ => {
-                eprintln!("SKIPPED: {var} is not set; start the TLS stores with scripts/stores.sh up");
+                eprintln!(
+                    "SKIPPED: {var} is not set; start the TLS stores with scripts/stores.sh up"
+                );
                 None
             }
         }
