@@ -8,7 +8,8 @@
 #   scripts/stores.sh status  [STORE...]   one line per store; exit 3 if any is down
 #   scripts/stores.sh env     [STORE...]   print the export lines, start nothing
 #
-# STORE is any of: zk etcd etcd35 consul redis (default: all five).
+# STORE is any of: zk etcd etcd35 consul redis zk-tls etcd-tls consul-tls
+# redis-tls (default: all nine).
 #
 #   eval "$(scripts/stores.sh up)"        # progress goes to stderr
 #
@@ -20,6 +21,13 @@
 #           server RPC 8300, serf 8301/8302, gRPC 8502, DNS 8600
 #   redis   Redis 7.0 (bookworm) standalone        6379, no persistence
 #           (the failover test starts its own pair with QUORUMLOCK_REDIS_SERVER)
+#   The same servers with TLS, every one requiring a client certificate
+#   (mutual TLS), certificates made by scripts/certs.sh into $STATE/certs:
+#   zk-tls     ZooKeeper, Netty, secureClientPort 2281 (plain 2182: probes only)
+#   etcd-tls   etcd 3.4                          client 2389, peer 2390 (http)
+#   consul-tls Consul `agent -dev`: HTTPS 8501 (verify_incoming_https), HTTP
+#              18500 (probes only), server RPC 18300, serf 18301/18302
+#   redis-tls  Redis, tls-port 6380 (no plain port), tls-auth-clients yes
 #
 # Environment:
 #   QUORUMLOCK_CACHE   downloaded/unpacked packages (default ~/.cache/quorumlock)
@@ -48,8 +56,16 @@ CONSUL_HTTP_PORT=8500
 # Every port `consul agent -dev -client 127.0.0.1` opens (TCP side).
 CONSUL_PORTS=(8500 8300 8301 8302 8502 8600)
 REDIS_PORT=6379
+ZK_TLS_PORT=2281
+ZK_TLS_PLAIN_PORT=2182
+ETCD_TLS_PORT=2389
+ETCD_TLS_PEER_PORT=2390
+CONSUL_TLS_HTTPS_PORT=8501
+CONSUL_TLS_PORTS=(8501 18500 18300 18301 18302)
+REDIS_TLS_PORT=6380
+CERTS=$STATE/certs
 
-ALL_STORES=(zk etcd etcd35 consul redis)
+ALL_STORES=(zk etcd etcd35 consul redis zk-tls etcd-tls consul-tls redis-tls)
 
 # Debian packages from the machine's own suite (bookworm).
 APT_PACKAGES=(zookeeper etcd-server etcd-client protobuf-compiler libprotobuf-dev libcurator-recipes-java redis-server)
@@ -194,7 +210,7 @@ install_stores() {
   for s in "$@"; do
     case $s in
       etcd35) want_trixie=1 ;;
-      consul) want_bullseye=1 ;;
+      consul|consul-tls) want_bullseye=1 ;;
     esac
   done
   mkdir -p "$CACHE"
@@ -209,11 +225,11 @@ install_stores() {
   command -v java >/dev/null || die "java not found (the zookeeper package should have pulled in default-jre)"
   for s in "$@"; do
     case $s in
-      zk) [ -r "$ZK_JAR" ] || die "$ZK_JAR missing" ;;
-      etcd) if [ ! -x "$ETCD_BIN" ] || [ ! -x "$ETCDCTL_BIN" ]; then die "$ETCD_BIN or $ETCDCTL_BIN missing"; fi ;;
+      zk|zk-tls) [ -r "$ZK_JAR" ] || die "$ZK_JAR missing" ;;
+      etcd|etcd-tls) if [ ! -x "$ETCD_BIN" ] || [ ! -x "$ETCDCTL_BIN" ]; then die "$ETCD_BIN or $ETCDCTL_BIN missing"; fi ;;
       etcd35) [ -x "$ETCD35_BIN" ] || die "$ETCD35_BIN missing (rm -rf $TRIXIE_DIR and retry)" ;;
-      consul) [ -x "$CONSUL_BIN" ] || die "$CONSUL_BIN missing (rm -rf $BULLSEYE_DIR and retry)" ;;
-      redis) if [ ! -x "$REDIS_BIN" ] || [ ! -x "$REDIS_CLI" ]; then die "$REDIS_BIN or $REDIS_CLI missing"; fi ;;
+      consul|consul-tls) [ -x "$CONSUL_BIN" ] || die "$CONSUL_BIN missing (rm -rf $BULLSEYE_DIR and retry)" ;;
+      redis|redis-tls) if [ ! -x "$REDIS_BIN" ] || [ ! -x "$REDIS_CLI" ]; then die "$REDIS_BIN or $REDIS_CLI missing"; fi ;;
     esac
   done
 }
@@ -283,10 +299,10 @@ tcp_open() {
   timeout 2 bash -c 'exec 3<>"/dev/tcp/$0/$1"' "$HOST" "$1" 2>/dev/null
 }
 
-# zk_4lw WORD: a ZooKeeper four-letter-word command, answer on stdout.
+# zk_4lw WORD [PORT]: a ZooKeeper four-letter-word command, answer on stdout.
 zk_4lw() {
   timeout 3 bash -c 'exec 3<>"/dev/tcp/$0/$1" && printf %s "$2" >&3 && cat <&3' \
-    "$HOST" "$ZK_PORT" "$1" 2>/dev/null || true
+    "$HOST" "${2:-$ZK_PORT}" "$1" 2>/dev/null || true
 }
 
 # http_get PORT PATH: response body on stdout (curl, else bash /dev/tcp).
@@ -300,9 +316,11 @@ http_get() {
   fi
 }
 
-etcd_healthy() { # PORT
-  ETCDCTL_API=3 "$ETCDCTL_BIN" --endpoints="http://$HOST:$1" --dial-timeout=2s \
-    --command-timeout=3s endpoint health >/dev/null 2>&1
+etcd_healthy() { # PORT [etcdctl TLS flags...]
+  local port=$1 scheme=http; shift
+  [ $# -gt 0 ] && scheme=https
+  ETCDCTL_API=3 "$ETCDCTL_BIN" --endpoints="$scheme://$HOST:$port" --dial-timeout=2s \
+    --command-timeout=3s "$@" endpoint health >/dev/null 2>&1
 }
 
 healthy() { # STORE
@@ -315,6 +333,16 @@ healthy() { # STORE
       leader=$(http_get "$CONSUL_HTTP_PORT" /v1/status/leader)
       [ -n "$leader" ] && [ "$leader" != '""' ] ;;
     redis) [ "$(timeout 3 "$REDIS_CLI" -h "$HOST" -p "$REDIS_PORT" ping 2>/dev/null)" = PONG ] ;;
+    zk-tls) [ "$(zk_4lw ruok "$ZK_TLS_PLAIN_PORT")" = imok ] ;;
+    etcd-tls) etcd_healthy "$ETCD_TLS_PORT" --cacert "$CERTS/ca.pem" \
+                --cert "$CERTS/client.pem" --key "$CERTS/client-key.pem" ;;
+    consul-tls)
+      local leader
+      leader=$(http_get 18500 /v1/status/leader)
+      [ -n "$leader" ] && [ "$leader" != '""' ] ;;
+    redis-tls) [ "$(timeout 3 "$REDIS_CLI" -h "$HOST" -p "$REDIS_TLS_PORT" --tls \
+                   --cacert "$CERTS/ca.pem" --cert "$CERTS/client.pem" \
+                   --key "$CERTS/client-key.pem" ping 2>/dev/null)" = PONG ] ;;
   esac
 }
 
@@ -325,6 +353,10 @@ ports_of() { # STORE
     etcd35) echo "$ETCD35_PORT $ETCD35_PEER_PORT" ;;
     consul) echo "${CONSUL_PORTS[*]}" ;;
     redis) echo "$REDIS_PORT" ;;
+    zk-tls) echo "$ZK_TLS_PORT $ZK_TLS_PLAIN_PORT" ;;
+    etcd-tls) echo "$ETCD_TLS_PORT $ETCD_TLS_PEER_PORT" ;;
+    consul-tls) echo "${CONSUL_TLS_PORTS[*]}" ;;
+    redis-tls) echo "$REDIS_TLS_PORT" ;;
   esac
 }
 
@@ -366,13 +398,15 @@ launch() {
   echo "$!" >"$dir/pid"
 }
 
-start_zk() {
-  local dir=$1
+start_zk() { # DIR [NAME]
+  local dir=$1 name=${2:-zk}
   mkdir -p "$dir/data"
+  local port=$ZK_PORT
+  [ "$name" = zk-tls ] && port=$ZK_TLS_PLAIN_PORT
   cat >"$dir/zoo.cfg" <<EOF
 tickTime=$ZK_TICK_MS
 dataDir=$dir/data
-clientPort=$ZK_PORT
+clientPort=$port
 clientPortAddress=$HOST
 maxClientCnxns=0
 # Long sessions for tests that count requests (keepalives out of the window).
@@ -381,23 +415,40 @@ admin.enableServer=false
 4lw.commands.whitelist=ruok,srvr,mntr
 EOF
   local cp=$ZK_JAR
+  if [ "$name" = zk-tls ]; then
+    # TLS needs the Netty connection factory (the plain port then uses it
+    # too); Debian's zookeeper.jar manifest lacks these three Netty jars.
+    cat >>"$dir/zoo.cfg" <<EOF
+secureClientPort=$ZK_TLS_PORT
+secureClientPortAddress=$HOST
+serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory
+ssl.keyStore.location=$CERTS/server-bundle.pem
+ssl.keyStore.type=PEM
+ssl.trustStore.location=$CERTS/ca.pem
+ssl.trustStore.type=PEM
+ssl.clientAuth=need
+EOF
+    cp+=":$JAVA_DIR/netty-codec.jar:$JAVA_DIR/netty-resolver.jar:$JAVA_DIR/netty-transport-native-unix-common.jar"
+  fi
   [ -r "$JAVA_DIR/slf4j-simple.jar" ] && cp+=":$JAVA_DIR/slf4j-simple.jar"
-  launch zk java -Xmx256m -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true \
+  launch "$name" java -Xmx256m -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true \
     -Dzookeeper.admin.enableServer=false \
     -Dorg.slf4j.simpleLogger.showDateTime=true \
     -Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS \
     -cp "$cp" org.apache.zookeeper.server.quorum.QuorumPeerMain "$dir/zoo.cfg"
 }
 
-start_etcd() { # DIR BIN NAME CLIENT_PORT PEER_PORT
+start_etcd() { # DIR BIN NAME CLIENT_PORT PEER_PORT [TLS flags...]
   local dir=$1 bin=$2 name=$3 cport=$4 pport=$5
+  shift 5
   local curl=http://$HOST:$cport purl=http://$HOST:$pport
+  [ $# -gt 0 ] && curl=https://$HOST:$cport
   mkdir -p "$dir"
   launch "$name" "$bin" --name "$name" --data-dir "$dir/data" \
     --listen-client-urls "$curl" --advertise-client-urls "$curl" \
     --listen-peer-urls "$purl" --initial-advertise-peer-urls "$purl" \
     --initial-cluster "$name=$purl" --initial-cluster-state new \
-    --logger zap --log-outputs stderr
+    --logger zap --log-outputs stderr "$@"
 }
 
 start_consul() {
@@ -406,6 +457,36 @@ start_consul() {
   CHECKPOINT_DISABLE=1 launch consul "$CONSUL_BIN" agent -dev \
     -bind "$HOST" -client "$HOST" -node quorumlock-dev \
     -hcl 'disable_update_check = true' -pid-file "$dir/consul-agent.pid"
+}
+
+start_consul_tls() {
+  local dir=$1
+  # Its own ports, so that it runs beside the plain agent; DNS and gRPC off.
+  CHECKPOINT_DISABLE=1 launch consul-tls "$CONSUL_BIN" agent -dev \
+    -bind "$HOST" -client "$HOST" -node quorumlock-dev-tls \
+    -hcl 'disable_update_check = true' \
+    -hcl "ports { http = 18500, https = $CONSUL_TLS_HTTPS_PORT, dns = -1, grpc = -1, server = 18300, serf_lan = 18301, serf_wan = 18302 }" \
+    -hcl "ca_file = \"$CERTS/ca.pem\"" -hcl "cert_file = \"$CERTS/server.pem\"" \
+    -hcl "key_file = \"$CERTS/server-key.pem\"" -hcl 'verify_incoming_https = true' \
+    -pid-file "$dir/consul-agent.pid"
+}
+
+start_redis_tls() {
+  local dir=$1
+  cat >"$dir/redis.conf" <<EOF
+bind $HOST
+port 0
+tls-port $REDIS_TLS_PORT
+tls-cert-file $CERTS/server.pem
+tls-key-file $CERTS/server-key.pem
+tls-ca-cert-file $CERTS/ca.pem
+tls-auth-clients yes
+save ""
+appendonly no
+dir $dir
+proc-title-template "{title} {listen-addr} {server-mode} {config-file}"
+EOF
+  launch redis-tls "$REDIS_BIN" "$dir/redis.conf"
 }
 
 start_redis() {
@@ -444,6 +525,12 @@ start_store() { # STORE; sets STARTED=1 if it started it, 0 if already running
     etcd35) start_etcd "$dir" "$ETCD35_BIN" etcd35 "$ETCD35_PORT" "$ETCD35_PEER_PORT" ;;
     consul) start_consul "$dir" ;;
     redis) start_redis "$dir" ;;
+    zk-tls) start_zk "$dir" zk-tls ;;
+    etcd-tls) start_etcd "$dir" "$ETCD_BIN" etcd-tls "$ETCD_TLS_PORT" "$ETCD_TLS_PEER_PORT" \
+                --cert-file "$CERTS/server.pem" --key-file "$CERTS/server-key.pem" \
+                --trusted-ca-file "$CERTS/ca.pem" --client-cert-auth ;;
+    consul-tls) start_consul_tls "$dir" ;;
+    redis-tls) start_redis_tls "$dir" ;;
   esac
   log "$s: started (pid $(cat "$dir/pid")), log $dir/log"
   STARTED=1
@@ -501,9 +588,13 @@ stop_store() { # STORE
 # ------------------------------------------------------------------- env ---
 
 emit_env() {
-  local s has_zk=0 has_etcd=0 has_consul=0 has_redis=0
+  local s has_zk=0 has_etcd=0 has_consul=0 has_redis=0 has_tls=0
   for s in "$@"; do
     case $s in
+      zk-tls) has_tls=1; echo "export QUORUMLOCK_TEST_ZK_TLS_URL=zk://$HOST:$ZK_TLS_PORT" ;;
+      etcd-tls) has_tls=1; echo "export QUORUMLOCK_TEST_ETCD_TLS_URL=etcds://$HOST:$ETCD_TLS_PORT" ;;
+      consul-tls) has_tls=1; echo "export QUORUMLOCK_TEST_CONSUL_TLS_URL=consuls://$HOST:$CONSUL_TLS_HTTPS_PORT" ;;
+      redis-tls) has_tls=1; echo "export QUORUMLOCK_TEST_REDIS_TLS_URL=rediss://$HOST:$REDIS_TLS_PORT" ;;
       zk) has_zk=1; echo "export QUORUMLOCK_TEST_ZK_URL=zk://$HOST:$ZK_PORT" ;;
       etcd) has_etcd=1; echo "export QUORUMLOCK_TEST_ETCD_URL=etcd://$HOST:$ETCD_PORT" ;;
       etcd35) has_etcd=1; echo "export QUORUMLOCK_TEST_ETCD35_URL=etcd://$HOST:$ETCD35_PORT" ;;
@@ -518,6 +609,14 @@ emit_env() {
   [ "$has_consul" = 1 ] && printf 'export QUORUMLOCK_CONSUL_BIN=%q\n' "$CONSUL_BIN"
   [ "$has_redis" = 1 ] && printf 'export QUORUMLOCK_REDIS_SERVER=%q\n' "$REDIS_BIN"
   [ "$has_zk" = 1 ] && printf 'export QUORUMLOCK_CURATOR_CP=%q\n' "$(curator_classpath)"
+  if [ "$has_tls" = 1 ]; then
+    # The TLS servers' certificates (scripts/certs.sh): the CA, a client
+    # certificate and key it signed, and an unrelated CA ("the wrong CA").
+    printf 'export QUORUMLOCK_TEST_TLS_CA=%q\n' "$CERTS/ca.pem"
+    printf 'export QUORUMLOCK_TEST_TLS_CERT=%q\n' "$CERTS/client.pem"
+    printf 'export QUORUMLOCK_TEST_TLS_KEY=%q\n' "$CERTS/client-key.pem"
+    printf 'export QUORUMLOCK_TEST_TLS_OTHER_CA=%q\n' "$CERTS/other-ca.pem"
+  fi
   true
 }
 
@@ -532,7 +631,7 @@ select_stores() {
   fi
   # Keep the canonical order whatever order the arguments come in.
   for a in "$@"; do
-    case " ${ALL_STORES[*]} " in *" $a "*) ;; *) log "unknown store '$a' (zk etcd etcd35 consul redis)"; usage 2 ;; esac
+    case " ${ALL_STORES[*]} " in *" $a "*) ;; *) log "unknown store '$a' (${ALL_STORES[*]})"; usage 2 ;; esac
   done
   for s in "${ALL_STORES[@]}"; do
     for a in "$@"; do
@@ -545,6 +644,9 @@ cmd_up() {
   install_stores "$@"
   mkdir -p "$STATE"
   local s started=()
+  case " $* " in
+    *-tls\ *) "$(dirname "$0")/certs.sh" "$CERTS" || die "making the test certificates failed" ;;
+  esac
   for s in "$@"; do
     start_store "$s"
     if [ "$STARTED" = 1 ]; then started+=("$s"); fi
@@ -559,6 +661,8 @@ cmd_up() {
 cmd_down() {
   local i
   for ((i = $# ; i >= 1; i--)); do stop_store "${!i}"; done
+  # The certificates go with the last TLS server.
+  compgen -G "$STATE/*-tls" >/dev/null || rm -rf "$CERTS"
   rmdir "$STATE" 2>/dev/null || true
 }
 
@@ -569,13 +673,13 @@ cmd_status() {
     ports=$(ports_of "$s"); ports=${ports%% *}
     if pid=$(pid_of "$s"); then
       if healthy "$s"; then health=healthy; else health=unhealthy; rc=3; fi
-      printf '%-7s running  pid %-7s %s:%-5s %-9s log %s\n' "$s" "$pid" "$HOST" "$ports" "$health" "$dir/log"
+      printf '%-10s running  pid %-7s %s:%-5s %-9s log %s\n' "$s" "$pid" "$HOST" "$ports" "$health" "$dir/log"
     else
       rc=3
       if [ -d "$dir" ]; then
-        printf '%-7s stopped  (stale state in %s)\n' "$s" "$dir"
+        printf '%-10s stopped  (stale state in %s)\n' "$s" "$dir"
       else
-        printf '%-7s stopped\n' "$s"
+        printf '%-10s stopped\n' "$s"
       fi
     fi
   done

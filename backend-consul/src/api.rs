@@ -159,7 +159,10 @@ impl std::fmt::Debug for Api {
 type ApiResult<T> = std::result::Result<T, ApiError>;
 
 impl Api {
-    /// A client for the agent of `config`. Reads the CA file, if any.
+    /// A client for the agent of `config`. Reads the CA file and the
+    /// client certificate, if any. Without a CA file the agent's
+    /// certificate is checked against the system's roots
+    /// (rustls-native-certs); with one, against its CAs alone.
     pub fn new(config: &ConsulConfig) -> Result<Api> {
         let mut b = reqwest::Client::builder()
             .use_rustls_tls()
@@ -186,9 +189,37 @@ impl Api {
             if certs.is_empty() {
                 return Err(not_pem());
             }
+            // `ca=` is the trust: not added to the system's roots.
+            b = b.tls_built_in_root_certs(false);
             for cert in certs {
                 b = b.add_root_certificate(cert);
             }
+        }
+        if let (Some(cert), Some(key)) = (&config.client_cert_file, &config.client_key_file) {
+            let read = |opt: &str, path: &std::path::Path| {
+                std::fs::read(path).map_err(|e| {
+                    Error::new(
+                        ErrorKind::InvalidUrl,
+                        format!("URL option {opt}={}: cannot read it", path.display()),
+                    )
+                    .with_source(e)
+                })
+            };
+            let mut pem = read("cert", cert)?;
+            pem.push(b'\n');
+            pem.extend(read("key", key)?);
+            let id = reqwest::Identity::from_pem(&pem).map_err(|e| {
+                Error::new(
+                    ErrorKind::InvalidUrl,
+                    format!(
+                        "URL options cert={} and key={}: not a PEM certificate and private key",
+                        cert.display(),
+                        key.display()
+                    ),
+                )
+                .with_source(e)
+            })?;
+            b = b.identity(id);
         }
         let http = b.build().map_err(|e| {
             Error::new(ErrorKind::Internal, "building the HTTP client failed").with_source(e)

@@ -1,5 +1,6 @@
 //! `consul://` and `consuls://` URLs: agent address, namespace, ACL token,
-//! datacenter, session TTL, lock-delay, session checks and TLS CA.
+//! datacenter, session TTL, lock-delay, session checks, TLS CA and client
+//! certificate.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -25,7 +26,16 @@ const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 const MAX_LOCK_DELAY: Duration = Duration::from_secs(60);
 
 /// Options a `consul(s)://` URL may carry.
-const KNOWN: &[&str] = &["token", "dc", "ttl", "lock_delay", "checks", "ca"];
+const KNOWN: &[&str] = &[
+    "token",
+    "dc",
+    "ttl",
+    "lock_delay",
+    "checks",
+    "ca",
+    "cert",
+    "key",
+];
 
 /// Configuration of a Consul client.
 ///
@@ -39,7 +49,9 @@ const KNOWN: &[&str] = &["token", "dc", "ttl", "lock_delay", "checks", "ca"];
 /// | `ttl` | `15s` | `10s..=24h` (Consul's own limits) | session TTL; renewed every TTL/2 |
 /// | `lock_delay` | `1s` | `0s..=60s` (Consul's own limits) | session lock-delay: after our session is invalidated, nobody may take its locks for this long |
 /// | `checks` | none | comma-separated check ids | node health checks tying the session to its agent's node, e.g. `checks=serfHealth` (Consul's default) |
-/// | `ca` | system roots | `consuls://` only | PEM file of the CA that signed the agent's certificate |
+/// | `ca` | the system's roots | `consuls://` only | PEM file of the CA(s) that signed the agent's certificate; when given, only these are trusted |
+/// | `cert` | none | `consuls://` only, with `key` | PEM file of the client certificate (for agents with `verify_incoming_https`) |
+/// | `key` | none | `consuls://` only, with `cert` | PEM file of the client certificate's private key (PKCS#8, PKCS#1 or SEC1) |
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConsulConfig {
     /// `true` for `consuls://` (HTTPS).
@@ -61,8 +73,12 @@ pub struct ConsulConfig {
     pub lock_delay: Duration,
     /// Node checks the session is tied to (empty: none, the TTL alone).
     pub checks: Vec<String>,
-    /// CA certificate file for `consuls://`.
+    /// CA certificate file for `consuls://`; `None`: the system's roots.
     pub ca_file: Option<PathBuf>,
+    /// Client certificate (PEM) for `consuls://`, with `client_key_file`.
+    pub client_cert_file: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    pub client_key_file: Option<PathBuf>,
     /// The URL with secrets redacted, for `describe()` and logs.
     pub display: String,
 }
@@ -165,6 +181,19 @@ impl ConsulConfig {
             Some(p) if p.is_empty() => return Err(invalid("URL option ca= is empty")),
             Some(p) => Some(PathBuf::from(p)),
         };
+        let mut file = |key: &str| match opts.take(key) {
+            None => Ok(None),
+            Some(_) if !tls => Err(invalid(format!(
+                "URL option {key}= needs consuls:// (plain consul:// does not use TLS)"
+            ))),
+            Some(p) if p.is_empty() => Err(invalid(format!("URL option {key}= is empty"))),
+            Some(p) => Ok(Some(PathBuf::from(p))),
+        };
+        let client_cert_file = file("cert")?;
+        let client_key_file = file("key")?;
+        if client_cert_file.is_some() != client_key_file.is_some() {
+            return Err(invalid("URL options cert= and key= go together"));
+        }
         opts.finish(KNOWN)?;
         Ok(ConsulConfig {
             tls,
@@ -177,8 +206,22 @@ impl ConsulConfig {
             lock_delay,
             checks,
             ca_file,
+            client_cert_file,
+            client_key_file,
             display: url::redact(u),
         })
+    }
+
+    /// Sets the client certificate file (PEM); give the key file too.
+    pub fn with_client_cert_file(mut self, v: impl Into<PathBuf>) -> Self {
+        self.client_cert_file = Some(v.into());
+        self
+    }
+
+    /// Sets the client certificate's private key file (PEM).
+    pub fn with_client_key_file(mut self, v: impl Into<PathBuf>) -> Self {
+        self.client_key_file = Some(v.into());
+        self
     }
 
     /// The agent's base URL, `http(s)://host:port/`.
@@ -262,6 +305,15 @@ mod tests {
         );
         let c = parse("consuls://[::1]:9501").unwrap();
         assert_eq!(c.agent_url().unwrap().as_str(), "https://[::1]:9501/");
+        let c = parse("consuls://h?ca=/ca.pem&cert=/c.pem&key=/k.pem").unwrap();
+        assert_eq!(c.client_cert_file, Some(PathBuf::from("/c.pem")));
+        assert_eq!(c.client_key_file, Some(PathBuf::from("/k.pem")));
+        let c = parse("consuls://h")
+            .unwrap()
+            .with_client_cert_file("/c2.pem")
+            .with_client_key_file("/k2.pem");
+        assert_eq!(c.client_cert_file, Some(PathBuf::from("/c2.pem")));
+        assert_eq!(c.client_key_file, Some(PathBuf::from("/k2.pem")));
     }
 
     #[test]
@@ -294,11 +346,15 @@ mod tests {
         rejects("consul://h?checks=a%20b", "check id");
         rejects("consul://h?ca=/x.pem", "needs consuls://");
         rejects("consuls://h?ca=", "empty");
+        rejects("consul://h?cert=/c.pem&key=/k.pem", "needs consuls://");
+        rejects("consuls://h?cert=/c.pem", "go together");
+        rejects("consuls://h?key=/k.pem", "go together");
+        rejects("consuls://h?cert=&key=/k.pem", "empty");
         rejects("consul://h?ttl=15s&ttl=20s", "twice");
         rejects("consul://h?tll=15s", "unknown URL option");
         rejects(
             "consul://h?wait=5s",
-            "known: token, dc, ttl, lock_delay, checks, ca",
+            "known: token, dc, ttl, lock_delay, checks, ca, cert, key",
         );
     }
 }

@@ -47,9 +47,15 @@ impl std::error::Error for ApiError {}
 ///   timeouts, agent restarting) are [`ErrorKind::Connection`]: retryable;
 /// - 401 and 403 "ACL not found" are [`ErrorKind::Unauthenticated`], other
 ///   403s [`ErrorKind::PermissionDenied`]: not retried;
+/// - a failed TLS handshake is [`ErrorKind::Tls`]: not retried;
 /// - any other status is [`ErrorKind::Store`], an undecodable answer
 ///   [`ErrorKind::Internal`].
 pub(crate) fn map(e: ApiError, what: &str) -> Error {
+    if let ApiError::Transport(t) = &e {
+        if let Some(tls) = Error::tls_failure(t, &format!("Consul: {what}")) {
+            return tls.with_source(e);
+        }
+    }
     let kind = match &e {
         ApiError::Transport(_) => ErrorKind::Connection,
         ApiError::Status { code: 429, .. } => ErrorKind::Connection,

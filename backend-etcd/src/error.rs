@@ -9,7 +9,7 @@ use tonic::Code;
 ///
 /// - transport trouble, no leader, deadlines: [`ErrorKind::Connection`]
 ///   (retryable);
-/// - a TLS certificate rejected by either side: [`ErrorKind::Unauthenticated`];
+/// - a TLS certificate rejected by either side: [`ErrorKind::Tls`] (final);
 /// - bad user or password, invalid token: [`ErrorKind::Unauthenticated`];
 ///   missing permission: [`ErrorKind::PermissionDenied`] (both final);
 /// - "requested lease not found": [`ErrorKind::SessionLost`] (our lease is
@@ -17,10 +17,13 @@ use tonic::Code;
 /// - malformed endpoints: [`ErrorKind::InvalidUrl`];
 /// - anything else the server says: [`ErrorKind::Store`].
 pub(crate) fn map(e: EtcdError, what: &str) -> Error {
-    if is_tls_rejection(&e) {
+    if let Some(tls) = Error::tls_failure(&e, &format!("etcd: {what}")) {
+        return tls.with_source(e);
+    }
+    if let Some(reason) = tls_rejection(&e) {
         return Error::new(
-            ErrorKind::Unauthenticated,
-            format!("{what}: the TLS handshake with etcd failed (check ca=, cert= and key=)"),
+            ErrorKind::Tls,
+            format!("etcd: {what}: TLS handshake failed: {reason} (check ca=, cert= and key=)"),
         )
         .with_source(e);
     }
@@ -41,17 +44,21 @@ pub(crate) fn map(e: EtcdError, what: &str) -> Error {
 
 /// A certificate the client or the server did not accept: a setup error
 /// that retrying cannot fix. tonic reports it as a transport error, with
-/// the rustls reason in the source chain.
-fn is_tls_rejection(e: &EtcdError) -> bool {
+/// the rustls reason in the source chain (or, in some versions, only in
+/// its `Debug` text, which is searched here). Returns the reason.
+fn tls_rejection(e: &EtcdError) -> Option<&'static str> {
     let text = format!("{e:?}");
     [
-        "InvalidCertificate",
-        "BadCertificate",
         "UnknownIssuer",
+        "NotValidForName",
+        "CertificateRequired",
+        "BadCertificate",
+        "UnknownCA",
+        "InvalidCertificate",
         "invalid peer certificate",
     ]
-    .iter()
-    .any(|m| text.contains(m))
+    .into_iter()
+    .find(|m| text.contains(m))
 }
 
 /// The request failed before it reached etcd: the connection to the

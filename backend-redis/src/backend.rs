@@ -58,8 +58,7 @@ impl RedisBackend {
             // one is installed already, which is as good.
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
-        let client = redis::Client::open(config.connect_url())
-            .map_err(|e| error::map(e, "parsing the Redis URL"))?;
+        let client = client(&config)?;
         let conn = manager(&client, &config, Some(config.timeout)).await?;
         tracing::debug!(url = %config.display, "redis backend ready");
         let prefix = config.namespace.prefix();
@@ -333,4 +332,49 @@ impl Backend for RedisBackend {
             }
         }
     }
+}
+
+/// The `redis` client of `config`: with the CA file and the client
+/// certificate when given (the crate then trusts that CA alone), else the
+/// crate's own (the system's roots for `rediss://`).
+fn client(config: &RedisConfig) -> Result<redis::Client> {
+    let custom = config.ca_file.is_some() || config.client_cert_file.is_some();
+    if !custom {
+        return redis::Client::open(config.connect_url())
+            .map_err(|e| error::map(e, "parsing the Redis URL"));
+    }
+    let read = |opt: &str, p: &std::path::Path| {
+        std::fs::read(p).map_err(|e| {
+            lockcore::Error::new(
+                lockcore::ErrorKind::InvalidUrl,
+                format!("URL option {opt}={}: cannot read it", p.display()),
+            )
+            .with_source(e)
+        })
+    };
+    let root_cert = match &config.ca_file {
+        Some(p) => Some(read("ca", p)?),
+        None => None,
+    };
+    let client_tls = match (&config.client_cert_file, &config.client_key_file) {
+        (Some(c), Some(k)) => Some(redis::ClientTlsConfig {
+            client_cert: read("cert", c)?,
+            client_key: read("key", k)?,
+        }),
+        _ => None,
+    };
+    redis::Client::build_with_tls(
+        config.connect_url(),
+        redis::TlsCertificates {
+            client_tls,
+            root_cert,
+        },
+    )
+    .map_err(|e| {
+        lockcore::Error::new(
+            lockcore::ErrorKind::InvalidUrl,
+            "URL options ca=, cert=, key=: not PEM certificates and a private key",
+        )
+        .with_source(e)
+    })
 }

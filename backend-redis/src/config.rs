@@ -1,6 +1,7 @@
 //! `redis://` and `rediss://` URLs: host, credentials, database, the
 //! namespace, the session TTL, the request timeout and the WAIT mode.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use lockcore::backend::Namespace;
@@ -19,7 +20,7 @@ pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 /// Per-request deadline when the URL has no `timeout=`.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 
-const KNOWN: &[&str] = &["ttl", "timeout", "db", "wait_replicas"];
+const KNOWN: &[&str] = &["ttl", "timeout", "db", "wait_replicas", "ca", "cert", "key"];
 
 /// Configuration of a Redis client, parsed from
 /// `redis[s]://[[user]:password@]host[:port][/namespace][?options]`.
@@ -32,8 +33,15 @@ pub struct RedisConfig {
     /// The URL handed to the `redis` crate (with the password), private.
     connect_url: String,
     /// TLS (`rediss://`, server certificates checked against the system's
-    /// roots).
+    /// roots, or against `ca_file` alone when it is set).
     pub tls: bool,
+    /// PEM file of the CA(s) that signed the server's certificate (`ca=`).
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate (`cert=`, with `key=`), for servers with
+    /// `tls-auth-clients yes`.
+    pub client_cert_file: Option<PathBuf>,
+    /// The client certificate's private key, PEM (`key=`).
+    pub client_key_file: Option<PathBuf>,
     /// Key prefix of every lock (the URL path, without slashes at the ends).
     pub namespace: Namespace,
     /// Session TTL (`ttl=`, default 10 s, 500 ms ..= 24 h).
@@ -56,6 +64,9 @@ impl std::fmt::Debug for RedisConfig {
         f.debug_struct("RedisConfig")
             .field("url", &self.display)
             .field("tls", &self.tls)
+            .field("ca_file", &self.ca_file)
+            .field("client_cert_file", &self.client_cert_file)
+            .field("client_key_file", &self.client_key_file)
             .field("namespace", &self.namespace)
             .field("ttl", &self.ttl)
             .field("timeout", &self.timeout)
@@ -101,6 +112,22 @@ impl RedisConfig {
         )?;
         let db = number(&mut opts, "db", 0, 1 << 20)?;
         let wait_replicas = number(&mut opts, "wait_replicas", 0, 1000)?;
+        let mut file = |key: &str| match opts.take(key) {
+            None => Ok(None),
+            Some(_) if !tls => Err(invalid(format!(
+                "URL option {key}= needs rediss:// (plain redis:// does not use TLS)"
+            ))),
+            Some(p) if p.is_empty() => Err(invalid(format!("URL option {key}= is empty"))),
+            Some(p) => Ok(Some(PathBuf::from(p))),
+        };
+        let ca_file = file("ca")?;
+        let client_cert_file = file("cert")?;
+        let client_key_file = file("key")?;
+        if client_cert_file.is_some() != client_key_file.is_some() {
+            return Err(invalid(
+                "URL options cert= and key= go together".to_string(),
+            ));
+        }
         opts.finish(KNOWN)?;
         if timeout >= ttl {
             return Err(invalid(format!(
@@ -124,6 +151,9 @@ impl RedisConfig {
         Ok(RedisConfig {
             connect_url: format!("{scheme}://{auth}{host}:{port}/{db}"),
             tls,
+            ca_file,
+            client_cert_file,
+            client_key_file,
             namespace,
             ttl,
             timeout,
@@ -131,6 +161,24 @@ impl RedisConfig {
             wait_replicas,
             display: url::redact(u),
         })
+    }
+
+    /// Sets the CA file (PEM) the server's certificate is checked against.
+    pub fn with_ca_file(mut self, v: impl Into<PathBuf>) -> Self {
+        self.ca_file = Some(v.into());
+        self
+    }
+
+    /// Sets the client certificate file (PEM); give the key file too.
+    pub fn with_client_cert_file(mut self, v: impl Into<PathBuf>) -> Self {
+        self.client_cert_file = Some(v.into());
+        self
+    }
+
+    /// Sets the client certificate's private key file (PEM).
+    pub fn with_client_key_file(mut self, v: impl Into<PathBuf>) -> Self {
+        self.client_key_file = Some(v.into());
+        self
     }
 
     /// The URL for the `redis` crate (holds the password: never log it).
@@ -173,6 +221,10 @@ mod tests {
         assert_eq!(c.connect_url(), "rediss://:s%40cret@h:7000/0");
         assert!(!format!("{c:?} {}", c.display).contains("cret"), "{c:?}");
         assert_eq!(c.ttl, DEFAULT_TTL);
+        let c = parse("rediss://h?ca=/ca.pem&cert=/c.pem&key=/k.pem").unwrap();
+        assert_eq!(c.ca_file, Some(PathBuf::from("/ca.pem")));
+        assert_eq!(c.client_cert_file, Some(PathBuf::from("/c.pem")));
+        assert_eq!(c.client_key_file, Some(PathBuf::from("/k.pem")));
         let c = parse("redis://h?ttl=3s").unwrap();
         assert_eq!(c.timeout, Duration::from_secs(1), "a third of a short TTL");
     }
@@ -188,6 +240,10 @@ mod tests {
             "redis://h?color=red",
             "redis://h/a//b",
             "redis:///ns",
+            "redis://h?ca=/ca.pem",
+            "rediss://h?ca=",
+            "rediss://h?cert=/c.pem",
+            "rediss://h?key=/k.pem",
         ] {
             let e = parse(u).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::InvalidUrl, "{u}: {e}");

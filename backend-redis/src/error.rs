@@ -12,8 +12,12 @@ use redis::{RedisError, ServerErrorKind};
 /// - bad password or user (`WRONGPASS`, `NOAUTH`): [`ErrorKind::Unauthenticated`];
 /// - an ACL denial (`NOPERM`): [`ErrorKind::PermissionDenied`];
 /// - a bad client configuration: [`ErrorKind::InvalidUrl`];
+/// - a failed TLS handshake: [`ErrorKind::Tls`] (not retried);
 /// - anything else the server says: [`ErrorKind::Store`].
 pub(crate) fn map(e: RedisError, what: &str) -> Error {
+    if let Some(tls) = Error::tls_failure(&e, &format!("Redis: {what}")) {
+        return tls.with_source(e);
+    }
     let kind = kind_of(&e);
     let msg = match kind {
         ErrorKind::Unauthenticated => {

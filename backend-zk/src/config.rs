@@ -1,5 +1,7 @@
-//! `zk://` URLs: servers, namespace, session and connect timeouts, digest auth.
+//! `zk://` URLs: servers, namespace, session and connect timeouts, digest
+//! auth, TLS.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use lockcore::backend::Namespace;
@@ -10,7 +12,14 @@ use lockcore::{Error, ErrorKind, Result};
 pub const DEFAULT_PORT: u16 = 2181;
 
 /// Options a `zk://` URL may carry.
-const KNOWN: &[&str] = &["ttl", "session_timeout", "connect_timeout"];
+const KNOWN: &[&str] = &[
+    "ttl",
+    "session_timeout",
+    "connect_timeout",
+    "ca",
+    "cert",
+    "key",
+];
 
 /// Configuration of a `zk://` client.
 ///
@@ -20,6 +29,9 @@ const KNOWN: &[&str] = &["ttl", "session_timeout", "connect_timeout"];
 /// |---|---|---|---|
 /// | `ttl` or `session_timeout` | `10s` | `100ms..=10m` | requested ZooKeeper session timeout; the server clamps it to 2..20 of its ticks and the negotiated value is used. `ttl` is the name every backend takes (so a URL moves between stores unchanged), `session_timeout` ZooKeeper's own; giving both is an error |
 /// | `connect_timeout` | `5s` | `100ms..=10m` | how long opening a session may take before it fails with a connection error |
+/// | `ca` | none (plain TCP) | PEM file | TLS to every server (its `secureClientPort`), trusting only the CA(s) in this file |
+/// | `cert` | none | PEM file, with `key`, needs `ca` | client certificate (for `ssl.clientAuth=need`) |
+/// | `key` | none | PEM file, with `cert` | the client certificate's private key (PKCS#8, PKCS#1 or SEC1) |
 ///
 /// `user:password@` adds `digest` auth (`addauth digest user:password`);
 /// the password is a [`Secret`] and never shown.
@@ -36,6 +48,12 @@ pub struct ZkConfig {
     pub connect_timeout: Duration,
     /// Digest credentials `(user, password)`.
     pub auth: Option<(String, Secret)>,
+    /// CA file (PEM); set, the connection uses TLS and trusts only it.
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate (PEM), with `client_key_file`.
+    pub client_cert_file: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    pub client_key_file: Option<PathBuf>,
     /// The URL with secrets redacted, for `describe()` and logs.
     pub display: String,
     /// Send the children listing right behind the create (one round trip
@@ -146,6 +164,22 @@ impl ZkConfig {
             Duration::from_millis(100),
             Duration::from_secs(600),
         )?;
+        let mut file = |key: &str| match opts.take(key) {
+            None => Ok(None),
+            Some(p) if p.is_empty() => Err(invalid(format!("URL option {key}= is empty"))),
+            Some(p) => Ok(Some(PathBuf::from(p))),
+        };
+        let ca_file = file("ca")?;
+        let client_cert_file = file("cert")?;
+        let client_key_file = file("key")?;
+        if client_cert_file.is_some() != client_key_file.is_some() {
+            return Err(invalid("URL options cert= and key= go together"));
+        }
+        if client_cert_file.is_some() && ca_file.is_none() {
+            return Err(invalid(
+                "URL options cert= and key= need ca= (TLS; the client library has no system roots)",
+            ));
+        }
         opts.finish(KNOWN)?;
         Ok(ZkConfig {
             servers,
@@ -153,9 +187,30 @@ impl ZkConfig {
             session_timeout,
             connect_timeout,
             auth,
+            ca_file,
+            client_cert_file,
+            client_key_file,
             display: String::new(),
             pipeline: true,
         })
+    }
+
+    /// Sets the CA file (PEM): TLS to every server, trusting only it.
+    pub fn with_ca_file(mut self, v: impl Into<PathBuf>) -> Self {
+        self.ca_file = Some(v.into());
+        self
+    }
+
+    /// Sets the client certificate file (PEM); give the key file too.
+    pub fn with_client_cert_file(mut self, v: impl Into<PathBuf>) -> Self {
+        self.client_cert_file = Some(v.into());
+        self
+    }
+
+    /// Sets the client certificate's private key file (PEM).
+    pub fn with_client_key_file(mut self, v: impl Into<PathBuf>) -> Self {
+        self.client_key_file = Some(v.into());
+        self
     }
 
     /// The connect string for the client library: `host:port,host:port`.
@@ -278,6 +333,10 @@ mod tests {
         assert!(c.display.contains("a:1,b,[::1]:3/ns"), "{}", c.display);
         let c = cfg("zk://[::1]:5/x").unwrap();
         assert_eq!(c.connect_string(), "[::1]:5");
+        let c = ZkConfig::parse("zk://a:2281,b:2281/ns?ca=/ca.pem&cert=/c.pem&key=/k.pem").unwrap();
+        assert_eq!(c.ca_file, Some(PathBuf::from("/ca.pem")));
+        assert_eq!(c.client_cert_file, Some(PathBuf::from("/c.pem")));
+        assert_eq!(c.client_key_file, Some(PathBuf::from("/k.pem")));
     }
 
     #[test]
@@ -319,6 +378,9 @@ mod tests {
             "zk://h:1/ns#frag",
             "zk:///ns",
             "zk://a,,b:1/ns",
+            "zk://h:1/ns?ca=",
+            "zk://h:1/ns?ca=/ca.pem&cert=/c.pem",
+            "zk://h:1/ns?cert=/c.pem&key=/k.pem",
         ] {
             let e = url::parse(u)
                 .and_then(|u| ZkConfig::from_url(&u))

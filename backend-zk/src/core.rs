@@ -22,6 +22,7 @@ use zookeeper_client as zk;
 
 use crate::config::{deadline_ttl, ZkConfig};
 use crate::error::map;
+use crate::tls::TlsFiles;
 
 /// What the backend and its sessions share.
 pub(crate) struct Shared {
@@ -147,8 +148,19 @@ impl Shared {
     ) -> Result<(zk::Client, Instant)> {
         let deadline = Instant::now() + self.config.connect_timeout;
         let mut backoff = Duration::from_millis(20);
+        let tls = TlsFiles::load(&self.config)?;
+        if tls.is_some() {
+            // The library builds its rustls config on the process-wide
+            // provider; ring, as everywhere in quorumlock. An error means
+            // one is installed already, which is as good.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+        let mut probed = false;
         loop {
             let mut c = zk::Client::connector().with_session_timeout(self.config.session_timeout);
+            if let Some(t) = &tls {
+                c = c.with_tls(t.options()?);
+            }
             if let Some((user, pw)) = &self.config.auth {
                 c = c.with_auth("digest", format!("{user}:{}", pw.expose()).as_bytes());
             }
@@ -157,8 +169,34 @@ impl Shared {
             }
             self.count(1);
             let started = Instant::now();
-            let err = match tokio::time::timeout_at(deadline, c.connect(&self.connect_string)).await
-            {
+            let attempt = async {
+                if tls.is_some() {
+                    c.secure_connect(&self.connect_string).await
+                } else {
+                    c.connect(&self.connect_string).await
+                }
+            };
+            let attempt = tokio::time::timeout_at(deadline, attempt);
+            // The library reports a refused handshake as a lost connection
+            // and retries: the probe, beside the first attempt, names it.
+            let outcome = match &tls {
+                Some(t) if !probed => {
+                    probed = true;
+                    tokio::pin!(attempt);
+                    let probe = t.probe(&self.config.servers);
+                    tokio::select! {
+                        r = &mut attempt => r,
+                        Err(e) = probe => {
+                            if e.kind() == ErrorKind::Tls {
+                                return Err(e);
+                            }
+                            attempt.await
+                        }
+                    }
+                }
+                _ => attempt.await,
+            };
+            let err = match outcome {
                 Ok(Ok(client)) => {
                     self.negotiated_ms.store(
                         client.session_timeout().as_millis() as u64,

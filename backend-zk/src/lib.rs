@@ -9,6 +9,7 @@ mod fenced;
 mod layout;
 mod monitor;
 mod session;
+mod tls;
 
 pub use backend::ZkBackend;
 pub use config::{ZkConfig, DEFAULT_PORT};

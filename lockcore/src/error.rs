@@ -36,6 +36,11 @@ pub enum ErrorKind {
     Unauthenticated,
     /// The credentials are valid but lack permission.
     PermissionDenied,
+    /// The TLS handshake failed: the server's certificate is not trusted
+    /// (wrong CA, wrong host name, expired) or the server refused ours
+    /// (missing or unknown client certificate). Not retried: another
+    /// attempt meets the same certificates.
+    Tls,
     /// The store could not be reached or the connection broke.
     Connection,
     /// The store answered with an error not covered by another kind.
@@ -68,6 +73,7 @@ impl ErrorKind {
             ErrorKind::Conflict => "conflict",
             ErrorKind::Unauthenticated => "unauthenticated",
             ErrorKind::PermissionDenied => "permission denied",
+            ErrorKind::Tls => "tls",
             ErrorKind::Connection => "connection",
             ErrorKind::Store => "store",
             ErrorKind::Unavailable => "unavailable",
@@ -120,6 +126,29 @@ impl Error {
         &self.message
     }
 
+    /// If `e` or one of its sources is a failed TLS handshake (as rustls,
+    /// which every backend uses, words it), an [`ErrorKind::Tls`] error
+    /// `"<store>: TLS handshake failed: <the certificate problem>"` with a
+    /// hint at the options to check. `None` for anything else.
+    ///
+    /// Matched on the messages because the store clients wrap rustls'
+    /// error in their own types (hyper, tonic, redis, io), differently
+    /// in each version; the wording of rustls' errors is stable.
+    pub fn tls_failure(e: &(dyn StdError + 'static), store: &str) -> Option<Error> {
+        let mut cur = Some(e);
+        while let Some(err) = cur {
+            let msg = err.to_string();
+            if let Some(hint) = tls_hint(&msg) {
+                return Some(Error::new(
+                    ErrorKind::Tls,
+                    format!("{store}: TLS handshake failed: {msg} ({hint})"),
+                ));
+            }
+            cur = err.source();
+        }
+        None
+    }
+
     /// Whether the same call may succeed if tried again later: connection
     /// trouble and lost sessions are, bad input and bad credentials are not.
     pub fn is_retryable(&self) -> bool {
@@ -163,6 +192,20 @@ impl StdError for Error {
     }
 }
 
+/// What to check for a rustls handshake error message, or `None` if the
+/// message is not one.
+fn tls_hint(msg: &str) -> Option<&'static str> {
+    if msg.contains("invalid peer certificate") {
+        Some("the server's certificate is not signed by a trusted CA or does not name this host: check ca=")
+    } else if msg.contains("received fatal alert") {
+        Some("the server refused the handshake; it may require a client certificate: check cert= and key=")
+    } else if msg.contains("peer is incompatible") || msg.contains("peer misbehaved") {
+        Some("the server speaks no TLS version or cipher in common, or no TLS on this port")
+    } else {
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,5 +217,21 @@ mod tests {
         assert_eq!(e.to_string(), "connection: etcd unreachable: refused");
         assert!(e.is_retryable());
         assert!(!Error::new(ErrorKind::InvalidName, "x").is_retryable());
+    }
+
+    #[test]
+    fn tls_failures_are_found_in_the_source_chain() {
+        let inner = std::io::Error::other("invalid peer certificate: UnknownIssuer");
+        let outer = Error::new(ErrorKind::Connection, "request failed").with_source(inner);
+        let e = Error::tls_failure(&outer, "etcd").expect("a TLS failure");
+        assert_eq!(e.kind(), ErrorKind::Tls);
+        assert!(!e.is_retryable());
+        assert!(e.to_string().contains("UnknownIssuer"), "{e}");
+        assert!(e.to_string().contains("check ca="), "{e}");
+        let alert = std::io::Error::other("received fatal alert: CertificateRequired");
+        let e = Error::tls_failure(&alert, "redis").unwrap();
+        assert!(e.to_string().contains("cert= and key="), "{e}");
+        let plain = std::io::Error::other("connection refused");
+        assert!(Error::tls_failure(&plain, "etcd").is_none());
     }
 }
