@@ -18,9 +18,10 @@
 
 use lockcore::{Error, ErrorKind, LockKind, LockName, Result};
 
-/// `L`: the prefix of every key of one lock.
+/// `L`: the prefix of every key of one lock (the name's store key,
+/// escaped where lockcore's rule says).
 pub(crate) fn lock_key(prefix: &str, name: &LockName) -> String {
-    format!("{prefix}{name}")
+    format!("{prefix}{}", name.key())
 }
 
 /// The session key of `sid`.
