@@ -251,8 +251,12 @@ impl ZkBackend {
     /// is inspected; its other children are nested locks and walked too.
     async fn list_once(&self, c: zk::Client, prefix: Option<&LockName>) -> Result<Vec<LockState>> {
         // (node path, the lock's key below the namespace and its name).
-        let mut stack: Vec<(String, Option<(String, LockName)>)> = match prefix {
-            Some(p) => vec![(self.shared.lock_dir(p)?, Some((p.key().into_owned(), p.clone())))],
+        type Node = (String, Option<(String, Option<LockName>)>);
+        let mut stack: Vec<Node> = match prefix {
+            Some(p) => vec![(
+                self.shared.lock_dir(p)?,
+                Some((p.key().into_owned(), Some(p.clone()))),
+            )],
             None => vec![(self.shared.root(), None)],
         };
         let mut out = Vec::new();
@@ -276,13 +280,16 @@ impl ZkBackend {
                     Some((k, _)) => format!("{k}/{child}"),
                     None => child.clone(),
                 };
-                // Nodes whose keys no lock has are someone else's.
-                if let Some(nested_name) = LockName::from_key(&nested) {
+                // Nodes whose keys no lock has are someone else's, but
+                // `~` (an escaped empty first segment, as in `/x`) is no
+                // lock and leads to some.
+                let nested_name = LockName::from_key(&nested);
+                if nested_name.is_some() || nested == "~" {
                     let base = if path == "/" { "" } else { path.as_str() };
                     stack.push((format!("{base}/{child}"), Some((nested, nested_name))));
                 }
             }
-            if let Some((_, name)) = name {
+            if let Some((_, Some(name))) = name {
                 if children.iter().any(|ch| layout_child(ch)) {
                     let state = self.inspect_once(c.clone(), &name).await?;
                     if !state.is_free() {
