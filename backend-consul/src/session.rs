@@ -135,11 +135,7 @@ impl ConsulSession {
             p.clone(),
             self.permits.clone(),
         ));
-        self.permits
-            .all
-            .lock()
-            .expect("poisoned")
-            .push(p.clone());
+        self.permits.all.lock().expect("poisoned").push(p.clone());
         self.permits
             .used
             .lock()
@@ -165,8 +161,9 @@ impl ConsulSession {
 }
 
 /// Ends with the permit session `p`: when it is lost, every permit held
-/// through it is lost; when the main session `main` stops or is lost, `p`
-/// stops too (destroyed by [`ConsulSession::close`]).
+/// through it is lost; when the main session `main` stops or is lost
+/// (every guard of the client reports that loss), `p` stops and is
+/// destroyed, so its permits are free at once rather than after its TTL.
 async fn watch_permit_session(main: Arc<Shared>, p: Arc<Shared>, permits: Arc<PermitSessions>) {
     tokio::select! {
         reason = p.liveness.lost() => {
@@ -176,9 +173,14 @@ async fn watch_permit_session(main: Arc<Shared>, p: Arc<Shared>, permits: Arc<Pe
             for u in used.values().filter(|u| Arc::ptr_eq(&u.session, &p)) {
                 u.signals.lose(reason);
             }
+            return;
         }
-        _ = main.stop.cancelled() => p.stop.cancel(),
-        _ = main.liveness.lost() => p.stop.cancel(),
+        _ = main.stop.cancelled() => {}
+        _ = main.liveness.lost() => {}
+    }
+    p.stop.cancel();
+    if let Err(e) = p.backend.api.session_destroy(&p.id).await {
+        tracing::debug!(session = %p.id, error = %e, "destroying a permit session failed; it ends by its TTL");
     }
 }
 

@@ -14,7 +14,7 @@
 //! Readers start with `.`, which sorts before every hex digit and every
 //! letter, so "the writers" (everything that is not a reader) are the key
 //! range `[<pfx>/0, <pfx>0)`: a reader finds its nearest older writer
-//! with one `limit 1` range read. Lock-name segments never start with `.`,
+//! with one `limit 1` range read. Segments of lock keys never start with `.` (escaped ones start with `~`),
 //! so no nested lock name falls among the readers.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

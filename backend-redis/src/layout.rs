@@ -13,7 +13,7 @@
 //! | `L/.n` | string | the per-name counter: arrival numbers and tokens |
 //! | `L/.x/<contender>` | string, PX ttl | fence of an abandoned attempt |
 //!
-//! No lock-name segment starts with `.` (lockcore's name rules), so none
+//! No segment of a lock's key starts with `.` (lockcore's `LockName::key`), so none
 //! of these keys is another lock's key.
 
 use lockcore::{Error, ErrorKind, LockKind, LockName, Result};

@@ -281,7 +281,6 @@ impl TryFrom<&LockName> for LockName {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -345,16 +344,27 @@ mod tests {
     /// holds a `~` and never a recipe marker.
     #[test]
     fn escaped_keys_never_collide() {
-        for n in ["a/lock-", "a/lock-1", "a/b-lease-2", "x/locks", "x/_c_1-lock-0000000001"] {
+        for n in [
+            "a/lock-",
+            "a/lock-1",
+            "a/b-lease-2",
+            "x/locks",
+            "x/_c_1-lock-0000000001",
+        ] {
             let k = LockName::new(n).unwrap().key().into_owned();
             assert!(k.contains('~'), "{n}: {k}");
             for seg in k.split('/').filter(|s| s.starts_with('~')) {
-                assert!(!RESERVED_IN_NESTED.iter().any(|r| seg.contains(r)), "{n}: {k}");
+                assert!(
+                    !RESERVED_IN_NESTED.iter().any(|r| seg.contains(r)),
+                    "{n}: {k}"
+                );
                 assert!(!RESERVED_NESTED_SEGMENTS.contains(&seg), "{n}: {k}");
             }
         }
         // Keys no name is written as.
-        for k in ["a/9b", ".lock", "a/.lock", "~abc", "a/~b", "~%zz", "~%FF", "", "a//b"] {
+        for k in [
+            "a/9b", ".lock", "a/.lock", "~abc", "a/~b", "~%zz", "~%FF", "", "a//b",
+        ] {
             assert_eq!(LockName::from_key(k), None, "{k}");
         }
     }

@@ -11,7 +11,11 @@ pub async fn invalid_names_rejected_and_nothing_written(h: &Harness) {
     let before = a.backend().requests_sent();
     // Only the empty name and names over the limit are refused; any other
     // text is a name (escaped on the store: `any_names_work`).
-    for bad in ["", &"n".repeat(lockcore::MAX_NAME_LEN + 1), &"\u{e9}".repeat(101)] {
+    for bad in [
+        "",
+        &"n".repeat(lockcore::MAX_NAME_LEN + 1),
+        &"\u{e9}".repeat(101),
+    ] {
         assert_kind(a.lock(bad).map(|_| ()), ErrorKind::InvalidName, bad);
         assert_kind(
             a.inspect(bad).await.map(|_| ()),
@@ -167,9 +171,9 @@ pub async fn any_names_work(h: &Harness) {
             "" => key.to_string(),
             ns => format!("{ns}/{key}"),
         };
-        entry.match_indices(&full).any(|(i, _)| {
-            matches!(entry[i + full.len()..].chars().next(), Some('/' | '#'))
-        })
+        entry
+            .match_indices(&full)
+            .any(|(i, _)| matches!(entry[i + full.len()..].chars().next(), Some('/' | '#')))
     };
     let native = "plain/native-name_1.x:y";
     let mut held = Vec::new();
@@ -260,6 +264,9 @@ pub async fn any_names_work(h: &Harness) {
             .await
             .unwrap();
     }
-    assert!(a.list("").await.unwrap().is_empty(), "released names listed");
+    assert!(
+        a.list("").await.unwrap().is_empty(),
+        "released names listed"
+    );
     case.finish().await;
 }
