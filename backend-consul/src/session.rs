@@ -113,35 +113,33 @@ impl ConsulSession {
             session,
             signals: req.signals.clone(),
         };
-        {
-            let mut used = self.permits.used.lock().expect("poisoned");
-            if let Some(u) = used.get(&req.contender) {
-                return Ok(u.session.clone());
+        loop {
+            {
+                let mut used = self.permits.used.lock().expect("poisoned");
+                if let Some(u) = used.get(&req.contender) {
+                    return Ok(u.session.clone());
+                }
+                if let Some(s) = pick(&used) {
+                    used.insert(req.contender, record(s.clone()));
+                    return Ok(s);
+                }
             }
-            if let Some(s) = pick(&used) {
-                used.insert(req.contender, record(s.clone()));
-                return Ok(s);
+            if !self.s.liveness.is_alive() {
+                return Err(session_lost("the Consul session is lost"));
             }
+            // Opened and registered by a task of its own: a dropped
+            // acquire must not leave a session renewed by nobody's
+            // account. Once registered, another owner may pick it first:
+            // then look again.
+            tokio::spawn(open_permit_session(self.s.clone(), self.permits.clone()))
+                .await
+                .map_err(|e| {
+                    Error::new(
+                        ErrorKind::Internal,
+                        format!("opening a permit session: {e}"),
+                    )
+                })??;
         }
-        if !self.s.liveness.is_alive() {
-            return Err(session_lost("the Consul session is lost"));
-        }
-        let liveness = Arc::new(SessionLiveness::new());
-        let p = create(self.s.backend.clone(), liveness.clone()).await?;
-        tracing::debug!(session = %p.id, main = %self.s.id, "Consul permit session created");
-        tokio::spawn(liveness.watchdog());
-        tokio::spawn(watch_permit_session(
-            self.s.clone(),
-            p.clone(),
-            self.permits.clone(),
-        ));
-        self.permits.all.lock().expect("poisoned").push(p.clone());
-        self.permits
-            .used
-            .lock()
-            .expect("poisoned")
-            .insert(req.contender, record(p.clone()));
-        Ok(p)
     }
 
     /// The session that request `req` (a semaphore's) used, if any.
@@ -158,6 +156,21 @@ impl ConsulSession {
             .expect("poisoned")
             .remove(&req.contender);
     }
+}
+
+/// Opens a permit session for the client of `main`, starts its
+/// watchdog and [`watch_permit_session`], and adds it to `permits`.
+async fn open_permit_session(
+    main: Arc<Shared>,
+    permits: Arc<PermitSessions>,
+) -> Result<Arc<Shared>> {
+    let liveness = Arc::new(SessionLiveness::new());
+    let p = create(main.backend.clone(), liveness.clone()).await?;
+    tracing::debug!(session = %p.id, main = %main.id, "Consul permit session created");
+    tokio::spawn(liveness.watchdog());
+    permits.all.lock().expect("poisoned").push(p.clone());
+    tokio::spawn(watch_permit_session(main, p.clone(), permits));
+    Ok(p)
 }
 
 /// Ends with the permit session `p`: when it is lost, every permit held
@@ -298,9 +311,14 @@ impl StoreSession for ConsulSession {
 
 impl ConsulSession {
     /// Releases or abandons a semaphore request on the session it used
-    /// (fenced there first), then forgets it.
+    /// (fenced there first), then forgets it. A request with no session
+    /// recorded wrote nothing (it is recorded before its first write, and
+    /// forgotten only once removed): nothing to do, and above all not a
+    /// removal on the main session, which another owner may be using.
     async fn remove_sem(&self, req: &AcquireRequest, keys: &Keys) -> Result<()> {
-        let s = self.used_by(req).unwrap_or_else(|| self.s.clone());
+        let Some(s) = self.used_by(req) else {
+            return Ok(());
+        };
         // A write of this attempt may still land after the removal.
         s.fence(keys, req).await?;
         semaphore::remove(&s, keys).await?;
