@@ -302,7 +302,13 @@ impl Api {
         recurse: bool,
         block: Block,
     ) -> ApiResult<(u64, Vec<KvEntry>)> {
-        let mut u = self.url(&format!("v1/kv/{path}"));
+        // Each segment percent-encoded: an escaped lock name's key holds
+        // `%` (lockcore's `LockName::key`), which must reach Consul as is.
+        let mut u = self.url("v1/kv/");
+        u.path_segments_mut()
+            .expect("an http(s) URL has path segments")
+            .pop_if_empty()
+            .extend(path.split('/'));
         {
             let mut q = u.query_pairs_mut();
             if recurse {
@@ -456,9 +462,9 @@ impl Api {
     }
 }
 
-/// `path` on the agent at `base`, in datacenter `dc` if given. Keys use
-/// only [A-Za-z0-9-_.:/] (lock names, namespaces and session UUIDs are
-/// validated), so they go into the path as-is.
+/// `path` on the agent at `base`, in datacenter `dc` if given. Session
+/// UUIDs go into the path as-is; KV reads percent-encode their key one
+/// segment at a time (an escaped lock name's key holds `%`).
 fn endpoint(base: &Url, dc: Option<&str>, path: &str) -> Url {
     let mut u = base.join(path).unwrap_or_else(|_| base.clone());
     if let Some(dc) = dc {

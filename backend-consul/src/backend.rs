@@ -385,7 +385,7 @@ impl Backend for ConsulBackend {
                 None if e.flags == SEMAPHORE_FLAGS => rest.rsplit_once('/').map_or("", |(b, _)| b),
                 None => continue,
             };
-            if let Ok(name) = LockName::new(base) {
+            if let Some(name) = LockName::from_key(base) {
                 names.insert(name);
             }
         }

@@ -66,7 +66,7 @@ pub(crate) struct Keys {
     /// The `consul lock -n` semaphore keys on the same prefix.
     pub sem: SemKeys,
     /// `<ns>/<name>/.`: prefix of every key of this lock (and no nested
-    /// lock's, since name segments never start with `.`).
+    /// lock's, since no segment of a lock's key starts with `.`).
     pub tree: String,
 }
 
@@ -184,7 +184,7 @@ pub(crate) fn line_holds(line: &[(LockKind, KvEntry)], i: usize) -> bool {
 }
 
 /// The fence of one acquire attempt: `<ns>/.fence/<session>/<contender>`,
-/// outside every lock's keys (no lock-name segment starts with `.`), so
+/// outside every lock's keys (no segment of a lock's key starts with `.`), so
 /// neither our readers nor `consul lock` (`-n`) ever see it.
 pub(crate) fn fence_key(
     namespace_prefix: &str,

@@ -400,3 +400,84 @@ async fn consul_semaphore_waits_for_ours() {
     let _ = std::fs::remove_file(&marker);
     case.finish().await;
 }
+
+/// Several permits of one client count one by one against `consul lock
+/// -n`: beside a `consul lock -n 3` holder, one client of ours holds two
+/// permits at once and its third owner waits until the consul holder
+/// ends; holding all three, it keeps a `consul lock -n 3` out (each permit
+/// past the first is held through a permit session of its own, and
+/// `consul lock -n` counts holders by session).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_clients_permits_count_against_consul_lock_n() {
+    let Some(h) = harness() else { return };
+    let case = h.case();
+    let a = case.client().await;
+    let (held, done, ran) = (
+        scratch(&case, "mheld"),
+        scratch(&case, "mdone"),
+        scratch(&case, "mran"),
+    );
+    for f in [&held, &done, &ran] {
+        let _ = std::fs::remove_file(f);
+    }
+    let script = format!(
+        "touch {}; sleep 2; touch {}",
+        held.display(),
+        done.display()
+    );
+    let theirs = tokio::spawn({
+        let c = consul_lock(&case, "mpool", &["-n=3"], &script);
+        async move { run_ok(c, "consul lock -n 3 holding").await }
+    });
+    wait_for_file(&held).await;
+    let sem = a.semaphore("mpool", 3).unwrap();
+    let g1 = sem.acquire().await.unwrap();
+    let g2 = sem.acquire().await.unwrap();
+    let e = sem
+        .try_acquire()
+        .await
+        .expect_err("a 4th holder of 3 permits");
+    assert_eq!(e.kind(), ErrorKind::WouldBlock, "{e}");
+    let st = a.inspect("mpool").await.unwrap();
+    assert_eq!(st.holders.len(), 3, "{st:?}");
+    let g3 = tokio::time::timeout(Duration::from_secs(30), sem.acquire())
+        .await
+        .expect("not granted after consul lock -n ended")
+        .unwrap();
+    assert!(
+        done.exists(),
+        "granted while consul lock's command still ran"
+    );
+    theirs.await.unwrap();
+
+    // All three ours, on one client: consul lock -n 3 stays out.
+    let script = format!("echo ran >> {}", ran.display());
+    let mut c = consul_lock(&case, "mpool", &["-n=3", "-timeout=1s"], &script);
+    let out = c.output().await.expect("running consul lock -n 3");
+    assert!(!out.status.success(), "consul lock -n 3 got a 4th permit");
+    assert!(
+        !ran.exists(),
+        "consul lock -n 3 ran beside 3 holders of one client"
+    );
+    let st = a.inspect("mpool").await.unwrap();
+    assert_eq!(st.holders.len(), 3, "{st:?}");
+    for w in &st.waiters {
+        a.backend().kill_session(&w.session).await.unwrap();
+    }
+    let waiting = tokio::spawn({
+        let c = consul_lock(&case, "mpool", &["-n=3", "-timeout=30s"], &script);
+        async move { run_ok(c, "consul lock -n 3 after our release").await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!ran.exists(), "consul lock -n 3 ran beside 3 holders");
+    g3.release().await.unwrap();
+    waiting.await.unwrap();
+    assert!(ran.exists());
+    assert!(g1.is_held() && g2.is_held());
+    g1.release().await.unwrap();
+    g2.release().await.unwrap();
+    for f in [&held, &done, &ran] {
+        let _ = std::fs::remove_file(f);
+    }
+    case.finish().await;
+}

@@ -203,7 +203,7 @@ impl Backend for EtcdBackend {
             // Keys that are not under a valid lock name are someone else's.
             let Some(name) = parent
                 .strip_prefix(ns.as_str())
-                .and_then(|n| LockName::new(n).ok())
+                .and_then(LockName::from_key)
             else {
                 continue;
             };

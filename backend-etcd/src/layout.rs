@@ -9,12 +9,12 @@
 //! | mutex | `<pfx>/<lease hex>` (Go's key) | `ql:x:<unix ms>` |
 //! | write | `<pfx>/<lease hex>-w-<uuid>` | `ql:w:<unix ms>` |
 //! | read | `<pfx>/.r-<lease hex>-<uuid>` | `ql:r:<unix ms>` |
-//! | semaphore | `<pfx>/<lease hex>-s` | `ql:s<permits>:<unix ms>` |
+//! | semaphore | `<pfx>/<lease hex>-s-<uuid>` | `ql:s<permits>:<unix ms>` |
 //!
 //! Readers start with `.`, which sorts before every hex digit and every
 //! letter, so "the writers" (everything that is not a reader) are the key
 //! range `[<pfx>/0, <pfx>0)`: a reader finds its nearest older writer
-//! with one `limit 1` range read. Lock-name segments never start with `.`,
+//! with one `limit 1` range read. Segments of lock keys never start with `.` (escaped ones start with `~`),
 //! so no nested lock name falls among the readers.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -72,13 +72,13 @@ pub(crate) fn kind_of(kv: &KeyValue) -> LockKind {
 }
 
 /// Our key for an attempt of `kind` by lease `lease` (`contender` is the
-/// attempt's uuid; read and write entries are one per owner, so they carry
-/// it).
+/// attempt's uuid; read, write and semaphore entries are one per owner,
+/// several of one lease at once, so they carry it).
 pub(crate) fn key(pfx: &str, kind: LockKind, lease: i64, contender: &uuid::Uuid) -> String {
     match kind {
         LockKind::Read => format!("{pfx}/.r-{lease:x}-{}", contender.simple()),
         LockKind::Write => format!("{pfx}/{lease:x}-w-{}", contender.simple()),
-        LockKind::Semaphore { .. } => format!("{pfx}/{lease:x}-s"),
+        LockKind::Semaphore { .. } => format!("{pfx}/{lease:x}-s-{}", contender.simple()),
         _ => format!("{pfx}/{lease:x}"),
     }
 }

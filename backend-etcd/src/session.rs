@@ -132,7 +132,7 @@ impl EtcdSession {
     }
 
     /// The fence of `req`'s attempt: `<ns>/.fence/<lease hex>/<contender>`,
-    /// outside every lock prefix (no lock-name segment starts with `.`),
+    /// outside every lock prefix (no segment of a lock's key starts with `.`),
     /// so Go's `concurrency.Mutex` and `etcdctl lock` never see it. Every
     /// write that creates the attempt's key requires it to be absent; it
     /// is written (with our lease, so it ends with the session) only when

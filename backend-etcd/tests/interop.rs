@@ -65,6 +65,14 @@ macro_rules! interop_tests {
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn etcdctl_on_an_escaped_names_key_excludes_ours() {
+            let Some(t) = super::target($url_var, $etcdctl_var) else {
+                return;
+            };
+            super::etcdctl_on_an_escaped_names_key(&t).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn etcdctl_lock_and_our_readers_and_permits_exclude_each_other() {
             let Some(t) = super::target($url_var, $etcdctl_var) else {
                 return;
@@ -468,5 +476,57 @@ async fn etcdctl_and_our_readers_and_permits(t: &Target) {
     assert!(status.success());
     assert_eq!(check_no_overlap(&file), (1, 1));
     let _ = std::fs::remove_file(&file);
+    case.finish().await;
+}
+
+/// A name outside the native characters is one key on the store:
+/// `etcdctl lock` on that escaped key (`<ns>/orders/~42`) and our
+/// `orders/42` exclude each other, and a native name keeps its own key
+/// (`etcdctl lock <ns>/jobs/nightly-1.a:b` meets our `jobs/nightly-1.a:b`).
+async fn etcdctl_on_an_escaped_names_key(t: &Target) {
+    let h = &t.harness;
+    let case = h.case();
+    let url = h.url_for(case.namespace());
+    let ours = case.client().await;
+    for (name, key) in [
+        ("orders/42", "orders/~42"),
+        ("jobs/nightly-1.a:b", "jobs/nightly-1.a:b"),
+    ] {
+        assert_eq!(lockcore::LockName::new(name).unwrap().key(), key);
+        let file = temp_file("escaped");
+        let mut holder = etcdctl_lock(
+            &t.etcdctl,
+            &url,
+            &key_prefix(&url),
+            key,
+            &file,
+            "etcdctl",
+            Duration::from_millis(1500),
+        )
+        .spawn()
+        .expect("spawn etcdctl");
+        let start = Instant::now();
+        while !lines(&file).contains(&"start etcdctl".to_string()) {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "etcdctl never got {key}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let e = ours.lock(name).unwrap().try_acquire().await.unwrap_err();
+        assert_eq!(e.kind(), lockcore::ErrorKind::WouldBlock, "{name}: {e}");
+        assert_eq!(ours.inspect(name).await.unwrap().holders.len(), 1, "{name}");
+        let g = ours.lock(name).unwrap().acquire().await.unwrap();
+        append(&file, "start ours");
+        append(&file, "end ours");
+        g.release().await.unwrap();
+        let status = tokio::time::timeout(Duration::from_secs(30), holder.wait())
+            .await
+            .expect("etcdctl did not exit")
+            .unwrap();
+        assert!(status.success());
+        assert_eq!(check_no_overlap(&file), (1, 1), "{name}");
+        let _ = std::fs::remove_file(&file);
+    }
     case.finish().await;
 }

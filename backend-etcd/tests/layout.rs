@@ -189,7 +189,10 @@ async fn read_write_and_semaphore_keys() {
     w.release().await.unwrap();
 
     let s = a.semaphore("sem", 3).unwrap().acquire().await.unwrap();
-    assert_eq!(s.entry(), format!("{ns}/sem/{lease}-s"));
+    // One entry per permit holder: the attempt's uuid after `-s-`.
+    let (stem, uuid) = s.entry().rsplit_once("-s-").unwrap();
+    assert_eq!(stem, format!("{ns}/sem/{lease}"));
+    assert_eq!(uuid.len(), 32, "{}", s.entry());
     let got = kv.get(s.entry(), None).await.unwrap();
     assert!(got.kvs()[0].value().starts_with(b"ql:s3:"));
     let st = b.inspect("sem").await.unwrap();

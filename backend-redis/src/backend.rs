@@ -187,7 +187,7 @@ impl Backend for RedisBackend {
                 if !(exact || lock.starts_with(under.as_str())) {
                     continue;
                 }
-                if let Ok(name) = LockName::new(&lock[ns.len()..]) {
+                if let Some(name) = LockName::from_key(&lock[ns.len()..]) {
                     names.insert(name);
                 }
             }

@@ -13,14 +13,15 @@
 //! | `L/.n` | string | the per-name counter: arrival numbers and tokens |
 //! | `L/.x/<contender>` | string, PX ttl | fence of an abandoned attempt |
 //!
-//! No lock-name segment starts with `.` (lockcore's name rules), so none
+//! No segment of a lock's key starts with `.` (lockcore's `LockName::key`), so none
 //! of these keys is another lock's key.
 
 use lockcore::{Error, ErrorKind, LockKind, LockName, Result};
 
-/// `L`: the prefix of every key of one lock.
+/// `L`: the prefix of every key of one lock (the name's store key,
+/// escaped where lockcore's rule says).
 pub(crate) fn lock_key(prefix: &str, name: &LockName) -> String {
-    format!("{prefix}{name}")
+    format!("{prefix}{}", name.key())
 }
 
 /// The session key of `sid`.

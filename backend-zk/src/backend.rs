@@ -250,8 +250,13 @@ impl ZkBackend {
     /// contender children (or a semaphore's `leases`/`locks`) is a lock and
     /// is inspected; its other children are nested locks and walked too.
     async fn list_once(&self, c: zk::Client, prefix: Option<&LockName>) -> Result<Vec<LockState>> {
-        let mut stack: Vec<(String, Option<LockName>)> = match prefix {
-            Some(p) => vec![(self.shared.lock_dir(p)?, Some(p.clone()))],
+        // (node path, the lock's key below the namespace and its name).
+        type Node = (String, Option<(String, Option<LockName>)>);
+        let mut stack: Vec<Node> = match prefix {
+            Some(p) => vec![(
+                self.shared.lock_dir(p)?,
+                Some((p.key().into_owned(), Some(p.clone()))),
+            )],
             None => vec![(self.shared.root(), None)],
         };
         let mut out = Vec::new();
@@ -272,16 +277,19 @@ impl ZkBackend {
                     continue;
                 }
                 let nested = match &name {
-                    Some(n) => format!("{n}/{child}"),
+                    Some((k, _)) => format!("{k}/{child}"),
                     None => child.clone(),
                 };
-                // Nodes whose names no lock can have are someone else's.
-                if let Ok(nested) = LockName::new(nested) {
+                // Nodes whose keys no lock has are someone else's, but
+                // `~` (an escaped empty first segment, as in `/x`) is no
+                // lock and leads to some.
+                let nested_name = LockName::from_key(&nested);
+                if nested_name.is_some() || nested == "~" {
                     let base = if path == "/" { "" } else { path.as_str() };
-                    stack.push((format!("{base}/{child}"), Some(nested)));
+                    stack.push((format!("{base}/{child}"), Some((nested, nested_name))));
                 }
             }
-            if let Some(name) = name {
+            if let Some((_, Some(name))) = name {
                 if children.iter().any(|ch| layout_child(ch)) {
                     let state = self.inspect_once(c.clone(), &name).await?;
                     if !state.is_free() {

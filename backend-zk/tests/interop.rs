@@ -593,3 +593,51 @@ async fn revoke_of_curator_leases_writes_no_guessed_count() {
     s.peer.quit().await;
     s.case.finish().await;
 }
+
+/// Several permits of one client count one by one against Curator's
+/// `InterProcessSemaphoreV2`: beside one Curator lease of 3, one client of
+/// ours holds two permits at once; a second Curator lease then waits
+/// until one of ours is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_clients_permits_count_against_curator() {
+    let Some(mut s) = setup().await else { return };
+    let a = s.case.client().await;
+    for c in ["m1", "m2"] {
+        s.peer
+            .send(&format!("semaphore {c} {}/mpool 3", s.ns_path))
+            .await;
+        s.peer.expect("ok").await;
+    }
+    s.peer.send("acquire m1").await;
+    s.peer.expect("acquired m1").await;
+    let sem = a.semaphore("mpool", 3).unwrap();
+    let g1 = tokio::time::timeout(SOON, sem.acquire())
+        .await
+        .expect("our first permit beside one Curator lease")
+        .unwrap();
+    let g2 = tokio::time::timeout(SOON, sem.acquire())
+        .await
+        .expect("our second permit on the same client")
+        .unwrap();
+    let st = a.inspect("mpool").await.unwrap();
+    assert_eq!(st.holders.len(), 3, "{st:?}");
+    let e = sem.try_acquire().await.unwrap_err();
+    assert_eq!(e.kind(), lockcore::ErrorKind::WouldBlock, "{e}");
+    s.peer.send("acquire m2").await;
+    assert!(
+        !s.peer
+            .says_within("acquired m2", Duration::from_millis(500))
+            .await,
+        "Curator took a fourth lease of 3"
+    );
+    g2.release().await.unwrap();
+    s.peer.expect("acquired m2").await;
+    assert!(g1.is_held());
+    g1.release().await.unwrap();
+    for c in ["m1", "m2"] {
+        s.peer.send(&format!("release {c}")).await;
+        s.peer.expect(&format!("released {c}")).await;
+    }
+    s.peer.quit().await;
+    s.case.finish().await;
+}

@@ -179,13 +179,13 @@ fn mem_command_is_stopped_when_quorumlock_is_killed() {
 
 #[test]
 fn mem_usage_errors_are_64() {
-    // A bad lock name, before anything is connected.
+    // A bad lock name (too long, or empty), before anything is connected.
     ql("mem://")
-        .args(["lock", "bad name", "--", "true"])
+        .args(["lock", &"n".repeat(201), "--", "true"])
         .assert()
         .code(USAGE)
         .stderr(predicate::str::contains("invalid name"));
-    ql("mem://").args(["status", "a//b"]).assert().code(USAGE);
+    ql("mem://").args(["status", ""]).assert().code(USAGE);
     // Bad URLs and unknown schemes are typed errors, hence 64.
     ql("not a url")
         .args(["status", "a"])
@@ -1017,6 +1017,19 @@ fn list_shows_holders_and_waiters(url: &str) {
         ],
     );
     wait_file(&other, Duration::from_secs(15));
+    // A name outside the native characters: escaped on the store, listed
+    // by its name.
+    let odd = dir.path().join("odd");
+    let _odd = Bg::spawn(
+        url,
+        &[
+            "lock",
+            "odd/42 caf\u{e9}@x",
+            "-c",
+            &format!("echo up > {}; sleep 30", odd.display()),
+        ],
+    );
+    wait_file(&odd, Duration::from_secs(15));
     wait_waiters(url, "jobs/a", 1);
 
     let out = ql(url)
@@ -1046,7 +1059,7 @@ fn list_shows_holders_and_waiters(url: &str) {
     let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
     let locks = v["locks"].as_array().unwrap();
     let names: Vec<&str> = locks.iter().map(|l| l["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["jobs/a", "jobsx"], "{v}");
+    assert_eq!(names, ["jobs/a", "jobsx", "odd/42 caf\u{e9}@x"], "{v}");
     assert_eq!(locks[0]["holders"][0]["token"].to_string(), token, "{v}");
     assert!(
         locks[0]["holders"][0]["session"]
@@ -1055,7 +1068,13 @@ fn list_shows_holders_and_waiters(url: &str) {
         "{v}"
     );
     assert_eq!(locks[0]["waiters"].as_array().map(Vec::len), Some(1), "{v}");
-    ql(url).args(["list", "bad name"]).assert().code(USAGE);
+    ql(url)
+        .args(["list", &"n".repeat(201)])
+        .assert()
+        .code(USAGE);
+    let out = ql(url).args(["list", "odd"]).assert().success();
+    let text = String::from_utf8(out.get_output().stdout.clone()).unwrap();
+    assert!(text.starts_with("odd/42 caf\u{e9}@x  exclusive"), "{text}");
     ql(url)
         .args(["list", "nothing"])
         .assert()

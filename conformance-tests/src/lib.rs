@@ -47,6 +47,7 @@ macro_rules! suite {
             cancelled_acquire_of_free_lock_leaves_no_holder,
             thousand_locks_on_one_session,
             invalid_names_rejected_and_nothing_written,
+            any_names_work,
             nested_layout_segment_names_are_independent,
             inspect_reports_holder_and_waiters_in_order,
             loss_future_outlives_guard_and_fires_on_client_close,
@@ -90,7 +91,7 @@ macro_rules! suite {
                 semaphore_never_exceeds_permits,
                 semaphore_permit_count_conflict,
                 semaphore_fifo,
-                semaphore_one_permit_per_client
+                semaphore_permits_per_client
             );
             mod one_permit {
                 use super::*;

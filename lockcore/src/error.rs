@@ -11,7 +11,8 @@ use std::fmt;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ErrorKind {
-    /// A lock name broke one of the rules in [`crate::LockName`].
+    /// A lock name is empty or longer than [`crate::MAX_NAME_LEN`] bytes
+    /// (see [`crate::LockName`]).
     InvalidName,
     /// A connection URL could not be parsed or has a bad option value.
     InvalidUrl,

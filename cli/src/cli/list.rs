@@ -49,7 +49,8 @@ pub fn lock_kind(state: &LockState) -> String {
 pub fn to_text(locks: &[LockState]) -> String {
     let width = locks
         .iter()
-        .map(|s| s.name.as_str().len())
+        // `{:width$}` pads by characters, not bytes (names may be UTF-8).
+        .map(|s| s.name.as_str().chars().count())
         .max()
         .unwrap_or(0);
     let mut out = String::new();

@@ -208,7 +208,7 @@ pub struct LockArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub permits: Option<u32>,
 
-    /// The lock's name: segments of [A-Za-z0-9._:-] joined by `/`.
+    /// The lock's name: any UTF-8 text up to 200 bytes (`/` nests).
     pub name: String,
 
     /// The command to run, after `--` (or give -c).

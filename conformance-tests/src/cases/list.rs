@@ -5,7 +5,7 @@ use super::*;
 /// `list` reports every held or awaited lock under a prefix (whole
 /// segments: `jobs` covers `jobs/a/nested`, not `jobsx`), in name order,
 /// with the holders and waiters `inspect` shows; free locks are left out
-/// and a bad prefix is refused.
+/// and a too long prefix is refused.
 pub async fn list_reports_locks_under_a_prefix(h: &Harness) {
     let case = h.case();
     let (a, b) = (case.client().await, case.client().await);
@@ -57,7 +57,11 @@ pub async fn list_reports_locks_under_a_prefix(h: &Harness) {
         ["jobs/a", "jobs/a/nested", "jobsx"]
     );
     assert!(a.list("nothing/here").await.unwrap().is_empty());
-    assert_kind(a.list("bad name").await, ErrorKind::InvalidName, "list");
+    assert_kind(
+        a.list("n".repeat(lockcore::MAX_NAME_LEN + 1)).await,
+        ErrorKind::InvalidName,
+        "list",
+    );
 
     held.release().await.unwrap();
     waiter.await.unwrap().unwrap();

@@ -1,4 +1,6 @@
-//! Lock names: invalid ones are refused before any I/O; layout segments are names of their own.
+//! Lock names: any text is a name (escaped on the store where it must
+//! be), too long ones are refused before any I/O, and layout segments are
+//! names of their own.
 
 use super::*;
 
@@ -7,18 +9,12 @@ pub async fn invalid_names_rejected_and_nothing_written(h: &Harness) {
     let case = h.case();
     let a = case.client().await;
     let before = a.backend().requests_sent();
+    // Only the empty name and names over the limit are refused; any other
+    // text is a name (escaped on the store: `any_names_work`).
     for bad in [
         "",
-        "/x",
-        "x/",
-        "a//b",
-        "a/../b",
-        "sp ace",
-        "ctl\u{7}",
-        ".lock",
-        "x/0lock-1",
-        "x/leases",
-        &"n".repeat(300),
+        &"n".repeat(lockcore::MAX_NAME_LEN + 1),
+        &"\u{e9}".repeat(101),
     ] {
         assert_kind(a.lock(bad).map(|_| ()), ErrorKind::InvalidName, bad);
         assert_kind(
@@ -130,5 +126,147 @@ pub async fn nested_layout_segment_names_are_independent(h: &Harness) {
             g.release().await.unwrap();
         }
     }
+    case.finish().await;
+}
+
+/// Names outside the native characters, and names that look like a
+/// layout's own children or a recipe's markers: each is escaped on the
+/// store (lockcore's `LockName::key`), one rule for every store.
+pub const ODD_NAMES: [&str; 20] = [
+    "orders/42",
+    "orders/3f2a9c",
+    "user@example.com",
+    "jobs/lock-rotation",
+    "with space",
+    "caf\u{e9}/\u{1f512} \u{4e2d}\u{6587}",
+    ".hidden",
+    "a//b",
+    "/lead",
+    "trail/",
+    "x/leases",
+    "x/locks",
+    "x/.lock",
+    "x/.queue/y",
+    "x/_c_0-lock-0000000001",
+    "x/a__READ__b",
+    "x/lease-0000000001",
+    "50%/~tilde",
+    "a/../b",
+    "tab\there",
+];
+
+/// Every name of [`ODD_NAMES`] (and a native one) acquires, excludes a
+/// second client, leaves its parent free, shows up under its own name in
+/// `list` and `inspect`, and releases; all held at once, `list` reports
+/// exactly them, in name order. A native name's key is the name itself
+/// (its entry is under `<namespace>/<name>/`), an escaped one's is not.
+pub async fn any_names_work(h: &Harness) {
+    let case = h.case();
+    let (a, b) = (case.client().await, case.client().await);
+    let ns = case.namespace().trim_matches('/').to_string();
+    // Whether an entry (a node path, a key, mem's `<key>#<n>`) is one of
+    // the lock whose key below the namespace is `key`.
+    let under_ns = |entry: &str, key: &str| {
+        let full = match ns.as_str() {
+            "" => key.to_string(),
+            ns => format!("{ns}/{key}"),
+        };
+        entry
+            .match_indices(&full)
+            .any(|(i, _)| matches!(entry[i + full.len()..].chars().next(), Some('/' | '#')))
+    };
+    let native = "plain/native-name_1.x:y";
+    let mut held = Vec::new();
+    for name in ODD_NAMES.iter().copied().chain([native]) {
+        let ln = lockcore::LockName::new(name).unwrap();
+        assert_eq!(ln.is_native(), name == native, "{name}");
+        let g = acquire(Flavor::Mutex, &a, name).await;
+        assert_eq!(g.name().as_str(), name);
+        assert!(
+            under_ns(g.entry(), &ln.key()),
+            "{name}: entry {} is not under its key {}",
+            g.entry(),
+            ln.key()
+        );
+        if name == native {
+            assert!(under_ns(g.entry(), name), "{}", g.entry());
+        }
+        assert_kind(
+            b.lock(name).unwrap().try_acquire().await,
+            ErrorKind::WouldBlock,
+            name,
+        );
+        let st = b.inspect(name).await.unwrap();
+        assert_eq!(st.name.as_str(), name);
+        assert_eq!(st.holders.len(), 1, "{name}: {st:?}");
+        assert_eq!(st.holders[0].token, g.token(), "{name}");
+        // The parent of a nested name is a lock of its own, free.
+        if let Some((parent, _)) = name.rsplit_once('/').filter(|(p, _)| !p.is_empty()) {
+            if !ODD_NAMES.contains(&parent) {
+                b.lock(parent)
+                    .unwrap()
+                    .try_acquire()
+                    .await
+                    .unwrap_or_else(|e| panic!("{parent} while only {name} is held: {e}"))
+                    .release()
+                    .await
+                    .unwrap();
+            }
+        }
+        held.push(g);
+    }
+    let mut expected: Vec<String> = ODD_NAMES
+        .iter()
+        .copied()
+        .chain([native])
+        .map(String::from)
+        .collect();
+    expected.sort();
+    let listed = a.list("").await.unwrap();
+    let names: Vec<String> = listed.iter().map(|s| s.name.as_str().to_string()).collect();
+    assert_eq!(names, expected, "list of everything");
+    for st in &listed {
+        assert_eq!(st.holders.len(), 1, "{st:?}");
+        let g = held.iter().find(|g| g.name() == &st.name).unwrap();
+        assert_eq!(st.holders[0].token, g.token(), "{}", st.name);
+    }
+    let orders: Vec<String> = a
+        .list("orders")
+        .await
+        .unwrap()
+        .iter()
+        .map(|s| s.name.as_str().to_string())
+        .collect();
+    assert_eq!(orders, ["orders/3f2a9c", "orders/42"]);
+    let x: Vec<String> = a
+        .list("x")
+        .await
+        .unwrap()
+        .iter()
+        .map(|s| s.name.as_str().to_string())
+        .collect();
+    let mut want_x: Vec<&str> = ODD_NAMES
+        .iter()
+        .copied()
+        .filter(|n| n.starts_with("x/"))
+        .collect();
+    want_x.sort();
+    assert_eq!(x, want_x, "list of x");
+    for g in held {
+        let name = g.name().as_str().to_string();
+        g.release().await.unwrap();
+        b.lock(&name)
+            .unwrap()
+            .try_acquire()
+            .await
+            .unwrap_or_else(|e| panic!("{name} after release: {e}"))
+            .release()
+            .await
+            .unwrap();
+    }
+    assert!(
+        a.list("").await.unwrap().is_empty(),
+        "released names listed"
+    );
     case.finish().await;
 }

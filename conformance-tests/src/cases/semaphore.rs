@@ -111,24 +111,85 @@ pub async fn semaphore_fifo(h: &Harness) {
     case.finish().await;
 }
 
-/// One client holds at most one permit of a semaphore at a time; its other
-/// owners queue locally (as `consul lock -n` counts one holder per session).
-pub async fn semaphore_one_permit_per_client(h: &Harness) {
+/// One client holds several permits at once: `N` tasks of one client
+/// hold `N` permits together, the `N+1`th (of this client or another)
+/// waits until one is released, and the limit is never exceeded while six
+/// tasks of one client and one of another contend.
+pub async fn semaphore_permits_per_client(h: &Harness) {
+    const N: usize = 3;
     let case = h.case();
-    let a = case.client().await;
-    let sem = a.semaphore("per-client", 3).unwrap();
-    let g = sem.acquire().await.unwrap();
+    let (a, b) = (case.client().await, case.client().await);
+    let sem = a.semaphore("per-client", N as u32).unwrap();
+    let mut held = Vec::new();
+    for i in 0..N {
+        let g = tokio::time::timeout(Duration::from_secs(10), sem.acquire())
+            .await
+            .unwrap_or_else(|_| panic!("permit {} of {N} on one client never came", i + 1))
+            .unwrap();
+        held.push(g);
+    }
+    let tokens: std::collections::BTreeSet<u64> = held.iter().map(|g| g.token()).collect();
+    assert_eq!(tokens.len(), N, "permits share a token");
+    assert_eq!(
+        a.inspect("per-client").await.unwrap().holders.len(),
+        N,
+        "inspect shows fewer holders"
+    );
     assert_kind(
         sem.try_acquire().await,
         ErrorKind::WouldBlock,
-        "second permit on one client",
+        "permit N+1 on the same client",
     );
-    g.release().await.unwrap();
-    sem.try_acquire()
+    let other = b.semaphore("per-client", N as u32).unwrap();
+    assert_kind(
+        other.try_acquire().await,
+        ErrorKind::WouldBlock,
+        "permit N+1 on another client",
+    );
+    let next = {
+        let sem = sem.clone();
+        tokio::spawn(async move { sem.acquire().await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!next.is_finished(), "permit N+1 granted while N are held");
+    held.pop().unwrap().release().await.unwrap();
+    let g = tokio::time::timeout(SOON, next)
         .await
-        .expect("free again")
-        .release()
-        .await
+        .expect("permit N+1 after a release")
+        .unwrap()
         .unwrap();
+    held.push(g);
+    for g in held {
+        g.release().await.unwrap();
+    }
+
+    // Contention: six owners of `a` and one of `b`, three rounds each.
+    let inside = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..7 {
+        let c = if i < 6 { a.clone() } else { b.clone() };
+        let (inside, most) = (inside.clone(), most.clone());
+        tasks.push(tokio::spawn(async move {
+            let sem = c.semaphore("per-client", N as u32).unwrap();
+            for _ in 0..3 {
+                let g = tokio::time::timeout(SOON, sem.acquire())
+                    .await
+                    .expect("permit")
+                    .unwrap();
+                let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(40)).await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                g.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let most = most.load(Ordering::SeqCst);
+    assert!(most <= N, "{most} holders at once, limit {N}");
+    assert_eq!(most, N, "never {N} holders at once");
     case.finish().await;
 }

@@ -217,11 +217,13 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
 /// One store session (ZooKeeper session, etcd lease, Consul session).
 ///
 /// # Contract
-/// - At most one entry per request at any time. For `Exclusive` and
-///   `Semaphore` the client layer sends at most one request per (session,
-///   name) at a time, so layouts that key those entries by session (etcd,
-///   Consul) are safe; `Read` and `Write` requests of one session may
-///   overlap on one name.
+/// - At most one entry per request at any time. For `Exclusive` the
+///   client layer sends at most one request per (session, name) at a
+///   time, so layouts that key mutex entries by session (etcd, Consul) are
+///   safe. Up to `permits` `Semaphore` requests of one session, and any
+///   number of `Read` and `Write` requests, may overlap on one name: each
+///   needs an entry of its own (keyed by `contender`, or on Consul by a
+///   session of its own, see that backend).
 /// - `acquire` returns only when our entry holds the lock, after checking
 ///   that the entry still exists (a waiter whose session expired while
 ///   queued is never granted). While the entry is held, the backend

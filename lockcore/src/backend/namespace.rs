@@ -44,13 +44,22 @@ impl Namespace {
         self.0.is_empty()
     }
 
-    /// The key of lock `name`: `<namespace>/<name>`, or `<name>` without a
-    /// namespace. Each store lays its entries out under it.
+    /// The key of lock `name`: `<namespace>/<key>`, or `<key>` without a
+    /// namespace, where `<key>` is [`LockName::key`] (the name itself, or
+    /// its escaped form). Each store lays its entries out under it.
     pub fn lock_key(&self, name: &LockName) -> String {
         match self.0.as_str() {
-            "" => name.as_str().to_string(),
-            ns => format!("{ns}/{name}"),
+            "" => name.key().into_owned(),
+            ns => format!("{ns}/{}", name.key()),
         }
+    }
+
+    /// The lock whose [`lock_key`](Namespace::lock_key) is `key`, if any:
+    /// what listing a store uses to turn keys back into names. `None` for
+    /// keys outside the namespace and for keys no name is written as.
+    pub fn name_of(&self, key: &str) -> Option<LockName> {
+        let rest = key.strip_prefix(self.prefix().as_str())?;
+        LockName::from_key(rest)
     }
 
     /// What every key of this namespace starts with: `<namespace>/`, or
@@ -92,6 +101,11 @@ mod tests {
         assert_eq!(ns, "app/locks");
         assert_eq!(ns.lock_key(&name), "app/locks/a/b");
         assert_eq!(ns.prefix(), "app/locks/");
+        let odd = LockName::new("orders/42").unwrap();
+        assert_eq!(ns.lock_key(&odd), "app/locks/orders/~42");
+        assert_eq!(ns.name_of("app/locks/orders/~42"), Some(odd.clone()));
+        assert_eq!(none.name_of("orders/~42"), Some(odd));
+        assert_eq!(ns.name_of("other/orders/~42"), None);
     }
 
     #[test]

@@ -35,10 +35,11 @@ use shared::*;
 /// after it is lost. Every guard of a lost session reports the loss.
 ///
 /// Within one client, each lock name has a local FIFO queue: at most one
-/// owner of this client contends for a name on the store at a time, and
-/// the next local owner enters the store only after the previous one's
-/// entry is gone. Different owners in one process therefore exclude each
-/// other exactly as different processes do.
+/// owner of this client contends for a mutex on the store at a time (at
+/// most `N` for a semaphore of `N` permits), and the next local owner
+/// enters the store only after a previous one's entry is gone. Different
+/// owners in one process therefore exclude each other exactly as
+/// different processes do.
 #[derive(Clone)]
 pub struct LockClient {
     inner: Arc<ClientInner>,
@@ -95,9 +96,9 @@ impl LockClient {
 
     /// A handle to the counting semaphore `name` with `permits` holders at
     /// most. Every user of one semaphore must agree on `permits`; a
-    /// different count is [`ErrorKind::Conflict`] at acquire. One client
-    /// holds at most one permit of a semaphore at a time (its owners queue
-    /// locally), as `consul lock -n` counts one holder per session.
+    /// different count is [`ErrorKind::Conflict`] at acquire. Several
+    /// owners of one client hold several permits at once (up to
+    /// `permits`; further owners queue locally).
     pub fn semaphore(&self, name: impl AsRef<str>, permits: u32) -> Result<crate::Semaphore> {
         let name = LockName::new(name.as_ref())?;
         if permits == 0 {
@@ -141,7 +142,11 @@ impl LockClient {
             "" => None,
             p => Some(LockName::new(p)?),
         };
-        self.inner.backend.list(prefix.as_ref()).await
+        let mut out = self.inner.backend.list(prefix.as_ref()).await?;
+        // Stores list in key order; an escaped name's key sorts apart
+        // from its name.
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
     }
 
     /// Asks the holder of `name` to let go (cooperative revoke); its
@@ -246,10 +251,11 @@ impl LockClient {
         Ok(slot)
     }
 
-    /// A place in the local FIFO queue of `name` (one permit: one store
-    /// contender per client), for the kinds whose store layout keys entries
-    /// by session: mutexes (etcd's and Consul's native layouts) and
-    /// semaphores (`consul lock -n` counts one holder per session).
+    /// A place in the local FIFO queue of `name`, for the kinds whose
+    /// store contenders per client are bounded: a mutex has one (etcd's
+    /// and Consul's native layouts key it by session), a semaphore of `N`
+    /// permits at most `N` (each its own store entry, so `N` owners of one
+    /// client can hold at once; more would only wait on the store).
     /// Readers and writers of a read-write lock have one entry each and are
     /// ordered by the store alone, so none of them can overtake a waiter
     /// of another client.
@@ -262,14 +268,19 @@ impl LockClient {
         if matches!(kind, LockKind::Read | LockKind::Write) {
             return Ok(LocalTicket {
                 client: self.inner.clone(),
-                name: name.clone(),
+                key: (name.clone(), 0),
                 permit: None,
             });
         }
+        let (permits, slots) = match kind {
+            LockKind::Semaphore { permits } => (permits, permits as usize),
+            _ => (0, 1),
+        };
+        let key = (name.clone(), permits);
         let queue = {
             let mut map = self.inner.local.lock().expect("local queue map poisoned");
-            map.entry(name.clone())
-                .or_insert_with(|| Arc::new(Semaphore::new(1)))
+            map.entry(key.clone())
+                .or_insert_with(|| Arc::new(Semaphore::new(slots)))
                 .clone()
         };
         let permit = match mode {
@@ -282,7 +293,7 @@ impl LockClient {
         };
         Ok(LocalTicket {
             client: self.inner.clone(),
-            name: name.clone(),
+            key,
             permit: Some(permit),
         })
     }

@@ -21,7 +21,8 @@ pub(super) struct ClientInner {
     pub(super) backend: Arc<dyn Backend>,
     pub(super) options: ClientOptions,
     pub(super) session: tokio::sync::Mutex<Option<Arc<SessionSlot>>>,
-    pub(super) local: StdMutex<HashMap<LockName, Arc<Semaphore>>>,
+    /// The local queues, by name and permits (0 for a mutex).
+    pub(super) local: StdMutex<HashMap<(LockName, u32), Arc<Semaphore>>>,
     pub(super) cleanup: Cleanup,
     pub(super) runtime: tokio::runtime::Handle,
 }
@@ -203,7 +204,8 @@ impl Backoff {
 /// owner contend, and forgets the queue once nobody uses it.
 pub(super) struct LocalTicket {
     pub(super) client: Arc<ClientInner>,
-    pub(super) name: LockName,
+    /// The queue's key in [`ClientInner::local`].
+    pub(super) key: (LockName, u32),
     pub(super) permit: Option<OwnedSemaphorePermit>,
 }
 
@@ -214,10 +216,10 @@ impl Drop for LocalTicket {
         }
         let mut map = self.client.local.lock().expect("local queue map poisoned");
         if map
-            .get(&self.name)
+            .get(&self.key)
             .is_some_and(|q| Arc::strong_count(q) == 1)
         {
-            map.remove(&self.name);
+            map.remove(&self.key);
         }
     }
 }

@@ -125,7 +125,7 @@ impl Backend for MemBackend {
         let key = prefix.map(|p| self.key(p));
         let mut out = Vec::new();
         for k in st.keys_under(&under, key.as_deref()) {
-            let Ok(name) = LockName::new(&k[under.len()..]) else {
+            let Some(name) = LockName::from_key(&k[under.len()..]) else {
                 continue;
             };
             let (holders, waiters) = st.contenders(&k);
