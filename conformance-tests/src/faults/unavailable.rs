@@ -27,7 +27,7 @@ pub async fn unreachable_store_is_unavailable(t: &FaultTarget) -> Row {
     let admin = t.client(&ns).await;
     for mode in [NetMode::Cut, NetMode::Blackhole] {
         let (backend, net) = t.faulty_backend(&ns).await;
-        let options = ClientOptions::default().unavailable_after(Some(AFTER));
+        let options = ClientOptions::default().with_unavailable_after(Some(AFTER));
         let client = LockClient::with_options(backend, options);
         net.set_mode(mode);
         row.faults += 1;
