@@ -1,11 +1,18 @@
 //! `consul://` and `consuls://` URLs: agent address, namespace, ACL token,
-//! datacenter, session TTL, lock-delay, session checks and TLS CA.
+//! datacenter, session TTL, lock-delay, session checks and TLS CA; the
+//! Consul CLI's environment variables (`CONSUL_HTTP_ADDR`,
+//! `CONSUL_HTTP_TOKEN`, `CONSUL_HTTP_TOKEN_FILE`, `CONSUL_CACERT`,
+//! `CONSUL_CLIENT_CERT`, `CONSUL_CLIENT_KEY`) for what the URL leaves out.
+//! The one place this crate reads the environment.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+use lockcore::backend::connect::{
+    DEFAULT_CONNECT_TIMEOUT, MAX_CONNECT_TIMEOUT, MIN_CONNECT_TIMEOUT,
+};
 use lockcore::backend::Namespace;
-use lockcore::url::{self, Secret, Url};
+use lockcore::url::{self, Env, Secret, Url};
 use lockcore::{Error, ErrorKind, LockName, Result};
 
 /// The agent's HTTP port used when a `consul://` URL has none.
@@ -25,7 +32,16 @@ const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 const MAX_LOCK_DELAY: Duration = Duration::from_secs(60);
 
 /// Options a `consul(s)://` URL may carry.
-const KNOWN: &[&str] = &["token", "dc", "ttl", "lock_delay", "checks", "ca"];
+const KNOWN: &[&str] = &[
+    "token",
+    "dc",
+    "ttl",
+    "lock_delay",
+    "checks",
+    "ca",
+    "connect_timeout",
+    "lazy",
+];
 
 /// Configuration of a Consul client.
 ///
@@ -40,7 +56,15 @@ const KNOWN: &[&str] = &["token", "dc", "ttl", "lock_delay", "checks", "ca"];
 /// | `lock_delay` | `1s` | `0s..=60s` (Consul's own limits) | session lock-delay: after our session is invalidated, nobody may take its locks for this long |
 /// | `checks` | none | comma-separated check ids | node health checks tying the session to its agent's node, e.g. `checks=serfHealth` (Consul's default) |
 /// | `ca` | system roots | `consuls://` only | PEM file of the CA that signed the agent's certificate |
+/// | `connect_timeout` | `10s` | `100ms..=10m` | how long `connect()` waits for the agent to answer |
+/// | `lazy` | `false` | | `connect()` sends nothing; the first acquire finds out whether the agent answers |
+///
+/// What the URL leaves out comes from the Consul CLI's environment
+/// variables (see [`ConsulConfig::from_url_with_env`]). Built in code,
+/// start from [`ConsulConfig::default`] (`127.0.0.1:8500`, no environment
+/// read) and the `with_<field>` setters.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ConsulConfig {
     /// `true` for `consuls://` (HTTPS).
     pub tls: bool,
@@ -63,9 +87,59 @@ pub struct ConsulConfig {
     pub checks: Vec<String>,
     /// CA certificate file for `consuls://`.
     pub ca_file: Option<PathBuf>,
-    /// The URL with secrets redacted, for `describe()` and logs.
+    /// Client certificate file (PEM) for `consuls://` (from
+    /// `CONSUL_CLIENT_CERT`; sent once client-certificate support lands).
+    pub client_cert_file: Option<PathBuf>,
+    /// Key of [`ConsulConfig::client_cert_file`] (from `CONSUL_CLIENT_KEY`).
+    pub client_key_file: Option<PathBuf>,
+    /// How long `connect()` waits for the agent to answer.
+    pub connect_timeout: Duration,
+    /// `connect()` sends nothing.
+    pub lazy: bool,
+    /// The URL with secrets redacted, for `describe()` and logs (empty:
+    /// the agent's address is shown).
     pub display: String,
 }
+
+impl Default for ConsulConfig {
+    fn default() -> Self {
+        ConsulConfig {
+            tls: false,
+            host: "127.0.0.1".to_string(),
+            port: DEFAULT_PORT,
+            namespace: Namespace::default(),
+            token: None,
+            datacenter: None,
+            ttl: DEFAULT_TTL,
+            lock_delay: DEFAULT_LOCK_DELAY,
+            checks: Vec::new(),
+            ca_file: None,
+            client_cert_file: None,
+            client_key_file: None,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            lazy: false,
+            display: String::new(),
+        }
+    }
+}
+
+lockcore::config_setters!(ConsulConfig {
+    with_tls => tls: bool,
+    with_host => host: String,
+    with_port => port: u16,
+    with_namespace => namespace: Namespace,
+    with_token => token: Option<Secret>,
+    with_datacenter => datacenter: Option<String>,
+    with_ttl => ttl: Duration,
+    with_lock_delay => lock_delay: Duration,
+    with_checks => checks: Vec<String>,
+    with_ca_file => ca_file: Option<PathBuf>,
+    with_client_cert_file => client_cert_file: Option<PathBuf>,
+    with_client_key_file => client_key_file: Option<PathBuf>,
+    with_connect_timeout => connect_timeout: Duration,
+    with_lazy => lazy: bool,
+    with_display => display: String,
+});
 
 fn invalid(msg: impl Into<String>) -> Error {
     Error::new(ErrorKind::InvalidUrl, msg.into())
@@ -73,6 +147,47 @@ fn invalid(msg: impl Into<String>) -> Error {
 
 fn is_id_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')
+}
+
+/// `CONSUL_HTTP_ADDR`: `[http[s]://]host[:port]` as (TLS, host, port).
+fn env_addr(addr: &str) -> Result<(bool, String, Option<u16>)> {
+    let (https, rest) = match addr.split_once("://") {
+        None => (false, addr),
+        Some(("http", r)) => (false, r),
+        Some(("https", r)) => (true, r),
+        Some((s, _)) => {
+            return Err(invalid(format!(
+                "CONSUL_HTTP_ADDR: {s}:// is not supported (http:// or https://)"
+            )))
+        }
+    };
+    let u = url::parse(&format!("consul://{}", rest.trim_end_matches('/')))
+        .map_err(|_| invalid(format!("CONSUL_HTTP_ADDR={addr:?} is not host[:port]")))?;
+    match u.host_str() {
+        Some(h) if !h.is_empty() && u.path().is_empty() && u.port() != Some(0) => {
+            Ok((https, h.to_string(), u.port()))
+        }
+        _ => Err(invalid(format!(
+            "CONSUL_HTTP_ADDR={addr:?} is not host[:port]"
+        ))),
+    }
+}
+
+/// `CONSUL_HTTP_TOKEN`, else the contents of `CONSUL_HTTP_TOKEN_FILE`.
+fn env_token(env: Env<'_>) -> Result<Option<Secret>> {
+    if let Some(t) = env("CONSUL_HTTP_TOKEN") {
+        return Ok(Some(Secret::new(t.trim())));
+    }
+    let Some(path) = env("CONSUL_HTTP_TOKEN_FILE") else {
+        return Ok(None);
+    };
+    let t = std::fs::read_to_string(&path).map_err(|e| {
+        invalid(format!("CONSUL_HTTP_TOKEN_FILE={path}: cannot read it")).with_source(e)
+    })?;
+    match t.trim() {
+        "" => Err(invalid(format!("CONSUL_HTTP_TOKEN_FILE={path} is empty"))),
+        t => Ok(Some(Secret::new(t))),
+    }
 }
 
 impl ConsulConfig {
@@ -84,7 +199,27 @@ impl ConsulConfig {
     /// Parses a `consul://` or `consuls://` [`Url`]. Every bad input is an
     /// [`ErrorKind::InvalidUrl`] error; nothing is contacted.
     pub fn from_url(u: &Url) -> Result<ConsulConfig> {
-        let tls = match u.scheme() {
+        Self::from_url_with_env(u, &url::process_env)
+    }
+
+    /// The defaults with the Consul CLI's environment variables applied:
+    /// the config of `consul:///`.
+    pub fn from_env() -> Result<ConsulConfig> {
+        Self::from_url_with_env(&url::parse("consul:///")?, &url::process_env)
+    }
+
+    /// [`ConsulConfig::from_url`] with `env` as the environment.
+    /// Precedence: the URL, then the environment, then the defaults.
+    ///
+    /// | variable | used when the URL has no | as |
+    /// |---|---|---|
+    /// | `CONSUL_HTTP_ADDR` | host (`consul:///ns`) | `[http[s]://]host[:port]`; `https://` means TLS |
+    /// | `CONSUL_HTTP_TOKEN` | `token=` | ACL token |
+    /// | `CONSUL_HTTP_TOKEN_FILE` | `token=` and `CONSUL_HTTP_TOKEN` | file holding the ACL token |
+    /// | `CONSUL_CACERT` | `ca=` (TLS only) | CA file |
+    /// | `CONSUL_CLIENT_CERT`, `CONSUL_CLIENT_KEY` | (TLS only) | client certificate and key |
+    pub fn from_url_with_env(u: &Url, env: Env<'_>) -> Result<ConsulConfig> {
+        let mut tls = match u.scheme() {
             "consul" => false,
             "consuls" => true,
             s => {
@@ -101,13 +236,21 @@ impl ConsulConfig {
         if u.fragment().is_some() {
             return Err(invalid("consul URLs take no #fragment"));
         }
-        let host = match u.host_str() {
-            Some(h) if !h.is_empty() => h.to_string(),
-            _ => return Err(invalid("the consul URL needs the agent's host")),
+        let (host, port) = match u.host_str() {
+            Some(h) if !h.is_empty() => (h.to_string(), u.port()),
+            _ if u.port().is_some() => {
+                return Err(invalid("the consul URL names a port but no agent host"))
+            }
+            _ => match env("CONSUL_HTTP_ADDR") {
+                None => ("127.0.0.1".to_string(), None),
+                Some(addr) => {
+                    let (https, host, port) = env_addr(&addr)?;
+                    tls |= https;
+                    (host, port)
+                }
+            },
         };
-        let port = u
-            .port()
-            .unwrap_or(if tls { DEFAULT_TLS_PORT } else { DEFAULT_PORT });
+        let port = port.unwrap_or(if tls { DEFAULT_TLS_PORT } else { DEFAULT_PORT });
         if port == 0 {
             return Err(invalid("port 0 is not a valid agent port"));
         }
@@ -122,6 +265,10 @@ impl ConsulConfig {
                 ))
             }
             Some(t) => Some(Secret::new(t)),
+        };
+        let token = match token {
+            Some(t) => Some(t),
+            None => env_token(env)?,
         };
         let datacenter = match opts.take("dc") {
             None => None,
@@ -165,7 +312,21 @@ impl ConsulConfig {
             Some(p) if p.is_empty() => return Err(invalid("URL option ca= is empty")),
             Some(p) => Some(PathBuf::from(p)),
         };
+        let connect_timeout = opts.duration(
+            "connect_timeout",
+            DEFAULT_CONNECT_TIMEOUT,
+            MIN_CONNECT_TIMEOUT,
+            MAX_CONNECT_TIMEOUT,
+        )?;
+        let lazy = opts.flag("lazy", false)?;
         opts.finish(KNOWN)?;
+        let (mut client_cert_file, mut client_key_file) = (None, None);
+        let mut ca_file = ca_file;
+        if tls {
+            ca_file = ca_file.or_else(|| env("CONSUL_CACERT").map(PathBuf::from));
+            client_cert_file = env("CONSUL_CLIENT_CERT").map(PathBuf::from);
+            client_key_file = env("CONSUL_CLIENT_KEY").map(PathBuf::from);
+        }
         Ok(ConsulConfig {
             tls,
             host,
@@ -177,8 +338,22 @@ impl ConsulConfig {
             lock_delay,
             checks,
             ca_file,
+            client_cert_file,
+            client_key_file,
+            connect_timeout,
+            lazy,
             display: url::redact(u),
         })
+    }
+
+    /// What logs and errors show: the redacted URL, or the agent.
+    pub fn describe(&self) -> String {
+        if self.display.is_empty() {
+            let scheme = if self.tls { "consuls" } else { "consul" };
+            format!("{scheme}://{}:{}/{}", self.host, self.port, self.namespace)
+        } else {
+            self.display.clone()
+        }
     }
 
     /// The agent's base URL, `http(s)://host:port/`.
@@ -277,7 +452,7 @@ mod tests {
         rejects("etcd://h", "expected a consul");
         rejects("consul://user:pw@h", "no user or password");
         rejects("consul://user@h", "no user or password");
-        rejects("consul:///ns", "host");
+        rejects("consul://:85/ns", "host");
         rejects("consul://h:0", "port 0");
         rejects("consul://h/ns#frag", "fragment");
         rejects("consul://h/a/%20b", "namespace");

@@ -48,20 +48,16 @@ where
         .with_max_delay(Duration::from_millis(500))
         .without_max_times()
         .build();
-    let mut last: Option<Error> = None;
     loop {
-        match tokio::time::timeout_at(deadline, attempt()).await {
+        let e = match tokio::time::timeout_at(deadline, attempt()).await {
             Ok(Ok(())) => return Ok(()),
-            Ok(Err(e)) if e.kind() == ErrorKind::Connection => {
-                tracing::debug!(error = %e, store, "the store does not answer yet; retrying");
-                last = Some(e);
-            }
+            Ok(Err(e)) if e.kind() == ErrorKind::Connection => e,
             Ok(Err(e)) => return Err(e),
             Err(_) => return Err(silent(store, timeout)),
-        }
+        };
+        tracing::debug!(error = %e, store, "the store does not answer yet; retrying");
         let pause = backoff.next().unwrap_or(Duration::from_millis(500));
         if Instant::now() + pause >= deadline {
-            let e = last.expect("set above");
             return Err(Error::new(
                 ErrorKind::Unavailable,
                 format!(
