@@ -447,6 +447,81 @@ mod tests {
         assert!(c.display.contains("ttl=20s"), "{}", c.display);
     }
 
+    fn with_env(s: &str, vars: &[(&str, &str)]) -> Result<ConsulConfig> {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let env = move |k: &str| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+        ConsulConfig::from_url_with_env(&url::parse(s).unwrap(), &env)
+    }
+
+    #[test]
+    fn consul_cli_environment_fills_what_the_url_leaves_out() {
+        let vars = [
+            ("CONSUL_HTTP_ADDR", "https://agent.example:9501"),
+            ("CONSUL_HTTP_TOKEN", "env-token"),
+            ("CONSUL_CACERT", "/env/ca.pem"),
+            ("CONSUL_CLIENT_CERT", "/env/c.pem"),
+            ("CONSUL_CLIENT_KEY", "/env/k.pem"),
+        ];
+        let c = with_env("consul:///ns", &vars).unwrap();
+        assert!(c.tls, "https:// in CONSUL_HTTP_ADDR means TLS");
+        assert_eq!((c.host.as_str(), c.port), ("agent.example", 9501));
+        assert_eq!(c.token.as_ref().map(Secret::expose), Some("env-token"));
+        assert_eq!(c.ca_file, Some(PathBuf::from("/env/ca.pem")));
+        assert_eq!(c.client_cert_file, Some(PathBuf::from("/env/c.pem")));
+        assert_eq!(c.client_key_file, Some(PathBuf::from("/env/k.pem")));
+        assert!(!format!("{c:?}").contains("env-token"));
+        // The URL wins.
+        let c = with_env("consul://h:1/ns?token=url-token", &vars).unwrap();
+        assert!(!c.tls);
+        assert_eq!((c.host.as_str(), c.port), ("h", 1));
+        assert_eq!(c.token.as_ref().map(Secret::expose), Some("url-token"));
+        assert_eq!((c.ca_file, c.client_cert_file), (None, None));
+        // Defaults without any variable.
+        let c = with_env("consul:///", &[]).unwrap();
+        assert_eq!(
+            (c.host.as_str(), c.port, c.token),
+            ("127.0.0.1", 8500, None)
+        );
+        let c = with_env("consul:///", &[("CONSUL_HTTP_ADDR", "10.0.0.1")]).unwrap();
+        assert_eq!((c.host.as_str(), c.port), ("10.0.0.1", 8500));
+        // The token file, when CONSUL_HTTP_TOKEN is unset.
+        let dir = std::env::temp_dir().join(format!("qlc-token-{}", std::process::id()));
+        std::fs::write(&dir, "file-token\n").unwrap();
+        let path = dir.display().to_string();
+        let c = with_env("consul://h", &[("CONSUL_HTTP_TOKEN_FILE", &path)]).unwrap();
+        assert_eq!(c.token.as_ref().map(Secret::expose), Some("file-token"));
+        std::fs::remove_file(&dir).unwrap();
+        let e = with_env("consul://h", &[("CONSUL_HTTP_TOKEN_FILE", &path)]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidUrl);
+        let e = with_env("consul:///", &[("CONSUL_HTTP_ADDR", "unix:///s.sock")]).unwrap_err();
+        assert!(e.to_string().contains("unix"), "{e}");
+    }
+
+    #[test]
+    fn setters_build_what_the_url_does() {
+        let by_url = with_env(
+            "consul://h:1/app?token=t&dc=d1&ttl=20s&lock_delay=0s&checks=serfHealth&connect_timeout=2s&lazy=1",
+            &[],
+        )
+        .unwrap();
+        let by_code = ConsulConfig::default()
+            .with_host("h".into())
+            .with_port(1)
+            .with_namespace(Namespace::new("app").unwrap())
+            .with_token(Some(Secret::new("t")))
+            .with_datacenter(Some("d1".into()))
+            .with_ttl(Duration::from_secs(20))
+            .with_lock_delay(Duration::ZERO)
+            .with_checks(vec!["serfHealth".into()])
+            .with_connect_timeout(Duration::from_secs(2))
+            .with_lazy(true)
+            .with_display(by_url.display.clone());
+        assert_eq!(by_url, by_code);
+    }
+
     #[test]
     fn rejections() {
         rejects("etcd://h", "expected a consul");

@@ -420,10 +420,91 @@ mod tests {
         assert_eq!(c.endpoints[1], "https://g:5");
     }
 
+    fn with_env(s: &str, vars: &[(&str, &str)]) -> Result<EtcdConfig> {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let env = move |k: &str| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+        EtcdConfig::from_url_with_env(&url::parse(s).unwrap(), &env)
+    }
+
+    #[test]
+    fn etcdctl_environment_fills_what_the_url_leaves_out() {
+        let vars = [
+            ("ETCDCTL_ENDPOINTS", "http://e1:1,e2:2"),
+            ("ETCDCTL_USER", "bob:pw"),
+            ("ETCDCTL_CACERT", "/env/ca.pem"),
+            ("ETCDCTL_CERT", "/env/c.pem"),
+            ("ETCDCTL_KEY", "/env/k.pem"),
+        ];
+        let c = with_env("etcd:///ns", &vars).unwrap();
+        assert_eq!(c.endpoints, vec!["http://e1:1", "http://e2:2"]);
+        assert_eq!(c.user.as_deref(), Some("bob"));
+        assert_eq!(c.password.as_ref().unwrap().expose(), "pw");
+        assert_eq!((c.ca, c.client_cert), (None, None), "TLS files need etcds");
+        // The URL wins.
+        let c = with_env("etcd://alice:x@h:9/ns", &vars).unwrap();
+        assert_eq!(c.endpoints, vec!["http://h:9"]);
+        assert_eq!(c.user.as_deref(), Some("alice"));
+        let c = with_env("etcds://h/ns?ca=/url/ca.pem", &vars).unwrap();
+        assert_eq!(c.ca, Some(PathBuf::from("/url/ca.pem")));
+        assert_eq!(
+            c.client_cert,
+            Some((PathBuf::from("/env/c.pem"), PathBuf::from("/env/k.pem")))
+        );
+        // etcds:// with no ca= is fine when ETCDCTL_CACERT names one.
+        let c = with_env("etcds://h", &vars).unwrap();
+        assert_eq!(c.ca, Some(PathBuf::from("/env/ca.pem")));
+        // Defaults without any variable.
+        let c = with_env("etcd:///", &[]).unwrap();
+        assert_eq!(c.endpoints, vec!["http://127.0.0.1:2379"]);
+        // ETCDCTL_PASSWORD with a bare ETCDCTL_USER; a user alone is an error.
+        let c = with_env(
+            "etcd://h",
+            &[("ETCDCTL_USER", "u"), ("ETCDCTL_PASSWORD", "p")],
+        )
+        .unwrap();
+        assert_eq!(c.password.as_ref().unwrap().expose(), "p");
+        let e = with_env("etcd://h", &[("ETCDCTL_USER", "u")]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidUrl);
+        let e = with_env("etcd:///", &[("ETCDCTL_ENDPOINTS", "https://e:1")]).unwrap_err();
+        assert!(e.to_string().contains("etcds"), "{e}");
+        let c = EtcdConfig::from_env_with(&|k| {
+            (k == "ETCDCTL_ENDPOINTS").then(|| "https://e:1".into())
+        })
+        .unwrap_err();
+        assert!(c.to_string().contains("needs ca="), "{c}");
+    }
+
+    #[test]
+    fn setters_build_what_the_url_does() {
+        let by_url = with_env(
+            "etcd://u:p@h:1/app?ttl=3s&timeout=1s&connect_timeout=2s&lazy=true&endpoints=g:2",
+            &[],
+        )
+        .unwrap();
+        let by_code = EtcdConfig::default()
+            .with_endpoints(vec!["http://h:1".into(), "http://g:2".into()])
+            .with_user(Some("u".into()))
+            .with_password(Some(Secret::new("p")))
+            .with_namespace(Namespace::new("app").unwrap())
+            .with_ttl(Duration::from_secs(3))
+            .with_timeout(Duration::from_secs(1))
+            .with_connect_timeout(Duration::from_secs(2))
+            .with_lazy(true)
+            .with_display(by_url.display.clone());
+        assert_eq!(by_url, by_code);
+        assert_eq!(
+            EtcdConfig::default().describe(),
+            "etcd http://127.0.0.1:2379"
+        );
+    }
+
     #[test]
     fn rejections() {
         rejected("zk://h", "expected an etcd");
-        rejected("etcd:///ns", "no etcd host");
+        rejected("etcd://:1/ns", "host");
         rejected("etcd://h?ttl=1s", "out of range");
         rejected("etcd://h?ttl=25h", "out of range");
         rejected("etcd://h?ttl=2500ms", "whole seconds");

@@ -98,11 +98,22 @@ impl RedisBackend {
         };
         let c = &b.inner.config;
         if !c.lazy {
+            // A connection of its own, not the manager's: the manager
+            // tries a refused handshake three times, and bad credentials
+            // must be refused once.
             check_connect(&c.describe(), c.connect_timeout, || async {
-                b.inner
-                    .cmd::<String>("PING", &redis::cmd("PING"))
+                b.inner.requests.fetch_add(1, Ordering::Relaxed);
+                let mut conn = b
+                    .inner
+                    .client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .map_err(|e| error::map(e, "connecting to Redis"))?;
+                redis::cmd("PING")
+                    .query_async::<String>(&mut conn)
                     .await
                     .map(drop)
+                    .map_err(|e| error::map(e, "PING"))
             })
             .await?;
         }

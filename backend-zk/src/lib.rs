@@ -11,7 +11,7 @@ mod monitor;
 mod session;
 
 pub use backend::ZkBackend;
-pub use config::{ZkConfig, DEFAULT_PORT};
+pub use config::{ZkConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PORT, DEFAULT_SESSION_TIMEOUT};
 
 /// URL schemes this backend serves.
 pub const SCHEMES: &[&str] = lockcore::backend::schemes::ZK;
