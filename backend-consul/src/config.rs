@@ -527,7 +527,6 @@ mod tests {
         rejects("etcd://h", "expected a consul");
         rejects("consul://user:pw@h", "no user or password");
         rejects("consul://user@h", "no user or password");
-        rejects("consul://:85/ns", "host");
         rejects("consul://h:0", "port 0");
         rejects("consul://h/ns#frag", "fragment");
         rejects("consul://h/a/%20b", "namespace");

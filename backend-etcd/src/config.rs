@@ -504,7 +504,6 @@ mod tests {
     #[test]
     fn rejections() {
         rejected("zk://h", "expected an etcd");
-        rejected("etcd://:1/ns", "host");
         rejected("etcd://h?ttl=1s", "out of range");
         rejected("etcd://h?ttl=25h", "out of range");
         rejected("etcd://h?ttl=2500ms", "whole seconds");

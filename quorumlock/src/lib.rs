@@ -357,6 +357,55 @@ mod tests {
 
     #[cfg(feature = "mem")]
     #[tokio::test]
+    async fn builder_takes_options() {
+        let c = ClientBuilder::new("mem://")
+            .with_options(ClientOptions::default().with_unavailable_after(None))
+            .connect()
+            .await
+            .unwrap();
+        c.lock("facade/builder")
+            .unwrap()
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        let e = ClientBuilder::new("mem://?ttl=forever")
+            .connect()
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidUrl);
+    }
+
+    /// A typed config reaches its backend: a dead port is Unavailable
+    /// within its connect timeout, lazy connects at once.
+    #[cfg(feature = "redis")]
+    #[tokio::test]
+    async fn builder_from_a_typed_config() {
+        use std::time::{Duration, Instant};
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap()
+            .port();
+        let config = backend_redis::RedisConfig::default()
+            .with_port(port)
+            .with_connect_timeout(Duration::from_millis(500));
+        let start = Instant::now();
+        let e = ClientBuilder::from_config(config.clone())
+            .connect()
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+        assert!(start.elapsed() < Duration::from_secs(3));
+        ClientBuilder::from_config(config.with_lazy(true))
+            .connect()
+            .await
+            .unwrap();
+    }
+
+    #[cfg(feature = "mem")]
+    #[tokio::test]
     async fn mem_by_default() {
         let c = connect_from_env().await.unwrap();
         let g = c.lock("facade/test").unwrap().acquire().await.unwrap();
