@@ -59,6 +59,22 @@ async fn reachable(servers: &[(String, u16)]) -> Result<()> {
     .with_source(e))
 }
 
+/// No session in time once a server accepted the TCP connection (the
+/// library's own "timeout", or our `connect_timeout` running out): a
+/// silent store, [`ErrorKind::Timeout`] for `check_connect`.
+fn silent_as_timeout(e: Error) -> Error {
+    let silent = std::error::Error::source(&e).is_some_and(|s| {
+        s.downcast_ref::<zk::Error>()
+            .is_some_and(|z| matches!(z, zk::Error::Timeout))
+            || s.is::<tokio::time::error::Elapsed>()
+    });
+    if e.kind() == ErrorKind::Connection && silent {
+        Error::new(ErrorKind::Timeout, "ZooKeeper: no session (no server answered)").with_source(e)
+    } else {
+        e
+    }
+}
+
 impl ZkBackend {
     /// A backend for `config`. Connects lazily: sessions are opened by
     /// [`Backend::open_session`], the admin session on first admin use.
@@ -111,7 +127,7 @@ impl ZkBackend {
                 // session timeout and then says "timeout", the word for a
                 // silent one too; a TCP connect tells the two apart.
                 reachable(&b.shared.config.servers).await?;
-                b.shared.admin().await.map(drop)
+                b.shared.admin().await.map(drop).map_err(silent_as_timeout)
             })
             .await?;
         }

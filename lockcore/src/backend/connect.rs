@@ -27,7 +27,9 @@ pub const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(600);
 ///   when `timeout` passes, the result is [`ErrorKind::Unavailable`], with
 ///   the last error as its source.
 /// - If the last attempt was still waiting for an answer when `timeout`
-///   passed (a silent host), the result is [`ErrorKind::Timeout`].
+///   passed (a silent host), or itself gave up waiting for one (an
+///   [`ErrorKind::Timeout`] error: a client library with its own
+///   deadline), the result is [`ErrorKind::Timeout`].
 /// - Any other error ([`ErrorKind::Unauthenticated`],
 ///   [`ErrorKind::PermissionDenied`], ...) is returned at once: bad
 ///   credentials are refused once, never retried.
@@ -51,13 +53,16 @@ where
     loop {
         let e = match tokio::time::timeout_at(deadline, attempt()).await {
             Ok(Ok(())) => return Ok(()),
-            Ok(Err(e)) if e.kind() == ErrorKind::Connection => e,
+            Ok(Err(e)) if matches!(e.kind(), ErrorKind::Connection | ErrorKind::Timeout) => e,
             Ok(Err(e)) => return Err(e),
             Err(_) => return Err(silent(store, timeout)),
         };
         tracing::debug!(error = %e, store, "the store does not answer yet; retrying");
         let pause = backoff.next().unwrap_or(Duration::from_millis(500));
         if Instant::now() + pause >= deadline {
+            if e.kind() == ErrorKind::Timeout {
+                return Err(silent(store, timeout).with_source(e));
+            }
             return Err(Error::new(
                 ErrorKind::Unavailable,
                 format!(
@@ -107,6 +112,14 @@ mod tests {
         .unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Unauthenticated);
         assert_eq!(n.load(Ordering::Relaxed), 1, "credentials retried");
+
+        let e = check_connect("s://h", t, || async {
+            Err(Error::new(ErrorKind::Timeout, "the library gave up"))
+        })
+        .await
+        .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+        assert!(e.message().contains("did not answer"), "{e}");
 
         let start = Instant::now();
         let e = check_connect("s://h", t, || std::future::pending())
