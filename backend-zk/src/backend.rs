@@ -69,7 +69,11 @@ fn silent_as_timeout(e: Error) -> Error {
             || s.is::<tokio::time::error::Elapsed>()
     });
     if e.kind() == ErrorKind::Connection && silent {
-        Error::new(ErrorKind::Timeout, "ZooKeeper: no session (no server answered)").with_source(e)
+        Error::new(
+            ErrorKind::Timeout,
+            "ZooKeeper: no session (no server answered)",
+        )
+        .with_source(e)
     } else {
         e
     }
