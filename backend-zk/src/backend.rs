@@ -51,7 +51,7 @@ async fn reachable(servers: &[(String, u16)]) -> Result<()> {
             Err(e) => last = Some(e),
         }
     }
-    let e = last.map_or_else(|| std::io::Error::other("no servers"), |e| e);
+    let e = last.unwrap_or_else(|| std::io::Error::other("no servers"));
     Err(Error::new(
         ErrorKind::Connection,
         format!("ZooKeeper: cannot connect to any server: {e}"),

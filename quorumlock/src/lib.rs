@@ -101,7 +101,7 @@ pub struct ClientBuilder {
 #[derive(Debug)]
 enum Target {
     Url(String),
-    Config(StoreConfig),
+    Config(Box<StoreConfig>),
 }
 
 /// A typed store configuration, for [`ClientBuilder::from_config`]; each
@@ -162,7 +162,7 @@ impl ClientBuilder {
     /// `EtcdConfig::default().with_namespace(...)`.
     pub fn from_config(config: impl Into<StoreConfig>) -> Self {
         ClientBuilder {
-            target: Target::Config(config.into()),
+            target: Target::Config(Box::new(config.into())),
             options: ClientOptions::default(),
         }
     }
@@ -186,7 +186,7 @@ impl ClientBuilder {
     pub async fn connect(self) -> Result<LockClient> {
         let backend = match self.target {
             Target::Url(u) => backend_for(&u).await?,
-            Target::Config(c) => backend_from(c).await?,
+            Target::Config(c) => backend_from(*c).await?,
         };
         tracing::debug!(store = %backend.describe(), "connected");
         Ok(LockClient::with_options(backend, self.options))

@@ -122,7 +122,7 @@ mod tests {
         assert!(e.message().contains("did not answer"), "{e}");
 
         let start = Instant::now();
-        let e = check_connect("s://h", t, || std::future::pending())
+        let e = check_connect("s://h", t, std::future::pending)
             .await
             .unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
