@@ -159,6 +159,35 @@ impl std::fmt::Debug for Api {
 type ApiResult<T> = std::result::Result<T, ApiError>;
 
 impl Api {
+    /// A client for the agent of `config` over `http`, a client the
+    /// caller built (its TLS settings and timeouts are its own).
+    pub fn with_http(config: &ConsulConfig, http: reqwest::Client) -> Result<Api> {
+        let base = config.agent_url()?;
+        let dc = config.datacenter.clone();
+        Ok(Api {
+            http,
+            txn_url: endpoint(&base, dc.as_deref(), "v1/txn"),
+            base,
+            token: config.token.clone(),
+            dc,
+            requests: AtomicU64::new(0),
+            in_flight: Semaphore::new(MAX_IN_FLIGHT),
+        })
+    }
+
+    /// One read of `key` that needs the token (unlike `status/leader`):
+    /// an unknown token is refused here, at connect.
+    pub async fn probe(&self, key: &str) -> ApiResult<()> {
+        let r = self
+            .request(reqwest::Method::GET, self.url(&format!("v1/kv/{key}")))
+            .timeout(REQUEST_TIMEOUT);
+        let (code, text) = Self::body(self.send(r, false).await?).await?;
+        match code {
+            200 | 404 => Ok(()),
+            _ => Err(ApiError::Status { code, body: text }),
+        }
+    }
+
     /// A client for the agent of `config`. Reads the CA file and the
     /// client certificate, if any. Without a CA file the agent's
     /// certificate is checked against the system's roots
@@ -224,17 +253,7 @@ impl Api {
         let http = b.build().map_err(|e| {
             Error::new(ErrorKind::Internal, "building the HTTP client failed").with_source(e)
         })?;
-        let base = config.agent_url()?;
-        let dc = config.datacenter.clone();
-        Ok(Api {
-            http,
-            txn_url: endpoint(&base, dc.as_deref(), "v1/txn"),
-            base,
-            token: config.token.clone(),
-            dc,
-            requests: AtomicU64::new(0),
-            in_flight: Semaphore::new(MAX_IN_FLIGHT),
-        })
+        Self::with_http(config, http)
     }
 
     /// Requests sent so far.

@@ -12,6 +12,8 @@ use lockcore::backend::{
 };
 use lockcore::{Contender, Error, ErrorKind, LockKind, LockName, LockState, Result};
 
+use lockcore::backend::connect::check_connect;
+
 use crate::api::{op, Api, Block, KvEntry, Record, Txn};
 use crate::config::ConsulConfig;
 use crate::core::{now_ms, read_view, Inner};
@@ -20,8 +22,8 @@ use crate::fenced;
 use crate::layout::{line_holds, rw_revoke, Keys, SemView, View, REVOKE_FLAGS, SEMAPHORE_FLAGS};
 use crate::session::ConsulSession;
 
-/// How long `connect` waits for an agent that refuses connections.
-const CONNECT_PATIENCE: Duration = Duration::from_secs(10);
+/// The key `connect()` reads under the namespace (absent, normally).
+const PROBE_KEY: &str = ".quorumlock-connect-check";
 
 /// How many times an admin operation re-reads and retries when the lock
 /// changed under it.
@@ -39,7 +41,7 @@ pub struct ConsulBackend {
 impl fmt::Debug for ConsulBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ConsulBackend")
-            .field("url", &self.inner.config.display)
+            .field("url", &self.inner.config.describe())
             .finish()
     }
 }
@@ -51,46 +53,84 @@ fn since(e: &KvEntry) -> Option<SystemTime> {
 
 impl ConsulBackend {
     /// A backend for `config`. Reads the CA file if one is configured;
-    /// contacts nothing.
+    /// contacts nothing (see [`ConsulBackend::from_config`] for the
+    /// checked form).
     pub fn new(config: ConsulConfig) -> Result<ConsulBackend> {
         let api = Api::new(&config)?;
-        Ok(ConsulBackend {
+        Ok(Self::assemble(config, api))
+    }
+
+    fn assemble(config: ConsulConfig, api: Api) -> ConsulBackend {
+        ConsulBackend {
             inner: Arc::new(Inner {
                 config,
                 api,
                 opened: Mutex::new(Vec::new()),
             }),
-        })
+        }
     }
 
-    /// Parses and checks `url` (nothing is written for bad input), then
-    /// checks that the agent answers (retrying for up to 10 s while it
-    /// refuses connections or has no leader, as during its start).
+    /// Parses and checks `url` (nothing is written for bad input), then,
+    /// unless it says `lazy=true`, checks that the agent answers (see
+    /// [`ConsulBackend::from_config`]).
     ///
-    /// # Cancel safety
+    /// # Cancel Safety
     /// Only reads; safe to drop.
     pub async fn connect(url: impl AsRef<str>) -> Result<ConsulBackend> {
-        let b = Self::new(ConsulConfig::parse(url.as_ref())?)?;
-        let start = tokio::time::Instant::now();
-        let mut pause = Duration::from_millis(100);
-        let leader = loop {
-            match b.inner.api.leader().await {
-                Ok(l) => break l,
-                Err(e) => {
-                    let e = map(e, "asking the agent for its leader");
-                    if e.kind() != ErrorKind::Connection
-                        || start.elapsed() + pause > CONNECT_PATIENCE
-                    {
-                        return Err(e);
-                    }
-                    tracing::debug!(error = %e, "the Consul agent does not answer yet; retrying");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(1));
-                }
-            }
-        };
-        if leader.is_empty() {
-            tracing::warn!(url = %b.inner.config.display, "the Consul agent has no leader yet");
+        Self::from_config(ConsulConfig::parse(url.as_ref())?).await
+    }
+
+    /// A backend for `config` that, unless [`ConsulConfig::lazy`], checks
+    /// within [`ConsulConfig::connect_timeout`] that the agent answers
+    /// `status/leader` and a read of the namespace with the token: an
+    /// agent refusing connections (or without a leader) until then is
+    /// [`ErrorKind::Unavailable`], no answer [`ErrorKind::Timeout`], an
+    /// unknown token [`ErrorKind::Unauthenticated`] and one without read
+    /// access [`ErrorKind::PermissionDenied`], at once.
+    ///
+    /// # Cancel Safety
+    /// Only reads; safe to drop.
+    pub async fn from_config(config: ConsulConfig) -> Result<ConsulBackend> {
+        Self::checked(Self::new(config)?).await
+    }
+
+    /// A backend over a `reqwest::Client` the caller built (its TLS
+    /// roots, client certificate, proxy and timeouts), talking to the
+    /// agent of `config` (`host`, `port`, `tls`, `token`, `datacenter`;
+    /// `ca_file` is not read). Checked as [`ConsulBackend::from_config`].
+    ///
+    /// # Cancel Safety
+    /// Only reads; safe to drop.
+    pub async fn from_client(http: reqwest::Client, config: ConsulConfig) -> Result<ConsulBackend> {
+        let api = Api::with_http(&config, http)?;
+        Self::checked(Self::assemble(config, api)).await
+    }
+
+    async fn checked(b: ConsulBackend) -> Result<ConsulBackend> {
+        let config = &b.inner.config;
+        if config.lazy {
+            return Ok(b);
+        }
+        let probe = format!("{}{PROBE_KEY}", config.namespace_prefix());
+        let leader = std::sync::Mutex::new(String::new());
+        check_connect(&config.describe(), config.connect_timeout, || async {
+            let l = b
+                .inner
+                .api
+                .leader()
+                .await
+                .map_err(|e| map(e, "asking the agent for its leader"))?;
+            b.inner
+                .api
+                .probe(&probe)
+                .await
+                .map_err(|e| map(e, "reading the namespace"))?;
+            *leader.lock().expect("poisoned") = l;
+            Ok(())
+        })
+        .await?;
+        if leader.into_inner().expect("poisoned").is_empty() {
+            tracing::warn!(url = %config.describe(), "the Consul agent has no leader yet");
         }
         Ok(b)
     }
@@ -276,7 +316,7 @@ impl Backend for ConsulBackend {
     }
 
     fn describe(&self) -> String {
-        self.inner.config.display.clone()
+        self.inner.config.describe()
     }
 
     async fn open_session(&self, liveness: Arc<SessionLiveness>) -> Result<Arc<dyn StoreSession>> {

@@ -1,12 +1,18 @@
 //! `consul://` and `consuls://` URLs: agent address, namespace, ACL token,
 //! datacenter, session TTL, lock-delay, session checks, TLS CA and client
-//! certificate.
+//! certificate; the Consul CLI's environment variables (`CONSUL_HTTP_ADDR`,
+//! `CONSUL_HTTP_TOKEN`, `CONSUL_HTTP_TOKEN_FILE`, `CONSUL_CACERT`,
+//! `CONSUL_CLIENT_CERT`, `CONSUL_CLIENT_KEY`) for what the URL leaves out.
+//! The one place this crate reads the environment.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+use lockcore::backend::connect::{
+    DEFAULT_CONNECT_TIMEOUT, MAX_CONNECT_TIMEOUT, MIN_CONNECT_TIMEOUT,
+};
 use lockcore::backend::Namespace;
-use lockcore::url::{self, Secret, Url};
+use lockcore::url::{self, Env, Secret, Url};
 use lockcore::{Error, ErrorKind, LockName, Result};
 
 /// The agent's HTTP port used when a `consul://` URL has none.
@@ -35,6 +41,8 @@ const KNOWN: &[&str] = &[
     "ca",
     "cert",
     "key",
+    "connect_timeout",
+    "lazy",
 ];
 
 /// Configuration of a Consul client.
@@ -52,7 +60,15 @@ const KNOWN: &[&str] = &[
 /// | `ca` | the system's roots | `consuls://` only | PEM file of the CA(s) that signed the agent's certificate; when given, only these are trusted |
 /// | `cert` | none | `consuls://` only, with `key` | PEM file of the client certificate (for agents with `verify_incoming_https`) |
 /// | `key` | none | `consuls://` only, with `cert` | PEM file of the client certificate's private key (PKCS#8, PKCS#1 or SEC1) |
+/// | `connect_timeout` | `10s` | `100ms..=10m` | how long `connect()` waits for the agent to answer |
+/// | `lazy` | `false` | | `connect()` sends nothing; the first acquire finds out whether the agent answers |
+///
+/// What the URL leaves out comes from the Consul CLI's environment
+/// variables (see [`ConsulConfig::from_url_with_env`]). Built in code,
+/// start from [`ConsulConfig::default`] (`127.0.0.1:8500`, no environment
+/// read) and the `with_<field>` setters.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ConsulConfig {
     /// `true` for `consuls://` (HTTPS).
     pub tls: bool,
@@ -79,9 +95,54 @@ pub struct ConsulConfig {
     pub client_cert_file: Option<PathBuf>,
     /// The client certificate's private key (PEM).
     pub client_key_file: Option<PathBuf>,
-    /// The URL with secrets redacted, for `describe()` and logs.
+    /// How long `connect()` waits for the agent to answer.
+    pub connect_timeout: Duration,
+    /// `connect()` sends nothing.
+    pub lazy: bool,
+    /// The URL with secrets redacted, for `describe()` and logs (empty:
+    /// the agent's address is shown).
     pub display: String,
 }
+
+impl Default for ConsulConfig {
+    fn default() -> Self {
+        ConsulConfig {
+            tls: false,
+            host: "127.0.0.1".to_string(),
+            port: DEFAULT_PORT,
+            namespace: Namespace::default(),
+            token: None,
+            datacenter: None,
+            ttl: DEFAULT_TTL,
+            lock_delay: DEFAULT_LOCK_DELAY,
+            checks: Vec::new(),
+            ca_file: None,
+            client_cert_file: None,
+            client_key_file: None,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            lazy: false,
+            display: String::new(),
+        }
+    }
+}
+
+lockcore::config_setters!(ConsulConfig {
+    with_tls => tls: bool,
+    with_host => host: String,
+    with_port => port: u16,
+    with_namespace => namespace: Namespace,
+    with_token => token: Option<Secret>,
+    with_datacenter => datacenter: Option<String>,
+    with_ttl => ttl: Duration,
+    with_lock_delay => lock_delay: Duration,
+    with_checks => checks: Vec<String>,
+    with_ca_file => ca_file: Option<PathBuf>,
+    with_client_cert_file => client_cert_file: Option<PathBuf>,
+    with_client_key_file => client_key_file: Option<PathBuf>,
+    with_connect_timeout => connect_timeout: Duration,
+    with_lazy => lazy: bool,
+    with_display => display: String,
+});
 
 fn invalid(msg: impl Into<String>) -> Error {
     Error::new(ErrorKind::InvalidUrl, msg.into())
@@ -89,6 +150,47 @@ fn invalid(msg: impl Into<String>) -> Error {
 
 fn is_id_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')
+}
+
+/// `CONSUL_HTTP_ADDR`: `[http[s]://]host[:port]` as (TLS, host, port).
+fn env_addr(addr: &str) -> Result<(bool, String, Option<u16>)> {
+    let (https, rest) = match addr.split_once("://") {
+        None => (false, addr),
+        Some(("http", r)) => (false, r),
+        Some(("https", r)) => (true, r),
+        Some((s, _)) => {
+            return Err(invalid(format!(
+                "CONSUL_HTTP_ADDR: {s}:// is not supported (http:// or https://)"
+            )))
+        }
+    };
+    let u = url::parse(&format!("consul://{}", rest.trim_end_matches('/')))
+        .map_err(|_| invalid(format!("CONSUL_HTTP_ADDR={addr:?} is not host[:port]")))?;
+    match u.host_str() {
+        Some(h) if !h.is_empty() && u.path().is_empty() && u.port() != Some(0) => {
+            Ok((https, h.to_string(), u.port()))
+        }
+        _ => Err(invalid(format!(
+            "CONSUL_HTTP_ADDR={addr:?} is not host[:port]"
+        ))),
+    }
+}
+
+/// `CONSUL_HTTP_TOKEN`, else the contents of `CONSUL_HTTP_TOKEN_FILE`.
+fn env_token(env: Env<'_>) -> Result<Option<Secret>> {
+    if let Some(t) = env("CONSUL_HTTP_TOKEN") {
+        return Ok(Some(Secret::new(t.trim())));
+    }
+    let Some(path) = env("CONSUL_HTTP_TOKEN_FILE") else {
+        return Ok(None);
+    };
+    let t = std::fs::read_to_string(&path).map_err(|e| {
+        invalid(format!("CONSUL_HTTP_TOKEN_FILE={path}: cannot read it")).with_source(e)
+    })?;
+    match t.trim() {
+        "" => Err(invalid(format!("CONSUL_HTTP_TOKEN_FILE={path} is empty"))),
+        t => Ok(Some(Secret::new(t))),
+    }
 }
 
 impl ConsulConfig {
@@ -100,7 +202,27 @@ impl ConsulConfig {
     /// Parses a `consul://` or `consuls://` [`Url`]. Every bad input is an
     /// [`ErrorKind::InvalidUrl`] error; nothing is contacted.
     pub fn from_url(u: &Url) -> Result<ConsulConfig> {
-        let tls = match u.scheme() {
+        Self::from_url_with_env(u, &url::process_env)
+    }
+
+    /// The defaults with the Consul CLI's environment variables applied:
+    /// the config of `consul:///`.
+    pub fn from_env() -> Result<ConsulConfig> {
+        Self::from_url_with_env(&url::parse("consul:///")?, &url::process_env)
+    }
+
+    /// [`ConsulConfig::from_url`] with `env` as the environment.
+    /// Precedence: the URL, then the environment, then the defaults.
+    ///
+    /// | variable | used when the URL has no | as |
+    /// |---|---|---|
+    /// | `CONSUL_HTTP_ADDR` | host (`consul:///ns`) | `[http[s]://]host[:port]`; `https://` means TLS |
+    /// | `CONSUL_HTTP_TOKEN` | `token=` | ACL token |
+    /// | `CONSUL_HTTP_TOKEN_FILE` | `token=` and `CONSUL_HTTP_TOKEN` | file holding the ACL token |
+    /// | `CONSUL_CACERT` | `ca=` (TLS only) | CA file |
+    /// | `CONSUL_CLIENT_CERT`, `CONSUL_CLIENT_KEY` | (TLS only) | client certificate and key |
+    pub fn from_url_with_env(u: &Url, env: Env<'_>) -> Result<ConsulConfig> {
+        let mut tls = match u.scheme() {
             "consul" => false,
             "consuls" => true,
             s => {
@@ -117,13 +239,21 @@ impl ConsulConfig {
         if u.fragment().is_some() {
             return Err(invalid("consul URLs take no #fragment"));
         }
-        let host = match u.host_str() {
-            Some(h) if !h.is_empty() => h.to_string(),
-            _ => return Err(invalid("the consul URL needs the agent's host")),
+        let (host, port) = match u.host_str() {
+            Some(h) if !h.is_empty() => (h.to_string(), u.port()),
+            _ if u.port().is_some() => {
+                return Err(invalid("the consul URL names a port but no agent host"))
+            }
+            _ => match env("CONSUL_HTTP_ADDR") {
+                None => ("127.0.0.1".to_string(), None),
+                Some(addr) => {
+                    let (https, host, port) = env_addr(&addr)?;
+                    tls |= https;
+                    (host, port)
+                }
+            },
         };
-        let port = u
-            .port()
-            .unwrap_or(if tls { DEFAULT_TLS_PORT } else { DEFAULT_PORT });
+        let port = port.unwrap_or(if tls { DEFAULT_TLS_PORT } else { DEFAULT_PORT });
         if port == 0 {
             return Err(invalid("port 0 is not a valid agent port"));
         }
@@ -138,6 +268,10 @@ impl ConsulConfig {
                 ))
             }
             Some(t) => Some(Secret::new(t)),
+        };
+        let token = match token {
+            Some(t) => Some(t),
+            None => env_token(env)?,
         };
         let datacenter = match opts.take("dc") {
             None => None,
@@ -194,7 +328,28 @@ impl ConsulConfig {
         if client_cert_file.is_some() != client_key_file.is_some() {
             return Err(invalid("URL options cert= and key= go together"));
         }
+        let connect_timeout = opts.duration(
+            "connect_timeout",
+            DEFAULT_CONNECT_TIMEOUT,
+            MIN_CONNECT_TIMEOUT,
+            MAX_CONNECT_TIMEOUT,
+        )?;
+        let lazy = opts.flag("lazy", false)?;
         opts.finish(KNOWN)?;
+        let (mut ca_file, mut client_cert_file, mut client_key_file) =
+            (ca_file, client_cert_file, client_key_file);
+        if tls {
+            ca_file = ca_file.or_else(|| env("CONSUL_CACERT").map(PathBuf::from));
+            if client_cert_file.is_none() {
+                client_cert_file = env("CONSUL_CLIENT_CERT").map(PathBuf::from);
+                client_key_file = env("CONSUL_CLIENT_KEY").map(PathBuf::from);
+                if client_cert_file.is_some() != client_key_file.is_some() {
+                    return Err(invalid(
+                        "CONSUL_CLIENT_CERT and CONSUL_CLIENT_KEY go together",
+                    ));
+                }
+            }
+        }
         Ok(ConsulConfig {
             tls,
             host,
@@ -208,20 +363,20 @@ impl ConsulConfig {
             ca_file,
             client_cert_file,
             client_key_file,
+            connect_timeout,
+            lazy,
             display: url::redact(u),
         })
     }
 
-    /// Sets the client certificate file (PEM); give the key file too.
-    pub fn with_client_cert_file(mut self, v: impl Into<PathBuf>) -> Self {
-        self.client_cert_file = Some(v.into());
-        self
-    }
-
-    /// Sets the client certificate's private key file (PEM).
-    pub fn with_client_key_file(mut self, v: impl Into<PathBuf>) -> Self {
-        self.client_key_file = Some(v.into());
-        self
+    /// What logs and errors show: the redacted URL, or the agent.
+    pub fn describe(&self) -> String {
+        if self.display.is_empty() {
+            let scheme = if self.tls { "consuls" } else { "consul" };
+            format!("{scheme}://{}:{}/{}", self.host, self.port, self.namespace)
+        } else {
+            self.display.clone()
+        }
     }
 
     /// The agent's base URL, `http(s)://host:port/`.
@@ -310,8 +465,8 @@ mod tests {
         assert_eq!(c.client_key_file, Some(PathBuf::from("/k.pem")));
         let c = parse("consuls://h")
             .unwrap()
-            .with_client_cert_file("/c2.pem")
-            .with_client_key_file("/k2.pem");
+            .with_client_cert_file(Some("/c2.pem".into()))
+            .with_client_key_file(Some("/k2.pem".into()));
         assert_eq!(c.client_cert_file, Some(PathBuf::from("/c2.pem")));
         assert_eq!(c.client_key_file, Some(PathBuf::from("/k2.pem")));
     }
@@ -324,12 +479,86 @@ mod tests {
         assert!(c.display.contains("ttl=20s"), "{}", c.display);
     }
 
+    fn with_env(s: &str, vars: &[(&str, &str)]) -> Result<ConsulConfig> {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let env = move |k: &str| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+        ConsulConfig::from_url_with_env(&url::parse(s).unwrap(), &env)
+    }
+
+    #[test]
+    fn consul_cli_environment_fills_what_the_url_leaves_out() {
+        let vars = [
+            ("CONSUL_HTTP_ADDR", "https://agent.example:9501"),
+            ("CONSUL_HTTP_TOKEN", "env-token"),
+            ("CONSUL_CACERT", "/env/ca.pem"),
+            ("CONSUL_CLIENT_CERT", "/env/c.pem"),
+            ("CONSUL_CLIENT_KEY", "/env/k.pem"),
+        ];
+        let c = with_env("consul:///ns", &vars).unwrap();
+        assert!(c.tls, "https:// in CONSUL_HTTP_ADDR means TLS");
+        assert_eq!((c.host.as_str(), c.port), ("agent.example", 9501));
+        assert_eq!(c.token.as_ref().map(Secret::expose), Some("env-token"));
+        assert_eq!(c.ca_file, Some(PathBuf::from("/env/ca.pem")));
+        assert_eq!(c.client_cert_file, Some(PathBuf::from("/env/c.pem")));
+        assert_eq!(c.client_key_file, Some(PathBuf::from("/env/k.pem")));
+        assert!(!format!("{c:?}").contains("env-token"));
+        // The URL wins.
+        let c = with_env("consul://h:1/ns?token=url-token", &vars).unwrap();
+        assert!(!c.tls);
+        assert_eq!((c.host.as_str(), c.port), ("h", 1));
+        assert_eq!(c.token.as_ref().map(Secret::expose), Some("url-token"));
+        assert_eq!((c.ca_file, c.client_cert_file), (None, None));
+        // Defaults without any variable.
+        let c = with_env("consul:///", &[]).unwrap();
+        assert_eq!(
+            (c.host.as_str(), c.port, c.token),
+            ("127.0.0.1", 8500, None)
+        );
+        let c = with_env("consul:///", &[("CONSUL_HTTP_ADDR", "10.0.0.1")]).unwrap();
+        assert_eq!((c.host.as_str(), c.port), ("10.0.0.1", 8500));
+        // The token file, when CONSUL_HTTP_TOKEN is unset.
+        let dir = std::env::temp_dir().join(format!("qlc-token-{}", std::process::id()));
+        std::fs::write(&dir, "file-token\n").unwrap();
+        let path = dir.display().to_string();
+        let c = with_env("consul://h", &[("CONSUL_HTTP_TOKEN_FILE", &path)]).unwrap();
+        assert_eq!(c.token.as_ref().map(Secret::expose), Some("file-token"));
+        std::fs::remove_file(&dir).unwrap();
+        let e = with_env("consul://h", &[("CONSUL_HTTP_TOKEN_FILE", &path)]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidUrl);
+        let e = with_env("consul:///", &[("CONSUL_HTTP_ADDR", "unix:///s.sock")]).unwrap_err();
+        assert!(e.to_string().contains("unix"), "{e}");
+    }
+
+    #[test]
+    fn setters_build_what_the_url_does() {
+        let by_url = with_env(
+            "consul://h:1/app?token=t&dc=d1&ttl=20s&lock_delay=0s&checks=serfHealth&connect_timeout=2s&lazy=1",
+            &[],
+        )
+        .unwrap();
+        let by_code = ConsulConfig::default()
+            .with_host("h".into())
+            .with_port(1)
+            .with_namespace(Namespace::new("app").unwrap())
+            .with_token(Some(Secret::new("t")))
+            .with_datacenter(Some("d1".into()))
+            .with_ttl(Duration::from_secs(20))
+            .with_lock_delay(Duration::ZERO)
+            .with_checks(vec!["serfHealth".into()])
+            .with_connect_timeout(Duration::from_secs(2))
+            .with_lazy(true)
+            .with_display(by_url.display.clone());
+        assert_eq!(by_url, by_code);
+    }
+
     #[test]
     fn rejections() {
         rejects("etcd://h", "expected a consul");
         rejects("consul://user:pw@h", "no user or password");
         rejects("consul://user@h", "no user or password");
-        rejects("consul:///ns", "host");
         rejects("consul://h:0", "port 0");
         rejects("consul://h/ns#frag", "fragment");
         rejects("consul://h/a/%20b", "namespace");

@@ -11,6 +11,7 @@ use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, KeyValue,
     PutOptions, SortOrder, SortTarget, TlsOptions, Txn, TxnOp,
 };
+use lockcore::backend::connect::check_connect;
 use lockcore::backend::{
     Backend, Capabilities, HeldEntry, KeyWrite, SessionLiveness, StoreSession,
 };
@@ -34,7 +35,7 @@ pub struct EtcdBackend {
 impl fmt::Debug for EtcdBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EtcdBackend")
-            .field("url", &self.inner.config.display)
+            .field("url", &self.inner.config.describe())
             .finish()
     }
 }
@@ -42,30 +43,37 @@ impl fmt::Debug for EtcdBackend {
 impl EtcdBackend {
     /// Parses `url` ([`EtcdConfig::from_url`]) and connects.
     ///
-    /// Nothing is written to etcd; with credentials in the URL, one
-    /// `Authenticate` request checks them (bad ones give
-    /// [`ErrorKind::Unauthenticated`]).
+    /// Nothing is written to etcd. Unless the URL says `lazy=true`, etcd
+    /// must answer within `connect_timeout` (see [`EtcdBackend::new`] for
+    /// the errors).
     ///
-    /// # Cancel safety
+    /// # Cancel Safety
     /// Writes nothing; safe to drop at any point.
     pub async fn connect(url: impl AsRef<str>) -> Result<EtcdBackend> {
         let config = EtcdConfig::from_url(&lockcore::url::parse(url.as_ref())?)?;
         Self::new(config).await
     }
 
-    /// Connects with a parsed configuration (reads the TLS files first).
+    /// Connects with a configuration (reads the TLS files first).
     ///
-    /// # Cancel safety
+    /// Unless [`EtcdConfig::lazy`], one status request must be answered
+    /// within [`EtcdConfig::connect_timeout`]: every attempt refused is
+    /// [`ErrorKind::Unavailable`], no answer at all is
+    /// [`ErrorKind::Timeout`], bad credentials are
+    /// [`ErrorKind::Unauthenticated`] at once (etcd-client authenticates
+    /// while connecting, so credentials are checked even when lazy).
+    ///
+    /// # Cancel Safety
     /// Writes nothing; safe to drop at any point.
     pub async fn new(config: EtcdConfig) -> Result<EtcdBackend> {
         let mut opts = ConnectOptions::new()
             .with_connect_timeout(config.timeout)
             .with_keep_alive(Duration::from_secs(10), config.timeout)
             .with_auto_token_refresh(true);
-        let requests = Arc::new(AtomicU64::new(0));
+        let mut authenticates = false;
         if let (Some(user), Some(pw)) = (&config.user, &config.password) {
             opts = opts.with_user(user.clone(), pw.expose().to_string());
-            requests.fetch_add(1, Ordering::Relaxed); // Authenticate
+            authenticates = true;
         }
         if config.tls {
             let mut tls = TlsOptions::new();
@@ -80,20 +88,75 @@ impl EtcdBackend {
             }
             opts = opts.with_tls(tls);
         }
-        let connect = Client::connect(config.endpoints.clone(), Some(opts));
-        let client = match tokio::time::timeout(config.timeout, connect).await {
-            Ok(Ok(c)) => c,
-            Ok(Err(e)) => return Err(error::map(e, "connecting to etcd")),
-            Err(_) => {
-                return Err(Error::new(
-                    ErrorKind::Connection,
-                    format!("connecting to etcd took longer than {:?}", config.timeout),
-                ))
+        let requests = Arc::new(AtomicU64::new(0));
+        let slot: Mutex<Option<Client>> = Mutex::new(None);
+        let connect = || async {
+            let cached = slot.lock().expect("poisoned").clone();
+            let client = match cached {
+                Some(c) => c,
+                None => {
+                    if authenticates {
+                        requests.fetch_add(1, Ordering::Relaxed); // Authenticate
+                    }
+                    let c = Client::connect(config.endpoints.clone(), Some(opts.clone()))
+                        .await
+                        .map_err(|e| error::map(e, "connecting to etcd"))?;
+                    *slot.lock().expect("poisoned") = Some(c.clone());
+                    c
+                }
+            };
+            if !config.lazy {
+                requests.fetch_add(1, Ordering::Relaxed);
+                client
+                    .maintenance_client()
+                    .status()
+                    .await
+                    .map_err(|e| error::map(e, "asking etcd for its status"))?;
             }
+            Ok(())
         };
+        check_connect(&config.describe(), config.connect_timeout, connect).await?;
+        let client = slot.into_inner().expect("poisoned").expect("connected");
+        Ok(Self::assemble(config, client, requests))
+    }
+
+    /// The same as [`EtcdBackend::new`] (every backend has a
+    /// `from_config`).
+    ///
+    /// # Cancel Safety
+    /// Writes nothing; safe to drop at any point.
+    pub async fn from_config(config: EtcdConfig) -> Result<EtcdBackend> {
+        Self::new(config).await
+    }
+
+    /// A backend over an `etcd_client::Client` the caller built (its
+    /// endpoints, credentials and TLS are the client's; those of `config`
+    /// are not used). Unless [`EtcdConfig::lazy`], checks that etcd
+    /// answers as [`EtcdBackend::new`] does.
+    ///
+    /// # Cancel Safety
+    /// Writes nothing; safe to drop at any point.
+    pub async fn from_client(client: Client, config: EtcdConfig) -> Result<EtcdBackend> {
+        let requests = Arc::new(AtomicU64::new(0));
+        if !config.lazy {
+            check_connect(&config.describe(), config.connect_timeout, || async {
+                requests.fetch_add(1, Ordering::Relaxed);
+                client
+                    .maintenance_client()
+                    .status()
+                    .await
+                    .map(drop)
+                    .map_err(|e| error::map(e, "asking etcd for its status"))
+            })
+            .await?;
+        }
+        Ok(Self::assemble(config, client, requests))
+    }
+
+    fn assemble(config: EtcdConfig, client: Client, requests: Arc<AtomicU64>) -> EtcdBackend {
         let hub = WatchHub::new(client.watch_client(), requests.clone(), config.timeout);
-        tracing::debug!(url = %config.display, "etcd backend ready");
-        Ok(EtcdBackend {
+        tracing::debug!(url = %config.describe(), "etcd backend ready");
+        EtcdBackend {
             inner: Arc::new(Core {
                 config,
                 client,
@@ -101,7 +164,7 @@ impl EtcdBackend {
                 hub,
                 opened: Mutex::new(Vec::new()),
             }),
-        })
+        }
     }
 
     /// The configuration.
@@ -160,7 +223,7 @@ impl Backend for EtcdBackend {
     }
 
     fn describe(&self) -> String {
-        self.inner.config.display.clone()
+        self.inner.config.describe()
     }
 
     async fn open_session(&self, liveness: Arc<SessionLiveness>) -> Result<Arc<dyn StoreSession>> {

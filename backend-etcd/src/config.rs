@@ -1,11 +1,17 @@
 //! `etcd://` and `etcds://` URLs: endpoints, credentials, TLS files, the
-//! namespace and the lease TTL.
+//! namespace and the lease TTL; etcdctl's environment variables
+//! (`ETCDCTL_ENDPOINTS`, `ETCDCTL_USER`, `ETCDCTL_PASSWORD`,
+//! `ETCDCTL_CACERT`, `ETCDCTL_CERT`, `ETCDCTL_KEY`) for what the URL leaves
+//! out. The one place this crate reads the environment.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+use lockcore::backend::connect::{
+    DEFAULT_CONNECT_TIMEOUT, MAX_CONNECT_TIMEOUT, MIN_CONNECT_TIMEOUT,
+};
 use lockcore::backend::Namespace;
-use lockcore::url::{self, Options, Secret, Url};
+use lockcore::url::{self, Env, Options, Secret, Url};
 use lockcore::{Error, ErrorKind, Result};
 
 /// The port etcd serves clients on when the URL names none.
@@ -20,13 +26,25 @@ pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 /// Per-request deadline when the URL has no `timeout=`.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 
-const KNOWN: &[&str] = &["ttl", "timeout", "endpoints", "ca", "cert", "key"];
+const KNOWN: &[&str] = &[
+    "ttl",
+    "timeout",
+    "endpoints",
+    "ca",
+    "cert",
+    "key",
+    "connect_timeout",
+    "lazy",
+];
 
 /// Configuration of an etcd client, parsed from
 /// `etcd[s]://[user:password@]host[:port][/namespace][?options]`.
 ///
-/// `Debug` never shows the password (it is a [`Secret`]).
+/// `Debug` never shows the password (it is a [`Secret`]). Built in code,
+/// start from [`EtcdConfig::default`] (plain etcd on `127.0.0.1:2379`, no
+/// environment read) and the `with_<field>` setters.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct EtcdConfig {
     /// Client endpoints as `http://host:port` (or `https://` for `etcds`):
     /// the URL's host first, then those of `endpoints=`.
@@ -49,16 +67,86 @@ pub struct EtcdConfig {
     /// Deadline of each unary request (`timeout=`, default 5 s,
     /// 100 ms ..= 10 min).
     pub timeout: Duration,
-    /// The URL with secrets redacted, for `Display` and logs.
+    /// How long `connect()` waits for etcd to answer its first request
+    /// (`connect_timeout=`, default 10 s, 100 ms ..= 10 min).
+    pub connect_timeout: Duration,
+    /// `connect()` sends nothing; the first acquire finds out whether etcd
+    /// answers (`lazy=true`, default false).
+    pub lazy: bool,
+    /// The URL with secrets redacted, for `Display` and logs (empty: the
+    /// endpoints are shown).
     pub display: String,
 }
 
+impl Default for EtcdConfig {
+    fn default() -> Self {
+        EtcdConfig {
+            endpoints: vec![format!("http://127.0.0.1:{DEFAULT_PORT}")],
+            tls: false,
+            ca: None,
+            client_cert: None,
+            user: None,
+            password: None,
+            namespace: Namespace::default(),
+            ttl: DEFAULT_TTL,
+            timeout: DEFAULT_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            lazy: false,
+            display: String::new(),
+        }
+    }
+}
+
+lockcore::config_setters!(EtcdConfig {
+    with_endpoints => endpoints: Vec<String>,
+    with_tls => tls: bool,
+    with_ca => ca: Option<PathBuf>,
+    with_client_cert => client_cert: Option<(PathBuf, PathBuf)>,
+    with_user => user: Option<String>,
+    with_password => password: Option<Secret>,
+    with_namespace => namespace: Namespace,
+    with_ttl => ttl: Duration,
+    with_timeout => timeout: Duration,
+    with_connect_timeout => connect_timeout: Duration,
+    with_lazy => lazy: bool,
+    with_display => display: String,
+});
+
 impl EtcdConfig {
-    /// Parses and validates a URL; nothing is contacted here.
+    /// Parses and validates a URL; nothing is contacted here. What the URL
+    /// leaves out comes from etcdctl's environment variables (see
+    /// [`EtcdConfig::from_url_with_env`]).
     ///
     /// Every bad input is an [`ErrorKind::InvalidUrl`] error whose message
     /// never contains the password.
     pub fn from_url(u: &Url) -> Result<EtcdConfig> {
+        Self::from_url_with_env(u, &url::process_env)
+    }
+
+    /// The defaults with etcdctl's environment variables applied: the
+    /// config of `etcd:///` (or `etcds:///` when `ETCDCTL_ENDPOINTS` names
+    /// `https://` endpoints).
+    pub fn from_env() -> Result<EtcdConfig> {
+        Self::from_env_with(&url::process_env)
+    }
+
+    /// [`EtcdConfig::from_env`] with `env` as the environment.
+    pub fn from_env_with(env: Env<'_>) -> Result<EtcdConfig> {
+        let https = env("ETCDCTL_ENDPOINTS").is_some_and(|e| e.trim().starts_with("https://"));
+        let u = url::parse(if https { "etcds:///" } else { "etcd:///" })?;
+        Self::from_url_with_env(&u, env)
+    }
+
+    /// [`EtcdConfig::from_url`] with `env` as the environment. Precedence:
+    /// the URL, then the environment, then the defaults.
+    ///
+    /// | variable | used when the URL has no | as |
+    /// |---|---|---|
+    /// | `ETCDCTL_ENDPOINTS` | host (`etcd:///ns`) | comma-separated `[http[s]://]host:port` |
+    /// | `ETCDCTL_USER` | user | `user:password` (or `user` with `ETCDCTL_PASSWORD`) |
+    /// | `ETCDCTL_CACERT` | `ca=` (`etcds://` only) | CA file |
+    /// | `ETCDCTL_CERT`, `ETCDCTL_KEY` | `cert=`, `key=` (`etcds://` only) | client certificate and key |
+    pub fn from_url_with_env(u: &Url, env: Env<'_>) -> Result<EtcdConfig> {
         let tls = match u.scheme() {
             "etcd" => false,
             "etcds" => true,
@@ -68,16 +156,42 @@ impl EtcdConfig {
                 )))
             }
         };
-        let host = u
-            .host_str()
-            .filter(|h| !h.is_empty())
-            .ok_or_else(|| invalid("the URL names no etcd host".to_string()))?;
-        let port = u.port().unwrap_or(DEFAULT_PORT);
         let scheme = if tls { "https" } else { "http" };
-        let mut endpoints = vec![format!("{scheme}://{host}:{port}")];
+        let mut endpoints = match u.host_str().filter(|h| !h.is_empty()) {
+            Some(host) => vec![format!(
+                "{scheme}://{host}:{}",
+                u.port().unwrap_or(DEFAULT_PORT)
+            )],
+            None if u.port().is_some() => {
+                return Err(invalid("the URL names a port but no etcd host".to_string()))
+            }
+            None => match env("ETCDCTL_ENDPOINTS") {
+                Some(list) => env_endpoints(&list, scheme)?,
+                None => vec![format!("{scheme}://127.0.0.1:{DEFAULT_PORT}")],
+            },
+        };
 
         let (user, password) = match (u.username(), u.password()) {
-            ("", None) => (None, None),
+            ("", None) => match env("ETCDCTL_USER") {
+                None => (None, None),
+                Some(up) => {
+                    let (user, pw) = match up.split_once(':') {
+                        Some((user, pw)) => (user.to_string(), Some(pw.to_string())),
+                        None => (up.clone(), env("ETCDCTL_PASSWORD")),
+                    };
+                    let pw = pw.ok_or_else(|| {
+                        invalid(
+                            "ETCDCTL_USER names a user without a password \
+                             (ETCDCTL_USER=user:password or ETCDCTL_PASSWORD)"
+                                .to_string(),
+                        )
+                    })?;
+                    if user.is_empty() {
+                        return Err(invalid("ETCDCTL_USER has an empty user name".to_string()));
+                    }
+                    (Some(user), Some(Secret::new(pw)))
+                }
+            },
             ("", Some(_)) => return Err(invalid("a password needs a user name".to_string())),
             (_, None) => {
                 return Err(invalid(
@@ -104,15 +218,30 @@ impl EtcdConfig {
             Duration::from_millis(100),
             Duration::from_secs(600),
         )?;
+        let connect_timeout = opts.duration(
+            "connect_timeout",
+            DEFAULT_CONNECT_TIMEOUT,
+            MIN_CONNECT_TIMEOUT,
+            MAX_CONNECT_TIMEOUT,
+        )?;
+        let lazy = opts.flag("lazy", false)?;
         if let Some(list) = opts.take("endpoints") {
             for ep in list.split(',').map(str::trim) {
                 endpoints.push(format!("{scheme}://{}", host_port(ep)?));
             }
         }
-        let ca = opts.take("ca").map(PathBuf::from);
-        let cert = opts.take("cert").map(PathBuf::from);
-        let key = opts.take("key").map(PathBuf::from);
+        let mut ca = opts.take("ca").map(PathBuf::from);
+        let mut cert = opts.take("cert").map(PathBuf::from);
+        let mut key = opts.take("key").map(PathBuf::from);
         opts.finish(KNOWN)?;
+        if tls {
+            // etcdctl's TLS files, for an etcds:// URL that names none.
+            ca = ca.or_else(|| env("ETCDCTL_CACERT").map(PathBuf::from));
+            if cert.is_none() && key.is_none() {
+                cert = env("ETCDCTL_CERT").map(PathBuf::from);
+                key = env("ETCDCTL_KEY").map(PathBuf::from);
+            }
+        }
 
         if !tls && (ca.is_some() || cert.is_some() || key.is_some()) {
             return Err(invalid(
@@ -146,8 +275,19 @@ impl EtcdConfig {
             namespace,
             ttl,
             timeout,
+            connect_timeout,
+            lazy,
             display: url::redact(u),
         })
+    }
+
+    /// What logs and errors show: the redacted URL, or the endpoints.
+    pub fn describe(&self) -> String {
+        if self.display.is_empty() {
+            format!("etcd {}", self.endpoints.join(","))
+        } else {
+            self.display.clone()
+        }
     }
 
     /// The lease TTL in whole seconds, as etcd takes it.
@@ -158,6 +298,27 @@ impl EtcdConfig {
 
 fn invalid(msg: String) -> Error {
     Error::new(ErrorKind::InvalidUrl, msg)
+}
+
+/// `ETCDCTL_ENDPOINTS`: `[http[s]://]host:port,...`; a scheme given must
+/// match the URL's (`https` for `etcds://`).
+fn env_endpoints(list: &str, scheme: &str) -> Result<Vec<String>> {
+    list.split(',')
+        .map(str::trim)
+        .map(|ep| {
+            let hp = match ep.split_once("://") {
+                None => ep,
+                Some((s, rest)) if s == scheme => rest.trim_end_matches('/'),
+                Some((s, _)) => {
+                    return Err(invalid(format!(
+                        "ETCDCTL_ENDPOINTS names a {s}:// endpoint but the URL wants {scheme}:// \
+                         (etcds:// for https)"
+                    )))
+                }
+            };
+            Ok(format!("{scheme}://{}", host_port(hp)?))
+        })
+        .collect()
 }
 
 /// Checks one `host:port` of `endpoints=`.
@@ -259,10 +420,90 @@ mod tests {
         assert_eq!(c.endpoints[1], "https://g:5");
     }
 
+    fn with_env(s: &str, vars: &[(&str, &str)]) -> Result<EtcdConfig> {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let env = move |k: &str| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+        EtcdConfig::from_url_with_env(&url::parse(s).unwrap(), &env)
+    }
+
+    #[test]
+    fn etcdctl_environment_fills_what_the_url_leaves_out() {
+        let vars = [
+            ("ETCDCTL_ENDPOINTS", "http://e1:1,e2:2"),
+            ("ETCDCTL_USER", "bob:pw"),
+            ("ETCDCTL_CACERT", "/env/ca.pem"),
+            ("ETCDCTL_CERT", "/env/c.pem"),
+            ("ETCDCTL_KEY", "/env/k.pem"),
+        ];
+        let c = with_env("etcd:///ns", &vars).unwrap();
+        assert_eq!(c.endpoints, vec!["http://e1:1", "http://e2:2"]);
+        assert_eq!(c.user.as_deref(), Some("bob"));
+        assert_eq!(c.password.as_ref().unwrap().expose(), "pw");
+        assert_eq!((c.ca, c.client_cert), (None, None), "TLS files need etcds");
+        // The URL wins.
+        let c = with_env("etcd://alice:x@h:9/ns", &vars).unwrap();
+        assert_eq!(c.endpoints, vec!["http://h:9"]);
+        assert_eq!(c.user.as_deref(), Some("alice"));
+        let c = with_env("etcds://h/ns?ca=/url/ca.pem", &vars).unwrap();
+        assert_eq!(c.ca, Some(PathBuf::from("/url/ca.pem")));
+        assert_eq!(
+            c.client_cert,
+            Some((PathBuf::from("/env/c.pem"), PathBuf::from("/env/k.pem")))
+        );
+        // etcds:// with no ca= is fine when ETCDCTL_CACERT names one.
+        let c = with_env("etcds://h", &vars).unwrap();
+        assert_eq!(c.ca, Some(PathBuf::from("/env/ca.pem")));
+        // Defaults without any variable.
+        let c = with_env("etcd:///", &[]).unwrap();
+        assert_eq!(c.endpoints, vec!["http://127.0.0.1:2379"]);
+        // ETCDCTL_PASSWORD with a bare ETCDCTL_USER; a user alone is an error.
+        let c = with_env(
+            "etcd://h",
+            &[("ETCDCTL_USER", "u"), ("ETCDCTL_PASSWORD", "p")],
+        )
+        .unwrap();
+        assert_eq!(c.password.as_ref().unwrap().expose(), "p");
+        let e = with_env("etcd://h", &[("ETCDCTL_USER", "u")]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidUrl);
+        let e = with_env("etcd:///", &[("ETCDCTL_ENDPOINTS", "https://e:1")]).unwrap_err();
+        assert!(e.to_string().contains("etcds"), "{e}");
+        let c = EtcdConfig::from_env_with(&|k| {
+            (k == "ETCDCTL_ENDPOINTS").then(|| "https://e:1".into())
+        })
+        .unwrap_err();
+        assert!(c.to_string().contains("needs ca="), "{c}");
+    }
+
+    #[test]
+    fn setters_build_what_the_url_does() {
+        let by_url = with_env(
+            "etcd://u:p@h:1/app?ttl=3s&timeout=1s&connect_timeout=2s&lazy=true&endpoints=g:2",
+            &[],
+        )
+        .unwrap();
+        let by_code = EtcdConfig::default()
+            .with_endpoints(vec!["http://h:1".into(), "http://g:2".into()])
+            .with_user(Some("u".into()))
+            .with_password(Some(Secret::new("p")))
+            .with_namespace(Namespace::new("app").unwrap())
+            .with_ttl(Duration::from_secs(3))
+            .with_timeout(Duration::from_secs(1))
+            .with_connect_timeout(Duration::from_secs(2))
+            .with_lazy(true)
+            .with_display(by_url.display.clone());
+        assert_eq!(by_url, by_code);
+        assert_eq!(
+            EtcdConfig::default().describe(),
+            "etcd http://127.0.0.1:2379"
+        );
+    }
+
     #[test]
     fn rejections() {
         rejected("zk://h", "expected an etcd");
-        rejected("etcd:///ns", "no etcd host");
         rejected("etcd://h?ttl=1s", "out of range");
         rejected("etcd://h?ttl=25h", "out of range");
         rejected("etcd://h?ttl=2500ms", "whole seconds");

@@ -7,13 +7,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
 use async_trait::async_trait;
+use lockcore::backend::connect::check_connect;
 use lockcore::backend::{
     check_kinds, refused, Backend, Capabilities, HeldEntry, KeyWrite, SessionLiveness, StoreSession,
 };
 use lockcore::{Contender, Error, ErrorKind, LockName, LockState, Result};
 
 use crate::config::RedisConfig;
-use crate::core::{manager, Inner};
+use crate::core::{lazy_manager, Inner};
 use crate::error;
 use crate::layout;
 use crate::scripts;
@@ -30,39 +31,61 @@ pub struct RedisBackend {
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBackend")
-            .field("url", &self.inner.config.display)
+            .field("url", &self.inner.config.describe())
             .finish()
     }
 }
 
 impl RedisBackend {
-    /// Parses `url` ([`RedisConfig::from_url`]) and connects.
+    /// Parses `url` ([`RedisConfig::from_url`]) and connects; unless the
+    /// URL says `lazy=true`, Redis must answer a PING (see
+    /// [`RedisBackend::from_config`]).
     ///
-    /// Nothing is written to Redis; the connection's handshake checks
-    /// the credentials (bad ones give [`ErrorKind::Unauthenticated`]).
-    ///
-    /// # Cancel safety
+    /// # Cancel Safety
     /// Writes nothing; safe to drop at any point.
     pub async fn connect(url: impl AsRef<str>) -> Result<RedisBackend> {
         let url = lockcore::url::parse(url.as_ref())?;
-        Self::new(RedisConfig::from_url(&url)?).await
+        Self::from_config(RedisConfig::from_url(&url)?).await
     }
 
-    /// Connects with a parsed configuration.
+    /// The same as [`RedisBackend::from_config`].
     ///
-    /// # Cancel safety
+    /// # Cancel Safety
     /// Writes nothing; safe to drop at any point.
     pub async fn new(config: RedisConfig) -> Result<RedisBackend> {
+        Self::from_config(config).await
+    }
+
+    /// Connects with a configuration. Unless [`RedisConfig::lazy`], a
+    /// PING must be answered within [`RedisConfig::connect_timeout`]:
+    /// refused until then is [`ErrorKind::Unavailable`], no answer
+    /// [`ErrorKind::Timeout`], a bad password [`ErrorKind::Unauthenticated`]
+    /// at once (the connection's handshake sends it).
+    ///
+    /// # Cancel Safety
+    /// Writes nothing; safe to drop at any point.
+    pub async fn from_config(config: RedisConfig) -> Result<RedisBackend> {
+        config.check()?;
         if config.tls {
             // One process-wide crypto provider for rustls; an error means
             // one is installed already, which is as good.
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
         let client = client(&config)?;
-        let conn = manager(&client, &config, Some(config.timeout)).await?;
-        tracing::debug!(url = %config.display, "redis backend ready");
+        Self::from_client(client, config).await
+    }
+
+    /// A backend over a `redis::Client` the caller built (its address,
+    /// credentials, database and TLS are the client's; those of `config`
+    /// are not used). Checked as [`RedisBackend::from_config`].
+    ///
+    /// # Cancel Safety
+    /// Writes nothing; safe to drop at any point.
+    pub async fn from_client(client: redis::Client, config: RedisConfig) -> Result<RedisBackend> {
+        config.check()?;
+        let conn = lazy_manager(&client, &config, Some(config.timeout))?;
         let prefix = config.namespace.prefix();
-        Ok(RedisBackend {
+        let b = RedisBackend {
             inner: Arc::new(Inner {
                 config,
                 client,
@@ -71,7 +94,30 @@ impl RedisBackend {
                 prefix,
                 opened: Mutex::new(Vec::new()),
             }),
-        })
+        };
+        let c = &b.inner.config;
+        if !c.lazy {
+            // A connection of its own, not the manager's: the manager
+            // tries a refused handshake three times, and bad credentials
+            // must be refused once.
+            check_connect(&c.describe(), c.connect_timeout, || async {
+                b.inner.requests.fetch_add(1, Ordering::Relaxed);
+                let mut conn = b
+                    .inner
+                    .client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .map_err(|e| error::map(e, "connecting to Redis"))?;
+                redis::cmd("PING")
+                    .query_async::<String>(&mut conn)
+                    .await
+                    .map(drop)
+                    .map_err(|e| error::map(e, "PING"))
+            })
+            .await?;
+        }
+        tracing::debug!(url = %c.describe(), "redis backend ready");
+        Ok(b)
     }
 
     /// The configuration.
@@ -124,7 +170,7 @@ impl Backend for RedisBackend {
     }
 
     fn describe(&self) -> String {
-        self.inner.config.display.clone()
+        self.inner.config.describe()
     }
 
     async fn open_session(&self, liveness: Arc<SessionLiveness>) -> Result<Arc<dyn StoreSession>> {
@@ -340,8 +386,8 @@ impl Backend for RedisBackend {
 fn client(config: &RedisConfig) -> Result<redis::Client> {
     let custom = config.ca_file.is_some() || config.client_cert_file.is_some();
     if !custom {
-        return redis::Client::open(config.connect_url())
-            .map_err(|e| error::map(e, "parsing the Redis URL"));
+        return redis::Client::open(config.connection_info()?)
+            .map_err(|e| error::map(e, "configuring the Redis client"));
     }
     let read = |opt: &str, p: &std::path::Path| {
         std::fs::read(p).map_err(|e| {
@@ -364,7 +410,7 @@ fn client(config: &RedisConfig) -> Result<redis::Client> {
         _ => None,
     };
     redis::Client::build_with_tls(
-        config.connect_url(),
+        config.connection_info()?,
         redis::TlsCertificates {
             client_tls,
             root_cert,

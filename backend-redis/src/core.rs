@@ -35,17 +35,33 @@ pub(crate) async fn manager(
     config: &RedisConfig,
     response: Option<Duration>,
 ) -> Result<ConnectionManager> {
-    let cfg = ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(config.timeout))
-        .set_response_timeout(response)
-        .set_number_of_retries(2)
-        .set_max_delay(config.timeout);
-    let connect = ConnectionManager::new_with_config(client.clone(), cfg);
+    let connect =
+        ConnectionManager::new_with_config(client.clone(), manager_config(config, response));
     match tokio::time::timeout(config.timeout, connect).await {
         Ok(Ok(c)) => Ok(c),
         Ok(Err(e)) => Err(error::map(e, "connecting to Redis")),
         Err(_) => Err(error::timed_out("connecting to Redis", config.timeout)),
     }
+}
+
+/// As [`manager`], but connects on first use (and again after a
+/// failure), so that [`lockcore::backend::connect::check_connect`] can
+/// tell refused from silent.
+pub(crate) fn lazy_manager(
+    client: &redis::Client,
+    config: &RedisConfig,
+    response: Option<Duration>,
+) -> Result<ConnectionManager> {
+    ConnectionManager::new_lazy_with_config(client.clone(), manager_config(config, response))
+        .map_err(|e| error::map(e, "configuring the Redis connection"))
+}
+
+fn manager_config(config: &RedisConfig, response: Option<Duration>) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(config.timeout))
+        .set_response_timeout(response)
+        .set_number_of_retries(2)
+        .set_max_delay(config.timeout)
 }
 
 /// Milliseconds since the Unix epoch, for an entry's creation time.

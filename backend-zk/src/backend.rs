@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
+use lockcore::backend::connect::check_connect;
 use lockcore::backend::{
     Backend, Capabilities, HeldEntry, KeyWrite, SessionLiveness, StoreSession,
 };
@@ -40,8 +41,44 @@ impl fmt::Debug for ZkBackend {
     }
 }
 
-/// A session opened in this process: its id and password, and its
-/// liveness.
+/// `Ok` once a TCP connection to one of `servers` succeeds;
+/// [`ErrorKind::Connection`] if every one refuses.
+async fn reachable(servers: &[(String, u16)]) -> Result<()> {
+    let mut last = None;
+    for (host, port) in servers {
+        match tokio::net::TcpStream::connect((host.as_str(), *port)).await {
+            Ok(_) => return Ok(()),
+            Err(e) => last = Some(e),
+        }
+    }
+    let e = last.unwrap_or_else(|| std::io::Error::other("no servers"));
+    Err(Error::new(
+        ErrorKind::Connection,
+        format!("ZooKeeper: cannot connect to any server: {e}"),
+    )
+    .with_source(e))
+}
+
+/// No session in time once a server accepted the TCP connection (the
+/// library's own "timeout", or our `connect_timeout` running out): a
+/// silent store, [`ErrorKind::Timeout`] for `check_connect`.
+fn silent_as_timeout(e: Error) -> Error {
+    let silent = std::error::Error::source(&e).is_some_and(|s| {
+        s.downcast_ref::<zk::Error>()
+            .is_some_and(|z| matches!(z, zk::Error::Timeout))
+            || s.is::<tokio::time::error::Elapsed>()
+    });
+    if e.kind() == ErrorKind::Connection && silent {
+        Error::new(
+            ErrorKind::Timeout,
+            "ZooKeeper: no session (no server answered)",
+        )
+        .with_source(e)
+    } else {
+        e
+    }
+}
+
 impl ZkBackend {
     /// A backend for `config`. Connects lazily: sessions are opened by
     /// [`Backend::open_session`], the admin session on first admin use.
@@ -61,14 +98,43 @@ impl ZkBackend {
     }
 
     /// Parses and validates `url` (nothing is contacted for bad input),
-    /// then checks that the servers answer by opening the admin session.
+    /// then, unless it says `lazy=true`, checks that the servers answer
+    /// (see [`ZkBackend::from_config`]).
     ///
-    /// # Cancel safety
+    /// # Cancel Safety
     /// Dropping it may leave the admin session half open; it is closed when
     /// the backend is dropped, or expires by its timeout.
     pub async fn connect(url: impl AsRef<str>) -> Result<ZkBackend> {
-        let b = ZkBackend::new(ZkConfig::parse(url.as_ref())?);
-        b.shared.admin().await?;
+        Self::from_config(ZkConfig::parse(url.as_ref())?).await
+    }
+
+    /// A backend for `config` that, unless [`ZkConfig::lazy`], checks the
+    /// servers answer by opening the admin session within
+    /// [`ZkConfig::connect_timeout`]: every server refusing the connection
+    /// until then is [`ErrorKind::Unavailable`], no session in time is
+    /// [`ErrorKind::Timeout`], refused digest credentials
+    /// [`ErrorKind::Unauthenticated`] at once.
+    ///
+    /// There is no constructor from a `zookeeper_client::Client`: the
+    /// backend opens a session per [`lockcore::LockClient`] session and a
+    /// new one after a loss, and ends it to drop every entry at once; a
+    /// client owned by the caller can do neither.
+    ///
+    /// # Cancel Safety
+    /// As [`ZkBackend::connect`].
+    pub async fn from_config(config: ZkConfig) -> Result<ZkBackend> {
+        let b = ZkBackend::new(config);
+        if !b.shared.config.lazy {
+            let store = b.shared.config.describe();
+            check_connect(&store, b.shared.config.connect_timeout, || async {
+                // The client library retries a refused server until its
+                // session timeout and then says "timeout", the word for a
+                // silent one too; a TCP connect tells the two apart.
+                reachable(&b.shared.config.servers).await?;
+                b.shared.admin().await.map(drop).map_err(silent_as_timeout)
+            })
+            .await?;
+        }
         Ok(b)
     }
 

@@ -16,10 +16,17 @@ const KNOWN: &[&str] = &[
     "ttl",
     "session_timeout",
     "connect_timeout",
+    "lazy",
     "ca",
     "cert",
     "key",
 ];
+
+/// The default of [`ZkConfig::session_timeout`].
+pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
+/// The default of [`ZkConfig::connect_timeout`]; shorter than the other
+/// stores' because it also bounds every reopening of a lost session.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Configuration of a `zk://` client.
 ///
@@ -28,14 +35,18 @@ const KNOWN: &[&str] = &[
 /// | option | default | range | meaning |
 /// |---|---|---|---|
 /// | `ttl` or `session_timeout` | `10s` | `100ms..=10m` | requested ZooKeeper session timeout; the server clamps it to 2..20 of its ticks and the negotiated value is used. `ttl` is the name every backend takes (so a URL moves between stores unchanged), `session_timeout` ZooKeeper's own; giving both is an error |
-/// | `connect_timeout` | `5s` | `100ms..=10m` | how long opening a session may take before it fails with a connection error |
+/// | `connect_timeout` | `5s` | `100ms..=10m` | how long opening a session may take: `connect()` then fails with `Unavailable` (refused) or `Timeout` (no answer) |
+/// | `lazy` | `false` | | `connect()` opens no session; the first acquire finds out whether the servers answer |
 /// | `ca` | none (plain TCP) | PEM file | TLS to every server (its `secureClientPort`), trusting only the CA(s) in this file |
 /// | `cert` | none | PEM file, with `key`, needs `ca` | client certificate (for `ssl.clientAuth=need`) |
 /// | `key` | none | PEM file, with `cert` | the client certificate's private key (PKCS#8, PKCS#1 or SEC1) |
 ///
 /// `user:password@` adds `digest` auth (`addauth digest user:password`);
-/// the password is a [`Secret`] and never shown.
+/// the password is a [`Secret`] and never shown. Built in code, start
+/// from [`ZkConfig::default`] (`127.0.0.1:2181`) and the `with_<field>`
+/// setters.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ZkConfig {
     /// The servers, `(host, port)`, in the order given.
     pub servers: Vec<(String, u16)>,
@@ -46,6 +57,8 @@ pub struct ZkConfig {
     pub session_timeout: Duration,
     /// Deadline for opening a session.
     pub connect_timeout: Duration,
+    /// `connect()` opens no session (`lazy=true`).
+    pub lazy: bool,
     /// Digest credentials `(user, password)`.
     pub auth: Option<(String, Secret)>,
     /// CA file (PEM); set, the connection uses TLS and trusts only it.
@@ -62,6 +75,38 @@ pub struct ZkConfig {
     #[doc(hidden)]
     pub pipeline: bool,
 }
+
+impl Default for ZkConfig {
+    fn default() -> Self {
+        ZkConfig {
+            servers: vec![("127.0.0.1".to_string(), DEFAULT_PORT)],
+            namespace: Namespace::default(),
+            session_timeout: DEFAULT_SESSION_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            lazy: false,
+            auth: None,
+            ca_file: None,
+            client_cert_file: None,
+            client_key_file: None,
+            display: String::new(),
+            pipeline: true,
+        }
+    }
+}
+
+lockcore::config_setters!(ZkConfig {
+    with_servers => servers: Vec<(String, u16)>,
+    with_namespace => namespace: Namespace,
+    with_session_timeout => session_timeout: Duration,
+    with_connect_timeout => connect_timeout: Duration,
+    with_lazy => lazy: bool,
+    with_auth => auth: Option<(String, Secret)>,
+    with_ca_file => ca_file: Option<PathBuf>,
+    with_client_cert_file => client_cert_file: Option<PathBuf>,
+    with_client_key_file => client_key_file: Option<PathBuf>,
+    with_display => display: String,
+    with_pipeline => pipeline: bool,
+});
 
 fn invalid(msg: impl Into<String>) -> Error {
     Error::new(ErrorKind::InvalidUrl, msg.into())
@@ -154,13 +199,13 @@ impl ZkConfig {
         };
         let session_timeout = opts.duration(
             timeout_key,
-            Duration::from_secs(10),
+            DEFAULT_SESSION_TIMEOUT,
             Duration::from_millis(100),
             Duration::from_secs(600),
         )?;
         let connect_timeout = opts.duration(
             "connect_timeout",
-            Duration::from_secs(5),
+            DEFAULT_CONNECT_TIMEOUT,
             Duration::from_millis(100),
             Duration::from_secs(600),
         )?;
@@ -180,12 +225,14 @@ impl ZkConfig {
                 "URL options cert= and key= need ca= (TLS; the client library has no system roots)",
             ));
         }
+        let lazy = opts.flag("lazy", false)?;
         opts.finish(KNOWN)?;
         Ok(ZkConfig {
             servers,
             namespace,
             session_timeout,
             connect_timeout,
+            lazy,
             auth,
             ca_file,
             client_cert_file,
@@ -195,22 +242,13 @@ impl ZkConfig {
         })
     }
 
-    /// Sets the CA file (PEM): TLS to every server, trusting only it.
-    pub fn with_ca_file(mut self, v: impl Into<PathBuf>) -> Self {
-        self.ca_file = Some(v.into());
-        self
-    }
-
-    /// Sets the client certificate file (PEM); give the key file too.
-    pub fn with_client_cert_file(mut self, v: impl Into<PathBuf>) -> Self {
-        self.client_cert_file = Some(v.into());
-        self
-    }
-
-    /// Sets the client certificate's private key file (PEM).
-    pub fn with_client_key_file(mut self, v: impl Into<PathBuf>) -> Self {
-        self.client_key_file = Some(v.into());
-        self
+    /// What logs and errors show: the redacted URL, or the servers.
+    pub fn describe(&self) -> String {
+        if self.display.is_empty() {
+            format!("zk://{}", self.connect_string())
+        } else {
+            self.display.clone()
+        }
     }
 
     /// The connect string for the client library: `host:port,host:port`.

@@ -205,13 +205,15 @@ impl Shared {
                     return Ok((client, started));
                 }
                 Ok(Err(e)) => map(e, "opening a session"),
-                Err(_) => Error::new(
+                Err(elapsed) => Error::new(
                     ErrorKind::Connection,
                     format!(
                         "ZooKeeper: no session with {} within connect_timeout={:?}",
-                        self.config.display, self.config.connect_timeout
+                        self.config.describe(),
+                        self.config.connect_timeout
                     ),
-                ),
+                )
+                .with_source(elapsed),
             };
             if err.kind() != ErrorKind::Connection || Instant::now() + backoff >= deadline {
                 return Err(err);

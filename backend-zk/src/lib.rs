@@ -12,7 +12,7 @@ mod session;
 mod tls;
 
 pub use backend::ZkBackend;
-pub use config::{ZkConfig, DEFAULT_PORT};
+pub use config::{ZkConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PORT, DEFAULT_SESSION_TIMEOUT};
 
 /// URL schemes this backend serves.
 pub const SCHEMES: &[&str] = lockcore::backend::schemes::ZK;

@@ -357,18 +357,18 @@ fn completions_and_man_page_name_every_subcommand() {
 
 #[test]
 fn unreachable_store_is_69_not_a_hang() {
-    // Nothing listens on port 1. `lock` reads the lock once before it
-    // queues, so it fails at once instead of retrying quietly.
+    // Nothing listens on port 1: connecting is refused until the connect
+    // timeout, then `Unavailable`, instead of retrying quietly.
     for url in [
-        "etcd://127.0.0.1:1/ns?timeout=1s",
+        "etcd://127.0.0.1:1/ns?timeout=1s&connect_timeout=1s",
         "zk://127.0.0.1:1/ns?connect_timeout=500ms",
-        "consul://127.0.0.1:1/ns",
+        "consul://127.0.0.1:1/ns?connect_timeout=1s",
     ] {
         ql(url)
             .args(["lock", "a", "--", "true"])
             .assert()
             .code(UNAVAILABLE)
-            .stderr(predicate::str::starts_with("quorumlock: connection"));
+            .stderr(predicate::str::starts_with("quorumlock: unavailable"));
     }
 }
 
@@ -457,8 +457,8 @@ fn secrets_in_the_url_are_never_printed() {
     // backend built in, the scheme is refused), and nothing may show the
     // password or the token, even at trace level.
     for url in [
-        "consul://bob:s3cret@127.0.0.1:1/ns?token=t0ps3cret",
-        "etcd://bob:s3cret@127.0.0.1:1/ns",
+        "consul://bob:s3cret@127.0.0.1:1/ns?token=t0ps3cret&connect_timeout=1s",
+        "etcd://bob:s3cret@127.0.0.1:1/ns?connect_timeout=1s",
         "zk://bob:s3cret@127.0.0.1:1/ns?connect_timeout=500ms",
     ] {
         let out = ql(url)

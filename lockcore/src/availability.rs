@@ -34,9 +34,15 @@ impl Default for ClientOptions {
 
 impl ClientOptions {
     /// Sets [`ClientOptions::unavailable_after`] (`None`: wait forever).
-    pub fn unavailable_after(mut self, after: Option<Duration>) -> Self {
+    pub fn with_unavailable_after(mut self, after: Option<Duration>) -> Self {
         self.unavailable_after = after;
         self
+    }
+
+    /// The former name of [`ClientOptions::with_unavailable_after`].
+    #[doc(hidden)]
+    pub fn unavailable_after(self, after: Option<Duration>) -> Self {
+        self.with_unavailable_after(after)
     }
 }
 

@@ -24,7 +24,8 @@ pub enum ErrorKind {
     FeatureDisabled,
     /// A try-acquire found the lock held.
     WouldBlock,
-    /// An acquire did not succeed before its deadline.
+    /// An acquire did not succeed before its deadline, or the store did
+    /// not answer `connect()` within its connect timeout.
     Timeout,
     /// The store session ended (expired, revoked, keepalive failed).
     SessionLost,
@@ -48,6 +49,8 @@ pub enum ErrorKind {
     Store,
     /// The store could not be reached for longer than the client allows
     /// ([`crate::ClientOptions::unavailable_after`]); an acquire gave up.
+    /// Also `connect()`'s error when every attempt within its connect
+    /// timeout was refused or broke.
     Unavailable,
     /// A read holder asked to upgrade to write; refused instead of
     /// deadlocking.

@@ -200,6 +200,48 @@ pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (e.g. 250ms, 1.5s, 10s, 1m30s)"))
 }
 
+/// Writes the consuming `with_<field>` setter of every listed field of a
+/// config type (the convention every backend's config follows, so that a
+/// new option is a field, its setter, its URL parameter and a README
+/// line):
+///
+/// ```
+/// #[derive(Default)]
+/// #[non_exhaustive]
+/// pub struct MyConfig {
+///     /// Session TTL.
+///     pub ttl: std::time::Duration,
+/// }
+/// lockcore::config_setters!(MyConfig { with_ttl => ttl: std::time::Duration });
+/// let c = MyConfig::default().with_ttl(std::time::Duration::from_secs(3));
+/// assert_eq!(c.ttl.as_secs(), 3);
+/// ```
+#[macro_export]
+macro_rules! config_setters {
+    ($ty:ty { $($setter:ident => $field:ident : $fty:ty),* $(,)? }) => {
+        impl $ty {
+            $(
+                #[doc = concat!("Sets [`", stringify!($field), "`](Self::", stringify!($field), ").")]
+                #[must_use]
+                pub fn $setter(mut self, v: $fty) -> Self {
+                    self.$field = v;
+                    self
+                }
+            )*
+        }
+    };
+}
+
+/// An environment lookup: `std::env::var` in production, a closure over a
+/// map in tests (so that tests never change the process's environment,
+/// which other tests read at the same time).
+pub type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+/// The process environment as an [`Env`]; unset and empty are the same.
+pub fn process_env(key: &str) -> Option<String> {
+    std::env::var(key).ok().filter(|v| !v.is_empty())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -76,6 +76,136 @@ const REDIS: &[&str] = backend_redis::SCHEMES;
 #[cfg(not(feature = "redis"))]
 const REDIS: &[&str] = lockcore::backend::schemes::REDIS;
 
+/// How to connect: a URL or a typed store configuration, plus the
+/// client's [`ClientOptions`]. [`connect`] is `ClientBuilder::new(url)
+/// .connect()`.
+///
+/// ```no_run
+/// # async fn demo() -> quorumlock::Result<()> {
+/// use std::time::Duration;
+/// use quorumlock::{ClientBuilder, ClientOptions};
+///
+/// let client = ClientBuilder::new("etcd://127.0.0.1:2379/app?connect_timeout=3s")
+///     .with_options(ClientOptions::default().with_unavailable_after(Some(Duration::from_secs(20))))
+///     .connect()
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+#[must_use]
+pub struct ClientBuilder {
+    target: Target,
+    options: ClientOptions,
+}
+
+#[derive(Debug)]
+enum Target {
+    Url(String),
+    Config(Box<StoreConfig>),
+}
+
+/// A typed store configuration, for [`ClientBuilder::from_config`]; each
+/// backend's config converts into it with `into()`.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum StoreConfig {
+    /// etcd.
+    #[cfg(feature = "etcd")]
+    Etcd(backend_etcd::EtcdConfig),
+    /// ZooKeeper.
+    #[cfg(feature = "zk")]
+    Zk(backend_zk::ZkConfig),
+    /// Consul.
+    #[cfg(feature = "consul")]
+    Consul(backend_consul::ConsulConfig),
+    /// Redis.
+    #[cfg(feature = "redis")]
+    Redis(backend_redis::RedisConfig),
+}
+
+#[cfg(feature = "etcd")]
+impl From<backend_etcd::EtcdConfig> for StoreConfig {
+    fn from(c: backend_etcd::EtcdConfig) -> Self {
+        StoreConfig::Etcd(c)
+    }
+}
+#[cfg(feature = "zk")]
+impl From<backend_zk::ZkConfig> for StoreConfig {
+    fn from(c: backend_zk::ZkConfig) -> Self {
+        StoreConfig::Zk(c)
+    }
+}
+#[cfg(feature = "consul")]
+impl From<backend_consul::ConsulConfig> for StoreConfig {
+    fn from(c: backend_consul::ConsulConfig) -> Self {
+        StoreConfig::Consul(c)
+    }
+}
+#[cfg(feature = "redis")]
+impl From<backend_redis::RedisConfig> for StoreConfig {
+    fn from(c: backend_redis::RedisConfig) -> Self {
+        StoreConfig::Redis(c)
+    }
+}
+
+impl ClientBuilder {
+    /// A client of the store named by `url` (see [`connect`] for the
+    /// schemes).
+    pub fn new(url: impl Into<String>) -> Self {
+        ClientBuilder {
+            target: Target::Url(url.into()),
+            options: ClientOptions::default(),
+        }
+    }
+
+    /// A client of the store `config` describes, e.g.
+    /// `EtcdConfig::default().with_namespace(...)`.
+    pub fn from_config(config: impl Into<StoreConfig>) -> Self {
+        ClientBuilder {
+            target: Target::Config(Box::new(config.into())),
+            options: ClientOptions::default(),
+        }
+    }
+
+    /// The client's options (default: [`ClientOptions::default`]).
+    pub fn with_options(mut self, options: ClientOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// Connects: checks the store answers within its connect timeout
+    /// unless the URL or config says `lazy`. Errors:
+    /// [`ErrorKind::InvalidUrl`] (bad input, nothing contacted),
+    /// [`ErrorKind::Unavailable`] (refused until the connect timeout),
+    /// [`ErrorKind::Timeout`] (no answer), [`ErrorKind::Unauthenticated`]
+    /// or [`ErrorKind::PermissionDenied`] (credentials, not retried).
+    ///
+    /// # Cancel Safety
+    /// Dropping it before it returns leaves nothing on the store: no lock
+    /// session is opened until the first acquire.
+    pub async fn connect(self) -> Result<LockClient> {
+        let backend = match self.target {
+            Target::Url(u) => backend_for(&u).await?,
+            Target::Config(c) => backend_from(*c).await?,
+        };
+        tracing::debug!(store = %backend.describe(), "connected");
+        Ok(LockClient::with_options(backend, self.options))
+    }
+}
+
+async fn backend_from(config: StoreConfig) -> Result<Arc<dyn Backend>> {
+    Ok(match config {
+        #[cfg(feature = "etcd")]
+        StoreConfig::Etcd(c) => Arc::new(backend_etcd::EtcdBackend::from_config(c).await?),
+        #[cfg(feature = "zk")]
+        StoreConfig::Zk(c) => Arc::new(backend_zk::ZkBackend::from_config(c).await?),
+        #[cfg(feature = "consul")]
+        StoreConfig::Consul(c) => Arc::new(backend_consul::ConsulBackend::from_config(c).await?),
+        #[cfg(feature = "redis")]
+        StoreConfig::Redis(c) => Arc::new(backend_redis::RedisBackend::from_config(c).await?),
+    })
+}
+
 /// Connects to the store named by `url` and returns a client.
 ///
 /// | scheme | feature | example |
@@ -87,18 +217,20 @@ const REDIS: &[&str] = lockcore::backend::schemes::REDIS;
 /// | `redis`, `rediss` | `redis` | `redis://:password@127.0.0.1:6379/namespace?ttl=10s` (not CP: see the backend's README) |
 ///
 /// The URL path is the namespace; query parameters are the backend's
-/// options (see each backend's README). An unknown scheme is
+/// options (see each backend's README). Every store takes
+/// `connect_timeout=` (how long this waits for the store to answer,
+/// default 10 s, 5 s on ZooKeeper) and `lazy=true` (send nothing now; the
+/// first acquire finds out). See [`ClientBuilder::connect`] for the
+/// errors, and [`ClientBuilder`] for options and typed configs. An unknown scheme is
 /// [`ErrorKind::UnknownScheme`]; a known one whose feature is off is
 /// [`ErrorKind::FeatureDisabled`], naming the feature. Credentials never
 /// appear in errors or logs.
 ///
-/// # Cancel safety
+/// # Cancel Safety
 /// Dropping it before it returns leaves nothing on the store: no session
 /// is opened until the first acquire.
 pub async fn connect(url: &str) -> Result<LockClient> {
-    let backend = backend_for(url).await?;
-    tracing::debug!(store = %backend.describe(), "connected");
-    Ok(LockClient::new(backend))
+    ClientBuilder::new(url).connect().await
 }
 
 /// [`connect`] to the URL in `QUORUMLOCK_URL`, or to `mem://` if unset.
@@ -221,6 +353,55 @@ mod tests {
             assert!(e.to_string().contains(&format!("`{feature}`")), "{e}");
             assert!(!format!("{e} {e:?}").contains("s3cret"), "{e:?}");
         }
+    }
+
+    #[cfg(feature = "mem")]
+    #[tokio::test]
+    async fn builder_takes_options() {
+        let c = ClientBuilder::new("mem://")
+            .with_options(ClientOptions::default().with_unavailable_after(None))
+            .connect()
+            .await
+            .unwrap();
+        c.lock("facade/builder")
+            .unwrap()
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        let e = ClientBuilder::new("mem://?ttl=forever")
+            .connect()
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidUrl);
+    }
+
+    /// A typed config reaches its backend: a dead port is Unavailable
+    /// within its connect timeout, lazy connects at once.
+    #[cfg(feature = "redis")]
+    #[tokio::test]
+    async fn builder_from_a_typed_config() {
+        use std::time::{Duration, Instant};
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap()
+            .port();
+        let config = backend_redis::RedisConfig::default()
+            .with_port(port)
+            .with_connect_timeout(Duration::from_millis(500));
+        let start = Instant::now();
+        let e = ClientBuilder::from_config(config.clone())
+            .connect()
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+        assert!(start.elapsed() < Duration::from_secs(3));
+        ClientBuilder::from_config(config.with_lazy(true))
+            .connect()
+            .await
+            .unwrap();
     }
 
     #[cfg(feature = "mem")]

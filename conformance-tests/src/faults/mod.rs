@@ -334,6 +334,7 @@ macro_rules! fault_suite {
             cancel_at_every_poll,
             calls_return_within_bounds_on_a_dead_link,
             unreachable_store_is_unavailable,
+            connect_checks_the_store,
             explore_random_schedules
         );
     };

@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+pub mod connect;
 mod delay;
 mod fenced;
 mod grants;
