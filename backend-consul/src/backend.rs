@@ -305,6 +305,7 @@ impl Backend for ConsulBackend {
                 entry: l.key.clone(),
                 kind: LockKind::Exclusive,
                 since: since(l),
+                value: l.holder_value(),
             });
         }
         let line = v.line(&keys);
@@ -315,6 +316,7 @@ impl Backend for ConsulBackend {
                 entry: q.key.clone(),
                 kind: *kind,
                 since: since(q),
+                value: q.holder_value(),
             };
             if *kind == LockKind::Exclusive {
                 if q.holder() != holder.as_deref() {
@@ -341,6 +343,7 @@ impl Backend for ConsulBackend {
                     entry: c.key.clone(),
                     kind,
                     since: since(c),
+                    value: c.holder_value(),
                 };
                 if held {
                     state.holders.push(entry);

@@ -131,13 +131,14 @@ fn session_of(kv: &KeyValue) -> String {
 }
 
 fn contender(kv: &KeyValue) -> Contender {
-    let (kind, since) = layout::parse(kv.value());
+    let (kind, since, value) = layout::parse(kv.value());
     Contender {
         session: session_of(kv),
         token: kv.create_revision() as u64,
         entry: String::from_utf8_lossy(kv.key()).into_owned(),
         kind,
         since,
+        value,
     }
 }
 

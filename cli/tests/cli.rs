@@ -1107,6 +1107,57 @@ fn status_watch_prints_changes(url: &str) {
     }
 }
 
+/// `lock --value` puts the value in our entry; `status`, `status --json`
+/// and `list` show it, and a holder without `--value` shows
+/// `<hostname>:<pid>` (the pid of that `lock` process).
+fn status_and_list_show_holder_values(url: &str) {
+    let dir = tmpdir();
+    let tok = dir.path().join("token");
+    let script = format!("echo $PPID > {}; sleep 30", tok.display());
+    let holder = Bg::spawn(
+        url,
+        &[
+            "lock",
+            "--value",
+            "deploy by ci#42",
+            "valued",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    );
+    wait_file(&tok, Duration::from_secs(15));
+    let v = status_json(url, "valued");
+    assert_eq!(v["holders"][0]["value"], "deploy by ci#42", "{v}");
+    ql(url)
+        .args(["status", "valued"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("value \"deploy by ci#42\""));
+    ql(url)
+        .args(["list"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(
+            "(exclusive) value \"deploy by ci#42\"",
+        ));
+    // SAFETY: kill(2) on a child we spawned and have not reaped.
+    unsafe { libc::kill(holder.pid(), libc::SIGTERM) };
+    holder.wait(Duration::from_secs(15));
+
+    let pidfile = dir.path().join("pid");
+    let script = format!("echo $PPID > {}; sleep 30", pidfile.display());
+    let holder = Bg::spawn(url, &["lock", "plain", "--", "sh", "-c", &script]);
+    let pid = wait_file(&pidfile, Duration::from_secs(15));
+    let v = status_json(url, "plain");
+    let host = gethostname::gethostname().to_string_lossy().into_owned();
+    assert_eq!(v["holders"][0]["value"], format!("{host}:{pid}"), "{v}");
+    // SAFETY: as above.
+    unsafe { libc::kill(holder.pid(), libc::SIGTERM) };
+    holder.wait(Duration::from_secs(15));
+}
+
 macro_rules! store_tests {
     ($store:ident, $var:literal) => {
         mod $store {
@@ -1179,6 +1230,13 @@ macro_rules! store_tests {
             fn status_watch_prints_each_change_of_holder() {
                 if let Some(url) = store($var) {
                     status_watch_prints_changes(&url);
+                }
+            }
+
+            #[test]
+            fn status_and_list_show_holder_values() {
+                if let Some(url) = store($var) {
+                    status_and_list_show_holder_values(&url);
                 }
             }
 

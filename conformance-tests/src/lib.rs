@@ -57,7 +57,11 @@ macro_rules! suite {
             scoped_run_stops_work_on_loss,
             fenced_writes_refused_after_loss,
             list_reports_locks_under_a_prefix,
-            kill_session_refuses_a_malformed_id
+            kill_session_refuses_a_malformed_id,
+            holder_values_seen_by_another_client
+        );
+        $crate::__conformance_tests_expand!($harness; [RwLock, Semaphore];
+            holder_values_on_every_kind
         );
         $crate::__conformance_tests_expand!($harness; [KillSession];
             session_expiry_fires_loss_and_waiter_gets_larger_token,

@@ -82,6 +82,7 @@ mod tests {
             entry: format!("e/{session}"),
             kind,
             since: None,
+            value: Vec::new(),
         }
     }
 

@@ -21,6 +21,7 @@ mod names;
 mod rwlock;
 mod semaphore;
 mod session;
+mod values;
 
 pub use cancel::*;
 pub use kinds::*;
@@ -30,6 +31,7 @@ pub use names::*;
 pub use rwlock::*;
 pub use semaphore::*;
 pub use session::*;
+pub use values::*;
 
 pub use crate::fenced::fenced_writes_refused_after_loss;
 pub use crate::multi::{
