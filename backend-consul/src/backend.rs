@@ -272,6 +272,7 @@ impl Backend for ConsulBackend {
             rwlock: true,
             semaphore: true,
             session_ttl: self.inner.config.ttl,
+            proclaim: false,
         }
     }
 

@@ -157,6 +157,7 @@ impl Backend for EtcdBackend {
             rwlock: true,
             semaphore: true,
             session_ttl: self.inner.config.ttl,
+            proclaim: true,
         }
     }
 

@@ -124,6 +124,7 @@ impl Backend for RedisBackend {
             rwlock: true,
             semaphore: true,
             session_ttl: self.inner.config.ttl,
+            proclaim: true,
         }
     }
 

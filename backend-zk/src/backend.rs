@@ -470,6 +470,7 @@ impl Backend for ZkBackend {
             session_ttl: self
                 .negotiated_session_timeout()
                 .unwrap_or(self.shared.config.session_timeout),
+            proclaim: true,
         }
     }
 

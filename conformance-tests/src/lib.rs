@@ -63,6 +63,13 @@ macro_rules! suite {
         $crate::__conformance_tests_expand!($harness; [RwLock, Semaphore];
             holder_values_on_every_kind
         );
+        $crate::__conformance_tests_expand!($harness; [];
+            election_campaign_resign_and_proclaim,
+            election_observe_sees_changes
+        );
+        $crate::__conformance_tests_expand!($harness; [KillSession];
+            election_leader_lost_with_its_session
+        );
         $crate::__conformance_tests_expand!($harness; [KillSession];
             session_expiry_fires_loss_and_waiter_gets_larger_token,
             new_session_after_loss

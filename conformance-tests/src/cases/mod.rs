@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use crate::{Flavor, Harness};
 
 mod cancel;
+mod election;
 mod kinds;
 mod list;
 mod mutex;
@@ -24,6 +25,7 @@ mod session;
 mod values;
 
 pub use cancel::*;
+pub use election::*;
 pub use kinds::*;
 pub use list::*;
 pub use mutex::*;

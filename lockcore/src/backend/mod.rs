@@ -53,6 +53,9 @@ pub struct Capabilities {
     pub semaphore: bool,
     /// The session TTL in force (the loss signal fires within about this).
     pub session_ttl: Duration,
+    /// [`StoreSession::set_value`] works: an election leader can
+    /// `proclaim` a new value.
+    pub proclaim: bool,
 }
 
 impl Default for Capabilities {
@@ -62,6 +65,7 @@ impl Default for Capabilities {
             rwlock: false,
             semaphore: false,
             session_ttl: Duration::from_secs(10),
+            proclaim: false,
         }
     }
 }
