@@ -144,7 +144,8 @@ impl Peer {
 async fn curator_leader_latch_and_ours_are_one_election() {
     let Some(h) = harness() else { return };
     let Some(cp) = classpath() else { return };
-    let classes = std::env::temp_dir().join(format!("qlzk-latch-{}", uuid::Uuid::new_v4().simple()));
+    let classes =
+        std::env::temp_dir().join(format!("qlzk-latch-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&classes).unwrap();
     let run_cp = compile(&cp, &classes).await;
     let case = h.case();
@@ -169,7 +170,13 @@ async fn curator_leader_latch_and_ours_are_one_election() {
     .expect("our candidate never queued behind Curator's");
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!ours_next.is_finished(), "two leaders at once");
-    let leader = other.election("leader").unwrap().leader().await.unwrap().unwrap();
+    let leader = other
+        .election("leader")
+        .unwrap()
+        .leader()
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(leader.value, b"curator-1", "Curator's participant id");
 
     // 2. Curator closes its latch: ours leads; a second Curator latch
@@ -190,7 +197,9 @@ async fn curator_leader_latch_and_ours_are_one_election() {
     peer.send(&format!("latch c2 {path} curator-2")).await;
     peer.expect("started c2").await;
     assert!(
-        !peer.says_within("leader c2", Duration::from_millis(1000)).await,
+        !peer
+            .says_within("leader c2", Duration::from_millis(1000))
+            .await,
         "Curator's latch leads while ours does"
     );
     // 3. Curator's getLeader() reads our (proclaimed) value.
@@ -199,7 +208,13 @@ async fn curator_leader_latch_and_ours_are_one_election() {
     // 4. We resign: Curator's latch leads.
     g.resign().await.unwrap();
     peer.expect("leader c2").await;
-    let now = other.election("leader").unwrap().leader().await.unwrap().unwrap();
+    let now = other
+        .election("leader")
+        .unwrap()
+        .leader()
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(now.value, b"curator-2");
     peer.send("close c2").await;
     peer.expect("closed c2").await;
