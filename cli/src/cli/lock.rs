@@ -373,6 +373,7 @@ mod tests {
             shared: false,
             write: false,
             permits: None,
+            value: None,
             name: name.into(),
             argv: cmd.iter().map(OsString::from).collect(),
         }
