@@ -606,7 +606,10 @@ mod tests {
             token: Some(9),
             broken: false,
             permits: None,
-        };
+            value: None,
+            value_b64: None,
+        }
+        .with_value(b"host:1");
         let e = KvEntry {
             key: "k".into(),
             flags: 0,
@@ -616,12 +619,17 @@ mod tests {
             modify_index: 2,
         };
         assert_eq!(e.record(), Some(r));
+        assert_eq!(e.holder_value(), b"host:1");
+        let binary = Record::default().with_value(b"\xff\x00");
+        assert_eq!(binary.value, None);
+        assert_eq!(binary.holder_value(), b"\xff\x00");
         assert_eq!(e.holder(), None, "an empty session is no holder");
         let foreign = KvEntry {
             value: Some(base64::engine::general_purpose::STANDARD.encode("not json")),
             ..e.clone()
         };
         assert_eq!(foreign.record(), None);
+        assert_eq!(foreign.holder_value(), b"not json", "a foreign value as is");
         let none = KvEntry { value: None, ..e };
         assert_eq!(none.record(), None);
     }

@@ -217,7 +217,7 @@ impl ZkBackend {
         let mut waiting_lease_owner = None;
         for (i, (child, st, data)) in found.iter().enumerate() {
             guids.extend(guid_prefix(child));
-            let mut cont = contender(&st, format!("{leases_dir}/{child}"), kind);
+            let mut cont = contender(st, format!("{leases_dir}/{child}"), kind);
             cont.value = crate::layout::node_value(data);
             if i < permits as usize {
                 state.holders.push(cont);
