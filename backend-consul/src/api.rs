@@ -57,6 +57,18 @@ impl KvEntry {
         let r: Record = serde_json::from_slice(&raw).ok()?;
         (r.quorumlock == 1).then_some(r)
     }
+
+    /// The holder's value of the entry: from our record, else the raw
+    /// value a foreign holder wrote (`consul lock` writes none).
+    pub fn holder_value(&self) -> Vec<u8> {
+        if let Some(r) = self.record() {
+            return r.holder_value();
+        }
+        self.value
+            .as_deref()
+            .and_then(|v| base64::engine::general_purpose::STANDARD.decode(v).ok())
+            .unwrap_or_default()
+    }
 }
 
 /// The JSON value we write into our keys (`.lock`, queue keys, `.lock.revoke`).
@@ -82,9 +94,39 @@ pub(crate) struct Record {
     /// For `.lock`: broken by an operator, about to be deleted.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub broken: bool,
+    /// The holder's value when it is UTF-8 (readable in the Consul UI).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// The holder's value in base64 when it is not UTF-8.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_b64: Option<String>,
 }
 
 impl Record {
+    /// The record carrying the holder's value `value`.
+    pub fn with_value(mut self, value: &[u8]) -> Record {
+        (self.value, self.value_b64) = match std::str::from_utf8(value) {
+            Ok("") => (None, None),
+            Ok(v) => (Some(v.to_string()), None),
+            Err(_) => (
+                None,
+                Some(base64::engine::general_purpose::STANDARD.encode(value)),
+            ),
+        };
+        self
+    }
+
+    /// The holder's value this record carries (empty if none).
+    pub fn holder_value(&self) -> Vec<u8> {
+        match (&self.value, &self.value_b64) {
+            (Some(v), _) => v.clone().into_bytes(),
+            (None, Some(b)) => base64::engine::general_purpose::STANDARD
+                .decode(b)
+                .unwrap_or_default(),
+            (None, None) => Vec::new(),
+        }
+    }
+
     /// The record as a base64 KV value.
     pub fn encode(&self) -> String {
         let json = serde_json::to_vec(self).expect("a record always serializes");
@@ -620,7 +662,10 @@ mod tests {
             token: Some(9),
             broken: false,
             permits: None,
-        };
+            value: None,
+            value_b64: None,
+        }
+        .with_value(b"host:1");
         let e = KvEntry {
             key: "k".into(),
             flags: 0,
@@ -630,12 +675,17 @@ mod tests {
             modify_index: 2,
         };
         assert_eq!(e.record(), Some(r));
+        assert_eq!(e.holder_value(), b"host:1");
+        let binary = Record::default().with_value(b"\xff\x00");
+        assert_eq!(binary.value, None);
+        assert_eq!(binary.holder_value(), b"\xff\x00");
         assert_eq!(e.holder(), None, "an empty session is no holder");
         let foreign = KvEntry {
             value: Some(base64::engine::general_purpose::STANDARD.encode("not json")),
             ..e.clone()
         };
         assert_eq!(foreign.record(), None);
+        assert_eq!(foreign.holder_value(), b"not json", "a foreign value as is");
         let none = KvEntry { value: None, ..e };
         assert_eq!(none.record(), None);
     }

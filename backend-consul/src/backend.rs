@@ -312,6 +312,7 @@ impl Backend for ConsulBackend {
             rwlock: true,
             semaphore: true,
             session_ttl: self.inner.config.ttl,
+            proclaim: false,
         }
     }
 
@@ -345,6 +346,7 @@ impl Backend for ConsulBackend {
                 entry: l.key.clone(),
                 kind: LockKind::Exclusive,
                 since: since(l),
+                value: l.holder_value(),
             });
         }
         let line = v.line(&keys);
@@ -355,6 +357,7 @@ impl Backend for ConsulBackend {
                 entry: q.key.clone(),
                 kind: *kind,
                 since: since(q),
+                value: q.holder_value(),
             };
             if *kind == LockKind::Exclusive {
                 if q.holder() != holder.as_deref() {
@@ -381,6 +384,7 @@ impl Backend for ConsulBackend {
                     entry: c.key.clone(),
                     kind,
                     since: since(c),
+                    value: c.holder_value(),
                 };
                 if held {
                     state.holders.push(entry);

@@ -117,6 +117,7 @@ impl<'a> Attempt<'a> {
             since_ms: Some(now_ms()),
             ..Record::default()
         }
+        .with_value(&self.req.value)
     }
 
     /// A `.lock` that this acquire wrote (its contender id, our session,

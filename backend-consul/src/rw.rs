@@ -59,7 +59,8 @@ pub(crate) async fn acquire_rw(s: &Arc<Shared>, req: &AcquireRequest) -> Result<
         contender: Some(req.contender.to_string()),
         since_ms: Some(now_ms()),
         ..Record::default()
-    };
+    }
+    .with_value(&req.value);
     let mut transient = Transient::new(req.wait, &s.liveness);
     let read = || read_view(&s.backend.api, &keys);
     // Whether `view` was read in the txn that wrote our entry at its

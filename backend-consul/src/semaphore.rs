@@ -113,7 +113,8 @@ pub(crate) async fn acquire_sem(
         since_ms: Some(now_ms()),
         permits: Some(permits),
         ..Record::default()
-    };
+    }
+    .with_value(&req.value);
     let mut transient = Transient::new(req.wait, &s.liveness);
     let read = || read_sem(s, &keys, 0);
     let mut view = join_sem(s, req, &keys, &record, &mut transient).await?;

@@ -246,7 +246,9 @@ impl StoreSession for ConsulSession {
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired> {
         match req.kind {
-            LockKind::Exclusive => mutex::acquire(&self.s, req).await,
+            // An election candidate is a `consul lock` contender on
+            // `.lock` (the leader holds it; its value is in our record).
+            LockKind::Exclusive | LockKind::Election => mutex::acquire(&self.s, req).await,
             LockKind::Read | LockKind::Write => rw::acquire_rw(&self.s, req).await,
             LockKind::Semaphore { permits } => {
                 let keys = Keys::new(&self.s.backend.config, &req.name);

@@ -481,3 +481,89 @@ async fn one_clients_permits_count_against_consul_lock_n() {
     }
     case.finish().await;
 }
+
+/// `consul lock` as a leader guard and our election on the same key are
+/// one election: while `consul lock` leads, our candidate waits and our
+/// `leader()` names its session; when it ends, ours leads, `consul lock`
+/// waits for us, and the key `consul kv get` reads carries our leader's
+/// value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consul_lock_and_our_election_are_one_election() {
+    let Some(h) = harness() else { return };
+    let case = h.case();
+    let (ours, other) = (case.client().await, case.client().await);
+    let (held, done) = (scratch(&case, "eheld"), scratch(&case, "edone"));
+    let script = format!(
+        "touch {}; sleep 1.5; touch {}",
+        held.display(),
+        done.display()
+    );
+    let theirs = tokio::spawn({
+        let c = consul_lock(&case, "leader", &[], &script);
+        async move { run_ok(c, "consul lock leading").await }
+    });
+    wait_for_file(&held).await;
+    let leader = other
+        .election("leader")
+        .unwrap()
+        .leader()
+        .await
+        .unwrap()
+        .expect("consul lock's holder is the leader");
+    assert_ne!(Some(&leader.session), ours.session_id().await.as_ref());
+    let g = tokio::time::timeout(
+        Duration::from_secs(30),
+        ours.election("leader").unwrap().campaign("ours-1"),
+    )
+    .await
+    .expect("ours not elected after consul lock ended")
+    .unwrap();
+    assert!(
+        done.exists(),
+        "elected while consul lock's command still ran"
+    );
+    theirs.await.unwrap();
+
+    // `consul lock` waits for our leader.
+    let (held2, done2) = (scratch(&case, "eheld2"), scratch(&case, "edone2"));
+    let script = format!("touch {}; touch {}", held2.display(), done2.display());
+    let mut waiting = consul_lock(&case, "leader", &[], &script).spawn().unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!held2.exists(), "consul lock ran while we lead");
+
+    // The key's value carries our leader's value.
+    let url = case.harness().url_for(case.namespace());
+    let addr = format!(
+        "{}:{}",
+        url.host_str().expect("host"),
+        url.port().unwrap_or(backend_consul::DEFAULT_PORT)
+    );
+    let out = Command::new(consul_bin())
+        .args(["kv", "get", &format!("{}/leader/.lock", case.namespace())])
+        .env("CONSUL_HTTP_ADDR", addr)
+        .output()
+        .await
+        .unwrap();
+    let value = String::from_utf8_lossy(&out.stdout);
+    assert!(value.contains(r#""value":"ours-1""#), "{value}");
+    let seen = other
+        .election("leader")
+        .unwrap()
+        .leader()
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(seen.value, b"ours-1");
+
+    g.resign().await.unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(30), waiting.wait())
+        .await
+        .expect("consul lock not run after our resign")
+        .unwrap();
+    assert!(status.success());
+    assert!(done2.exists());
+    for f in [&held, &done, &held2, &done2] {
+        let _ = std::fs::remove_file(f);
+    }
+    case.finish().await;
+}

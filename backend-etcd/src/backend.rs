@@ -194,13 +194,14 @@ fn session_of(kv: &KeyValue) -> String {
 }
 
 fn contender(kv: &KeyValue) -> Contender {
-    let (kind, since) = layout::parse(kv.value());
+    let (kind, since, value) = layout::parse(kv.value());
     Contender {
         session: session_of(kv),
         token: kv.create_revision() as u64,
         entry: String::from_utf8_lossy(kv.key()).into_owned(),
         kind,
         since,
+        value,
     }
 }
 
@@ -219,6 +220,7 @@ impl Backend for EtcdBackend {
             rwlock: true,
             semaphore: true,
             session_ttl: self.inner.config.ttl,
+            proclaim: true,
         }
     }
 

@@ -6,10 +6,16 @@
 //!
 //! | kind | key | value |
 //! |---|---|---|
-//! | mutex | `<pfx>/<lease hex>` (Go's key) | `ql:x:<unix ms>` |
-//! | write | `<pfx>/<lease hex>-w-<uuid>` | `ql:w:<unix ms>` |
-//! | read | `<pfx>/.r-<lease hex>-<uuid>` | `ql:r:<unix ms>` |
-//! | semaphore | `<pfx>/<lease hex>-s-<uuid>` | `ql:s<permits>:<unix ms>` |
+//! | mutex | `<pfx>/<lease hex>` (Go's key) | `ql:x:<unix ms>:<holder value>` |
+//! | write | `<pfx>/<lease hex>-w-<uuid>` | `ql:w:<unix ms>:<holder value>` |
+//! | read | `<pfx>/.r-<lease hex>-<uuid>` | `ql:r:<unix ms>:<holder value>` |
+//! | semaphore | `<pfx>/<lease hex>-s-<uuid>` | `ql:s<permits>:<unix ms>:<holder value>` |
+//!
+//! Go's `Mutex` (`etcdctl lock`) writes an empty value; any value that does
+//! not start with `ql:` is a mutex entry whose whole value is the holder's.
+//! An election candidate (`LockKind::Election`) is Go's `Election` entry:
+//! the mutex's key, with the proposal as its whole value, so ours and
+//! `etcdctl elect` candidates queue as one.
 //!
 //! Readers start with `.`, which sorts before every hex digit and every
 //! letter, so "the writers" (everything that is not a reader) are the key
@@ -22,8 +28,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget};
 use lockcore::LockKind;
 
-/// The value we write into a new entry: its kind and creation time.
-pub(crate) fn value(kind: LockKind, now: SystemTime) -> String {
+/// The value we write into a new entry: its kind, creation time and the
+/// holder's value.
+pub(crate) fn value(kind: LockKind, now: SystemTime, holder: &[u8]) -> Vec<u8> {
+    if kind == LockKind::Election {
+        // `concurrency.Election`'s value: the proposal alone, which
+        // `etcdctl elect -l` prints.
+        return holder.to_vec();
+    }
     let ms = now
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
@@ -34,20 +46,25 @@ pub(crate) fn value(kind: LockKind, now: SystemTime) -> String {
         LockKind::Semaphore { permits } => format!("s{permits}"),
         _ => "x".to_string(),
     };
-    format!("ql:{k}:{ms}")
+    let mut v = format!("ql:{k}:{ms}:").into_bytes();
+    v.extend_from_slice(holder);
+    v
 }
 
-/// Kind and creation time of an entry from its value. Anything we did not
-/// write (Go's empty value) is a mutex entry of unknown age.
-pub(crate) fn parse(value: &[u8]) -> (LockKind, Option<SystemTime>) {
-    let fallback = (LockKind::Exclusive, None);
-    let Ok(s) = std::str::from_utf8(value) else {
+/// Kind, creation time and holder value of an entry from its value.
+/// Anything we did not write (Go's empty value, `etcdctl elect`'s
+/// proposal) is a mutex entry of unknown age whose value is all of it.
+pub(crate) fn parse(value: &[u8]) -> (LockKind, Option<SystemTime>, Vec<u8>) {
+    let fallback = (LockKind::Exclusive, None, value.to_vec());
+    let Some(rest) = value.strip_prefix(b"ql:") else {
         return fallback;
     };
-    let Some(rest) = s.strip_prefix("ql:") else {
+    let mut parts = rest.splitn(3, |b| *b == b':');
+    let (Some(k), Some(ms)) = (parts.next(), parts.next()) else {
         return fallback;
     };
-    let Some((k, ms)) = rest.split_once(':') else {
+    let holder = parts.next().unwrap_or_default().to_vec();
+    let (Ok(k), Ok(ms)) = (std::str::from_utf8(k), std::str::from_utf8(ms)) else {
         return fallback;
     };
     let kind = match k {
@@ -63,7 +80,7 @@ pub(crate) fn parse(value: &[u8]) -> (LockKind, Option<SystemTime>) {
         .parse::<u64>()
         .ok()
         .map(|ms| UNIX_EPOCH + Duration::from_millis(ms));
-    (kind, since)
+    (kind, since, holder)
 }
 
 /// The kind of a stored entry.
@@ -141,16 +158,29 @@ mod tests {
             LockKind::Write,
             LockKind::Semaphore { permits: 7 },
         ] {
-            assert_eq!(parse(value(k, t).as_bytes()), (k, Some(t)));
+            assert_eq!(parse(&value(k, t, b"h:1")), (k, Some(t), b"h:1".to_vec()));
+            assert_eq!(
+                parse(&value(k, t, b"a:b\n")),
+                (k, Some(t), b"a:b\n".to_vec())
+            );
         }
+        // Values written before holder values existed.
+        assert_eq!(
+            parse(b"ql:x:5"),
+            (
+                LockKind::Exclusive,
+                Some(UNIX_EPOCH + Duration::from_millis(5)),
+                vec![]
+            )
+        );
     }
 
     #[test]
     fn foreign_values_are_mutexes_of_unknown_age() {
         for v in [&b""[..], b"hello", b"ql:", b"ql:q:1", b"ql:s0:1", b"\xff"] {
-            assert_eq!(parse(v), (LockKind::Exclusive, None), "{v:?}");
+            assert_eq!(parse(v), (LockKind::Exclusive, None, v.to_vec()), "{v:?}");
         }
-        assert_eq!(parse(b"ql:w:x"), (LockKind::Write, None));
+        assert_eq!(parse(b"ql:w:x"), (LockKind::Write, None, vec![]));
     }
 
     #[test]

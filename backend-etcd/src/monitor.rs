@@ -146,6 +146,10 @@ pub(crate) struct HeldEntry {
     pub(crate) signals: EntrySignals,
     pub(crate) key: Box<str>,
     pub(crate) token: i64,
+    /// For an election candidate: the value last seen on our key. A put
+    /// that changes it is our own `proclaim`; a revoke request keeps the
+    /// value (and the lease), so only a put that keeps it is a revoke.
+    pub(crate) value: Option<Arc<std::sync::Mutex<Vec<u8>>>>,
 }
 
 impl HeldEntry {
@@ -157,6 +161,7 @@ impl HeldEntry {
             signals: self.signals.clone(),
             key: self.key.clone(),
             token: self.token,
+            value: self.value.clone(),
         }
     }
 
@@ -230,6 +235,13 @@ impl Sink for HeldEntry {
         match ev {
             WatchEvent::Created(_) => true,
             WatchEvent::Put(kv) => {
+                if let Some(last) = &self.value {
+                    let mut last = last.lock().expect("poisoned");
+                    if kv.value() != last.as_slice() {
+                        *last = kv.value().to_vec();
+                        return true; // a proclaim
+                    }
+                }
                 if kv.mod_revision() > self.token {
                     tracing::debug!(key = %self.key, "revoke requested");
                     self.signals.request_revoke();

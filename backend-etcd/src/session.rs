@@ -196,6 +196,8 @@ impl EtcdSession {
             signals: req.signals.clone(),
             key: key.into_boxed_str(),
             token,
+            value: (req.kind == LockKind::Election)
+                .then(|| Arc::new(std::sync::Mutex::new(req.value.clone()))),
         };
         held.subscribe(from, true);
     }
@@ -351,7 +353,7 @@ impl EtcdSession {
         }
         let pfx = self.inner.lock_prefix(&req.name);
         let key = layout::key(&pfx, req.kind, self.lease, &req.contender);
-        let value = layout::value(req.kind, SystemTime::now());
+        let value = layout::value(req.kind, SystemTime::now(), &req.value);
         let fence = self.fence_key(req);
         let last = self.lone_grants.take(&pfx);
         if last.is_some_and(|l| l.quiet) {
@@ -377,11 +379,11 @@ impl EtcdSession {
         req: &AcquireRequest,
         pfx: &str,
         key: &str,
-        value: &str,
+        value: &[u8],
         fence: &str,
         last: Option<LastGrant>,
     ) -> Result<Option<Acquired>> {
-        let (key, value, fence) = (key.to_string(), value.to_string(), fence.to_string());
+        let (key, value, fence) = (key.to_string(), value.to_vec(), fence.to_string());
         // After a quiet cycle: one put (see `lone_grants`), in a txn
         // only for its guards (still one request and one revision): the
         // attempt is not fenced off (see `fenced_removal`), and the key
@@ -423,7 +425,7 @@ impl EtcdSession {
         req: &AcquireRequest,
         pfx: &str,
         key: &str,
-        value: String,
+        value: Vec<u8>,
         fence: String,
     ) -> Result<Enqueued> {
         let kind = req.kind;
@@ -754,6 +756,39 @@ impl StoreSession for EtcdSession {
             && u64::try_from(header_revision(r)).ok() == held.token.checked_add(1));
         self.lone_grants.released(&pfx, held.token, one_write);
         released.map(|_| ())
+    }
+
+    async fn set_value(&self, req: &AcquireRequest, held: &Acquired, value: &[u8]) -> Result<()> {
+        if req.kind != LockKind::Election {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                "only an election candidate's value can change",
+            ));
+        }
+        // Only while our key is the one we were granted (its create
+        // revision is the token); the lease stays ours. The same value
+        // again writes nothing (our watch would take a put that keeps the
+        // value for a revoke request).
+        let ours =
+            Compare::create_revision(held.entry.clone(), CompareOp::Equal, held.token as i64);
+        let then = if value == req.value.as_slice() {
+            TxnOp::get(held.entry.clone(), None)
+        } else {
+            TxnOp::put(
+                held.entry.clone(),
+                value.to_vec(),
+                Some(PutOptions::new().with_lease(self.lease)),
+            )
+        };
+        let txn = Txn::new().when([ours]).and_then([then]);
+        if self.inner.txn("proclaim", txn).await?.succeeded() {
+            Ok(())
+        } else {
+            Err(Error::new(
+                ErrorKind::LockLost,
+                format!("{}: our key {} is gone", req.name, held.entry),
+            ))
+        }
     }
 
     async fn abandon(&self, req: &AcquireRequest) -> Result<()> {

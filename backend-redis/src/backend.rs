@@ -135,24 +135,27 @@ struct Row {
     token: u64,
     seq: u64,
     holds: bool,
+    value: Vec<u8>,
 }
 
-fn rows(flat: Vec<String>) -> Result<Vec<Row>> {
+fn rows(flat: Vec<Vec<u8>>) -> Result<Vec<Row>> {
     let bad = || Error::new(ErrorKind::Internal, "the inspect script answered garbage");
-    flat.chunks(8)
+    flat.chunks(9)
         .map(|c| {
-            let [id, kind, permits, sid, created, token, seq, holds] = c else {
+            let [id, kind, permits, sid, created, token, seq, holds, value] = c else {
                 return Err(bad());
             };
-            let num = |s: &String| s.parse::<u64>().map_err(|_| bad());
+            let text = |s: &Vec<u8>| String::from_utf8(s.clone()).map_err(|_| bad());
+            let num = |s: &Vec<u8>| text(s)?.parse::<u64>().map_err(|_| bad());
             Ok(Row {
-                contender: id.clone(),
-                kind: layout::kind_of(kind, num(permits)? as u32),
-                sid: sid.clone(),
+                contender: text(id)?,
+                kind: layout::kind_of(&text(kind)?, num(permits)? as u32),
+                sid: text(sid)?,
                 created: num(created)?,
                 token: num(token)?,
                 seq: num(seq)?,
-                holds: holds == "1",
+                holds: holds == b"1",
+                value: value.clone(),
             })
         })
         .collect()
@@ -166,6 +169,7 @@ impl Backend for RedisBackend {
             rwlock: true,
             semaphore: true,
             session_ttl: self.inner.config.ttl,
+            proclaim: true,
         }
     }
 
@@ -183,7 +187,7 @@ impl Backend for RedisBackend {
         let key = self.inner.lock_key(name);
         let mut inv = scripts::INSPECT.prepare_invoke();
         inv.arg(&self.inner.prefix).arg(&key);
-        let flat: Vec<String> = self.inner.script("inspect", &inv).await?;
+        let flat: Vec<Vec<u8>> = self.inner.script("inspect", &inv).await?;
         let mut state = LockState::free(name.clone());
         for r in rows(flat)? {
             let c = Contender {
@@ -192,6 +196,7 @@ impl Backend for RedisBackend {
                 entry: layout::entry_name(&key, &r.contender),
                 kind: r.kind,
                 since: Some(UNIX_EPOCH + Duration::from_millis(r.created)),
+                value: r.value,
             };
             if r.holds {
                 state.holders.push(c);

@@ -10,6 +10,7 @@
 //! | `P.session/<sid>/.locks` | set | lock keys the session has entries in |
 //! | `L/.q` | zset | the queue: contender id by arrival number |
 //! | `L/.e` | hash | contender id -> `kind permits sid created_ms token` |
+//! | `L/.v` | hash | contender id -> the holder's value (absent when empty) |
 //! | `L/.n` | string | the per-name counter: arrival numbers and tokens |
 //! | `L/.x/<contender>` | string, PX ttl | fence of an abandoned attempt |
 //!

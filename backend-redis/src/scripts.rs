@@ -58,6 +58,7 @@ local function load(L)
     else
       redis.call('ZREM', q, id)
       if v then redis.call('HDEL', h, id) end
+      redis.call('HDEL', L .. '/.v', id)
     end
   end
   return live
@@ -105,6 +106,7 @@ end
 local function remove(L, id)
   redis.call('ZREM', L .. '/.q', id)
   redis.call('HDEL', L .. '/.e', id)
+  redis.call('HDEL', L .. '/.v', id)
 end
 -- Where live[i] stands: held (with its token), or waiting, with the
 -- shortest time to live of the sessions ahead (when to look again if
@@ -130,7 +132,7 @@ fn script(body: &str) -> Script {
 }
 
 /// Enqueue. ARGV: P, L, sid, contender, kind, permits, wait (0/1),
-/// created (ms). `{'gone'}`, `{'fenced'}`, `{'conflict', kind, permits}`,
+/// created (ms), the holder's value. `{'gone'}`, `{'fenced'}`, `{'conflict', kind, permits}`,
 /// `{'wouldblock'}`, `{'held', token, seq}` or `{'wait', seq, ahead_ms}`.
 pub(crate) static ENQUEUE: LazyLock<Script> = LazyLock::new(|| {
     script(
@@ -163,6 +165,7 @@ if not mine then
              token = 0, id = id, seq = seq}
   redis.call('ZADD', L .. '/.q', seq, id)
   redis.call('HSET', L .. '/.e', id, fmt(e))
+  if ARGV[9] ~= '' then redis.call('HSET', L .. '/.v', id, ARGV[9]) end
   local locks = skey(sid) .. '/.locks'
   redis.call('SADD', locks, L)
   redis.call('PEXPIRE', locks, redis.call('PTTL', skey(sid)))
@@ -324,8 +327,30 @@ return out
     )
 });
 
+/// Sets a held entry's value (an election leader's proclaim), only while
+/// the entry holds with its grant `token` and its session lives. ARGV: P,
+/// L, contender, token, value. 1 if set.
+pub(crate) static SET_VALUE: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local L, id, token, value = ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
+local v = redis.call('HGET', L .. '/.e', id)
+local e = v and parse(v)
+if not e or e.token ~= token or e.token == 0 then return 0 end
+if redis.call('EXISTS', skey(e.sid)) == 0 then return 0 end
+if value == '' then
+  redis.call('HDEL', L .. '/.v', id)
+else
+  redis.call('HSET', L .. '/.v', id, value)
+end
+return 1
+"#,
+    )
+});
+
 /// The queue of a lock after purging and settling. ARGV: P, L. A flat
-/// list: contender, kind, permits, sid, created, token, seq, holds (0/1).
+/// list: contender, kind, permits, sid, created, token, seq, holds (0/1),
+/// the holder's value.
 pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| {
     script(
         r#"
@@ -341,6 +366,7 @@ for i, e in ipairs(live) do
     if type(x) == 'number' then x = string.format('%d', x) end
     out[#out + 1] = x
   end
+  out[#out + 1] = redis.call('HGET', L .. '/.v', e.id) or ''
 end
 return out
 "#,

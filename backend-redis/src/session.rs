@@ -367,7 +367,8 @@ impl StoreSession for RedisSession {
             .arg(kind)
             .arg(permits)
             .arg(if req.wait { "1" } else { "0" })
-            .arg(now_ms());
+            .arg(now_ms())
+            .arg(&req.value[..]);
         let inner = self.inner.clone();
         let reply = req
             .writes
@@ -445,6 +446,23 @@ impl StoreSession for RedisSession {
             .arg(held.token);
         self.inner.script::<i64>("release", &inv).await?;
         Ok(())
+    }
+
+    async fn set_value(&self, req: &AcquireRequest, held: &Acquired, value: &[u8]) -> Result<()> {
+        let id = req.contender.simple().to_string();
+        let mut inv = scripts::SET_VALUE.prepare_invoke();
+        inv.arg(&self.inner.prefix)
+            .arg(self.inner.lock_key(&req.name))
+            .arg(&id)
+            .arg(held.token)
+            .arg(value);
+        match self.inner.script::<i64>("set value", &inv).await? {
+            1 => Ok(()),
+            _ => Err(Error::new(
+                ErrorKind::LockLost,
+                format!("{}: our entry is gone", req.name),
+            )),
+        }
     }
 
     async fn abandon(&self, req: &AcquireRequest) -> Result<()> {

@@ -197,18 +197,20 @@ impl ZkBackend {
         let sorted = sort_contenders(children);
         // Pipelined: every request is sent before the first reply is read.
         self.shared.count(sorted.len() as u64);
-        let stats =
-            futures::future::join_all(sorted.iter().map(|s| c.check_stat(&format!("{dir}/{s}"))))
+        let reads =
+            futures::future::join_all(sorted.iter().map(|s| c.get_data(&format!("{dir}/{s}"))))
                 .await;
         let mut alive = Vec::new();
-        for (child, stat) in sorted.into_iter().zip(stats) {
-            match stat {
-                Ok(Some(st)) => {
+        for (child, read) in sorted.into_iter().zip(reads) {
+            match read {
+                Ok((data, st)) => {
                     let role = classify(&child).map_or(Role::Mutex, |(r, _)| r);
                     let entry = format!("{dir}/{child}");
-                    alive.push((child, contender(&st, entry, role.kind())));
+                    let mut cont = contender(&st, entry, role.kind());
+                    cont.value = crate::layout::node_value(&data);
+                    alive.push((child, cont));
                 }
-                Ok(None) => {} // gone meanwhile
+                Err(zk::Error::NoNode) => {} // gone meanwhile
                 Err(e) => return Err(map(e, "reading a contender")),
             }
         }
@@ -269,7 +271,7 @@ impl ZkBackend {
             match r {
                 Ok((data, st)) => {
                     permits = permits.or(parse_permits(&data));
-                    found.push((child, st));
+                    found.push((child, st, data));
                 }
                 Err(zk::Error::NoNode) => {}
                 Err(e) => return Err(map(e, "reading a lease")),
@@ -279,9 +281,10 @@ impl ZkBackend {
         let kind = LockKind::Semaphore { permits };
         let mut guids = Vec::new();
         let mut waiting_lease_owner = None;
-        for (i, (child, st)) in found.into_iter().enumerate() {
+        for (i, (child, st, data)) in found.iter().enumerate() {
             guids.extend(guid_prefix(child));
-            let cont = contender(&st, format!("{leases_dir}/{child}"), kind);
+            let mut cont = contender(st, format!("{leases_dir}/{child}"), kind);
+            cont.value = crate::layout::node_value(data);
             if i < permits as usize {
                 state.holders.push(cont);
             } else {
@@ -451,7 +454,7 @@ impl ZkBackend {
             let mut marker = REVOKE_MESSAGE.to_vec();
             if let Some(permits) = parse_permits(&data) {
                 marker.push(b' ');
-                marker.extend(permits_data(permits));
+                marker.extend(permits_data(permits, b""));
             }
             self.shared.count(1);
             match c.set_data(lease, &marker, Some(stat.version)).await {
@@ -527,6 +530,7 @@ fn contender(st: &zk::Stat, entry: String, kind: LockKind) -> Contender {
         since: u64::try_from(st.ctime)
             .ok()
             .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms)),
+        value: Vec::new(),
     }
 }
 
@@ -540,6 +544,7 @@ impl Backend for ZkBackend {
             session_ttl: self
                 .negotiated_session_timeout()
                 .unwrap_or(self.shared.config.session_timeout),
+            proclaim: true,
         }
     }
 

@@ -12,6 +12,9 @@ pub(crate) const REVOKE_MESSAGE: &[u8] = b"__REVOKE__";
 pub(crate) const BREAK_MESSAGE: &[u8] = b"__BREAK__";
 /// The text before the sequence number in a contender node's name.
 pub(crate) const LOCK_MARKER: &str = "lock-";
+/// The text before the sequence number of an election candidate's node
+/// (Curator's `LeaderLatch`: `_c_<uuid>-latch-<seq>`).
+pub(crate) const LATCH_MARKER: &str = "latch-";
 /// The marker of a read contender (Curator's `InterProcessReadWriteLock`).
 pub(crate) const READ_MARKER: &str = "__READ__";
 /// The marker of a write contender.
@@ -32,6 +35,9 @@ pub(crate) enum Role {
     Read,
     /// `-__WRIT__`.
     Write,
+    /// `-latch-`: an election candidate (Curator's `LeaderLatch`); it
+    /// waits like a mutex.
+    Latch,
 }
 
 impl Role {
@@ -39,6 +45,7 @@ impl Role {
         match kind {
             LockKind::Read => Role::Read,
             LockKind::Write => Role::Write,
+            LockKind::Election => Role::Latch,
             _ => Role::Mutex,
         }
     }
@@ -48,6 +55,7 @@ impl Role {
             Role::Mutex => LOCK_MARKER,
             Role::Read => READ_MARKER,
             Role::Write => WRITE_MARKER,
+            Role::Latch => LATCH_MARKER,
         }
     }
 
@@ -56,6 +64,7 @@ impl Role {
             Role::Mutex => LockKind::Exclusive,
             Role::Read => LockKind::Read,
             Role::Write => LockKind::Write,
+            Role::Latch => LockKind::Election,
         }
     }
 }
@@ -66,7 +75,7 @@ impl Role {
 /// children (nested locks, a semaphore's `locks`/`leases`).
 pub(crate) fn classify(child: &str) -> Option<(Role, &str)> {
     let mut best: Option<(usize, Role)> = None;
-    for role in [Role::Mutex, Role::Read, Role::Write] {
+    for role in [Role::Mutex, Role::Read, Role::Write, Role::Latch] {
         if let Some(i) = child.rfind(role.marker()) {
             match best {
                 Some((j, _)) if j >= i => {}
@@ -102,7 +111,7 @@ pub(crate) fn blocker(sorted: &[String], index: usize, role: Role) -> Option<usi
         Role::Read => (0..index)
             .rev()
             .find(|&j| !matches!(classify(&sorted[j]), Some((Role::Read, _)))),
-        Role::Mutex | Role::Write => index.checked_sub(1),
+        Role::Mutex | Role::Write | Role::Latch => index.checked_sub(1),
     }
 }
 
@@ -117,9 +126,34 @@ pub(crate) fn sort_by_marker(children: Vec<String>, marker: &str) -> Vec<String>
     v
 }
 
-/// The data of our semaphore nodes: `permits=<N>`.
-pub(crate) fn permits_data(permits: u32) -> Vec<u8> {
-    format!("permits={permits}").into_bytes()
+/// The data of our semaphore nodes: the holder's value, then
+/// `permits=<N>` on a line of its own (just `permits=<N>` without a value).
+pub(crate) fn permits_data(permits: u32, value: &[u8]) -> Vec<u8> {
+    let mut d = value.to_vec();
+    if !d.is_empty() {
+        d.push(b'\n');
+    }
+    d.extend(format!("permits={permits}").into_bytes());
+    d
+}
+
+/// The holder's value in a contender node's data: all of it (ours and
+/// Curator's, whose data is the participant's address or id), except our
+/// semaphore nodes' `permits=` line and revoke or break markers.
+pub(crate) fn node_value(data: &[u8]) -> Vec<u8> {
+    if data.starts_with(REVOKE_MESSAGE) || data.starts_with(BREAK_MESSAGE) {
+        return Vec::new();
+    }
+    if parse_permits(data).is_some() {
+        let s = std::str::from_utf8(data).unwrap_or_default();
+        let i = s.rfind("permits=").unwrap_or(0);
+        return s[..i]
+            .strip_suffix('\n')
+            .unwrap_or(&s[..i])
+            .as_bytes()
+            .to_vec();
+    }
+    data.to_vec()
 }
 
 /// The permit count in a semaphore node's data (ours write `permits=N`,
@@ -211,7 +245,12 @@ mod tests {
             Some("_c_0e2f5d6a-3b1c-4d2e-8f00-0123456789ab-")
         );
         assert_eq!(guid_prefix("lease-0000000001"), None);
-        assert_eq!(parse_permits(&permits_data(3)), Some(3));
+        assert_eq!(parse_permits(&permits_data(3, b"")), Some(3));
+        assert_eq!(parse_permits(&permits_data(3, b"h:1")), Some(3));
+        assert_eq!(node_value(&permits_data(3, b"h:1")), b"h:1");
+        assert_eq!(node_value(&permits_data(3, b"")), b"");
+        assert_eq!(node_value(b"192.168.0.1"), b"192.168.0.1");
+        assert_eq!(node_value(b"__REVOKE__ permits=7"), b"");
         assert_eq!(parse_permits(b"__REVOKE__ permits=7"), Some(7));
         assert_eq!(parse_permits(b"192.168.0.1"), None);
         assert_eq!(parse_permits(b"__REVOKE__"), None);

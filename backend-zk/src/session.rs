@@ -150,7 +150,7 @@ impl Inner {
             _ => None,
         };
         let created = self
-            .create_contender(&c, &dir, role.marker(), &[], req, !repeat)
+            .create_contender(&c, &dir, role.marker(), &req.value, req, !repeat)
             .await?;
         let armed = match arming {
             Some(f) => f.await,
@@ -232,7 +232,7 @@ impl Inner {
         let dir = self.shared.lock_dir(&req.name)?;
         let locks_dir = format!("{dir}/{}", layout::SEM_LOCKS);
         let leases_dir = format!("{dir}/{}", layout::SEM_LEASES);
-        let data = layout::permits_data(permits);
+        let data = layout::permits_data(permits, &req.value);
         let c = self.client()?;
         let Created {
             node: lock_node,
@@ -469,6 +469,21 @@ impl StoreSession for ZkSession {
             self.inner.chains.released(dir, seq, deleted);
         }
         Ok(())
+    }
+
+    async fn set_value(&self, req: &AcquireRequest, held: &Acquired, value: &[u8]) -> Result<()> {
+        // Our node's path is unique (sequential) and ephemeral: if it is
+        // there, it is still ours.
+        let c = self.inner.client()?;
+        self.inner.shared.count(1);
+        match c.set_data(&held.entry, value, None).await {
+            Ok(_) => Ok(()),
+            Err(zk::Error::NoNode) => Err(Error::new(
+                ErrorKind::LockLost,
+                format!("{}: our node {} is gone", req.name, held.entry),
+            )),
+            Err(e) => Err(map(e, "setting our node's value")),
+        }
     }
 
     async fn abandon(&self, req: &AcquireRequest) -> Result<()> {

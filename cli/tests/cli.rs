@@ -1126,6 +1126,107 @@ fn status_watch_prints_changes(url: &str) {
     }
 }
 
+/// `lock --value` puts the value in our entry; `status`, `status --json`
+/// and `list` show it, and a holder without `--value` shows
+/// `<hostname>:<pid>` (the pid of that `lock` process).
+fn holder_values_shown(url: &str) {
+    let dir = tmpdir();
+    let tok = dir.path().join("token");
+    let script = format!("echo $PPID > {}; sleep 30", tok.display());
+    let holder = Bg::spawn(
+        url,
+        &[
+            "lock",
+            "--value",
+            "deploy by ci#42",
+            "valued",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    );
+    wait_file(&tok, Duration::from_secs(15));
+    let v = status_json(url, "valued");
+    assert_eq!(v["holders"][0]["value"], "deploy by ci#42", "{v}");
+    ql(url)
+        .args(["status", "valued"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("value \"deploy by ci#42\""));
+    ql(url)
+        .args(["list"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(
+            "(exclusive) value \"deploy by ci#42\"",
+        ));
+    // SAFETY: kill(2) on a child we spawned and have not reaped.
+    unsafe { libc::kill(holder.pid(), libc::SIGTERM) };
+    holder.wait(Duration::from_secs(15));
+
+    let pidfile = dir.path().join("pid");
+    let script = format!("echo $PPID > {}; sleep 30", pidfile.display());
+    let holder = Bg::spawn(url, &["lock", "plain", "--", "sh", "-c", &script]);
+    let pid = wait_file(&pidfile, Duration::from_secs(15));
+    let v = status_json(url, "plain");
+    let host = gethostname::gethostname().to_string_lossy().into_owned();
+    assert_eq!(v["holders"][0]["value"], format!("{host}:{pid}"), "{v}");
+    // SAFETY: as above.
+    unsafe { libc::kill(holder.pid(), libc::SIGTERM) };
+    holder.wait(Duration::from_secs(15));
+}
+
+/// `elect NAME VALUE -- CMD` runs CMD once leader; a second candidate
+/// waits; the leader's loss (a break) stops its command and exits 76, and
+/// the second leads with a larger token; `elect --listen` prints each
+/// leader as `VALUE<TAB>TOKEN`, in order.
+fn elect_and_listen(url: &str) {
+    let dir = tmpdir();
+    let listen = Bg::spawn(url, &["elect", "--listen", "boss"]);
+    let (t1, t2) = (dir.path().join("t1"), dir.path().join("t2"));
+    let run = |t: &Path| format!("echo $QUORUMLOCK_TOKEN > {}; sleep 30", t.display());
+    let first = Bg::spawn(
+        url,
+        &["elect", "boss", "first", "--", "sh", "-c", &run(&t1)],
+    );
+    let tok1: u64 = wait_file(&t1, Duration::from_secs(15)).parse().unwrap();
+    let second = Bg::spawn(
+        url,
+        &["elect", "boss", "second", "--", "sh", "-c", &run(&t2)],
+    );
+    wait_waiters(url, "boss", 1);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(!t2.exists(), "two leaders at once");
+    let v = status_json(url, "boss");
+    assert_eq!(v["holders"][0]["value"], "first", "{v}");
+
+    ql(url).args(["break", "--yes", "boss"]).assert().success();
+    let (code, err) = first.wait(Duration::from_secs(20));
+    assert_eq!(code, 76, "{err}");
+    let tok2: u64 = wait_file(&t2, Duration::from_secs(20)).parse().unwrap();
+    assert!(tok2 > tok1, "{tok2} <= {tok1}");
+    // `--listen` polls every 200 ms: a leader shorter than that may be
+    // missed, so this one leads for a while.
+    std::thread::sleep(Duration::from_millis(1000));
+    // SAFETY: kill(2) on a child we spawned and have not reaped.
+    unsafe { libc::kill(second.pid(), libc::SIGTERM) };
+    let (code, err) = second.wait(Duration::from_secs(20));
+    assert_eq!(code, 128 + 15, "{err}");
+
+    std::thread::sleep(Duration::from_millis(800));
+    // SAFETY: as above.
+    unsafe { libc::kill(listen.pid(), libc::SIGTERM) };
+    let (code, out, err) = listen.wait_output(Duration::from_secs(20));
+    assert_eq!(code, 0, "{err}");
+    let leaders: Vec<&str> = out.lines().filter(|l| !l.is_empty()).collect();
+    assert_eq!(
+        leaders,
+        [format!("first\t{tok1}"), format!("second\t{tok2}")],
+        "{out:?}"
+    );
+}
+
 macro_rules! store_tests {
     ($store:ident, $var:literal) => {
         mod $store {
@@ -1198,6 +1299,20 @@ macro_rules! store_tests {
             fn status_watch_prints_each_change_of_holder() {
                 if let Some(url) = store($var) {
                     status_watch_prints_changes(&url);
+                }
+            }
+
+            #[test]
+            fn status_and_list_show_holder_values() {
+                if let Some(url) = store($var) {
+                    holder_values_shown(&url);
+                }
+            }
+
+            #[test]
+            fn elect_runs_the_command_while_leader_and_listen_prints_leaders() {
+                if let Some(url) = store($var) {
+                    elect_and_listen(&url);
                 }
             }
 

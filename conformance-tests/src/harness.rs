@@ -219,6 +219,13 @@ impl Case {
         c
     }
 
+    /// A new client with `options` (its own backend and session).
+    pub async fn client_with(&self, options: lockcore::ClientOptions) -> LockClient {
+        let c = LockClient::with_options(self.harness.backend(&self.namespace).await, options);
+        self.clients.lock().unwrap().push(c.clone());
+        c
+    }
+
     /// `n` new clients.
     pub async fn clients(&self, n: usize) -> Vec<LockClient> {
         let mut v = Vec::with_capacity(n);

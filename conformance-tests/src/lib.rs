@@ -58,7 +58,18 @@ macro_rules! suite {
             scoped_run_stops_work_on_loss,
             fenced_writes_refused_after_loss,
             list_reports_locks_under_a_prefix,
-            kill_session_refuses_a_malformed_id
+            kill_session_refuses_a_malformed_id,
+            holder_values_seen_by_another_client
+        );
+        $crate::__conformance_tests_expand!($harness; [RwLock, Semaphore];
+            holder_values_on_every_kind
+        );
+        $crate::__conformance_tests_expand!($harness; [];
+            election_campaign_resign_and_proclaim,
+            election_observe_sees_changes
+        );
+        $crate::__conformance_tests_expand!($harness; [KillSession];
+            election_leader_lost_with_its_session
         );
         $crate::__conformance_tests_expand!($harness; [KillSession];
             session_expiry_fires_loss_and_waiter_gets_larger_token,

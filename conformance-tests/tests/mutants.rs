@@ -164,6 +164,9 @@ impl StoreSession for MutantSession {
         }
         self.inner.release(req, &h).await
     }
+    async fn set_value(&self, req: &AcquireRequest, held: &Acquired, value: &[u8]) -> Result<()> {
+        self.inner.set_value(req, held, value).await
+    }
     async fn abandon(&self, req: &AcquireRequest) -> Result<()> {
         match self.mutation {
             Mutation::AbandonDoesNothing => Ok(()),

@@ -19,6 +19,21 @@ pub struct ClientOptions {
     /// before it returns [`ErrorKind::Unavailable`]; `None` waits forever
     /// (until the acquire's own deadline). Default: 60 s.
     pub unavailable_after: Option<Duration>,
+    /// The value every entry of this client carries, so that `inspect`,
+    /// `status` and a timed-out acquire can say who holds a lock (a lock
+    /// may set its own with [`Lock::with_value`](crate::Lock::with_value)).
+    /// Default: [`default_value`], `<hostname>:<pid>`.
+    pub value: Vec<u8>,
+}
+
+/// The default holder value: `<hostname>:<pid>` of this process.
+pub fn default_value() -> Vec<u8> {
+    format!(
+        "{}:{}",
+        gethostname::gethostname().to_string_lossy(),
+        std::process::id()
+    )
+    .into_bytes()
 }
 
 /// The default of [`ClientOptions::unavailable_after`].
@@ -28,6 +43,7 @@ impl Default for ClientOptions {
     fn default() -> Self {
         ClientOptions {
             unavailable_after: Some(DEFAULT_UNAVAILABLE_AFTER),
+            value: default_value(),
         }
     }
 }
@@ -36,6 +52,12 @@ impl ClientOptions {
     /// Sets [`ClientOptions::unavailable_after`] (`None`: wait forever).
     pub fn with_unavailable_after(mut self, after: Option<Duration>) -> Self {
         self.unavailable_after = after;
+        self
+    }
+
+    /// Sets [`ClientOptions::value`].
+    pub fn with_value(mut self, value: impl Into<Vec<u8>>) -> Self {
+        self.value = value.into();
         self
     }
 
@@ -131,7 +153,15 @@ pub(crate) async fn name_holders(
     let holders: Vec<String> = state
         .holders
         .iter()
-        .map(|h| format!("session {} (token {})", h.session, h.token))
+        .map(|h| match h.value.is_empty() {
+            true => format!("session {} (token {})", h.session, h.token),
+            false => format!(
+                "{:?} (session {}, token {})",
+                h.value_text(),
+                h.session,
+                h.token
+            ),
+        })
         .collect();
     if holders.is_empty() {
         return timeout;

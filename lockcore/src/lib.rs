@@ -4,6 +4,7 @@
 mod availability;
 pub mod backend;
 mod client;
+mod election;
 mod error;
 mod fenced;
 mod inflight;
@@ -17,8 +18,9 @@ mod signal;
 mod telemetry;
 pub mod url;
 
-pub use availability::{ClientOptions, DEFAULT_UNAVAILABLE_AFTER};
+pub use availability::{default_value, ClientOptions, DEFAULT_UNAVAILABLE_AFTER};
 pub use client::{Lock, LockClient, LockGuard, Reentry};
+pub use election::{Election, Leader, LeaderGuard, DEFAULT_OBSERVE_INTERVAL};
 pub use error::{Error, ErrorKind, Result};
 pub use multi::{MultiGuard, MultiLock};
 pub use name::{LockName, MAX_NAME_LEN, MAX_SEGMENT_LEN, RESERVED_NESTED_SEGMENTS};

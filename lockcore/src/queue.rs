@@ -42,6 +42,12 @@ pub enum LockKind {
         /// Holders allowed at once.
         permits: u32,
     },
+    /// A candidate of a leader election ([`crate::Election`]): queues and
+    /// holds as a mutex does (the first entry leads), in the layout of the
+    /// store's own election recipe (etcd's `concurrency.Election`,
+    /// Curator's `LeaderLatch`), with the candidate's value as the entry's
+    /// whole value.
+    Election,
 }
 
 impl LockKind {
@@ -88,6 +94,18 @@ pub struct Contender {
     pub kind: LockKind,
     /// When the entry was created, where the store records it.
     pub since: Option<SystemTime>,
+    /// The holder's value (who it is: by default `<hostname>:<pid>`; see
+    /// [`crate::ClientOptions::value`]), as the store keeps it: for native
+    /// holders what their tool wrote (Curator's node data, the etcd key's
+    /// value, Consul's key value); empty when none was written.
+    pub value: Vec<u8>,
+}
+
+impl Contender {
+    /// [`Contender::value`] as text (invalid UTF-8 replaced), for display.
+    pub fn value_text(&self) -> std::borrow::Cow<'_, str> {
+        String::from_utf8_lossy(&self.value)
+    }
 }
 
 /// Holders and waiters of one lock.

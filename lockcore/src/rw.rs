@@ -21,11 +21,23 @@ use crate::{LockKind, LockState};
 pub struct RwLock {
     client: LockClient,
     name: LockName,
+    value: Option<Vec<u8>>,
 }
 
 impl RwLock {
     pub(crate) fn new(client: LockClient, name: LockName) -> Self {
-        RwLock { client, name }
+        RwLock {
+            client,
+            name,
+            value: None,
+        }
+    }
+
+    /// This handle's entries carry `value` instead of the client's
+    /// [`ClientOptions::value`](crate::ClientOptions::value).
+    pub fn with_value(mut self, value: impl Into<Vec<u8>>) -> Self {
+        self.value = Some(value.into());
+        self
     }
 
     /// The lock's name.
@@ -40,7 +52,12 @@ impl RwLock {
     /// once the background cleanup has run.
     pub async fn read(&self) -> Result<LockGuard> {
         self.client
-            .acquire(&self.name, LockKind::Read, Mode::Wait)
+            .acquire(
+                &self.name,
+                LockKind::Read,
+                Mode::Wait,
+                self.value.as_deref(),
+            )
             .await
     }
 
@@ -50,7 +67,7 @@ impl RwLock {
     /// As [`read`](Self::read).
     pub async fn try_read(&self) -> Result<LockGuard> {
         self.client
-            .acquire(&self.name, LockKind::Read, Mode::Try)
+            .acquire(&self.name, LockKind::Read, Mode::Try, self.value.as_deref())
             .await
     }
 
@@ -60,7 +77,9 @@ impl RwLock {
     /// As [`read`](Self::read).
     pub async fn read_timeout(&self, timeout: Duration) -> Result<LockGuard> {
         let mode = Mode::Until(Instant::now() + timeout);
-        self.client.acquire(&self.name, LockKind::Read, mode).await
+        self.client
+            .acquire(&self.name, LockKind::Read, mode, self.value.as_deref())
+            .await
     }
 
     /// Waits until held for writing (alone).
@@ -69,7 +88,12 @@ impl RwLock {
     /// As [`read`](Self::read).
     pub async fn write(&self) -> Result<LockGuard> {
         self.client
-            .acquire(&self.name, LockKind::Write, Mode::Wait)
+            .acquire(
+                &self.name,
+                LockKind::Write,
+                Mode::Wait,
+                self.value.as_deref(),
+            )
             .await
     }
 
@@ -79,7 +103,12 @@ impl RwLock {
     /// As [`read`](Self::read).
     pub async fn try_write(&self) -> Result<LockGuard> {
         self.client
-            .acquire(&self.name, LockKind::Write, Mode::Try)
+            .acquire(
+                &self.name,
+                LockKind::Write,
+                Mode::Try,
+                self.value.as_deref(),
+            )
             .await
     }
 
@@ -89,7 +118,9 @@ impl RwLock {
     /// As [`read`](Self::read).
     pub async fn write_timeout(&self, timeout: Duration) -> Result<LockGuard> {
         let mode = Mode::Until(Instant::now() + timeout);
-        self.client.acquire(&self.name, LockKind::Write, mode).await
+        self.client
+            .acquire(&self.name, LockKind::Write, mode, self.value.as_deref())
+            .await
     }
 
     /// Holders and waiters.
@@ -107,6 +138,7 @@ pub struct Semaphore {
     client: LockClient,
     name: LockName,
     permits: u32,
+    value: Option<Vec<u8>>,
 }
 
 impl Semaphore {
@@ -115,7 +147,15 @@ impl Semaphore {
             client,
             name,
             permits,
+            value: None,
         }
+    }
+
+    /// This handle's entries carry `value` instead of the client's
+    /// [`ClientOptions::value`](crate::ClientOptions::value).
+    pub fn with_value(mut self, value: impl Into<Vec<u8>>) -> Self {
+        self.value = Some(value.into());
+        self
     }
 
     /// The semaphore's name.
@@ -141,7 +181,7 @@ impl Semaphore {
     /// once the background cleanup has run.
     pub async fn acquire(&self) -> Result<LockGuard> {
         self.client
-            .acquire(&self.name, self.kind(), Mode::Wait)
+            .acquire(&self.name, self.kind(), Mode::Wait, self.value.as_deref())
             .await
     }
 
@@ -151,7 +191,7 @@ impl Semaphore {
     /// As [`acquire`](Self::acquire).
     pub async fn try_acquire(&self) -> Result<LockGuard> {
         self.client
-            .acquire(&self.name, self.kind(), Mode::Try)
+            .acquire(&self.name, self.kind(), Mode::Try, self.value.as_deref())
             .await
     }
 
@@ -161,7 +201,9 @@ impl Semaphore {
     /// As [`acquire`](Self::acquire).
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<LockGuard> {
         let mode = Mode::Until(Instant::now() + timeout);
-        self.client.acquire(&self.name, self.kind(), mode).await
+        self.client
+            .acquire(&self.name, self.kind(), mode, self.value.as_deref())
+            .await
     }
 
     /// Holders and waiters.

@@ -12,6 +12,7 @@ fn kind_label(kind: LockKind) -> &'static str {
         LockKind::Read => "read",
         LockKind::Write => "write",
         LockKind::Semaphore { .. } => "semaphore",
+        LockKind::Election => "election",
     }
 }
 

@@ -13,8 +13,9 @@ use lockcore::backend::Backend;
 pub use lockcore::backend;
 pub use lockcore::url;
 pub use lockcore::{
-    ClientOptions, Contender, Error, ErrorKind, Lock, LockClient, LockGuard, LockKind, LockName,
-    LockState, LossReason, MultiGuard, MultiLock, Reentry, Result, RwLock, Semaphore,
+    default_value, ClientOptions, Contender, Election, Error, ErrorKind, Leader, LeaderGuard, Lock,
+    LockClient, LockGuard, LockKind, LockName, LockState, LossReason, MultiGuard, MultiLock,
+    Reentry, Result, RwLock, Semaphore,
 };
 
 #[cfg(feature = "mem")]

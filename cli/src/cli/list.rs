@@ -83,6 +83,7 @@ mod tests {
             entry: format!("e/{session}"),
             kind,
             since: None,
+            value: Vec::new(),
         }
     }
 

@@ -53,6 +53,14 @@ impl Signals {
     }
 }
 
+/// `handle` with `value` set by `set`, if one was given.
+fn with<T>(handle: T, value: Option<String>, set: impl FnOnce(T, String) -> T) -> T {
+    match value {
+        Some(v) => set(handle, v),
+        None => handle,
+    }
+}
+
 /// What `lock` takes: a mutex, the read or write side of a read-write lock
 /// (`--shared`, `--write`), or a semaphore permit (`--permits N`).
 enum Target {
@@ -64,11 +72,23 @@ enum Target {
 
 impl Target {
     fn new(client: &LockClient, args: &LockArgs) -> quorumlock::Result<Target> {
+        // The holder's value: --value, else the client's (<hostname>:<pid>).
+        let v = args.value.clone();
         Ok(match (args.shared, args.write, args.permits) {
-            (true, _, _) => Target::Read(client.rwlock(&args.name)?),
-            (false, true, _) => Target::Write(client.rwlock(&args.name)?),
-            (false, false, Some(n)) => Target::Permit(client.semaphore(&args.name, n)?),
-            (false, false, None) => Target::Mutex(client.lock(&args.name)?),
+            (true, _, _) => {
+                Target::Read(with(client.rwlock(&args.name)?, v, |l, v| l.with_value(v)))
+            }
+            (false, true, _) => {
+                Target::Write(with(client.rwlock(&args.name)?, v, |l, v| l.with_value(v)))
+            }
+            (false, false, Some(n)) => {
+                Target::Permit(with(client.semaphore(&args.name, n)?, v, |s, v| {
+                    s.with_value(v)
+                }))
+            }
+            (false, false, None) => {
+                Target::Mutex(with(client.lock(&args.name)?, v, |l, v| l.with_value(v)))
+            }
         })
     }
 
@@ -174,7 +194,7 @@ struct Outcome {
 }
 
 /// Runs the command under `guard`, then releases the lock.
-async fn supervise(
+pub(super) async fn supervise(
     guard: LockGuard,
     args: &LockArgs,
     signals: &mut Signals,
@@ -353,6 +373,7 @@ mod tests {
             shared: false,
             write: false,
             permits: None,
+            value: None,
             name: name.into(),
             argv: cmd.iter().map(OsString::from).collect(),
         }

@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use quorumlock::LockClient;
 
+mod elect;
 pub mod exit;
 mod generate;
 mod list;
@@ -109,6 +110,20 @@ pub enum Command {
     #[command(name = "break", after_help = exit::HELP)]
     Break(BreakArgs),
 
+    /// Run a command while leader of an election, or print its leaders.
+    ///
+    /// `elect NAME [VALUE] -- CMD` campaigns with VALUE (default
+    /// <hostname>:<pid>) and runs CMD once leader, as `lock` runs it: on
+    /// loss of leadership CMD gets SIGTERM, then SIGKILL after --grace,
+    /// and quorumlock exits with 76. CMD also gets QUORUMLOCK_NAME and
+    /// QUORUMLOCK_TOKEN. `elect --listen NAME` prints the leader now and
+    /// at each change, one line each: `VALUE<TAB>TOKEN`, or an empty line
+    /// when nobody leads. On etcd, `etcdctl elect NAME` candidates take
+    /// part in the same election; on ZooKeeper, Curator `LeaderLatch`es on
+    /// the same path.
+    #[command(after_help = exit::HELP)]
+    Elect(ElectArgs),
+
     /// List the locks under a prefix that someone holds or waits for.
     ///
     /// One line per lock: its name, kind, holders (session and fencing
@@ -208,6 +223,12 @@ pub struct LockArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub permits: Option<u32>,
 
+    /// The value our entry carries, shown by `status` and `list` as who
+    /// holds the lock (on ZooKeeper the node's data, on etcd the key's
+    /// value). Default: <hostname>:<pid>.
+    #[arg(long, value_name = "TEXT")]
+    pub value: Option<String>,
+
     /// The lock's name: any UTF-8 text up to 200 bytes (`/` nests).
     pub name: String,
 
@@ -237,6 +258,39 @@ impl LockArgs {
             None => self.argv.clone(),
         }
     }
+}
+
+/// Arguments of `elect`.
+#[derive(Debug, Args)]
+pub struct ElectArgs {
+    /// Print each change of leader instead of campaigning.
+    #[arg(long, conflicts_with_all = ["value", "argv", "timeout"])]
+    pub listen: bool,
+
+    /// Give up campaigning after this long (exit 75).
+    #[arg(long, short = 'w', value_name = "D", value_parser = parse_duration)]
+    pub timeout: Option<Duration>,
+
+    /// The exit status when leadership is lost while the command runs
+    /// instead of 76.
+    #[arg(long, value_name = "N", default_value_t = exit::LOCK_LOST)]
+    pub lost_exit_code: u8,
+
+    /// After leadership is lost, how long the command has between SIGTERM
+    /// and SIGKILL.
+    #[arg(long, value_name = "D", value_parser = parse_duration, default_value = "5s")]
+    pub grace: Duration,
+
+    /// The election's name.
+    pub name: String,
+
+    /// The value to campaign with (what `--listen` and `etcdctl elect -l`
+    /// print). Default: <hostname>:<pid>.
+    pub value: Option<String>,
+
+    /// The command to run while leader, after `--`.
+    #[arg(last = true, required_unless_present = "listen", value_name = "CMD")]
+    pub argv: Vec<OsString>,
 }
 
 /// Arguments of `status`.
@@ -371,6 +425,7 @@ pub async fn run(cli: Cli) -> Result<u8, Failure> {
     // Check the name first: a typo must not cost a connection.
     let name = match &cli.command {
         Command::Lock(a) => &a.name,
+        Command::Elect(a) => &a.name,
         Command::Status(a) => &a.name,
         Command::Revoke(a) => &a.name,
         Command::Break(a) => &a.name,
@@ -410,6 +465,7 @@ pub async fn run(cli: Cli) -> Result<u8, Failure> {
     let client = connect(&url).await?;
     let result = match &cli.command {
         Command::Lock(a) => lock::run(&client, a).await,
+        Command::Elect(a) => elect::run(&client, a).await,
         Command::Status(a) => status::status(&client, a).await,
         Command::Revoke(a) => status::revoke(&client, &a.name).await,
         Command::Break(a) => status::break_lock(&client, &a.name).await,

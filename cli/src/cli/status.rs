@@ -89,14 +89,33 @@ pub fn change_line(state: &LockState, now: SystemTime) -> String {
     )
 }
 
-/// The holders as `session S token T (kind)`, comma separated.
+/// The holders as `session S token T (kind)`, then `value "V"` when the
+/// holder wrote one, comma separated.
 pub fn holders_text(state: &LockState) -> String {
     state
         .holders
         .iter()
-        .map(|h| format!("session {} token {} ({})", h.session, h.token, kind(h.kind)))
+        .map(|h| {
+            format!(
+                "session {} token {} ({}){}",
+                h.session,
+                h.token,
+                kind(h.kind),
+                value_suffix(h)
+            )
+        })
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// ` value "V"` (quoted and escaped: a value may hold any bytes), or
+/// nothing when the entry has no value.
+pub fn value_suffix(c: &Contender) -> String {
+    if c.value.is_empty() {
+        String::new()
+    } else {
+        format!(" value {:?}", c.value_text())
+    }
 }
 
 /// Runs `quorumlock revoke`.
@@ -165,6 +184,7 @@ pub fn to_json(state: &LockState, store: &str, now: SystemTime) -> Value {
                 "token": h.token,
                 "entry": h.entry,
                 "kind": kind(h.kind),
+                "value": h.value_text(),
                 "since_unix_ms": h.since.and_then(unix_ms),
                 "held_for_ms": age(h, now).map(|d| d.as_millis()),
             })
@@ -181,6 +201,7 @@ pub fn to_json(state: &LockState, store: &str, now: SystemTime) -> Value {
                 "queue_key": w.token,
                 "entry": w.entry,
                 "kind": kind(w.kind),
+                "value": w.value_text(),
                 "since_unix_ms": w.since.and_then(unix_ms),
                 "waiting_for_ms": age(w, now).map(|d| d.as_millis()),
             })
@@ -207,12 +228,13 @@ pub fn to_text(state: &LockState, store: &str, now: SystemTime) -> String {
         let held = age(h, now).map_or("unknown".to_string(), human);
         let _ = writeln!(
             out,
-            "holder:  session {}  token {}  held for {}  ({}, entry {})",
+            "holder:  session {}  token {}  held for {}  ({}, entry {}){}",
             h.session,
             h.token,
             held,
             kind(h.kind),
-            h.entry
+            h.entry,
+            value_suffix(h)
         );
     }
     let _ = writeln!(out, "waiters: {}", state.waiters.len());
@@ -220,12 +242,13 @@ pub fn to_text(state: &LockState, store: &str, now: SystemTime) -> String {
         let waited = age(w, now).map_or("unknown".to_string(), human);
         let _ = writeln!(
             out,
-            "  {}. session {}  waiting for {}  ({}, entry {})",
+            "  {}. session {}  waiting for {}  ({}, entry {}){}",
             i + 1,
             w.session,
             waited,
             kind(w.kind),
-            w.entry
+            w.entry,
+            value_suffix(w)
         );
     }
     out
@@ -243,7 +266,15 @@ mod tests {
             entry: format!("ns/a/{session}"),
             kind: LockKind::Exclusive,
             since: Some(now - Duration::from_secs(ago)),
+            value: format!("host-{session}:7").into_bytes(),
         }
+    }
+
+    fn j_value(state: &LockState, now: SystemTime) -> String {
+        to_json(state, "mem://", now)["holders"][0]["value"]
+            .as_str()
+            .unwrap()
+            .to_string()
     }
 
     #[test]
@@ -256,6 +287,8 @@ mod tests {
         };
         let t = to_text(&state, "mem://x/ns", now);
         assert!(t.contains("session s1  token 42  held for 1m15s"), "{t}");
+        assert!(t.contains("entry ns/a/s1) value \"host-s1:7\"\n"), "{t}");
+        assert_eq!(j_value(&state, now), "host-s1:7");
         assert!(t.contains("waiters: 2\n  1. session s2"), "{t}");
         assert!(t.contains("  2. session s3"), "{t}");
         let j = to_json(&state, "mem://x/ns", now);
@@ -266,7 +299,9 @@ mod tests {
         assert_eq!(j["waiters"][1]["session"], "s3");
         let line = change_line(&state, now);
         assert!(
-            line.ends_with("  a  held by session s1 token 42 (exclusive)  waiters 2\n"),
+            line.ends_with(
+                "  a  held by session s1 token 42 (exclusive) value \"host-s1:7\"  waiters 2\n"
+            ),
             "{line}"
         );
         let free = LockState::free(LockName::new("a").unwrap());

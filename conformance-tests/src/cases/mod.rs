@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use crate::{Flavor, Harness};
 
 mod cancel;
+mod election;
 mod fenced;
 mod kinds;
 mod list;
@@ -23,8 +24,10 @@ mod names;
 mod rwlock;
 mod semaphore;
 mod session;
+mod values;
 
 pub use cancel::*;
+pub use election::*;
 pub use fenced::*;
 pub use kinds::*;
 pub use list::*;
@@ -34,6 +37,7 @@ pub use names::*;
 pub use rwlock::*;
 pub use semaphore::*;
 pub use session::*;
+pub use values::*;
 
 /// Generous bound for anything that should happen "soon" on a real store.
 const SOON: Duration = Duration::from_secs(30);

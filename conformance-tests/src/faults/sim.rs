@@ -250,6 +250,11 @@ impl StoreSession for SimSession {
     async fn release(&self, req: &AcquireRequest, held: &Acquired) -> Result<()> {
         self.wire.through(self.inner.release(req, held)).await
     }
+    async fn set_value(&self, req: &AcquireRequest, held: &Acquired, value: &[u8]) -> Result<()> {
+        self.wire
+            .through(self.inner.set_value(req, held, value))
+            .await
+    }
     async fn abandon(&self, req: &AcquireRequest) -> Result<()> {
         self.wire.through(self.inner.abandon(req)).await
     }

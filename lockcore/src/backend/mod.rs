@@ -54,6 +54,9 @@ pub struct Capabilities {
     pub semaphore: bool,
     /// The session TTL in force (the loss signal fires within about this).
     pub session_ttl: Duration,
+    /// [`StoreSession::set_value`] works: an election leader can
+    /// `proclaim` a new value.
+    pub proclaim: bool,
 }
 
 impl Default for Capabilities {
@@ -63,6 +66,7 @@ impl Default for Capabilities {
             rwlock: false,
             semaphore: false,
             session_ttl: Duration::from_secs(10),
+            proclaim: false,
         }
     }
 }
@@ -89,6 +93,11 @@ pub struct AcquireRequest {
     /// creates the attempt's entry through it, and the client layer waits
     /// for them before it abandons the attempt.
     pub writes: InFlightWrites,
+    /// The holder's value, written into the entry the store's native way
+    /// (the etcd key's value, the ZooKeeper node's data, a field of the
+    /// Consul key's value) and reported back by `inspect` as
+    /// [`crate::Contender::value`].
+    pub value: Vec<u8>,
 }
 
 impl AcquireRequest {
@@ -101,7 +110,14 @@ impl AcquireRequest {
             wait,
             signals: EntrySignals::new(),
             writes: InFlightWrites::default(),
+            value: Vec::new(),
         }
+    }
+
+    /// The same request with the holder's value `value`.
+    pub fn with_value(mut self, value: impl Into<Vec<u8>>) -> Self {
+        self.value = value.into();
+        self
     }
 }
 
@@ -265,6 +281,21 @@ pub trait StoreSession: Send + Sync + fmt::Debug + 'static {
 
     /// Removes whatever an unfinished `acquire` of `req` wrote, if anything.
     async fn abandon(&self, req: &AcquireRequest) -> Result<()>;
+
+    /// Rewrites the value of a held entry to `value`, only while that very
+    /// entry (`held`) is still on the store: an election leader's
+    /// `proclaim`. The entry keeps its place and token. A gone entry is
+    /// [`crate::ErrorKind::LockLost`] and writes nothing.
+    ///
+    /// The default refuses with [`crate::ErrorKind::InvalidArgument`]; a
+    /// backend that lays out elections implements it.
+    async fn set_value(&self, req: &AcquireRequest, held: &Acquired, value: &[u8]) -> Result<()> {
+        let _ = (held, value);
+        Err(crate::Error::new(
+            crate::ErrorKind::InvalidArgument,
+            format!("this store cannot change the value of {}'s entry", req.name),
+        ))
+    }
 
     /// Ends the session on the store (best effort) and stops its keepalive.
     /// The client layer calls it once, as soon as the session is lost for

@@ -107,6 +107,24 @@ impl LockGuard {
         (h.client.backend.clone(), entry)
     }
 
+    /// Rewrites our entry's value, only while the entry is ours (an
+    /// election leader's `proclaim`).
+    pub(crate) async fn set_value(&mut self, value: Vec<u8>) -> Result<()> {
+        let h = self.held.as_mut().expect("guard used after release");
+        if let Some(reason) = h.loss() {
+            return Err(Error::new(
+                ErrorKind::LockLost,
+                format!("{} was lost: {reason}", h.req.name),
+            ));
+        }
+        h.session
+            .store
+            .set_value(&h.req, &h.acquired, &value)
+            .await?;
+        h.req.value = value;
+        Ok(())
+    }
+
     /// The fencing token: pass it to the resource you protect and let it
     /// reject writes carrying a lower token than it has seen.
     pub fn token(&self) -> u64 {

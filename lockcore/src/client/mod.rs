@@ -81,6 +81,7 @@ impl LockClient {
         Ok(Lock {
             client: self.clone(),
             name: LockName::new(name.as_ref())?,
+            value: None,
         })
     }
 
@@ -303,9 +304,11 @@ impl LockClient {
         name: &LockName,
         kind: LockKind,
         mode: Mode,
+        value: Option<&[u8]>,
     ) -> Result<LockGuard> {
         let start = Instant::now();
-        let r = match (self.acquire_once(name, kind, mode).await, mode) {
+        let value = value.unwrap_or(&self.inner.options.value);
+        let r = match (self.acquire_once(name, kind, mode, value).await, mode) {
             // Only within the grace the contract allows past the deadline
             // (the abandon may have used it up: then the plain timeout).
             (Err(e), Mode::Until(d)) if e.kind() == ErrorKind::Timeout => {
@@ -355,7 +358,13 @@ impl LockClient {
         Ok(Some(session))
     }
 
-    async fn acquire_once(&self, name: &LockName, kind: LockKind, mode: Mode) -> Result<LockGuard> {
+    async fn acquire_once(
+        &self,
+        name: &LockName,
+        kind: LockKind,
+        mode: Mode,
+        value: &[u8],
+    ) -> Result<LockGuard> {
         let span = tracing::debug_span!("acquire", lock = %name, ?kind, ?mode);
         async move {
             let deadline = match mode {
@@ -368,7 +377,8 @@ impl LockClient {
                 let Some(session) = self.session_for_attempt(mode, deadline, &mut retry).await? else {
                     continue;
                 };
-                let req = AcquireRequest::new(name.clone(), kind, mode != Mode::Try);
+                let req = AcquireRequest::new(name.clone(), kind, mode != Mode::Try)
+                    .with_value(value);
                 let pending = PendingAcquire {
                     client: self.inner.clone(),
                     session: session.clone(),
@@ -458,9 +468,24 @@ impl LockClient {
 pub struct Lock {
     client: LockClient,
     name: LockName,
+    value: Option<Vec<u8>>,
 }
 
 impl Lock {
+    /// This handle's entries carry `value` (who holds, for `inspect` and
+    /// `status`) instead of the client's [`ClientOptions::value`].
+    pub fn with_value(mut self, value: impl Into<Vec<u8>>) -> Self {
+        self.value = Some(value.into());
+        self
+    }
+
+    /// The value this handle's entries carry.
+    pub fn value(&self) -> &[u8] {
+        self.value
+            .as_deref()
+            .unwrap_or(&self.client.inner.options.value)
+    }
+
     /// The lock's name.
     pub fn name(&self) -> &LockName {
         &self.name
@@ -473,7 +498,12 @@ impl Lock {
     /// once the background cleanup has run ([`LockClient::wait_idle`]).
     pub async fn acquire(&self) -> Result<LockGuard> {
         self.client
-            .acquire(&self.name, LockKind::Exclusive, Mode::Wait)
+            .acquire(
+                &self.name,
+                LockKind::Exclusive,
+                Mode::Wait,
+                self.value.as_deref(),
+            )
             .await
     }
 
@@ -484,7 +514,12 @@ impl Lock {
     /// As [`acquire`](Self::acquire).
     pub async fn try_acquire(&self) -> Result<LockGuard> {
         self.client
-            .acquire(&self.name, LockKind::Exclusive, Mode::Try)
+            .acquire(
+                &self.name,
+                LockKind::Exclusive,
+                Mode::Try,
+                self.value.as_deref(),
+            )
             .await
     }
 
@@ -499,7 +534,12 @@ impl Lock {
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<LockGuard> {
         let deadline = Instant::now() + timeout;
         self.client
-            .acquire(&self.name, LockKind::Exclusive, Mode::Until(deadline))
+            .acquire(
+                &self.name,
+                LockKind::Exclusive,
+                Mode::Until(deadline),
+                self.value.as_deref(),
+            )
             .await
     }
 

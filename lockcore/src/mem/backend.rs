@@ -91,6 +91,7 @@ impl Backend for MemBackend {
             rwlock: true,
             semaphore: true,
             session_ttl: self.inner.core.config.ttl,
+            proclaim: true,
         }
     }
 

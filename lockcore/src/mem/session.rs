@@ -79,6 +79,7 @@ impl StoreSession for MemSession {
             req.contender,
             req.kind,
             req.signals.clone(),
+            req.value.clone(),
         )?;
         loop {
             let standing = self.backend.store().state().standing(&key, index);
@@ -130,6 +131,24 @@ impl StoreSession for MemSession {
             .state()
             .remove_contender(&key, req.contender);
         Ok(())
+    }
+
+    async fn set_value(&self, req: &AcquireRequest, held: &Acquired, value: &[u8]) -> Result<()> {
+        let key = self.backend.key(&req.name);
+        self.backend.count_request();
+        if self
+            .backend
+            .store()
+            .state()
+            .set_value(&key, held.token, value)
+        {
+            Ok(())
+        } else {
+            Err(Error::new(
+                ErrorKind::LockLost,
+                format!("{} is no longer held by this entry", req.name),
+            ))
+        }
     }
 
     async fn close(&self) -> Result<()> {

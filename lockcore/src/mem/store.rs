@@ -58,6 +58,7 @@ pub(super) struct Entry {
     signals: EntrySignals,
     wake: Arc<Notify>,
     created: SystemTime,
+    value: Vec<u8>,
 }
 
 /// Where an entry stands in its queue.
@@ -149,6 +150,7 @@ impl State {
         contender: uuid::Uuid,
         kind: LockKind,
         signals: EntrySignals,
+        value: Vec<u8>,
     ) -> crate::Result<(u64, Arc<Notify>)> {
         if !self.sessions.contains_key(&session) {
             return Err(crate::Error::new(
@@ -174,6 +176,7 @@ impl State {
             signals,
             wake: wake.clone(),
             created: SystemTime::now(),
+            value,
         });
         Ok((self.last_index, wake))
     }
@@ -242,6 +245,21 @@ impl State {
         self.remove_where(key, |e| e.contender == contender, None)
     }
 
+    /// Sets the value of the entry `index` of `key`; false if it is gone.
+    pub(super) fn set_value(&mut self, key: &str, index: u64, value: &[u8]) -> bool {
+        let entry = self
+            .queues
+            .get_mut(key)
+            .and_then(|q| q.iter_mut().find(|e| e.index == index));
+        match entry {
+            Some(e) => {
+                e.value = value.to_vec();
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Breaks the lock: the holders' entries go and their guards are told.
     /// Whether the entry `index` of the lock `key` is still in its queue.
     pub(super) fn entry_exists(&self, key: &str, index: u64) -> bool {
@@ -305,6 +323,7 @@ impl State {
                 entry: entry_name(key, e.index),
                 kind: e.kind,
                 since: Some(e.created),
+                value: e.value.clone(),
             };
             if holds(q, i) {
                 holders.push(c);
