@@ -58,6 +58,28 @@ impl KvEntry {
         (r.quorumlock == 1).then_some(r)
     }
 
+    /// Whether this entry is still the grant at `token` to `session`:
+    /// unchanged since (`ModifyIndex == token`), or rewritten in place by
+    /// that holder's proclaim (locked by `session`, our record naming
+    /// `token`, not broken). A proclaim writes only under a check of the
+    /// grant's last index, so no other grant carries such a record.
+    pub fn is_grant(&self, session: &str, token: u64) -> bool {
+        self.holder() == Some(session)
+            && (self.modify_index == token
+                || self
+                    .record()
+                    .is_some_and(|r| !r.broken && r.token == Some(token)))
+    }
+
+    /// The fencing token of the grant this entry shows: a proclaim's
+    /// record names its grant's, else the entry's own `ModifyIndex`.
+    pub fn grant_token(&self) -> u64 {
+        self.record()
+            .filter(|r| !r.broken && r.contender.is_some())
+            .and_then(|r| r.token)
+            .unwrap_or(self.modify_index)
+    }
+
     /// The holder's value of the entry: from our record, else the raw
     /// value a foreign holder wrote (`consul lock` writes none).
     pub fn holder_value(&self) -> Vec<u8> {
@@ -83,6 +105,8 @@ pub(crate) struct Record {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub since_ms: Option<u64>,
     /// For `.lock.revoke`: the token of the holder asked to let go. For a
+    /// `.lock` rewritten by a proclaim: its grant's token (the index moved,
+    /// the token did not). For a
     /// read-write entry written again at its grant: the index it replaced
     /// (so that write changes the value: Consul skips a write that changes
     /// nothing, and the index with it).

@@ -312,7 +312,7 @@ impl Backend for ConsulBackend {
             rwlock: true,
             semaphore: true,
             session_ttl: self.inner.config.ttl,
-            proclaim: false,
+            proclaim: true,
         }
     }
 
@@ -342,7 +342,7 @@ impl Backend for ConsulBackend {
         if let (Some(l), Some(h)) = (&v.lock, &holder) {
             state.holders.push(Contender {
                 session: h.clone(),
-                token: l.modify_index,
+                token: l.grant_token(),
                 entry: l.key.clone(),
                 kind: LockKind::Exclusive,
                 since: since(l),
@@ -601,7 +601,9 @@ impl Backend for ConsulBackend {
             let rec = Record {
                 quorumlock: 1,
                 since_ms: Some(now_ms()),
-                token: Some(l.modify_index),
+                // The grant's token, which a proclaim keeps (the index
+                // moves): what the holder's monitor compares.
+                token: Some(l.grant_token()),
                 ..Record::default()
             };
             let mut ops = vec![op::check_index(&keys.lock, l.modify_index)];

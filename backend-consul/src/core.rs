@@ -117,6 +117,10 @@ pub(crate) struct Watch {
 /// A held entry that the monitor watches.
 pub(crate) struct Watched {
     pub token: u64,
+    /// The entry's `ModifyIndex` as last known: `token`, or the index of
+    /// our last proclaim (the monitor also learns one whose answer was
+    /// lost).
+    pub at: u64,
     pub revoke_key: String,
     pub signals: EntrySignals,
     /// For a semaphore permit (the map key is our contender key).
@@ -479,6 +483,7 @@ impl Shared {
             key.to_string(),
             Watched {
                 token,
+                at: token,
                 revoke_key: revoke_key.to_string(),
                 signals: signals.clone(),
                 checked: false,
@@ -501,6 +506,25 @@ impl Shared {
         drop(w);
         if wake {
             self.watch_changed.notify_one();
+        }
+    }
+
+    /// The last known `ModifyIndex` of the held `key` granted at `token`
+    /// (`token` unless a proclaim rewrote it).
+    pub fn index_of(&self, key: &str, token: u64) -> u64 {
+        let w = self.watch.lock().expect("poisoned");
+        w.entries
+            .get(key)
+            .filter(|e| e.token == token)
+            .map_or(token, |e| e.at)
+    }
+
+    /// Notes that the held `key` granted at `token` is now at `index`
+    /// (our proclaim, seen by its answer or by a read).
+    pub fn note_index(&self, key: &str, token: u64, index: u64) {
+        let mut w = self.watch.lock().expect("poisoned");
+        if let Some(e) = w.entries.get_mut(key).filter(|e| e.token == token) {
+            e.at = e.at.max(index);
         }
     }
 

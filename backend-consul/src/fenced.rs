@@ -34,30 +34,63 @@ fn op_of(write: &KeyWrite) -> op::Op {
     }
 }
 
+/// A proclaim moves a held `.lock`'s index but not its token: when a
+/// check fails, each entry is read, and one that is still its grant at
+/// another index (proclaimed) is checked again at that index; a
+/// refusal stands only for an entry that is no longer its grant.
 pub(crate) async fn fenced_write(api: &Api, held: &[HeldEntry], write: &KeyWrite) -> Result<()> {
     check_kinds(held)?;
-    let mut ops = Vec::with_capacity(2 * held.len() + 1);
-    for h in held {
-        ops.push(op::check_session(&h.entry, &h.session));
-        ops.push(op::check_index(&h.entry, h.token));
+    let mut at: Vec<u64> = held.iter().map(|h| h.token).collect();
+    for _ in 0..3 {
+        let mut ops = Vec::with_capacity(2 * held.len() + 1);
+        for (h, i) in held.iter().zip(&at) {
+            ops.push(op::check_session(&h.entry, &h.session));
+            ops.push(op::check_index(&h.entry, *i));
+        }
+        let checks = ops.len();
+        ops.push(op_of(write));
+        match api.txn(ops).await.map_err(|e| map(e, "fenced write"))? {
+            Txn::Done(_) => return Ok(()),
+            Txn::Failed(errs) if errs.iter().any(|e| e.op_index < checks) => {
+                let mut moved = false;
+                for (h, i) in held.iter().zip(at.iter_mut()) {
+                    let block = Block {
+                        index: 0,
+                        wait: Duration::ZERO,
+                        consistent: true,
+                    };
+                    let (_, e) = api
+                        .kv_get(&h.entry, block)
+                        .await
+                        .map_err(|e| map(e, "fenced write"))?;
+                    match e {
+                        Some(e) if e.is_grant(&h.session, h.token) => {
+                            moved |= e.modify_index != *i;
+                            *i = e.modify_index;
+                        }
+                        _ => return Err(refused(write, held)),
+                    }
+                }
+                if !moved {
+                    return Err(refused(write, held));
+                }
+            }
+            Txn::Failed(errs) => {
+                return Err(Error::new(
+                    ErrorKind::Store,
+                    format!(
+                        "fenced write to {:?} failed: {}",
+                        write.key(),
+                        errs.iter()
+                            .map(|e| e.what.as_str())
+                            .collect::<Vec<_>>()
+                            .join("; ")
+                    ),
+                ))
+            }
+        }
     }
-    let checks = ops.len();
-    ops.push(op_of(write));
-    match api.txn(ops).await.map_err(|e| map(e, "fenced write"))? {
-        Txn::Done(_) => Ok(()),
-        Txn::Failed(errs) if errs.iter().any(|e| e.op_index < checks) => Err(refused(write, held)),
-        Txn::Failed(errs) => Err(Error::new(
-            ErrorKind::Store,
-            format!(
-                "fenced write to {:?} failed: {}",
-                write.key(),
-                errs.iter()
-                    .map(|e| e.what.as_str())
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            ),
-        )),
-    }
+    Err(refused(write, held))
 }
 
 pub(crate) async fn read_key(api: &Api, key: &str) -> Result<Option<Vec<u8>>> {

@@ -237,9 +237,15 @@ async fn evaluate(s: &Shared, prefix: &str, idx: u64, entries: &[KvEntry]) -> us
             }
             e.checked = true;
             let ours = match &e.sem {
-                None => by_key.get(key.as_str()).is_some_and(|l| {
-                    l.holder() == Some(s.id.as_str()) && l.modify_index == e.token
-                }),
+                // Unchanged, or rewritten by our own proclaim (even one
+                // whose answer was lost): still this grant.
+                None => match by_key.get(key.as_str()) {
+                    Some(l) if l.is_grant(s.id.as_str(), e.token) => {
+                        e.at = e.at.max(l.modify_index);
+                        true
+                    }
+                    _ => false,
+                },
                 Some(sw) => {
                     by_key.get(key.as_str()).is_some_and(|c| {
                         c.holder() == Some(s.id.as_str()) && c.modify_index == sw.contender_index

@@ -430,13 +430,15 @@ pub(crate) async fn release(
     keys: &Keys,
     held: &Acquired,
 ) -> Result<()> {
+    // Our `.lock`'s index now: the token, or our last proclaim's.
+    let at = s.index_of(&keys.lock, held.token);
     s.unwatch(keys);
     let fast = s.fast_held.lock().expect("poisoned").remove(&held.token);
     // `.lock` only at our token: never a newer holder's, never a newer
     // lock of this session (etcd #22082). A revoke marker names our
     // token (it is written under a check of `.lock`) or an earlier
     // holder's, left as below: ours to delete either way.
-    let mut ops = vec![op::delete_cas(&keys.lock, held.token)];
+    let mut ops = vec![op::delete_cas(&keys.lock, at)];
     // A fast holder deletes the revoke marker only if it saw one: the
     // monitor reads from HELD_WATCH_DELAY after the grant, so a marker
     // written in a short hold's last moments may stay behind, locked
@@ -474,6 +476,89 @@ pub(crate) async fn release(
             remove_own(s, keys).await
         }
     }
+}
+
+/// Rewrites the value of our held `.lock` (an election leader's
+/// proclaim) in one txn, applied only while `.lock` is still this very
+/// grant: `check-session` (ours), `check-index` at its last known index
+/// (a break's rewrite, a release, a new grant, even of this session, all
+/// move it), then the `lock` verb with our session, which keeps the lock
+/// held (a `consul lock` waiter goes on waiting), its `LockIndex` and
+/// flags, and moves only `ModifyIndex`. The record names the grant's
+/// token, so the token stays what it was and the monitor knows the new
+/// index for ours. The txn also carries the attempt's fence: once the
+/// guard is released, a late copy of it is refused. A failed check or a
+/// lost answer is judged on a read of `.lock`: still this grant at
+/// another index (a proclaim of ours whose answer was lost) -> try again
+/// from there; else the lock is lost and nothing was written.
+pub(crate) async fn set_value(
+    s: &Arc<Shared>,
+    req: &AcquireRequest,
+    keys: &Keys,
+    held: &Acquired,
+    value: &[u8],
+) -> Result<()> {
+    let token = held.token;
+    let record = Record {
+        quorumlock: 1,
+        contender: Some(req.contender.to_string()),
+        since_ms: Some(now_ms()),
+        token: Some(token),
+        ..Record::default()
+    }
+    .with_value(value);
+    let mut at = s.index_of(&keys.lock, token);
+    let lost = || {
+        Error::new(
+            ErrorKind::LockLost,
+            format!("{} is no longer held by this session", req.name),
+        )
+    };
+    for _ in 0..MAX_ACQUIRE_RETRIES {
+        let ops = vec![
+            op::check_session(&keys.lock, &s.id),
+            op::check_index(&keys.lock, at),
+            op::lock(&keys.lock, &s.id, LOCK_FLAGS, &record.encode()),
+            op::get(&keys.lock),
+        ];
+        let unknown = match s.write_attempt(keys, req, ops, "proclaiming").await {
+            Ok(Txn::Done(results)) => {
+                let index = results
+                    .iter()
+                    .rev()
+                    .find(|e| e.key == keys.lock)
+                    .map(|e| e.modify_index)
+                    .ok_or_else(|| {
+                        Error::new(ErrorKind::Internal, "Consul txn returned no .lock entry")
+                    })?;
+                s.note_index(&keys.lock, token, index);
+                return Ok(());
+            }
+            Ok(Txn::Failed(_)) => None,
+            Err(e) if e.kind() == ErrorKind::Connection => Some(e),
+            Err(e) => return Err(e),
+        };
+        let l = match read_view(&s.backend.api, keys).await {
+            Ok(v) => v.lock,
+            // Neither answer known: the value may or may not have changed.
+            Err(e) => return Err(unknown.unwrap_or(e)),
+        };
+        let Some(l) = l.filter(|l| l.is_grant(&s.id, token)) else {
+            return Err(lost());
+        };
+        s.note_index(&keys.lock, token, l.modify_index);
+        if unknown.is_some()
+            && l.modify_index != at
+            && l.record().is_some_and(|r| r == record)
+        {
+            return Ok(()); // applied; only its answer was lost
+        }
+        at = l.modify_index;
+    }
+    Err(Error::new(
+        ErrorKind::Store,
+        format!("{} kept changing while proclaiming", req.name),
+    ))
 }
 
 async fn leave_queue(s: &Arc<Shared>, keys: &Keys) -> Result<()> {

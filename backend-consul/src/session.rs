@@ -280,6 +280,17 @@ impl StoreSession for ConsulSession {
         }
     }
 
+    async fn set_value(&self, req: &AcquireRequest, held: &Acquired, value: &[u8]) -> Result<()> {
+        if !matches!(req.kind, LockKind::Exclusive | LockKind::Election) {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("only a mutex or an election entry has a value to change ({})", req.name),
+            ));
+        }
+        let keys = Keys::new(&self.s.backend.config, &req.name);
+        mutex::set_value(&self.s, req, &keys, held, value).await
+    }
+
     async fn abandon(&self, req: &AcquireRequest) -> Result<()> {
         let keys = Keys::new(&self.s.backend.config, &req.name);
         if let LockKind::Semaphore { .. } = req.kind {
