@@ -965,3 +965,107 @@ async fn late_queue_join_after_a_timed_out_acquire_leaves_nothing() {
     .await;
     env.finish().await;
 }
+
+/// The current leader of election `name`, as another client reads it.
+async fn leader_of(c: &LockClient, name: &str) -> Option<lockcore::Leader> {
+    c.election(name).unwrap().leader().await.unwrap()
+}
+
+/// A proclaim whose answer is lost after the agent applied it: the
+/// proclaim still succeeds (read back), the token stays, and neither the
+/// monitor (which sees `.lock` at an index it never was told of) nor a
+/// later proclaim, a revoke request, the resign or the next candidate
+/// takes it for a loss or for another grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_answer_to_a_proclaim_is_not_a_loss() {
+    let Some(mut env) = Env::new() else { return };
+    serially(async {
+        let (a, proxy) = env.proxied("").await;
+        let b = env.client("").await;
+        let mut g = timeout(SOON, a.election("e").unwrap().campaign("v1"))
+            .await
+            .unwrap()
+            .unwrap();
+        let token = g.token();
+        let lost = proxy.on(
+            txn_starting(&env, "check-session", "e"),
+            1,
+            HttpFault::DropAnswer,
+        );
+        timeout(SOON, g.proclaim("v2"))
+            .await
+            .unwrap()
+            .expect("a proclaim applied but unanswered is a proclaim");
+        assert!(lost.hit(), "the proclaim's answer was not dropped");
+        let l = leader_of(&b, "e").await.expect("a leader");
+        assert_eq!(l.value, b"v2");
+        assert_eq!(l.token, token, "a proclaim keeps the token");
+        // The monitor has read `.lock` at its new index by now.
+        tokio::time::sleep(lockcore::backend::HELD_WATCH_DELAY + Duration::from_secs(2)).await;
+        assert!(g.is_leader(), "our own proclaim taken for a loss");
+        timeout(SOON, g.proclaim("v3")).await.unwrap().unwrap();
+        assert_eq!(leader_of(&b, "e").await.unwrap().value, b"v3");
+        // A revoke request names the grant's token, which the holder knows.
+        assert!(b.backend().request_revoke(&lockcore::LockName::new("e").unwrap()).await.unwrap());
+        eventually("the revoke request to reach the leader", || async {
+            g.guard().is_revoke_requested()
+        })
+        .await;
+        let eb = b.election("e").unwrap();
+        let next = tokio::spawn(async move { eb.campaign("b").await });
+        eventually("B to queue", || async { waiters(&b, "e").await == 1 }).await;
+        assert!(!next.is_finished(), "two leaders after a proclaim");
+        assert!(g.is_leader());
+        g.resign().await.unwrap();
+        let gb = timeout(SOON, next).await.expect("B never led").unwrap().unwrap();
+        assert!(gb.token() > token);
+        assert_eq!(leader_of(&a, "e").await.unwrap().value, b"b");
+        gb.resign().await.unwrap();
+    })
+    .await;
+    env.finish().await;
+}
+
+/// A proclaim that reaches the agent late, after its leader resigned and
+/// another candidate took the lead, changes nothing: the txn's checks
+/// (our session, the grant's last index, the attempt's fence) refuse it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_proclaim_after_resign_changes_nothing() {
+    let Some(mut env) = Env::new() else { return };
+    serially(async {
+        let (a, proxy) = env.proxied("").await;
+        let b = env.client("").await;
+        let mut g = timeout(SOON, a.election("e").unwrap().campaign("v1"))
+            .await
+            .unwrap()
+            .unwrap();
+        let late = proxy.on(
+            txn_starting(&env, "check-session", "e"),
+            1,
+            HttpFault::LateRequest(HOLD),
+        );
+        // The first txn is cut on our side; the proclaim reads back, sees
+        // it not applied, and sends it again.
+        timeout(SOON, g.proclaim("stale")).await.unwrap().unwrap();
+        assert!(late.hit());
+        g.resign().await.unwrap();
+        let gb = timeout(SOON, b.election("e").unwrap().campaign("b"))
+            .await
+            .unwrap()
+            .unwrap();
+        late.release();
+        timeout(SOON, late.wait_done())
+            .await
+            .expect("the late proclaim never reached the agent");
+        let l = leader_of(&a, "e").await.expect("B leads");
+        assert_eq!(l.value, b"b", "a late proclaim rewrote another leader's value");
+        assert_eq!(l.token, gb.token());
+        assert_eq!(l.session, gb.guard().session_id());
+        tokio::time::sleep(lockcore::backend::HELD_WATCH_DELAY + Duration::from_secs(1)).await;
+        assert!(gb.is_leader(), "the late proclaim cost B its lead");
+        gb.resign().await.unwrap();
+        assert!(leader_of(&a, "e").await.is_none());
+    })
+    .await;
+    env.finish().await;
+}
