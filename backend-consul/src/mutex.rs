@@ -547,10 +547,7 @@ pub(crate) async fn set_value(
             return Err(lost());
         };
         s.note_index(&keys.lock, token, l.modify_index);
-        if unknown.is_some()
-            && l.modify_index != at
-            && l.record().is_some_and(|r| r == record)
-        {
+        if unknown.is_some() && l.modify_index != at && l.record().is_some_and(|r| r == record) {
             return Ok(()); // applied; only its answer was lost
         }
         at = l.modify_index;

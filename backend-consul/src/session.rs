@@ -284,7 +284,10 @@ impl StoreSession for ConsulSession {
         if !matches!(req.kind, LockKind::Exclusive | LockKind::Election) {
             return Err(Error::new(
                 ErrorKind::InvalidArgument,
-                format!("only a mutex or an election entry has a value to change ({})", req.name),
+                format!(
+                    "only a mutex or an election entry has a value to change ({})",
+                    req.name
+                ),
             ));
         }
         let keys = Keys::new(&self.s.backend.config, &req.name);

@@ -1006,7 +1006,11 @@ async fn lost_answer_to_a_proclaim_is_not_a_loss() {
         timeout(SOON, g.proclaim("v3")).await.unwrap().unwrap();
         assert_eq!(leader_of(&b, "e").await.unwrap().value, b"v3");
         // A revoke request names the grant's token, which the holder knows.
-        assert!(b.backend().request_revoke(&lockcore::LockName::new("e").unwrap()).await.unwrap());
+        assert!(b
+            .backend()
+            .request_revoke(&lockcore::LockName::new("e").unwrap())
+            .await
+            .unwrap());
         eventually("the revoke request to reach the leader", || async {
             g.guard().is_revoke_requested()
         })
@@ -1017,7 +1021,11 @@ async fn lost_answer_to_a_proclaim_is_not_a_loss() {
         assert!(!next.is_finished(), "two leaders after a proclaim");
         assert!(g.is_leader());
         g.resign().await.unwrap();
-        let gb = timeout(SOON, next).await.expect("B never led").unwrap().unwrap();
+        let gb = timeout(SOON, next)
+            .await
+            .expect("B never led")
+            .unwrap()
+            .unwrap();
         assert!(gb.token() > token);
         assert_eq!(leader_of(&a, "e").await.unwrap().value, b"b");
         gb.resign().await.unwrap();
@@ -1058,7 +1066,10 @@ async fn late_proclaim_after_resign_changes_nothing() {
             .await
             .expect("the late proclaim never reached the agent");
         let l = leader_of(&a, "e").await.expect("B leads");
-        assert_eq!(l.value, b"b", "a late proclaim rewrote another leader's value");
+        assert_eq!(
+            l.value, b"b",
+            "a late proclaim rewrote another leader's value"
+        );
         assert_eq!(l.token, gb.token());
         assert_eq!(l.session, gb.guard().session_id());
         tokio::time::sleep(lockcore::backend::HELD_WATCH_DELAY + Duration::from_secs(1)).await;
