@@ -9,41 +9,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use backend_consul::{ConsulBackend, ConsulConfig};
+use conformance_tests::support::{env_or_skip as env, free_port, unique_namespace};
 use lockcore::backend::{Backend, Namespace};
 use lockcore::{ErrorKind, LockClient};
 use tokio::process::{Child, Command};
 
 const MASTER: &str = "7f3c1a52-5d2e-4e0b-9a51-0c6c2b1d9e01";
-
-fn require() -> bool {
-    std::env::var("QUORUMLOCK_TEST_REQUIRE").as_deref() == Ok("1")
-}
-
-fn env(var: &str) -> Option<String> {
-    match std::env::var(var) {
-        Ok(v) if !v.is_empty() => Some(v),
-        _ if require() => panic!("{var} is not set and QUORUMLOCK_TEST_REQUIRE=1"),
-        _ => {
-            eprintln!("SKIPPED: {var} is not set; start the stores with scripts/stores.sh up");
-            None
-        }
-    }
-}
-
-fn ns() -> String {
-    format!(
-        "qlconn-{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..12]
-    )
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// A dev agent of this test with ACLs denying by default; killed and its
 /// data removed when dropped.
@@ -135,7 +106,7 @@ async fn unknown_token_is_refused_once() {
     let e = ConsulBackend::connect(format!(
         "consul://127.0.0.1:{}/{}?token={bogus}&connect_timeout=10s",
         consul.http,
-        ns()
+        unique_namespace("qlconn")
     ))
     .await
     .expect_err("an unknown token was accepted");
@@ -148,7 +119,7 @@ async fn unknown_token_is_refused_once() {
     );
 
     // The token from CONSUL_HTTP_TOKEN, the address from CONSUL_HTTP_ADDR.
-    let u = lockcore::url::parse(&format!("consul:///{}", ns())).unwrap();
+    let u = lockcore::url::parse(&format!("consul:///{}", unique_namespace("qlconn"))).unwrap();
     let addr = format!("127.0.0.1:{}", consul.http);
     let cfg = ConsulConfig::from_url_with_env(&u, &|k| match k {
         "CONSUL_HTTP_TOKEN" => Some(MASTER.to_string()),
@@ -170,7 +141,7 @@ async fn from_the_callers_client() {
     let config = ConsulConfig::default()
         .with_host(u.host_str().unwrap().to_string())
         .with_port(u.port().unwrap_or(8500))
-        .with_namespace(Namespace::new(&ns()).unwrap());
+        .with_namespace(Namespace::new(&unique_namespace("qlconn")).unwrap());
     let theirs = reqwest::Client::builder()
         .timeout(Duration::from_secs(60))
         .build()
@@ -180,8 +151,10 @@ async fn from_the_callers_client() {
         .unwrap();
     round_trip(&LockClient::new(Arc::new(b))).await;
 
-    let b = ConsulBackend::from_config(config.with_namespace(Namespace::new(&ns()).unwrap()))
-        .await
-        .unwrap();
+    let b = ConsulBackend::from_config(
+        config.with_namespace(Namespace::new(&unique_namespace("qlconn")).unwrap()),
+    )
+    .await
+    .unwrap();
     round_trip(&LockClient::new(Arc::new(b))).await;
 }

@@ -9,39 +9,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use backend_etcd::{EtcdBackend, EtcdConfig};
+use conformance_tests::support::{env_or_skip as env, free_port, unique_namespace};
 use lockcore::backend::{Backend, Namespace};
 use lockcore::{ErrorKind, LockClient};
 use tokio::process::{Child, Command};
-
-fn require() -> bool {
-    std::env::var("QUORUMLOCK_TEST_REQUIRE").as_deref() == Ok("1")
-}
-
-fn env(var: &str) -> Option<String> {
-    match std::env::var(var) {
-        Ok(v) if !v.is_empty() => Some(v),
-        _ if require() => panic!("{var} is not set and QUORUMLOCK_TEST_REQUIRE=1"),
-        _ => {
-            eprintln!("SKIPPED: {var} is not set; start the stores with scripts/stores.sh up");
-            None
-        }
-    }
-}
-
-fn ns() -> String {
-    format!(
-        "qlconn-{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..12]
-    )
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// An etcd of this test with user `root` (password `right-pw`) and auth
 /// enabled; killed and its data removed when dropped.
@@ -119,7 +90,7 @@ async fn wrong_credentials_are_refused_once() {
     let e = EtcdBackend::connect(format!(
         "etcd://root:wrong-pw@127.0.0.1:{}/{}?connect_timeout=10s",
         etcd.port,
-        ns()
+        unique_namespace("qlconn")
     ))
     .await
     .expect_err("a wrong password was accepted");
@@ -132,7 +103,12 @@ async fn wrong_credentials_are_refused_once() {
     );
 
     // Credentials from ETCDCTL_USER, as etcdctl takes them.
-    let u = lockcore::url::parse(&format!("etcd://127.0.0.1:{}/{}", etcd.port, ns())).unwrap();
+    let u = lockcore::url::parse(&format!(
+        "etcd://127.0.0.1:{}/{}",
+        etcd.port,
+        unique_namespace("qlconn")
+    ))
+    .unwrap();
     let cfg = EtcdConfig::from_url_with_env(&u, &|k| {
         (k == "ETCDCTL_USER").then(|| "root:right-pw".to_string())
     })
@@ -157,13 +133,14 @@ async fn from_the_callers_client_and_from_setters() {
     let theirs = etcd_client::Client::connect([endpoint.clone()], None)
         .await
         .unwrap();
-    let config = EtcdConfig::default().with_namespace(Namespace::new(&ns()).unwrap());
+    let config =
+        EtcdConfig::default().with_namespace(Namespace::new(&unique_namespace("qlconn")).unwrap());
     let b = EtcdBackend::from_client(theirs, config).await.unwrap();
     round_trip(&LockClient::new(Arc::new(b))).await;
 
     let config = EtcdConfig::default()
         .with_endpoints(vec![endpoint])
-        .with_namespace(Namespace::new(&ns()).unwrap())
+        .with_namespace(Namespace::new(&unique_namespace("qlconn")).unwrap())
         .with_ttl(Duration::from_secs(3))
         .with_connect_timeout(Duration::from_secs(3));
     let b = EtcdBackend::from_config(config).await.unwrap();

@@ -1,6 +1,7 @@
 //! `etcdctl lock` (Go's `concurrency.Mutex`) and our client on the same
 //! name exclude each other: both append "start <who>" / "end <who>" lines
-//! to one file inside the lock, and the lines never interleave.
+//! to one file inside the lock, and the lines never interleave. Likewise
+//! `etcdctl elect` and our elections on one name are one election.
 //!
 //! Runs against etcd 3.4 (`QUORUMLOCK_TEST_ETCD_URL`, etcdctl from
 //! `QUORUMLOCK_ETCDCTL`) and 3.5 (`QUORUMLOCK_TEST_ETCD35_URL`, etcdctl
@@ -15,8 +16,9 @@ use std::time::Duration;
 
 use conformance_tests::Harness;
 use lockcore::url::Url;
-use lockcore::LockClient;
-use tokio::process::Command;
+use lockcore::{ErrorKind, LockClient};
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdout, Command};
 use tokio::time::Instant;
 
 const ROUNDS: usize = 4;
@@ -40,6 +42,14 @@ fn target(url_var: &str, etcdctl_var: &str) -> Option<Target> {
 
 macro_rules! interop_tests {
     ($url_var:literal, $etcdctl_var:literal) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn etcdctl_elect_and_ours_are_one_election() {
+            let Some(t) = super::target($url_var, $etcdctl_var) else {
+                return;
+            };
+            super::one_election(&t).await;
+        }
+
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn etcdctl_lock_and_ours_never_overlap() {
             let Some(t) = super::target($url_var, $etcdctl_var) else {
@@ -528,5 +538,146 @@ async fn etcdctl_on_an_escaped_names_key(t: &Target) {
         assert_eq!(check_no_overlap(&file), (1, 1), "{name}");
         let _ = std::fs::remove_file(&file);
     }
+    case.finish().await;
+}
+
+// `etcdctl elect` (Go's `concurrency.Election`) and our elections on the
+// same name are one election: never two leaders at once, each sees the
+// other's leader value (`etcdctl elect -l` prints ours, our `leader()`
+// reads etcdctl's proposal), and a resign hands over across the two.
+
+fn election_key(url: &Url, name: &str) -> String {
+    format!("{}/{name}", key_prefix(url))
+}
+
+fn spawn_lines(mut cmd: Command) -> (Child, Lines<BufReader<ChildStdout>>) {
+    let mut child = cmd.spawn().expect("spawn etcdctl");
+    let out = child.stdout.take().expect("piped stdout");
+    (child, BufReader::new(out).lines())
+}
+
+/// The next line within `limit`, `None` if there was none by then.
+async fn line_within(lines: &mut Lines<BufReader<ChildStdout>>, limit: Duration) -> Option<String> {
+    match tokio::time::timeout(limit, lines.next_line()).await {
+        Ok(Ok(Some(l))) => Some(l),
+        Ok(_) => panic!("etcdctl's output ended"),
+        Err(_) => None,
+    }
+}
+
+/// SIGINT: `etcdctl elect` resigns and exits on it.
+async fn interrupt(child: &mut Child) {
+    let pid = child.id().expect("running").to_string();
+    let ok = Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .await
+        .expect("kill");
+    assert!(ok.success());
+    tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("etcdctl elect did not exit on SIGINT")
+        .unwrap();
+}
+
+async fn one_election(t: &Target) {
+    let h = &t.harness;
+    let case = h.case();
+    let url = h.url_for(case.namespace());
+    let (ours, other) = (case.client().await, case.client().await);
+    let key = election_key(&url, "leader");
+    let election = ours.election("leader").unwrap();
+
+    // 1. We lead; etcdctl campaigns behind us and is not elected.
+    let leader = election.campaign("ours-1").await.unwrap();
+    let mut cmd = etcdctl(&t.etcdctl, &url);
+    cmd.stderr(Stdio::null());
+    cmd.args(["elect", &key, "etcdctl-1"]);
+    let (mut theirs, mut their_out) = spawn_lines(cmd);
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while other.inspect("leader").await.unwrap().waiters.len() != 1 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("etcdctl's candidate never queued behind ours");
+    assert_eq!(
+        line_within(&mut their_out, Duration::from_millis(1500)).await,
+        None,
+        "etcdctl elected while we lead"
+    );
+
+    // 2. `etcdctl elect -l` sees our leader and its value.
+    let mut cmd = etcdctl(&t.etcdctl, &url);
+    cmd.stderr(Stdio::null());
+    cmd.args(["elect", "-l", &key]);
+    let (mut listener, mut listen_out) = spawn_lines(cmd);
+    let k = line_within(&mut listen_out, Duration::from_secs(20))
+        .await
+        .expect("etcdctl elect -l printed no leader");
+    let v = line_within(&mut listen_out, Duration::from_secs(5))
+        .await
+        .expect("etcdctl elect -l printed no value");
+    assert!(k.starts_with(&format!("{key}/")), "{k}");
+    assert_eq!(v, "ours-1", "etcdctl elect -l does not see our value");
+
+    // 3. We resign: etcdctl leads, prints its key and value; everyone
+    // (our leader(), the listener) sees its proposal.
+    leader.resign().await.unwrap();
+    let elected = line_within(&mut their_out, Duration::from_secs(20))
+        .await
+        .expect("etcdctl not elected after our resign");
+    assert!(elected.starts_with(&format!("{key}/")), "{elected}");
+    let now = other
+        .election("leader")
+        .unwrap()
+        .leader()
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(now.value, b"etcdctl-1");
+    let mut seen = Vec::new();
+    while let Some(l) = line_within(&mut listen_out, Duration::from_secs(10)).await {
+        seen.push(l);
+        if seen.last().map(String::as_str) == Some("etcdctl-1") {
+            break;
+        }
+    }
+    assert_eq!(
+        seen.last().map(String::as_str),
+        Some("etcdctl-1"),
+        "{seen:?}"
+    );
+
+    // 4. While etcdctl leads, ours waits; when it resigns, ours leads.
+    let e = election.clone();
+    let next = tokio::spawn(async move { e.campaign("ours-2").await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!next.is_finished(), "two leaders at once");
+    assert_eq!(
+        election
+            .campaign_timeout("x", Duration::from_millis(200))
+            .await
+            .unwrap_err()
+            .kind(),
+        ErrorKind::Timeout
+    );
+    interrupt(&mut theirs).await;
+    let g = tokio::time::timeout(Duration::from_secs(20), next)
+        .await
+        .expect("ours not elected after etcdctl resigned")
+        .unwrap()
+        .unwrap();
+    assert!(g.token() > now.token);
+    let mut seen = Vec::new();
+    while let Some(l) = line_within(&mut listen_out, Duration::from_secs(10)).await {
+        seen.push(l);
+        if seen.last().map(String::as_str) == Some("ours-2") {
+            break;
+        }
+    }
+    assert_eq!(seen.last().map(String::as_str), Some("ours-2"), "{seen:?}");
+    g.resign().await.unwrap();
+    listener.kill().await.unwrap();
     case.finish().await;
 }

@@ -10,20 +10,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use conformance_tests::faults::TcpProxy;
+use conformance_tests::support::free_port;
 use etcd_client::{Client, Permission, RoleRevokePermissionOptions};
 use lockcore::{ErrorKind, LockClient, LossReason};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
 const SOON: Duration = Duration::from_secs(30);
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// A single etcd member of our own on free loopback ports, with a data
 /// directory that goes with it.

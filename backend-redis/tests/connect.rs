@@ -6,31 +6,10 @@
 use std::time::{Duration, Instant};
 
 use backend_redis::{RedisBackend, RedisConfig};
+use conformance_tests::support::{env_or_skip as env, unique_namespace};
 use lockcore::backend::Namespace;
 use lockcore::{ErrorKind, LockClient};
 use tokio::process::{Child, Command};
-
-fn require() -> bool {
-    std::env::var("QUORUMLOCK_TEST_REQUIRE").as_deref() == Ok("1")
-}
-
-fn env(var: &str) -> Option<String> {
-    match std::env::var(var) {
-        Ok(v) if !v.is_empty() => Some(v),
-        _ if require() => panic!("{var} is not set and QUORUMLOCK_TEST_REQUIRE=1"),
-        _ => {
-            eprintln!("SKIPPED: {var} is not set; start the stores with scripts/stores.sh up");
-            None
-        }
-    }
-}
-
-fn ns() -> String {
-    format!(
-        "qlconn-{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..12]
-    )
-}
 
 /// A `redis-server --requirepass` on a free port, killed when dropped.
 struct Server {
@@ -102,7 +81,7 @@ async fn wrong_password_is_refused_once() {
     let e = RedisBackend::connect(format!(
         "redis://:wrong-pw@127.0.0.1:{}/{}?connect_timeout=10s",
         server.port,
-        ns()
+        unique_namespace("qlconn")
     ))
     .await
     .expect_err("a wrong password was accepted");
@@ -127,7 +106,12 @@ async fn wrong_password_is_refused_once() {
     assert_eq!(e.kind(), ErrorKind::Unauthenticated, "{e}");
 
     // The password from REDISCLI_AUTH, as redis-cli takes it.
-    let u = lockcore::url::parse(&format!("redis://127.0.0.1:{}/{}", server.port, ns())).unwrap();
+    let u = lockcore::url::parse(&format!(
+        "redis://127.0.0.1:{}/{}",
+        server.port,
+        unique_namespace("qlconn")
+    ))
+    .unwrap();
     let cfg = RedisConfig::from_url_with_env(&u, &|k| {
         (k == "REDISCLI_AUTH").then(|| "right-pw".to_string())
     })
@@ -150,14 +134,15 @@ async fn from_the_callers_client_and_from_setters() {
         u.port().unwrap_or(6379)
     );
     let theirs = redis::Client::open(plain).unwrap();
-    let config = RedisConfig::default().with_namespace(Namespace::new(&ns()).unwrap());
+    let config =
+        RedisConfig::default().with_namespace(Namespace::new(&unique_namespace("qlconn")).unwrap());
     let b = RedisBackend::from_client(theirs, config).await.unwrap();
     round_trip(&LockClient::new(std::sync::Arc::new(b))).await;
 
     let config = RedisConfig::default()
         .with_host(u.host_str().unwrap().to_string())
         .with_port(u.port().unwrap_or(6379))
-        .with_namespace(Namespace::new(&ns()).unwrap())
+        .with_namespace(Namespace::new(&unique_namespace("qlconn")).unwrap())
         .with_ttl(Duration::from_secs(3))
         .with_timeout(Duration::from_secs(1));
     let b = RedisBackend::from_config(config).await.unwrap();

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use backend_redis::RedisBackend;
 use conformance_tests::faults::{FencedRegister, NetControl, NetMode, TcpProxy};
+use conformance_tests::support::free_port;
 use lockcore::{ErrorKind, LockClient, LossReason};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::process::{Child, Command};
@@ -34,14 +35,6 @@ fn server_binary() -> Option<String> {
             None
         }
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// A `redis-server` of this test, killed when dropped, with its own

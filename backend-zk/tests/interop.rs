@@ -7,6 +7,8 @@
 //! Curator writer and our reader exclude each other in both directions,
 //! and a Curator reader shares with ours. Curator's
 //! `InterProcessSemaphoreV2` and our semaphore count the same leases.
+//! Curator's `LeaderLatch` (LatchPeer.java) and our elections on one path
+//! are one election.
 //!
 //! Needs `QUORUMLOCK_TEST_ZK_URL`, `javac`/`java`, and the Curator jars
 //! (`QUORUMLOCK_CURATOR_CP`, else the Debian jars under /usr/share/java).
@@ -73,10 +75,10 @@ fn curator_classpath() -> Option<String> {
     Some(parts.join(":"))
 }
 
-/// Compiles tests/java/CuratorPeer.java into a temporary directory.
-async fn compile_peer(cp: &str) -> Option<(tempdir::Dir, String)> {
+/// Compiles tests/java/`class`.java into a temporary directory.
+async fn compile_peer(cp: &str, class: &str) -> Option<(tempdir::Dir, String)> {
     let dir = tempdir::Dir::new();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/java/CuratorPeer.java");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/java/{class}.java"));
     let out = match Command::new("javac")
         .arg("-d")
         .arg(dir.path())
@@ -122,8 +124,10 @@ mod tempdir {
     }
 }
 
-/// A running CuratorPeer process.
+/// A running Java peer (CuratorPeer, LatchPeer): commands on its stdin,
+/// one line per event on its stdout.
 struct Peer {
+    class: &'static str,
     child: Child,
     stdin: ChildStdin,
     lines: Lines<BufReader<ChildStdout>>,
@@ -132,12 +136,12 @@ struct Peer {
 }
 
 impl Peer {
-    async fn start(cp: &str, connect: &str) -> Peer {
+    async fn start(cp: &str, class: &'static str, connect: &str) -> Peer {
         let mut child = Command::new("java")
             .arg("-Xmx128m")
             .arg("-cp")
             .arg(cp)
-            .arg("CuratorPeer")
+            .arg(class)
             .arg(connect)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -147,6 +151,7 @@ impl Peer {
         let stdin = child.stdin.take().unwrap();
         let lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let mut p = Peer {
+            class,
             child,
             stdin,
             lines,
@@ -164,12 +169,14 @@ impl Peer {
         self.stdin.flush().await.unwrap();
     }
 
-    /// Waits for a line starting with `prefix` (also among lines seen
-    /// before); fails on an `error` line.
-    async fn expect(&mut self, prefix: &str) -> String {
-        if let Some(i) = self.seen.iter().position(|l| l.starts_with(prefix)) {
+    /// Waits for a line equal to `want` or starting with `want ` (also
+    /// among lines seen before); fails on an `error` line.
+    async fn expect(&mut self, want: &str) -> String {
+        let matches = |l: &str| l == want || l.starts_with(&format!("{want} "));
+        if let Some(i) = self.seen.iter().position(|l| matches(l)) {
             return self.seen.remove(i);
         }
+        let class = self.class;
         let read = async {
             loop {
                 let line = self
@@ -177,9 +184,9 @@ impl Peer {
                     .next_line()
                     .await
                     .unwrap()
-                    .expect("CuratorPeer exited");
-                assert!(!line.starts_with("error"), "CuratorPeer: {line}");
-                if line.starts_with(prefix) {
+                    .unwrap_or_else(|| panic!("{class} exited"));
+                assert!(!line.starts_with("error"), "{class}: {line}");
+                if matches(&line) {
                     return line;
                 }
                 self.seen.push(line);
@@ -187,17 +194,19 @@ impl Peer {
         };
         tokio::time::timeout(SOON, read)
             .await
-            .unwrap_or_else(|_| panic!("CuratorPeer did not say {prefix:?}"))
+            .unwrap_or_else(|_| panic!("{class} did not say {want:?}"))
     }
 
-    /// Whether a line starting with `prefix` arrives within `wait`.
-    async fn says_within(&mut self, prefix: &str, wait: Duration) -> bool {
-        if self.seen.iter().any(|l| l.starts_with(prefix)) {
-            return true;
-        }
-        tokio::time::timeout(wait, self.expect(prefix))
-            .await
-            .is_ok()
+    /// Whether such a line arrives within `wait`.
+    async fn says_within(&mut self, want: &str, wait: Duration) -> bool {
+        tokio::time::timeout(wait, self.expect(want)).await.is_ok()
+    }
+
+    /// The leader's participant id as the latch `id` reads it (LatchPeer).
+    async fn leader_seen_by(&mut self, id: &str) -> String {
+        self.send(&format!("leader {id}")).await;
+        let line = self.expect(&format!("leaderis {id}")).await;
+        line.splitn(3, ' ').nth(2).unwrap_or_default().to_string()
     }
 
     async fn quit(mut self) {
@@ -217,10 +226,10 @@ struct Setup {
 async fn setup() -> Option<Setup> {
     let h = harness()?;
     let cp = curator_classpath()?;
-    let (classes, run_cp) = compile_peer(&cp).await?;
+    let (classes, run_cp) = compile_peer(&cp, "CuratorPeer").await?;
     let case = h.case();
     let cfg = ZkConfig::from_url(&h.url_for(case.namespace())).unwrap();
-    let peer = Peer::start(&run_cp, &cfg.connect_string()).await;
+    let peer = Peer::start(&run_cp, "CuratorPeer", &cfg.connect_string()).await;
     Some(Setup {
         ns_path: format!("/{}", cfg.namespace),
         case,
@@ -640,4 +649,93 @@ async fn one_clients_permits_count_against_curator() {
     }
     s.peer.quit().await;
     s.case.finish().await;
+}
+
+/// Curator's `LeaderLatch` (tests/java/LatchPeer.java) and our elections
+/// on one path are one election: never two leaders at once, leadership
+/// passes both ways on close/resign, and each side reads the other's
+/// leader value (`LeaderLatch.getLeader()` reads our node's data; our
+/// `leader()` reads the participant id Curator writes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curator_leader_latch_and_ours_are_one_election() {
+    let Some(h) = harness() else { return };
+    let Some(cp) = curator_classpath() else {
+        return;
+    };
+    let Some((classes, run_cp)) = compile_peer(&cp, "LatchPeer").await else {
+        return;
+    };
+    let case = h.case();
+    let cfg = ZkConfig::from_url(&h.url_for(case.namespace())).unwrap();
+    let path = format!("/{}/leader", cfg.namespace);
+    let mut peer = Peer::start(&run_cp, "LatchPeer", &cfg.connect_string()).await;
+    let (ours, other) = (case.client().await, case.client().await);
+    let election = ours.election("leader").unwrap();
+
+    // 1. A Curator latch leads; ours waits behind it and reads its id.
+    peer.send(&format!("latch c1 {path} curator-1")).await;
+    peer.expect("started c1").await;
+    peer.expect("leader c1").await;
+    let e = election.clone();
+    let ours_next = tokio::spawn(async move { e.campaign("ours-1").await });
+    tokio::time::timeout(SOON, async {
+        while other.inspect("leader").await.unwrap().waiters.len() != 1 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("our candidate never queued behind Curator's");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!ours_next.is_finished(), "two leaders at once");
+    let leader = other
+        .election("leader")
+        .unwrap()
+        .leader()
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(leader.value, b"curator-1", "Curator's participant id");
+
+    // 2. Curator closes its latch: ours leads; a second Curator latch
+    // waits and reads our value as the leader's id.
+    peer.send("close c1").await;
+    peer.expect("closed c1").await;
+    let mut g = tokio::time::timeout(SOON, ours_next)
+        .await
+        .expect("ours not elected after Curator's latch closed")
+        .unwrap()
+        .unwrap();
+    assert!(g.token() > leader.token);
+    // A proclaim (before a Curator latch waits behind us: a data change
+    // fires LeaderLatch's one-shot watch on its predecessor, which it then
+    // ignores without watching again; see the README).
+    g.proclaim("ours-1b").await.unwrap();
+    assert!(g.is_leader());
+    peer.send(&format!("latch c2 {path} curator-2")).await;
+    peer.expect("started c2").await;
+    assert!(
+        !peer
+            .says_within("leader c2", Duration::from_millis(1000))
+            .await,
+        "Curator's latch leads while ours does"
+    );
+    // 3. Curator's getLeader() reads our (proclaimed) value.
+    assert_eq!(peer.leader_seen_by("c2").await, "ours-1b");
+
+    // 4. We resign: Curator's latch leads.
+    g.resign().await.unwrap();
+    peer.expect("leader c2").await;
+    let now = other
+        .election("leader")
+        .unwrap()
+        .leader()
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(now.value, b"curator-2");
+    peer.send("close c2").await;
+    peer.expect("closed c2").await;
+    peer.quit().await;
+    drop(classes);
+    case.finish().await;
 }

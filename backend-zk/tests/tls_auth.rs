@@ -4,35 +4,15 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use conformance_tests::tls::{self, TlsStore};
+use conformance_tests::tls;
 use lockcore::{ErrorKind, LockClient};
 use zookeeper_client as zk;
-
-fn store() -> Option<TlsStore> {
-    TlsStore::from_env("QUORUMLOCK_TEST_ZK_TLS_URL")
-}
 
 async fn connect(url: String) -> lockcore::Result<Arc<dyn lockcore::backend::Backend>> {
     Ok(Arc::new(backend_zk::ZkBackend::connect(&url).await?) as _)
 }
 
-#[tokio::test]
-async fn tls_with_ca_and_client_cert_locks() {
-    let Some(s) = store() else { return };
-    tls::works(&s, "", connect).await;
-}
-
-#[tokio::test]
-async fn wrong_ca_is_a_tls_error() {
-    let Some(s) = store() else { return };
-    tls::wrong_ca_is_a_tls_error(&s, "", connect).await;
-}
-
-#[tokio::test]
-async fn missing_client_cert_is_a_tls_error() {
-    let Some(s) = store() else { return };
-    tls::missing_client_cert_is_a_tls_error(&s, "", connect).await;
-}
+conformance_tests::tls_suite!("QUORUMLOCK_TEST_ZK_TLS_URL", connect);
 
 /// A namespace node that only `alice` (digest auth) may create children
 /// in: a client without credentials is refused at once

@@ -7,6 +7,7 @@ mod harness;
 pub mod herd;
 pub mod repeat;
 pub mod scratch;
+pub mod support;
 pub mod tls;
 
 pub use harness::{BackendFactory, Case, Flavor, Harness, Needs};

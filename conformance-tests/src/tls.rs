@@ -181,3 +181,39 @@ where
     )
     .await;
 }
+
+/// Expands to the three TLS tests above for one store: `$var` names the
+/// environment variable of its TLS test server, `$connect` is an
+/// `async fn(String) -> lockcore::Result<Arc<dyn Backend>>`.
+///
+/// ```ignore
+/// conformance_tests::tls_suite!("QUORUMLOCK_TEST_ETCD_TLS_URL", connect);
+/// ```
+#[macro_export]
+macro_rules! tls_suite {
+    ($var:expr, $connect:expr) => {
+        #[tokio::test]
+        async fn tls_with_ca_and_client_cert_locks() {
+            let Some(s) = $crate::tls::TlsStore::from_env($var) else {
+                return;
+            };
+            $crate::tls::works(&s, "", $connect).await;
+        }
+
+        #[tokio::test]
+        async fn wrong_ca_is_a_tls_error() {
+            let Some(s) = $crate::tls::TlsStore::from_env($var) else {
+                return;
+            };
+            $crate::tls::wrong_ca_is_a_tls_error(&s, "", $connect).await;
+        }
+
+        #[tokio::test]
+        async fn missing_client_cert_is_a_tls_error() {
+            let Some(s) = $crate::tls::TlsStore::from_env($var) else {
+                return;
+            };
+            $crate::tls::missing_client_cert_is_a_tls_error(&s, "", $connect).await;
+        }
+    };
+}
