@@ -111,7 +111,8 @@ fn nth_seed(first: u64, i: u64) -> u64 {
     first.wrapping_add(i.wrapping_mul(7919))
 }
 
-/// Runs schedules of [`single_node_shape`], [`at_once`] of them in flight
+/// Runs schedules of the default [`Shape`] (`QUORUMLOCK_EXPLORE_RUN_SECONDS`
+/// long when set), `QUORUMLOCK_EXPLORE_AT_ONCE` of them in flight
 /// (a new one starts as soon as one ends): the replay seed alone, or for
 /// `QUORUMLOCK_EXPLORE_SECONDS`, or `QUORUMLOCK_EXPLORE_SEEDS` of them
 /// (default 4, the share of `scripts/test.sh`). Records one row
@@ -240,7 +241,7 @@ pub(super) async fn cluster_fault(cluster: &mut Cluster, seed: u64, ttl: Duratio
 /// Explorer schedules on a three-node cluster (`scripts/chaos.sh`): each
 /// also kills the leader, pauses the whole cluster past the TTL, or kills
 /// a follower, early in the schedule (chosen by the seed), and heals it
-/// before the schedule's faults stop; [`at_once`] schedules share each
+/// before the schedule's faults stop; `QUORUMLOCK_EXPLORE_AT_ONCE` schedules share each
 /// cluster fault. `QUORUMLOCK_EXPLORE_SECONDS` long (default: 2 rounds).
 pub async fn explore_on_cluster(t: &FaultTarget, cluster: &mut Cluster) -> Row {
     let ttl = t.backend("qle-probe").await.capabilities().session_ttl;
@@ -256,7 +257,7 @@ pub async fn explore_on_cluster(t: &FaultTarget, cluster: &mut Cluster) -> Row {
     let mut schedules = 0u64;
     let mut rounds = 0u64;
     loop {
-        // One cluster fault per round, under [`at_once`] schedules (the
+        // One cluster fault per round, under `at_once()` schedules (the
         // replay seed alone when replaying): each lives through it.
         let width = if replay_seed().is_some() {
             1
