@@ -68,7 +68,9 @@ CERTS=$STATE/certs
 ALL_STORES=(zk etcd etcd35 consul redis zk-tls etcd-tls consul-tls redis-tls)
 
 # Debian packages from the machine's own suite (bookworm).
-APT_PACKAGES=(zookeeper etcd-server etcd-client protobuf-compiler libprotobuf-dev libcurator-recipes-java redis-server)
+# openssl makes the TLS stores' certificates (scripts/certs.sh); the TLS
+# ZooKeeper runs Netty's connection factory (libnetty-java).
+APT_PACKAGES=(zookeeper etcd-server etcd-client protobuf-compiler libprotobuf-dev libcurator-recipes-java redis-server openssl libnetty-java)
 # The Curator interop test compiles its Java peer: a JDK, unless one is there
 # (zookeeper pulls in only a JRE).
 command -v javac >/dev/null || APT_PACKAGES+=(default-jdk-headless)

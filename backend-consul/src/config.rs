@@ -305,29 +305,8 @@ impl ConsulConfig {
                 list
             }
         };
-        let ca_file = match opts.take("ca") {
-            None => None,
-            Some(_) if !tls => {
-                return Err(invalid(
-                    "URL option ca= needs consuls:// (plain consul:// does not use TLS)",
-                ))
-            }
-            Some(p) if p.is_empty() => return Err(invalid("URL option ca= is empty")),
-            Some(p) => Some(PathBuf::from(p)),
-        };
-        let mut file = |key: &str| match opts.take(key) {
-            None => Ok(None),
-            Some(_) if !tls => Err(invalid(format!(
-                "URL option {key}= needs consuls:// (plain consul:// does not use TLS)"
-            ))),
-            Some(p) if p.is_empty() => Err(invalid(format!("URL option {key}= is empty"))),
-            Some(p) => Ok(Some(PathBuf::from(p))),
-        };
-        let client_cert_file = file("cert")?;
-        let client_key_file = file("key")?;
-        if client_cert_file.is_some() != client_key_file.is_some() {
-            return Err(invalid("URL options cert= and key= go together"));
-        }
+        let (ca_file, client_cert_file, client_key_file) = opts
+            .tls_files((!tls).then_some("needs consuls:// (plain consul:// does not use TLS)"))?;
         let connect_timeout = opts.duration(
             "connect_timeout",
             DEFAULT_CONNECT_TIMEOUT,

@@ -196,22 +196,8 @@ impl RedisConfig {
         )?;
         let db = number(&mut opts, "db", 0, 1 << 20)?;
         let wait_replicas = number(&mut opts, "wait_replicas", 0, 1000)?;
-        let mut file = |key: &str| match opts.take(key) {
-            None => Ok(None),
-            Some(_) if !tls => Err(invalid(format!(
-                "URL option {key}= needs rediss:// (plain redis:// does not use TLS)"
-            ))),
-            Some(p) if p.is_empty() => Err(invalid(format!("URL option {key}= is empty"))),
-            Some(p) => Ok(Some(PathBuf::from(p))),
-        };
-        let ca_file = file("ca")?;
-        let client_cert_file = file("cert")?;
-        let client_key_file = file("key")?;
-        if client_cert_file.is_some() != client_key_file.is_some() {
-            return Err(invalid(
-                "URL options cert= and key= go together".to_string(),
-            ));
-        }
+        let (ca_file, client_cert_file, client_key_file) =
+            opts.tls_files((!tls).then_some("needs rediss:// (plain redis:// does not use TLS)"))?;
         let connect_timeout = opts.duration(
             "connect_timeout",
             DEFAULT_CONNECT_TIMEOUT,

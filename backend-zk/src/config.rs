@@ -209,17 +209,7 @@ impl ZkConfig {
             Duration::from_millis(100),
             Duration::from_secs(600),
         )?;
-        let mut file = |key: &str| match opts.take(key) {
-            None => Ok(None),
-            Some(p) if p.is_empty() => Err(invalid(format!("URL option {key}= is empty"))),
-            Some(p) => Ok(Some(PathBuf::from(p))),
-        };
-        let ca_file = file("ca")?;
-        let client_cert_file = file("cert")?;
-        let client_key_file = file("key")?;
-        if client_cert_file.is_some() != client_key_file.is_some() {
-            return Err(invalid("URL options cert= and key= go together"));
-        }
+        let (ca_file, client_cert_file, client_key_file) = opts.tls_files(None)?;
         if client_cert_file.is_some() && ca_file.is_none() {
             return Err(invalid(
                 "URL options cert= and key= need ca= (TLS; the client library has no system roots)",

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 pub use url::Url;
@@ -170,6 +171,30 @@ impl Options {
                 format!("URL option {key}={v:?} is not a boolean"),
             )),
         }
+    }
+
+    /// The TLS file options `ca=`, `cert=` and `key=`, as `(ca, cert, key)`:
+    /// each absent or a non-empty path, `cert=` and `key=` together.
+    /// `plain`: why they are refused when the URL's scheme does not use TLS
+    /// (e.g. `"needs rediss:// (plain redis:// does not use TLS)"`).
+    pub fn tls_files(
+        &mut self,
+        plain: Option<&str>,
+    ) -> Result<(Option<PathBuf>, Option<PathBuf>, Option<PathBuf>)> {
+        let invalid = |msg: String| Error::new(ErrorKind::InvalidUrl, msg);
+        let mut file = |key: &str| match (self.take(key), plain) {
+            (None, _) => Ok(None),
+            (Some(_), Some(why)) => Err(invalid(format!("URL option {key}= {why}"))),
+            (Some(p), None) if p.is_empty() => Err(invalid(format!("URL option {key}= is empty"))),
+            (Some(p), None) => Ok(Some(PathBuf::from(p))),
+        };
+        let ca = file("ca")?;
+        let cert = file("cert")?;
+        let key = file("key")?;
+        if cert.is_some() != key.is_some() {
+            return Err(invalid("URL options cert= and key= go together".into()));
+        }
+        Ok((ca, cert, key))
     }
 
     /// Fails on any option not taken, naming the options this scheme knows.
