@@ -6,15 +6,17 @@
 #
 #   scripts/chaos.sh [--minutes N] [--backend B]... [--keep-results FILE]
 #
-#   --minutes N   total wall time to spend (default 10), shared evenly by
-#                 the backends. In its share a backend first runs the
+#   --minutes N   total wall time to spend (default 10), shared by the
+#                 backends: each store 4 parts, mem (the in-process
+#                 reference) 1. In its share a backend first runs the
 #                 fault explorer (random schedules under random faults,
-#                 checked by the history checker) for three quarters of
-#                 it, QUORUMLOCK_EXPLORE_AT_ONCE schedules in flight
-#                 (default here 12), each QUORUMLOCK_EXPLORE_RUN_SECONDS
-#                 long (default here 3); then passes of the scripted
-#                 scenarios, each repeating its rounds for
-#                 QUORUMLOCK_CHAOS_SECONDS, while they fit.
+#                 checked by the history checker) for nine tenths of it,
+#                 QUORUMLOCK_EXPLORE_AT_ONCE schedules in flight (default
+#                 here 20; Consul 32: its schedules mostly wait out
+#                 session TTLs of 10 s), each
+#                 QUORUMLOCK_EXPLORE_RUN_SECONDS long (default here 3);
+#                 then passes of the scripted scenarios, each repeating its
+#                 rounds for QUORUMLOCK_CHAOS_SECONDS, while they fit.
 #   --backend B   mem, etcd, zk, consul or redis (repeatable; default: all).
 #   --keep-results FILE   append the raw rows (TSV) to FILE.
 #   --no-clusters  skip the three-node cluster scenarios.
@@ -22,7 +24,7 @@
 # After its timed passes, each real backend with a cluster target runs its
 # cluster scenarios and explorer rounds on a three-node cluster (each round
 # kills the leader, pauses the whole cluster past the TTL or kills a
-# follower under QUORUMLOCK_EXPLORE_AT_ONCE schedules) once (clusters on
+# follower under 12 schedules, QUORUMLOCK_EXPLORE_CLUSTER_AT_ONCE) once (clusters on
 # 127.0.0.2-4, started and stopped by the tests; about 20 s for etcd, 2-3
 # min for ZooKeeper and Consul), through backend-<B>/tests/fault_cluster.rs
 # (one `cluster_fault_suite!(...)`); this time is not part of --minutes.
@@ -87,15 +89,21 @@ export QUORUMLOCK_CHAOS_RESULTS=$results
 export QUORUMLOCK_TEST_REQUIRE=1
 export CARGO_TERM_COLOR=never
 
-# Seconds per backend: three quarters for the explorer's random
-# schedules, the rest for passes of the scripted scenarios.
-slice=$(awk -v m="$minutes" -v n="${#backends[@]}" 'BEGIN { printf "%d", m * 60 / n }')
-explore_share=$(( slice * 3 / 4 ))
-per_scenario=$(awk -v s="$slice" -v e="$explore_share" -v k="$SCENARIOS" 'BEGIN { p = (s - e) / k; printf "%d", (p < 1 ? 1 : p) }')
-export QUORUMLOCK_CHAOS_SECONDS=$per_scenario
-export QUORUMLOCK_EXPLORE_AT_ONCE=${QUORUMLOCK_EXPLORE_AT_ONCE:-12}
+# Seconds per backend (weight: mem 1, a store 4): nine tenths for the
+# explorer's random schedules, the rest for passes of the scripted
+# scenarios.
+weight() { if [ "$1" = mem ]; then echo 1; else echo 4; fi; }
+weights=0
+for b in "${backends[@]}"; do weights=$((weights + $(weight "$b"))); done
+slice_of() { awk -v m="$minutes" -v w="$(weight "$1")" -v t="$weights" 'BEGIN { printf "%d", m * 60 * w / t }'; }
+# Schedules in flight: given, or 20 (Consul 32).
+at_once_of() {
+  if [ -n "${QUORUMLOCK_EXPLORE_AT_ONCE:-}" ]; then echo "$QUORUMLOCK_EXPLORE_AT_ONCE"
+  elif [ "$1" = consul ]; then echo 32; else echo 20; fi
+}
+cluster_at_once=${QUORUMLOCK_EXPLORE_CLUSTER_AT_ONCE:-12}
 export QUORUMLOCK_EXPLORE_RUN_SECONDS=${QUORUMLOCK_EXPLORE_RUN_SECONDS:-3}
-log "${#backends[@]} backend(s), ${slice}s each: explorer ${explore_share}s (${QUORUMLOCK_EXPLORE_AT_ONCE} schedules at once, ${QUORUMLOCK_EXPLORE_RUN_SECONDS}s each), then ${per_scenario}s per scenario per pass"
+log "${#backends[@]} backend(s), ${minutes} min: a store $(slice_of etcd)s, mem $(slice_of mem)s; explorer 9/10 of it (${QUORUMLOCK_EXPLORE_RUN_SECONDS}s schedules), then the scripted scenarios"
 
 # add_missing_rows BACKEND LOG FIRST_LINE: a FAIL row for every test that
 # failed in LOG without recording its own row (rows from line FIRST_LINE on).
@@ -126,13 +134,19 @@ for b in "${backends[@]}"; do
   fi
   log "$b: building"
   cargo test -q "${suite[@]}" --no-run >&2
+  slice=$(slice_of "$b")
+  explore_share=$(( slice * 9 / 10 ))
+  export QUORUMLOCK_CHAOS_SECONDS
+  QUORUMLOCK_CHAOS_SECONDS=$(awk -v s="$slice" -v e="$explore_share" -v k="$SCENARIOS" 'BEGIN { p = (s - e) / k; printf "%d", (p < 1 ? 1 : p) }')
+  export QUORUMLOCK_EXPLORE_AT_ONCE
+  QUORUMLOCK_EXPLORE_AT_ONCE=$(at_once_of "$b")
   start=$(date +%s)
   # The explorer first: its share split between the explorer tests of the
   # target (etcd has one per version), which run one after the other.
   n_explore=$(cargo test -q "${suite[@]}" -- --list 2>/dev/null | grep -c 'explore_random_schedules: test' || true)
   [ "$n_explore" -gt 0 ] || n_explore=1
   out=$logs/$b.explore.log
-  log "$b: explorer, ${explore_share}s over $n_explore target(s) (log: $out)"
+  log "$b: explorer, ${explore_share}s over $n_explore target(s), $QUORUMLOCK_EXPLORE_AT_ONCE at once (log: $out); then ${QUORUMLOCK_CHAOS_SECONDS}s per scenario per pass"
   first=$(( $(wc -l <"$results") + 1 ))
   if ! QUORUMLOCK_EXPLORE_SECONDS=$(( explore_share / n_explore )) \
       cargo test "${suite[@]}" -- explore_random_schedules --test-threads=1 >"$out" 2>&1; then
@@ -161,7 +175,7 @@ for b in "${backends[@]}"; do
       out=$logs/$b.cluster.log
       log "$b: cluster scenarios (log: $out)"
       first=$(( $(wc -l <"$results") + 1 ))
-      if ! QUORUMLOCK_CHAOS_SECONDS=0 QUORUMLOCK_EXPLORE_SECONDS=0 \
+      if ! QUORUMLOCK_CHAOS_SECONDS=0 QUORUMLOCK_EXPLORE_SECONDS=0 QUORUMLOCK_EXPLORE_AT_ONCE=$cluster_at_once \
           cargo test "${cluster[@]}" -- --include-ignored --test-threads=1 >"$out" 2>&1; then
         failed_tests=1
         add_missing_rows "$b-cluster" "$out" "$first"
@@ -202,6 +216,15 @@ awk -F'\t' '
 echo
 echo "explorer (random schedules; faults by kind):"
 awk -F'\t' '$2 ~ /^explore_/ { printf "  %-14s %s  %s\n", $1, $10, substr($11, 1, 300) }' "$results"
+echo
+echo "schedules per store (single node and cluster explorer rows together):"
+awk -F'\t' '$2 ~ /^explore_/ {
+    store = $1; sub(/-.*$/, "", store); sub(/[0-9]+$/, "", store)
+    n = $11; sub(/ schedules.*$/, "", n)
+    if (!(store in total)) order[k++] = store
+    total[store] += n; bad[store] += ($10 == "ok" ? 0 : 1)
+  }
+  END { for (i = 0; i < k; i++) { s = order[i]; printf "  %-8s %6d schedules, %d explorer row(s) not ok\n", s, total[s], bad[s] } }' "$results"
 echo
 echo "raw rows: $results   logs: $logs"
 exit "$failed_tests"

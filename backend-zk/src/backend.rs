@@ -1,6 +1,7 @@
 //! The `Backend` for ZooKeeper: connection setup, the Curator layout, and
 //! the admin operations (inspect, break, revoke, kill, leftovers).
 
+use std::collections::HashSet;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -93,6 +94,7 @@ impl ZkBackend {
                 negotiated_ms: AtomicU64::new(0),
                 opened: Mutex::new(Vec::new()),
                 admin: tokio::sync::Mutex::new(None),
+                known_dirs: Mutex::new(HashSet::new()),
             }),
         }
     }

@@ -5,7 +5,7 @@
 //! requests, counted and mapped, the contender nodes it creates and
 //! deletes).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -37,7 +37,15 @@ pub(crate) struct Shared {
     /// A lazily opened session for admin reads and writes (inspect,
     /// break, revoke, leftovers); it never creates nodes of its own.
     pub(crate) admin: tokio::sync::Mutex<Option<zk::Client>>,
+    /// Lock nodes seen to exist, a hint only (a container may be reaped
+    /// since): the first acquire of a node not in it creates the node and
+    /// the contender in one transaction.
+    pub(crate) known_dirs: Mutex<HashSet<Box<str>>>,
 }
+
+/// At most this many entries in [`Shared::known_dirs`]; then it starts
+/// over (a forgotten node costs one failed transaction, not a wrong grant).
+const KNOWN_DIRS: usize = 65_536;
 
 #[derive(Clone)]
 pub(crate) struct Registered {
@@ -118,6 +126,22 @@ impl Shared {
 
     pub(crate) fn count_watch_event(&self) {
         self.watch_events.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn dir_known(&self, dir: &str) -> bool {
+        self.known_dirs.lock().expect("poisoned").contains(dir)
+    }
+
+    fn note_dir(&self, dir: &str, exists: bool) {
+        let mut known = self.known_dirs.lock().expect("poisoned");
+        if !exists {
+            known.remove(dir);
+        } else if !known.contains(dir) {
+            if known.len() >= KNOWN_DIRS {
+                known.clear();
+            }
+            known.insert(dir.into());
+        }
     }
 
     /// The path of the lock node of `name`: `/<namespace>/<name>`.
@@ -317,6 +341,18 @@ pub(crate) fn sequence_of(node: &str) -> Option<u64> {
     node[digits..].parse().ok()
 }
 
+/// What [`Inner::create_contender`] reads with the create.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Listing {
+    /// Nothing: a repeat acquire of a lock we last found free.
+    Skip,
+    /// The lock's children, right behind the create.
+    Behind,
+    /// The children; or, for a lock node not known to exist, none: it is
+    /// created with ours in one transaction.
+    OrNewLockNode,
+}
+
 /// A created contender node.
 pub(crate) struct Created {
     pub(crate) node: String,
@@ -327,6 +363,10 @@ pub(crate) struct Created {
     pub(crate) listed: Option<Vec<String>>,
     /// The directory's creation zxid, when listed right behind the create.
     pub(crate) dir_czxid: Option<i64>,
+}
+
+fn container_options() -> zk::CreateOptions<'static> {
+    zk::CreateMode::Container.with_acls(zk::Acls::anyone_all())
 }
 
 pub(crate) fn create_options() -> zk::CreateOptions<'static> {
@@ -423,7 +463,7 @@ impl Inner {
     /// as Curator's `creatingParentContainersIfNeeded` does. All creates
     /// are sent at once; ZooKeeper applies them in order.
     pub(crate) async fn make_parents(&self, c: &zk::Client, dir: &str) -> Result<()> {
-        let opts = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+        let opts = container_options();
         let mut paths = Vec::new();
         for (i, ch) in dir.char_indices().skip(1) {
             if ch == '/' {
@@ -526,10 +566,14 @@ impl Inner {
         Ok(deleted)
     }
 
-    /// Creates our contender node and, if `list`, lists the lock's
-    /// children. With pipelining, the listing is sent right behind the
-    /// create (one round trip); ZooKeeper answers one session's requests
-    /// in order, so the listing already contains our node.
+    /// Creates our contender node and, unless [`Listing::Skip`], lists the
+    /// lock's children. With pipelining, the listing is sent right behind
+    /// the create (one round trip); ZooKeeper answers one session's
+    /// requests in order, so the listing already contains our node. With
+    /// [`Listing::OrNewLockNode`], a `dir` not known to exist is created in
+    /// the same transaction as our node (a lock taken for the first time
+    /// costs one round trip, not three); the transaction itself is the
+    /// listing then.
     ///
     /// After a connection loss during the create, our node is looked up by
     /// its GUID instead of creating a second one (Curator's protection,
@@ -541,8 +585,9 @@ impl Inner {
         marker: &str,
         data: &[u8],
         req: &AcquireRequest,
-        list: bool,
+        listing: Listing,
     ) -> Result<Created> {
+        let list = listing != Listing::Skip;
         let guid_prefix = format!("_c_{}-", req.contender.hyphenated());
         let prefix = format!("{dir}/{guid_prefix}{marker}");
         let opts = create_options();
@@ -554,30 +599,99 @@ impl Inner {
                     "session lost while creating the contender node",
                 ));
             }
-            let (created, listed) = if list && self.shared.config.pipeline {
+            let may_create_dir = listing == Listing::OrNewLockNode && self.shared.config.pipeline;
+            let fresh = may_create_dir && !self.shared.dir_known(dir);
+            let (created, listed) = if fresh {
+                // A lock node we have not seen: create it and our node in
+                // one transaction (one log write, as a lone create). If it
+                // commits, the lock node is new and ours its only child:
+                // that is the listing, read in the same step. If the lock
+                // node exists, the transaction fails as a whole and ours is
+                // created alone next time round.
+                // The server may answer a create in a multi without its
+                // stat (ZOOKEEPER-4026): ours is read right behind it. The
+                // first child of a new node has sequence number 0.
+                let sent = self.send(2);
+                let mut multi = c.new_multi_writer();
+                multi
+                    .add_create(dir, &[], &container_options())
+                    .and_then(|()| multi.add_create(&prefix, data, &opts))
+                    .map_err(|e| map(e, "creating the contender node"))?;
+                let first = format!("{prefix}{:010}", 0);
+                let (mr, sr) = futures::join!(multi.commit(), c.check_stat(&first));
+                let cr = match mr {
+                    Ok(results) => match &results[..] {
+                        [zk::MultiWriteResult::Create { .. }, zk::MultiWriteResult::Create { path, stat }] =>
+                        {
+                            match (stat.is_invalid(), sr) {
+                                (false, _) => Ok((path.clone(), *stat)),
+                                (true, Ok(Some(stat))) if *path == first => Ok((first, stat)),
+                                // Deleted already (broken): never grant.
+                                (true, Ok(None)) => Err(zk::Error::NoNode),
+                                (true, Ok(Some(_))) => Err(zk::Error::UnexpectedError(format!(
+                                    "our node {path} of a new lock node is not {first}"
+                                ))),
+                                (true, Err(e)) => Err(e),
+                            }
+                        }
+                        other => Err(zk::Error::UnexpectedError(format!(
+                            "a transaction of two creates answered {other:?}"
+                        ))),
+                    },
+                    Err(zk::MultiWriteError::OperationFailed { index: 0, source })
+                        if source == zk::Error::NodeExists =>
+                    {
+                        self.heard(sent, &Err::<(), _>(source));
+                        self.shared.note_dir(dir, true);
+                        continue;
+                    }
+                    Err(e) => Err(e.into()),
+                };
+                self.heard(sent, &cr);
+                // One transaction: the lock node's czxid is ours, and ours
+                // is its only child. That is the listing, read in the step
+                // that created both.
+                let listed = cr.as_ref().ok().map(|(node, stat)| {
+                    let ours = node.rsplit('/').next().unwrap_or_default().to_string();
+                    (vec![ours], *stat)
+                });
+                (cr, listed)
+            } else if list && self.shared.config.pipeline {
                 let sent = self.send(2);
                 let create = c.create(&prefix, data, &opts);
                 let list = c.get_children(dir);
                 let (cr, lr) = futures::join!(create, list);
                 self.heard(sent, &cr);
-                (cr, lr.ok())
+                (
+                    cr.map(|(stat, seq)| (format!("{prefix}{seq}"), stat)),
+                    lr.ok(),
+                )
             } else {
                 let sent = self.send(1);
                 let cr = c.create(&prefix, data, &opts).await;
                 self.heard(sent, &cr);
-                (cr, None)
+                (cr.map(|(stat, seq)| (format!("{prefix}{seq}"), stat)), None)
             };
             match created {
-                Ok((stat, seq)) => {
+                Ok((node, stat)) => {
+                    self.shared.note_dir(dir, true);
                     return Ok(Created {
-                        node: format!("{prefix}{seq}"),
-                        seq: seq.into_i64() as u64,
+                        seq: sequence_of(&node).unwrap_or(u64::MAX),
+                        node,
                         stat,
                         dir_czxid: listed.as_ref().map(|(_, st)| st.czxid),
                         listed: listed.map(|(children, _)| children),
                     });
                 }
-                Err(zk::Error::NoNode) if attempts < 8 => self.make_parents(c, dir).await?,
+                Err(zk::Error::NoNode) if attempts < 8 && may_create_dir && !fresh => {
+                    // The lock node is gone (a container is reaped once
+                    // empty): the next round creates it with ours.
+                    self.shared.note_dir(dir, false);
+                }
+                Err(zk::Error::NoNode) if attempts < 8 => {
+                    self.make_parents(c, dir).await?;
+                    self.shared.note_dir(dir, true);
+                }
                 Err(e) if is_connection_trouble(&e) && attempts < 8 => {
                     // The create may have been applied: find our node by
                     // its GUID. Create again only once a listing proves it

@@ -15,8 +15,8 @@ use tracing::Instrument;
 use zookeeper_client as zk;
 
 use crate::core::{
-    self, is_terminal, lost_session, sequence_of, Created, Inner, ParentWatch, Shared, Shutdown,
-    CHAINS_KEPT,
+    self, is_terminal, lost_session, sequence_of, Created, Inner, Listing, ParentWatch, Shared,
+    Shutdown, CHAINS_KEPT,
 };
 use crate::error::map;
 use crate::layout::{self, Role, LOCK_MARKER};
@@ -149,8 +149,13 @@ impl Inner {
             Some(_) if !repeat => Some(self.watch_parent(&c, &dir)),
             _ => None,
         };
+        let listing = if repeat {
+            Listing::Skip
+        } else {
+            Listing::OrNewLockNode
+        };
         let created = self
-            .create_contender(&c, &dir, role.marker(), &req.value, req, !repeat)
+            .create_contender(&c, &dir, role.marker(), &req.value, req, listing)
             .await?;
         let armed = match arming {
             Some(f) => f.await,
@@ -239,7 +244,7 @@ impl Inner {
             listed,
             ..
         } = self
-            .create_contender(&c, &locks_dir, LOCK_MARKER, &data, req, true)
+            .create_contender(&c, &locks_dir, LOCK_MARKER, &data, req, Listing::Behind)
             .await?;
         let mut backoff = Duration::from_millis(20);
         self.take_internal_mutex(
@@ -267,7 +272,14 @@ impl Inner {
             mut listed,
             ..
         } = self
-            .create_contender(&c, &leases_dir, layout::LEASE_MARKER, &data, req, true)
+            .create_contender(
+                &c,
+                &leases_dir,
+                layout::LEASE_MARKER,
+                &data,
+                req,
+                Listing::Behind,
+            )
             .await?;
         let our_lease = lease_node.rsplit('/').next().expect("a path").to_string();
         // 3. Wait (the only waiter on the leases, herd-free) until our

@@ -298,6 +298,7 @@ async fn scale(url: &str, count: usize) -> quorumlock::Result<Value> {
     };
     let with_one = idle_requests(c.clone()).await;
     let mem_before = alloc::live_bytes();
+    let sent_before = c.backend().requests_sent();
     let t = Instant::now();
     let guards: Vec<LockGuard> = stream::iter(1..count)
         .map(|i| {
@@ -310,11 +311,13 @@ async fn scale(url: &str, count: usize) -> quorumlock::Result<Value> {
         .into_iter()
         .collect::<quorumlock::Result<_>>()?;
     let acquire_all = t.elapsed();
+    let acquire_requests = c.backend().requests_sent() - sent_before;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mem_per_lock = (alloc::live_bytes() - mem_before) as f64 / (count - 1) as f64;
     let with_all = idle_requests(c.clone()).await;
     let sessions: std::collections::HashSet<String> =
         guards.iter().map(|g| g.session_id()).collect();
+    let sent_before = c.backend().requests_sent();
     let t = Instant::now();
     stream::iter(guards)
         .map(|g| g.release())
@@ -324,6 +327,7 @@ async fn scale(url: &str, count: usize) -> quorumlock::Result<Value> {
         .into_iter()
         .collect::<quorumlock::Result<Vec<()>>>()?;
     let release_all = t.elapsed();
+    let release_requests = c.backend().requests_sent() - sent_before;
     first.release().await?;
     c.close().await;
     Ok(json!({
@@ -331,6 +335,8 @@ async fn scale(url: &str, count: usize) -> quorumlock::Result<Value> {
         "sessions": sessions.len(),
         "acquire_all_s": acquire_all.as_secs_f64(),
         "release_all_s": release_all.as_secs_f64(),
+        "acquire_requests_per_lock": acquire_requests as f64 / (count - 1) as f64,
+        "release_requests_per_lock": release_requests as f64 / (count - 1) as f64,
         "ttl_s": ttl.as_secs_f64(),
         "requests_per_ttl_one_lock": with_one,
         "requests_per_ttl_all_locks": with_all,
@@ -507,8 +513,8 @@ fn print_markdown(r: &Value) {
     }
     let s = &r["scale"];
     println!(
-        "| {} locks held by one client ({} session) | | | acquire all {} s (floor {} s), release all {} s (floor {} s); keepalive requests per TTL: {} with 1 lock, {} with all; {} bytes per lock |",
-        s["locks"], s["sessions"], f(&s["acquire_all_s"]), f(&s["floor_acquire_all_s"]), f(&s["release_all_s"]), f(&s["floor_release_all_s"]), s["requests_per_ttl_one_lock"], s["requests_per_ttl_all_locks"], f(&s["client_bytes_per_lock"])
+        "| {} locks held by one client ({} session) | | | acquire all {} s (floor {} s, {} requests per lock), release all {} s (floor {} s, {} requests per lock); keepalive requests per TTL: {} with 1 lock, {} with all; {} bytes per lock |",
+        s["locks"], s["sessions"], f(&s["acquire_all_s"]), f(&s["floor_acquire_all_s"]), f(&s["acquire_requests_per_lock"]), f(&s["release_all_s"]), f(&s["floor_release_all_s"]), f(&s["release_requests_per_lock"]), s["requests_per_ttl_one_lock"], s["requests_per_ttl_all_locks"], f(&s["client_bytes_per_lock"])
     );
     let l = &r["loss_detection"];
     println!(
