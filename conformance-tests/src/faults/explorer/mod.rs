@@ -384,7 +384,7 @@ async fn hold(
         let sh = sh.clone();
         tokio::spawn(async move {
             lost.await;
-            sh.log.end(id, Instant::now());
+            sh.log.end(id, Instant::now(), "lost() heard");
         })
     };
     let write = |sh: &Shared, g: &LockGuard| {
@@ -397,13 +397,13 @@ async fn hold(
         Duration::from_millis(rng.gen_range(0..=(ttl.as_millis() as u64 / 4).clamp(1, 300)));
     tokio::time::sleep(dwell).await;
     write(sh, &g);
-    sh.log.end(id, Instant::now());
+    sh.log.end(id, Instant::now(), "let go");
     // `is_held()` says false from the local deadline on, whatever the
     // reason the loss was later reported with and however late the task
     // that fires `lost()` ran (on a loaded machine the store's own expiry
     // can be heard first): a deadline already passed ended the belief.
     if let Some(d) = g.deadline().filter(|d| *d <= Instant::now()) {
-        sh.log.end(id, d);
+        sh.log.end(id, d, "local deadline");
     }
     watcher.abort();
     if rng.gen_bool(0.5) {
@@ -481,8 +481,10 @@ async fn nemesis(
                 let name = all[rng.gen_range(0..all.len())];
                 n.breaks += 1;
                 let at = Instant::now();
-                if let Ok(true) = admin.break_lock(name).await {
-                    sh.log.force(at, Forced::Name(name));
+                match admin.break_lock(name).await {
+                    Ok(true) => sh.log.force(at, Instant::now(), Forced::Name(name)),
+                    Ok(false) => {}
+                    Err(e) => eprintln!("explorer: the break of {name} failed: {e}"),
                 }
             }
             80..=89 => {
@@ -494,8 +496,11 @@ async fn nemesis(
                 if let Some(id) = clients[ci].session_id().await {
                     n.kills += 1;
                     let at = Instant::now();
-                    if admin.backend().kill_session(&id).await.is_ok() {
-                        sh.log.force(at, Forced::Client(ci));
+                    match admin.backend().kill_session(&id).await {
+                        Ok(()) => sh.log.force(at, Instant::now(), Forced::Client(ci)),
+                        Err(e) => {
+                            eprintln!("explorer: the kill of client {ci}'s session failed: {e}")
+                        }
                     }
                 }
             }

@@ -17,7 +17,7 @@ pub(super) fn fresh_seed() -> u64 {
 }
 
 /// How long the explorer runs schedules: `QUORUMLOCK_EXPLORE_SECONDS`
-/// (unset or 0: `QUORUMLOCK_EXPLORE_SEEDS` schedules, default 3).
+/// (unset or 0: `QUORUMLOCK_EXPLORE_SEEDS` schedules, default 4).
 pub(super) fn explore_budget() -> Duration {
     std::env::var("QUORUMLOCK_EXPLORE_SECONDS")
         .ok()
