@@ -32,3 +32,15 @@ pub fn free_port() -> u16 {
         .expect("a free loopback port")
         .port()
 }
+
+/// With `QUORUMLOCK_TEST_LOG` set (a `tracing` filter, e.g.
+/// `backend_etcd=debug,lockcore=debug`), the clients' diagnostics go to
+/// stderr: what a failing fault scenario needs to be understood.
+pub fn trace_from_env() {
+    if let Ok(filter) = std::env::var("QUORUMLOCK_TEST_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
+}

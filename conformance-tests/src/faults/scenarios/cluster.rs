@@ -64,7 +64,7 @@ pub async fn leader_killed_while_held(t: &FaultTarget, cluster: &mut Cluster) ->
     } else {
         (wc, wb, "b")
     };
-    let mut order = vec![got.token];
+    let mut order = vec![(got.acquired, got.token)];
     first.release().await.ok();
     let got = second
         .holds(
@@ -72,11 +72,16 @@ pub async fn leader_killed_while_held(t: &FaultTarget, cluster: &mut Cluster) ->
             &format!("waiter {second_who} after the leader change"),
         )
         .await;
-    order.push(got.token);
+    order.push((got.acquired, got.token));
     second.release().await.ok();
-    if order.windows(2).any(|w| w[0] >= w[1]) {
-        s.row
-            .violation(format!("waiter tokens not increasing: {order:?}"));
+    // In grant order: both may have been granted before this looks (one
+    // of them then lost with its session), and `select!` takes either.
+    order.sort();
+    let tokens: Vec<u64> = order.iter().map(|(_, t)| *t).collect();
+    if tokens.windows(2).any(|w| w[0] >= w[1]) {
+        s.row.violation(format!(
+            "waiter tokens not increasing in grant order: {tokens:?}"
+        ));
     }
     let r = std::mem::take(&mut *retries.lock().unwrap());
     if !r.is_empty() {

@@ -56,6 +56,7 @@ struct Scene<'a> {
 
 impl<'a> Scene<'a> {
     async fn new(target: &'a FaultTarget, scenario: &str) -> Scene<'a> {
+        crate::support::trace_from_env();
         let ns = format!("qlf-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
         let admin = target.client(&ns).await;
         let ttl = admin.backend().capabilities().session_ttl;
