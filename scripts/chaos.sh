@@ -96,9 +96,11 @@ weight() { if [ "$1" = mem ]; then echo 1; else echo 4; fi; }
 weights=0
 for b in "${backends[@]}"; do weights=$((weights + $(weight "$b"))); done
 slice_of() { awk -v m="$minutes" -v w="$(weight "$1")" -v t="$weights" 'BEGIN { printf "%d", m * 60 * w / t }'; }
-# Schedules in flight: given, or 20 (Consul 32).
+# Schedules in flight: given, or 20 (Consul 32). The given value is read
+# once, here: the loop below exports a value per backend.
+given_at_once=${QUORUMLOCK_EXPLORE_AT_ONCE:-}
 at_once_of() {
-  if [ -n "${QUORUMLOCK_EXPLORE_AT_ONCE:-}" ]; then echo "$QUORUMLOCK_EXPLORE_AT_ONCE"
+  if [ -n "$given_at_once" ]; then echo "$given_at_once"
   elif [ "$1" = consul ]; then echo 32; else echo 20; fi
 }
 cluster_at_once=${QUORUMLOCK_EXPLORE_CLUSTER_AT_ONCE:-12}
