@@ -68,8 +68,12 @@ rm -f "$out"
 step "cargo package --workspace (builds every published crate from its .crate file)"
 # cargo extracts a local registry's crates under registry/src/-<hash>/ once
 # per version and reuses them: a second run on one machine would verify
-# against the first run's sources (0.1.0 both times). Drop ours first.
+# against the first run's sources (0.1.0 both times). Drop ours first,
+# and what was compiled from them: a registry crate's build is never
+# checked against its sources again (a stale quorumlock-core from an
+# earlier run failed the verification of a backend using a newer API).
 rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/quorumlock*
+rm -rf "${CARGO_TARGET_DIR:-target}"/debug/.fingerprint/quorumlock-*
 cargo package --workspace --exclude quorumlock-bench --locked --allow-dirty
 
 step "a project outside the workspace on the packaged quorumlock (etcd), quickstart on etcd"
