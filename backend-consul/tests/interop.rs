@@ -546,13 +546,7 @@ async fn consul_lock_and_our_election_are_one_election() {
         .unwrap();
     let value = String::from_utf8_lossy(&out.stdout);
     assert!(value.contains(r#""value":"ours-1""#), "{value}");
-    let seen = other
-        .election("leader")
-        .unwrap()
-        .leader()
-        .await
-        .unwrap()
-        .unwrap();
+    let seen = conformance_tests::support::leader_of(&other, "leader").await;
     assert_eq!(seen.value, b"ours-1");
 
     g.resign().await.unwrap();

@@ -628,13 +628,7 @@ async fn one_election(t: &Target) {
         .await
         .expect("etcdctl not elected after our resign");
     assert!(elected.starts_with(&format!("{key}/")), "{elected}");
-    let now = other
-        .election("leader")
-        .unwrap()
-        .leader()
-        .await
-        .unwrap()
-        .unwrap();
+    let now = conformance_tests::support::leader_of(&other, "leader").await;
     assert_eq!(now.value, b"etcdctl-1");
     let mut seen = Vec::new();
     while let Some(l) = line_within(&mut listen_out, Duration::from_secs(10)).await {

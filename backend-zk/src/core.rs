@@ -603,14 +603,12 @@ impl Inner {
             let fresh = may_create_dir && !self.shared.dir_known(dir);
             let (created, listed) = if fresh {
                 // A lock node we have not seen: create it and our node in
-                // one transaction (one log write, as a lone create). If it
-                // commits, the lock node is new and ours its only child:
-                // that is the listing, read in the same step. If the lock
-                // node exists, the transaction fails as a whole and ours is
-                // created alone next time round.
-                // The server may answer a create in a multi without its
-                // stat (ZOOKEEPER-4026): ours is read right behind it. The
-                // first child of a new node has sequence number 0.
+                // one transaction (one log write, as a lone create). If the
+                // lock node exists, the transaction fails as a whole and
+                // ours is created alone next time round. The server may
+                // answer a create in a multi without its stat
+                // (ZOOKEEPER-4026): ours is read right behind it (the first
+                // child of a new node has sequence number 0).
                 let sent = self.send(2);
                 let mut multi = c.new_multi_writer();
                 multi
@@ -674,7 +672,11 @@ impl Inner {
             };
             match created {
                 Ok((node, stat)) => {
-                    self.shared.note_dir(dir, true);
+                    // Otherwise `dir` was known already, or the hint is not
+                    // used for it: no lock taken on the repeat path.
+                    if fresh {
+                        self.shared.note_dir(dir, true);
+                    }
                     return Ok(Created {
                         seq: sequence_of(&node).unwrap_or(u64::MAX),
                         node,

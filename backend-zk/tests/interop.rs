@@ -687,13 +687,7 @@ async fn curator_leader_latch_and_ours_are_one_election() {
     .expect("our candidate never queued behind Curator's");
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!ours_next.is_finished(), "two leaders at once");
-    let leader = other
-        .election("leader")
-        .unwrap()
-        .leader()
-        .await
-        .unwrap()
-        .unwrap();
+    let leader = conformance_tests::support::leader_of(&other, "leader").await;
     assert_eq!(leader.value, b"curator-1", "Curator's participant id");
 
     // 2. Curator closes its latch: ours leads; a second Curator latch
@@ -725,13 +719,7 @@ async fn curator_leader_latch_and_ours_are_one_election() {
     // 4. We resign: Curator's latch leads.
     g.resign().await.unwrap();
     peer.expect("leader c2").await;
-    let now = other
-        .election("leader")
-        .unwrap()
-        .leader()
-        .await
-        .unwrap()
-        .unwrap();
+    let now = conformance_tests::support::leader_of(&other, "leader").await;
     assert_eq!(now.value, b"curator-2");
     peer.send("close c2").await;
     peer.expect("closed c2").await;

@@ -44,3 +44,15 @@ pub fn trace_from_env() {
             .try_init();
     }
 }
+
+/// The current leader of election `name` as `client` reads it; panics if
+/// there is none (the election tests compare its value and token).
+pub async fn leader_of(client: &lockcore::LockClient, name: &str) -> lockcore::Leader {
+    client
+        .election(name)
+        .unwrap()
+        .leader()
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("election {name} has no leader"))
+}

@@ -57,13 +57,7 @@ pub async fn election_campaign_resign_and_proclaim(h: &Harness) {
     if proclaims(&a) {
         first.proclaim("node-a v2").await.unwrap();
         assert_eq!(first.value(), b"node-a v2");
-        let now = o
-            .election("leader")
-            .unwrap()
-            .leader()
-            .await
-            .unwrap()
-            .unwrap();
+        let now = crate::support::leader_of(&o, "leader").await;
         assert_eq!(now.value, b"node-a v2");
         assert_eq!(now.token, token, "proclaim keeps the token");
         assert!(first.is_leader(), "a proclaim is not a revoke or a loss");
