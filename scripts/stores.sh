@@ -456,9 +456,13 @@ start_etcd() { # DIR BIN NAME CLIENT_PORT PEER_PORT [TLS flags...]
 start_consul() {
   local dir=$1
   # CHECKPOINT_DISABLE and disable_update_check: no call home (loopback only).
+  # Every test client dials from one address and each waiting acquire holds
+  # a long poll: chaos.sh's explorer runs past the default cap of 200
+  # connections per client address, which Consul enforces by closing them.
   CHECKPOINT_DISABLE=1 launch consul "$CONSUL_BIN" agent -dev \
     -bind "$HOST" -client "$HOST" -node quorumlock-dev \
-    -hcl 'disable_update_check = true' -pid-file "$dir/consul-agent.pid"
+    -hcl 'disable_update_check = true' \
+    -hcl 'limits { http_max_conns_per_client = 4096 }' -pid-file "$dir/consul-agent.pid"
 }
 
 start_consul_tls() {

@@ -121,8 +121,8 @@ impl Drop for ClusterTurn {
 }
 
 impl Cluster {
-    /// Starts a cluster of `kind` and waits until it has a leader (at most
-    /// 90 s). Clusters run one at a time on the machine (they share
+    /// Starts a cluster of `kind` and waits until it has a leader and every
+    /// member serves (at most 90 s each). Clusters run one at a time on the machine (they share
     /// addresses and ports): hold the returned turn as long as the
     /// cluster, and drop the cluster first.
     pub async fn start(kind: StoreKind) -> std::io::Result<(Cluster, ClusterTurn)> {
@@ -146,6 +146,7 @@ impl Cluster {
             c.spawn(i)?;
         }
         c.wait_leader(Duration::from_secs(90)).await?;
+        c.wait_serving(Duration::from_secs(90)).await?;
         Ok((c, guard))
     }
 
@@ -264,6 +265,11 @@ impl Cluster {
                     // Elections in about 3 s instead of about 16 s (the
                     // default multiplier is for slow production links).
                     "-hcl=performance { raft_multiplier = 1 }".into(),
+                    // Every proxied client dials from 127.0.0.1, and each
+                    // waiting acquire holds a long poll: the default cap
+                    // of 200 connections per client address would refuse
+                    // a round of schedules (connections closed at once).
+                    "-hcl=limits { http_max_conns_per_client = 4096 }".into(),
                 ]);
                 for (j, other) in IPS.iter().enumerate() {
                     if j != i {
@@ -363,6 +369,38 @@ impl Cluster {
         }
     }
 
+    /// Waits until every member runs and answers on its client port with
+    /// a leader it knows: the faulty clients of a schedule dial the first
+    /// member, which a round's fault may have just restarted.
+    pub async fn wait_serving(&self, within: Duration) -> std::io::Result<()> {
+        let start = Instant::now();
+        loop {
+            let kind = self.kind;
+            let all: Vec<(usize, &'static str)> = (0..3).map(|i| (i, self.nodes[i].ip)).collect();
+            let up = (0..3).all(|i| self.is_up(i) && !self.nodes[i].stopped);
+            let serving = up
+                && tokio::task::spawn_blocking(move || {
+                    all.iter().all(|(_, ip)| serving_blocking(kind, ip))
+                })
+                .await
+                .unwrap_or(false);
+            if serving {
+                return Ok(());
+            }
+            if start.elapsed() > within {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "{:?} cluster: not every member serving within {within:?}; logs in {}",
+                        self.kind,
+                        self.dir.display()
+                    ),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     /// Where the nodes keep their data and logs.
     pub fn dir(&self) -> &Path {
         &self.dir
@@ -421,5 +459,28 @@ fn leader_blocking(kind: StoreKind, up: &[(usize, &'static str)]) -> Option<usiz
             let me = v.get("header")?.get("member_id")?.as_str()?.to_string();
             (leader == me).then_some(*i)
         }),
+    }
+}
+
+/// Whether the member at `ip` answers on its client port and knows a leader.
+fn serving_blocking(kind: StoreKind, ip: &str) -> bool {
+    match kind {
+        StoreKind::Zk => ask(&format!("{ip}:32181"), b"srvr")
+            .is_some_and(|out| out.contains("Mode: leader") || out.contains("Mode: follower")),
+        StoreKind::Consul => ask(
+            &format!("{ip}:38500"),
+            b"GET /v1/status/leader HTTP/1.0\r\n\r\n",
+        )
+        .and_then(|out| out.split("\r\n\r\n").nth(1).map(str::to_string))
+        .is_some_and(|body| !body.trim().trim_matches('"').is_empty()),
+        StoreKind::Etcd => ask(
+            &format!("{ip}:32379"),
+            b"POST /v3/maintenance/status HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
+        )
+        .and_then(|out| {
+            let body = out.split("\r\n\r\n").nth(1)?.to_string();
+            serde_json::from_str::<serde_json::Value>(&body).ok()
+        })
+        .is_some_and(|v| v.get("leader").and_then(|l| l.as_str()).is_some_and(|l| l != "0")),
     }
 }

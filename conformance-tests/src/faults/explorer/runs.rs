@@ -235,6 +235,11 @@ pub(super) async fn cluster_fault(cluster: &mut Cluster, seed: u64, ttl: Duratio
     if cluster.wait_leader(recover).await.is_err() {
         return "no leader after the fault";
     }
+    // The next round's faulty clients dial the first member: it must be
+    // back, not only some leader.
+    if cluster.wait_serving(recover).await.is_err() {
+        return "a member not serving after the fault";
+    }
     what
 }
 
