@@ -119,14 +119,23 @@ impl SessionLiveness {
         self.lost.set(reason);
     }
 
-    /// Why the session was lost, if it was.
+    /// Why the session was lost, if it was. A passed deadline is latched
+    /// here, not only when the watchdog wakes: a keepalive answer arriving
+    /// late (its request sent before the deadline) must not revive a
+    /// session that callers were already told is dead, and may have acted
+    /// on (an entry left for the store to remove with the session).
     pub fn loss(&self) -> Option<LossReason> {
         if let Some(r) = self.lost.get() {
             return Some(r);
         }
         match self.deadline() {
             Some(d) if Instant::now() < d => None,
-            Some(_) => Some(LossReason::DeadlinePassed),
+            Some(_) => {
+                self.lose(LossReason::DeadlinePassed);
+                Some(LossReason::DeadlinePassed)
+            }
+            // Not confirmed yet: not alive, but not lost either (the
+            // session is still being opened).
             None => Some(LossReason::DeadlinePassed),
         }
     }
@@ -314,6 +323,28 @@ mod tests {
         assert!(!l.is_alive());
         assert_eq!(l.lost().await, LossReason::DeadlinePassed);
         dog.await.unwrap();
+    }
+
+    /// The watchdog may run late (a loaded runtime): a caller that saw the
+    /// deadline pass has been told the session is dead, and a keepalive
+    /// answer arriving afterwards must not make it alive again.
+    #[tokio::test(start_paused = true)]
+    async fn a_passed_deadline_stays_passed_without_the_watchdog() {
+        let l = Arc::new(SessionLiveness::new());
+        let ttl = Duration::from_secs(10);
+        let sent = Instant::now();
+        l.confirm(sent, ttl);
+        tokio::time::sleep(Duration::from_millis(8_100)).await;
+        assert_eq!(l.loss(), Some(LossReason::DeadlinePassed));
+        // A keepalive sent before the deadline, answered after it.
+        l.confirm(sent + Duration::from_millis(7_000), ttl);
+        assert!(
+            !l.is_alive(),
+            "a late keepalive answer revived a dead session"
+        );
+        assert_eq!(l.loss(), Some(LossReason::DeadlinePassed));
+        // Latched: the supervisor (waiting on `lost`) ends the session.
+        assert_eq!(l.lost().await, LossReason::DeadlinePassed);
     }
 
     #[tokio::test]
