@@ -445,14 +445,16 @@ impl LockClient {
                         // the store clean before saying so.
                         // Bounded also without a deadline (a try, or a
                         // conflict on a waiting acquire): the rest goes on
-                        // in the background.
-                        let now = Instant::now();
-                        let bound = deadline.map_or(now, |d| d.max(now)) + ABANDON_GRACE;
+                        // in the background. The grace counts from the
+                        // deadline (a late wake-up must not add it again).
+                        let bound = deadline.unwrap_or_else(Instant::now) + ABANDON_GRACE;
                         pending.abandon(Some(bound)).await;
                         return Err(e);
                     }
                     None => {
-                        pending.abandon(Some(Instant::now() + ABANDON_GRACE)).await;
+                        // From the deadline, not from when the timer fired.
+                        let bound = deadline.unwrap_or_else(Instant::now) + ABANDON_GRACE;
+                        pending.abandon(Some(bound)).await;
                         return Err(timed_out(name));
                     }
                 }

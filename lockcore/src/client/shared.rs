@@ -160,9 +160,10 @@ pub(super) async fn remove_entry(
     }
 }
 
-/// How long a timed-out or failed acquire waits for the store to confirm
-/// that its entry is gone before returning; past it the removal goes on in
-/// the background ([`LockClient::wait_idle`] waits for it).
+/// How long past its deadline (or, without one, past its failure) an
+/// acquire waits for the store to confirm that its entry is gone before
+/// returning; past it the removal goes on in the background
+/// ([`LockClient::wait_idle`] waits for it).
 pub(super) const ABANDON_GRACE: Duration = Duration::from_millis(100);
 
 /// How long an acquire may wait.

@@ -125,23 +125,31 @@ struct Shared {
     drops: AtomicU64,
     errors: Mutex<Vec<String>>,
     lag: TimerLag,
+    /// Timed acquires, judged once the lag probe sampled past the last.
+    timed: Mutex<Vec<Timed>>,
 }
+
+/// One timed acquire: (client, name, timeout, called, took).
+type Timed = (usize, &'static str, Duration, Instant, Duration);
 
 /// How late the runtime's timers fire, sampled through the schedule: a
 /// timed acquire may overrun its timeout by that much more than the slack
 /// (a loaded machine, not the client), never by seconds on an idle one.
+/// Read only after [`TimerLag::sample`] ended: a stall is recorded when the
+/// probe wakes from it, which may be after the acquire it delayed returned.
 #[derive(Default)]
 struct TimerLag {
     /// (when, how late), for the wake-ups later than [`TimerLag::NOTED`].
     late: Mutex<Vec<(Instant, Duration)>>,
+    done: AtomicBool,
 }
 
 impl TimerLag {
     const PERIOD: Duration = Duration::from_millis(20);
     const NOTED: Duration = Duration::from_millis(10);
 
-    async fn sample(&self, stop: &AtomicBool) {
-        while !stop.load(Ordering::SeqCst) {
+    async fn sample(&self) {
+        while !self.done.load(Ordering::SeqCst) {
             let due = Instant::now() + Self::PERIOD;
             tokio::time::sleep_until(due).await;
             let now = Instant::now();
@@ -185,10 +193,11 @@ pub async fn explore(t: &FaultTarget, seed: u64, shape: Shape) -> Outcome {
         drops: AtomicU64::new(0),
         errors: Mutex::new(Vec::new()),
         lag: TimerLag::default(),
+        timed: Mutex::new(Vec::new()),
     });
     let lag_probe = tokio::spawn({
         let sh = shared.clone();
-        async move { sh.lag.sample(&sh.stop).await }
+        async move { sh.lag.sample().await }
     });
 
     let mut tasks = Vec::new();
@@ -217,7 +226,6 @@ pub async fn explore(t: &FaultTarget, seed: u64, shape: Shape) -> Outcome {
     )
     .await;
     shared.stop.store(true, Ordering::SeqCst);
-    let _ = lag_probe.await;
     for n in &nets {
         n.set_mode(NetMode::Pass);
     }
@@ -240,6 +248,11 @@ pub async fn explore(t: &FaultTarget, seed: u64, shape: Shape) -> Outcome {
             violations.push("background cleanup hung after the faults stopped".into());
         }
     }
+    // One more probe wake-up after the last acquire returned, then judge.
+    tokio::time::sleep(TimerLag::PERIOD * 2).await;
+    shared.lag.done.store(true, Ordering::SeqCst);
+    let _ = lag_probe.await;
+    violations.extend(overruns(&shared));
     violations.extend(shared.errors.lock().unwrap().drain(..));
     violations.extend(check(&shared));
     violations.extend(not_takeable(t, &ns, &names, ttl).await);
@@ -258,6 +271,24 @@ pub async fn explore(t: &FaultTarget, seed: u64, shape: Shape) -> Outcome {
         faults,
         violations,
     }
+}
+
+/// The timed acquires that returned later than their timeout, the slack
+/// and how late the timers ran meanwhile allow.
+fn overruns(sh: &Shared) -> Vec<String> {
+    let timed = sh.timed.lock().unwrap();
+    timed
+        .iter()
+        .filter_map(|&(ci, name, wait, start, took)| {
+            let lag = sh.lag.worst(start, start + took);
+            (took > wait + timed_slack() + lag).then(|| {
+                format!(
+                    "client {ci}: a timed acquire of {name} for {wait:?} returned after {took:?} \
+                     (timers ran late by up to {lag:?} meanwhile)"
+                )
+            })
+        })
+        .collect()
 }
 
 /// The names a fresh client cannot take once every task is done, within
@@ -376,12 +407,8 @@ async fn worker(c: LockClient, ci: usize, mut rng: StdRng, sh: Arc<Shared>, ttl:
             let start = Instant::now();
             let r = acquire.await;
             let took = start.elapsed();
-            let lag = sh.lag.worst(start, start + took);
-            if took > wait + timed_slack() + lag && how != 0 {
-                sh.errors.lock().unwrap().push(format!(
-                    "client {ci}: a timed acquire of {name} for {wait:?} returned after {took:?} \
-                     (timers ran late by up to {lag:?} meanwhile)"
-                ));
+            if how != 0 {
+                sh.timed.lock().unwrap().push((ci, name, wait, start, took));
             }
             r
         };
