@@ -9,6 +9,7 @@
 //! process is a child of the test and is killed when the [`Cluster`] is
 //! dropped; data lives in a temporary directory removed then.
 
+use std::future::Future;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -122,9 +123,9 @@ impl Drop for ClusterTurn {
 
 impl Cluster {
     /// Starts a cluster of `kind` and waits until it has a leader and every
-    /// member serves (at most 90 s each). Clusters run one at a time on the machine (they share
-    /// addresses and ports): hold the returned turn as long as the
-    /// cluster, and drop the cluster first.
+    /// member serves (at most 90 s each). Clusters run one at a time on
+    /// the machine (they share addresses and ports): hold the returned
+    /// turn as long as the cluster, and drop the cluster first.
     pub async fn start(kind: StoreKind) -> std::io::Result<(Cluster, ClusterTurn)> {
         let guard = ClusterTurn::take().await?;
         let mut c = Cluster {
@@ -350,48 +351,45 @@ impl Cluster {
 
     /// Waits until a leader is known.
     pub async fn wait_leader(&self, within: Duration) -> std::io::Result<usize> {
-        let start = Instant::now();
-        loop {
-            if let Some(l) = self.leader().await {
-                return Ok(l);
-            }
-            if start.elapsed() > within {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!(
-                        "{:?} cluster: no leader within {within:?}; logs in {}",
-                        self.kind,
-                        self.dir.display()
-                    ),
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        self.poll(within, "no leader", || self.leader()).await
     }
 
     /// Waits until every member runs and answers on its client port with
     /// a leader it knows: the faulty clients of a schedule dial the first
     /// member, which a round's fault may have just restarted.
     pub async fn wait_serving(&self, within: Duration) -> std::io::Result<()> {
-        let start = Instant::now();
-        loop {
+        self.poll(within, "not every member serving", || async {
             let kind = self.kind;
-            let all: Vec<(usize, &'static str)> = (0..3).map(|i| (i, self.nodes[i].ip)).collect();
+            let ips: Vec<&'static str> = self.nodes.iter().map(|n| n.ip).collect();
             let up = (0..3).all(|i| self.is_up(i) && !self.nodes[i].stopped);
             let serving = up
                 && tokio::task::spawn_blocking(move || {
-                    all.iter().all(|(_, ip)| serving_blocking(kind, ip))
+                    ips.iter()
+                        .all(|ip| status_blocking(kind, ip).is_some_and(|s| s.knows_leader))
                 })
                 .await
                 .unwrap_or(false);
-            if serving {
-                return Ok(());
+            serving.then_some(())
+        })
+        .await
+    }
+
+    /// Asks `check` every 200 ms until it answers, for at most `within`.
+    async fn poll<T, F, Fut>(&self, within: Duration, failing: &str, check: F) -> std::io::Result<T>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Option<T>>,
+    {
+        let start = Instant::now();
+        loop {
+            if let Some(v) = check().await {
+                return Ok(v);
             }
             if start.elapsed() > within {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
                     format!(
-                        "{:?} cluster: not every member serving within {within:?}; logs in {}",
+                        "{:?} cluster: {failing} within {within:?}; logs in {}",
                         self.kind,
                         self.dir.display()
                     ),
@@ -430,57 +428,71 @@ fn ask(addr: &str, req: &[u8]) -> Option<String> {
     Some(out)
 }
 
-fn leader_blocking(kind: StoreKind, up: &[(usize, &'static str)]) -> Option<usize> {
+/// What one member says of itself and its leader.
+struct MemberStatus {
+    /// This member leads.
+    leads: bool,
+    /// It knows a leader (itself or another).
+    knows_leader: bool,
+    /// The leader's address as it names it (Consul only).
+    leader_ip: Option<String>,
+}
+
+/// The status of the member at `ip`, if it answers on its client port.
+fn status_blocking(kind: StoreKind, ip: &str) -> Option<MemberStatus> {
     match kind {
-        StoreKind::Zk => up.iter().find_map(|(i, ip)| {
+        StoreKind::Zk => {
             let out = ask(&format!("{ip}:32181"), b"srvr")?;
-            out.contains("Mode: leader").then_some(*i)
-        }),
-        StoreKind::Consul => up.iter().find_map(|(_, ip)| {
+            let leads = out.contains("Mode: leader");
+            Some(MemberStatus {
+                leads,
+                knows_leader: leads || out.contains("Mode: follower"),
+                leader_ip: None,
+            })
+        }
+        StoreKind::Consul => {
             let out = ask(
                 &format!("{ip}:38500"),
                 b"GET /v1/status/leader HTTP/1.0\r\n\r\n",
             )?;
-            let body = out.split("\r\n\r\n").nth(1)?.trim().trim_matches('"').to_string();
-            let leader_ip = body.split(':').next()?;
-            // A follower may still name a leader that was just killed.
-            up.iter().find(|(_, ip)| *ip == leader_ip).map(|(i, _)| *i)
-        }),
-        StoreKind::Etcd => up.iter().find_map(|(i, ip)| {
+            let body = out.split("\r\n\r\n").nth(1)?.trim().trim_matches('"');
+            let leader_ip = body.split(':').next().filter(|l| !l.is_empty());
+            Some(MemberStatus {
+                leads: leader_ip == Some(ip),
+                knows_leader: leader_ip.is_some(),
+                leader_ip: leader_ip.map(str::to_string),
+            })
+        }
+        StoreKind::Etcd => {
             // Each member's /v3 maintenance status names the leader's id
             // and its own; the one where they match leads.
             let out = ask(
                 &format!("{ip}:32379"),
                 b"POST /v3/maintenance/status HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
             )?;
-            let body = out.split("\r\n\r\n").nth(1)?;
-            let v: serde_json::Value = serde_json::from_str(body).ok()?;
-            let leader = v.get("leader")?.as_str()?.to_string();
-            let me = v.get("header")?.get("member_id")?.as_str()?.to_string();
-            (leader == me).then_some(*i)
-        }),
+            let v: serde_json::Value = serde_json::from_str(out.split("\r\n\r\n").nth(1)?).ok()?;
+            let leader = v.get("leader")?.as_str()?;
+            let me = v.get("header")?.get("member_id")?.as_str()?;
+            Some(MemberStatus {
+                leads: leader == me,
+                knows_leader: leader != "0",
+                leader_ip: None,
+            })
+        }
     }
 }
 
-/// Whether the member at `ip` answers on its client port and knows a leader.
-fn serving_blocking(kind: StoreKind, ip: &str) -> bool {
-    match kind {
-        StoreKind::Zk => ask(&format!("{ip}:32181"), b"srvr")
-            .is_some_and(|out| out.contains("Mode: leader") || out.contains("Mode: follower")),
-        StoreKind::Consul => ask(
-            &format!("{ip}:38500"),
-            b"GET /v1/status/leader HTTP/1.0\r\n\r\n",
-        )
-        .and_then(|out| out.split("\r\n\r\n").nth(1).map(str::to_string))
-        .is_some_and(|body| !body.trim().trim_matches('"').is_empty()),
-        StoreKind::Etcd => ask(
-            &format!("{ip}:32379"),
-            b"POST /v3/maintenance/status HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
-        )
-        .and_then(|out| {
-            let body = out.split("\r\n\r\n").nth(1)?.to_string();
-            serde_json::from_str::<serde_json::Value>(&body).ok()
-        })
-        .is_some_and(|v| v.get("leader").and_then(|l| l.as_str()).is_some_and(|l| l != "0")),
-    }
+fn leader_blocking(kind: StoreKind, up: &[(usize, &'static str)]) -> Option<usize> {
+    up.iter().find_map(|(i, ip)| {
+        let status = status_blocking(kind, ip)?;
+        match kind {
+            // A follower may still name a leader that was just killed:
+            // only a running member counts.
+            StoreKind::Consul => {
+                let leader_ip = status.leader_ip?;
+                up.iter().find(|(_, ip)| *ip == leader_ip).map(|(i, _)| *i)
+            }
+            _ => status.leads.then_some(*i),
+        }
+    })
 }
