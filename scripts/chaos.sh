@@ -10,13 +10,14 @@
 #                 backends: each store 4 parts, mem (the in-process
 #                 reference) 1. In its share a backend first runs the
 #                 fault explorer (random schedules under random faults,
-#                 checked by the history checker) for nine tenths of it,
-#                 QUORUMLOCK_EXPLORE_AT_ONCE schedules in flight (default
-#                 here 20; Consul 32: its schedules mostly wait out
-#                 session TTLs of 10 s), each
+#                 checked by the history checker) for nineteen twentieths
+#                 of it, QUORUMLOCK_EXPLORE_AT_ONCE schedules in flight
+#                 (default here 20; Consul 36: its schedules mostly wait
+#                 out session TTLs of 10 s), each
 #                 QUORUMLOCK_EXPLORE_RUN_SECONDS long (default here 3);
-#                 then passes of the scripted scenarios, each repeating its
-#                 rounds for QUORUMLOCK_CHAOS_SECONDS, while they fit.
+#                 then passes of the scripted scenarios (at least one),
+#                 each repeating its rounds for QUORUMLOCK_CHAOS_SECONDS,
+#                 while they fit.
 #   --backend B   mem, etcd, zk, consul or redis (repeatable; default: all).
 #   --keep-results FILE   append the raw rows (TSV) to FILE.
 #   --no-clusters  skip the three-node cluster scenarios.
@@ -89,23 +90,23 @@ export QUORUMLOCK_CHAOS_RESULTS=$results
 export QUORUMLOCK_TEST_REQUIRE=1
 export CARGO_TERM_COLOR=never
 
-# Seconds per backend (weight: mem 1, a store 4): nine tenths for the
-# explorer's random schedules, the rest for passes of the scripted
-# scenarios.
+# Seconds per backend (weight: mem 1, a store 4): nineteen twentieths for
+# the explorer's random schedules, the rest for passes of the scripted
+# scenarios (one pass runs even when it does not fit).
 weight() { if [ "$1" = mem ]; then echo 1; else echo 4; fi; }
 weights=0
 for b in "${backends[@]}"; do weights=$((weights + $(weight "$b"))); done
 slice_of() { awk -v m="$minutes" -v w="$(weight "$1")" -v t="$weights" 'BEGIN { printf "%d", m * 60 * w / t }'; }
-# Schedules in flight: given, or 20 (Consul 32). The given value is read
+# Schedules in flight: given, or 20 (Consul 36). The given value is read
 # once, here: the loop below exports a value per backend.
 given_at_once=${QUORUMLOCK_EXPLORE_AT_ONCE:-}
 at_once_of() {
   if [ -n "$given_at_once" ]; then echo "$given_at_once"
-  elif [ "$1" = consul ]; then echo 32; else echo 20; fi
+  elif [ "$1" = consul ]; then echo 36; else echo 20; fi
 }
 cluster_at_once=${QUORUMLOCK_EXPLORE_CLUSTER_AT_ONCE:-12}
 export QUORUMLOCK_EXPLORE_RUN_SECONDS=${QUORUMLOCK_EXPLORE_RUN_SECONDS:-3}
-log "${#backends[@]} backend(s), ${minutes} min: a store $(slice_of etcd)s, mem $(slice_of mem)s; explorer 9/10 of it (${QUORUMLOCK_EXPLORE_RUN_SECONDS}s schedules), then the scripted scenarios"
+log "${#backends[@]} backend(s), ${minutes} min: a store $(slice_of etcd)s, mem $(slice_of mem)s; explorer 19/20 of it (${QUORUMLOCK_EXPLORE_RUN_SECONDS}s schedules), then the scripted scenarios"
 
 # add_missing_rows BACKEND LOG FIRST_LINE: a FAIL row for every test that
 # failed in LOG without recording its own row (rows from line FIRST_LINE on).
@@ -137,7 +138,7 @@ for b in "${backends[@]}"; do
   log "$b: building"
   cargo test -q "${suite[@]}" --no-run >&2
   slice=$(slice_of "$b")
-  explore_share=$(( slice * 9 / 10 ))
+  explore_share=$(( slice * 19 / 20 ))
   export QUORUMLOCK_CHAOS_SECONDS
   QUORUMLOCK_CHAOS_SECONDS=$(awk -v s="$slice" -v e="$explore_share" -v k="$SCENARIOS" 'BEGIN { p = (s - e) / k; printf "%d", (p < 1 ? 1 : p) }')
   export QUORUMLOCK_EXPLORE_AT_ONCE

@@ -282,7 +282,7 @@ async fn explorer_catches(mutation: Mutation) {
     // session's merges); with 6 s schedules by seed 1, 1, 1, 3 and 10.
     // Up to 32 schedules.
     for seed in 1..=32u64 {
-        let o = explorer::explore(&t, seed, shape).await;
+        let o = explorer::explore(&t, seed, shape, None).await;
         if !o.violations.is_empty() {
             found = o.violations;
             eprintln!("{mutation:?} caught by seed {seed}: {}", found[0]);
@@ -326,7 +326,7 @@ async fn explorer_passes_the_identity_wrapper() {
         ..explorer::Shape::default()
     };
     for seed in 1..=2u64 {
-        let o = explorer::explore(&t, seed, shape).await;
+        let o = explorer::explore(&t, seed, shape, None).await;
         assert!(o.violations.is_empty(), "seed {seed}: {:#?}", o.violations);
     }
 }

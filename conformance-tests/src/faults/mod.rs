@@ -272,30 +272,47 @@ impl FaultTarget {
 
     /// A backend for `namespace` with a direct link.
     pub async fn backend(&self, namespace: &str) -> Arc<dyn Backend> {
+        self.try_backend(namespace)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`FaultTarget::backend`], or why it could not connect.
+    pub async fn try_backend(&self, namespace: &str) -> Result<Arc<dyn Backend>, String> {
         let u = self.url_for(namespace);
         let b = (self.factory)(u.clone())
             .await
-            .unwrap_or_else(|e| panic!("connecting to {}: {e}", url::redact(&u)));
-        self.wrapped(b)
+            .map_err(|e| format!("connecting to {}: {e}", url::redact(&u)))?;
+        Ok(self.wrapped(b))
     }
 
     /// A backend for `namespace` behind a faulty link, and the link.
     pub async fn faulty_backend(&self, namespace: &str) -> (Arc<dyn Backend>, Arc<dyn NetControl>) {
+        self.try_faulty_backend(namespace)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`FaultTarget::faulty_backend`], or why it could not connect.
+    pub async fn try_faulty_backend(
+        &self,
+        namespace: &str,
+    ) -> Result<(Arc<dyn Backend>, Arc<dyn NetControl>), String> {
         let mut u = self.url_for(namespace);
         match &self.link {
             Link::Mem => {
                 let mem = MemBackend::connect(&u).await.expect("mem URL");
                 let (net, backend) = SimNet::wrap(mem);
-                (self.wrapped(backend), net)
+                Ok((self.wrapped(backend), net))
             }
             Link::Proxy(target) => {
                 let proxy = Arc::new(TcpProxy::start(*target).await.expect("starting a proxy"));
                 u.set_host(Some("127.0.0.1")).expect("set host");
                 u.set_port(Some(proxy.addr().port())).expect("set port");
-                let backend = (self.factory)(u.clone()).await.unwrap_or_else(|e| {
-                    panic!("connecting through the proxy to {}: {e}", url::redact(&u))
-                });
-                (self.wrapped(backend), Arc::new(proxy))
+                let backend = (self.factory)(u.clone()).await.map_err(|e| {
+                    format!("connecting through the proxy to {}: {e}", url::redact(&u))
+                })?;
+                Ok((self.wrapped(backend), Arc::new(proxy)))
             }
         }
     }

@@ -37,7 +37,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lockcore::{ErrorKind, LockClient, LockGuard};
+use lockcore::{ClientOptions, ErrorKind, LockClient, LockGuard};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
@@ -171,18 +171,59 @@ impl TimerLag {
     }
 }
 
-/// Runs one schedule from `seed` against `t`.
-pub async fn explore(t: &FaultTarget, seed: u64, shape: Shape) -> Outcome {
-    let ns = format!("qle-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
-    let admin = t.client(&ns).await;
+/// The clients of one schedule: the admin's (direct link) and the
+/// workload's, each behind its own faulty link.
+async fn connect(
+    t: &FaultTarget,
+    ns: &str,
+    shape: Shape,
+) -> Result<(LockClient, Vec<LockClient>, Vec<Arc<dyn NetControl>>), String> {
+    let admin = LockClient::new(t.try_backend(ns).await?);
+    // The workload's acquires keep trying through the longest outage a
+    // schedule makes (a whole cluster paused past the TTL, 60.5 s on
+    // Consul's cluster, would pass the default 60 s): an acquire that
+    // gives up as unavailable is then a violation.
     let ttl = admin.backend().capabilities().session_ttl;
+    let options =
+        ClientOptions::default().with_unavailable_after(Some(ttl * 2 + Duration::from_secs(10)));
     let mut clients = Vec::new();
     let mut nets: Vec<Arc<dyn NetControl>> = Vec::new();
     for _ in 0..shape.clients {
-        let (backend, net) = t.faulty_backend(&ns).await;
-        clients.push(LockClient::new(backend));
+        let (backend, net) = t.try_faulty_backend(ns).await?;
+        clients.push(LockClient::with_options(backend, options.clone()));
         nets.push(net);
     }
+    Ok((admin, clients, nets))
+}
+
+/// Runs one schedule from `seed` against `t`. Adds one permit to
+/// `connected`, if given, once its clients connected (or failed to: a
+/// store that does not take a client before any fault is a violation of
+/// the schedule).
+pub async fn explore(
+    t: &FaultTarget,
+    seed: u64,
+    shape: Shape,
+    connected: Option<&tokio::sync::Semaphore>,
+) -> Outcome {
+    let ns = format!("qle-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let connecting = connect(t, &ns, shape).await;
+    if let Some(c) = connected {
+        c.add_permits(1);
+    }
+    let (admin, clients, nets) = match connecting {
+        Ok(c) => c,
+        Err(e) => {
+            return Outcome {
+                seed,
+                ops: 0,
+                holds: 0,
+                faults: FaultCounts::default(),
+                violations: vec![e],
+            }
+        }
+    };
+    let ttl = admin.backend().capabilities().session_ttl;
     let mut names: Vec<&'static str> = MUTEXES.to_vec();
     names.extend([RWLOCK, SEMAPHORE.0]);
     let shared = Arc::new(Shared {
@@ -301,7 +342,14 @@ async fn not_takeable(
     ttl: Duration,
 ) -> Vec<String> {
     let mut out = Vec::new();
-    let fresh = t.client(ns).await;
+    let fresh = match t.try_backend(ns).await {
+        Ok(b) => LockClient::new(b),
+        Err(e) => {
+            return vec![format!(
+                "no client to take the names after the workload: {e}"
+            )]
+        }
+    };
     for name in names.iter().copied() {
         let wait = ttl * 3 + Duration::from_secs(5);
         let got = match name {
@@ -335,7 +383,10 @@ async fn not_takeable(
 async fn left_behind(t: &FaultTarget, ns: &str, ttl: Duration) -> Vec<String> {
     let mut out = Vec::new();
     // What a lost session held goes with it, at the latest after its TTL.
-    let probe = t.backend(ns).await;
+    let probe = match t.try_backend(ns).await {
+        Ok(b) => b,
+        Err(e) => return vec![format!("no client to list what is left: {e}")],
+    };
     let give_up = Instant::now() + ttl * 3 + Duration::from_secs(5);
     loop {
         let left = probe

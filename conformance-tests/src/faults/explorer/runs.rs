@@ -153,7 +153,7 @@ pub async fn explore_random_schedules(t: &FaultTarget) -> Row {
             let seed = nth_seed(first, started);
             running.push(async move {
                 tokio::time::sleep(stagger).await;
-                explore(t, seed, shape).await
+                explore(t, seed, shape, None).await
             });
             started += 1;
         }
@@ -270,9 +270,24 @@ pub async fn explore_on_cluster(t: &FaultTarget, cluster: &mut Cluster) -> Row {
             at_once() as u64
         };
         let seeds: Vec<u64> = (0..width).map(|i| nth_seed(first, schedules + i)).collect();
+        // The fault waits for every schedule's clients: one still
+        // connecting to the member it kills would wait out its
+        // connect_timeout, a failure of the harness and not of a client.
+        let connected = tokio::sync::Semaphore::new(0);
         let (outs, what) = tokio::join!(
-            futures::future::join_all(seeds.iter().map(|seed| explore(t, *seed, shape))),
-            cluster_fault(cluster, seeds[0], ttl)
+            futures::future::join_all(seeds.iter().map(|seed| explore(
+                t,
+                *seed,
+                shape,
+                Some(&connected)
+            ))),
+            async {
+                let all = connected.acquire_many(width as u32);
+                if let Ok(Ok(p)) = tokio::time::timeout(Duration::from_secs(60), all).await {
+                    p.forget();
+                }
+                cluster_fault(cluster, seeds[0], ttl).await
+            }
         );
         eprintln!(
             "explorer {}: seeds {seeds:?}: cluster fault: {what}",
