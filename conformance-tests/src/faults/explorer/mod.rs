@@ -179,10 +179,13 @@ async fn connect(
     shape: Shape,
 ) -> Result<(LockClient, Vec<LockClient>, Vec<Arc<dyn NetControl>>), String> {
     let admin = LockClient::new(t.try_backend(ns).await?);
-    // The workload's acquires keep trying through the longest outage a
-    // schedule makes (a whole cluster paused past the TTL, 60.5 s on
-    // Consul's cluster, would pass the default 60 s): an acquire that
-    // gives up as unavailable is then a violation.
+    // A try (no deadline) waits for a session up to the client's
+    // `unavailable_after`, then gives up as unavailable, as documented: a
+    // whole cluster paused past the TTL (60.5 s on Consul's cluster)
+    // passes the default 60 s. The workload's clients wait longer than
+    // any outage a schedule makes, so an acquire that gives up as
+    // unavailable is a violation. (Timed acquires, at most `MAX_WAIT`,
+    // end at their deadline first.)
     let ttl = admin.backend().capabilities().session_ttl;
     let options =
         ClientOptions::default().with_unavailable_after(Some(ttl * 2 + Duration::from_secs(10)));
@@ -197,9 +200,10 @@ async fn connect(
 }
 
 /// Runs one schedule from `seed` against `t`. Adds one permit to
-/// `connected`, if given, once its clients connected (or failed to: a
-/// store that does not take a client before any fault is a violation of
-/// the schedule).
+/// `connected`, if given, once its clients connected or failed to (a
+/// client that cannot connect is a violation of the schedule: the
+/// cluster explorer faults the cluster only once every schedule of the
+/// round is past this point, or 60 s passed).
 pub async fn explore(
     t: &FaultTarget,
     seed: u64,

@@ -283,8 +283,13 @@ pub async fn explore_on_cluster(t: &FaultTarget, cluster: &mut Cluster) -> Row {
             ))),
             async {
                 let all = connected.acquire_many(width as u32);
-                if let Ok(Ok(p)) = tokio::time::timeout(Duration::from_secs(60), all).await {
-                    p.forget();
+                match tokio::time::timeout(Duration::from_secs(60), all).await {
+                    Ok(Ok(p)) => p.forget(),
+                    _ => eprintln!(
+                        "explorer {}: seeds {seeds:?}: still connecting after 60 s; \
+                         faulting the cluster anyway",
+                        t.name()
+                    ),
                 }
                 cluster_fault(cluster, seeds[0], ttl).await
             }
