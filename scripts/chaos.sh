@@ -12,8 +12,8 @@
 #                 fault explorer (random schedules under random faults,
 #                 checked by the history checker) for nineteen twentieths
 #                 of it, QUORUMLOCK_EXPLORE_AT_ONCE schedules in flight
-#                 (default here 20; Consul 36: its schedules mostly wait
-#                 out session TTLs of 10 s), each
+#                 (default here 20; Consul 36: its schedules are the
+#                 slowest, with session TTLs of 10 s), each
 #                 QUORUMLOCK_EXPLORE_RUN_SECONDS long (default here 3);
 #                 then passes of the scripted scenarios (at least one),
 #                 each repeating its rounds for QUORUMLOCK_CHAOS_SECONDS,

@@ -445,16 +445,12 @@ impl LockClient {
                         // the store clean before saying so.
                         // Bounded also without a deadline (a try, or a
                         // conflict on a waiting acquire): the rest goes on
-                        // in the background. The grace counts from the
-                        // deadline (a late wake-up must not add it again).
-                        let bound = deadline.unwrap_or_else(Instant::now) + ABANDON_GRACE;
-                        pending.abandon(Some(bound)).await;
+                        // in the background.
+                        pending.abandon(Some(abandon_bound(deadline))).await;
                         return Err(e);
                     }
                     None => {
-                        // From the deadline, not from when the timer fired.
-                        let bound = deadline.unwrap_or_else(Instant::now) + ABANDON_GRACE;
-                        pending.abandon(Some(bound)).await;
+                        pending.abandon(Some(abandon_bound(deadline))).await;
                         return Err(timed_out(name));
                     }
                 }

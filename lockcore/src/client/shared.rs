@@ -166,6 +166,13 @@ pub(super) async fn remove_entry(
 /// ([`LockClient::wait_idle`] waits for it).
 pub(super) const ABANDON_GRACE: Duration = Duration::from_millis(100);
 
+/// The latest a timed-out or failed acquire waits for its abandon: the
+/// grace counts from the deadline (a late wake-up must not add it again),
+/// from now without one.
+pub(super) fn abandon_bound(deadline: Option<Instant>) -> Instant {
+    deadline.unwrap_or_else(Instant::now) + ABANDON_GRACE
+}
+
 /// How long an acquire may wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Mode {
