@@ -330,3 +330,25 @@ async fn explorer_passes_the_identity_wrapper() {
         assert!(o.violations.is_empty(), "seed {seed}: {:#?}", o.violations);
     }
 }
+
+/// A schedule whose clients cannot connect (a store that refuses every
+/// connect, as a cluster member being killed does) is a violation of that
+/// schedule, reported with why, not a panic that loses the whole row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explorer_reports_a_client_that_cannot_connect() {
+    let base = lockcore::url::parse("mem://127.0.0.1:9/refusing").expect("URL");
+    let t = FaultTarget::new("refusing", base, |_| async {
+        Err(lockcore::Error::new(
+            lockcore::ErrorKind::Unavailable,
+            "refused (test)",
+        ))
+    });
+    let o = explorer::explore(&t, 1, explorer::Shape::default(), None).await;
+    assert_eq!(o.ops, 0);
+    assert_eq!(o.violations.len(), 1, "{:#?}", o.violations);
+    assert!(
+        o.violations[0].contains("refused (test)"),
+        "{}",
+        o.violations[0]
+    );
+}
