@@ -287,8 +287,9 @@ pub(crate) struct Inner {
     /// dispatcher. An entry is removed before we delete our own node, so
     /// that its deletion is not reported as a loss.
     pub(crate) held: Mutex<HashMap<uuid::Uuid, HeldEntry>>,
-    /// Tells the dispatcher to watch a newly held entry.
-    pub(crate) arm: mpsc::UnboundedSender<uuid::Uuid>,
+    /// Tells the dispatcher to watch a newly held entry, with the read
+    /// that set its watch already when the grant had one.
+    pub(crate) arm: mpsc::UnboundedSender<(uuid::Uuid, Option<WatchedRead>)>,
     /// Per lock directory, by the sequence number of our node when it was
     /// the only child: what lets the next acquire skip the listing (see
     /// [`ParentWatch`]). At most [`CHAINS_KEPT`].
@@ -363,7 +364,13 @@ pub(crate) struct Created {
     pub(crate) listed: Option<Vec<String>>,
     /// The directory's creation zxid, when listed right behind the create.
     pub(crate) dir_czxid: Option<i64>,
+    /// Our node read with a watch right behind the create (a new lock
+    /// node): the held lock's watch, set with no request of its own.
+    pub(crate) watched: Option<WatchedRead>,
 }
+
+/// A `getData` with a watch, answered: the data, the stat, the watch.
+pub(crate) type WatchedRead = (Vec<u8>, zk::Stat, zk::OneshotWatcher);
 
 fn container_options() -> zk::CreateOptions<'static> {
     zk::CreateMode::Container.with_acls(zk::Acls::anyone_all())
@@ -601,14 +608,16 @@ impl Inner {
             }
             let may_create_dir = listing == Listing::OrNewLockNode && self.shared.config.pipeline;
             let fresh = may_create_dir && !self.shared.dir_known(dir);
-            let (created, listed) = if fresh {
+            let (created, listed, watched) = if fresh {
                 // A lock node we have not seen: create it and our node in
                 // one transaction (one log write, as a lone create). If the
                 // lock node exists, the transaction fails as a whole and
                 // ours is created alone next time round. The server may
                 // answer a create in a multi without its stat
                 // (ZOOKEEPER-4026): ours is read right behind it (the first
-                // child of a new node has sequence number 0).
+                // child of a new node has sequence number 0), with a watch:
+                // the one a held lock needs (a getData of a missing node
+                // sets none).
                 let sent = self.send(2);
                 let mut multi = c.new_multi_writer();
                 multi
@@ -616,20 +625,28 @@ impl Inner {
                     .and_then(|()| multi.add_create(&prefix, data, &opts))
                     .map_err(|e| map(e, "creating the contender node"))?;
                 let first = format!("{prefix}{:010}", 0);
-                let (mr, sr) = futures::join!(multi.commit(), c.check_stat(&first));
+                let (mr, sr) = futures::join!(multi.commit(), c.get_and_watch_data(&first));
+                let mut watched = None;
                 let cr = match mr {
                     Ok(results) => match &results[..] {
                         [zk::MultiWriteResult::Create { .. }, zk::MultiWriteResult::Create { path, stat }] =>
                         {
-                            match (stat.is_invalid(), sr) {
-                                (false, _) => Ok((path.clone(), *stat)),
-                                (true, Ok(Some(stat))) if *path == first => Ok((first, stat)),
+                            match (stat.is_invalid(), *path == first, sr) {
+                                (false, ours, r) => {
+                                    watched = r.ok().filter(|_| ours);
+                                    Ok((path.clone(), *stat))
+                                }
+                                (true, true, Ok(read)) => {
+                                    let stat = read.1;
+                                    watched = Some(read);
+                                    Ok((first, stat))
+                                }
                                 // Deleted already (broken): never grant.
-                                (true, Ok(None)) => Err(zk::Error::NoNode),
-                                (true, Ok(Some(_))) => Err(zk::Error::UnexpectedError(format!(
+                                (true, true, Err(zk::Error::NoNode)) => Err(zk::Error::NoNode),
+                                (true, false, _) => Err(zk::Error::UnexpectedError(format!(
                                     "our node {path} of a new lock node is not {first}"
                                 ))),
-                                (true, Err(e)) => Err(e),
+                                (true, true, Err(e)) => Err(e),
                             }
                         }
                         other => Err(zk::Error::UnexpectedError(format!(
@@ -653,7 +670,7 @@ impl Inner {
                     let ours = node.rsplit('/').next().unwrap_or_default().to_string();
                     (vec![ours], *stat)
                 });
-                (cr, listed)
+                (cr, listed, watched)
             } else if list && self.shared.config.pipeline {
                 let sent = self.send(2);
                 let create = c.create(&prefix, data, &opts);
@@ -663,12 +680,17 @@ impl Inner {
                 (
                     cr.map(|(stat, seq)| (format!("{prefix}{seq}"), stat)),
                     lr.ok(),
+                    None,
                 )
             } else {
                 let sent = self.send(1);
                 let cr = c.create(&prefix, data, &opts).await;
                 self.heard(sent, &cr);
-                (cr.map(|(stat, seq)| (format!("{prefix}{seq}"), stat)), None)
+                (
+                    cr.map(|(stat, seq)| (format!("{prefix}{seq}"), stat)),
+                    None,
+                    None,
+                )
             };
             match created {
                 Ok((node, stat)) => {
@@ -683,6 +705,7 @@ impl Inner {
                         stat,
                         dir_czxid: listed.as_ref().map(|(_, st)| st.czxid),
                         listed: listed.map(|(children, _)| children),
+                        watched,
                     });
                 }
                 Err(zk::Error::NoNode) if attempts < 8 && may_create_dir && !fresh => {
@@ -727,6 +750,7 @@ impl Inner {
                                         stat,
                                         listed: Some(children),
                                         dir_czxid: None,
+                                        watched: None,
                                     });
                                 }
                                 break; // not applied: create it again
@@ -743,8 +767,14 @@ impl Inner {
         }
     }
 
-    /// Hands a held node to the session's watch dispatcher.
-    pub(crate) fn watch_holder(&self, node: String, req: &AcquireRequest) {
+    /// Hands a held node to the session's watch dispatcher, with the read
+    /// that watches it already if the grant made one.
+    pub(crate) fn watch_holder(
+        &self,
+        node: String,
+        req: &AcquireRequest,
+        watched: Option<WatchedRead>,
+    ) {
         let entry = HeldEntry {
             node: node.into_boxed_str(),
             signals: req.signals.clone(),
@@ -753,7 +783,7 @@ impl Inner {
             .lock()
             .expect("poisoned")
             .insert(req.contender, entry);
-        let _ = self.arm.send(req.contender);
+        let _ = self.arm.send((req.contender, watched));
     }
 
     /// Stops watching the entry of `contender` (our own delete is not a

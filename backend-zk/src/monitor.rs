@@ -11,17 +11,13 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
-use crate::core::{is_terminal, Inner};
+use crate::core::{is_terminal, Inner, WatchedRead};
 use crate::layout::{BREAK_MESSAGE, REVOKE_MESSAGE};
 
 /// What one watch future of the dispatcher ended with.
 pub(crate) enum Step {
     /// `getData` with a watch on the holder's node answered.
-    Armed(
-        uuid::Uuid,
-        u32,
-        std::result::Result<(Vec<u8>, zk::Stat, zk::OneshotWatcher), zk::Error>,
-    ),
+    Armed(uuid::Uuid, u32, std::result::Result<WatchedRead, zk::Error>),
     /// The watch on the holder's node fired.
     Fired(uuid::Uuid, zk::WatchedEvent),
     /// The entry was released (or the session closed) before the watch was set.
@@ -58,13 +54,15 @@ pub(crate) fn arm(inner: &Arc<Inner>, key: uuid::Uuid, attempt: u32) -> StepFutu
 /// only a map entry and one small pending future, not a task.
 pub(crate) async fn watch_dispatcher(
     inner: Arc<Inner>,
-    mut armed: mpsc::UnboundedReceiver<uuid::Uuid>,
+    mut armed: mpsc::UnboundedReceiver<(uuid::Uuid, Option<WatchedRead>)>,
 ) {
     use futures::StreamExt;
     let mut pending = futures::stream::FuturesUnordered::<StepFuture>::new();
     // Fresh grants wait HELD_WATCH_DELAY before their watch is set: a short
     // hold costs no read. The read shows what happened meanwhile (a gone
-    // node, a break or revoke mark), so nothing is missed.
+    // node, a break or revoke mark), so nothing is missed. A grant that
+    // created its lock node comes with that read done (sent with the
+    // create anyway).
     let mut fresh = DelayQueue::new(HELD_WATCH_DELAY);
     // Reports a loss for `key` unless it was released or finished, and
     // forgets it.
@@ -82,7 +80,9 @@ pub(crate) async fn watch_dispatcher(
             _ = inner.stop.cancelled() => return,
             _ = inner.liveness.lost() => return,
             key = armed.recv() => match key {
-                Some(key) => {
+                // Watched by the read behind its create already.
+                Some((key, Some(read))) => Step::Armed(key, 0, Ok(read)),
+                Some((key, None)) => {
                     fresh.push(key);
                     continue;
                 }

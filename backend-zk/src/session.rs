@@ -165,6 +165,7 @@ impl Inner {
         let our_name = node.rsplit('/').next().expect("a path").to_string();
         let guid_prefix = format!("_c_{}-", req.contender.hyphenated());
         let mut listed = created.listed;
+        let mut watched = created.watched;
         let mut parent = None;
         match (chain, armed) {
             (Some((last_seq, mut watch)), _) if repeat && listed.is_none() => {
@@ -210,7 +211,7 @@ impl Inner {
                 if alone {
                     self.chains.keep(&dir, created.seq, parent.take());
                 }
-                self.watch_holder(node.clone(), req);
+                self.watch_holder(node.clone(), req, watched.take());
                 return Ok(Acquired {
                     token: created.stat.czxid as u64,
                     entry: node,
@@ -310,7 +311,7 @@ impl Inner {
             if children.len() <= permits as usize {
                 // Leave the internal mutex: the next waiter may take a lease.
                 self.delete(&c, &lock_node).await?;
-                self.watch_holder(lease_node.clone(), req);
+                self.watch_holder(lease_node.clone(), req, None);
                 return Ok(Acquired {
                     token: stat.czxid as u64,
                     entry: lease_node,
