@@ -3,11 +3,12 @@
 //! when the server does not have it cached, by `redis::Script`).
 //!
 //! Redis cannot expire a member of a sorted set, so every script that
-//! decides a grant first purges the entries whose session key is gone
-//! (`load`), then grants every entry that holds by the queue rules and
-//! has no token yet (`settle`): `INCR` of the per-name counter gives its
-//! token, and one message in its session's mailbox wakes that waiter
-//! alone (herd-free).
+//! decides a grant first reads the queue from its head up to the first
+//! entry that does not hold, purging the entries whose session key is
+//! gone on the way (`head`; the admin scripts read it all, `load`), then
+//! grants every entry that holds by the queue rules and has no token yet
+//! (`settle`): `INCR` of the per-name counter gives its token, and one
+//! message in its session's mailbox wakes that waiter alone (herd-free).
 //!
 //! Keys are computed inside the scripts from `ARGV[1]` (the namespace
 //! prefix) and the lock key: fine on a single Redis or a primary with
@@ -64,7 +65,8 @@ local function load(L)
   return live
 end
 -- Whether live[i] holds: a mutex or writer when first, a reader with no
--- writer ahead, a permit with fewer than `permits` entries ahead.
+-- writer ahead, a permit with fewer than `permits` entries ahead. Once an
+-- entry does not hold, none behind it does.
 local function holds(live, i)
   local e = live[i]
   if e.kind == 'r' then
@@ -76,6 +78,35 @@ local function holds(live, i)
     return i <= e.permits
   end
   return i == 1
+end
+-- The live queue of L from its head up to and including the first entry
+-- that does not hold, purging dead entries met on the way: all that a
+-- grant depends on (entries behind cannot hold, see `holds`), so a
+-- handoff costs the same with 4 or 64 waiters. The second value is
+-- whether that is the whole queue.
+local function head(L)
+  local q, h = L .. '/.q', L .. '/.e'
+  local live, start = {}, 0
+  while true do
+    local ids = redis.call('ZRANGE', q, start, start + 7, 'WITHSCORES')
+    for i = 1, #ids, 2 do
+      local id = ids[i]
+      local v = redis.call('HGET', h, id)
+      local e = v and parse(v)
+      if e and redis.call('EXISTS', skey(e.sid)) == 1 then
+        e.id = id
+        e.seq = tonumber(ids[i + 1])
+        live[#live + 1] = e
+        start = start + 1
+        if not holds(live, #live) then return live, false end
+      else
+        redis.call('ZREM', q, id)
+        if v then redis.call('HDEL', h, id) end
+        redis.call('HDEL', L .. '/.v', id)
+      end
+    end
+    if #ids < 16 then return live, true end
+  end
 end
 -- The next number of the per-name counter, raised to the server's clock
 -- in microseconds for a token: strictly increasing on one server, and
@@ -108,9 +139,18 @@ local function remove(L, id)
   redis.call('HDEL', L .. '/.e', id)
   redis.call('HDEL', L .. '/.v', id)
 end
--- Where live[i] stands: held (with its token), or waiting, with the
--- shortest time to live of the sessions ahead (when to look again if
--- nobody wakes us).
+-- A waiting entry's answer: its seq, and the shortest time to live of
+-- the sessions of live[1..n] (ahead of it; when to look again if nobody
+-- wakes us).
+local function waiting(seq, live, n)
+  local ahead = -1
+  for j = 1, n do
+    local pttl = redis.call('PTTL', skey(live[j].sid))
+    if pttl > 0 and (ahead < 0 or pttl < ahead) then ahead = pttl end
+  end
+  return {'wait', seq, ahead}
+end
+-- Where live[i] stands: held (with its token), or waiting.
 local function standing(L, live, i)
   local e = live[i]
   if e.token > 0 then
@@ -118,12 +158,20 @@ local function standing(L, live, i)
     redis.call('HSET', L .. '/.e', e.id, fmt(e))
     return {'held', e.token, e.seq}
   end
-  local ahead = -1
-  for j = 1, i - 1 do
-    local pttl = redis.call('PTTL', skey(live[j].sid))
-    if pttl > 0 and (ahead < 0 or pttl < ahead) then ahead = pttl end
+  return waiting(e.seq, live, i - 1)
+end
+-- Where entry `id` stands when `head` stopped before it (so it waits):
+-- gone if it is not queued or its session is.
+local function behind(L, id, live)
+  local v = redis.call('HGET', L .. '/.e', id)
+  local e = v and parse(v)
+  local seq = redis.call('ZSCORE', L .. '/.q', id)
+  if not e or not seq then return {'gone'} end
+  if redis.call('EXISTS', skey(e.sid)) == 0 then
+    remove(L, id)
+    return {'gone'}
   end
-  return {'wait', e.seq, ahead}
+  return waiting(tonumber(seq), live, #live)
 end
 "#;
 
@@ -141,24 +189,29 @@ local L, sid, id = ARGV[2], ARGV[3], ARGV[4]
 local kind, permits, wait, created = ARGV[5], tonumber(ARGV[6]), ARGV[7], ARGV[8]
 if redis.call('EXISTS', skey(sid)) == 0 then return {'gone'} end
 if redis.call('EXISTS', L .. '/.x/' .. id) == 1 then return {'fenced'} end
-local live = load(L)
+local live, whole = head(L)
 local mine
 for i, e in ipairs(live) do
   if e.id == id then mine = i end
 end
-if not mine then
-  local head = live[1]
-  if head then
+if not mine and not redis.call('ZSCORE', L .. '/.q', id) then
+  local first = live[1]
+  if first then
     local clash
-    if head.kind == 's' and kind == 's' then
-      clash = head.permits ~= permits
+    if first.kind == 's' and kind == 's' then
+      clash = first.permits ~= permits
     else
-      clash = (head.kind == 's') ~= (kind == 's')
+      clash = (first.kind == 's') ~= (kind == 's')
     end
     if clash then
       settle(L, live, '')
-      return {'conflict', head.kind, head.permits}
+      return {'conflict', first.kind, first.permits}
     end
+  end
+  -- Behind an entry that does not hold, ours would not either.
+  if not whole and wait == '0' then
+    settle(L, live, '')
+    return {'wouldblock'}
   end
   local seq = redis.call('INCR', L .. '/.n')
   local e = {kind = kind, permits = permits, sid = sid, created = created,
@@ -169,10 +222,20 @@ if not mine then
   local locks = skey(sid) .. '/.locks'
   redis.call('SADD', locks, L)
   redis.call('PEXPIRE', locks, redis.call('PTTL', skey(sid)))
-  live[#live + 1] = e
-  mine = #live
+  if whole then
+    live[#live + 1] = e
+    mine = #live
+  end
 end
 settle(L, live, id)
+if not mine then
+  -- Queued behind the part of the queue that `head` read: waiting.
+  if wait == '0' then
+    remove(L, id)
+    return {'wouldblock'}
+  end
+  return behind(L, id, live)
+end
 if live[mine].token == 0 and wait == '0' then
   remove(L, id)
   table.remove(live, mine)
@@ -190,12 +253,13 @@ pub(crate) static CHECK: LazyLock<Script> = LazyLock::new(|| {
     script(
         r#"
 local L, id = ARGV[2], ARGV[3]
-local live = load(L)
+local live, whole = head(L)
 settle(L, live, id)
 for i, e in ipairs(live) do
   if e.id == id then return standing(L, live, i) end
 end
-return {'gone'}
+if whole then return {'gone'} end
+return behind(L, id, live)
 "#,
     )
 });
@@ -213,7 +277,7 @@ if e and e.token == token then
   remove(L, id)
   found = 1
 end
-settle(L, load(L), '')
+settle(L, head(L), '')
 return found
 "#,
     )
@@ -229,7 +293,7 @@ remove(L, id)
 if fence == '1' then
   redis.call('SET', L .. '/.x/' .. id, '1', 'PX', ttl)
 end
-settle(L, load(L), '')
+settle(L, head(L), '')
 return 1
 "#,
     )
