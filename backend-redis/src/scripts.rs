@@ -194,7 +194,9 @@ local mine
 for i, e in ipairs(live) do
   if e.id == id then mine = i end
 end
-if not mine and not redis.call('ZSCORE', L .. '/.q', id) then
+-- Not among the whole queue read (our session lives, so ours would be
+-- live), or not queued behind it: a new entry.
+if not mine and (whole or not redis.call('ZSCORE', L .. '/.q', id)) then
   local first = live[1]
   if first then
     local clash
