@@ -42,25 +42,30 @@ local function tell(sid, msg)
     redis.call('PEXPIRE', mkey(sid), pttl)
   end
 end
+-- Queue entry `id` of L (score `seq`) if its session key exists; else
+-- it is purged and nil.
+local function live_entry(L, id, seq)
+  local h = L .. '/.e'
+  local v = redis.call('HGET', h, id)
+  local e = v and parse(v)
+  if e and redis.call('EXISTS', skey(e.sid)) == 1 then
+    e.id = id
+    e.seq = tonumber(seq)
+    return e
+  end
+  redis.call('ZREM', L .. '/.q', id)
+  if v then redis.call('HDEL', h, id) end
+  redis.call('HDEL', L .. '/.v', id)
+  return nil
+end
 -- The queue of L in order, without (and purged of) entries whose session
 -- key is gone.
 local function load(L)
-  local q, h = L .. '/.q', L .. '/.e'
-  local ids = redis.call('ZRANGE', q, 0, -1, 'WITHSCORES')
+  local ids = redis.call('ZRANGE', L .. '/.q', 0, -1, 'WITHSCORES')
   local live = {}
   for i = 1, #ids, 2 do
-    local id = ids[i]
-    local v = redis.call('HGET', h, id)
-    local e = v and parse(v)
-    if e and redis.call('EXISTS', skey(e.sid)) == 1 then
-      e.id = id
-      e.seq = tonumber(ids[i + 1])
-      live[#live + 1] = e
-    else
-      redis.call('ZREM', q, id)
-      if v then redis.call('HDEL', h, id) end
-      redis.call('HDEL', L .. '/.v', id)
-    end
+    local e = live_entry(L, ids[i], ids[i + 1])
+    if e then live[#live + 1] = e end
   end
   return live
 end
@@ -85,24 +90,16 @@ end
 -- handoff costs the same with 4 or 64 waiters. The second value is
 -- whether that is the whole queue.
 local function head(L)
-  local q, h = L .. '/.q', L .. '/.e'
   local live, start = {}, 0
   while true do
-    local ids = redis.call('ZRANGE', q, start, start + 7, 'WITHSCORES')
+    local ids = redis.call('ZRANGE', L .. '/.q', start, start + 7, 'WITHSCORES')
     for i = 1, #ids, 2 do
-      local id = ids[i]
-      local v = redis.call('HGET', h, id)
-      local e = v and parse(v)
-      if e and redis.call('EXISTS', skey(e.sid)) == 1 then
-        e.id = id
-        e.seq = tonumber(ids[i + 1])
+      local e = live_entry(L, ids[i], ids[i + 1])
+      if e then
         live[#live + 1] = e
+        -- Purged entries shift the ranks behind them: count only these.
         start = start + 1
         if not holds(live, #live) then return live, false end
-      else
-        redis.call('ZREM', q, id)
-        if v then redis.call('HDEL', h, id) end
-        redis.call('HDEL', L .. '/.v', id)
       end
     end
     if #ids < 16 then return live, true end
