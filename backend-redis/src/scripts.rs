@@ -157,19 +157,6 @@ local function standing(L, live, i)
   end
   return waiting(e.seq, live, i - 1)
 end
--- Where entry `id` stands when `head` stopped before it (so it waits):
--- gone if it is not queued or its session is.
-local function behind(L, id, live)
-  local v = redis.call('HGET', L .. '/.e', id)
-  local e = v and parse(v)
-  local seq = redis.call('ZSCORE', L .. '/.q', id)
-  if not e or not seq then return {'gone'} end
-  if redis.call('EXISTS', skey(e.sid)) == 0 then
-    remove(L, id)
-    return {'gone'}
-  end
-  return waiting(tonumber(seq), live, #live)
-end
 "#;
 
 fn script(body: &str) -> Script {
@@ -193,7 +180,8 @@ for i, e in ipairs(live) do
 end
 -- Not among the whole queue read (our session lives, so ours would be
 -- live), or not queued behind it: a new entry.
-if not mine and (whole or not redis.call('ZSCORE', L .. '/.q', id)) then
+local seq = not mine and not whole and redis.call('ZSCORE', L .. '/.q', id)
+if not mine and not seq then
   local first = live[1]
   if first then
     local clash
@@ -212,7 +200,7 @@ if not mine and (whole or not redis.call('ZSCORE', L .. '/.q', id)) then
     settle(L, live, '')
     return {'wouldblock'}
   end
-  local seq = redis.call('INCR', L .. '/.n')
+  seq = redis.call('INCR', L .. '/.n')
   local e = {kind = kind, permits = permits, sid = sid, created = created,
              token = 0, id = id, seq = seq}
   redis.call('ZADD', L .. '/.q', seq, id)
@@ -228,12 +216,13 @@ if not mine and (whole or not redis.call('ZSCORE', L .. '/.q', id)) then
 end
 settle(L, live, id)
 if not mine then
-  -- Queued behind the part of the queue that `head` read: waiting.
+  -- Queued (by now) behind the part of the queue that `head` read, with
+  -- our session alive: waiting.
   if wait == '0' then
     remove(L, id)
     return {'wouldblock'}
   end
-  return behind(L, id, live)
+  return waiting(tonumber(seq), live, #live)
 end
 if live[mine].token == 0 and wait == '0' then
   remove(L, id)
@@ -258,7 +247,17 @@ for i, e in ipairs(live) do
   if e.id == id then return standing(L, live, i) end
 end
 if whole then return {'gone'} end
-return behind(L, id, live)
+-- Behind the part read, so waiting: unless not queued, or its session
+-- is gone.
+local v = redis.call('HGET', L .. '/.e', id)
+local e = v and parse(v)
+local seq = redis.call('ZSCORE', L .. '/.q', id)
+if not e or not seq then return {'gone'} end
+if redis.call('EXISTS', skey(e.sid)) == 0 then
+  remove(L, id)
+  return {'gone'}
+end
+return waiting(tonumber(seq), live, #live)
 "#,
     )
 });

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use conformance_tests::{Case, Harness};
-use lockcore::LockClient;
 use tokio::sync::mpsc;
 
 /// One-hour sessions: a waiter looks again on its own only when a session
@@ -48,6 +47,15 @@ async fn expire_session(conn: &mut redis::aio::MultiplexedConnection, case: &Cas
         .unwrap();
 }
 
+/// The tasks of queued clients, stopped when dropped.
+struct Queued(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        self.0.iter().for_each(|t| t.abort());
+    }
+}
+
 /// `n` clients queued on `name` (readers or mutex waiters) behind a held
 /// lock, in order; each reports its index once it holds.
 async fn queue(
@@ -56,7 +64,7 @@ async fn queue(
     n: usize,
     read: bool,
     held: &mpsc::UnboundedSender<usize>,
-) -> Vec<(LockClient, tokio::task::JoinHandle<()>)> {
+) -> Queued {
     let mut out = Vec::new();
     for i in 0..n {
         let c = case.client().await;
@@ -80,9 +88,9 @@ async fn queue(
         tokio::time::timeout(Duration::from_secs(10), queued)
             .await
             .expect("waiter not queued");
-        out.push((c, task));
+        out.push(task);
     }
-    out
+    Queued(out)
 }
 
 async fn collect(rx: &mut mpsc::UnboundedReceiver<usize>, n: usize) -> Vec<usize> {
@@ -104,7 +112,7 @@ async fn a_writers_release_grants_every_live_reader_past_dead_ones() {
     let w = case.client().await;
     let writer = w.rwlock("rw").unwrap().write().await.unwrap();
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let readers = queue(&case, "rw", 20, true, &tx).await;
+    let _readers = queue(&case, "rw", 20, true, &tx).await;
     let state = w.inspect("rw").await.unwrap();
     assert_eq!(state.waiters.len(), 20, "{state:?}");
     // Dead readers in the first chunk the scripts read, across its end
@@ -117,9 +125,6 @@ async fn a_writers_release_grants_every_live_reader_past_dead_ones() {
     writer.release().await.unwrap();
     let live: Vec<usize> = (0..20).filter(|i| !dead.contains(i)).collect();
     assert_eq!(collect(&mut rx, live.len()).await, live);
-    for (_, t) in readers {
-        t.abort();
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -129,7 +134,7 @@ async fn a_release_skips_a_run_of_dead_waiters_longer_than_a_read() {
     let a = case.client().await;
     let g = a.lock("m").unwrap().acquire().await.unwrap();
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let waiters = queue(&case, "m", 14, false, &tx).await;
+    let _waiters = queue(&case, "m", 14, false, &tx).await;
     let state = a.inspect("m").await.unwrap();
     let mut conn = raw().await;
     for w in &state.waiters[..11] {
@@ -147,9 +152,6 @@ async fn a_release_skips_a_run_of_dead_waiters_longer_than_a_read() {
     let state = a.inspect("m").await.unwrap();
     assert_eq!(state.holders.len(), 1, "{state:?}");
     assert_eq!(state.waiters.len(), 2, "{state:?}");
-    for (_, t) in waiters {
-        t.abort();
-    }
 }
 
 /// Commands the server ran (scripts' calls included) over `f`.
@@ -186,16 +188,13 @@ async fn one_handoff(h: &Harness, n: usize) -> u64 {
     let a = case.client().await;
     let g = a.lock("h").unwrap().acquire().await.unwrap();
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let waiters = queue(&case, "h", n, false, &tx).await;
+    let _waiters = queue(&case, "h", n, false, &tx).await;
     let mut conn = raw().await;
     let calls = server_calls(&mut conn, async {
         g.release().await.unwrap();
         assert_eq!(collect(&mut rx, 1).await, [0]);
     })
     .await;
-    for (_, t) in waiters {
-        t.abort();
-    }
     calls
 }
 
