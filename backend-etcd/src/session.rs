@@ -545,8 +545,9 @@ impl EtcdSession {
         let my_rev = q.my_rev;
         // Watches on the entries we wait for, created and confirmed by
         // etcd before the latest read: (their keys and create revisions,
-        // the watches).
-        let mut watching: Option<(Vec<Predecessor>, Vec<crate::watch::Watch>)> = None;
+        // the watches, the store's revision when etcd created the last of
+        // them).
+        let mut watching: Option<(Vec<Predecessor>, Vec<crate::watch::Watch>, i64)> = None;
         loop {
             let ahead = match q.first.take() {
                 Some(a) => a,
@@ -603,8 +604,21 @@ impl EtcdSession {
                 .collect();
             let mut ws = match watching.take() {
                 // Watches etcd confirmed before the read above: they
-                // report any delete after it.
-                Some((watched, ws)) if watched == preds => ws,
+                // report any delete after it. etcd starts a watch "from
+                // now" at the revision it read before registering it; a
+                // write that commits in between leaves the watch behind,
+                // served by the 100 ms catch-up loop (issue 20). That can
+                // only have happened if the store moved between the
+                // watch's start and our read: then one more watch, from
+                // now, makes the wait late only if both are.
+                Some((watched, mut ws, at)) if watched == preds => {
+                    if q.rev > at && ws.len() == preds.len() {
+                        if let Some(more) = self.watch_ahead(req, &preds).await {
+                            ws.extend(more.0);
+                        }
+                    }
+                    ws
+                }
                 _ => {
                     // Watch from now, not from `rev + 1`: etcd serves a
                     // watch that starts in the past from a loop that runs
@@ -613,8 +627,8 @@ impl EtcdSession {
                     // (at a revision at or after their start), so a delete
                     // between the read above and the watches is not
                     // missed; the grant still rests only on that read.
-                    if let Some(ws) = self.watch_ahead(req, &preds).await {
-                        watching = Some((preds, ws));
+                    if let Some((ws, at)) = self.watch_ahead(req, &preds).await {
+                        watching = Some((preds, ws, at));
                     }
                     continue;
                 }
@@ -629,14 +643,15 @@ impl EtcdSession {
         Ok(())
     }
 
-    /// Watches `preds` from now: `Some` once etcd created every watch;
-    /// `None` after the pause that a failed create calls for (the caller
-    /// reads again without keeping them).
+    /// Watches `preds` from now: `Some` (with the latest revision etcd
+    /// created one at) once etcd created every watch; `None` after the
+    /// pause that a failed create calls for (the caller reads again
+    /// without keeping them).
     async fn watch_ahead(
         &self,
         req: &AcquireRequest,
         preds: &[Predecessor],
-    ) -> Option<Vec<crate::watch::Watch>> {
+    ) -> Option<(Vec<crate::watch::Watch>, i64)> {
         let mut ws: Vec<_> = preds
             .iter()
             .map(|(k, _)| self.inner.hub.watch(k.clone(), 0, WatchFilterType::NoPut))
@@ -644,10 +659,12 @@ impl EtcdSession {
         // None: all created; Some(pause): read again after it
         // without keeping them.
         let mut pause = None;
+        let mut created = 0;
         for w in &mut ws {
             pause = match w.next().await {
                 WatchEvent::Created(at) => {
                     tracing::trace!(lock = %req.name, at, "predecessor watch created");
+                    created = created.max(at);
                     continue;
                 }
                 WatchEvent::Lost => Some(Duration::from_millis(100)),
@@ -658,7 +675,7 @@ impl EtcdSession {
             break;
         }
         match pause {
-            None => Some(ws),
+            None => Some((ws, created)),
             Some(pause) => {
                 drop(ws);
                 if !pause.is_zero() {

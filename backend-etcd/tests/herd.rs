@@ -23,6 +23,18 @@ async fn requests_per_release(h: &Harness, waiters: usize, kind: Herd) -> u64 {
     cost_of_release(h, waiters, kind).await.requests
 }
 
+/// The cost of one release with 16 waiters is the cost with 4, give or
+/// take `extra_watches`: a waiter keeps a second set of watches on what it
+/// waits for when the store moved while etcd created the first (issue 20:
+/// etcd may serve those late), and a woken waiter cancels them (and may
+/// create them again). A herd wakes all 16.
+fn assert_same_cost(four: u64, sixteen: u64, extra_watches: u64) {
+    assert!(
+        four.abs_diff(sixteen) <= extra_watches,
+        "the cost of a release grows with the waiters: {four} with 4, {sixteen} with 16"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_release_costs_the_same_with_4_and_16_waiters() {
     let Some(h) = harness() else { return };
@@ -30,12 +42,10 @@ async fn one_release_costs_the_same_with_4_and_16_waiters() {
     let sixteen = requests_per_release(&h, 16, Herd::Mutex).await;
     eprintln!("requests per release: {four} with 4 waiters, {sixteen} with 16 waiters");
     // release txn + its watch cancel (holder); the waiter's predecessor
-    // watch cancel, 1 txn (re-check) and its held watch create: 5.
+    // watch cancel (or two), 1 txn (re-check) and its held watch create:
+    // 5 or 6.
     assert!(four <= 10, "{four} requests for one release with 4 waiters");
-    assert_eq!(
-        four, sixteen,
-        "the cost of a release grows with the waiters"
-    );
+    assert_same_cost(four, sixteen, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -45,10 +55,7 @@ async fn write_side_release_costs_the_same_with_4_and_16_waiters() {
     let sixteen = requests_per_release(&h, 16, Herd::Write).await;
     eprintln!("write side: {four} with 4 waiters, {sixteen} with 16 waiters");
     assert!(four <= 10, "{four} requests for one release with 4 waiters");
-    assert_eq!(
-        four, sixteen,
-        "the cost of a release grows with the waiters"
-    );
+    assert_same_cost(four, sixteen, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -60,8 +67,7 @@ async fn semaphore_release_costs_the_same_with_4_and_16_waiters() {
     // Two waiters watch the released permit: each re-reads and watches
     // again; the first is granted.
     assert!(four <= 16, "{four} requests for one release with 4 waiters");
-    assert_eq!(
-        four, sixteen,
-        "the cost of a release grows with the waiters"
-    );
+    // Each of the two woken waiters may cancel, and create again, a
+    // second watch.
+    assert_same_cost(four, sixteen, 4);
 }
