@@ -272,3 +272,278 @@ async fn redis_op(
     cmd.query_async::<redis::Value>(conn).await.map_err(text)?;
     Ok(())
 }
+
+/// What the floor of one handoff is, in words, for the report.
+pub fn describe_handoff(scheme: &str) -> Option<&'static str> {
+    match scheme {
+        "etcd" | "etcds" => Some("delete seen by a watcher, then its put(key, lease)"),
+        "zk" => Some("delete seen by an exists watch, then its create(ephemeral)"),
+        "consul" | "consuls" => Some("txn unlock seen by a blocking read, then its txn lock"),
+        _ => None,
+    }
+}
+
+/// The floor of a handoff: two raw clients of the store pass one key back
+/// and forth `count` times (after [`crate::WARMUP`] untimed ones). The
+/// waiter watches the key before the holder lets go; each figure is the
+/// time from the holder's release starting to the waiter's own write
+/// being acknowledged, as the handoff gap of ours is. `None` for stores
+/// without a watch in their raw lock (Redis's naive lock polls).
+pub async fn handoffs(url: &Url, count: usize) -> Result<Option<crate::Histogram>> {
+    let host = url.host_str().unwrap_or("127.0.0.1").to_string();
+    let port = url.port();
+    let key = format!("qlbench-floor/handoff-{}", std::process::id());
+    match url.scheme() {
+        "etcd" => etcd_handoffs(
+            format!("http://{host}:{}", port.unwrap_or(2379)),
+            key,
+            count,
+        )
+        .await
+        .map(Some),
+        "zk" => zk_handoffs(format!("{host}:{}", port.unwrap_or(2181)), count)
+            .await
+            .map(Some),
+        "consul" => consul_handoffs(
+            format!("http://{host}:{}", port.unwrap_or(8500)),
+            key,
+            count,
+        )
+        .await
+        .map(Some),
+        _ => Ok(None),
+    }
+}
+
+/// Runs `count` timed handoffs (after the warm-up) between party 0 and
+/// party 1, party 0 holding first: `handoff(holder, waiter)` releases and
+/// takes, returning the time from the release starting to the take.
+async fn ping_pong<P, F>(
+    parties: &mut [P; 2],
+    count: usize,
+    mut handoff: F,
+) -> Result<crate::Histogram>
+where
+    F: for<'a> FnMut(&'a mut P, &'a mut P) -> futures::future::BoxFuture<'a, Result<Duration>>,
+{
+    let mut h = crate::histogram();
+    for i in 0..count + crate::WARMUP {
+        let [a, b] = parties;
+        let gap = if i % 2 == 0 {
+            handoff(a, b).await?
+        } else {
+            handoff(b, a).await?
+        };
+        if i >= crate::WARMUP {
+            h.record(gap.as_micros().max(1) as u64).map_err(text)?;
+        }
+    }
+    Ok(h)
+}
+
+/// One side of the etcd handoff floor: a client, its lease, a watch on
+/// the key for the whole run, and the revision of its last take.
+struct EtcdParty {
+    client: etcd_client::Client,
+    lease: i64,
+    watch: etcd_client::WatchStream,
+    taken_at: i64,
+}
+
+async fn etcd_handoffs(endpoint: String, key: String, count: usize) -> Result<crate::Histogram> {
+    let mut parties = Vec::new();
+    for _ in 0..2 {
+        let mut client = etcd_client::Client::connect([endpoint.clone()], None)
+            .await
+            .map_err(text)?;
+        let lease = client.lease_grant(30, None).await.map_err(text)?.id();
+        let mut watch = client.watch(key.as_str(), None).await.map_err(text)?;
+        // Created before anyone writes: a synced watcher.
+        watch.message().await.map_err(text)?;
+        parties.push(EtcdParty {
+            client,
+            lease,
+            watch,
+            taken_at: 0,
+        });
+    }
+    let mut parties: [EtcdParty; 2] = parties.try_into().map_err(|_| "two parties")?;
+    let opts = etcd_client::PutOptions::new().with_lease(parties[0].lease);
+    let put = parties[0].client.put(key.as_str(), "", Some(opts)).await;
+    parties[0].taken_at = put.map_err(text)?.header().map_or(0, |h| h.revision());
+    let key2 = key.clone();
+    let h = ping_pong(&mut parties, count, move |holder, waiter| {
+        let key = key2.clone();
+        Box::pin(async move {
+            let t = std::time::Instant::now();
+            let since = holder.taken_at;
+            let release = async { holder.client.delete(key.as_str(), None).await.map_err(text) };
+            let take = async {
+                // The holder's delete: an event after its take.
+                loop {
+                    let m = waiter.watch.message().await.map_err(text)?;
+                    let m = m.ok_or("the watch ended")?;
+                    if m.events().iter().any(|e| {
+                        e.event_type() == etcd_client::EventType::Delete
+                            && e.kv().is_some_and(|kv| kv.mod_revision() > since)
+                    }) {
+                        break;
+                    }
+                }
+                let opts = etcd_client::PutOptions::new().with_lease(waiter.lease);
+                let put = waiter.client.put(key.as_str(), "", Some(opts)).await;
+                waiter.taken_at = put.map_err(text)?.header().map_or(0, |h| h.revision());
+                Ok::<_, String>(t.elapsed())
+            };
+            let (_, gap) = tokio::try_join!(release, take)?;
+            Ok(gap)
+        })
+    })
+    .await;
+    for p in &mut parties {
+        let _ = p.client.lease_revoke(p.lease).await;
+    }
+    h
+}
+
+async fn zk_handoffs(endpoint: String, count: usize) -> Result<crate::Histogram> {
+    use zookeeper_client::{Acls, CreateMode};
+    let mut parties = Vec::new();
+    for _ in 0..2 {
+        let client = zookeeper_client::Client::connector()
+            .with_session_timeout(Duration::from_secs(10))
+            .connect(&endpoint)
+            .await
+            .map_err(text)?;
+        parties.push(client);
+    }
+    let mut parties: [zookeeper_client::Client; 2] =
+        parties.try_into().map_err(|_| "two parties")?;
+    let parent = "/qlbench-floor";
+    let mode = CreateMode::Persistent.with_acls(Acls::anyone_all());
+    match parties[0].create(parent, b"", &mode).await {
+        Ok(_) | Err(zookeeper_client::Error::NodeExists) => {}
+        Err(e) => return Err(e.to_string()),
+    }
+    let node = format!("{parent}/handoff-{}", std::process::id());
+    let ephemeral = CreateMode::Ephemeral.with_acls(Acls::anyone_all());
+    parties[0]
+        .create(&node, b"", &ephemeral)
+        .await
+        .map_err(text)?;
+    let node2 = node.clone();
+    let h = ping_pong(&mut parties, count, move |holder, waiter| {
+        let node = node2.clone();
+        let ephemeral = ephemeral.clone();
+        Box::pin(async move {
+            // The waiter's watch is set before the release, as ours is.
+            let (stat, watcher) = waiter.check_and_watch_stat(&node).await.map_err(text)?;
+            stat.ok_or("the holder's node is missing")?;
+            let t = std::time::Instant::now();
+            let release = async { holder.delete(&node, None).await.map_err(text) };
+            let take = async {
+                watcher.changed().await;
+                waiter.create(&node, b"", &ephemeral).await.map_err(text)?;
+                Ok::<_, String>(t.elapsed())
+            };
+            let (_, gap) = tokio::try_join!(release, take)?;
+            Ok(gap)
+        })
+    })
+    .await;
+    for p in parties {
+        let _ = p.delete(&node, None).await;
+        let _ = p.delete(parent, None).await;
+    }
+    h
+}
+
+/// One side of the Consul handoff floor: its session, and the index of
+/// its last take.
+struct ConsulParty {
+    session: String,
+    taken_at: u64,
+}
+
+async fn consul_handoffs(base: String, key: String, count: usize) -> Result<crate::Histogram> {
+    let http = reqwest::Client::new();
+    let mut parties = Vec::new();
+    for _ in 0..2 {
+        let body = serde_json::json!({"TTL": "30s", "Behavior": "delete", "LockDelay": "0s", "Checks": []});
+        let session: serde_json::Value = http
+            .put(format!("{base}/v1/session/create"))
+            .json(&body)
+            .send()
+            .await
+            .map_err(text)?
+            .error_for_status()
+            .map_err(text)?
+            .json()
+            .await
+            .map_err(text)?;
+        let session = session["ID"].as_str().ok_or("no session ID")?.to_string();
+        parties.push(ConsulParty {
+            session,
+            taken_at: 0,
+        });
+    }
+    let mut parties: [ConsulParty; 2] = parties.try_into().map_err(|_| "two parties")?;
+    let key = format!("{key}/.lock");
+    // `lock` or `unlock` of the key; the key's modify index after it.
+    let (h, b, k) = (http.clone(), base.clone(), key.clone());
+    let txn = move |verb: &'static str, session: String| {
+        let (http, base, key) = (h.clone(), b.clone(), k.clone());
+        async move {
+            let op = serde_json::json!([{"KV": {"Verb": verb, "Key": key, "Session": session, "Flags": 0x2ddc_cbc0_58a5_0c18u64}}]);
+            let r: serde_json::Value = http
+                .put(format!("{base}/v1/txn"))
+                .json(&op)
+                .send()
+                .await
+                .map_err(text)?
+                .error_for_status()
+                .map_err(text)?
+                .json()
+                .await
+                .map_err(text)?;
+            r["Results"][0]["KV"]["ModifyIndex"]
+                .as_u64()
+                .ok_or_else(|| format!("no index in {r}"))
+        }
+    };
+    parties[0].taken_at = txn("lock", parties[0].session.clone()).await?;
+    let (http2, base2, key2) = (http.clone(), base.clone(), key.clone());
+    let h = ping_pong(&mut parties, count, move |holder, waiter| {
+        let (http, base, key) = (http2.clone(), base2.clone(), key2.clone());
+        let txn = txn.clone();
+        Box::pin(async move {
+            let t = std::time::Instant::now();
+            let release = txn("unlock", holder.session.clone());
+            let take = async {
+                // A blocking read from the holder's take: it returns once
+                // the key moved past it.
+                let url = format!("{base}/v1/kv/{key}?index={}&wait=10s", holder.taken_at);
+                http.get(url)
+                    .send()
+                    .await
+                    .map_err(text)?
+                    .error_for_status()
+                    .map_err(text)?;
+                let at = txn("lock", waiter.session.clone()).await?;
+                Ok::<_, String>((at, t.elapsed()))
+            };
+            let (_, (at, gap)) = tokio::try_join!(release, take)?;
+            waiter.taken_at = at;
+            Ok(gap)
+        })
+    })
+    .await;
+    for p in &parties {
+        let _ = http
+            .put(format!("{base}/v1/session/destroy/{}", p.session))
+            .send()
+            .await;
+    }
+    let _ = http.delete(format!("{base}/v1/kv/{key}")).send().await;
+    h
+}

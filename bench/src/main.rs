@@ -45,8 +45,9 @@ struct Args {
     /// Waiter counts for the handoff measurement.
     #[arg(long, value_delimiter = ',', default_values_t = [1, 4, 16, 64])]
     waiters: Vec<usize>,
-    /// Handoffs timed per waiter count.
-    #[arg(long, default_value_t = 200)]
+    /// Handoffs timed per waiter count (and for the handoff floor): with
+    /// 1,000, a p99 is the 10th-largest gap, not the second.
+    #[arg(long, default_value_t = 1000)]
     handoffs: usize,
     /// Locks held at once by one client for the scale measurement.
     #[arg(long, default_value_t = 10_000)]
@@ -419,7 +420,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         floor = f;
     }
     let mut handoffs = Vec::new();
+    let mut handoff_floor = None;
     if runs("handoff") {
+        eprintln!("bench: the floor of a handoff");
+        handoff_floor = floor::handoffs(&parsed, args.handoffs).await?;
         for &w in &args.waiters {
             eprintln!("bench: handoff with {w} waiters");
             handoffs.push(handoff(&url, w, args.handoffs).await?);
@@ -460,6 +464,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "floor": floor.as_ref().map(summary),
         "cycle": cycle.as_ref().map(summary),
         "cycle_over_floor_p50": ratio,
+        "handoff_floor_is": floor::describe_handoff(&scheme),
+        "handoff_floor": handoff_floor.as_ref().map(summary),
         "handoff": handoffs,
         "contended": contention,
         "scale": scale,
@@ -491,6 +497,13 @@ fn print_markdown(r: &Value) {
         f(&r["cycle"]["p99_ms"]),
         f(&r["cycle_over_floor_p50"])
     );
+    if let Some(is) = r["handoff_floor_is"].as_str() {
+        println!(
+            "| floor of a handoff: {is} | {} | {} | |",
+            f(&r["handoff_floor"]["p50_ms"]),
+            f(&r["handoff_floor"]["p99_ms"])
+        );
+    }
     for h in r["handoff"].as_array().into_iter().flatten() {
         println!(
             "| handoff, {} waiters on {} clients | {} | {} | {} store requests per handoff |",
