@@ -545,8 +545,7 @@ impl EtcdSession {
         let my_rev = q.my_rev;
         // Watches on the entries we wait for, created and confirmed by
         // etcd before the latest read: (their keys and create revisions,
-        // the watches, the store's revision when etcd created the last of
-        // them).
+        // the watches, the lowest store revision etcd created one at).
         let mut watching: Option<(Vec<Predecessor>, Vec<crate::watch::Watch>, i64)> = None;
         loop {
             let ahead = match q.first.take() {
@@ -608,13 +607,14 @@ impl EtcdSession {
                 // now" at the revision it read before registering it; a
                 // write that commits in between leaves the watch behind,
                 // served by the 100 ms catch-up loop (issue 20). That can
-                // only have happened if the store moved between the
-                // watch's start and our read: then one more watch, from
-                // now, makes the wait late only if both are.
+                // only have happened if the store moved between a
+                // watch's start and our read: then one more watch each,
+                // from now, makes the wait late only if both are. (If
+                // those cannot be created, the first ones still report.)
                 Some((watched, mut ws, at)) if watched == preds => {
-                    if q.rev > at && ws.len() == preds.len() {
-                        if let Some(more) = self.watch_ahead(req, &preds).await {
-                            ws.extend(more.0);
+                    if q.rev > at {
+                        if let Ok((more, _)) = self.watch_ahead(req, &preds).await {
+                            ws.extend(more);
                         }
                     }
                     ws
@@ -627,8 +627,10 @@ impl EtcdSession {
                     // (at a revision at or after their start), so a delete
                     // between the read above and the watches is not
                     // missed; the grant still rests only on that read.
-                    if let Some((ws, at)) = self.watch_ahead(req, &preds).await {
-                        watching = Some((preds, ws, at));
+                    match self.watch_ahead(req, &preds).await {
+                        Ok((ws, at)) => watching = Some((preds, ws, at)),
+                        Err(pause) if !pause.is_zero() => tokio::time::sleep(pause).await,
+                        Err(_) => {}
                     }
                     continue;
                 }
@@ -643,15 +645,15 @@ impl EtcdSession {
         Ok(())
     }
 
-    /// Watches `preds` from now: `Some` (with the latest revision etcd
-    /// created one at) once etcd created every watch; `None` after the
-    /// pause that a failed create calls for (the caller reads again
-    /// without keeping them).
+    /// Watches `preds` from now: the watches, once etcd created every
+    /// one, with the lowest revision it created one at (a write after that
+    /// revision may have left a watch behind); else the pause that a failed
+    /// create calls for (zero: read again at once), the watches dropped.
     async fn watch_ahead(
         &self,
         req: &AcquireRequest,
         preds: &[Predecessor],
-    ) -> Option<(Vec<crate::watch::Watch>, i64)> {
+    ) -> std::result::Result<(Vec<crate::watch::Watch>, i64), Duration> {
         let mut ws: Vec<_> = preds
             .iter()
             .map(|(k, _)| self.inner.hub.watch(k.clone(), 0, WatchFilterType::NoPut))
@@ -659,12 +661,12 @@ impl EtcdSession {
         // None: all created; Some(pause): read again after it
         // without keeping them.
         let mut pause = None;
-        let mut created = 0;
+        let mut created = i64::MAX;
         for w in &mut ws {
             pause = match w.next().await {
                 WatchEvent::Created(at) => {
                     tracing::trace!(lock = %req.name, at, "predecessor watch created");
-                    created = created.max(at);
+                    created = created.min(at);
                     continue;
                 }
                 WatchEvent::Lost => Some(Duration::from_millis(100)),
@@ -675,14 +677,8 @@ impl EtcdSession {
             break;
         }
         match pause {
-            None => Some((ws, created)),
-            Some(pause) => {
-                drop(ws);
-                if !pause.is_zero() {
-                    tokio::time::sleep(pause).await;
-                }
-                None
-            }
+            None => Ok((ws, created)),
+            Some(pause) => Err(pause),
         }
     }
 
