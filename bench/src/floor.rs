@@ -70,11 +70,7 @@ impl Floor {
             }
             "zk" => {
                 use zookeeper_client::{Acls, CreateMode};
-                let client = zookeeper_client::Client::connector()
-                    .with_session_timeout(Duration::from_secs(10))
-                    .connect(&format!("{host}:{}", port.unwrap_or(2181)))
-                    .await
-                    .map_err(text)?;
+                let client = zk_connect(&format!("{host}:{}", port.unwrap_or(2181))).await?;
                 let parent = "/qlbench-floor".to_string();
                 let mode = CreateMode::Persistent.with_acls(Acls::anyone_all());
                 match client.create(&parent, b"", &mode).await {
@@ -91,19 +87,7 @@ impl Floor {
             "consul" => {
                 let base = format!("http://{host}:{}", port.unwrap_or(8500));
                 let http = reqwest::Client::new();
-                let body = serde_json::json!({"TTL": "30s", "Behavior": "delete", "LockDelay": "0s", "Checks": []});
-                let session: serde_json::Value = http
-                    .put(format!("{base}/v1/session/create"))
-                    .json(&body)
-                    .send()
-                    .await
-                    .map_err(text)?
-                    .error_for_status()
-                    .map_err(text)?
-                    .json()
-                    .await
-                    .map_err(text)?;
-                let session = session["ID"].as_str().ok_or("no session ID")?.to_string();
+                let session = consul_session(&http, &base).await?;
                 let key = format!("qlbench-floor/{session}/.lock");
                 Ok(Some(Floor::Consul(ConsulFloor {
                     http,
@@ -148,16 +132,7 @@ impl Floor {
             }
             Floor::Consul(c) => {
                 for verb in ["lock", "unlock"] {
-                    // The flags `consul lock` puts on its `.lock`.
-                    let op = serde_json::json!([{"KV": {"Verb": verb, "Key": c.key, "Session": c.session, "Flags": 0x2ddc_cbc0_58a5_0c18u64}}]);
-                    c.http
-                        .put(format!("{}/v1/txn", c.base))
-                        .json(&op)
-                        .send()
-                        .await
-                        .map_err(text)?
-                        .error_for_status()
-                        .map_err(text)?;
+                    consul_txn(&c.http, &c.base, verb, &c.key, &c.session).await?;
                 }
             }
             Floor::Redis { conn, key } => {
@@ -211,15 +186,8 @@ impl Floor {
             }
             Floor::Consul(c) => {
                 let verb = if take { "lock" } else { "unlock" };
-                let op = serde_json::json!([{"KV": {"Verb": verb, "Key": format!("{}/s{i}", c.key), "Session": c.session, "Flags": 0x2ddc_cbc0_58a5_0c18u64}}]);
-                c.http
-                    .put(format!("{}/v1/txn", c.base))
-                    .json(&op)
-                    .send()
-                    .await
-                    .map_err(text)?
-                    .error_for_status()
-                    .map_err(text)?;
+                let key = format!("{}/s{i}", c.key);
+                consul_txn(&c.http, &c.base, verb, &key, &c.session).await?;
             }
             Floor::Redis { conn, key } => {
                 redis_op(&mut conn.clone(), &format!("{key}/s{i}"), take).await?;
@@ -410,12 +378,7 @@ async fn zk_handoffs(endpoint: String, count: usize) -> Result<crate::Histogram>
     use zookeeper_client::{Acls, CreateMode};
     let mut parties = Vec::new();
     for _ in 0..2 {
-        let client = zookeeper_client::Client::connector()
-            .with_session_timeout(Duration::from_secs(10))
-            .connect(&endpoint)
-            .await
-            .map_err(text)?;
-        parties.push(client);
+        parties.push(zk_connect(&endpoint).await?);
     }
     let mut parties: [zookeeper_client::Client; 2] =
         parties.try_into().map_err(|_| "two parties")?;
@@ -469,56 +432,21 @@ async fn consul_handoffs(base: String, key: String, count: usize) -> Result<crat
     let http = reqwest::Client::new();
     let mut parties = Vec::new();
     for _ in 0..2 {
-        let body = serde_json::json!({"TTL": "30s", "Behavior": "delete", "LockDelay": "0s", "Checks": []});
-        let session: serde_json::Value = http
-            .put(format!("{base}/v1/session/create"))
-            .json(&body)
-            .send()
-            .await
-            .map_err(text)?
-            .error_for_status()
-            .map_err(text)?
-            .json()
-            .await
-            .map_err(text)?;
-        let session = session["ID"].as_str().ok_or("no session ID")?.to_string();
         parties.push(ConsulParty {
-            session,
+            session: consul_session(&http, &base).await?,
             taken_at: 0,
         });
     }
     let mut parties: [ConsulParty; 2] = parties.try_into().map_err(|_| "two parties")?;
     let key = format!("{key}/.lock");
-    // `lock` or `unlock` of the key; the key's modify index after it.
-    let (h, b, k) = (http.clone(), base.clone(), key.clone());
-    let txn = move |verb: &'static str, session: String| {
-        let (http, base, key) = (h.clone(), b.clone(), k.clone());
-        async move {
-            let op = serde_json::json!([{"KV": {"Verb": verb, "Key": key, "Session": session, "Flags": 0x2ddc_cbc0_58a5_0c18u64}}]);
-            let r: serde_json::Value = http
-                .put(format!("{base}/v1/txn"))
-                .json(&op)
-                .send()
-                .await
-                .map_err(text)?
-                .error_for_status()
-                .map_err(text)?
-                .json()
-                .await
-                .map_err(text)?;
-            r["Results"][0]["KV"]["ModifyIndex"]
-                .as_u64()
-                .ok_or_else(|| format!("no index in {r}"))
-        }
-    };
-    parties[0].taken_at = txn("lock", parties[0].session.clone()).await?;
+    let first = parties[0].session.clone();
+    parties[0].taken_at = consul_txn(&http, &base, "lock", &key, &first).await?;
     let (http2, base2, key2) = (http.clone(), base.clone(), key.clone());
     let h = ping_pong(&mut parties, count, move |holder, waiter| {
         let (http, base, key) = (http2.clone(), base2.clone(), key2.clone());
-        let txn = txn.clone();
         Box::pin(async move {
             let t = std::time::Instant::now();
-            let release = txn("unlock", holder.session.clone());
+            let release = consul_txn(&http, &base, "unlock", &key, &holder.session);
             let take = async {
                 // A blocking read from the holder's take: it returns once
                 // the key moved past it.
@@ -529,7 +457,7 @@ async fn consul_handoffs(base: String, key: String, count: usize) -> Result<crat
                     .map_err(text)?
                     .error_for_status()
                     .map_err(text)?;
-                let at = txn("lock", waiter.session.clone()).await?;
+                let at = consul_txn(&http, &base, "lock", &key, &waiter.session).await?;
                 Ok::<_, String>((at, t.elapsed()))
             };
             let (_, (at, gap)) = tokio::try_join!(release, take)?;
@@ -546,4 +474,58 @@ async fn consul_handoffs(base: String, key: String, count: usize) -> Result<crat
     }
     let _ = http.delete(format!("{base}/v1/kv/{key}")).send().await;
     h
+}
+
+/// A ZooKeeper client with the floor's session timeout.
+async fn zk_connect(endpoint: &str) -> Result<zookeeper_client::Client> {
+    zookeeper_client::Client::connector()
+        .with_session_timeout(Duration::from_secs(10))
+        .connect(endpoint)
+        .await
+        .map_err(text)
+}
+
+/// A Consul session of the floor's own: no health checks, no lock-delay.
+async fn consul_session(http: &reqwest::Client, base: &str) -> Result<String> {
+    let body =
+        serde_json::json!({"TTL": "30s", "Behavior": "delete", "LockDelay": "0s", "Checks": []});
+    let session: serde_json::Value = http
+        .put(format!("{base}/v1/session/create"))
+        .json(&body)
+        .send()
+        .await
+        .map_err(text)?
+        .error_for_status()
+        .map_err(text)?
+        .json()
+        .await
+        .map_err(text)?;
+    Ok(session["ID"].as_str().ok_or("no session ID")?.to_string())
+}
+
+/// One Consul txn of `verb` (`lock` or `unlock`) on `key` for `session`,
+/// with the flags `consul lock` puts on its `.lock`; the key's modify
+/// index after it.
+async fn consul_txn(
+    http: &reqwest::Client,
+    base: &str,
+    verb: &str,
+    key: &str,
+    session: &str,
+) -> Result<u64> {
+    let op = serde_json::json!([{"KV": {"Verb": verb, "Key": key, "Session": session, "Flags": 0x2ddc_cbc0_58a5_0c18u64}}]);
+    let r: serde_json::Value = http
+        .put(format!("{base}/v1/txn"))
+        .json(&op)
+        .send()
+        .await
+        .map_err(text)?
+        .error_for_status()
+        .map_err(text)?
+        .json()
+        .await
+        .map_err(text)?;
+    r["Results"][0]["KV"]["ModifyIndex"]
+        .as_u64()
+        .ok_or_else(|| format!("no index in {r}"))
 }
