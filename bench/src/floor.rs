@@ -489,17 +489,7 @@ async fn zk_connect(endpoint: &str) -> Result<zookeeper_client::Client> {
 async fn consul_session(http: &reqwest::Client, base: &str) -> Result<String> {
     let body =
         serde_json::json!({"TTL": "30s", "Behavior": "delete", "LockDelay": "0s", "Checks": []});
-    let session: serde_json::Value = http
-        .put(format!("{base}/v1/session/create"))
-        .json(&body)
-        .send()
-        .await
-        .map_err(text)?
-        .error_for_status()
-        .map_err(text)?
-        .json()
-        .await
-        .map_err(text)?;
+    let session = consul_put(http, &format!("{base}/v1/session/create"), &body).await?;
     Ok(session["ID"].as_str().ok_or("no session ID")?.to_string())
 }
 
@@ -514,9 +504,20 @@ async fn consul_txn(
     session: &str,
 ) -> Result<u64> {
     let op = serde_json::json!([{"KV": {"Verb": verb, "Key": key, "Session": session, "Flags": 0x2ddc_cbc0_58a5_0c18u64}}]);
-    let r: serde_json::Value = http
-        .put(format!("{base}/v1/txn"))
-        .json(&op)
+    let r = consul_put(http, &format!("{base}/v1/txn"), &op).await?;
+    r["Results"][0]["KV"]["ModifyIndex"]
+        .as_u64()
+        .ok_or_else(|| format!("no index in {r}"))
+}
+
+/// PUTs `body` to `url`; the JSON answer of a 2xx.
+async fn consul_put(
+    http: &reqwest::Client,
+    url: &str,
+    body: &serde_json::Value,
+) -> Result<serde_json::Value> {
+    http.put(url)
+        .json(body)
         .send()
         .await
         .map_err(text)?
@@ -524,8 +525,5 @@ async fn consul_txn(
         .map_err(text)?
         .json()
         .await
-        .map_err(text)?;
-    r["Results"][0]["KV"]["ModifyIndex"]
-        .as_u64()
-        .ok_or_else(|| format!("no index in {r}"))
+        .map_err(text)
 }
