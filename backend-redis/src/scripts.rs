@@ -248,16 +248,11 @@ for i, e in ipairs(live) do
 end
 if whole then return {'gone'} end
 -- Behind the part read, so waiting: unless not queued, or its session
--- is gone.
-local v = redis.call('HGET', L .. '/.e', id)
-local e = v and parse(v)
+-- is gone (then purged, as `head` purges).
 local seq = redis.call('ZSCORE', L .. '/.q', id)
-if not e or not seq then return {'gone'} end
-if redis.call('EXISTS', skey(e.sid)) == 0 then
-  remove(L, id)
-  return {'gone'}
-end
-return waiting(tonumber(seq), live, #live)
+local e = seq and live_entry(L, id, seq)
+if not e then return {'gone'} end
+return waiting(e.seq, live, #live)
 "#,
     )
 });
