@@ -58,6 +58,12 @@ impl KvEntry {
         (r.quorumlock == 1).then_some(r)
     }
 
+    /// Whether an operator's break rewrote this entry (it is deleted at
+    /// the end of the break's grace): nobody holds by it any more.
+    pub fn is_broken(&self) -> bool {
+        self.record().is_some_and(|r| r.broken)
+    }
+
     /// Whether this entry is still the grant at `token` to `session`:
     /// unchanged since (`ModifyIndex == token`), or rewritten in place by
     /// that holder's proclaim (locked by `session`, our record naming

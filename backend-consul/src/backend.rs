@@ -339,7 +339,11 @@ impl Backend for ConsulBackend {
         let v = View::from_entries(&keys, entries);
         let mut state = LockState::free(name.clone());
         let holder = v.holder().map(str::to_string);
-        if let (Some(l), Some(h)) = (&v.lock, &holder) {
+        // A broken entry stays until the break's grace ends, still locked
+        // by its holder's session, but its holder has been told of the
+        // loss: it is shown neither as holding nor as waiting. It still
+        // stands in the line, so nobody behind it is shown as holding.
+        if let (Some(l), Some(h)) = (v.lock.as_ref().filter(|l| !l.is_broken()), &holder) {
             state.holders.push(Contender {
                 session: h.clone(),
                 token: l.grant_token(),
@@ -359,6 +363,9 @@ impl Backend for ConsulBackend {
                 since: since(q),
                 value: q.holder_value(),
             };
+            if q.is_broken() {
+                continue;
+            }
             if *kind == LockKind::Exclusive {
                 if q.holder() != holder.as_deref() {
                     state.waiters.push(c(q.create_index));

@@ -334,7 +334,7 @@ impl<'a> Attempt<'a> {
                 ),
             ));
         }
-        let broken = l.record().is_some_and(|r| r.broken);
+        let broken = l.is_broken();
         if !l.holder().is_some_and(|h| h != self.s.id || broken) {
             return Ok(false);
         }

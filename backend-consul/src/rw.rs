@@ -84,7 +84,7 @@ pub(crate) async fn acquire_rw(s: &Arc<Shared>, req: &AcquireRequest) -> Result<
             ));
         };
         let ours = line[pos].1.clone();
-        if ours.record().is_some_and(|r| r.broken) {
+        if ours.is_broken() {
             // An operator broke the holders while our grant was on its
             // way: it is not ours to hold. The client layer removes the
             // entry (ending the break) and asks again.

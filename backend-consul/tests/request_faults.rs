@@ -119,6 +119,25 @@ fn spawn_acquire(c: &LockClient, name: &str) -> tokio::task::JoinHandle<Result<L
     tokio::spawn(async move { c.lock(&name).unwrap().acquire().await })
 }
 
+/// The `ModifyIndex` of `key` once an operator's break has rewritten it
+/// (its record marked broken), read straight from the agent: `inspect`
+/// shows a broken entry as nobody's.
+async fn broken_index(env: &Env, key: &str) -> Option<u64> {
+    use base64::Engine as _;
+    let url = format!("http://{}/v1/kv/{key}", env.agent());
+    let rsp = reqwest::get(&url).await.unwrap();
+    if rsp.status() == reqwest::StatusCode::NOT_FOUND {
+        return None;
+    }
+    let entries: serde_json::Value = rsp.error_for_status().unwrap().json().await.unwrap();
+    let e = &entries[0];
+    let value = base64::engine::general_purpose::STANDARD
+        .decode(e["Value"].as_str()?)
+        .ok()?;
+    let record: serde_json::Value = serde_json::from_slice(&value).ok()?;
+    (record["broken"] == true).then(|| e["ModifyIndex"].as_u64().unwrap())
+}
+
 async fn waiters(c: &LockClient, name: &str) -> usize {
     c.inspect(name).await.unwrap().waiters.len()
 }
@@ -235,14 +254,17 @@ async fn late_read_inside_a_break_never_grants_the_broken_lock() {
         let a2 = admin.clone();
         let breaking = tokio::spawn(async move { a2.break_lock("x").await });
         let start = Instant::now();
+        let lock_key = format!("{}lock", env.key("x"));
         let broken_at = loop {
-            let st = admin.inspect("x").await.unwrap();
-            if let Some(h) = st.holders.first().filter(|h| h.token != ours) {
-                break h.token;
+            if let Some(at) = broken_index(&env, &lock_key).await {
+                break at;
             }
             assert!(start.elapsed() < SOON, "the break never rewrote .lock");
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
+        assert!(broken_at > ours, "{broken_at} <= {ours}");
+        let st = admin.inspect("x").await.unwrap();
+        assert!(st.holders.is_empty(), "the broken .lock shown held: {st:?}");
         rule.release();
         if let Ok(r) = timeout(Duration::from_millis(1500), &mut a_acq).await {
             let g = r.unwrap().unwrap();
@@ -395,18 +417,18 @@ async fn rw_entry_broken_before_its_grant_is_not_granted() {
         let before = admin.inspect("x").await.unwrap();
         assert_eq!(before.holders.len(), 1, "{before:?}");
         let joined = before.holders[0].token;
+        let entry = before.holders[0].entry.clone();
         let a2 = admin.clone();
         let breaking = tokio::spawn(async move { a2.break_lock("x").await });
         let start = Instant::now();
         let broken_at = loop {
-            let st = admin.inspect("x").await.unwrap();
-            match st.holders.first() {
-                Some(h) if h.token != joined => break h.token,
-                _ => {}
+            if let Some(at) = broken_index(&env, &entry).await {
+                break at;
             }
             assert!(start.elapsed() < SOON, "the break never rewrote the entry");
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
+        assert!(broken_at > joined, "{broken_at} <= {joined}");
         reread.release();
         let g = timeout(SOON, r_acq)
             .await

@@ -34,6 +34,13 @@ pub struct ZkBackend {
     pub(crate) shared: Arc<Shared>,
 }
 
+/// Whether a read of a lock shows the nodes an operator's break marked.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Marked {
+    Hide,
+    Show,
+}
+
 impl fmt::Debug for ZkBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ZkBackend")
@@ -187,6 +194,18 @@ impl ZkBackend {
     }
 
     async fn inspect_once(&self, c: zk::Client, name: &LockName) -> Result<LockState> {
+        self.read_state(c, name, Marked::Hide).await
+    }
+
+    /// The lock as `inspect` shows it, or with the nodes a break marked
+    /// shown as holding ([`Marked::Show`]): a break finds those too, so a
+    /// mark whose breaker died before its delete is broken again.
+    async fn read_state(
+        &self,
+        c: zk::Client,
+        name: &LockName,
+        marked: Marked,
+    ) -> Result<LockState> {
         let dir = self.shared.lock_dir(name)?;
         let mut state = LockState::free(name.clone());
         self.shared.count(1);
@@ -210,15 +229,21 @@ impl ZkBackend {
                     let entry = format!("{dir}/{child}");
                     let mut cont = contender(&st, entry, role.kind());
                     cont.value = crate::layout::node_value(&data);
-                    alive.push((child, cont));
+                    alive.push((child, cont, crate::layout::is_broken(&data)));
                 }
                 Err(zk::Error::NoNode) => {} // gone meanwhile
                 Err(e) => return Err(map(e, "reading a contender")),
             }
         }
-        let names: Vec<String> = alive.iter().map(|(n, _)| n.clone()).collect();
-        for (i, (child, cont)) in alive.into_iter().enumerate() {
+        // A node a break marked still stands in the line until the break
+        // deletes it (nobody behind it holds yet) but is shown neither as
+        // holding nor as waiting: its holder has been told of the loss.
+        let names: Vec<String> = alive.iter().map(|(n, _, _)| n.clone()).collect();
+        for (i, (child, cont, broken)) in alive.into_iter().enumerate() {
             let role = classify(&child).map_or(Role::Mutex, |(r, _)| r);
+            if broken && marked == Marked::Hide {
+                continue;
+            }
             if blocker(&names, i, role).is_none() {
                 state.holders.push(cont);
             } else {
@@ -226,7 +251,7 @@ impl ZkBackend {
             }
         }
         if semaphore {
-            self.inspect_semaphore(&c, &dir, &mut state).await?;
+            self.inspect_semaphore(&c, &dir, &mut state, marked).await?;
         }
         Ok(state)
     }
@@ -239,6 +264,7 @@ impl ZkBackend {
         c: &zk::Client,
         dir: &str,
         state: &mut LockState,
+        marked: Marked,
     ) -> Result<()> {
         let leases_dir = format!("{dir}/{SEM_LEASES}");
         let locks_dir = format!("{dir}/{SEM_LOCKS}");
@@ -287,6 +313,9 @@ impl ZkBackend {
             guids.extend(guid_prefix(child));
             let mut cont = contender(st, format!("{leases_dir}/{child}"), kind);
             cont.value = crate::layout::node_value(data);
+            if crate::layout::is_broken(data) && marked == Marked::Hide {
+                continue; // as a broken node above: in the count, not shown
+            }
             if i < permits as usize {
                 state.holders.push(cont);
             } else {
@@ -375,7 +404,7 @@ impl ZkBackend {
 
     async fn break_once(&self, c: zk::Client, name: &LockName) -> Result<bool> {
         loop {
-            let state = self.inspect_once(c.clone(), name).await?;
+            let state = self.read_state(c.clone(), name, Marked::Show).await?;
             if state.holders.is_empty() {
                 return Ok(false);
             }

@@ -137,11 +137,17 @@ pub(crate) fn permits_data(permits: u32, value: &[u8]) -> Vec<u8> {
     d
 }
 
+/// Whether an operator's break marked this node (it is deleted right
+/// after): its holder has been told of the loss, so nobody holds by it.
+pub(crate) fn is_broken(data: &[u8]) -> bool {
+    data.starts_with(BREAK_MESSAGE)
+}
+
 /// The holder's value in a contender node's data: all of it (ours and
 /// Curator's, whose data is the participant's address or id), except our
 /// semaphore nodes' `permits=` line and revoke or break markers.
 pub(crate) fn node_value(data: &[u8]) -> Vec<u8> {
-    if data.starts_with(REVOKE_MESSAGE) || data.starts_with(BREAK_MESSAGE) {
+    if data.starts_with(REVOKE_MESSAGE) || is_broken(data) {
         return Vec::new();
     }
     if parse_permits(data).is_some() {

@@ -603,6 +603,56 @@ async fn revoke_of_curator_leases_writes_no_guessed_count() {
     s.case.finish().await;
 }
 
+/// A break marks the holder's node, then deletes it. A Curator holder
+/// does not watch for the mark, so if the breaker died between the two the
+/// marked node would stay: `inspect` shows nobody holding it (its holder
+/// is being broken), and the next break still finds it and deletes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_break_finishes_the_mark_of_a_breaker_that_died() {
+    let Some(mut s) = setup().await else { return };
+    let a = s.case.client().await;
+    s.peer.send(&format!("lock c1 {}/bk", s.ns_path)).await;
+    s.peer.expect("ok").await;
+    s.peer.send("acquire c1").await;
+    s.peer.expect("acquired c1").await;
+    let st = a.inspect("bk").await.unwrap();
+    assert_eq!(st.holders.len(), 1, "{st:?}");
+    let node = st.holders[0].entry.clone();
+    let raw = zookeeper_client::Client::connect(
+        &ZkConfig::from_url(&s.case.harness().url_for(s.case.namespace()))
+            .unwrap()
+            .connect_string(),
+    )
+    .await
+    .unwrap();
+    // The mark of a break whose breaker then died.
+    raw.set_data(&node, b"__BREAK__", None).await.unwrap();
+    let st = a.inspect("bk").await.unwrap();
+    assert!(
+        st.holders.is_empty(),
+        "a marked node shown as holding: {st:?}"
+    );
+    assert!(
+        a.break_lock("bk").await.unwrap(),
+        "the marked node was not broken"
+    );
+    assert_eq!(
+        raw.check_stat(&node).await.unwrap(),
+        None,
+        "{node} is still there"
+    );
+    drop(raw);
+    let g = tokio::time::timeout(SOON, a.lock("bk").unwrap().acquire())
+        .await
+        .expect("the lock after the break")
+        .unwrap();
+    g.release().await.unwrap();
+    s.peer.send("release c1").await;
+    s.peer.expect("released c1").await;
+    s.peer.quit().await;
+    s.case.finish().await;
+}
+
 /// Several permits of one client count one by one against Curator's
 /// `InterProcessSemaphoreV2`: beside one Curator lease of 3, one client of
 /// ours holds two permits at once; a second Curator lease then waits

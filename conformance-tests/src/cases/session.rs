@@ -61,15 +61,28 @@ pub async fn new_session_after_loss(h: &Harness) {
 }
 
 /// An operator breaks the lock: the holder is told, others can take it.
+/// From the moment the holder is told, `inspect` no longer shows it as the
+/// holder, even while the break is still under way (a store's grace).
 pub async fn forced_break_reports_loss(h: &Harness) {
     let case = h.case();
     let f = h.flavor();
     let (a, b) = (case.client().await, case.client().await);
     assert!(!b.break_lock("brk").await.unwrap(), "broke a free lock");
     let g = acquire(f, &a, "brk").await;
-    assert!(b.break_lock("brk").await.unwrap(), "break found no holder");
+    let breaker = b.clone();
+    let breaking = tokio::spawn(async move { breaker.break_lock("brk").await });
     assert_eq!(wait_lost(&g).await, LossReason::EntryDeleted);
     assert!(!g.is_held());
+    let st = b.inspect("brk").await.unwrap();
+    assert!(
+        st.holders.is_empty(),
+        "a broken holder is still shown as holding: {st:?}"
+    );
+    let broke = tokio::time::timeout(SOON, breaking)
+        .await
+        .expect("the break never finished")
+        .unwrap();
+    assert!(broke.unwrap(), "break found no holder");
     let g2 = acquire(f, &b, "brk").await;
     assert!(g2.token() > g.token());
     assert_kind(
