@@ -264,11 +264,12 @@ impl<'a> Attempt<'a> {
                     ));
                 };
                 if pos > 0 {
-                    self.wait_ahead(&line[pos - 1].1, transient).await?
+                    self.wait_ahead(&line[pos - 1].1, &mut failures, transient)
+                        .await?
                 } else if self.wait_holder(&mut view, transient).await? {
                     Next::Look(view)
                 } else {
-                    self.take(&view, &mut failures, transient).await?
+                    self.take(Some(&view), &mut failures, transient).await?
                 }
             };
             match next {
@@ -304,15 +305,21 @@ impl<'a> Attempt<'a> {
     }
 
     /// Step 2: not first among our contenders: wait for `pred`, the one
-    /// just ahead, to leave (herd-free: nobody else watches it), then
-    /// look again.
-    async fn wait_ahead(&self, pred: &KvEntry, transient: &mut Transient<'_>) -> Result<Next> {
+    /// just ahead, to leave (herd-free: nobody else watches it), then try
+    /// step 4 at once with the line read in its txn: it has usually held
+    /// and let go, so we are first and `.lock` is free.
+    async fn wait_ahead(
+        &self,
+        pred: &KvEntry,
+        failures: &mut Failures,
+        transient: &mut Transient<'_>,
+    ) -> Result<Next> {
         if !self.req.wait {
             return self.leave().await;
         }
         let pred = pred.clone();
         transient.retry(|| self.s.wait_gone(&pred)).await?;
-        Ok(Next::Look(transient.retry(|| self.read()).await?))
+        self.take(None, failures, transient).await
     }
 
     /// Step 3: first in our queue, only we look at `.lock`. Another
@@ -350,40 +357,59 @@ impl<'a> Attempt<'a> {
     /// `check-not-exists`) of the `.lock` in `view`, `check-session` of our
     /// queue key (so a contender whose session died while queued is never
     /// granted), `lock` of `.lock`, and `get` of `.lock` for the token.
-    /// Anything but a grant re-reads the lock (after a pause for a
-    /// lock-delay or an unexpected failure); an unknown outcome too (the
+    /// Without a `view` (step 2's contender ahead just left), the txn
+    /// checks that `.lock` does not exist and reads the line just before
+    /// its `lock`: granted if nobody was ahead of us in that read, else
+    /// given back at once (as a grant whose answer was lost), never
+    /// reported. Anything but a grant re-reads the lock (after a pause for
+    /// a lock-delay or an unexpected failure); an unknown outcome too (the
     /// next look recognizes our own grant by its contender id).
     async fn take(
         &self,
-        view: &View,
+        view: Option<&View>,
         failures: &mut Failures,
         transient: &mut Transient<'_>,
     ) -> Result<Next> {
         let (s, keys) = (self.s, &self.keys);
-        let check = match &view.lock {
-            Some(l) => op::check_index(&keys.lock, l.modify_index),
-            None => op::check_not_exists(&keys.lock),
-        };
-        let ops = vec![
-            check,
+        let mut ops = vec![
+            match view.and_then(|v| v.lock.as_ref()) {
+                Some(l) => op::check_index(&keys.lock, l.modify_index),
+                None => op::check_not_exists(&keys.lock),
+            },
             op::check_session(&self.qkey, &s.id),
-            op::lock(&keys.lock, &s.id, LOCK_FLAGS, &self.record().encode()),
-            op::get(&keys.lock),
         ];
+        if view.is_none() {
+            ops.push(op::get_tree(&keys.tree));
+        }
+        ops.push(op::lock(
+            &keys.lock,
+            &s.id,
+            LOCK_FLAGS,
+            &self.record().encode(),
+        ));
+        if view.is_some() {
+            ops.push(op::get(&keys.lock));
+        }
         let errs = match s
             .write_attempt(keys, self.req, ops, "taking the lock")
             .await
         {
-            Ok(Txn::Done(results)) => {
-                let token = results
+            Ok(Txn::Done(mut results)) => {
+                let lock = results
                     .iter()
-                    .rev()
-                    .find(|e| e.key == keys.lock)
-                    .map(|e| e.modify_index)
+                    .rposition(|e| e.key == keys.lock)
+                    .map(|i| results.remove(i))
                     .ok_or_else(|| {
                         Error::new(ErrorKind::Internal, "Consul txn returned no .lock entry")
                     })?;
-                return Ok(Next::Granted(self.granted(token)));
+                if view.is_some() {
+                    return Ok(Next::Granted(self.granted(lock.modify_index)));
+                }
+                // `check-session` answers with our entry before the tree.
+                let v = View::from_entries(keys, results.split_off(1.min(results.len())));
+                let line = v.line(keys);
+                let pos = line.iter().position(|(_, e)| self.is_our_entry(e));
+                return self.own_grant(&line, pos, &lock, transient).await;
             }
             Ok(Txn::Failed(errs)) => errs,
             Err(e) => {

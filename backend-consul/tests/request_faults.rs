@@ -238,6 +238,70 @@ async fn fast_grant_with_its_read_held(
     panic!("never found the cluster quiet enough");
 }
 
+/// A waiter whose contender ahead left takes `.lock` at once and reads the
+/// line in the same txn; if someone is still ahead of it (here X, first in
+/// line, whose own take is held while the contender between them gave
+/// up), it must give `.lock` back unreported, and X is served first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_predecessor_left_does_not_jump_the_line() {
+    let Some(mut env) = Env::new() else { return };
+    serially(async {
+        let holder = env.client("").await;
+        let (x, xproxy) = env.proxied("").await;
+        let p = env.client("").await;
+        let w = env.client("").await;
+        let hg = acquire(&holder, "x").await; // a fast holder: no queue key
+        let x_acq = spawn_acquire(&x, "x");
+        eventually("X to queue", || async { waiters(&holder, "x").await == 1 }).await;
+        let p_acq = spawn_acquire(&p, "x");
+        eventually("P to queue", || async { waiters(&holder, "x").await == 2 }).await;
+        let mut w_acq = spawn_acquire(&w, "x");
+        eventually("W to queue", || async { waiters(&holder, "x").await == 3 }).await;
+        // X's take (after the holder lets go) is held.
+        let x_take = xproxy.on(
+            Match::any()
+                .path("/v1/txn")
+                .body(r#""Verb":"check-session""#),
+            1,
+            HttpFault::DelayRequest(HOLD),
+        );
+        hg.release().await.unwrap();
+        timeout(SOON, x_take.wait_hit())
+            .await
+            .expect("X never tried to take the lock");
+        // P, between X and W, gives up: W's blocking query on P returns.
+        p_acq.abort();
+        assert!(p_acq.await.unwrap_err().is_cancelled());
+        if let Ok(r) = timeout(Duration::from_millis(1500), &mut w_acq).await {
+            let g = r.unwrap().unwrap();
+            panic!(
+                "W was granted (token {}) while X, ahead of it, waited",
+                g.token()
+            );
+        }
+        x_take.release();
+        let xg = timeout(SOON, x_acq)
+            .await
+            .expect("X never granted")
+            .unwrap()
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(xg.is_held(), "{:?}", xg.loss());
+        assert!(!w_acq.is_finished(), "W granted while X holds");
+        let x_token = xg.token();
+        xg.release().await.unwrap();
+        let wg = timeout(SOON, w_acq)
+            .await
+            .expect("W never granted")
+            .unwrap()
+            .unwrap();
+        assert!(wg.token() > x_token);
+        wg.release().await.unwrap();
+    })
+    .await;
+    env.finish().await;
+}
+
 /// Finding 1, the variant inside the break's grace: the late read shows
 /// `.lock` still locked by our session but rewritten by the operator's
 /// break (another index, marked broken). That is not our grant: the
