@@ -264,12 +264,14 @@ impl<'a> Attempt<'a> {
                     ));
                 };
                 if pos > 0 {
-                    self.wait_ahead(&line[pos - 1].1, &mut failures, transient)
+                    let (pred, ours) = (&line[pos - 1].1, &line[pos].1);
+                    self.wait_ahead(pred, ours, &mut failures, transient)
                         .await?
                 } else if self.wait_holder(&mut view, transient).await? {
                     Next::Look(view)
                 } else {
-                    self.take(Some(&view), &mut failures, transient).await?
+                    self.take(Seen::Read(&view), &mut failures, transient)
+                        .await?
                 }
             };
             match next {
@@ -307,10 +309,12 @@ impl<'a> Attempt<'a> {
     /// Step 2: not first among our contenders: wait for `pred`, the one
     /// just ahead, to leave (herd-free: nobody else watches it), then try
     /// step 4 at once with the line read in its txn: it has usually held
-    /// and let go, so we are first and `.lock` is free.
+    /// and let go, so we are first and `.lock` is free. `ours`: our queue
+    /// key as last read.
     async fn wait_ahead(
         &self,
         pred: &KvEntry,
+        ours: &KvEntry,
         failures: &mut Failures,
         transient: &mut Transient<'_>,
     ) -> Result<Next> {
@@ -319,7 +323,7 @@ impl<'a> Attempt<'a> {
         }
         let pred = pred.clone();
         transient.retry(|| self.s.wait_gone(&pred)).await?;
-        self.take(None, failures, transient).await
+        self.take(Seen::InTxn(ours), failures, transient).await
     }
 
     /// Step 3: first in our queue, only we look at `.lock`. Another
@@ -357,20 +361,25 @@ impl<'a> Attempt<'a> {
     /// `check-not-exists`) of the `.lock` in `view`, `check-session` of our
     /// queue key (so a contender whose session died while queued is never
     /// granted), `lock` of `.lock`, and `get` of `.lock` for the token.
-    /// Without a `view` (step 2's contender ahead just left), the txn
-    /// checks that `.lock` does not exist and reads the line just before
-    /// its `lock`: granted if nobody was ahead of us in that read, else
-    /// given back at once (as a grant whose answer was lost), never
-    /// reported. Anything but a grant re-reads the lock (after a pause for
-    /// a lock-delay or an unexpected failure); an unknown outcome too (the
-    /// next look recognizes our own grant by its contender id).
+    /// [`Seen::InTxn`] (step 2's contender ahead just left), the txn
+    /// checks that `.lock` does not exist and that our queue key is at the
+    /// index last read, and reads the line just before its `lock`: granted
+    /// if nobody was ahead of us in that read, else given back at once (as
+    /// a grant whose answer was lost), never reported. Anything but a
+    /// grant re-reads the lock (after a pause for a lock-delay or an
+    /// unexpected failure); an unknown outcome too (the next look
+    /// recognizes our own grant by its contender id).
     async fn take(
         &self,
-        view: Option<&View>,
+        seen: Seen<'_>,
         failures: &mut Failures,
         transient: &mut Transient<'_>,
     ) -> Result<Next> {
         let (s, keys) = (self.s, &self.keys);
+        let view = match seen {
+            Seen::Read(v) => Some(v),
+            Seen::InTxn(_) => None,
+        };
         let mut ops = vec![
             match view.and_then(|v| v.lock.as_ref()) {
                 Some(l) => op::check_index(&keys.lock, l.modify_index),
@@ -378,8 +387,11 @@ impl<'a> Attempt<'a> {
             },
             op::check_session(&self.qkey, &s.id),
         ];
-        if view.is_none() {
-            ops.push(op::get_tree(&keys.tree));
+        if let Seen::InTxn(ours) = seen {
+            ops.extend([
+                op::check_index(&self.qkey, ours.modify_index),
+                op::get_tree(&keys.tree),
+            ]);
         }
         ops.push(op::lock(
             &keys.lock,
@@ -405,8 +417,9 @@ impl<'a> Attempt<'a> {
                 if view.is_some() {
                     return Ok(Next::Granted(self.granted(lock.modify_index)));
                 }
-                // `check-session` answers with our entry before the tree.
-                let v = View::from_entries(keys, results.split_off(1.min(results.len())));
+                // `check-session` and `check-index` answer with our entry
+                // before the tree.
+                let v = View::from_entries(keys, results.split_off(2.min(results.len())));
                 let line = v.line(keys);
                 let pos = line.iter().position(|(_, e)| self.is_our_entry(e));
                 return self.own_grant(&line, pos, &lock, transient).await;
@@ -414,6 +427,9 @@ impl<'a> Attempt<'a> {
             Ok(Txn::Failed(errs)) => errs,
             Err(e) => {
                 transient.absorb(e).await?;
+                if let Seen::InTxn(ours) = seen {
+                    self.settle(ours, transient).await?;
+                }
                 return Ok(Next::Look(transient.retry(|| self.read()).await?));
             }
         };
@@ -445,6 +461,55 @@ impl<'a> Attempt<'a> {
         // `.lock` changed since we read it (or we slept): re-read.
         Ok(Next::Look(transient.retry(|| self.read()).await?))
     }
+
+    /// After a step-2 take whose outcome is unknown: it may still land,
+    /// late, while we wait behind someone (watching their key, not
+    /// `.lock`): a `.lock` of ours then that nobody else can take and we
+    /// do not see. So move our queue key's index off the one that take
+    /// checks (rewrite it: Consul moves the index only if the value
+    /// changes, so with the time of now) and come back only when that is
+    /// certain; a take that landed before shows up in the next look as
+    /// our own `.lock` (given back if anyone is ahead).
+    async fn settle(&self, ours: &KvEntry, transient: &mut Transient<'_>) -> Result<()> {
+        let (s, keys) = (self.s, &self.keys);
+        let gone = || session_lost("our queue entry or session is gone (session expired?)");
+        loop {
+            let ops = vec![
+                op::check_session(&self.qkey, &s.id),
+                op::lock(&self.qkey, &s.id, QUEUE_FLAGS, &self.record().encode()),
+            ];
+            let now = match s
+                .write_attempt(keys, self.req, ops, "settling a take")
+                .await
+            {
+                Ok(Txn::Done(r)) => r.last().map(|e| e.modify_index),
+                Ok(Txn::Failed(_)) => return Err(gone()),
+                Err(e) => {
+                    transient.absorb(e).await?;
+                    let v = transient.retry(|| self.read()).await?;
+                    let Some(e) = v.queue.iter().find(|e| self.is_our_entry(e)) else {
+                        return Err(gone());
+                    };
+                    Some(e.modify_index)
+                }
+            };
+            if now.is_some_and(|i| i != ours.modify_index) {
+                return Ok(());
+            }
+            // Unchanged (within the same millisecond): again.
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+}
+
+/// What step 4's txn rests on.
+#[derive(Clone, Copy)]
+enum Seen<'v> {
+    /// The lock as read before it: the txn checks that `.lock` is as seen.
+    Read(&'v View),
+    /// Nothing read since our queue key (as given) was: the txn reads the
+    /// line itself.
+    InTxn(&'v KvEntry),
 }
 
 /// Releases a held mutex (after its fence, if any): one txn, `.lock` at

@@ -302,6 +302,69 @@ async fn a_waiter_whose_predecessor_left_does_not_jump_the_line() {
     env.finish().await;
 }
 
+/// The take of a waiter whose contender ahead left is lost and reaches
+/// the agent late: after the waiter has looked again and waits behind X
+/// (on X's key, not on `.lock`), and after the holder let go. That late
+/// take must not land: a `.lock` of the waiter's then would be one that X
+/// waits for and the waiter never sees (both would wait forever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_take_of_a_waiter_behind_someone_does_not_deadlock() {
+    let Some(mut env) = Env::new() else { return };
+    serially(async {
+        let holder = env.client("").await;
+        let (x, xproxy) = env.proxied("").await;
+        let p = env.client("").await;
+        let (w, wproxy) = env.proxied("").await;
+        let hg = acquire(&holder, "x").await; // a fast holder: no queue key
+        let x_acq = spawn_acquire(&x, "x");
+        eventually("X to queue", || async { waiters(&holder, "x").await == 1 }).await;
+        let p_acq = spawn_acquire(&p, "x");
+        eventually("P to queue", || async { waiters(&holder, "x").await == 2 }).await;
+        let w_acq = spawn_acquire(&w, "x");
+        eventually("W to queue", || async { waiters(&holder, "x").await == 3 }).await;
+        let take = Match::any()
+            .path("/v1/txn")
+            .body(r#""Verb":"check-session""#);
+        let w_take = wproxy.on(take.clone(), 1, HttpFault::LateRequest(HOLD));
+        // P gives up: W tries to take the lock (held: its txn fails
+        // anyway, but W does not know), looks again and waits behind X.
+        p_acq.abort();
+        assert!(p_acq.await.unwrap_err().is_cancelled());
+        timeout(SOON, w_take.wait_hit())
+            .await
+            .expect("W never tried to take the lock");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        // The holder lets go; X's take is held; W's lost take lands.
+        let x_take = xproxy.on(take, 1, HttpFault::DelayRequest(HOLD));
+        hg.release().await.unwrap();
+        timeout(SOON, x_take.wait_hit())
+            .await
+            .expect("X never tried to take the lock");
+        w_take.release();
+        timeout(SOON, w_take.wait_done())
+            .await
+            .expect("W's late take never reached the agent");
+        x_take.release();
+        let xg = timeout(SOON, x_acq)
+            .await
+            .expect("X never granted: deadlocked behind a late take")
+            .unwrap()
+            .unwrap();
+        assert!(!w_acq.is_finished(), "W granted while X holds");
+        let x_token = xg.token();
+        xg.release().await.unwrap();
+        let wg = timeout(SOON, w_acq)
+            .await
+            .expect("W never granted")
+            .unwrap()
+            .unwrap();
+        assert!(wg.token() > x_token);
+        wg.release().await.unwrap();
+    })
+    .await;
+    env.finish().await;
+}
+
 /// Finding 1, the variant inside the break's grace: the late read shows
 /// `.lock` still locked by our session but rewritten by the operator's
 /// break (another index, marked broken). That is not our grant: the
