@@ -475,11 +475,11 @@ impl Backend for ConsulBackend {
             // The holder's queue key as it is now (a queued holder has one):
             // phase 2 deletes that one only, never a newer one of the same
             // session (a new acquire after the holder let go).
-            let holder_queued = v
+            let mut holder_queued = v
                 .queue
                 .iter()
                 .find(|q| q.holder() == Some(holder.as_str()))
-                .map(|q| (q.key.clone(), q.modify_index));
+                .map(|q| (q.key.clone(), q.create_index, q.modify_index));
             let mut at = l.modify_index;
             if !grace.is_zero() {
                 // Phase 1: rewrite `.lock` in place. It stays locked by the
@@ -519,30 +519,50 @@ impl Backend for ConsulBackend {
             // moves up), and any revoke marker. `check-index` first:
             // `delete-cas` of a missing key succeeds, and a holder that let
             // go during the grace may have queued again since.
-            let mut ops = vec![
-                op::check_index(&keys.lock, at),
-                op::delete_cas(&keys.lock, at),
-            ];
-            if let Some((qkey, qindex)) = &holder_queued {
-                ops.push(op::delete_cas(qkey, *qindex));
-            }
-            ops.push(op::delete(&keys.revoke));
-            match self
-                .inner
-                .api
-                .txn(ops)
-                .await
-                .map_err(|e| map(e, "breaking a lock"))?
-            {
-                Txn::Done(_) => {
-                    tracing::info!(lock = %name, session = %holder, "lock broken");
-                    return Ok(true);
+            for _ in 0..ADMIN_RETRIES {
+                let mut ops = vec![
+                    op::check_index(&keys.lock, at),
+                    op::delete_cas(&keys.lock, at),
+                ];
+                if let Some((qkey, _, qindex)) = &holder_queued {
+                    ops.push(op::delete_cas(qkey, *qindex));
                 }
-                // During the grace the holder let go (it saw the loss and
-                // released, or its session ended): broken all the same.
-                Txn::Failed(_) if !grace.is_zero() => return Ok(true),
-                Txn::Failed(errs) => {
-                    tracing::debug!(?errs, "the lock changed while breaking it; re-reading");
+                ops.push(op::delete(&keys.revoke));
+                match self
+                    .inner
+                    .api
+                    .txn(ops)
+                    .await
+                    .map_err(|e| map(e, "breaking a lock"))?
+                {
+                    Txn::Done(_) => {
+                        tracing::info!(lock = %name, session = %holder, "lock broken");
+                        return Ok(true);
+                    }
+                    Txn::Failed(errs) if !grace.is_zero() => {
+                        // During the grace the holder let go (it saw the
+                        // loss and released, or its session ended): broken
+                        // all the same. Unless `.lock` is still the one we
+                        // broke and only the holder's queue key moved (a
+                        // waiter that took `.lock` unawares rewrites its key
+                        // before it waits again, see the mutex's `settle`):
+                        // again, with that key as it is now.
+                        let v = self.view(&keys).await?;
+                        if v.lock.as_ref().is_none_or(|l| l.modify_index != at) {
+                            return Ok(true);
+                        }
+                        tracing::debug!(?errs, "the holder's queue key moved during the grace");
+                        holder_queued = holder_queued.and_then(|(k, c, _)| {
+                            v.queue
+                                .iter()
+                                .find(|q| q.key == k && q.create_index == c)
+                                .map(|q| (k, c, q.modify_index))
+                        });
+                    }
+                    Txn::Failed(errs) => {
+                        tracing::debug!(?errs, "the lock changed while breaking it; re-reading");
+                        break;
+                    }
                 }
             }
         }

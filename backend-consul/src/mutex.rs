@@ -428,7 +428,8 @@ impl<'a> Attempt<'a> {
             Err(e) => {
                 transient.absorb(e).await?;
                 if let Seen::InTxn(ours) = seen {
-                    self.settle(ours, transient).await?;
+                    let at = self.settle(ours, transient).await?;
+                    return Ok(Next::Look(self.read_since(at, transient).await?));
                 }
                 return Ok(Next::Look(transient.retry(|| self.read()).await?));
             }
@@ -470,7 +471,8 @@ impl<'a> Attempt<'a> {
     /// changes, so with the time of now) and come back only when that is
     /// certain; a take that landed before shows up in the next look as
     /// our own `.lock` (given back if anyone is ahead).
-    async fn settle(&self, ours: &KvEntry, transient: &mut Transient<'_>) -> Result<()> {
+    /// Returns our queue key's index after the rewrite.
+    async fn settle(&self, ours: &KvEntry, transient: &mut Transient<'_>) -> Result<u64> {
         let (s, keys) = (self.s, &self.keys);
         let gone = || session_lost("our queue entry or session is gone (session expired?)");
         loop {
@@ -493,11 +495,28 @@ impl<'a> Attempt<'a> {
                     Some(e.modify_index)
                 }
             };
-            if now.is_some_and(|i| i != ours.modify_index) {
-                return Ok(());
+            // Past the index the lost take checks (an index only grows; a
+            // stale read may show an older one, never a newer one).
+            if let Some(i) = now.filter(|&i| i > ours.modify_index) {
+                return Ok(i);
             }
             // Unchanged (within the same millisecond): again.
             tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    /// A read of the lock that shows our queue key at `at` or later (or
+    /// gone): a read served stale, from before a take of ours that landed
+    /// late, would hide our `.lock`, and we would wait behind someone who
+    /// waits for it.
+    async fn read_since(&self, at: u64, transient: &mut Transient<'_>) -> Result<View> {
+        loop {
+            let v = transient.retry(|| self.read()).await?;
+            let ours = v.queue.iter().find(|e| self.is_our_entry(e));
+            if ours.is_none_or(|e| e.modify_index >= at) {
+                return Ok(v);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 }

@@ -365,6 +365,55 @@ async fn a_late_take_of_a_waiter_behind_someone_does_not_deadlock() {
     env.finish().await;
 }
 
+/// A queued holder's queue key rewritten during a break's grace (what a
+/// waiter that took `.lock` unawares does before it waits again, see the
+/// mutex's `settle`): the break still deletes the broken `.lock`, so the
+/// lock can be taken after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_break_whose_holder_rewrote_its_queue_key_still_frees_the_lock() {
+    let Some(mut env) = Env::new() else { return };
+    serially(async {
+        let first = env.client("").await;
+        let holder = env.client("").await;
+        let admin = env.client("lock_delay=2s").await;
+        let fg = acquire(&first, "x").await;
+        let h_acq = spawn_acquire(&holder, "x");
+        eventually("the holder to queue", || async {
+            waiters(&admin, "x").await == 1
+        })
+        .await;
+        fg.release().await.unwrap();
+        let hg = timeout(SOON, h_acq).await.unwrap().unwrap().unwrap();
+        let session = hg.session_id();
+        let qkey = format!("{}queue/{session}", env.key("x"));
+        let a2 = admin.clone();
+        let breaking = tokio::spawn(async move { a2.break_lock("x").await });
+        timeout(SOON, hg.lost())
+            .await
+            .expect("the break was not seen");
+        // The holder's queue key rewritten in the grace, by its session.
+        let url = format!("http://{}/v1/kv/{qkey}?acquire={session}", env.agent());
+        let rsp = reqwest::Client::new()
+            .put(&url)
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(rsp.text().await.unwrap().trim(), "true", "rewriting {qkey}");
+        assert!(timeout(SOON, breaking).await.unwrap().unwrap().unwrap());
+        let st = admin.inspect("x").await.unwrap();
+        assert!(st.is_free(), "after the break: {st:?}");
+        let g = timeout(SOON, admin.lock("x").unwrap().try_acquire())
+            .await
+            .expect("try_acquire after the break")
+            .unwrap_or_else(|e| panic!("the lock after the break: {e}"));
+        g.release().await.unwrap();
+        hg.release().await.ok(); // lost
+    })
+    .await;
+    env.finish().await;
+}
+
 /// Finding 1, the variant inside the break's grace: the late read shows
 /// `.lock` still locked by our session but rewritten by the operator's
 /// break (another index, marked broken). That is not our grant: the
