@@ -52,6 +52,11 @@ fn since(e: &KvEntry) -> Option<SystemTime> {
 }
 
 impl ConsulBackend {
+    /// One txn of an admin call (`what` it does, for the error).
+    async fn txn(&self, ops: Vec<op::Op>, what: &'static str) -> Result<Txn> {
+        self.inner.api.txn(ops).await.map_err(|e| map(e, what))
+    }
+
     /// A backend for `config`. Reads the CA file if one is configured;
     /// contacts nothing (see [`ConsulBackend::from_config`] for the
     /// checked form).
@@ -191,13 +196,7 @@ impl ConsulBackend {
             ops.push(op::delete(&keys.sem.contender(h)));
             ops.push(op::delete(&keys.sem.revoke(h)));
         }
-        match self
-            .inner
-            .api
-            .txn(ops)
-            .await
-            .map_err(|e| map(e, "breaking a semaphore"))?
-        {
+        match self.txn(ops, "breaking a semaphore").await? {
             Txn::Done(_) => Ok(Some(true)),
             Txn::Failed(_) => Ok(None),
         }
@@ -235,13 +234,7 @@ impl ConsulBackend {
                 &rec.encode(),
             ));
         }
-        match self
-            .inner
-            .api
-            .txn(ops)
-            .await
-            .map_err(|e| map(e, "requesting a revoke"))?
-        {
+        match self.txn(ops, "requesting a revoke").await? {
             Txn::Done(_) => Ok(Some(true)),
             Txn::Failed(_) => Ok(None),
         }
@@ -269,13 +262,7 @@ impl ConsulBackend {
                 .iter()
                 .map(|(_, e)| op::cas(&e.key, e.modify_index, e.flags, &rec.encode()))
                 .collect();
-            match self
-                .inner
-                .api
-                .txn(ops)
-                .await
-                .map_err(|e| map(e, "breaking a lock"))?
-            {
+            match self.txn(ops, "breaking a lock").await? {
                 Txn::Done(r) => {
                     for (k, i) in at.iter_mut() {
                         if let Some(e) = r.iter().find(|e| &e.key == k) {
@@ -294,11 +281,7 @@ impl ConsulBackend {
         // not stop the others' deletes.
         for (k, i) in at {
             let ops = vec![op::delete_cas(&k, i), op::delete(&rw_revoke(&k))];
-            self.inner
-                .api
-                .txn(ops)
-                .await
-                .map_err(|e| map(e, "breaking a lock"))?;
+            self.txn(ops, "breaking a lock").await?;
         }
         Ok(true)
     }
@@ -494,13 +477,7 @@ impl Backend for ConsulBackend {
                     ..Record::default()
                 };
                 let ops = vec![op::cas(&keys.lock, l.modify_index, l.flags, &rec.encode())];
-                match self
-                    .inner
-                    .api
-                    .txn(ops)
-                    .await
-                    .map_err(|e| map(e, "breaking a lock"))?
-                {
+                match self.txn(ops, "breaking a lock").await? {
                     Txn::Done(r) => {
                         at = r
                             .iter()
@@ -528,13 +505,7 @@ impl Backend for ConsulBackend {
                     ops.push(op::delete_cas(qkey, *qindex));
                 }
                 ops.push(op::delete(&keys.revoke));
-                match self
-                    .inner
-                    .api
-                    .txn(ops)
-                    .await
-                    .map_err(|e| map(e, "breaking a lock"))?
-                {
+                match self.txn(ops, "breaking a lock").await? {
                     Txn::Done(_) => {
                         tracing::info!(lock = %name, session = %holder, "lock broken");
                         return Ok(true);
@@ -603,13 +574,7 @@ impl Backend for ConsulBackend {
                         &rec.encode(),
                     ));
                 }
-                match self
-                    .inner
-                    .api
-                    .txn(ops)
-                    .await
-                    .map_err(|e| map(e, "requesting a revoke"))?
-                {
+                match self.txn(ops, "requesting a revoke").await? {
                     Txn::Done(_) => return Ok(true),
                     Txn::Failed(errs) => {
                         tracing::debug!(?errs, "the lock changed while marking it; re-reading");
@@ -640,13 +605,7 @@ impl Backend for ConsulBackend {
                 ops.push(op::delete_cas(&keys.revoke, old.modify_index));
             }
             ops.push(op::lock(&keys.revoke, h, REVOKE_FLAGS, &rec.encode()));
-            match self
-                .inner
-                .api
-                .txn(ops)
-                .await
-                .map_err(|e| map(e, "requesting a revoke"))?
-            {
+            match self.txn(ops, "requesting a revoke").await? {
                 Txn::Done(_) => return Ok(true),
                 Txn::Failed(errs) => {
                     tracing::debug!(?errs, "the lock changed while marking it; re-reading");

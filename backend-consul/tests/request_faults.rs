@@ -238,6 +238,76 @@ async fn fast_grant_with_its_read_held(
     panic!("never found the cluster quiet enough");
 }
 
+/// A fast holder of `x` (no queue key) and, queued behind it in this
+/// order, X and W behind proxies of their own and P between them.
+struct Line {
+    hg: LockGuard,
+    x_acq: tokio::task::JoinHandle<Result<LockGuard>>,
+    xproxy: HttpProxy,
+    p_acq: tokio::task::JoinHandle<Result<LockGuard>>,
+    w_acq: tokio::task::JoinHandle<Result<LockGuard>>,
+    wproxy: HttpProxy,
+}
+
+async fn holder_and_three_in_line(env: &mut Env) -> Line {
+    let holder = env.client("").await;
+    let (x, xproxy) = env.proxied("").await;
+    let p = env.client("").await;
+    let (w, wproxy) = env.proxied("").await;
+    let hg = acquire(&holder, "x").await;
+    let mut queued = Vec::new();
+    for (who, c) in [("X", &x), ("P", &p), ("W", &w)] {
+        queued.push(spawn_acquire(c, "x"));
+        let n = queued.len();
+        eventually(&format!("{who} to queue"), || async {
+            waiters(&holder, "x").await == n
+        })
+        .await;
+    }
+    let [x_acq, p_acq, w_acq] = <[_; 3]>::try_from(queued).unwrap_or_else(|_| unreachable!());
+    Line {
+        hg,
+        x_acq,
+        xproxy,
+        p_acq,
+        w_acq,
+        wproxy,
+    }
+}
+
+/// X is granted (not deadlocked) and holds while W waits; W is granted
+/// after X lets go.
+async fn x_then_w(
+    x_acq: tokio::task::JoinHandle<Result<LockGuard>>,
+    w_acq: tokio::task::JoinHandle<Result<LockGuard>>,
+) {
+    let xg = timeout(SOON, x_acq)
+        .await
+        .expect("X never granted (deadlocked?)")
+        .unwrap()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(xg.is_held(), "{:?}", xg.loss());
+    assert!(!w_acq.is_finished(), "W granted while X holds");
+    let x_token = xg.token();
+    xg.release().await.unwrap();
+    let wg = timeout(SOON, w_acq)
+        .await
+        .expect("W never granted")
+        .unwrap()
+        .unwrap();
+    assert!(wg.token() > x_token);
+    wg.release().await.unwrap();
+}
+
+/// A mutex's take (step 4's txn; a waiter's first txn with
+/// `check-session`, unless a take of it lost its answer before).
+fn take() -> Match {
+    Match::any()
+        .path("/v1/txn")
+        .body(r#""Verb":"check-session""#)
+}
+
 /// A waiter whose contender ahead left takes `.lock` at once and reads the
 /// line in the same txn; if someone is still ahead of it (here X, first in
 /// line, whose own take is held while the contender between them gave
@@ -246,25 +316,16 @@ async fn fast_grant_with_its_read_held(
 async fn a_waiter_whose_predecessor_left_does_not_jump_the_line() {
     let Some(mut env) = Env::new() else { return };
     serially(async {
-        let holder = env.client("").await;
-        let (x, xproxy) = env.proxied("").await;
-        let p = env.client("").await;
-        let w = env.client("").await;
-        let hg = acquire(&holder, "x").await; // a fast holder: no queue key
-        let x_acq = spawn_acquire(&x, "x");
-        eventually("X to queue", || async { waiters(&holder, "x").await == 1 }).await;
-        let p_acq = spawn_acquire(&p, "x");
-        eventually("P to queue", || async { waiters(&holder, "x").await == 2 }).await;
-        let mut w_acq = spawn_acquire(&w, "x");
-        eventually("W to queue", || async { waiters(&holder, "x").await == 3 }).await;
+        let Line {
+            hg,
+            x_acq,
+            xproxy,
+            p_acq,
+            mut w_acq,
+            ..
+        } = holder_and_three_in_line(&mut env).await;
         // X's take (after the holder lets go) is held.
-        let x_take = xproxy.on(
-            Match::any()
-                .path("/v1/txn")
-                .body(r#""Verb":"check-session""#),
-            1,
-            HttpFault::DelayRequest(HOLD),
-        );
+        let x_take = xproxy.on(take(), 1, HttpFault::DelayRequest(HOLD));
         hg.release().await.unwrap();
         timeout(SOON, x_take.wait_hit())
             .await
@@ -280,23 +341,7 @@ async fn a_waiter_whose_predecessor_left_does_not_jump_the_line() {
             );
         }
         x_take.release();
-        let xg = timeout(SOON, x_acq)
-            .await
-            .expect("X never granted")
-            .unwrap()
-            .unwrap();
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        assert!(xg.is_held(), "{:?}", xg.loss());
-        assert!(!w_acq.is_finished(), "W granted while X holds");
-        let x_token = xg.token();
-        xg.release().await.unwrap();
-        let wg = timeout(SOON, w_acq)
-            .await
-            .expect("W never granted")
-            .unwrap()
-            .unwrap();
-        assert!(wg.token() > x_token);
-        wg.release().await.unwrap();
+        x_then_w(x_acq, w_acq).await;
     })
     .await;
     env.finish().await;
@@ -311,21 +356,15 @@ async fn a_waiter_whose_predecessor_left_does_not_jump_the_line() {
 async fn a_late_take_of_a_waiter_behind_someone_does_not_deadlock() {
     let Some(mut env) = Env::new() else { return };
     serially(async {
-        let holder = env.client("").await;
-        let (x, xproxy) = env.proxied("").await;
-        let p = env.client("").await;
-        let (w, wproxy) = env.proxied("").await;
-        let hg = acquire(&holder, "x").await; // a fast holder: no queue key
-        let x_acq = spawn_acquire(&x, "x");
-        eventually("X to queue", || async { waiters(&holder, "x").await == 1 }).await;
-        let p_acq = spawn_acquire(&p, "x");
-        eventually("P to queue", || async { waiters(&holder, "x").await == 2 }).await;
-        let w_acq = spawn_acquire(&w, "x");
-        eventually("W to queue", || async { waiters(&holder, "x").await == 3 }).await;
-        let take = Match::any()
-            .path("/v1/txn")
-            .body(r#""Verb":"check-session""#);
-        let w_take = wproxy.on(take.clone(), 1, HttpFault::LateRequest(HOLD));
+        let Line {
+            hg,
+            x_acq,
+            xproxy,
+            p_acq,
+            w_acq,
+            wproxy,
+        } = holder_and_three_in_line(&mut env).await;
+        let w_take = wproxy.on(take(), 1, HttpFault::LateRequest(HOLD));
         // P gives up: W tries to take the lock (held: its txn fails
         // anyway, but W does not know), looks again and waits behind X.
         p_acq.abort();
@@ -335,7 +374,7 @@ async fn a_late_take_of_a_waiter_behind_someone_does_not_deadlock() {
             .expect("W never tried to take the lock");
         tokio::time::sleep(Duration::from_millis(500)).await;
         // The holder lets go; X's take is held; W's lost take lands.
-        let x_take = xproxy.on(take, 1, HttpFault::DelayRequest(HOLD));
+        let x_take = xproxy.on(take(), 1, HttpFault::DelayRequest(HOLD));
         hg.release().await.unwrap();
         timeout(SOON, x_take.wait_hit())
             .await
@@ -345,21 +384,7 @@ async fn a_late_take_of_a_waiter_behind_someone_does_not_deadlock() {
             .await
             .expect("W's late take never reached the agent");
         x_take.release();
-        let xg = timeout(SOON, x_acq)
-            .await
-            .expect("X never granted: deadlocked behind a late take")
-            .unwrap()
-            .unwrap();
-        assert!(!w_acq.is_finished(), "W granted while X holds");
-        let x_token = xg.token();
-        xg.release().await.unwrap();
-        let wg = timeout(SOON, w_acq)
-            .await
-            .expect("W never granted")
-            .unwrap()
-            .unwrap();
-        assert!(wg.token() > x_token);
-        wg.release().await.unwrap();
+        x_then_w(x_acq, w_acq).await;
     })
     .await;
     env.finish().await;
@@ -698,13 +723,7 @@ async fn break_before_the_give_back_does_not_fail_the_acquire() {
         eventually("B to queue", || async { waiters(&admin, "x").await == 1 }).await;
         // B's grant (after the holder's release) is held: B is in line
         // ahead of anyone who comes now, and `.lock` is free.
-        let b_take = bproxy.on(
-            Match::any()
-                .path("/v1/txn")
-                .body(r#""Verb":"check-session""#),
-            1,
-            HttpFault::DelayRequest(HOLD),
-        );
+        let b_take = bproxy.on(take(), 1, HttpFault::DelayRequest(HOLD));
         hg.release().await.unwrap();
         timeout(SOON, b_take.wait_hit())
             .await

@@ -238,6 +238,14 @@ async fn setup() -> Option<Setup> {
     })
 }
 
+/// A plain ZooKeeper client on the test's server.
+async fn raw_client(s: &Setup) -> zookeeper_client::Client {
+    let cfg = ZkConfig::from_url(&s.case.harness().url_for(s.case.namespace())).unwrap();
+    zookeeper_client::Client::connect(&cfg.connect_string())
+        .await
+        .unwrap()
+}
+
 async fn waiters(c: &LockClient, name: &str) -> usize {
     c.inspect(name).await.unwrap().waiters.len()
 }
@@ -568,13 +576,7 @@ async fn revoke_of_curator_leases_writes_no_guessed_count() {
         s.peer.expect(&format!("acquired {id}")).await;
     }
     assert!(a.request_revoke("sem").await.unwrap(), "no holder marked");
-    let raw = zookeeper_client::Client::connect(
-        &ZkConfig::from_url(&s.case.harness().url_for(s.case.namespace()))
-            .unwrap()
-            .connect_string(),
-    )
-    .await
-    .unwrap();
+    let raw = raw_client(&s).await;
     let leases_dir = format!("{}/sem/leases", s.ns_path);
     for lease in raw.list_children(&leases_dir).await.unwrap() {
         let (data, _) = raw
@@ -618,13 +620,7 @@ async fn a_break_finishes_the_mark_of_a_breaker_that_died() {
     let st = a.inspect("bk").await.unwrap();
     assert_eq!(st.holders.len(), 1, "{st:?}");
     let node = st.holders[0].entry.clone();
-    let raw = zookeeper_client::Client::connect(
-        &ZkConfig::from_url(&s.case.harness().url_for(s.case.namespace()))
-            .unwrap()
-            .connect_string(),
-    )
-    .await
-    .unwrap();
+    let raw = raw_client(&s).await;
     // The mark of a break whose breaker then died.
     raw.set_data(&node, b"__BREAK__", None).await.unwrap();
     let st = a.inspect("bk").await.unwrap();
