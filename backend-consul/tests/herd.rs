@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use conformance_tests::faults::TcpProxy;
-use conformance_tests::herd::cost_of_one_release;
+use conformance_tests::herd::{cost_of_one_release, cost_of_release, Herd};
 use conformance_tests::Harness;
 use tokio::process::Command;
 
@@ -42,72 +42,23 @@ async fn one_release_costs_the_same_with_4_and_16_waiters() {
 
 /// A handoff between queued contenders (the holder came through the
 /// queue, so it has a queue key, and the next waiter blocks on that key):
-/// the releaser's txn, the next one's `lock` txn (no read: the key it
-/// waited for was the only one ahead of it) and its monitor's blocking
-/// query. Nobody else wakes.
+/// the releaser's txn, the next one's `lock` txn (which reads the line
+/// itself: no read before it) and its monitor's blocking query. Nobody
+/// else wakes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handoff_in_the_queue_costs_three_requests() {
     let Some(h) = harness() else { return };
-    let case = h.case();
-    let first = case.client().await;
-    let clients = case.clients(4).await;
-    let g = first.lock("q").unwrap().acquire().await.unwrap();
-    let (granted_tx, mut granted_rx) = tokio::sync::mpsc::unbounded_channel();
-    let mut releases = Vec::new();
-    let mut tasks = Vec::new();
-    for (i, c) in clients.iter().enumerate() {
-        let (c, granted) = (c.clone(), granted_tx.clone());
-        let (rel_tx, rel_rx) = tokio::sync::oneshot::channel::<()>();
-        releases.push(rel_tx);
-        tasks.push(tokio::spawn(async move {
-            let g = c.lock("q").unwrap().acquire().await.unwrap();
-            granted.send(i).unwrap();
-            let _ = rel_rx.await;
-            g.release().await.unwrap();
-        }));
-        let start = tokio::time::Instant::now();
-        while first.inspect("q").await.unwrap().waiters.len() < i + 1 {
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "waiter {i} never queued"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-    // The fast holder lets go: waiter 0 holds through the queue.
-    g.release().await.unwrap();
-    assert_eq!(granted_rx.recv().await, Some(0));
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let sent = |cs: &[lockcore::LockClient]| -> Vec<u64> {
-        cs.iter().map(|c| c.backend().requests_sent()).collect()
-    };
-    let before = sent(&clients);
-    let mut releases = releases.into_iter();
-    releases.next().unwrap().send(()).unwrap();
-    let next = tokio::time::timeout(Duration::from_secs(30), granted_rx.recv())
-        .await
-        .expect("no waiter was granted");
-    assert_eq!(next, Some(1), "not the next in line");
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let after = sent(&clients);
-    let requests: u64 = after.iter().sum::<u64>() - before.iter().sum::<u64>();
-    let woken = after.iter().zip(&before).filter(|(a, b)| a != b).count();
-    eprintln!("a handoff in the queue: {requests} requests, {woken} clients");
+    let cost = cost_of_release(&h, 4, Herd::MutexQueued).await;
+    eprintln!("a handoff in the queue: {cost:?}");
     assert_eq!(
-        woken, 2,
+        cost.clients_woken, 2,
         "clients other than the releaser and the next one sent requests"
     );
     assert!(
-        requests <= 3,
-        "{requests} requests for one handoff in the queue"
+        cost.requests <= 3,
+        "{} requests for one handoff in the queue",
+        cost.requests
     );
-    for r in releases {
-        r.send(()).unwrap();
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    case.finish().await;
 }
 
 /// The contrast: `consul lock` waiters (Go `api.Lock`) all block on

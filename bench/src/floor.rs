@@ -52,12 +52,12 @@ fn text(e: impl std::fmt::Display) -> String {
 impl Floor {
     /// Connects for `url`'s store; `None` for stores without a network floor.
     pub async fn connect(url: &Url) -> Result<Option<Floor>> {
-        let host = url.host_str().unwrap_or("127.0.0.1").to_string();
-        let port = url.port();
+        let Some(address) = raw_address(url) else {
+            return Ok(None);
+        };
         match url.scheme() {
             "etcd" => {
-                let endpoint = format!("http://{host}:{}", port.unwrap_or(2379));
-                let mut client = etcd_client::Client::connect([endpoint], None)
+                let mut client = etcd_client::Client::connect([address], None)
                     .await
                     .map_err(text)?;
                 let lease = client.lease_grant(30, None).await.map_err(text)?.id();
@@ -70,7 +70,7 @@ impl Floor {
             }
             "zk" => {
                 use zookeeper_client::{Acls, CreateMode};
-                let client = zk_connect(&format!("{host}:{}", port.unwrap_or(2181))).await?;
+                let client = zk_connect(&address).await?;
                 let parent = "/qlbench-floor".to_string();
                 let mode = CreateMode::Persistent.with_acls(Acls::anyone_all());
                 match client.create(&parent, b"", &mode).await {
@@ -85,20 +85,18 @@ impl Floor {
                 }))
             }
             "consul" => {
-                let base = format!("http://{host}:{}", port.unwrap_or(8500));
                 let http = reqwest::Client::new();
-                let session = consul_session(&http, &base).await?;
+                let session = consul_session(&http, &address).await?;
                 let key = format!("qlbench-floor/{session}/.lock");
                 Ok(Some(Floor::Consul(ConsulFloor {
                     http,
-                    base,
+                    base: address,
                     session,
                     key,
                 })))
             }
             "redis" => {
-                let url = format!("redis://{host}:{}", port.unwrap_or(6379));
-                let client = redis::Client::open(url).map_err(text)?;
+                let client = redis::Client::open(address).map_err(text)?;
                 let conn = client
                     .get_multiplexed_async_connection()
                     .await
@@ -258,29 +256,31 @@ pub fn describe_handoff(scheme: &str) -> Option<&'static str> {
 /// being acknowledged, as the handoff gap of ours is. `None` for stores
 /// without a watch in their raw lock (Redis's naive lock polls).
 pub async fn handoffs(url: &Url, count: usize) -> Result<Option<crate::Histogram>> {
-    let host = url.host_str().unwrap_or("127.0.0.1").to_string();
-    let port = url.port();
+    let Some(address) = raw_address(url) else {
+        return Ok(None);
+    };
     let key = format!("qlbench-floor/handoff-{}", std::process::id());
     match url.scheme() {
-        "etcd" => etcd_handoffs(
-            format!("http://{host}:{}", port.unwrap_or(2379)),
-            key,
-            count,
-        )
-        .await
-        .map(Some),
-        "zk" => zk_handoffs(format!("{host}:{}", port.unwrap_or(2181)), count)
-            .await
-            .map(Some),
-        "consul" => consul_handoffs(
-            format!("http://{host}:{}", port.unwrap_or(8500)),
-            key,
-            count,
-        )
-        .await
-        .map(Some),
+        "etcd" => etcd_handoffs(address, key, count).await.map(Some),
+        "zk" => zk_handoffs(address, count).await.map(Some),
+        "consul" => consul_handoffs(address, key, count).await.map(Some),
         _ => Ok(None),
     }
+}
+
+/// The address a raw client of `url`'s store connects to (its own
+/// library's form, the store's default port); `None` for stores without
+/// a network floor.
+fn raw_address(url: &Url) -> Option<String> {
+    let host = url.host_str().unwrap_or("127.0.0.1");
+    let port = url.port();
+    Some(match url.scheme() {
+        "etcd" => format!("http://{host}:{}", port.unwrap_or(2379)),
+        "zk" => format!("{host}:{}", port.unwrap_or(2181)),
+        "consul" => format!("http://{host}:{}", port.unwrap_or(8500)),
+        "redis" => format!("redis://{host}:{}", port.unwrap_or(6379)),
+        _ => return None,
+    })
 }
 
 /// Runs `count` timed handoffs (after the warm-up) between party 0 and

@@ -32,6 +32,10 @@ fn sent(clients: &[LockClient]) -> Vec<u64> {
 pub enum Herd {
     /// A mutex.
     Mutex,
+    /// A mutex whose holder came through the queue (it waited behind a
+    /// short holder): on stores where a free lock is taken without
+    /// queueing, the next waiter then waits on the holder's own entry.
+    MutexQueued,
     /// The write side of a read-write lock.
     Write,
     /// A semaphore of 2 whose older permit stays held throughout: the
@@ -42,9 +46,22 @@ pub enum Herd {
 
 async fn take(c: &LockClient, kind: Herd) -> LockGuard {
     match kind {
-        Herd::Mutex => c.lock("herd").unwrap().acquire().await.unwrap(),
+        Herd::Mutex | Herd::MutexQueued => c.lock("herd").unwrap().acquire().await.unwrap(),
         Herd::Write => c.rwlock("herd").unwrap().write().await.unwrap(),
         Herd::Semaphore2 => c.semaphore("herd", 2).unwrap().acquire().await.unwrap(),
+    }
+}
+
+/// Waits until `herd` shows `n` waiters.
+async fn wait_waiters(c: &LockClient, n: usize) {
+    let start = tokio::time::Instant::now();
+    while c.inspect("herd").await.unwrap().waiters.len() < n {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "waiter {} never queued",
+            n - 1
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -66,7 +83,17 @@ pub async fn cost_of_release(h: &Harness, waiters: usize, kind: Herd) -> Release
         Herd::Semaphore2 => Some(take(&case.client().await, kind).await),
         _ => None,
     };
-    let g = take(&holder, kind).await;
+    let g = match kind {
+        Herd::MutexQueued => {
+            let first = take(&case.client().await, kind).await;
+            let h = holder.clone();
+            let queued = tokio::spawn(async move { take(&h, kind).await });
+            wait_waiters(&holder, 1).await;
+            first.release().await.unwrap();
+            queued.await.unwrap()
+        }
+        _ => take(&holder, kind).await,
+    };
 
     let (granted_tx, mut granted_rx) = mpsc::unbounded_channel();
     let mut releases = Vec::new();
@@ -82,14 +109,7 @@ pub async fn cost_of_release(h: &Harness, waiters: usize, kind: Herd) -> Release
             g.release().await.unwrap();
         }));
         // Queue them one by one, so the arrival order is known.
-        let start = tokio::time::Instant::now();
-        while holder.inspect("herd").await.unwrap().waiters.len() < i + 1 {
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "waiter {i} never queued"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        wait_waiters(&holder, i + 1).await;
     }
     // Let every waiter's watch reach the store before measuring.
     tokio::time::sleep(Duration::from_millis(300)).await;
