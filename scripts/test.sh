@@ -55,7 +55,7 @@ done
 
 step "examples on every store"
 out=$(mktemp)
-for url in "mem://" "$QUORUMLOCK_TEST_ETCD_URL/examples" "$QUORUMLOCK_TEST_ZK_URL/examples" "$QUORUMLOCK_TEST_CONSUL_URL/examples" "$QUORUMLOCK_TEST_REDIS_URL/examples"; do
+for url in "mem:///examples" "$QUORUMLOCK_TEST_ETCD_URL/examples" "$QUORUMLOCK_TEST_ZK_URL/examples" "$QUORUMLOCK_TEST_CONSUL_URL/examples" "$QUORUMLOCK_TEST_REDIS_URL/examples"; do
   for example in quickstart worker_pool swap_store rwlock transfer; do
     echo "--- $example on $url" >&2
     if ! QUORUMLOCK_URL=$url cargo run -q -p quorumlock --all-features --example "$example" >"$out" 2>&1; then

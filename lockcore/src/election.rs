@@ -10,7 +10,6 @@ use std::future::Future;
 use std::time::Duration;
 
 use futures::Stream;
-use tokio::time::Instant;
 
 use crate::client::Mode;
 use crate::{LockClient, LockGuard, LockKind, LockName, LossReason, Result};
@@ -90,8 +89,7 @@ impl Election {
         timeout: Duration,
     ) -> Result<LeaderGuard> {
         let value = value.into();
-        self.campaign_in(Mode::Until(Instant::now() + timeout), value)
-            .await
+        self.campaign_in(Mode::within(timeout), value).await
     }
 
     async fn campaign_in(&self, mode: Mode, value: Vec<u8>) -> Result<LeaderGuard> {

@@ -12,6 +12,7 @@ use std::time::Duration;
 use futures::future::{select_all, FutureExt};
 use tokio::time::Instant;
 
+use crate::client::abandon_bound;
 use crate::{Error, ErrorKind, Lock, LockClient, LockGuard, LockName, LossReason, Result};
 
 /// A set of named mutexes acquired together ([`LockClient::multi_lock`]).
@@ -98,10 +99,21 @@ impl MultiLock {
     /// # Cancel safety
     /// As [`acquire`](Self::acquire).
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<MultiGuard> {
-        self.take(Wait::Until(Instant::now() + timeout)).await
+        let wait = Instant::now()
+            .checked_add(timeout)
+            .map_or(Wait::Forever, Wait::Until);
+        self.take(wait).await
     }
 
     async fn take(&self, wait: Wait) -> Result<MultiGuard> {
+        // The give-back of an attempt that did not get the whole set waits
+        // no longer than a single lock's abandon would: past the deadline
+        // (a try: now) plus the grace, the rest goes on in the background.
+        let bound = || match wait {
+            Wait::Forever => None,
+            Wait::Until(deadline) => Some(abandon_bound(Some(deadline))),
+            Wait::No => Some(abandon_bound(None)),
+        };
         'attempt: loop {
             let mut guards: Vec<LockGuard> = Vec::with_capacity(self.locks.len());
             for lock in &self.locks {
@@ -112,48 +124,61 @@ impl MultiLock {
                         .acquire_timeout(deadline.saturating_duration_since(Instant::now()))
                         .boxed(),
                 };
-                let guard = if guards.is_empty() {
-                    next.await?
+                // A lock taken earlier may be lost while we wait: then the
+                // set cannot be held, give all back and start over. The
+                // wait's own error ends the acquire, whatever else happens
+                // during the give-back.
+                // `Err(reason)`: a lock taken earlier was lost first.
+                let step: std::result::Result<Result<LockGuard>, LossReason> = if guards.is_empty()
+                {
+                    Ok(next.await)
                 } else {
-                    // A lock taken earlier may be lost while we wait: then
-                    // the set cannot be held, give all back and start over.
                     let lost = any_lost(&guards);
-                    let next = async {
-                        match next.await {
-                            Ok(g) => Ok(g),
-                            Err(e) => {
-                                give_back(std::mem::take(&mut guards)).await;
-                                Err(e)
-                            }
-                        }
-                    };
                     tokio::select! {
-                        got = next => got?,
-                        reason = lost => {
-                            tracing::debug!(%reason, "multi-lock: a lock of the set was lost while waiting; taking the set again");
-                            give_back(guards).await;
-                            continue 'attempt;
-                        }
+                        got = next => Ok(got),
+                        reason = lost => Err(reason),
                     }
                 };
-                guards.push(guard);
+                match step {
+                    Ok(Ok(guard)) => guards.push(guard),
+                    Ok(Err(e)) => {
+                        give_back(guards, bound()).await;
+                        return Err(e);
+                    }
+                    Err(reason) => {
+                        tracing::debug!(%reason, "multi-lock: a lock of the set was lost while waiting; taking the set again");
+                        give_back(guards, bound()).await;
+                        continue 'attempt;
+                    }
+                }
             }
             if guards.iter().all(LockGuard::is_held) {
                 return Ok(MultiGuard { guards });
             }
             // Lost between the last grant and here: nothing to hand out.
-            give_back(guards).await;
+            give_back(guards, bound()).await;
         }
     }
 }
 
 /// Releases the locks of an attempt that did not get the whole set, and
-/// waits for it, so that nothing is held when the attempt's error returns.
-/// (Dropped midway, the rest is released in the background.)
-async fn give_back(guards: Vec<LockGuard>) {
-    for guard in guards.into_iter().rev() {
-        // A loss here changes nothing: the set was not handed out.
-        let _ = guard.release().await;
+/// waits for it until `bound` (none: until done), so that nothing is held
+/// when the attempt's error returns if the store answers in time. Past the
+/// bound, or dropped midway, the rest is released in the background
+/// ([`LockClient::wait_idle`]); this client's next acquire of a name waits
+/// for its removal.
+async fn give_back(guards: Vec<LockGuard>, bound: Option<Instant>) {
+    let all = async {
+        for guard in guards.into_iter().rev() {
+            // A loss here changes nothing: the set was not handed out.
+            let _ = guard.release().await;
+        }
+    };
+    match bound {
+        None => all.await,
+        Some(at) => {
+            let _ = tokio::time::timeout_at(at, all).await;
+        }
     }
 }
 

@@ -3,8 +3,6 @@
 
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use crate::client::Mode;
 use crate::{LockClient, LockGuard, LockName, Result};
 use crate::{LockKind, LockState};
@@ -76,7 +74,7 @@ impl RwLock {
     /// # Cancel safety
     /// As [`read`](Self::read).
     pub async fn read_timeout(&self, timeout: Duration) -> Result<LockGuard> {
-        let mode = Mode::Until(Instant::now() + timeout);
+        let mode = Mode::within(timeout);
         self.client
             .acquire(&self.name, LockKind::Read, mode, self.value.as_deref())
             .await
@@ -117,7 +115,7 @@ impl RwLock {
     /// # Cancel safety
     /// As [`read`](Self::read).
     pub async fn write_timeout(&self, timeout: Duration) -> Result<LockGuard> {
-        let mode = Mode::Until(Instant::now() + timeout);
+        let mode = Mode::within(timeout);
         self.client
             .acquire(&self.name, LockKind::Write, mode, self.value.as_deref())
             .await
@@ -200,7 +198,7 @@ impl Semaphore {
     /// # Cancel safety
     /// As [`acquire`](Self::acquire).
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<LockGuard> {
-        let mode = Mode::Until(Instant::now() + timeout);
+        let mode = Mode::within(timeout);
         self.client
             .acquire(&self.name, self.kind(), mode, self.value.as_deref())
             .await

@@ -22,6 +22,11 @@ pub enum LossReason {
     EntryDeleted,
     /// The client was closed while the lock was held.
     ClientClosed,
+    /// The store refused to remove one of the session's entries (a
+    /// release or an abandon) and kept refusing: the client ended the
+    /// session, the one way left to make the store drop that entry, and
+    /// with it every lock the session held.
+    SessionEnded,
 }
 
 impl std::fmt::Display for LossReason {
@@ -31,6 +36,9 @@ impl std::fmt::Display for LossReason {
             LossReason::DeadlinePassed => "keepalive deadline passed",
             LossReason::EntryDeleted => "lock entry deleted",
             LossReason::ClientClosed => "client closed",
+            LossReason::SessionEnded => {
+                "session ended: the store refused to remove one of its entries"
+            }
         })
     }
 }
@@ -203,6 +211,7 @@ fn loss_code(r: LossReason) -> u8 {
         LossReason::DeadlinePassed => 2,
         LossReason::EntryDeleted => 3,
         LossReason::ClientClosed => 4,
+        LossReason::SessionEnded => 5,
     }
 }
 
@@ -212,6 +221,7 @@ fn loss_of(code: u8) -> Option<LossReason> {
         2 => LossReason::DeadlinePassed,
         3 => LossReason::EntryDeleted,
         4 => LossReason::ClientClosed,
+        5 => LossReason::SessionEnded,
         _ => return None,
     })
 }

@@ -22,6 +22,7 @@ fn reason_label(reason: LossReason) -> &'static str {
         LossReason::DeadlinePassed => "deadline_passed",
         LossReason::EntryDeleted => "entry_deleted",
         LossReason::ClientClosed => "client_closed",
+        LossReason::SessionEnded => "session_ended",
     }
 }
 

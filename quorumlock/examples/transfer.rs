@@ -3,7 +3,8 @@
 //! opposite orders and never deadlock), each transfer runs scoped (its
 //! work is dropped if a lock is lost), and the balances are written with
 //! fenced writes, which the store refuses once the set is lost. Runs on
-//! `mem://` with no server, or on the store in `QUORUMLOCK_URL`.
+//! `mem:///examples` with no server, or on the store in `QUORUMLOCK_URL`
+//! (with a namespace, the URL's path: fenced writes need one).
 
 use quorumlock::{ErrorKind, LockClient, MultiGuard};
 
@@ -28,7 +29,9 @@ async fn set_balance(guard: &MultiGuard, key: &str, value: i64) -> quorumlock::R
 
 #[tokio::main]
 async fn main() -> quorumlock::Result<()> {
-    let url = std::env::var(quorumlock::URL_ENV).unwrap_or_else(|_| quorumlock::DEFAULT_URL.into());
+    // Fenced writes need the locks in a namespace (the URL's path): at
+    // the store's root any key could be some lock's own entry.
+    let url = std::env::var(quorumlock::URL_ENV).unwrap_or_else(|_| "mem:///examples".into());
     let (alice, bob) = (key(&url, "alice"), key(&url, "bob"));
     let a = quorumlock::connect(&url).await?;
     let b = quorumlock::connect(&url).await?;

@@ -81,3 +81,53 @@ pub async fn fenced_writes_refused_after_loss(h: &Harness) {
     remove_scratch(&b, &key).await;
     case.finish().await;
 }
+
+/// A fenced write can never reach lock bookkeeping: not the holder's own
+/// entry, not a key with a segment starting with `.` (the recipes' own
+/// children: `.lock`, `.n`, `.q`, `.session`, `.fence`), and, for a client
+/// without a namespace, no key at all (every key may then be some lock's
+/// bookkeeping). Each is [`ErrorKind::InvalidArgument`], nothing is
+/// written, and the lock stays held.
+pub async fn fenced_writes_cannot_touch_bookkeeping(h: &Harness) {
+    let case = h.case();
+    let (a, b) = (case.client().await, case.client().await);
+    let g = a.lock("fb").unwrap().acquire().await.unwrap();
+    let scratch = scratch_key(a.backend().as_ref(), case.namespace(), "fb");
+    for key in [format!("{scratch}/.n"), format!("{scratch}/.lock/x")] {
+        let e = g.fenced_put(key.as_str(), b"x".to_vec()).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument, "key {key:?}: {e}");
+    }
+
+    // A client one level up (no namespace) holding the same lock as
+    // `<ns>/fb2` ...
+    let root = LockClient::new(h.backend("").await);
+    let name = format!("{}/fb2", case.namespace());
+    let rg = root.lock(name.as_str()).unwrap().acquire().await.unwrap();
+    // ... may neither delete its own entry nor anything else.
+    let entry = rg.entry().to_string();
+    let e = rg.fenced_delete(entry.as_str()).await.unwrap_err();
+    assert_eq!(
+        e.kind(),
+        ErrorKind::InvalidArgument,
+        "own entry {entry:?}: {e}"
+    );
+    let e = rg
+        .fenced_put(scratch.as_str(), b"x".to_vec())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.kind(),
+        ErrorKind::InvalidArgument,
+        "root key {scratch:?}: {e}"
+    );
+    assert_kind(
+        b.lock("fb2").unwrap().try_acquire().await,
+        ErrorKind::WouldBlock,
+        "the lock after refused writes to bookkeeping",
+    );
+    assert!(rg.is_held());
+    rg.release().await.unwrap();
+    root.close().await;
+    g.release().await.unwrap();
+    case.finish().await;
+}

@@ -73,3 +73,51 @@ pub async fn list_reports_locks_under_a_prefix(h: &Harness) {
     );
     case.finish().await;
 }
+
+/// An operator one level up (a client with no namespace) reads the locks
+/// of an application's namespace: `list`, `inspect` and `status`-style
+/// reads show the holder and the waiter, and change nothing: the holder
+/// keeps its lock and another client of the application still finds it
+/// held.
+pub async fn another_namespace_never_purges_live_entries(h: &Harness) {
+    let case = h.case();
+    let (a, b) = (case.client().await, case.client().await);
+    let g = a.lock("x").unwrap().acquire().await.unwrap();
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move { b.lock("x").unwrap().acquire().await?.release().await })
+    };
+    eventually("the waiter to queue", || async {
+        waiters(&a, "x").await == 1
+    })
+    .await;
+
+    let root = LockClient::new(h.backend("").await);
+    let name = format!("{}/x", case.namespace());
+    for _ in 0..3 {
+        let listed = root.list(case.namespace()).await.unwrap();
+        assert_eq!(listed.len(), 1, "{listed:#?}");
+        assert_eq!(listed[0].name.as_str(), name);
+        assert_eq!(listed[0].holders.len(), 1, "{listed:#?}");
+        assert_eq!(listed[0].holders[0].token, g.token());
+        let state = root.inspect(name.as_str()).await.unwrap();
+        assert_eq!(state.holders.len(), 1, "{state:#?}");
+        assert_eq!(state.waiters.len(), 1, "{state:#?}");
+        let _ = root.list("").await.unwrap();
+    }
+    assert!(
+        g.is_held(),
+        "the holder lost its lock to another namespace's reads"
+    );
+    let c = case.client().await;
+    assert_kind(
+        c.lock("x").unwrap().try_acquire().await,
+        ErrorKind::WouldBlock,
+        "the lock after another namespace's reads",
+    );
+    assert_eq!(waiters(&a, "x").await, 1, "the waiter was purged");
+    root.close().await;
+    g.release().await.unwrap();
+    waiter.await.unwrap().unwrap();
+    case.finish().await;
+}

@@ -277,3 +277,59 @@ pub async fn inspect_reports_holder_and_waiters_in_order(h: &Harness) {
     }
     case.finish().await;
 }
+
+/// A timeout too long for the clock to add (`Duration::MAX`) waits
+/// without end, as `acquire()` does, on every timed call: no panic, and a
+/// free lock is granted.
+pub async fn timeouts_of_any_length(h: &Harness) {
+    let case = h.case();
+    let a = case.client().await;
+    let caps = a.backend().capabilities();
+    let forever = Duration::MAX;
+    let g = a
+        .lock("t/m")
+        .unwrap()
+        .acquire_timeout(forever)
+        .await
+        .unwrap();
+    g.release().await.unwrap();
+    let g = a
+        .multi_lock(["t/a", "t/b"])
+        .unwrap()
+        .acquire_timeout(forever)
+        .await
+        .unwrap();
+    g.release().await.unwrap();
+    if caps.rwlock {
+        let rw = a.rwlock("t/rw").unwrap();
+        rw.read_timeout(forever)
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        rw.write_timeout(forever)
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    if caps.semaphore {
+        let s = a.semaphore("t/s", 2).unwrap();
+        s.acquire_timeout(forever)
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    let leader = a
+        .election("t/e")
+        .unwrap()
+        .campaign_timeout("v", forever)
+        .await
+        .unwrap();
+    leader.resign().await.unwrap();
+    case.finish().await;
+}

@@ -29,7 +29,7 @@ const IDLE: Duration = Duration::from_millis(250);
 /// The most polls of an operation that never completes.
 const MAX_POLLS: usize = 12;
 /// Background cleanup and the lock's handover must finish within this.
-const SETTLE: Duration = Duration::from_secs(20);
+pub(super) const SETTLE: Duration = Duration::from_secs(20);
 
 /// The operations under test. `Held*` ones wait for a lock the admin
 /// client holds; the others work on a free lock.
@@ -206,7 +206,12 @@ pub async fn cancel_at_every_poll(t: &FaultTarget) -> Row {
 
 /// Ends a test of this file: waits for every client's cleanup, closes
 /// them, and records the row after asserting that nothing is left.
-async fn finish(t: &FaultTarget, ns: &str, clients: &[&LockClient], mut row: Row) -> Row {
+pub(super) async fn finish(
+    t: &FaultTarget,
+    ns: &str,
+    clients: &[&LockClient],
+    mut row: Row,
+) -> Row {
     for c in clients {
         tokio::time::timeout(SETTLE, c.wait_idle())
             .await
@@ -246,8 +251,44 @@ pub async fn calls_return_within_bounds_on_a_dead_link(t: &FaultTarget) -> Row {
         .acquire_timeout(SETTLE)
         .await
         .expect("a free lock");
+    // A multi-lock that took its first name and waits for the second
+    // when the link dies: its timeout bounds it too, the give-back of
+    // the name it took included.
+    let blocker = admin.lock("m/b").unwrap().acquire().await.expect("admin");
+    let set = cut_off.multi_lock(["m/a", "m/b"]).unwrap();
+    let start = tokio::time::Instant::now();
+    let multi = tokio::spawn(async move {
+        let r = set.acquire_timeout(timeout).await.map(drop);
+        (r, start.elapsed())
+    });
+    let probe = admin.clone();
+    tokio::time::timeout(SETTLE, async move {
+        loop {
+            let a = probe.inspect("m/a").await.expect("inspect");
+            let b = probe.inspect("m/b").await.expect("inspect");
+            if a.holders.len() == 1 && b.waiters.len() == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the multi-lock did not take m/a and queue for m/b");
     net.set_mode(NetMode::Blackhole);
     row.faults += 1;
+    let (r, took) = multi.await.expect("multi-lock task");
+    assert!(
+        r.is_err(),
+        "multi-lock granted over a dead link on {}",
+        t.name()
+    );
+    assert!(
+        took <= timeout + TIMEOUT_SLACK,
+        "multi_lock.acquire_timeout({timeout:?}) returned after {took:?} on {}: {:?}",
+        t.name(),
+        r.err()
+    );
+    row.cycles += 1;
 
     for name in ["held", "free"] {
         let start = tokio::time::Instant::now();
@@ -277,11 +318,12 @@ pub async fn calls_return_within_bounds_on_a_dead_link(t: &FaultTarget) -> Row {
 
     net.set_mode(NetMode::Pass);
     held.release().await.expect("admin release");
+    blocker.release().await.expect("admin release");
     tokio::time::timeout(SETTLE + ttl * 2, cut_off.wait_idle())
         .await
         .expect("cleanup stuck after the link healed");
     // The store frees what the lost session held; then all is takeable.
-    for name in ["held", "free", "ours"] {
+    for name in ["held", "free", "ours", "m/a", "m/b"] {
         let g = admin
             .lock(name)
             .unwrap()

@@ -39,6 +39,7 @@ pub mod explorer;
 mod history;
 mod http_proxy;
 mod proxy;
+mod refusal;
 mod register;
 mod report;
 pub mod scenarios;
@@ -350,6 +351,7 @@ macro_rules! fault_suite {
             keepalive_delay_then_failure,
             cancel_at_every_poll,
             calls_return_within_bounds_on_a_dead_link,
+            refused_removal_ends_the_session,
             unreachable_store_is_unavailable,
             connect_checks_the_store,
             explore_random_schedules

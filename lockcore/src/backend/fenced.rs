@@ -47,15 +47,22 @@ impl KeyWrite {
         }
     }
 
-    /// Checks what every store requires of a key, and that it is not
-    /// inside quorumlock's own `namespace_prefix` (a write there could
-    /// forge or destroy lock entries). [`ErrorKind::InvalidArgument`].
+    /// Checks what every store requires of a key, and that it cannot be
+    /// lock bookkeeping (a write there could forge or destroy lock
+    /// entries): refused with [`ErrorKind::InvalidArgument`] are a key
+    /// inside quorumlock's own `namespace_prefix`; any key at all when
+    /// the namespace is empty (the locks then live at the store's root,
+    /// and any key may be some lock's entry: give the client a namespace,
+    /// the URL's path, to make fenced writes); and a key with a segment
+    /// starting with `.` (every layout's own children, `.lock`, `.n`,
+    /// `.q`, `.session`, `.fence`, start so, also under another client's
+    /// namespace). The same rule on every store.
     pub fn validate(&self, namespace_prefix: &str) -> Result<()> {
         let key = self.key();
         let bad = |why: &str| {
             Err(Error::new(
                 ErrorKind::InvalidArgument,
-                format!("fenced write to {key:?}: {why}"),
+                format!("fenced write to {:?}: {why}", Truncated(key)),
             ))
         };
         if key.is_empty() {
@@ -67,15 +74,34 @@ impl KeyWrite {
         if key.chars().any(char::is_control) {
             return bad("the key has a control character");
         }
-        let namespace = namespace_prefix.trim_end_matches('/');
-        let inside = !namespace.is_empty()
-            && key
-                .strip_prefix(namespace)
-                .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'));
+        if key.split('/').any(|segment| segment.starts_with('.')) {
+            return bad("a segment starts with '.', which lock bookkeeping uses");
+        }
+        // ZooKeeper's root is `/`: an empty namespace too.
+        let namespace = namespace_prefix.trim_matches('/');
+        if namespace.is_empty() {
+            return bad("the client has no namespace, so any key may be a lock's own (put the locks in a namespace: the URL's path)");
+        }
+        let inside = key
+            .trim_start_matches('/')
+            .strip_prefix(namespace)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'));
         if inside {
             return bad("the key is inside quorumlock's namespace");
         }
         Ok(())
+    }
+}
+
+/// A key in an error message: its first 64 characters.
+struct Truncated<'a>(&'a str);
+
+impl std::fmt::Debug for Truncated<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.char_indices().nth(64) {
+            None => std::fmt::Debug::fmt(self.0, f),
+            Some((at, _)) => write!(f, "{:?}...", &self.0[..at]),
+        }
     }
 }
 
@@ -141,11 +167,40 @@ mod tests {
     fn keys_are_checked_and_the_namespace_is_off_limits() {
         assert!(put("app/config").validate("locks/").is_ok());
         assert!(put("locksmith").validate("locks/").is_ok());
-        for bad in ["", "locks", "locks/x", "a\nb"] {
+        assert!(put("/app/config").validate("/locks").is_ok());
+        for bad in [
+            "",
+            "locks",
+            "locks/x",
+            "a\nb",
+            "app/.n",
+            ".session/x",
+            "other/x/.lock",
+        ] {
             let e = put(bad).validate("locks/").unwrap_err();
             assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{bad:?}");
         }
+        for bad in ["/locks/x/lock-0000000001", "/locks"] {
+            assert!(put(bad).validate("/locks").is_err(), "{bad:?}");
+        }
         assert!(put(&"k".repeat(MAX_KEY_LEN + 1)).validate("ns").is_err());
+    }
+
+    #[test]
+    fn without_a_namespace_every_key_is_off_limits() {
+        for ns in ["", "/"] {
+            for key in ["app/config", "x", "/x/lock-0000000001"] {
+                let e = put(key).validate(ns).unwrap_err();
+                assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{key:?} in {ns:?}");
+                assert!(e.message().contains("namespace"), "{e}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_long_key_is_not_repeated_whole_in_the_error() {
+        let e = put(&"k".repeat(10_000)).validate("ns").unwrap_err();
+        assert!(e.message().len() < 200, "{}", e.message().len());
     }
 
     #[test]

@@ -240,7 +240,11 @@ impl LockGuard {
     /// it returns by the session's local deadline, within the TTL.
     ///
     /// Returns [`ErrorKind::LockLost`] if the lock had been lost before the
-    /// release: the work done under it was not protected.
+    /// release: the work done under it was not protected. Returns the
+    /// store's error if the store kept refusing the removal: the client
+    /// then ended the session (so that the store drops the entry; the
+    /// session's other locks report [`LossReason::SessionEnded`]). `Ok`
+    /// never leaves our entry on the store with a live session.
     ///
     /// # Cancel safety
     /// If dropped, the release continues in the background.
@@ -252,7 +256,7 @@ impl LockGuard {
         held.req.signals.finish();
         let finish = ReleaseOnDrop(Some(held));
         let h = finish.0.as_ref().expect("set above");
-        remove_entry(&h.session, &h.req, Some(&h.acquired))
+        let removed = remove_entry(&h.session, &h.req, Some(&h.acquired))
             .instrument(
                 tracing::debug_span!("release", lock = %h.req.name, token = h.acquired.token),
             )
@@ -260,7 +264,7 @@ impl LockGuard {
         let held = finish.defuse();
         drop(held.ticket);
         match lost {
-            None => Ok(()),
+            None => removed,
             Some(reason) => Err(Error::new(
                 ErrorKind::LockLost,
                 format!("lock {} was lost before release: {reason}", held.req.name),
@@ -291,7 +295,9 @@ fn queue_release(held: Held) {
     let client = held.client.clone();
     held.req.signals.finish();
     spawn_cleanup(&client, async move {
-        remove_entry(&held.session, &held.req, Some(&held.acquired))
+        // An error was logged, and the session ended so that the store
+        // drops the entry.
+        let _ = remove_entry(&held.session, &held.req, Some(&held.acquired))
             .instrument(
                 tracing::debug_span!("release", lock = %held.req.name, token = held.acquired.token),
             )

@@ -26,6 +26,7 @@ use crate::telemetry;
 use crate::{Error, ErrorKind, LockName, Result};
 use crate::{LockKind, LockState};
 
+pub(crate) use shared::abandon_bound;
 use shared::*;
 
 /// A handle to one store, cheap to clone; all clones share one session.
@@ -530,12 +531,11 @@ impl Lock {
     /// # Cancel safety
     /// As [`acquire`](Self::acquire).
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<LockGuard> {
-        let deadline = Instant::now() + timeout;
         self.client
             .acquire(
                 &self.name,
                 LockKind::Exclusive,
-                Mode::Until(deadline),
+                Mode::within(timeout),
                 self.value.as_deref(),
             )
             .await

@@ -15,7 +15,7 @@ use crate::availability::{ClientOptions, Unreachable};
 use crate::backend::{AcquireRequest, Acquired, Backend, StoreSession};
 use crate::signal::{LossReason, SessionLiveness};
 use crate::telemetry;
-use crate::{Error, ErrorKind, LockName};
+use crate::{Error, ErrorKind, LockName, Result};
 
 pub(super) struct ClientInner {
     pub(super) backend: Arc<dyn Backend>,
@@ -111,6 +111,11 @@ pub(super) async fn until<F: Future>(deadline: Option<Instant>, f: F) -> Option<
     }
 }
 
+/// How many times a removal that the store refuses with an error that is
+/// not retryable is tried (a second `NOSCRIPT`, a permission changed back)
+/// before the session is ended instead.
+pub(super) const REFUSED_REMOVAL_TRIES: u32 = 3;
+
 /// Removes a store entry, retrying transient failures until it is gone or
 /// the session is dead (then the store removes it with the session).
 ///
@@ -118,15 +123,29 @@ pub(super) async fn until<F: Future>(deadline: Option<Instant>, f: F) -> Option<
 /// (the store's client library may queue it until it gives up) ends when
 /// the session's local deadline passes, so a removal never outlives the
 /// session it belongs to.
+///
+/// A removal the store keeps refusing ([`REFUSED_REMOVAL_TRIES`] errors
+/// that are not retryable) would leave the entry on the store with a live
+/// session renewing it: a lock nobody can take, or a waiter's leftover
+/// entry granted later to nobody. The session is ended instead (every
+/// lock it holds reports [`LossReason::SessionEnded`]), the one way left
+/// to make the store drop the entry, and the error is returned: the
+/// removal was not confirmed.
+///
+/// # Cancel safety
+/// Dropping it stops the removal where it is; callers run it in the
+/// background when it must finish ([`spawn_cleanup`]).
 pub(super) async fn remove_entry(
     session: &SessionSlot,
     req: &AcquireRequest,
     held: Option<&Acquired>,
-) {
+) -> Result<()> {
+    let op = if held.is_some() { "release" } else { "abandon" };
     let mut backoff = Backoff::default();
+    let mut refused = 0;
     loop {
         if !session.liveness.is_alive() {
-            return;
+            return Ok(());
         }
         let attempt = async {
             // A write of the attempt still in flight could land after
@@ -139,23 +158,35 @@ pub(super) async fn remove_entry(
         };
         let r = tokio::select! {
             r = attempt => r,
-            _ = session.liveness.lost() => return,
+            _ = session.liveness.lost() => return Ok(()),
         };
-        let op = if held.is_some() { "release" } else { "abandon" };
         telemetry::store_call(op, r.as_ref().err().map(Error::kind));
-        match r {
-            Ok(()) => return,
-            Err(e) if e.is_retryable() => {
-                tracing::debug!(error = %e, lock = %req.name, "removing entry failed, retrying");
-                tokio::select! {
-                    () = backoff.wait() => {}
-                    _ = session.liveness.lost() => return,
-                }
+        let e = match r {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
+        if !e.is_retryable() {
+            refused += 1;
+            if refused >= REFUSED_REMOVAL_TRIES {
+                tracing::warn!(error = %e, lock = %req.name, "the store refused to remove our entry; ending the session so that it drops the entry");
+                session.liveness.lose(LossReason::SessionEnded);
+                // The supervisor ends the session on the store (or it
+                // expires there by its TTL, no longer renewed).
+                session.closed.cancelled().await;
+                return Err(Error::new(
+                    e.kind(),
+                    format!(
+                        "the {op} of {} was not confirmed: the store refused it {refused} times; the session was ended so that the store drops the entry",
+                        req.name
+                    ),
+                )
+                .with_source(e));
             }
-            Err(e) => {
-                tracing::warn!(error = %e, lock = %req.name, "removing entry failed");
-                return;
-            }
+        }
+        tracing::debug!(error = %e, lock = %req.name, "removing entry failed, retrying");
+        tokio::select! {
+            () = backoff.wait() => {}
+            _ = session.liveness.lost() => return Ok(()),
         }
     }
 }
@@ -164,13 +195,14 @@ pub(super) async fn remove_entry(
 /// acquire waits for the store to confirm that its entry is gone before
 /// returning; past it the removal goes on in the background
 /// ([`LockClient::wait_idle`] waits for it).
-pub(super) const ABANDON_GRACE: Duration = Duration::from_millis(100);
+pub(crate) const ABANDON_GRACE: Duration = Duration::from_millis(100);
 
 /// The latest a timed-out or failed acquire waits for its abandon: the
 /// grace counts from the deadline (a late wake-up must not add it again),
 /// from now without one.
-pub(super) fn abandon_bound(deadline: Option<Instant>) -> Instant {
-    deadline.unwrap_or_else(Instant::now) + ABANDON_GRACE
+pub(crate) fn abandon_bound(deadline: Option<Instant>) -> Instant {
+    let from = deadline.unwrap_or_else(Instant::now);
+    from.checked_add(ABANDON_GRACE).unwrap_or(from)
 }
 
 /// How long an acquire may wait.
@@ -179,6 +211,16 @@ pub(crate) enum Mode {
     Try,
     Wait,
     Until(Instant),
+}
+
+impl Mode {
+    /// Waits at most `timeout` from now; a timeout too long for the clock
+    /// to add (`Duration::MAX`) waits without end instead of panicking.
+    pub(crate) fn within(timeout: Duration) -> Mode {
+        Instant::now()
+            .checked_add(timeout)
+            .map_or(Mode::Wait, Mode::Until)
+    }
 }
 
 /// Exponential backoff from 50 ms to 2 s, with jitter (so that clients
@@ -271,7 +313,9 @@ impl PendingAcquire {
         let (tx, rx) = oneshot::channel();
         spawn_cleanup(&self.client, async move {
             req.signals.finish();
-            remove_entry(&session, &req, None).await;
+            // An error was logged, and the session ended so that the
+            // store drops the entry: the slot is free either way.
+            let _ = remove_entry(&session, &req, None).await;
             if let Some(t) = ticket {
                 // Nobody waiting any more: the slot is freed here.
                 let _ = tx.send(t);
