@@ -70,7 +70,8 @@ macro_rules! suite {
         );
         $crate::__conformance_tests_expand!($harness; [];
             election_campaign_resign_and_proclaim,
-            election_observe_sees_changes
+            election_observe_sees_changes,
+            election_leader_makes_fenced_writes
         );
         $crate::__conformance_tests_expand!($harness; [KillSession];
             election_leader_lost_with_its_session

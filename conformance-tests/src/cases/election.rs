@@ -191,3 +191,72 @@ pub async fn election_leader_lost_with_its_session(h: &Harness) {
     g2.resign().await.unwrap();
     case.finish().await;
 }
+
+/// A leader makes fenced writes through its guard (what
+/// [`lockcore::LeaderGuard::guard`] is for), also after a proclaim and
+/// with a candidate waiting; once its leadership is broken the store
+/// refuses them and nothing changes.
+pub async fn election_leader_makes_fenced_writes(h: &Harness) {
+    let case = h.case();
+    let (a, b, o) = (
+        case.client().await,
+        case.client().await,
+        case.client().await,
+    );
+    let key = crate::scratch::scratch_key(a.backend().as_ref(), case.namespace(), "lead");
+    let mut leader = a.election("fl").unwrap().campaign("a").await.unwrap();
+    leader
+        .guard()
+        .fenced_put(key.as_str(), b"1".to_vec())
+        .await
+        .unwrap_or_else(|e| panic!("a leader's fenced write: {e}"));
+    let eb = b.election("fl").unwrap();
+    let second = tokio::spawn(async move { eb.campaign("b").await });
+    eventually("the second candidate to queue", || async {
+        waiters(&o, "fl").await == 1
+    })
+    .await;
+    if proclaims(&a) {
+        leader.proclaim("a2").await.unwrap();
+    }
+    leader
+        .guard()
+        .fenced_put(key.as_str(), b"2".to_vec())
+        .await
+        .unwrap_or_else(|e| panic!("a leader's fenced write after a proclaim: {e}"));
+    assert_eq!(
+        o.read_key(&key).await.unwrap().as_deref(),
+        Some(&b"2"[..])
+    );
+
+    let lost = leader.lost();
+    assert!(o.break_lock("fl").await.unwrap());
+    tokio::time::timeout(SOON, lost)
+        .await
+        .expect("the broken leader was not told");
+    let e = leader
+        .guard()
+        .fenced_put(key.as_str(), b"3".to_vec())
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::LockLost, "{e}");
+    assert_eq!(
+        o.read_key(&key).await.unwrap().as_deref(),
+        Some(&b"2"[..]),
+        "a broken leader's write changed the key"
+    );
+    let _ = leader.resign().await;
+    let second = tokio::time::timeout(SOON, second)
+        .await
+        .expect("the next candidate did not lead")
+        .unwrap()
+        .unwrap();
+    second
+        .guard()
+        .fenced_put(key.as_str(), b"4".to_vec())
+        .await
+        .unwrap();
+    second.resign().await.unwrap();
+    crate::scratch::remove_scratch(&o, &key).await;
+    case.finish().await;
+}

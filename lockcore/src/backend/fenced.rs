@@ -111,7 +111,8 @@ impl std::fmt::Debug for Truncated<'_> {
 pub struct HeldEntry {
     /// The lock.
     pub name: LockName,
-    /// Its kind (fenced writes take [`LockKind::Exclusive`] holds).
+    /// Its kind (fenced writes take [`LockKind::Exclusive`] holds and an
+    /// election's leader, [`LockKind::Election`]).
     pub kind: LockKind,
     /// The store's name of our entry ([`crate::backend::Acquired::entry`]).
     pub entry: String,
@@ -137,15 +138,20 @@ pub fn refused(write: &KeyWrite, held: &[HeldEntry]) -> Error {
     )
 }
 
-/// Fenced writes are for exclusive holds (a mutex, or a set of them):
-/// only there does "our entry still exists" mean "nobody else holds it".
+/// Fenced writes are for exclusive holds (a mutex, or a set of them) and
+/// an election's leader: only there does "our entry still exists" mean
+/// "nobody else holds it" (candidates queue behind the leader as mutex
+/// contenders do, and only the leader has a guard).
 pub fn check_kinds(held: &[HeldEntry]) -> Result<()> {
-    match held.iter().find(|h| h.kind != LockKind::Exclusive) {
+    match held
+        .iter()
+        .find(|h| !matches!(h.kind, LockKind::Exclusive | LockKind::Election))
+    {
         None => Ok(()),
         Some(h) => Err(Error::new(
             ErrorKind::InvalidArgument,
             format!(
-                "fenced writes need a mutex hold; {} is held as {:?}",
+                "fenced writes need a mutex hold or an election's leadership; {} is held as {:?}",
                 h.name, h.kind
             ),
         )),
