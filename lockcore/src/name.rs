@@ -17,9 +17,11 @@ pub const MAX_NAME_LEN: usize = 200;
 pub const MAX_SEGMENT_LEN: usize = 64;
 
 /// Substrings that the Curator layout uses to recognise contender nodes
-/// among a lock node's children; a nested segment that contains one is
+/// among a lock node's children (`lock-` of mutexes and leader selectors,
+/// `latch-` of leader latches, `lease-` of semaphores, the read-write
+/// lock's `__READ__`/`__WRIT__`); a nested segment that contains one is
 /// escaped.
-const RESERVED_IN_NESTED: [&str; 4] = ["lock-", "lease-", "__READ__", "__WRIT__"];
+const RESERVED_IN_NESTED: [&str; 5] = ["lock-", "latch-", "lease-", "__READ__", "__WRIT__"];
 
 /// Children that a store layout puts under a lock's own node: ZooKeeper's
 /// semaphore keeps its internal mutex in `locks` and its leases in
@@ -62,7 +64,7 @@ const ESCAPED: &AsciiSet = &NON_ALPHANUMERIC.remove(b'.').remove(b':');
 /// 2. it does not start with `.` or `_` (`.lock`, `.queue`, `.revoke`,
 ///    `_c_` nodes are the recipes' own);
 /// 3. if it is not the first segment: it starts with a letter and neither
-///    contains `lock-`, `lease-`, `__READ__` or `__WRIT__` nor is
+///    contains `lock-`, `latch-`, `lease-`, `__READ__` or `__WRIT__` nor is
 ///    `leases` or `locks` ([`RESERVED_NESTED_SEGMENTS`]). On ZooKeeper a
 ///    nested lock's node is a child of its parent lock's node, where
 ///    Curator treats every child as a contender sorted by the text after
@@ -348,6 +350,8 @@ mod tests {
             "a/lock-",
             "a/lock-1",
             "a/b-lease-2",
+            "jobs/latch-0",
+            "e/_c_1-latch-0000000001",
             "x/locks",
             "x/_c_1-lock-0000000001",
         ] {

@@ -39,8 +39,32 @@ pub async fn invalid_names_rejected_and_nothing_written(h: &Harness) {
 /// `.lock`, `.queue`, `.rw`, `.revoke`), and a few look-alikes. As the last
 /// segment of a nested name they are either refused (`InvalidName`) or
 /// name a lock of its own.
-const LAYOUT_SEGMENTS: [&str; 9] = [
-    "leases", "locks", "lock", "lease", "queue", "rw", "revoke", "sem", "leases2",
+const LAYOUT_SEGMENTS: &[&str] = &[
+    "leases",
+    "locks",
+    "lock",
+    "lease",
+    "queue",
+    "rw",
+    "revoke",
+    "sem",
+    "leases2",
+    // Every marker a layout recognises children by, as a whole segment
+    // and inside one (ZooKeeper's contenders and Curator's latches).
+    "latch-0",
+    "latch-0000000001",
+    "x-latch-0000000001",
+    "_c_0f-latch-0000000001",
+    "lock-0000000001",
+    "x-lock-0000000001",
+    "lease-0000000001",
+    "__READ__0000000001",
+    "__WRIT__0000000001",
+    ".lock",
+    ".n",
+    ".q",
+    ".session",
+    "~x",
 ];
 
 /// Try-acquires `name` as a mutex, a semaphore of 2 and a writer (as the
