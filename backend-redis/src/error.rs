@@ -9,6 +9,14 @@ use redis::{RedisError, ServerErrorKind};
 /// - transport trouble, timeouts, a server still loading, a replica
 ///   refusing writes (`READONLY`, as after a failover in progress):
 ///   [`ErrorKind::Connection`] (retryable);
+/// - a server that refuses a request for now, without running it:
+///   `BUSY` (another client's script or function is running past the
+///   busy threshold), `MISCONF` (writes stopped after a failed
+///   snapshot), `NOSCRIPT` (the script cache was flushed between the
+///   `SCRIPT LOAD` and the `EVALSHA` the `redis` crate sends after a first
+///   `NOSCRIPT`): [`ErrorKind::Connection`] too, so that a release is
+///   tried again rather than given up (none of them ran any of the
+///   script's writes);
 /// - bad password or user (`WRONGPASS`, `NOAUTH`): [`ErrorKind::Unauthenticated`];
 /// - an ACL denial (`NOPERM`): [`ErrorKind::PermissionDenied`];
 /// - a bad client configuration: [`ErrorKind::InvalidUrl`];
@@ -26,7 +34,10 @@ pub(crate) fn map(e: RedisError, what: &str) -> Error {
         ErrorKind::PermissionDenied => {
             format!("{what}: the Redis user lacks permission (ACL) for the lock scripts or keys")
         }
-        ErrorKind::Connection => format!("{what}: Redis is unreachable or not serving writes"),
+        ErrorKind::Connection => match transient_refusal(&e) {
+            Some(why) => format!("{what}: Redis refused it for now ({why}); try again"),
+            None => format!("{what}: Redis is unreachable or not serving writes"),
+        },
         _ => format!("{what} failed"),
     };
     Error::new(kind, msg).with_source(e)
@@ -41,6 +52,9 @@ fn kind_of(e: &RedisError) -> ErrorKind {
         Some("NOPERM") => return ErrorKind::PermissionDenied,
         _ => {}
     }
+    if transient_refusal(e).is_some() {
+        return ErrorKind::Connection;
+    }
     match e.kind() {
         redis::ErrorKind::AuthenticationFailed => ErrorKind::Unauthenticated,
         redis::ErrorKind::InvalidClientConfig => ErrorKind::InvalidUrl,
@@ -53,6 +67,21 @@ fn kind_of(e: &RedisError) -> ErrorKind {
         ) => ErrorKind::Connection,
         redis::ErrorKind::Server(ServerErrorKind::NoPerm) => ErrorKind::PermissionDenied,
         _ => ErrorKind::Store,
+    }
+}
+
+/// Why the server refused a request it did not run and may run later:
+/// `BUSY`, `MISCONF` and `NOSCRIPT` (see [`map`]). `BUSY` and `MISCONF`
+/// are not among the `redis` crate's [`ServerErrorKind`]s: their code is.
+fn transient_refusal(e: &RedisError) -> Option<&'static str> {
+    if e.kind() == redis::ErrorKind::Server(ServerErrorKind::NoScript) {
+        return Some("the script cache was flushed meanwhile");
+    }
+    match e.code() {
+        Some("BUSY") => Some("busy running a long script or function"),
+        Some("MISCONF") => Some("writes stopped after a failed snapshot"),
+        Some("NOSCRIPT") => Some("the script cache was flushed meanwhile"),
+        _ => None,
     }
 }
 
@@ -86,5 +115,37 @@ mod tests {
         )
             .into();
         assert_eq!(map(other, "t").kind(), ErrorKind::Store);
+        let noscript: RedisError = (
+            redis::ErrorKind::Server(ServerErrorKind::NoScript),
+            "No matching script",
+        )
+            .into();
+        assert!(map(noscript, "t").is_retryable());
+    }
+
+    /// The errors as the server sends them, parsed by the `redis` crate.
+    fn server_error(line: &str) -> RedisError {
+        let v = redis::parse_redis_value(format!("-{line}\r\n").as_bytes()).unwrap();
+        v.extract_error().unwrap_err()
+    }
+
+    #[test]
+    fn transient_refusals_are_retryable() {
+        for line in [
+            "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.",
+            "MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk.",
+            "NOSCRIPT No matching script. Please use EVAL.",
+        ] {
+            let e = map(server_error(line), "release");
+            assert_eq!(e.kind(), ErrorKind::Connection, "{line}: {e}");
+            assert!(e.message().contains("refused it for now"), "{e}");
+        }
+        for line in [
+            "ERR wrong number of arguments",
+            "WRONGTYPE Operation against a key",
+        ] {
+            let e = map(server_error(line), "release");
+            assert_eq!(e.kind(), ErrorKind::Store, "{line}: {e}");
+        }
     }
 }

@@ -1,0 +1,231 @@
+//! Queue entries against a real Redis: a release the server refuses for
+//! a while (`BUSY`: a long script, `MISCONF`: writes stopped after a
+//! failed snapshot) is retried until the entry is gone, without ending
+//! the session (a `redis-server` of the test's own, the binary from
+//! `QUORUMLOCK_REDIS_SERVER`, so no other test is held up).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use backend_redis::RedisBackend;
+use conformance_tests::support::{env_or_skip as env, free_port, unique_namespace};
+use lockcore::LockClient;
+use tokio::process::{Child, Command};
+
+/// `base` (a Redis URL) with namespace `ns` and option `query` (or none).
+fn url_with(base: &str, ns: &str, query: Option<&str>) -> String {
+    let mut u = lockcore::url::parse(base).unwrap();
+    u.set_path(ns);
+    if query.is_some() {
+        u.set_query(query);
+    }
+    u.to_string()
+}
+
+async fn client(url: &str) -> LockClient {
+    LockClient::new(Arc::new(RedisBackend::connect(url).await.unwrap()))
+}
+
+/// A plain connection to the server of `base`, for reading and poking at
+/// it behind the backend's back.
+async fn raw(base: &str) -> redis::aio::MultiplexedConnection {
+    let u = lockcore::url::parse(base).unwrap();
+    let plain = format!(
+        "redis://{}:{}/",
+        u.host_str().unwrap(),
+        u.port().unwrap_or(6379)
+    );
+    // Long enough for the busy script's own answer.
+    let config =
+        redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(10)));
+    redis::Client::open(plain)
+        .unwrap()
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .unwrap()
+}
+
+/// A `redis-server` on a free port with a save point (so a failed
+/// snapshot stops writes) in a directory of its own, killed when dropped.
+struct Server {
+    _child: Child,
+    dir: tempfile::TempDir,
+    url: String,
+}
+
+async fn start(bin: &str) -> Server {
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let child = Command::new(bin)
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args([
+            "--save",
+            "3600 1",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+        ])
+        .arg("--dir")
+        .arg(dir.path())
+        // BUSY to other clients once a script has run 100 ms.
+        .args(["--lua-time-limit", "100"])
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("starting redis-server");
+    let url = format!("redis://127.0.0.1:{port}");
+    for _ in 0..100 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            return Server {
+                _child: child,
+                dir,
+                url,
+            };
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("redis-server on {port} did not start");
+}
+
+/// How many errors with `code` the server has answered.
+async fn errors(conn: &mut redis::aio::MultiplexedConnection, code: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("errorstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("errorstat_{code}:count=")))
+        .map_or(0, |n| n.trim().parse().unwrap())
+}
+
+/// Two clients of one namespace of `server` (one-hour sessions: no
+/// renewal and no mailbox read runs into the server's refusals), A
+/// holding locks `l` and `other`.
+struct Holder {
+    a: LockClient,
+    b: LockClient,
+    l: lockcore::LockGuard,
+    other: lockcore::LockGuard,
+}
+
+async fn holder(server: &Server) -> Holder {
+    let url = url_with(&server.url, &unique_namespace("qlbusy"), Some("ttl=1h"));
+    let a = client(&url).await;
+    let b = client(&url).await;
+    let l = a.lock("l").unwrap().acquire().await.unwrap();
+    let other = a.lock("other").unwrap().acquire().await.unwrap();
+    Holder { a, b, l, other }
+}
+
+/// After `l`'s release: B takes `l` at once (the entry is gone), and A
+/// still holds `other` (its session was not ended over `l`).
+async fn check_released(a: LockClient, b: LockClient, other: lockcore::LockGuard) {
+    let g = b
+        .lock("l")
+        .unwrap()
+        .try_acquire()
+        .await
+        .expect("the released entry is still there");
+    assert!(other.is_held(), "{:?}", other.loss());
+    g.release().await.unwrap();
+    other.release().await.unwrap();
+    a.close().await;
+    b.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_answered_busy_is_retried_until_the_entry_is_gone() {
+    let Some(bin) = env("QUORUMLOCK_REDIS_SERVER") else {
+        return;
+    };
+    let server = start(&bin).await;
+    let Holder { a, b, l, other } = holder(&server).await;
+
+    // A script that keeps the server busy for 2 s, on a connection of
+    // its own.
+    let mut busy_conn = raw(&server.url).await;
+    let busy = tokio::spawn(async move {
+        redis::cmd("EVAL")
+            .arg(
+                "local t = redis.call('TIME') \
+                 local t0 = t[1] * 1000000 + t[2] \
+                 repeat t = redis.call('TIME') \
+                 until t[1] * 1000000 + t[2] - t0 > 2000000 \
+                 return 1",
+            )
+            .arg(0)
+            .query_async::<i64>(&mut busy_conn)
+            .await
+    });
+    // Until the server answers BUSY (after the 100 ms limit).
+    let mut probe = raw(&server.url).await;
+    loop {
+        match redis::cmd("GET")
+            .arg("probe")
+            .query_async::<Option<String>>(&mut probe)
+            .await
+        {
+            Err(e) if e.code() == Some("BUSY") => break,
+            Err(e) => panic!("probe: {e}"),
+            Ok(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    }
+    let released = l.release().await;
+    assert_eq!(busy.await.unwrap().unwrap(), 1);
+    // The probe's BUSY and at least one of the release's.
+    let n = errors(&mut probe, "BUSY").await;
+    assert!(n >= 2, "{n} BUSY answers: the release did not meet one");
+    released.expect("release, once the server is no longer busy");
+    check_released(a, b, other).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_answered_misconf_is_retried_until_the_entry_is_gone() {
+    let Some(bin) = env("QUORUMLOCK_REDIS_SERVER") else {
+        return;
+    };
+    let server = start(&bin).await;
+    let Holder { a, b, l, other } = holder(&server).await;
+
+    // A snapshot that fails (its directory is gone) stops writes: MISCONF.
+    let mut conn = raw(&server.url).await;
+    std::fs::remove_dir_all(server.dir.path()).unwrap();
+    let _: String = redis::cmd("BGSAVE").query_async(&mut conn).await.unwrap();
+    loop {
+        match redis::cmd("SET")
+            .arg("probe")
+            .arg("1")
+            .query_async::<()>(&mut conn)
+            .await
+        {
+            Err(e) if e.code() == Some("MISCONF") => break,
+            Err(e) => panic!("probe: {e}"),
+            Ok(()) => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    }
+    let probed = errors(&mut conn, "MISCONF").await;
+    let release = tokio::spawn(l.release());
+    // Until the release was refused a few times (more than a permanent
+    // refusal would be tried).
+    while errors(&mut conn, "MISCONF").await < probed + 4 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("stop-writes-on-bgsave-error")
+        .arg("no")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), release)
+        .await
+        .expect("release did not end once writes were allowed again")
+        .unwrap()
+        .expect("release, once writes are allowed again");
+    check_released(a, b, other).await;
+}
