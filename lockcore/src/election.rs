@@ -145,6 +145,7 @@ impl Election {
 
 /// Leadership: held until [`resign`](Self::resign), drop, or loss.
 #[derive(Debug)]
+#[must_use = "leadership ends when the guard is dropped: keep it while you lead"]
 pub struct LeaderGuard {
     guard: LockGuard,
     value: Vec<u8>,

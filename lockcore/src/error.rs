@@ -120,6 +120,12 @@ impl Error {
         self
     }
 
+    /// The underlying error (usually the store client's), to downcast:
+    /// its message is already part of this error's `Display`.
+    pub fn cause(&self) -> Option<&(dyn StdError + Send + Sync + 'static)> {
+        self.source.as_deref()
+    }
+
     /// What went wrong.
     pub fn kind(&self) -> ErrorKind {
         self.kind
@@ -188,11 +194,13 @@ impl fmt::Display for Error {
     }
 }
 
+/// `Display` already ends with the underlying error's message, so
+/// `source()` is *its* source: a report that walks the chain (anyhow,
+/// eyre, `{:#}`) shows each message once. The underlying error itself is
+/// [`Error::cause`].
 impl StdError for Error {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
-        self.source
-            .as_deref()
-            .map(|e| e as &(dyn StdError + 'static))
+        self.source.as_deref().and_then(|e| e.source())
     }
 }
 
@@ -221,6 +229,36 @@ mod tests {
         assert_eq!(e.to_string(), "connection: etcd unreachable: refused");
         assert!(e.is_retryable());
         assert!(!Error::new(ErrorKind::InvalidName, "x").is_retryable());
+    }
+
+    /// A report that prints each error of the chain (as anyhow does)
+    /// shows every message once.
+    #[test]
+    fn a_chain_report_repeats_nothing() {
+        #[derive(Debug)]
+        struct Wrapped(std::io::Error);
+        impl fmt::Display for Wrapped {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "transport error: {}", self.0)
+            }
+        }
+        impl StdError for Wrapped {
+            fn source(&self) -> Option<&(dyn StdError + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let e = Error::new(ErrorKind::Connection, "etcd unreachable")
+            .with_source(Wrapped(std::io::Error::other("refused")));
+        let mut report = Vec::new();
+        let mut cur: Option<&(dyn StdError + 'static)> = Some(&e);
+        while let Some(err) = cur {
+            report.push(err.to_string());
+            cur = err.source();
+        }
+        let report = report.join("\n");
+        assert_eq!(report.matches("transport error").count(), 1, "{report}");
+        assert_eq!(report.matches("refused").count(), 2, "{report}");
+        assert!(e.cause().unwrap().downcast_ref::<Wrapped>().is_some());
     }
 
     #[test]

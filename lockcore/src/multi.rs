@@ -190,6 +190,7 @@ fn any_lost(guards: &[LockGuard]) -> impl Future<Output = LossReason> + Send + '
 /// Proof that every lock of a [`MultiLock`] is held, with a fencing token
 /// per name. Dropping it queues the release of all; loss of any one lock is
 /// loss of the set.
+#[must_use = "the locks are released when the guard is dropped: keep it while you need them"]
 pub struct MultiGuard {
     guards: Vec<LockGuard>,
 }

@@ -166,12 +166,19 @@ impl LockName {
 }
 
 fn invalid(name: &str, rule: &str) -> Error {
+    // A name of megabytes must not make an error of megabytes: its
+    // first 64 characters say which name it was.
+    let shown = match name.char_indices().nth(64) {
+        None => format!("{:?}", name.escape_debug().to_string()),
+        Some((at, _)) => format!(
+            "{:?}... ({} bytes)",
+            name[..at].escape_debug().to_string(),
+            name.len()
+        ),
+    };
     Error::new(
         ErrorKind::InvalidName,
-        format!(
-            "lock name {:?} is invalid: {rule}",
-            name.escape_debug().to_string()
-        ),
+        format!("lock name {shown} is invalid: {rule}"),
     )
 }
 
@@ -371,6 +378,14 @@ mod tests {
         ] {
             assert_eq!(LockName::from_key(k), None, "{k}");
         }
+    }
+
+    #[test]
+    fn a_huge_name_makes_a_short_error() {
+        let e = LockName::new("n".repeat(10 << 20)).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidName);
+        assert!(e.to_string().len() < 300, "{}", e.to_string().len());
+        assert!(e.to_string().contains("10485760 bytes"), "{e}");
     }
 
     #[test]

@@ -1,9 +1,9 @@
 //! Swapping the store: the code below never names a store. The URL in
-//! `QUORUMLOCK_URL` picks it (the default is the embedded `mem://`), and
-//! the cargo features pick which stores are compiled in.
+//! `QUORUMLOCK_URL` picks it (required: `mem://` is the embedded store),
+//! and the cargo features pick which stores are compiled in.
 //!
 //! ```sh
-//! cargo run -p quorumlock --example swap_store
+//! QUORUMLOCK_URL=mem:// cargo run -p quorumlock --example swap_store
 //! for url in etcd://127.0.0.1:2379/demo zk://127.0.0.1:2181/demo consul://127.0.0.1:8500/demo; do
 //!   QUORUMLOCK_URL=$url cargo run -q -p quorumlock --all-features --example swap_store
 //! done

@@ -42,7 +42,8 @@ pub use backend_zk as zk;
 /// The environment variable [`connect_from_env`] reads.
 pub const URL_ENV: &str = "QUORUMLOCK_URL";
 
-/// The URL [`connect_from_env`] uses when [`URL_ENV`] is unset.
+/// The embedded store's URL, which the examples use when [`URL_ENV`] is
+/// unset ([`connect_from_env`] refuses an unset variable instead).
 pub const DEFAULT_URL: &str = "mem://";
 
 /// Every scheme quorumlock knows, per cargo feature: each backend's own
@@ -234,14 +235,22 @@ pub async fn connect(url: &str) -> Result<LockClient> {
     ClientBuilder::new(url).connect().await
 }
 
-/// [`connect`] to the URL in `QUORUMLOCK_URL`, or to `mem://` if unset.
+/// [`connect`] to the URL in `QUORUMLOCK_URL`.
+///
+/// Unset or empty is [`ErrorKind::InvalidUrl`], never a silent fallback:
+/// a deployment that forgot the variable must not run on a process-local
+/// `mem://` store, where every process holds "the" lock at once. (Set it
+/// to `mem://` for that store on purpose.)
 ///
 /// # Cancel safety
 /// As [`connect`].
 pub async fn connect_from_env() -> Result<LockClient> {
     match std::env::var(URL_ENV) {
         Ok(u) if !u.is_empty() => connect(&u).await,
-        _ => connect(DEFAULT_URL).await,
+        _ => Err(Error::new(
+            ErrorKind::InvalidUrl,
+            format!("{URL_ENV} is not set: set it to a store URL (etcd://, zk://, consul://, redis://; mem:// for a store inside this process)"),
+        )),
     }
 }
 
@@ -407,8 +416,15 @@ mod tests {
 
     #[cfg(feature = "mem")]
     #[tokio::test]
-    async fn mem_by_default() {
+    async fn from_env_refuses_an_unset_variable() {
+        // The only test of this crate that reads the variable.
+        std::env::remove_var(URL_ENV);
+        let e = connect_from_env().await.map(drop).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidUrl, "{e}");
+        assert!(e.message().contains(URL_ENV), "{e}");
+        std::env::set_var(URL_ENV, "mem://from-env");
         let c = connect_from_env().await.unwrap();
+        std::env::remove_var(URL_ENV);
         let g = c.lock("facade/test").unwrap().acquire().await.unwrap();
         assert!(g.token() > 0);
         g.release().await.unwrap();

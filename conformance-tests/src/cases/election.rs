@@ -224,10 +224,7 @@ pub async fn election_leader_makes_fenced_writes(h: &Harness) {
         .fenced_put(key.as_str(), b"2".to_vec())
         .await
         .unwrap_or_else(|e| panic!("a leader's fenced write after a proclaim: {e}"));
-    assert_eq!(
-        o.read_key(&key).await.unwrap().as_deref(),
-        Some(&b"2"[..])
-    );
+    assert_eq!(o.read_key(&key).await.unwrap().as_deref(), Some(&b"2"[..]));
 
     let lost = leader.lost();
     assert!(o.break_lock("fl").await.unwrap());

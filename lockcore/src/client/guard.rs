@@ -29,6 +29,7 @@ use super::shared::*;
 /// tasks between threads and runs many futures in one task (`join!`,
 /// `select!`): a task id would silently let two concurrent futures share a
 /// lock. A `&mut` borrow makes such sharing a compile error.
+#[must_use = "the lock is released when the guard is dropped: keep it (let _guard = ...) while you need the lock"]
 pub struct LockGuard {
     held: Option<Held>,
     depth: usize,
@@ -316,6 +317,7 @@ impl Drop for LockGuard {
 
 /// A nested hold of a lock by its owner; see [`LockGuard::reenter`].
 /// Derefs to the guard for the token, loss and revoke signals.
+#[must_use = "the nested hold ends when it is dropped"]
 pub struct Reentry<'a> {
     guard: &'a mut LockGuard,
 }
