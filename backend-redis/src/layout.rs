@@ -9,7 +9,11 @@
 //! | `P.session/<sid>/.mail` | list | the session's mailbox: grants, losses, revokes |
 //! | `P.session/<sid>/.locks` | set | lock keys the session has entries in |
 //! | `L/.q` | zset | the queue: contender id by arrival number |
-//! | `L/.e` | hash | contender id -> `kind permits sid created_ms token` |
+//! | `L/.e` | hash | contender id -> `kind permits sid created_ms token P` |
+//!
+//! An entry's session is `P.session/<sid>` with the `P` the entry names
+//! (that of the client that wrote it), not the reader's: lock `x` of
+//! namespace `app` is lock `app/x` one namespace up.
 //! | `L/.v` | hash | contender id -> the holder's value (absent when empty) |
 //! | `L/.n` | string | the per-name counter: arrival numbers and tokens |
 //! | `L/.x/<contender>` | string, PX ttl | fence of an abandoned attempt |

@@ -10,45 +10,59 @@
 //! (`settle`): `INCR` of the per-name counter gives its token, and one
 //! message in its session's mailbox wakes that waiter alone (herd-free).
 //!
-//! Keys are computed inside the scripts from `ARGV[1]` (the namespace
-//! prefix) and the lock key: fine on a single Redis or a primary with
-//! replicas, not on Redis Cluster (the README says so).
+//! Keys are computed inside the scripts from `ARGV[1]` (the caller's
+//! namespace prefix), the lock key and the entries: fine on a single
+//! Redis or a primary with replicas, not on Redis Cluster (the README
+//! says so).
+//!
+//! An entry names its session by the prefix and id of the client that
+//! wrote it, and is judged alive by that session key alone: lock `x` of
+//! namespace `app` is lock `app/x` of the namespace above (the same
+//! keys), and a client there reads the entry with another prefix of its
+//! own.
 
 use std::sync::LazyLock;
 
 use redis::Script;
 
-/// Functions every script starts with. `P` is the namespace prefix.
+/// Functions every script starts with. `P` is the caller's namespace
+/// prefix: the caller's own session keys are under it (`skey`), another
+/// entry's are under the prefix the entry names (`ekey`).
 const LIB: &str = r#"
 local P = ARGV[1]
 local function skey(sid) return P .. '.session/' .. sid end
 local function mkey(sid) return P .. '.session/' .. sid .. '/.mail' end
+-- An entry: `kind permits sid created token prefix`, the prefix (maybe
+-- empty) of the client that wrote it, whose session key is `ekey`.
 local function parse(v)
-  local kind, permits, sid, created, token =
-    string.match(v, '^(%a) (%d+) (%x+) (%d+) (%d+)$')
+  local kind, permits, sid, created, token, p =
+    string.match(v, '^(%a) (%d+) (%x+) (%d+) (%d+) (.*)$')
   if not kind then return nil end
   return {kind = kind, permits = tonumber(permits), sid = sid,
-          created = created, token = tonumber(token)}
+          created = created, token = tonumber(token), p = p}
 end
 local function fmt(e)
   return e.kind .. ' ' .. e.permits .. ' ' .. e.sid .. ' ' .. e.created .. ' '
-    .. string.format('%d', e.token)
+    .. string.format('%d', e.token) .. ' ' .. e.p
 end
--- A message to a live session's mailbox, kept as long as the session.
-local function tell(sid, msg)
-  local pttl = redis.call('PTTL', skey(sid))
+local function ekey(e) return e.p .. '.session/' .. e.sid end
+-- A message to entry e's session's mailbox if that session lives, kept
+-- as long as the session.
+local function tell(e, msg)
+  local s = ekey(e)
+  local pttl = redis.call('PTTL', s)
   if pttl > 0 then
-    redis.call('RPUSH', mkey(sid), msg)
-    redis.call('PEXPIRE', mkey(sid), pttl)
+    redis.call('RPUSH', s .. '/.mail', msg)
+    redis.call('PEXPIRE', s .. '/.mail', pttl)
   end
 end
--- Queue entry `id` of L (score `seq`) if its session key exists; else
--- it is purged and nil.
+-- Queue entry `id` of L (score `seq`) if its own session key exists; else
+-- it is purged and nil (an entry that does not parse is nobody's).
 local function live_entry(L, id, seq)
   local h = L .. '/.e'
   local v = redis.call('HGET', h, id)
   local e = v and parse(v)
-  if e and redis.call('EXISTS', skey(e.sid)) == 1 then
+  if e and redis.call('EXISTS', ekey(e)) == 1 then
     e.id = id
     e.seq = tonumber(seq)
     return e
@@ -127,7 +141,7 @@ local function settle(L, live, skip)
     if e.token == 0 and holds(live, i) then
       e.token = next_token(L)
       redis.call('HSET', L .. '/.e', e.id, fmt(e))
-      if e.id ~= skip then tell(e.sid, 'g ' .. e.id) end
+      if e.id ~= skip then tell(e, 'g ' .. e.id) end
     end
   end
 end
@@ -142,7 +156,7 @@ end
 local function waiting(seq, live, n)
   local ahead = -1
   for j = 1, n do
-    local pttl = redis.call('PTTL', skey(live[j].sid))
+    local pttl = redis.call('PTTL', ekey(live[j]))
     if pttl > 0 and (ahead < 0 or pttl < ahead) then ahead = pttl end
   end
   return {'wait', seq, ahead}
@@ -202,7 +216,7 @@ if not mine and not seq then
   end
   seq = redis.call('INCR', L .. '/.n')
   local e = {kind = kind, permits = permits, sid = sid, created = created,
-             token = 0, id = id, seq = seq}
+             token = 0, id = id, seq = seq, p = P}
   redis.call('ZADD', L .. '/.q', seq, id)
   redis.call('HSET', L .. '/.e', id, fmt(e))
   if ARGV[9] ~= '' then redis.call('HSET', L .. '/.v', id, ARGV[9]) end
@@ -304,7 +318,7 @@ local n = 0
 for i, e in ipairs(live) do
   if holds(live, i) then
     remove(L, e.id)
-    tell(e.sid, 'l ' .. e.id)
+    tell(e, 'l ' .. e.id)
     n = n + 1
   end
 end
@@ -325,7 +339,7 @@ settle(L, live, '')
 local n = 0
 for i, e in ipairs(live) do
   if holds(live, i) then
-    tell(e.sid, 'r ' .. e.id)
+    tell(e, 'r ' .. e.id)
     n = n + 1
   end
 end
@@ -375,7 +389,7 @@ local out = {1}
 for i = 4, #ARGV, 3 do
   local v = redis.call('HGET', ARGV[i] .. '/.e', ARGV[i + 1])
   local e = v and parse(v)
-  if not e or e.token ~= tonumber(ARGV[i + 2]) or e.sid ~= sid then
+  if not e or e.token ~= tonumber(ARGV[i + 2]) or e.sid ~= sid or e.p ~= P then
     out[#out + 1] = ARGV[i + 1]
   end
 end
@@ -394,7 +408,7 @@ local L, id, token, value = ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 local v = redis.call('HGET', L .. '/.e', id)
 local e = v and parse(v)
 if not e or e.token ~= token or e.token == 0 then return 0 end
-if redis.call('EXISTS', skey(e.sid)) == 0 then return 0 end
+if redis.call('EXISTS', ekey(e)) == 0 then return 0 end
 if value == '' then
   redis.call('HDEL', L .. '/.v', id)
 else
@@ -405,7 +419,8 @@ return 1
     )
 });
 
-/// The queue of a lock after purging and settling. ARGV: P, L. A flat
+/// The queue of a lock after purging (entries whose own session key is
+/// gone, whatever the caller's namespace) and settling. ARGV: P, L. A flat
 /// list: contender, kind, permits, sid, created, token, seq, holds (0/1),
 /// the holder's value.
 pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| {
@@ -441,7 +456,7 @@ for i = 5, #ARGV, 3 do
   local v = redis.call('HGET', ARGV[i] .. '/.e', ARGV[i + 1])
   local e = v and parse(v)
   if not e or e.token ~= tonumber(ARGV[i + 2]) or e.token == 0 then return 0 end
-  if redis.call('EXISTS', skey(e.sid)) == 0 then return 0 end
+  if redis.call('EXISTS', ekey(e)) == 0 then return 0 end
 end
 if op == 'put' then
   redis.call('SET', key, value)

@@ -1,15 +1,21 @@
-//! Queue entries against a real Redis: a release the server refuses for
-//! a while (`BUSY`: a long script, `MISCONF`: writes stopped after a
-//! failed snapshot) is retried until the entry is gone, without ending
-//! the session (a `redis-server` of the test's own, the binary from
-//! `QUORUMLOCK_REDIS_SERVER`, so no other test is held up).
+//! Queue entries against a real Redis:
+//!
+//! - an entry is judged by its own session, whatever namespace reads it:
+//!   a client one namespace up (where lock `x` of namespace `app` is lock
+//!   `app/x`) that lists or inspects it does not purge a live holder, and
+//!   its break reaches the holder at once;
+//! - a release the server refuses for a while (`BUSY`: a long script,
+//!   `MISCONF`: writes stopped after a failed snapshot) is retried until
+//!   the entry is gone, without ending the session (a `redis-server` of
+//!   the test's own, the binary from `QUORUMLOCK_REDIS_SERVER`, so no
+//!   other test is held up).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use backend_redis::RedisBackend;
 use conformance_tests::support::{env_or_skip as env, free_port, unique_namespace};
-use lockcore::LockClient;
+use lockcore::{ErrorKind, LockClient};
 use tokio::process::{Child, Command};
 
 /// `base` (a Redis URL) with namespace `ns` and option `query` (or none).
@@ -43,6 +49,99 @@ async fn raw(base: &str) -> redis::aio::MultiplexedConnection {
         .get_multiplexed_async_connection_with_config(&config)
         .await
         .unwrap()
+}
+
+#[tokio::test]
+async fn a_client_one_namespace_up_does_not_purge_live_entries() {
+    let Some(base) = env("QUORUMLOCK_TEST_REDIS_URL") else {
+        return;
+    };
+    let top = unique_namespace("qlns");
+    let app = format!("{top}/app");
+    let a = client(&url_with(&base, &app, None)).await;
+    let g = a.lock("x").unwrap().acquire().await.unwrap();
+
+    // The same lock seen from one level up (`app/x`) and from the root
+    // of the server (`<top>/app/x`): same keys, other session prefixes.
+    let up = client(&url_with(&base, &top, None)).await;
+    let listed = up.list("").await.unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].holders.len(), 1, "{listed:?}");
+    let state = up.inspect("app/x").await.unwrap();
+    assert_eq!(state.holders.len(), 1, "{state:?}");
+    assert_eq!(state.holders[0].session, g.session_id(), "{state:?}");
+    let root = client(&url_with(&base, "", None)).await;
+    let state = root.inspect(format!("{app}/x")).await.unwrap();
+    assert_eq!(state.holders.len(), 1, "{state:?}");
+
+    // Still held by A: another client of `app` is refused, and a waiting
+    // client one level up queues behind it.
+    let c = client(&url_with(&base, &app, None)).await;
+    let e = c
+        .lock("x")
+        .unwrap()
+        .try_acquire()
+        .await
+        .expect_err("a second holder: the listing purged the live holder");
+    assert_eq!(e.kind(), ErrorKind::WouldBlock, "{e}");
+    assert!(g.is_held(), "{:?}", g.loss());
+    let e = up
+        .lock("app/x")
+        .unwrap()
+        .try_acquire()
+        .await
+        .expect_err("a second holder from one level up");
+    assert_eq!(e.kind(), ErrorKind::WouldBlock, "{e}");
+    let state = c.inspect("x").await.unwrap();
+    assert_eq!(state.holders.len(), 1, "{state:?}");
+    assert_eq!(state.holders[0].token, g.token(), "{state:?}");
+
+    // One level up waits its turn and is granted on A's release.
+    let waiter = {
+        let up = up.clone();
+        tokio::spawn(async move { up.lock("app/x").unwrap().acquire().await })
+    };
+    let queued = async {
+        while c.inspect("x").await.unwrap().waiters.is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), queued)
+        .await
+        .expect("the client one level up did not queue");
+    let token = g.token();
+    g.release().await.unwrap();
+    let g2 = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("not granted after the release")
+        .unwrap()
+        .unwrap();
+    assert!(g2.token() > token);
+    g2.release().await.unwrap();
+    for cl in [a, up, root, c] {
+        cl.close().await;
+    }
+}
+
+#[tokio::test]
+async fn a_break_from_one_namespace_up_reaches_the_holder_at_once() {
+    let Some(base) = env("QUORUMLOCK_TEST_REDIS_URL") else {
+        return;
+    };
+    let top = unique_namespace("qlns");
+    // One-hour sessions: no renewal finds the entry gone within the test,
+    // only the break's message to the holder's mailbox can tell it.
+    let a = client(&url_with(&base, &format!("{top}/app"), Some("ttl=1h"))).await;
+    let g = a.lock("x").unwrap().acquire().await.unwrap();
+    let up = client(&url_with(&base, &top, None)).await;
+    assert!(up.break_lock("app/x").await.unwrap());
+    let reason = tokio::time::timeout(Duration::from_secs(5), g.lost())
+        .await
+        .expect("the holder did not learn of the break");
+    assert_eq!(reason, lockcore::LossReason::EntryDeleted);
+    drop(g);
+    a.close().await;
+    up.close().await;
 }
 
 /// A `redis-server` on a free port with a save point (so a failed
