@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | `P.session/<sid>` | string, PX ttl | the session (lease) |
 //! | `P.session/<sid>/.mail` | list | the session's mailbox: grants, losses, revokes |
-//! | `P.session/<sid>/.locks` | set | lock keys the session has entries in |
+//! | `P.session/<sid>/.locks` | set | the session's entries, by [`entry_name`] |
 //! | `L/.q` | zset | the queue: contender id by arrival number |
 //! | `L/.e` | hash | contender id -> `kind permits sid created_ms token P` |
 //!

@@ -46,6 +46,9 @@ local function fmt(e)
     .. string.format('%d', e.token) .. ' ' .. e.p
 end
 local function ekey(e) return e.p .. '.session/' .. e.sid end
+-- The member of its session's `.locks` set that stands for entry `id`
+-- of L (the entry's name, as the Rust side writes it).
+local function member(L, id) return L .. '/.q/' .. id end
 -- A message to entry e's session's mailbox if that session lives, kept
 -- as long as the session.
 local function tell(e, msg)
@@ -145,10 +148,18 @@ local function settle(L, live, skip)
     end
   end
 end
-local function remove(L, id)
+-- Removes entry `id` of L (`e`, if the caller parsed it already), and
+-- its member of its session's set, so that the set holds only the
+-- entries still there.
+local function remove(L, id, e)
+  if not e then
+    local v = redis.call('HGET', L .. '/.e', id)
+    e = v and parse(v)
+  end
   redis.call('ZREM', L .. '/.q', id)
   redis.call('HDEL', L .. '/.e', id)
   redis.call('HDEL', L .. '/.v', id)
+  if e then redis.call('SREM', ekey(e) .. '/.locks', member(L, id)) end
 end
 -- A waiting entry's answer: its seq, and the shortest time to live of
 -- the sessions of live[1..n] (ahead of it; when to look again if nobody
@@ -221,7 +232,7 @@ if not mine and not seq then
   redis.call('HSET', L .. '/.e', id, fmt(e))
   if ARGV[9] ~= '' then redis.call('HSET', L .. '/.v', id, ARGV[9]) end
   local locks = skey(sid) .. '/.locks'
-  redis.call('SADD', locks, L)
+  redis.call('SADD', locks, member(L, id))
   redis.call('PEXPIRE', locks, redis.call('PTTL', skey(sid)))
   if whole then
     live[#live + 1] = e
@@ -281,7 +292,7 @@ local v = redis.call('HGET', L .. '/.e', id)
 local e = v and parse(v)
 local found = 0
 if e and e.token == token then
-  remove(L, id)
+  remove(L, id, e)
   found = 1
 end
 settle(L, head(L), '')
@@ -317,7 +328,7 @@ settle(L, live, '')
 local n = 0
 for i, e in ipairs(live) do
   if holds(live, i) then
-    remove(L, e.id)
+    remove(L, e.id, e)
     tell(e, 'l ' .. e.id)
     n = n + 1
   end
@@ -348,16 +359,17 @@ return n
     )
 });
 
-/// Ends a session: its key goes, the queues it was in are purged and
-/// settled (the next waiters granted). With notify = 1 its mailbox gets
-/// `x` (kept `ttl` ms) so its own client learns at once; else the mailbox
-/// goes too. ARGV: P, sid, notify, ttl. 1 if the session existed.
+/// Ends a session: its key goes, the queues of its entries (its set's
+/// members, `L/.q/<contender>`) are purged and settled (the next waiters
+/// granted). With notify = 1 its mailbox gets `x` (kept `ttl` ms) so its
+/// own client learns at once; else the mailbox goes too. ARGV: P, sid,
+/// notify, ttl. 1 if the session existed.
 pub(crate) static KILL: LazyLock<Script> = LazyLock::new(|| {
     script(
         r#"
 local sid, notify, ttl = ARGV[2], ARGV[3], ARGV[4]
 local s = skey(sid)
-local locks = redis.call('SMEMBERS', s .. '/.locks')
+local members = redis.call('SMEMBERS', s .. '/.locks')
 local existed = redis.call('DEL', s)
 redis.call('DEL', s .. '/.locks')
 if notify == '1' and existed == 1 then
@@ -366,7 +378,15 @@ if notify == '1' and existed == 1 then
 else
   redis.call('DEL', mkey(sid))
 end
-for _, L in ipairs(locks) do settle(L, load(L), '') end
+-- Each queue once, however many entries the session had in it.
+local seen = {}
+for _, m in ipairs(members) do
+  local L = string.match(m, '^(.*)/%.q/[^/]*$')
+  if L and not seen[L] then
+    seen[L] = true
+    settle(L, load(L), '')
+  end
+end
 return existed
 "#,
     )

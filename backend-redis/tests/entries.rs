@@ -4,6 +4,7 @@
 //!   a client one namespace up (where lock `x` of namespace `app` is lock
 //!   `app/x`) that lists or inspects it does not purge a live holder, and
 //!   its break reaches the holder at once;
+//! - a session's set of its entries shrinks as it releases them;
 //! - a release the server refuses for a while (`BUSY`: a long script,
 //!   `MISCONF`: writes stopped after a failed snapshot) is retried until
 //!   the entry is gone, without ending the session (a `redis-server` of
@@ -142,6 +143,87 @@ async fn a_break_from_one_namespace_up_reaches_the_holder_at_once() {
     drop(g);
     a.close().await;
     up.close().await;
+}
+
+/// The members of the set of session `sid`'s entries (the layout's
+/// `P.session/<sid>/.locks`).
+async fn session_set(
+    conn: &mut redis::aio::MultiplexedConnection,
+    ns: &str,
+    sid: &str,
+) -> Vec<String> {
+    redis::cmd("SMEMBERS")
+        .arg(format!("{ns}/.session/{sid}/.locks"))
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_sessions_set_of_entries_shrinks_as_it_releases() {
+    let Some(base) = env("QUORUMLOCK_TEST_REDIS_URL") else {
+        return;
+    };
+    let ns = unique_namespace("qlset");
+    let a = client(&url_with(&base, &ns, None)).await;
+    let b = client(&url_with(&base, &ns, None)).await;
+    let mut conn = raw(&base).await;
+    for i in 0..200 {
+        let g = a.lock(format!("n{i}")).unwrap().acquire().await.unwrap();
+        g.release().await.unwrap();
+    }
+    let sid = a.session_id().await.unwrap();
+    let left = session_set(&mut conn, &ns, &sid).await;
+    assert!(
+        left.len() <= 1,
+        "{} members in the set of a session after 200 released names: {:?}...",
+        left.len(),
+        &left[..left.len().min(3)]
+    );
+
+    // Held ones stay; attempts that did not get them (refused at once,
+    // timed out) leave nothing in the other session's set.
+    let held = a.lock("h").unwrap().acquire().await.unwrap();
+    for _ in 0..20 {
+        let e = b.lock("h").unwrap().try_acquire().await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::WouldBlock, "{e}");
+        let e = b
+            .lock("h")
+            .unwrap()
+            .acquire_timeout(Duration::from_millis(20))
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+    }
+    b.wait_idle().await;
+    assert_eq!(session_set(&mut conn, &ns, &sid).await.len(), 1);
+    let bsid = b.session_id().await.unwrap();
+    let left = session_set(&mut conn, &ns, &bsid).await;
+    assert!(left.is_empty(), "{left:?}");
+
+    // Closing the session still finds the held entry: its waiter is
+    // granted at once.
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move { b.lock("h").unwrap().acquire().await })
+    };
+    let queued = async {
+        while b.inspect("h").await.unwrap().waiters.is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), queued)
+        .await
+        .expect("not queued");
+    a.close().await;
+    let g = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("closing the session did not grant its waiter")
+        .unwrap()
+        .unwrap();
+    drop(held);
+    g.release().await.unwrap();
+    b.close().await;
 }
 
 /// A `redis-server` on a free port with a save point (so a failed
