@@ -295,7 +295,8 @@ fn queue_release(held: Held) {
     telemetry::hold_ended(held.req.kind, held.since.elapsed(), held.loss());
     let client = held.client.clone();
     held.req.signals.finish();
-    spawn_cleanup(&client, async move {
+    let lock = held.req.name.clone();
+    spawn_cleanup(&client, &lock, async move {
         // An error was logged, and the session ended so that the store
         // drops the entry.
         let _ = remove_entry(&held.session, &held.req, Some(&held.acquired))

@@ -70,18 +70,45 @@ pub(super) struct Cleanup {
     pub(super) idle: Notify,
 }
 
+/// Runs a release or abandon of `lock` in the background. If the job is
+/// dropped before it ran to the end (the runtime shut down first, as when
+/// a guard is dropped while `main` returns), a warning says so: the entry
+/// stays on the store until the session's TTL ends it.
 pub(super) fn spawn_cleanup(
     inner: &Arc<ClientInner>,
+    lock: &LockName,
     job: impl Future<Output = ()> + Send + 'static,
 ) {
     inner.cleanup.pending.fetch_add(1, Ordering::AcqRel);
     let inner2 = inner.clone();
+    let unfinished = Unfinished(Some(lock.clone()));
     inner.runtime.spawn(async move {
         job.await;
+        unfinished.done();
         if inner2.cleanup.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
             inner2.cleanup.idle.notify_waiters();
         }
     });
+}
+
+/// Warns when dropped before [`Unfinished::done`].
+struct Unfinished(Option<LockName>);
+
+impl Unfinished {
+    fn done(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if let Some(lock) = self.0.take() {
+            tracing::warn!(
+                %lock,
+                "the runtime stopped before the release of this lock ran: it stays held on the store until its session's TTL; release guards and close the client (LockClient::close) before the runtime ends"
+            );
+        }
+    }
 }
 
 pub(super) fn would_block(name: &LockName) -> Error {
@@ -311,7 +338,8 @@ impl PendingAcquire {
         let ticket = self.ticket.take();
         let session = self.session.clone();
         let (tx, rx) = oneshot::channel();
-        spawn_cleanup(&self.client, async move {
+        let lock = req.name.clone();
+        spawn_cleanup(&self.client, &lock, async move {
             req.signals.finish();
             // An error was logged, and the session ended so that the
             // store drops the entry: the slot is free either way.
