@@ -214,6 +214,8 @@ pub(crate) struct Api {
     base: Url,
     /// `v1/txn` on `base`, the URL of every write: parsed once.
     txn_url: Url,
+    /// `v1/txn?consistent`: read-only txns that must not be served stale.
+    txn_consistent_url: Url,
     token: Option<Secret>,
     dc: Option<String>,
     requests: AtomicU64,
@@ -239,6 +241,11 @@ impl Api {
         Ok(Api {
             http,
             txn_url: endpoint(&base, dc.as_deref(), "v1/txn"),
+            txn_consistent_url: {
+                let mut u = endpoint(&base, dc.as_deref(), "v1/txn");
+                u.query_pairs_mut().append_key_only("consistent");
+                u
+            },
             base,
             token: config.token.clone(),
             dc,
@@ -437,8 +444,20 @@ impl Api {
 
     /// Runs one transaction of KV ops (`{"KV": {...}}` objects).
     pub async fn txn(&self, ops: Vec<op::Op>) -> ApiResult<Txn> {
+        self.txn_to(self.txn_url.clone(), ops).await
+    }
+
+    /// Runs one read-only transaction with `?consistent`: the leader
+    /// checks with a quorum that it still leads, so the answer is never
+    /// stale (Consul applies the mode to read-only txns; a txn with
+    /// writes goes through raft anyway).
+    pub async fn txn_consistent(&self, ops: Vec<op::Op>) -> ApiResult<Txn> {
+        self.txn_to(self.txn_consistent_url.clone(), ops).await
+    }
+
+    async fn txn_to(&self, url: Url, ops: Vec<op::Op>) -> ApiResult<Txn> {
         let r = self
-            .request(reqwest::Method::PUT, self.txn_url.clone())
+            .request(reqwest::Method::PUT, url)
             .timeout(REQUEST_TIMEOUT)
             .json(&ops);
         let (code, text) = Self::body(self.send(r, false).await?).await?;

@@ -61,11 +61,21 @@ pub(crate) fn now_ms() -> u64 {
 /// Reads every key of one lock in one request (a read-only txn with
 /// `get-tree`, because a `<name>/.` prefix cannot go into a URL path).
 pub(crate) async fn read_view(api: &Api, keys: &Keys) -> Result<View> {
-    match api
-        .txn(vec![op::get_tree(&keys.tree)])
-        .await
-        .map_err(|e| map(e, "reading a lock"))?
-    {
+    view_of(keys, api.txn(vec![op::get_tree(&keys.tree)]).await)
+}
+
+/// [`read_view`], never served stale (`?consistent`): for a removal,
+/// which deletes what the read shows of ours, a stale read that missed a
+/// key of ours would leave that key behind.
+pub(crate) async fn read_view_consistent(api: &Api, keys: &Keys) -> Result<View> {
+    view_of(
+        keys,
+        api.txn_consistent(vec![op::get_tree(&keys.tree)]).await,
+    )
+}
+
+fn view_of(keys: &Keys, read: std::result::Result<Txn, ApiError>) -> Result<View> {
+    match read.map_err(|e| map(e, "reading a lock"))? {
         Txn::Done(entries) => Ok(View::from_entries(keys, entries)),
         Txn::Failed(errs) => Err(Error::new(
             ErrorKind::Store,

@@ -11,8 +11,8 @@ use lockcore::{Error, ErrorKind, LockKind, Result};
 
 use crate::api::{op, KvEntry, Record, Txn};
 use crate::core::{
-    failed, now_ms, read_after_lock, read_view, session_gone, session_lost, would_block, Shared,
-    Transient, CONTENDED_MEMORY, MAX_ACQUIRE_RETRIES,
+    failed, now_ms, read_after_lock, read_view, read_view_consistent, session_gone, session_lost,
+    would_block, Shared, Transient, CONTENDED_MEMORY, MAX_ACQUIRE_RETRIES,
 };
 use crate::layout::{Keys, View, LOCK_FLAGS, QUEUE_FLAGS};
 
@@ -148,10 +148,16 @@ impl<'a> Attempt<'a> {
         }
     }
 
-    /// Try-acquire only: leaves the queue and says the lock is held.
-    async fn leave<T>(&self) -> Result<T> {
-        leave_queue(self.s, &self.keys).await?;
+    /// Try-acquire only: leaves the queue (our queue key as last read,
+    /// `ours`) and says the lock is held.
+    async fn leave<T>(&self, ours: Option<&KvEntry>) -> Result<T> {
+        leave_queue(self.s, &self.keys, ours).await?;
         Err(would_block(&self.keys))
+    }
+
+    /// Our queue key in `view`.
+    fn our_entry<'v>(&self, view: &'v View) -> Option<&'v KvEntry> {
+        view.queue.iter().find(|e| self.is_our_entry(e))
     }
 
     /// Step 0, the fast path, one request when the lock is free: take
@@ -319,7 +325,7 @@ impl<'a> Attempt<'a> {
         transient: &mut Transient<'_>,
     ) -> Result<Next> {
         if !self.req.wait {
-            return self.leave().await;
+            return self.leave(Some(ours)).await;
         }
         let pred = pred.clone();
         transient.retry(|| self.s.wait_gone(&pred)).await?;
@@ -350,7 +356,8 @@ impl<'a> Attempt<'a> {
             return Ok(false);
         }
         if !self.req.wait {
-            return self.leave().await;
+            let ours = self.our_entry(view).cloned();
+            return self.leave(ours.as_ref()).await;
         }
         let held = l.clone();
         view.lock = transient.retry(|| self.s.wait_lock(keys, &held)).await?;
@@ -447,7 +454,12 @@ impl<'a> Attempt<'a> {
             // The previous holder's session was invalidated
             // within its lock-delay; nothing will wake us.
             if !self.req.wait {
-                return self.leave().await;
+                // Our queue key as the failed txn left it.
+                let ours = match seen {
+                    Seen::Read(v) => self.our_entry(v),
+                    Seen::InTxn(ours) => Some(ours),
+                };
+                return self.leave(ours).await;
             }
             tracing::debug!(lock = %keys.lock, "lock-delay in force; retrying");
             tokio::time::sleep(failures.delay_wait).await;
@@ -532,8 +544,8 @@ enum Seen<'v> {
 }
 
 /// Releases a held mutex (after its fence, if any): one txn, `.lock` at
-/// our token only; if it is not at our token any more, removes what this
-/// session has.
+/// our token only, and what goes with it only while `.lock` is still at
+/// our token; if it is not any more, [`remove_read`].
 pub(crate) async fn release(
     s: &Arc<Shared>,
     req: &AcquireRequest,
@@ -567,6 +579,15 @@ pub(crate) async fn release(
         let qkey = keys.queue(&s.id);
         ops.extend([op::delete(&qkey), op::get_tree(&keys.tree)]);
     }
+    if ops.len() > 1 {
+        // The queue key and the marker are named by our session, not by
+        // this grant: delete them only while `.lock` is still this grant
+        // (`delete-cas` of a missing `.lock` succeeds). A copy of this txn
+        // that lands late (its answer lost, the release sent again and
+        // done, and this session queued again) must not delete the newer
+        // attempt's queue key.
+        ops.insert(0, op::check_index(&keys.lock, at));
+    }
     let released = s.write(keys, ops, "releasing").await;
     let one_txn = fast && matches!(released, Ok(Txn::Done(_)));
     s.lone_grants.released(&keys.lock, held.token, one_txn);
@@ -580,10 +601,12 @@ pub(crate) async fn release(
         }
         Txn::Failed(errs) => {
             // `.lock` is not at our token: broken (gone, or another
-            // holder's now) or rewritten behind our back while still
-            // locked by this session. Remove what this session has.
+            // holder's now), rewritten behind our back while still
+            // locked by this session, or released by an earlier copy of
+            // this txn whose answer was lost. Remove what this session
+            // has.
             tracing::debug!(lock = %keys.lock, ?errs, "the lock was not at our token");
-            remove_own(s, keys).await
+            remove_read(s, keys).await
         }
     }
 }
@@ -668,18 +691,23 @@ pub(crate) async fn set_value(
     ))
 }
 
-async fn leave_queue(s: &Arc<Shared>, keys: &Keys) -> Result<()> {
-    match s
-        .write(
-            keys,
-            vec![op::delete(&keys.queue(&s.id))],
-            "leaving the queue",
-        )
-        .await?
-    {
-        Txn::Done(_) => Ok(()),
-        Txn::Failed(errs) => Err(failed("leaving the queue", &errs)),
+/// Leaves the queue (a try-acquire that found the lock held): deletes our
+/// queue key at the index of `ours` (as this attempt last read it) only.
+/// A copy of this txn that lands late (its answer lost, the attempt
+/// removed, and this session queued again) then deletes nothing: the
+/// newer attempt's queue key has the same name but another index. If our
+/// key moved since that read (or none was given), [`remove_read`].
+async fn leave_queue(s: &Arc<Shared>, keys: &Keys, ours: Option<&KvEntry>) -> Result<()> {
+    if let Some(e) = ours {
+        let ops = vec![op::delete_cas(&e.key, e.modify_index)];
+        match s.write(keys, ops, "leaving the queue").await? {
+            Txn::Done(_) => return Ok(()),
+            Txn::Failed(errs) => {
+                tracing::debug!(lock = %keys.lock, ?errs, "our queue key moved; re-reading");
+            }
+        }
     }
+    remove_read(s, keys).await
 }
 
 /// Remembers whether the mutex of `keys` had other contenders of ours
@@ -873,27 +901,56 @@ async fn give_back(
     }
 }
 
-/// Removes our queue key, and `.lock` (with any revoke marker) if this
-/// session holds it. The client layer has at most one request per
-/// (session, name) and keeps it until this returns, so a `.lock` that
-/// this session holds belongs to the request being removed.
-async fn remove_own(s: &Arc<Shared>, keys: &Keys) -> Result<()> {
+/// Removes what this session has of the mutex: our queue key, and
+/// `.lock` (with any revoke marker) if this session holds it, each by
+/// `delete-cas` at the index a read (`?consistent`) shows. The client
+/// layer has at most one request per (session, name) and keeps it until
+/// this returns, so what this session has now belongs to the request
+/// being removed (an earlier attempt's late writes are fenced off). Named
+/// versions, not names: a copy of the txn that lands late, after this
+/// removal was sent again and done and this session acquired again,
+/// finds the newer attempt's keys at other indexes and deletes nothing
+/// (the keys of a session have the same names from one attempt to the
+/// next). If something moved between the read and the txn (a break),
+/// read again.
+async fn remove_read(s: &Arc<Shared>, keys: &Keys) -> Result<()> {
     let qkey = keys.queue(&s.id);
-    let ops = vec![
-        op::check_session(&keys.lock, &s.id),
-        op::delete(&keys.lock),
-        op::delete(&qkey),
-        op::delete(&keys.revoke),
-    ];
-    match s.write(keys, ops, "removing our entry").await? {
-        Txn::Done(_) => Ok(()),
-        Txn::Failed(_) => leave_queue(s, keys).await,
+    for _ in 0..MAX_ACQUIRE_RETRIES {
+        let v = read_view_consistent(&s.backend.api, keys).await?;
+        let mut ops = Vec::new();
+        if let Some(l) = v
+            .lock
+            .as_ref()
+            .filter(|l| l.holder() == Some(s.id.as_str()))
+        {
+            ops.push(op::delete_cas(&keys.lock, l.modify_index));
+            if let Some(r) = &v.revoke {
+                ops.push(op::delete_cas(&keys.revoke, r.modify_index));
+            }
+        }
+        if let Some(q) = v.queue.iter().find(|e| e.key == qkey) {
+            ops.push(op::delete_cas(&qkey, q.modify_index));
+        }
+        if ops.is_empty() {
+            return Ok(());
+        }
+        match s.write(keys, ops, "removing our entry").await? {
+            Txn::Done(_) => return Ok(()),
+            Txn::Failed(errs) => {
+                tracing::debug!(lock = %keys.lock, ?errs, "the lock changed while removing our entry; re-reading");
+            }
+        }
     }
+    // Retryable: the client layer tries again after a pause.
+    Err(Error::new(
+        ErrorKind::Timeout,
+        format!("{} kept changing while removing our entry", keys.lock),
+    ))
 }
 
 /// Abandons a mutex acquire: out of the monitor's hands, then
-/// [`remove_own`].
+/// [`remove_read`].
 pub(crate) async fn abandon(s: &Arc<Shared>, keys: &Keys) -> Result<()> {
     s.unwatch(keys);
-    remove_own(s, keys).await
+    remove_read(s, keys).await
 }

@@ -1297,3 +1297,222 @@ async fn late_proclaim_after_resign_changes_nothing() {
     .await;
     env.finish().await;
 }
+
+// Late removals (issue 37): a removal of an attempt (its abandon, its
+// release, a try-acquire leaving the line) that the agent applies after
+// the client gave up on it (cut on our side, sent again, done), when the
+// same session has a newer attempt on the same name. The late copy must
+// remove nothing of the newer attempt: it names the key versions of its
+// own attempt, which are gone.
+
+/// A txn of lock `name` that deletes our queue key (an abandon, or a
+/// try-acquire leaving the line) and takes nothing.
+fn queue_removal(env: &Env, name: &str) -> Match {
+    Match::any()
+        .method("PUT")
+        .path("/v1/txn")
+        .body(r#""Verb":"delete"#)
+        .body(&format!("{}queue/", env.key(name)))
+        .body_not(r#""Verb":"lock""#)
+        .body_not(r#""Verb":"get-tree""#)
+}
+
+/// Issue 37, bug 1: A's waiting acquire times out and is abandoned; the
+/// removal's txn is cut on A's side (A sends it again: done) and reaches
+/// the agent after A has acquired the lock again (same session) and V
+/// queued behind it. The late removal must not delete A's new `.lock`
+/// (or its queue key): V is not granted while A holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_abandon_of_an_earlier_attempt_keeps_the_new_lock() {
+    let Some(mut env) = Env::new() else { return };
+    serially(async {
+        let (a, proxy) = env.proxied("ttl=1h").await;
+        let h = env.client("").await;
+        let v = env.client("").await;
+        let hg = acquire(&h, "x").await;
+        let late = proxy.on(queue_removal(&env, "x"), 1, HttpFault::LateRequest(HOLD));
+        let r = a
+            .lock("x")
+            .unwrap()
+            .acquire_timeout(Duration::from_secs(1))
+            .await;
+        assert_eq!(
+            r.err().map(|e| e.kind()),
+            Some(lockcore::ErrorKind::Timeout)
+        );
+        timeout(SOON, late.wait_hit())
+            .await
+            .expect("the abandon never removed the queue key");
+        timeout(SOON, a.wait_idle()).await.expect("abandon hung");
+        hg.release().await.unwrap();
+        let ag = acquire(&a, "x").await;
+        let mut v_acq = spawn_acquire(&v, "x");
+        eventually("V to queue", || async { waiters(&h, "x").await == 1 }).await;
+        late.release();
+        timeout(SOON, late.wait_done())
+            .await
+            .expect("the late removal never reached the agent");
+        if let Ok(r) = timeout(Duration::from_millis(1500), &mut v_acq).await {
+            let vg = r.unwrap().unwrap();
+            panic!(
+                "V granted with token {} while A holds with token {} (A is_held: {}, loss: {:?}): the late abandon of A's earlier attempt removed A's new .lock",
+                vg.token(),
+                ag.token(),
+                ag.is_held(),
+                ag.loss()
+            );
+        }
+        assert!(
+            ag.is_held(),
+            "A lost its new lock to the late abandon of its earlier attempt: {:?}",
+            ag.loss()
+        );
+        let a_token = ag.token();
+        ag.release().await.unwrap();
+        let vg = timeout(SOON, v_acq)
+            .await
+            .expect("V never granted")
+            .unwrap()
+            .unwrap();
+        assert!(vg.token() > a_token);
+        vg.release().await.unwrap();
+    })
+    .await;
+    env.finish().await;
+}
+
+/// Issue 37, bug 5: A's try-acquire of a held lock leaves the line; that
+/// txn is cut on A's side (the try fails, its abandon removes the key)
+/// and reaches the agent after A queued again (same session) and V
+/// queued behind A. The late leave must not delete A's new queue key:
+/// A is granted before V.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_leave_of_an_earlier_try_keeps_the_new_place_in_line() {
+    let Some(mut env) = Env::new() else { return };
+    serially(async {
+        let (a, proxy) = env.proxied("ttl=1h").await;
+        let h = env.client("").await;
+        let v = env.client("").await;
+        let hg = acquire(&h, "x").await;
+        let late = proxy.on(
+            Match::any()
+                .method("PUT")
+                .path("/v1/txn")
+                .body(r#"[{"KV":{"Verb":"delete"#)
+                .body(&format!("{}queue/", env.key("x"))),
+            1,
+            HttpFault::LateRequest(HOLD),
+        );
+        let r = timeout(SOON, a.lock("x").unwrap().try_acquire())
+            .await
+            .expect("try-acquire hung");
+        assert!(r.is_err(), "granted while H holds");
+        assert!(late.hit(), "the try's leave was not the one cut");
+        timeout(SOON, a.wait_idle()).await.expect("abandon hung");
+        let mut a_acq = spawn_acquire(&a, "x");
+        eventually("A to queue", || async { waiters(&h, "x").await == 1 }).await;
+        let mut v_acq = spawn_acquire(&v, "x");
+        eventually("V to queue", || async { waiters(&h, "x").await == 2 }).await;
+        late.release();
+        timeout(SOON, late.wait_done())
+            .await
+            .expect("the late leave never reached the agent");
+        let line = h.inspect("x").await.unwrap().waiters;
+        hg.release().await.unwrap();
+        let ag = tokio::select! {
+            r = &mut a_acq => r.unwrap().unwrap(),
+            r = &mut v_acq => {
+                let vg = r.unwrap().unwrap();
+                panic!(
+                    "V granted first (token {}) although A queued before it: the late leave of A's earlier try removed A's new queue key (the line after it landed: {line:?})",
+                    vg.token()
+                );
+            }
+            _ = tokio::time::sleep(SOON) => panic!("nobody granted"),
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(ag.is_held(), "{:?}", ag.loss());
+        assert!(!v_acq.is_finished(), "V granted while A holds");
+        let a_token = ag.token();
+        ag.release().await.unwrap();
+        let vg = timeout(SOON, v_acq)
+            .await
+            .expect("V never granted")
+            .unwrap()
+            .unwrap();
+        assert!(vg.token() > a_token);
+        vg.release().await.unwrap();
+    })
+    .await;
+    env.finish().await;
+}
+
+/// The same for a release: A held `x` through the queue (so its release
+/// also deletes its queue key); the release's txn is cut on A's side
+/// (sent again: done) and reaches the agent after A queued again behind
+/// a reader (`.lock` is free then: nobody holds it) and V behind A. The
+/// late release must not delete A's new queue key: A is granted before V.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_release_of_an_earlier_hold_keeps_the_new_place_in_line() {
+    let Some(mut env) = Env::new() else { return };
+    serially(async {
+        let (a, proxy) = env.proxied("ttl=1h").await;
+        let h = env.client("").await;
+        let r = env.client("").await;
+        let v = env.client("").await;
+        // A holds through the queue (it came while H held).
+        let hg = acquire(&h, "x").await;
+        let a_acq = spawn_acquire(&a, "x");
+        eventually("A to queue", || async { waiters(&h, "x").await == 1 }).await;
+        hg.release().await.unwrap();
+        let ag = timeout(SOON, a_acq).await.unwrap().unwrap().unwrap();
+        let late = proxy.on(
+            Match::any()
+                .method("PUT")
+                .path("/v1/txn")
+                .body(&format!(r#""Verb":"delete-cas","Key":"{}lock""#, env.key("x")))
+                .body(&format!("{}queue/", env.key("x")))
+                .body_not(r#""Verb":"lock""#),
+            1,
+            HttpFault::LateRequest(HOLD),
+        );
+        ag.release().await.unwrap();
+        assert!(late.hit(), "the release was not the one cut");
+        let rg = timeout(SOON, r.rwlock("x").unwrap().read())
+            .await
+            .unwrap()
+            .unwrap();
+        let mut a_acq = spawn_acquire(&a, "x");
+        eventually("A to queue", || async { waiters(&h, "x").await == 1 }).await;
+        let mut v_acq = spawn_acquire(&v, "x");
+        eventually("V to queue", || async { waiters(&h, "x").await == 2 }).await;
+        late.release();
+        timeout(SOON, late.wait_done())
+            .await
+            .expect("the late release never reached the agent");
+        let line = h.inspect("x").await.unwrap().waiters;
+        rg.release().await.unwrap();
+        let ag = tokio::select! {
+            r = &mut a_acq => r.unwrap().unwrap(),
+            r = &mut v_acq => {
+                let vg = r.unwrap().unwrap();
+                panic!(
+                    "V granted first (token {}) although A queued before it: the late release of A's earlier hold removed A's new queue key (the line after it landed: {line:?})",
+                    vg.token()
+                );
+            }
+            _ = tokio::time::sleep(SOON) => panic!("nobody granted"),
+        };
+        let a_token = ag.token();
+        ag.release().await.unwrap();
+        let vg = timeout(SOON, v_acq)
+            .await
+            .expect("V never granted")
+            .unwrap()
+            .unwrap();
+        assert!(vg.token() > a_token);
+        vg.release().await.unwrap();
+    })
+    .await;
+    env.finish().await;
+}
