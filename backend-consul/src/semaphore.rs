@@ -41,7 +41,14 @@ async fn wait_any_gone(s: &Arc<Shared>, ahead: Vec<KvEntry>) -> Result<()> {
 
 /// Removes our semaphore contender key, our name from `.lock`'s
 /// holders (pruning dead ones; `.lock` goes when nobody holds), and
-/// any revoke marker for us, in one txn per attempt.
+/// any revoke marker for us, in one txn per attempt: each at the index
+/// the read shows (`cas` / `delete-cas`). The contender key and the
+/// marker are named by our session, not by the attempt: a copy of the
+/// txn that lands late (its answer lost, the removal sent again and
+/// done, and this session joined again) finds the newer attempt's keys
+/// at other indexes and removes nothing. The client layer keeps the
+/// request until this returns, so what our session has here now is
+/// this request's.
 async fn remove_sem(s: &Arc<Shared>, keys: &Keys) -> Result<()> {
     let sid = &s.id;
     let contender = keys.sem.contender(sid);
@@ -71,8 +78,15 @@ async fn remove_sem(s: &Arc<Shared>, keys: &Keys) -> Result<()> {
                 }
             }
         }
-        ops.push(op::delete(&contender));
-        ops.push(op::delete(&keys.sem.revoke(sid)));
+        if let Some(e) = v.contenders.iter().find(|e| e.key == contender) {
+            ops.push(op::delete_cas(&contender, e.modify_index));
+        }
+        if let Some(r) = v.revokes.get(sid.as_str()) {
+            ops.push(op::delete_cas(&r.key, r.modify_index));
+        }
+        if ops.is_empty() {
+            return Ok(());
+        }
         match s.write(keys, ops, "leaving a semaphore").await? {
             Txn::Done(_) => return Ok(()),
             Txn::Failed(errs) => {

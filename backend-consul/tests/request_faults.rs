@@ -1381,6 +1381,75 @@ async fn late_abandon_of_an_earlier_attempt_keeps_the_new_lock() {
     env.finish().await;
 }
 
+/// Issue 37, bug 2: the same on a semaphore of 1. A's waiting acquire
+/// times out; the removal's txn is cut on A's side (sent again: done) and
+/// reaches the agent after A holds the permit again and V waits. The late
+/// removal must not delete A's new contender key (which makes A a dead
+/// holder that V prunes): one holder at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_permit_removal_of_an_earlier_attempt_keeps_the_new_permit() {
+    let Some(mut env) = Env::new() else { return };
+    serially(async {
+        let (a, proxy) = env.proxied("ttl=1h").await;
+        let h = env.client("").await;
+        let v = env.client("").await;
+        let sem = |c: &LockClient| c.semaphore("s", 1).unwrap();
+        let hg = timeout(SOON, sem(&h).acquire()).await.unwrap().unwrap();
+        let late = proxy.on(
+            Match::any()
+                .method("PUT")
+                .path("/v1/txn")
+                .body(r#""Verb":"delete"#)
+                .body(&format!(r#""Key":"{}/s/"#, env.ns))
+                .body_not(r#""Verb":"lock""#),
+            1,
+            HttpFault::LateRequest(HOLD),
+        );
+        let r = sem(&a).acquire_timeout(Duration::from_secs(1)).await;
+        assert_eq!(
+            r.err().map(|e| e.kind()),
+            Some(lockcore::ErrorKind::Timeout)
+        );
+        timeout(SOON, late.wait_hit())
+            .await
+            .expect("the abandon never removed the contender key");
+        timeout(SOON, a.wait_idle()).await.expect("abandon hung");
+        hg.release().await.unwrap();
+        let ag = timeout(SOON, sem(&a).acquire()).await.unwrap().unwrap();
+        let v2 = v.clone();
+        let mut v_acq = tokio::spawn(async move { v2.semaphore("s", 1).unwrap().acquire().await });
+        eventually("V to wait", || async { waiters(&h, "s").await == 1 }).await;
+        late.release();
+        timeout(SOON, late.wait_done())
+            .await
+            .expect("the late removal never reached the agent");
+        if let Ok(r) = timeout(Duration::from_millis(1500), &mut v_acq).await {
+            let vg = r.unwrap().unwrap();
+            panic!(
+                "two holders of a semaphore of 1: V granted with token {} while A holds with token {} (A is_held: {}, loss: {:?})",
+                vg.token(),
+                ag.token(),
+                ag.is_held(),
+                ag.loss()
+            );
+        }
+        assert!(
+            ag.is_held(),
+            "A lost its new permit to the late removal of its earlier attempt: {:?}",
+            ag.loss()
+        );
+        ag.release().await.unwrap();
+        let vg = timeout(SOON, v_acq)
+            .await
+            .expect("V never granted")
+            .unwrap()
+            .unwrap();
+        vg.release().await.unwrap();
+    })
+    .await;
+    env.finish().await;
+}
+
 /// Issue 37, bug 5: A's try-acquire of a held lock leaves the line; that
 /// txn is cut on A's side (the try fails, its abandon removes the key)
 /// and reaches the agent after A queued again (same session) and V
