@@ -1585,3 +1585,72 @@ async fn late_release_of_an_earlier_hold_keeps_the_new_place_in_line() {
     .await;
     env.finish().await;
 }
+
+/// Issue 37, the read-write recipe: its entries are named by the attempt
+/// (`.rw/<session>-<contender>`), so a late removal of an earlier try
+/// cannot reach the same session's newer entry. A's try-read of a
+/// write-held lock leaves the line; that txn is cut on A's side and
+/// reaches the agent after A queued again and a writer V behind A: A is
+/// granted before V.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_rw_leave_of_an_earlier_try_keeps_the_new_place_in_line() {
+    let Some(mut env) = Env::new() else { return };
+    serially(async {
+        let (a, proxy) = env.proxied("ttl=1h").await;
+        let h = env.client("").await;
+        let v = env.client("").await;
+        let hg = timeout(SOON, h.rwlock("x").unwrap().write())
+            .await
+            .unwrap()
+            .unwrap();
+        let late = proxy.on(
+            Match::any()
+                .method("PUT")
+                .path("/v1/txn")
+                .body(r#""Verb":"delete"#)
+                .body(&format!("{}rw/", env.key("x")))
+                .body_not(r#""Verb":"lock""#),
+            1,
+            HttpFault::LateRequest(HOLD),
+        );
+        let r = timeout(SOON, a.rwlock("x").unwrap().try_read())
+            .await
+            .expect("try-read hung");
+        assert!(r.is_err(), "granted while H writes");
+        assert!(late.hit(), "the try's leave was not the one cut");
+        timeout(SOON, a.wait_idle()).await.expect("abandon hung");
+        let a2 = a.clone();
+        let mut a_acq = tokio::spawn(async move { a2.rwlock("x").unwrap().read().await });
+        eventually("A to queue", || async { waiters(&h, "x").await == 1 }).await;
+        let v2 = v.clone();
+        let mut v_acq = tokio::spawn(async move { v2.rwlock("x").unwrap().write().await });
+        eventually("V to queue", || async { waiters(&h, "x").await == 2 }).await;
+        late.release();
+        timeout(SOON, late.wait_done())
+            .await
+            .expect("the late leave never reached the agent");
+        hg.release().await.unwrap();
+        let ag = tokio::select! {
+            r = &mut a_acq => r.unwrap().unwrap(),
+            r = &mut v_acq => {
+                let vg = r.unwrap().unwrap();
+                panic!("V granted first (token {}) although A queued before it", vg.token());
+            }
+            _ = tokio::time::sleep(SOON) => panic!("nobody granted"),
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(ag.is_held(), "{:?}", ag.loss());
+        assert!(!v_acq.is_finished(), "V writes while A reads");
+        ag.release().await.unwrap();
+        timeout(SOON, v_acq)
+            .await
+            .expect("V never granted")
+            .unwrap()
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    })
+    .await;
+    env.finish().await;
+}
