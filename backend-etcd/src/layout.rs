@@ -15,7 +15,9 @@
 //! not start with `ql:` is a mutex entry whose whole value is the holder's.
 //! An election candidate (`LockKind::Election`) is Go's `Election` entry:
 //! the mutex's key, with the proposal as its whole value, so ours and
-//! `etcdctl elect` candidates queue as one.
+//! `etcdctl elect` candidates queue as one. A proposal that itself starts
+//! with `ql:` is stored escaped, as `ql:e:<proposal>`, and read back as the
+//! proposal (see [`election_value`]): any bytes are a proposal.
 //!
 //! Readers start with `.`, which sorts before every hex digit and every
 //! letter, so "the writers" (everything that is not a reader) are the key
@@ -28,13 +30,30 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget};
 use lockcore::LockKind;
 
+/// The prefix of every value this library gives a meaning to.
+const RESERVED: &[u8] = b"ql:";
+
+/// What an election proposal that starts with [`RESERVED`] is stored
+/// behind.
+const ESCAPED: &[u8] = b"ql:e:";
+
+/// The stored value of an election candidate whose proposal is `proposal`:
+/// `concurrency.Election`'s value, the proposal alone (which `etcdctl elect
+/// -l` prints), unless it starts with `ql:` and would be read as one of our
+/// values: then `ql:e:<proposal>`. [`parse`] undoes it.
+pub(crate) fn election_value(proposal: &[u8]) -> Vec<u8> {
+    if proposal.starts_with(RESERVED) {
+        [ESCAPED, proposal].concat()
+    } else {
+        proposal.to_vec()
+    }
+}
+
 /// The value we write into a new entry: its kind, creation time and the
 /// holder's value.
 pub(crate) fn value(kind: LockKind, now: SystemTime, holder: &[u8]) -> Vec<u8> {
     if kind == LockKind::Election {
-        // `concurrency.Election`'s value: the proposal alone, which
-        // `etcdctl elect -l` prints.
-        return holder.to_vec();
+        return election_value(holder);
     }
     let ms = now
         .duration_since(UNIX_EPOCH)
@@ -53,12 +72,20 @@ pub(crate) fn value(kind: LockKind, now: SystemTime, holder: &[u8]) -> Vec<u8> {
 
 /// Kind, creation time and holder value of an entry from its value.
 /// Anything we did not write (Go's empty value, `etcdctl elect`'s
-/// proposal) is a mutex entry of unknown age whose value is all of it.
+/// proposal) is a mutex entry of unknown age whose value is all of it; so
+/// is an escaped election proposal ([`election_value`]), whose value is
+/// the proposal.
 pub(crate) fn parse(value: &[u8]) -> (LockKind, Option<SystemTime>, Vec<u8>) {
     let fallback = (LockKind::Exclusive, None, value.to_vec());
-    let Some(rest) = value.strip_prefix(b"ql:") else {
+    let Some(rest) = value.strip_prefix(RESERVED) else {
         return fallback;
     };
+    if let Some(proposal) = value
+        .strip_prefix(ESCAPED)
+        .filter(|p| p.starts_with(RESERVED))
+    {
+        return (LockKind::Exclusive, None, proposal.to_vec());
+    }
     let mut parts = rest.splitn(3, |b| *b == b':');
     let (Some(k), Some(ms)) = (parts.next(), parts.next()) else {
         return fallback;
@@ -181,6 +208,52 @@ mod tests {
             assert_eq!(parse(v), (LockKind::Exclusive, None, v.to_vec()), "{v:?}");
         }
         assert_eq!(parse(b"ql:w:x"), (LockKind::Write, None, vec![]));
+    }
+
+    #[test]
+    fn election_values_are_the_proposal_and_any_bytes_round_trip() {
+        let t = UNIX_EPOCH + Duration::from_millis(1_763_730_000_123);
+        // Ordinary proposals are stored as they are (`etcdctl elect`).
+        for p in [
+            &b""[..],
+            b"node-a",
+            b"q",
+            b"ql",
+            b"QL:x:1:h",
+            b" ql:",
+            b"\xff",
+        ] {
+            assert_eq!(value(LockKind::Election, t, p), p.to_vec(), "{p:?}");
+            assert_eq!(parse(p), (LockKind::Exclusive, None, p.to_vec()), "{p:?}");
+        }
+        // Proposals that look like our values (every kind's, the escape's)
+        // are escaped and read back as they were.
+        for p in [
+            &b"ql:"[..],
+            b"ql:anything",
+            b"ql:x:5",
+            b"ql:x:1:h",
+            b"ql:r:1:",
+            b"ql:w:1:h",
+            b"ql:s2:1:h",
+            b"ql:e:",
+            b"ql:e:x",
+            b"ql:e:ql:x:1:h",
+            b"ql:\xff",
+        ] {
+            let stored = value(LockKind::Election, t, p);
+            assert_eq!(stored, [&b"ql:e:"[..], p].concat(), "{p:?}");
+            assert_eq!(
+                parse(&stored),
+                (LockKind::Exclusive, None, p.to_vec()),
+                "{p:?}"
+            );
+        }
+        // Foreign values that only start like the escape are not ours:
+        // read as they are.
+        for v in [&b"ql:e:"[..], b"ql:e:x", b"ql:e:ql"] {
+            assert_eq!(parse(v), (LockKind::Exclusive, None, v.to_vec()), "{v:?}");
+        }
     }
 
     #[test]

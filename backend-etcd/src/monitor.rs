@@ -146,10 +146,40 @@ pub(crate) struct HeldEntry {
     pub(crate) signals: EntrySignals,
     pub(crate) key: Box<str>,
     pub(crate) token: i64,
-    /// For an election candidate: the value last seen on our key. A put
-    /// that changes it is our own `proclaim`; a revoke request keeps the
-    /// value (and the lease), so only a put that keeps it is a revoke.
-    pub(crate) value: Option<Arc<std::sync::Mutex<Vec<u8>>>>,
+    /// For an election candidate: the value last seen on our key (as
+    /// stored). A put that changes it is our own `proclaim`; a revoke
+    /// request keeps the value (and the lease), and a proclaim never
+    /// writes the value the key has (etcd compares it in the same txn), so
+    /// only a put that keeps it is a revoke.
+    pub(crate) value: Option<Arc<std::sync::Mutex<Seen>>>,
+}
+
+/// The value of a held election entry as last seen, and the revision it
+/// was seen at.
+pub(crate) struct Seen {
+    pub(crate) value: Vec<u8>,
+    pub(crate) rev: i64,
+}
+
+impl Seen {
+    /// Takes in our key as a put event or a read shows it (its value and
+    /// mod revision): whether a revoke was requested, i.e. it was written
+    /// since the last time seen and kept the value. A repeated event
+    /// (mod revision not past the last one) is none. After a gap (a read
+    /// after a compaction), a proclaim and a revoke request that both came
+    /// in it cannot be told apart: a changed value is taken for the
+    /// proclaim.
+    fn revoked_by(&mut self, value: &[u8], mod_rev: i64) -> bool {
+        if mod_rev <= self.rev {
+            return false;
+        }
+        self.rev = mod_rev;
+        if value == self.value.as_slice() {
+            return true;
+        }
+        self.value = value.to_vec();
+        false
+    }
 }
 
 impl HeldEntry {
@@ -196,7 +226,16 @@ impl HeldEntry {
             };
             match resp.kvs().first() {
                 Some(kv) if kv.create_revision() == self.token => {
-                    if kv.mod_revision() > self.token {
+                    let revoked = match &self.value {
+                        // An election leader's proclaims move the mod
+                        // revision too.
+                        Some(seen) => seen
+                            .lock()
+                            .expect("poisoned")
+                            .revoked_by(kv.value(), kv.mod_revision()),
+                        None => kv.mod_revision() > self.token,
+                    };
+                    if revoked {
                         self.signals.request_revoke();
                     }
                 }
@@ -235,14 +274,15 @@ impl Sink for HeldEntry {
         match ev {
             WatchEvent::Created(_) => true,
             WatchEvent::Put(kv) => {
-                if let Some(last) = &self.value {
-                    let mut last = last.lock().expect("poisoned");
-                    if kv.value() != last.as_slice() {
-                        *last = kv.value().to_vec();
-                        return true; // a proclaim
-                    }
-                }
-                if kv.mod_revision() > self.token {
+                let revoked = match &self.value {
+                    // A put that changes the value is a proclaim.
+                    Some(seen) => seen
+                        .lock()
+                        .expect("poisoned")
+                        .revoked_by(kv.value(), kv.mod_revision()),
+                    None => kv.mod_revision() > self.token,
+                };
+                if revoked {
                     tracing::debug!(key = %self.key, "revoke requested");
                     self.signals.request_revoke();
                 }
@@ -268,5 +308,27 @@ impl Sink for HeldEntry {
 
     fn closed(&self) -> bool {
         self.signals.is_finished()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Seen;
+
+    #[test]
+    fn a_put_that_keeps_the_value_is_a_revoke_request_and_a_change_is_not() {
+        let mut seen = Seen {
+            value: b"v0".to_vec(),
+            rev: 10,
+        };
+        assert!(!seen.revoked_by(b"v1", 11), "a proclaim");
+        assert!(seen.revoked_by(b"v1", 12), "a revoke request");
+        assert!(!seen.revoked_by(b"v1", 12), "the same event again");
+        assert!(!seen.revoked_by(b"v0", 13), "a proclaim back");
+        // A read after a gap: the value and revision as they are now.
+        assert!(!seen.revoked_by(b"v0", 13), "nothing since");
+        assert!(seen.revoked_by(b"v0", 20), "kept value, later write");
+        assert!(!seen.revoked_by(b"v2", 25), "a changed value is a proclaim");
+        assert_eq!((seen.value.as_slice(), seen.rev), (&b"v2"[..], 25));
     }
 }

@@ -20,7 +20,7 @@ use tracing::Instrument;
 
 use crate::core::{first_created, header_revision, range_at, Core};
 use crate::layout;
-use crate::monitor::{keepalive, HeldEntry};
+use crate::monitor::{keepalive, HeldEntry, Seen};
 use crate::watch::WatchEvent;
 
 /// One lease, shared by every lock of one client.
@@ -196,8 +196,12 @@ impl EtcdSession {
             signals: req.signals.clone(),
             key: key.into_boxed_str(),
             token,
-            value: (req.kind == LockKind::Election)
-                .then(|| Arc::new(std::sync::Mutex::new(req.value.clone()))),
+            value: (req.kind == LockKind::Election).then(|| {
+                Arc::new(std::sync::Mutex::new(Seen {
+                    value: layout::election_value(&req.value),
+                    rev: from - 1,
+                }))
+            }),
         };
         held.subscribe(from, true);
     }
@@ -779,28 +783,37 @@ impl StoreSession for EtcdSession {
             ));
         }
         // Only while our key is the one we were granted (its create
-        // revision is the token); the lease stays ours. The same value
-        // again writes nothing (our watch would take a put that keeps the
-        // value for a revoke request).
-        let ours =
-            Compare::create_revision(held.entry.clone(), CompareOp::Equal, held.token as i64);
-        let then = if value == req.value.as_slice() {
-            TxnOp::get(held.entry.clone(), None)
-        } else {
-            TxnOp::put(
-                held.entry.clone(),
-                value.to_vec(),
+        // revision is the token); the lease stays ours. Only a value that
+        // differs from the one etcd has is written, decided by etcd in
+        // the same txn: our watch takes a put that keeps the value for a
+        // revoke request, and what the caller last proclaimed is not
+        // necessarily what etcd has (a proclaim whose answer was lost may
+        // have been applied; retried, it must write nothing, and the old
+        // value proclaimed back must be written).
+        let key = held.entry.as_str();
+        let stored = layout::election_value(value);
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(key, CompareOp::Equal, held.token as i64),
+                Compare::value(key, CompareOp::NotEqual, stored.clone()),
+            ])
+            .and_then([TxnOp::put(
+                key,
+                stored,
                 Some(PutOptions::new().with_lease(self.lease)),
-            )
-        };
-        let txn = Txn::new().when([ours]).and_then([then]);
-        if self.inner.txn("proclaim", txn).await?.succeeded() {
-            Ok(())
-        } else {
-            Err(Error::new(
+            )])
+            .or_else([TxnOp::get(key, None)]);
+        let resp = self.inner.txn("proclaim", txn).await?;
+        if resp.succeeded() {
+            return Ok(());
+        }
+        match range_at(&resp, 0)?.kvs().first() {
+            // Still ours: it has this value already.
+            Some(kv) if kv.create_revision() == held.token as i64 => Ok(()),
+            _ => Err(Error::new(
                 ErrorKind::LockLost,
                 format!("{}: our key {} is gone", req.name, held.entry),
-            ))
+            )),
         }
     }
 
