@@ -35,6 +35,9 @@ enum Mutation {
     /// A fenced write skips its check: a paused holder's write to the
     /// store lands after it lost the lock.
     FencelessWrite,
+    /// A campaign is granted at once while another candidate leads, with
+    /// the leader's token: two leaders (elections only).
+    EagerLeader,
 }
 
 #[derive(Debug)]
@@ -161,7 +164,9 @@ impl StoreSession for MutantSession {
             deaf.signals = EntrySignals::new();
             return self.inner.acquire(&deaf).await;
         }
-        if let Mutation::ForeignToken = self.mutation {
+        let eager = matches!(self.mutation, Mutation::EagerLeader)
+            && req.kind == lockcore::LockKind::Election;
+        if matches!(self.mutation, Mutation::ForeignToken) || eager {
             let mut first = req.clone();
             first.wait = false;
             match self.inner.acquire(&first).await {
@@ -315,6 +320,18 @@ async fn explorer_catches_a_grant_with_a_foreign_token() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explorer_catches_a_lost_reply_orphan() {
     explorer_catches(Mutation::LostReplyOrphan).await;
+}
+
+/// Only the explorer's campaigns meet this mutant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explorer_catches_two_leaders() {
+    explorer_catches(Mutation::EagerLeader).await;
+}
+
+/// Only the explorer's fenced writes to the store meet this mutant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explorer_catches_a_fenceless_write() {
+    explorer_catches(Mutation::FencelessWrite).await;
 }
 
 /// The explorer passes the unmutated wrapper on the same seeds.

@@ -22,12 +22,28 @@ use super::{FaultTarget, Row};
 
 /// The switch of one client's refusals, and how many it made.
 #[derive(Debug, Default)]
-struct Refusals {
+pub(super) struct Refusals {
     on: AtomicBool,
     made: AtomicU64,
 }
 
 impl Refusals {
+    /// Starts (`true`) or stops refusing removals.
+    pub(super) fn set(&self, on: bool) {
+        self.on.store(on, Ordering::SeqCst);
+    }
+
+    /// A backend over `inner` whose sessions refuse removals while the
+    /// returned switch is on.
+    pub(super) fn wrap(inner: Arc<dyn Backend>) -> (Arc<dyn Backend>, Arc<Refusals>) {
+        let refusals = Arc::new(Refusals::default());
+        let backend = Arc::new(RefusingBackend {
+            inner,
+            refusals: refusals.clone(),
+        });
+        (backend, refusals)
+    }
+
     fn check(&self, what: &str) -> Result<()> {
         if !self.on.load(Ordering::SeqCst) {
             return Ok(());
@@ -141,16 +157,13 @@ pub async fn refused_removal_ends_the_session(t: &FaultTarget) -> Row {
     let mut row = Row::new(t.name(), "refused_removal_ends_the_session");
     let admin = t.client(&ns).await;
     let ttl = admin.backend().capabilities().session_ttl;
-    let refusals = Arc::new(Refusals::default());
-    let refusing = LockClient::new(Arc::new(RefusingBackend {
-        inner: t.backend(&ns).await,
-        refusals: refusals.clone(),
-    }));
+    let (backend, refusals) = Refusals::wrap(t.backend(&ns).await);
+    let refusing = LockClient::new(backend);
 
     // The release.
     let g = refusing.lock("r").unwrap().acquire().await.expect("r");
     let other = refusing.lock("o").unwrap().acquire().await.expect("o");
-    refusals.on.store(true, Ordering::SeqCst);
+    refusals.set(true);
     row.faults += 1;
     let r = g.release().await;
     assert!(
@@ -184,9 +197,9 @@ pub async fn refused_removal_ends_the_session(t: &FaultTarget) -> Row {
         .expect("cleanup stuck");
 
     // The abandon of a timed-out waiter.
-    refusals.on.store(false, Ordering::SeqCst);
+    refusals.set(false);
     let blocker = admin.lock("w").unwrap().acquire().await.expect("w");
-    refusals.on.store(true, Ordering::SeqCst);
+    refusals.set(true);
     let r = refusing
         .lock("w")
         .unwrap()
@@ -218,7 +231,7 @@ pub async fn refused_removal_ends_the_session(t: &FaultTarget) -> Row {
     row.cycles += 1;
 
     // Removals accepted again: the client works on a new session.
-    refusals.on.store(false, Ordering::SeqCst);
+    refusals.set(false);
     let g = refusing.lock("r").unwrap().acquire().await.expect("again");
     g.release().await.expect("a release the store accepts");
     finish(t, &ns, &[&refusing, &admin], row).await

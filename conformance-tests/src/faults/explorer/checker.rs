@@ -39,12 +39,26 @@ pub(super) enum Forced {
     Client(usize),
 }
 
+/// One fenced write to the store.
+#[derive(Debug, Clone)]
+pub(super) struct FencedWrite {
+    pub(super) name: &'static str,
+    pub(super) client: usize,
+    pub(super) token: u64,
+    /// When it was sent and when the store answered.
+    pub(super) sent: Instant,
+    pub(super) answered: Instant,
+    pub(super) accepted: bool,
+}
+
 /// The recorded history of a schedule.
 #[derive(Debug, Default)]
 pub(super) struct Log {
     pub(super) holds: Mutex<Vec<Hold>>,
     /// Break and kill calls: when each was made, when it returned, whom.
     pub(super) forced: Mutex<Vec<(Instant, Instant, Forced)>>,
+    /// Fenced writes to the store, accepted or refused.
+    pub(super) fenced: Mutex<Vec<FencedWrite>>,
 }
 
 impl Log {
@@ -69,6 +83,26 @@ impl Log {
             forced: false,
         });
         h.len() - 1
+    }
+
+    /// Records a fenced write of `token` to the store key of `name`.
+    pub(super) fn fenced_write(
+        &self,
+        name: &'static str,
+        client: usize,
+        token: u64,
+        sent: Instant,
+        answered: Instant,
+        accepted: bool,
+    ) {
+        self.fenced.lock().unwrap().push(FencedWrite {
+            name,
+            client,
+            token,
+            sent,
+            answered,
+            accepted,
+        });
     }
 
     /// The earliest end wins.
@@ -182,6 +216,30 @@ pub(super) fn check(sh: &Shared) -> Vec<String> {
                         b.token, a.token
                     ));
                 }
+            }
+        }
+        // A fenced write the store accepted although a hold with a larger
+        // token had been granted before it was sent: the writer's entry
+        // was no longer the holder's when the store checked it.
+        for w in sh.log.fenced.lock().unwrap().iter() {
+            if !w.accepted || w.name != name {
+                continue;
+            }
+            if let Some(h) = holds.iter().find(|h| {
+                h.name == name
+                    && h.kind == Held::Exclusive
+                    && h.token > w.token
+                    && h.acquired <= w.sent
+            }) {
+                out.push(format!(
+                    "{name}: the store accepted a fenced write of token {} by client {} sent after token {} was granted to client {} (sent +{} ms, answered +{} ms from that grant)",
+                    w.token,
+                    w.client,
+                    h.token,
+                    h.client,
+                    (w.sent - h.acquired).as_millis(),
+                    (w.answered - h.acquired).as_millis()
+                ));
             }
         }
         // A write accepted with a token lower than a hold already begun.

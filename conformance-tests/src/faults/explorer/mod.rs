@@ -4,16 +4,24 @@
 //! Where the scenarios replay a list of faults, the explorer searches:
 //! several clients, each with several tasks that acquire, try, time out,
 //! release, drop a future at a random await, read, write and take permits
-//! on a few names; and a nemesis that delays, blackholes, cuts and resets
-//! each client's link, breaks locks, asks holders to let go and kills
-//! sessions. The checker then asks of the history:
+//! on a few names, campaign in an election (and proclaim), take multi-locks
+//! over both mutexes, and make fenced writes to the store; and a nemesis
+//! that delays, blackholes, cuts and resets each client's link, breaks
+//! locks, asks holders to let go, kills sessions, makes one client's store
+//! refuse every removal for a while (as a busy or read-only server does),
+//! and reads the schedule's locks as an operator one namespace up (the
+//! schedule's namespace is `qle-<id>/app`; `list` and `inspect` from
+//! `qle-<id>`). The checker then asks of the history:
 //! - no two holds of one name overlap (readers may share; at most N
 //!   permit holders), where a hold lasts from the acquire's return to the
 //!   release's start, the guard's `lost()`, or a forced break or session
 //!   kill of it (until the store tells the holder, only fencing protects);
 //! - a hold that began after another of the same name ended has a larger
 //!   token;
-//! - the fenced register of each name accepted no stale write;
+//! - the fenced register of each name accepted no stale write, and the
+//!   store accepted no fenced write sent after a hold with a larger token
+//!   had been granted (an election's leaders and a multi-lock's names are
+//!   holds as any other);
 //! - once the faults stop, every task finishes its calls within their
 //!   bounds (no hang), and after the clients close nothing of ours is left.
 //!
@@ -43,7 +51,9 @@ use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
 use super::cancel::poll_times;
+use super::refusal::Refusals;
 use super::{Cluster, FaultTarget, FencedRegister, NetControl, NetMode, OneShot, Row};
+use crate::scratch::scratch_key;
 
 /// The mutex names of a schedule.
 const MUTEXES: [&str; 2] = ["m0", "m1"];
@@ -51,6 +61,8 @@ const MUTEXES: [&str; 2] = ["m0", "m1"];
 const RWLOCK: &str = "rw";
 /// The semaphore of a schedule and its permits.
 const SEMAPHORE: (&str, u32) = ("sem", 2);
+/// The election of a schedule.
+const ELECTION: &str = "el";
 
 /// What the faults of a schedule were, by kind.
 #[derive(Debug, Default, Clone)]
@@ -79,6 +91,21 @@ pub struct FaultCounts {
     pub delayed_messages: u64,
     /// Cluster faults: a leader or follower killed, the cluster paused.
     pub cluster: u64,
+    /// One client's store refused every removal for a while.
+    pub refusals: u64,
+    /// `list`/`inspect` of the schedule's locks from the parent namespace.
+    pub operator_reads: u64,
+}
+
+/// The operations of a schedule beyond plain acquires, by kind.
+#[derive(Debug, Default, Clone)]
+pub struct OpCounts {
+    /// Elections won (a leader's hold).
+    pub elections: u64,
+    /// Multi-locks granted.
+    pub multi_locks: u64,
+    /// Fenced writes sent to the store.
+    pub fenced_writes: u64,
 }
 
 /// The outcome of one schedule.
@@ -92,6 +119,8 @@ pub struct Outcome {
     pub holds: usize,
     /// Faults injected, by kind.
     pub faults: FaultCounts,
+    /// Elections, multi-locks and fenced writes made.
+    pub kinds: OpCounts,
     /// What the checker found (empty: none).
     pub violations: Vec<String>,
 }
@@ -127,6 +156,12 @@ struct Shared {
     lag: TimerLag,
     /// Timed acquires, judged once the lag probe sampled past the last.
     timed: Mutex<Vec<Timed>>,
+    /// The store keys fenced writes go to, by name.
+    fenced_keys: HashMap<&'static str, String>,
+    elections: AtomicU64,
+    multi_locks: AtomicU64,
+    /// The rest of the clients' refusal switches, by client.
+    refusals: Vec<Arc<Refusals>>,
 }
 
 /// One timed acquire: (client, name, timeout, called, took).
@@ -173,11 +208,7 @@ impl TimerLag {
 
 /// The clients of one schedule: the admin's (direct link) and the
 /// workload's, each behind its own faulty link.
-async fn connect(
-    t: &FaultTarget,
-    ns: &str,
-    shape: Shape,
-) -> Result<(LockClient, Vec<LockClient>, Vec<Arc<dyn NetControl>>), String> {
+async fn connect(t: &FaultTarget, ns: &str, shape: Shape) -> Result<Clients, String> {
     let admin = LockClient::new(t.try_backend(ns).await?);
     // A try (no deadline) waits for a session up to the client's
     // `unavailable_after`, then gives up as unavailable, as documented: a
@@ -191,12 +222,28 @@ async fn connect(
         ClientOptions::default().with_unavailable_after(Some(ttl * 2 + Duration::from_secs(10)));
     let mut clients = Vec::new();
     let mut nets: Vec<Arc<dyn NetControl>> = Vec::new();
+    let mut refusals = Vec::new();
     for _ in 0..shape.clients {
         let (backend, net) = t.try_faulty_backend(ns).await?;
+        let (backend, refusing) = Refusals::wrap(backend);
         clients.push(LockClient::with_options(backend, options.clone()));
         nets.push(net);
+        refusals.push(refusing);
     }
-    Ok((admin, clients, nets))
+    Ok(Clients {
+        admin,
+        clients,
+        nets,
+        refusals,
+    })
+}
+
+/// The clients of one schedule and the controls of their links.
+struct Clients {
+    admin: LockClient,
+    clients: Vec<LockClient>,
+    nets: Vec<Arc<dyn NetControl>>,
+    refusals: Vec<Arc<Refusals>>,
 }
 
 /// Runs one schedule from `seed` against `t`. Adds one permit to
@@ -210,26 +257,47 @@ pub async fn explore(
     shape: Shape,
     connected: Option<&tokio::sync::Semaphore>,
 ) -> Outcome {
-    let ns = format!("qle-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    // The operator's namespace is the parent of the schedule's: its
+    // reads meet the schedule's entries under other names.
+    let parent = format!("qle-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let ns = format!("{parent}/app");
     let connecting = connect(t, &ns, shape).await;
+    let operator = match &connecting {
+        Ok(_) => t.try_backend(&parent).await.map(LockClient::new),
+        Err(e) => Err(e.clone()),
+    };
     if let Some(c) = connected {
         c.add_permits(1);
     }
-    let (admin, clients, nets) = match connecting {
-        Ok(c) => c,
-        Err(e) => {
+    let (
+        Clients {
+            admin,
+            clients,
+            nets,
+            refusals,
+        },
+        operator,
+    ) = match (connecting, operator) {
+        (Ok(c), Ok(o)) => (c, o),
+        (Err(e), _) | (_, Err(e)) => {
             return Outcome {
                 seed,
                 ops: 0,
                 holds: 0,
                 faults: FaultCounts::default(),
+                kinds: OpCounts::default(),
                 violations: vec![e],
             }
         }
     };
     let ttl = admin.backend().capabilities().session_ttl;
     let mut names: Vec<&'static str> = MUTEXES.to_vec();
-    names.extend([RWLOCK, SEMAPHORE.0]);
+    names.extend([RWLOCK, SEMAPHORE.0, ELECTION]);
+    let fenced_keys = MUTEXES
+        .iter()
+        .chain([&ELECTION])
+        .map(|n| (*n, scratch_key(admin.backend().as_ref(), &parent, n)))
+        .collect();
     let shared = Arc::new(Shared {
         log: Log::default(),
         registers: names.iter().map(|n| (*n, FencedRegister::new())).collect(),
@@ -239,6 +307,10 @@ pub async fn explore(
         errors: Mutex::new(Vec::new()),
         lag: TimerLag::default(),
         timed: Mutex::new(Vec::new()),
+        fenced_keys,
+        elections: AtomicU64::new(0),
+        multi_locks: AtomicU64::new(0),
+        refusals,
     });
     let lag_probe = tokio::spawn({
         let sh = shared.clone();
@@ -262,9 +334,12 @@ pub async fn explore(
     }
     let faults = nemesis(
         StdRng::seed_from_u64(seed),
-        &admin,
-        &clients,
-        &nets,
+        Sides {
+            admin: &admin,
+            operator: &operator,
+            clients: &clients,
+            nets: &nets,
+        },
         &shared,
         shape.run_for,
         ttl,
@@ -273,6 +348,9 @@ pub async fn explore(
     shared.stop.store(true, Ordering::SeqCst);
     for n in &nets {
         n.set_mode(NetMode::Pass);
+    }
+    for r in &shared.refusals {
+        r.set(false);
     }
 
     let mut violations = Vec::new();
@@ -302,18 +380,30 @@ pub async fn explore(
     violations.extend(check(&shared));
     violations.extend(not_takeable(t, &ns, &names, ttl).await);
 
-    for c in clients.iter().chain([&admin]) {
+    for key in shared.fenced_keys.values() {
+        let delete = lockcore::backend::KeyWrite::Delete { key: key.clone() };
+        if let Err(e) = operator.backend().write_key(&delete).await {
+            eprintln!("explorer: removing {key}: {e}");
+        }
+    }
+    for c in clients.iter().chain([&admin, &operator]) {
         c.close().await;
     }
     violations.extend(left_behind(t, &ns, ttl).await);
     let mut faults = faults;
     faults.drops = shared.drops.load(Ordering::Relaxed);
     let holds = shared.log.holds.lock().unwrap().len();
+    let fenced_writes = shared.log.fenced.lock().unwrap().len() as u64;
     Outcome {
         seed,
         ops: shared.ops.load(Ordering::Relaxed),
         holds,
         faults,
+        kinds: OpCounts {
+            elections: shared.elections.load(Ordering::Relaxed),
+            multi_locks: shared.multi_locks.load(Ordering::Relaxed),
+            fenced_writes,
+        },
         violations,
     }
 }
@@ -363,6 +453,13 @@ async fn not_takeable(
             },
             n if n == SEMAPHORE.0 => match fresh.semaphore(name, SEMAPHORE.1) {
                 Ok(s) => s.acquire_timeout(wait).await,
+                Err(e) => Err(e),
+            },
+            ELECTION => match fresh.election(name) {
+                Ok(e) => e
+                    .campaign_timeout("fresh", wait)
+                    .await
+                    .map(|l| l.into_guard()),
                 Err(e) => Err(e),
             },
             _ => match fresh.lock(name) {
@@ -428,10 +525,42 @@ async fn worker(c: LockClient, ci: usize, mut rng: StdRng, sh: Arc<Shared>, ttl:
     while !sh.stop.load(Ordering::SeqCst) {
         let wait = Duration::from_millis(rng.gen_range(20..=MAX_WAIT.as_millis() as u64));
         let choice = rng.gen_range(0..100);
+        if choice >= 90 {
+            // A multi-lock over both mutexes, or a campaign.
+            let started = Instant::now();
+            let r = if choice >= 95 {
+                take_set(&c, wait).await
+            } else {
+                campaign(&c, ci, wait).await
+            };
+            sh.ops.fetch_add(1, Ordering::Relaxed);
+            match r {
+                Ok(Taken::Set(set)) => {
+                    sh.multi_locks.fetch_add(1, Ordering::Relaxed);
+                    hold_set(set, ci, started, &mut rng, &sh, ttl).await;
+                }
+                Ok(Taken::Leader(g)) => {
+                    sh.elections.fetch_add(1, Ordering::Relaxed);
+                    hold(
+                        g,
+                        ELECTION,
+                        ci,
+                        Held::Exclusive,
+                        started,
+                        &mut rng,
+                        &sh,
+                        ttl,
+                    )
+                    .await;
+                }
+                Err(e) => unexpected(&sh, ci, if choice >= 95 { "m0+m1" } else { ELECTION }, &e),
+            }
+            continue;
+        }
         let (name, kind): (&'static str, Held) = match choice {
-            0..=49 => (MUTEXES[rng.gen_range(0..MUTEXES.len())], Held::Exclusive),
-            50..=64 => (RWLOCK, Held::Read),
-            65..=79 => (RWLOCK, Held::Exclusive),
+            0..=44 => (MUTEXES[rng.gen_range(0..MUTEXES.len())], Held::Exclusive),
+            45..=59 => (RWLOCK, Held::Read),
+            60..=74 => (RWLOCK, Held::Exclusive),
             _ => (SEMAPHORE.0, Held::Permit(SEMAPHORE.1)),
         };
         let how = rng.gen_range(0..10);
@@ -470,18 +599,7 @@ async fn worker(c: LockClient, ci: usize, mut rng: StdRng, sh: Arc<Shared>, ttl:
         let g = match got {
             Ok(g) => g,
             Err(e) => {
-                let expected = matches!(
-                    e.kind(),
-                    ErrorKind::Timeout
-                        | ErrorKind::WouldBlock
-                        | ErrorKind::SessionLost
-                        | ErrorKind::Connection
-                );
-                if !expected {
-                    sh.errors.lock().unwrap().push(format!(
-                        "client {ci}: acquire of {name}: unexpected error: {e}"
-                    ));
-                }
+                unexpected(&sh, ci, name, &e);
                 sh.ops.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
@@ -523,6 +641,9 @@ async fn hold(
         Duration::from_millis(rng.gen_range(0..=(ttl.as_millis() as u64 / 4).clamp(1, 300)));
     tokio::time::sleep(dwell).await;
     write(sh, &g);
+    if rng.gen_bool(0.5) {
+        fenced_write(sh, &g, name, ci).await;
+    }
     sh.log.end(id, Instant::now(), "let go");
     // `is_held()` says false from the local deadline on, whatever the
     // reason the loss was later reported with and however late the task
@@ -539,26 +660,61 @@ async fn hold(
     }
 }
 
+/// Who the nemesis acts through: the admin (breaks, revokes, kills) and
+/// the operator one namespace up (reads), both on direct links, and the
+/// workload's clients and their links.
+struct Sides<'a> {
+    admin: &'a LockClient,
+    operator: &'a LockClient,
+    clients: &'a [LockClient],
+    nets: &'a [Arc<dyn NetControl>],
+}
+
 async fn nemesis(
     mut rng: StdRng,
-    admin: &LockClient,
-    clients: &[LockClient],
-    nets: &[Arc<dyn NetControl>],
+    sides: Sides<'_>,
     sh: &Arc<Shared>,
     run_for: Duration,
     ttl: Duration,
 ) -> FaultCounts {
+    let Sides {
+        admin,
+        operator,
+        clients,
+        nets,
+    } = sides;
     let mut n = FaultCounts::default();
     let end = Instant::now() + run_for;
     let mut all: Vec<&'static str> = MUTEXES.to_vec();
-    all.extend([RWLOCK, SEMAPHORE.0]);
+    all.extend([RWLOCK, SEMAPHORE.0, ELECTION]);
     while Instant::now() < end {
         tokio::time::sleep(Duration::from_millis(rng.gen_range(50..400))).await;
         let ci = rng.gen_range(0..nets.len());
         let net = &nets[ci];
         let length =
             Duration::from_millis(rng.gen_range(50..=(ttl.as_millis() as u64 * 3 / 2).max(100)));
-        match rng.gen_range(0..130) {
+        match rng.gen_range(0..150) {
+            130..=139 => {
+                // The client's store refuses every release and abandon
+                // for a while (a busy or read-only server).
+                n.refusals += 1;
+                sh.refusals[ci].set(true);
+                tokio::time::sleep(length.min(end.saturating_duration_since(Instant::now()))).await;
+                sh.refusals[ci].set(false);
+            }
+            140..=149 => {
+                // An operator one namespace up looks at the schedule's
+                // locks: `list` of the schedule's namespace and `inspect`
+                // of one name, as `quorumlock status` and `list` do.
+                n.operator_reads += 1;
+                let name = all[rng.gen_range(0..all.len())];
+                if let Err(e) = operator.list("app").await {
+                    eprintln!("explorer: the operator's list failed: {e}");
+                }
+                if let Err(e) = operator.inspect(format!("app/{name}")).await {
+                    eprintln!("explorer: the operator's inspect of {name} failed: {e}");
+                }
+            }
             100..=114 => {
                 if net.arm(OneShot::LoseAnswer) {
                     n.lost_answers += 1;
@@ -633,4 +789,133 @@ async fn nemesis(
         }
     }
     n
+}
+
+/// An acquire error the workload may meet under faults; any other is a
+/// violation.
+fn unexpected(sh: &Shared, ci: usize, name: &str, e: &lockcore::Error) {
+    let expected = matches!(
+        e.kind(),
+        ErrorKind::Timeout | ErrorKind::WouldBlock | ErrorKind::SessionLost | ErrorKind::Connection
+    );
+    if !expected {
+        sh.errors.lock().unwrap().push(format!(
+            "client {ci}: acquire of {name}: unexpected error: {e}"
+        ));
+    }
+}
+
+/// What a multi-lock or a campaign gave.
+enum Taken {
+    Set(lockcore::MultiGuard),
+    Leader(LockGuard),
+}
+
+async fn take_set(c: &LockClient, wait: Duration) -> lockcore::Result<Taken> {
+    let set = c.multi_lock(MUTEXES)?;
+    Ok(Taken::Set(set.acquire_timeout(wait).await?))
+}
+
+/// A campaign; the leader proclaims a new value once where the store can.
+async fn campaign(c: &LockClient, ci: usize, wait: Duration) -> lockcore::Result<Taken> {
+    let mut leader = c
+        .election(ELECTION)?
+        .campaign_timeout(format!("c{ci}"), wait)
+        .await?;
+    if c.backend().capabilities().proclaim {
+        // Lost meanwhile: the hold that follows ends at once.
+        let _ = leader.proclaim(format!("c{ci} proclaimed")).await;
+    }
+    Ok(Taken::Leader(leader.into_guard()))
+}
+
+/// Holds every name of a multi-lock at once: one hold per name, with its
+/// own token; a loss of any one ends them all.
+async fn hold_set(
+    set: lockcore::MultiGuard,
+    ci: usize,
+    started: Instant,
+    rng: &mut StdRng,
+    sh: &Arc<Shared>,
+    ttl: Duration,
+) {
+    let ids: Vec<usize> = set
+        .guards()
+        .iter()
+        .map(|g| {
+            sh.log
+                .begin(mutex_name(g), ci, Held::Exclusive, g.token(), started)
+        })
+        .collect();
+    let lost = set.lost();
+    let watcher = {
+        let (sh, ids) = (sh.clone(), ids.clone());
+        tokio::spawn(async move {
+            lost.await;
+            let at = Instant::now();
+            for id in ids {
+                sh.log.end(id, at, "lost() heard");
+            }
+        })
+    };
+    for g in set.guards() {
+        if g.is_held() {
+            let _ = sh.registers[mutex_name(g)].write(&format!("c{ci}"), g.token());
+        }
+    }
+    let dwell =
+        Duration::from_millis(rng.gen_range(0..=(ttl.as_millis() as u64 / 4).clamp(1, 300)));
+    tokio::time::sleep(dwell).await;
+    if rng.gen_bool(0.5) {
+        for g in set.guards() {
+            fenced_write(sh, g, mutex_name(g), ci).await;
+        }
+    }
+    let at = Instant::now();
+    for id in &ids {
+        sh.log.end(*id, at, "let go");
+    }
+    for (g, id) in set.guards().iter().zip(&ids) {
+        if let Some(d) = g.deadline().filter(|d| *d <= Instant::now()) {
+            sh.log.end(*id, d, "local deadline");
+        }
+    }
+    watcher.abort();
+    if rng.gen_bool(0.5) {
+        let _ = set.release().await;
+    } else {
+        drop(set);
+    }
+}
+
+/// The mutex of a multi-lock's guard, as the name the log keeps.
+fn mutex_name(g: &LockGuard) -> &'static str {
+    MUTEXES
+        .iter()
+        .copied()
+        .find(|n| *n == g.name().as_str())
+        .expect("a multi-lock's name is one of the mutexes")
+}
+
+/// A fenced write of the hold's token to the store key of `name`; the
+/// checker holds an accepted one against the grants made before it was
+/// sent.
+async fn fenced_write(sh: &Shared, g: &LockGuard, name: &'static str, ci: usize) {
+    let Some(key) = sh.fenced_keys.get(name) else {
+        return;
+    };
+    let sent = Instant::now();
+    let r = g
+        .fenced_put(key.as_str(), g.token().to_string().into_bytes())
+        .await;
+    let answered = Instant::now();
+    match &r {
+        Ok(()) => {}
+        Err(e) if matches!(e.kind(), ErrorKind::LockLost | ErrorKind::Connection) => {}
+        Err(e) => sh.errors.lock().unwrap().push(format!(
+            "client {ci}: fenced write to {name}: unexpected error: {e}"
+        )),
+    }
+    sh.log
+        .fenced_write(name, ci, g.token(), sent, answered, r.is_ok());
 }

@@ -40,6 +40,8 @@ impl FaultCounts {
         self.lost_requests += o.lost_requests;
         self.delayed_messages += o.delayed_messages;
         self.cluster += o.cluster;
+        self.refusals += o.refusals;
+        self.operator_reads += o.operator_reads;
     }
 
     fn total(&self) -> u64 {
@@ -55,6 +57,26 @@ impl FaultCounts {
             + self.lost_requests
             + self.delayed_messages
             + self.cluster
+            + self.refusals
+            + self.operator_reads
+    }
+}
+
+impl OpCounts {
+    fn add(&mut self, o: &OpCounts) {
+        self.elections += o.elections;
+        self.multi_locks += o.multi_locks;
+        self.fenced_writes += o.fenced_writes;
+    }
+}
+
+impl std::fmt::Display for OpCounts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "elections {} multi-locks {} fenced-writes {}",
+            self.elections, self.multi_locks, self.fenced_writes
+        )
     }
 }
 
@@ -62,7 +84,7 @@ impl std::fmt::Display for FaultCounts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "delay {} blackhole {} cut {} reset {} break {} revoke {} kill {} drop {} lost-answer {} lost-request {} delayed-message {} cluster {}",
+            "delay {} blackhole {} cut {} reset {} break {} revoke {} kill {} drop {} lost-answer {} lost-request {} delayed-message {} cluster {} refused-removals {} operator-reads {}",
             self.delay,
             self.blackhole,
             self.cut,
@@ -74,7 +96,9 @@ impl std::fmt::Display for FaultCounts {
             self.lost_answers,
             self.lost_requests,
             self.delayed_messages,
-            self.cluster
+            self.cluster,
+            self.refusals,
+            self.operator_reads
         )
     }
 }
@@ -131,7 +155,7 @@ pub async fn explore_random_schedules(t: &FaultTarget) -> Row {
     let shape = single_node_shape();
     let start = Instant::now();
     let mut row = Row::new(t.name(), "explore_random_schedules");
-    let mut faults = FaultCounts::default();
+    let mut totals = Totals::default();
     let mut schedules = 0u64;
     let mut started = 0u64;
     let may_start = |started: u64| {
@@ -159,24 +183,26 @@ pub async fn explore_random_schedules(t: &FaultTarget) -> Row {
         }
         let Some(o) = running.next().await else { break };
         schedules += 1;
-        tally(t, &mut row, &mut faults, &o);
+        tally(t, &mut row, &mut totals, &o);
     }
-    summarize(row, schedules, &faults)
+    summarize(row, schedules, &totals)
 }
 
 /// Adds one schedule's outcome to the row.
-pub(super) fn tally(t: &FaultTarget, row: &mut Row, faults: &mut FaultCounts, o: &Outcome) {
+pub(super) fn tally(t: &FaultTarget, row: &mut Row, totals: &mut Totals, o: &Outcome) {
     eprintln!(
-        "explorer {}: seed {}: {} ops, {} holds, faults: {}, {} violations",
+        "explorer {}: seed {}: {} ops ({}), {} holds, faults: {}, {} violations",
         t.name(),
         o.seed,
         o.ops,
+        o.kinds,
         o.holds,
         o.faults,
         o.violations.len()
     );
     row.cycles += o.ops;
-    faults.add(&o.faults);
+    totals.faults.add(&o.faults);
+    totals.kinds.add(&o.kinds);
     if !o.violations.is_empty() {
         row.violation(format!(
             "seed {} (replay: QUORUMLOCK_EXPLORE_SEED={}): {}",
@@ -187,12 +213,20 @@ pub(super) fn tally(t: &FaultTarget, row: &mut Row, faults: &mut FaultCounts, o:
     }
 }
 
-/// Puts the schedules and faults by kind first in the row's notes,
-/// records it and asserts that no schedule found a violation.
-pub(super) fn summarize(mut row: Row, schedules: u64, faults: &FaultCounts) -> Row {
+/// What the schedules of a row did, summed.
+#[derive(Debug, Default)]
+pub(super) struct Totals {
+    faults: FaultCounts,
+    kinds: OpCounts,
+}
+
+/// Puts the schedules, operations and faults by kind first in the row's
+/// notes, records it and asserts that no schedule found a violation.
+pub(super) fn summarize(mut row: Row, schedules: u64, totals: &Totals) -> Row {
+    let Totals { faults, kinds } = totals;
     row.faults = faults.total();
     let notes = std::mem::take(&mut row.notes);
-    row.note(format!("{schedules} schedules; faults: {faults}"));
+    row.note(format!("{schedules} schedules; {kinds}; faults: {faults}"));
     if !notes.is_empty() {
         row.note(notes);
     }
@@ -258,7 +292,7 @@ pub async fn explore_on_cluster(t: &FaultTarget, cluster: &mut Cluster) -> Row {
     let first = replay_seed().unwrap_or_else(fresh_seed);
     let start = Instant::now();
     let mut row = Row::new(t.name(), "explore_on_cluster");
-    let mut faults = FaultCounts::default();
+    let mut totals = Totals::default();
     let mut schedules = 0u64;
     let mut rounds = 0u64;
     loop {
@@ -301,10 +335,10 @@ pub async fn explore_on_cluster(t: &FaultTarget, cluster: &mut Cluster) -> Row {
         rounds += 1;
         for o in outs {
             schedules += 1;
-            tally(t, &mut row, &mut faults, &o);
+            tally(t, &mut row, &mut totals, &o);
         }
         if what != "no leader to fault" {
-            faults.cluster += 1;
+            totals.faults.cluster += 1;
         }
         let done = replay_seed().is_some()
             || if budget.is_zero() {
@@ -316,5 +350,5 @@ pub async fn explore_on_cluster(t: &FaultTarget, cluster: &mut Cluster) -> Row {
             break;
         }
     }
-    summarize(row, schedules, &faults)
+    summarize(row, schedules, &totals)
 }
