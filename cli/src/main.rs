@@ -1,8 +1,9 @@
 //! `quorumlock`: distributed locks from the shell, on any store.
 //!
 //! ```text
-//! quorumlock lock [-n | -w D] [-E N] [--shared | --write | --permits N] NAME -- CMD [ARGS...]
+//! quorumlock lock [-n | -w D] [-E N] [-s | --write | --permits N] NAME -- CMD [ARGS...]
 //! quorumlock lock [OPTIONS] NAME -c 'SHELL COMMAND'
+//! quorumlock elect NAME [VALUE] -- CMD [ARGS...] | quorumlock elect -l NAME
 //! quorumlock status [--json] [--watch] NAME
 //! quorumlock list [--json] [PREFIX]
 //! quorumlock revoke NAME

@@ -52,7 +52,8 @@ Exit status:
   126     `lock`: the command could not be executed
   127     `lock`: the command was not found
   128+N   `lock`: the command was killed by signal N, or quorumlock was
-          interrupted by signal N while waiting for the lock
+          interrupted by signal N while waiting for the lock, or stopped
+          the command on realtime signal N
 
 Environment:
   QUORUMLOCK_URL  the store, as for --url; there is no default (mem://,
@@ -65,7 +66,8 @@ Environment:
 pub struct Failure {
     /// The exit status.
     pub code: u8,
-    /// What to print on stderr, without the program name.
+    /// What to print on stderr, without the program name; empty for
+    /// nothing at all.
     pub message: String,
 }
 
@@ -76,6 +78,11 @@ impl Failure {
             code,
             message: message.into(),
         }
+    }
+
+    /// A failure that prints nothing, only exits with `code`.
+    pub fn silent(code: u8) -> Self {
+        Self::new(code, String::new())
     }
 
     /// A usage error.

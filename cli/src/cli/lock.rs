@@ -3,8 +3,11 @@
 use std::io::IsTerminal;
 use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
 use std::process::ExitStatus;
+use std::task::Poll;
 use std::time::Duration;
 
+use nix::sys::signal::{kill, killpg, Signal as Sig};
+use nix::unistd::Pid;
 use quorumlock::{ErrorKind, LockClient, LockGuard};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::time::Instant;
@@ -13,43 +16,95 @@ use super::exit::{self, Failure};
 use super::spinner::Spinner;
 use super::LockArgs;
 
-/// The signals forwarded to the command (and that stop a wait).
+/// The signals whose default action ends a process and that can be
+/// caught without harm: forwarded to the command while it runs, and the
+/// end of a wait before. Left out: those that cannot be caught (SIGKILL,
+/// SIGSTOP), the faults a handler must not return from (SIGSEGV, SIGBUS,
+/// SIGILL, SIGFPE, SIGTRAP, SIGSYS), SIGPIPE (ignored by every Rust
+/// program, so a `kill -PIPE` does nothing, and caught it would turn a
+/// write to a closed pipe into a signal for the command), and those that
+/// do not end a process (job control, SIGCHLD, SIGURG, SIGWINCH).
+const FORWARDED: &[Sig] = &[
+    Sig::SIGHUP,
+    Sig::SIGINT,
+    Sig::SIGQUIT,
+    Sig::SIGABRT,
+    Sig::SIGUSR1,
+    Sig::SIGUSR2,
+    Sig::SIGALRM,
+    Sig::SIGTERM,
+    Sig::SIGXCPU,
+    Sig::SIGXFSZ,
+    Sig::SIGVTALRM,
+    Sig::SIGPROF,
+    Sig::SIGIO,
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    Sig::SIGSTKFLT,
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    Sig::SIGPWR,
+];
+
+/// The realtime signals (SIGRTMIN..=SIGRTMAX), which also end a process
+/// by default. No safe interface sends them, so they are not forwarded:
+/// one stops the command as a lost lock does.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn realtime() -> impl Iterator<Item = i32> {
+    nix::libc::SIGRTMIN()..=nix::libc::SIGRTMAX()
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+fn realtime() -> impl Iterator<Item = i32> {
+    std::iter::empty()
+}
+
+/// Every signal that would end this process by default and that it can
+/// catch: [`FORWARDED`] and the realtime ones. With these caught,
+/// quorumlock never dies of a signal with the lock still held (only of
+/// SIGKILL, whose lock goes with the session TTL).
 pub struct Signals {
-    int: Signal,
-    term: Signal,
-    hup: Signal,
+    caught: Vec<(i32, Signal)>,
 }
 
 impl Signals {
     /// Installs the handlers: from here on these signals no longer end
     /// this process by themselves.
     pub fn install() -> Result<Self, Failure> {
-        let make = |k: SignalKind| {
-            signal(k).map_err(|e| {
+        let mut caught = Vec::new();
+        for &sig in FORWARDED {
+            let s = signal(SignalKind::from_raw(sig as i32)).map_err(|e| {
                 Failure::new(
                     exit::SOFTWARE,
-                    format!("cannot install signal handlers: {e}"),
+                    format!("cannot install a handler for {sig}: {e}"),
                 )
-            })
-        };
-        Ok(Signals {
-            int: make(SignalKind::interrupt())?,
-            term: make(SignalKind::terminate())?,
-            hup: make(SignalKind::hangup())?,
-        })
+            })?;
+            caught.push((sig as i32, s));
+        }
+        for n in realtime() {
+            // Best effort: one tokio refuses is left as it was.
+            match signal(SignalKind::from_raw(n)) {
+                Ok(s) => caught.push((n, s)),
+                Err(e) => tracing::debug!(signal = n, error = %e, "not caught"),
+            }
+        }
+        Ok(Signals { caught })
     }
 
-    /// The next signal received.
+    /// The number of the next signal received.
     ///
     /// # Cancel safety
     /// Cancel safe: a signal that arrives while nobody waits is kept for
     /// the next call.
     pub async fn recv(&mut self) -> i32 {
-        tokio::select! {
-            _ = self.int.recv() => libc::SIGINT,
-            _ = self.term.recv() => libc::SIGTERM,
-            _ = self.hup.recv() => libc::SIGHUP,
-        }
+        std::future::poll_fn(|cx| {
+            for (n, s) in &mut self.caught {
+                // `None`: the runtime is shutting down; nothing more comes.
+                if let Poll::Ready(Some(())) = s.poll_recv(cx) {
+                    return Poll::Ready(*n);
+                }
+            }
+            Poll::Pending
+        })
+        .await
     }
 }
 
@@ -153,8 +208,9 @@ async fn run_inner(
     let guard = {
         let acquire = target.acquire(args.wait());
         tokio::pin!(acquire);
-        let spinner = std::io::stderr()
-            .is_terminal()
+        // Nothing is drawn for a single try (-n): it says nothing.
+        let once = args.wait() == Some(Duration::ZERO);
+        let spinner = (std::io::stderr().is_terminal() && !once)
             .then(|| Spinner::start(client.clone(), args.name.clone()));
         if spinner.is_none() {
             tracing::info!(lock = %args.name, "waiting for the lock");
@@ -169,10 +225,10 @@ async fn run_inner(
         match outcome {
             Ok(Ok(g)) => g,
             Ok(Err(e)) if e.kind() == ErrorKind::WouldBlock => {
-                return Err(Failure::new(
-                    exit::NOT_ACQUIRED,
-                    format!("{} is held by someone else", args.name),
-                ))
+                // As flock -n: only the exit status says it, since cron
+                // mails whatever a job prints (`-n -E 0`: skip quietly).
+                tracing::info!("{} is held by someone else", args.name);
+                return Err(Failure::silent(exit::NOT_ACQUIRED));
             }
             Ok(Err(e)) => return Err(e.into()),
             Err(sig) => {
@@ -225,19 +281,22 @@ pub(super) async fn supervise(
             return Err(Failure::new(code, msg));
         }
     };
-    let pid = child.id().expect("a child that was just spawned has a pid") as libc::pid_t;
-    let target = if own_group { -pid } else { pid };
-    let send = |sig: i32| {
-        // SAFETY: kill(2) has no memory-safety preconditions. The child is
-        // not reaped until `wait` below returns, so `pid` is still ours.
-        let mut rc = unsafe { libc::kill(target, sig) };
-        if rc != 0 && target != pid {
+    let pid = child.id().expect("a child that was just spawned has a pid");
+    let pid = Pid::from_raw(pid as i32);
+    // The child is not reaped until `wait` below returns, so `pid` is
+    // still ours.
+    let send = |sig: Sig| {
+        let mut sent = if own_group {
+            killpg(pid, sig)
+        } else {
+            kill(pid, sig)
+        };
+        if sent.is_err() && own_group {
             // The command left its group (setsid): signal it alone.
-            // SAFETY: as above.
-            rc = unsafe { libc::kill(pid, sig) };
+            sent = kill(pid, sig);
         }
-        if rc != 0 {
-            tracing::debug!(signal = sig, error = %std::io::Error::last_os_error(), "kill failed");
+        if let Err(e) = sent {
+            tracing::debug!(signal = %sig, error = %e, "kill failed");
         }
     };
 
@@ -248,39 +307,57 @@ pub(super) async fn supervise(
     let mut lost_reason: Option<String> = None;
     let mut revoked = args.ignore_revoke;
     let mut kill_at: Option<Instant> = None;
+    // A realtime signal that stopped the command.
+    let mut stopped_by: Option<i32> = None;
     let outcome = loop {
         tokio::select! {
             status = child.wait() => match status {
                 Ok(status) => break Outcome { status, lost: lost_reason },
                 Err(e) => {
                     // Only if waitpid fails: make sure it is gone.
-                    send(libc::SIGKILL);
+                    send(Sig::SIGKILL);
                     release(guard, &args.name).await;
                     return Err(Failure::new(exit::SOFTWARE, format!("waiting for the command failed: {e}")));
                 }
             },
-            sig = signals.recv() => {
-                tracing::info!(signal = sig, "forwarding");
-                send(sig);
-            }
+            sig = signals.recv() => match Sig::try_from(sig) {
+                Ok(sig) => {
+                    tracing::info!(signal = %sig, "forwarding");
+                    send(sig);
+                }
+                Err(_) => {
+                    // Realtime: it would have ended quorumlock, and it
+                    // cannot be forwarded, so the command is stopped and
+                    // the lock released.
+                    if stopped_by.is_none() && kill_at.is_none() {
+                        eprintln!(
+                            "quorumlock: got signal {sig}; sending SIGTERM to the command, SIGKILL in {}",
+                            super::human(args.grace)
+                        );
+                        send(Sig::SIGTERM);
+                        kill_at = Some(Instant::now() + args.grace);
+                    }
+                    stopped_by.get_or_insert(sig);
+                }
+            },
             reason = &mut lost, if lost_reason.is_none() => {
                 eprintln!(
                     "quorumlock: lock {} lost ({reason}); sending SIGTERM to the command, SIGKILL in {}",
                     args.name,
                     super::human(args.grace)
                 );
-                send(libc::SIGTERM);
+                send(Sig::SIGTERM);
                 kill_at = Some(Instant::now() + args.grace);
                 lost_reason = Some(reason.to_string());
             }
             _ = &mut revoke, if !revoked => {
                 eprintln!("quorumlock: release of {} requested; sending SIGTERM to the command", args.name);
-                send(libc::SIGTERM);
+                send(Sig::SIGTERM);
                 revoked = true;
             }
             _ = sleep_until(kill_at), if kill_at.is_some() => {
                 eprintln!("quorumlock: the command outlived the grace period; sending SIGKILL");
-                send(libc::SIGKILL);
+                send(Sig::SIGKILL);
                 kill_at = None;
             }
         }
@@ -305,6 +382,9 @@ pub(super) async fn supervise(
         }
         Err(e) => tracing::warn!(error = %e, "release failed; the entry goes with the session"),
     }
+    if let Some(sig) = stopped_by {
+        return Ok(exit::SIGNAL_BASE.saturating_add(sig as u8));
+    }
     Ok(status_code(outcome.status))
 }
 
@@ -312,18 +392,22 @@ pub(super) async fn supervise(
 /// lock any more: have the kernel send the command SIGTERM (Linux).
 #[cfg(target_os = "linux")]
 fn stop_with_parent(cmd: &mut tokio::process::Command) {
-    let parent = std::process::id() as libc::pid_t;
+    use nix::errno::Errno;
+    use nix::sys::prctl::set_pdeathsig;
+    use nix::unistd::getppid;
+    let parent = nix::unistd::getpid();
     // SAFETY: the closure runs in the child between fork and exec and only
-    // calls prctl(2), getppid(2) and raise(3), which are async-signal-safe;
-    // it allocates nothing.
+    // calls prctl(2) and getppid(2), which are async-signal-safe, through
+    // nix wrappers that allocate nothing (an error is an errno, made an
+    // io::Error without allocating).
     unsafe {
         cmd.as_std_mut().pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // The parent may have died before prctl took effect.
-            if libc::getppid() != parent {
-                libc::raise(libc::SIGTERM);
+            set_pdeathsig(Sig::SIGTERM)?;
+            // The parent may have died before prctl took effect: then the
+            // command is not run at all. (Not by raising SIGTERM: until
+            // exec the child has our handlers, which would swallow it.)
+            if getppid() != parent {
+                return Err(Errno::ESRCH.into());
             }
             Ok(())
         });

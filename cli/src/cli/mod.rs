@@ -75,12 +75,20 @@ pub enum Command {
     /// (run by `sh -c`, as flock -c does). It gets QUORUMLOCK_NAME and
     /// QUORUMLOCK_TOKEN (the fencing token: pass it to the resource you
     /// write to, so that it can reject writes from an older holder).
-    /// SIGINT, SIGTERM and SIGHUP are forwarded to it. If the lock is lost
-    /// while it runs, it gets SIGTERM, then SIGKILL after --grace, and
-    /// quorumlock exits with 76 (--lost-exit-code). When the command ends,
-    /// the lock is released and its exit status is passed on; a lock not
-    /// acquired (-n, --timeout) exits with 75 (-E), so pick codes your
-    /// command does not use.
+    /// If the lock is lost while it runs, it gets SIGTERM, then SIGKILL
+    /// after --grace, and quorumlock exits with 76 (--lost-exit-code).
+    /// When the command ends, the lock is released and its exit status is
+    /// passed on; a lock not acquired (-n, --timeout) exits with 75 (-E),
+    /// so pick codes your command does not use.
+    ///
+    /// Signals: every signal that would end quorumlock and can be caught
+    /// (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, ...)
+    /// is forwarded to the command; the lock is released when the command
+    /// ends. A realtime signal, which cannot be forwarded, stops the
+    /// command as a lost lock does, and quorumlock exits with 128+N. While
+    /// still waiting, any of them ends the wait (128+N, nothing left on
+    /// the store). Only SIGKILL leaves the lock held until the session
+    /// TTL runs out.
     ///
     /// When stdin is not a terminal the command runs in its own process
     /// group and signals go to the whole group; on a terminal it stays in
@@ -116,7 +124,7 @@ pub enum Command {
     /// <hostname>:<pid>) and runs CMD once leader, as `lock` runs it: on
     /// loss of leadership CMD gets SIGTERM, then SIGKILL after --grace,
     /// and quorumlock exits with 76. CMD also gets QUORUMLOCK_NAME and
-    /// QUORUMLOCK_TOKEN. `elect --listen NAME` prints the leader now and
+    /// QUORUMLOCK_TOKEN. `elect --listen NAME` (-l) prints the leader now and
     /// at each change, one line each: `VALUE<TAB>TOKEN`, or an empty line
     /// when nobody leads. On etcd, `etcdctl elect NAME` candidates take
     /// part in the same election; on ZooKeeper, Curator `LeaderLatch`es on
@@ -158,8 +166,9 @@ pub struct LockArgs {
     )]
     pub timeout: Option<Duration>,
 
-    /// Do not wait: if the lock is held, exit at once (75, see -E). The
-    /// same as --timeout 0.
+    /// Do not wait: if the lock is held, exit at once (75, see -E),
+    /// printing nothing, as flock -n (-v logs why). The same as
+    /// --timeout 0.
     #[arg(short = 'n', long, conflicts_with = "timeout")]
     pub nonblock: bool,
 
@@ -185,8 +194,8 @@ pub struct LockArgs {
     #[arg(long, value_name = "D", value_parser = parse_duration)]
     pub ttl: Option<Duration>,
 
-    /// After the lock is lost, how long the command has between SIGTERM
-    /// and SIGKILL.
+    /// After the lock is lost (or a realtime signal came), how long the
+    /// command has between SIGTERM and SIGKILL.
     #[arg(long, value_name = "D", value_parser = parse_duration, default_value = "5s")]
     pub grace: Duration,
 
@@ -203,11 +212,11 @@ pub struct LockArgs {
     #[arg(long)]
     pub ignore_revoke: bool,
 
-    /// Take the read side of a read-write lock: `--shared` holders run
-    /// together; a plain `lock` or `--write` of the same name waits for
-    /// all of them and they wait for it. On ZooKeeper this is Curator's
-    /// InterProcessReadWriteLock read side.
-    #[arg(long, conflicts_with_all = ["permits", "write"])]
+    /// Take the read side of a read-write lock (flock's -s): `--shared`
+    /// holders run together; a plain `lock` or `--write` of the same name
+    /// waits for all of them and they wait for it. On ZooKeeper this is
+    /// Curator's InterProcessReadWriteLock read side.
+    #[arg(short = 's', long, conflicts_with_all = ["permits", "write"])]
     pub shared: bool,
 
     /// Take the write side of a read-write lock: excludes `--shared`
@@ -263,8 +272,9 @@ impl LockArgs {
 /// Arguments of `elect`.
 #[derive(Debug, Args)]
 pub struct ElectArgs {
-    /// Print each change of leader instead of campaigning.
-    #[arg(long, conflicts_with_all = ["value", "argv", "timeout"])]
+    /// Print each change of leader instead of campaigning (etcdctl
+    /// elect's -l).
+    #[arg(short = 'l', long, conflicts_with_all = ["value", "argv", "timeout"])]
     pub listen: bool,
 
     /// Give up campaigning after this long (exit 75).
@@ -391,7 +401,9 @@ pub fn main() -> ExitCode {
     let code = match runtime.block_on(run(cli)) {
         Ok(code) => code,
         Err(f) => {
-            eprintln!("quorumlock: {f}");
+            if !f.message.is_empty() {
+                eprintln!("quorumlock: {f}");
+            }
             f.code
         }
     };
