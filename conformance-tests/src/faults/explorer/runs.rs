@@ -200,6 +200,9 @@ pub(super) fn tally(t: &FaultTarget, row: &mut Row, totals: &mut Totals, o: &Out
         o.faults,
         o.violations.len()
     );
+    for v in &o.violations {
+        eprintln!("explorer {}: seed {}: violation: {v}", t.name(), o.seed);
+    }
     row.cycles += o.ops;
     totals.faults.add(&o.faults);
     totals.kinds.add(&o.kinds);
