@@ -139,35 +139,52 @@ async fn connection(
                 None => std::future::pending().await,
             }
         };
+        // What came in is judged by the phase in force now, not by `p`,
+        // read before the wait: a hold (detach, flush) sent during the wait
+        // whose wake-up has not been handled yet (the read and the change
+        // ready together, or this task scheduled late) must apply to the
+        // bytes the client sent after it. Judged by `p`, the enqueue sent
+        // right after `hold` went on to etcd.
         tokio::select! {
-            r = from_client => match r {
-                Ok(0) | Err(_) => {
-                    if !holding {
-                        return;
+            r = from_client => {
+                let p = *rx.borrow();
+                let holding = serial < p.hold_before;
+                match r {
+                    Ok(0) | Err(_) => {
+                        if !holding {
+                            return;
+                        }
+                        client = None;
                     }
-                    client = None;
-                }
-                Ok(n) => {
-                    if holding && !p.flushed {
+                    Ok(n) => {
+                        // Behind what is held: never overtakes it.
                         held.extend_from_slice(&cbuf[..n]);
-                    } else if swr.write_all(&cbuf[..n]).await.is_err() {
-                        return;
-                    }
-                }
-            },
-            r = srd.read(&mut sbuf) => match r {
-                Ok(0) | Err(_) => return,
-                Ok(n) => {
-                    if holding && p.flushed {
-                        answered.fetch_add(n as u64, Ordering::SeqCst);
-                    }
-                    if let Some((_, cwr)) = client.as_mut() {
-                        if !(holding && p.detached) && cwr.write_all(&sbuf[..n]).await.is_err() {
-                            client = None;
+                        if !holding || p.flushed {
+                            if swr.write_all(&held).await.is_err() {
+                                return;
+                            }
+                            held.clear();
                         }
                     }
                 }
-            },
+            }
+            r = srd.read(&mut sbuf) => {
+                let p = *rx.borrow();
+                let holding = serial < p.hold_before;
+                match r {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => {
+                        if holding && p.flushed {
+                            answered.fetch_add(n as u64, Ordering::SeqCst);
+                        }
+                        if let Some((_, cwr)) = client.as_mut() {
+                            if !(holding && p.detached) && cwr.write_all(&sbuf[..n]).await.is_err() {
+                                client = None;
+                            }
+                        }
+                    }
+                }
+            }
             r = rx.changed() => {
                 if r.is_err() {
                     return;
