@@ -1,7 +1,7 @@
 //! The `Backend` for ZooKeeper: connection setup, the Curator layout, and
 //! the admin operations (inspect, break, revoke, kill, leftovers).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -102,6 +102,7 @@ impl ZkBackend {
                 opened: Mutex::new(Vec::new()),
                 admin: tokio::sync::Mutex::new(None),
                 known_dirs: Mutex::new(HashSet::new()),
+                versions: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -312,7 +313,7 @@ impl ZkBackend {
         for (i, (child, st, data)) in found.iter().enumerate() {
             guids.extend(guid_prefix(child));
             let mut cont = contender(st, format!("{leases_dir}/{child}"), kind);
-            cont.value = crate::layout::node_value(data);
+            cont.value = crate::layout::lease_value(data);
             if crate::layout::is_broken(data) && marked == Marked::Hide {
                 continue; // as a broken node above: in the count, not shown
             }
@@ -718,7 +719,8 @@ impl Backend for ZkBackend {
     async fn fenced_write(&self, held: &[HeldEntry], write: &KeyWrite) -> Result<()> {
         fenced::check_path(write, &self.shared.root())?;
         self.shared.count(1);
-        self.with_admin(|c| async move { fenced::fenced_write(&c, held, write).await })
+        let shared = &self.shared;
+        self.with_admin(|c| async move { fenced::fenced_write(&c, shared, held, write).await })
             .await
     }
 
@@ -732,7 +734,8 @@ impl Backend for ZkBackend {
     async fn write_key(&self, write: &KeyWrite) -> Result<()> {
         fenced::check_path(write, &self.shared.root())?;
         self.shared.count(1);
-        self.with_admin(|c| async move { fenced::write_key(&c, write).await })
+        let shared = &self.shared;
+        self.with_admin(|c| async move { fenced::write_key(&c, shared, write).await })
             .await
     }
 }

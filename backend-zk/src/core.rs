@@ -41,11 +41,19 @@ pub(crate) struct Shared {
     /// since): the first acquire of a node not in it creates the node and
     /// the contender in one transaction.
     pub(crate) known_dirs: Mutex<HashSet<Box<str>>>,
+    /// The data version of held nodes of ours whose data was rewritten
+    /// since their create (a proclaim, a revoke request): what a fenced
+    /// write or a proclaim expects the node at. Absent: 0, the create's.
+    /// A hint only: a wrong or forgotten version costs one read.
+    pub(crate) versions: Mutex<HashMap<Box<str>, i32>>,
 }
 
 /// At most this many entries in [`Shared::known_dirs`]; then it starts
 /// over (a forgotten node costs one failed transaction, not a wrong grant).
 const KNOWN_DIRS: usize = 65_536;
+
+/// At most this many entries in [`Shared::versions`]; then it starts over.
+const VERSIONS_KEPT: usize = 65_536;
 
 #[derive(Clone)]
 pub(crate) struct Registered {
@@ -142,6 +150,31 @@ impl Shared {
             }
             known.insert(dir.into());
         }
+    }
+
+    /// The data version our held `node` is expected at (see
+    /// [`Shared::versions`]).
+    pub(crate) fn data_version(&self, node: &str) -> i32 {
+        let versions = self.versions.lock().expect("poisoned");
+        versions.get(node).copied().unwrap_or(0)
+    }
+
+    /// Notes that our held `node` is at data `version`, unmarked.
+    pub(crate) fn note_version(&self, node: &str, version: i32) {
+        let mut versions = self.versions.lock().expect("poisoned");
+        if version == 0 {
+            versions.remove(node);
+            return;
+        }
+        if versions.len() >= VERSIONS_KEPT && !versions.contains_key(node) {
+            versions.clear();
+        }
+        versions.insert(node.into(), version);
+    }
+
+    /// Forgets `node` (released).
+    pub(crate) fn forget_version(&self, node: &str) {
+        self.versions.lock().expect("poisoned").remove(node);
     }
 
     /// The path of the lock node of `name`: `/<namespace>/<name>`.

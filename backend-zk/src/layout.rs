@@ -139,27 +139,63 @@ pub(crate) fn permits_data(permits: u32, value: &[u8]) -> Vec<u8> {
 
 /// Whether an operator's break marked this node (it is deleted right
 /// after): its holder has been told of the loss, so nobody holds by it.
+/// A holder's value never reads as a mark ([`value_data`]).
 pub(crate) fn is_broken(data: &[u8]) -> bool {
     data.starts_with(BREAK_MESSAGE)
 }
 
-/// The holder's value in a contender node's data: all of it (ours and
-/// Curator's, whose data is the participant's address or id), except our
-/// semaphore nodes' `permits=` line and revoke or break markers.
+/// Whether a revoke request marked this node. A holder's value never
+/// reads as one ([`value_data`]).
+pub(crate) fn is_revoke_mark(data: &[u8]) -> bool {
+    data.starts_with(REVOKE_MESSAGE)
+}
+
+/// Put in front of a holder's value that starts like a mark (`__BREAK__`,
+/// `__REVOKE__`) or like this escape itself, in the node's data, and taken
+/// off when the value is read back: a value is never taken for a mark (a
+/// loss, a revoke request, a node nobody holds by).
+pub(crate) const VALUE_ESCAPE: &[u8] = b"__VALUE__";
+
+/// The node data that carries the holder's value `value`: the value
+/// itself, escaped if it starts like a mark (see [`VALUE_ESCAPE`]).
+pub(crate) fn value_data(value: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    if [BREAK_MESSAGE, REVOKE_MESSAGE, VALUE_ESCAPE]
+        .iter()
+        .any(|m| value.starts_with(m))
+    {
+        [VALUE_ESCAPE, value].concat().into()
+    } else {
+        value.into()
+    }
+}
+
+fn unescape(data: &[u8]) -> &[u8] {
+    data.strip_prefix(VALUE_ESCAPE).unwrap_or(data)
+}
+
+/// The holder's value in a contender node's data (a mutex, reader, writer
+/// or election candidate): all of it (ours and Curator's, whose data is
+/// the participant's address or id), except revoke or break markers.
 pub(crate) fn node_value(data: &[u8]) -> Vec<u8> {
-    if data.starts_with(REVOKE_MESSAGE) || is_broken(data) {
+    if is_revoke_mark(data) || is_broken(data) {
+        return Vec::new();
+    }
+    unescape(data).to_vec()
+}
+
+/// The holder's value in a semaphore lease's data: as [`node_value`],
+/// without our `permits=` line.
+pub(crate) fn lease_value(data: &[u8]) -> Vec<u8> {
+    if is_revoke_mark(data) || is_broken(data) {
         return Vec::new();
     }
     if parse_permits(data).is_some() {
         let s = std::str::from_utf8(data).unwrap_or_default();
         let i = s.rfind("permits=").unwrap_or(0);
-        return s[..i]
-            .strip_suffix('\n')
-            .unwrap_or(&s[..i])
-            .as_bytes()
-            .to_vec();
+        let v = s[..i].strip_suffix('\n').unwrap_or(&s[..i]);
+        return unescape(v.as_bytes()).to_vec();
     }
-    data.to_vec()
+    unescape(data).to_vec()
 }
 
 /// The permit count in a semaphore node's data (ours write `permits=N`,
@@ -253,12 +289,45 @@ mod tests {
         assert_eq!(guid_prefix("lease-0000000001"), None);
         assert_eq!(parse_permits(&permits_data(3, b"")), Some(3));
         assert_eq!(parse_permits(&permits_data(3, b"h:1")), Some(3));
-        assert_eq!(node_value(&permits_data(3, b"h:1")), b"h:1");
-        assert_eq!(node_value(&permits_data(3, b"")), b"");
+        assert_eq!(lease_value(&permits_data(3, b"h:1")), b"h:1");
+        assert_eq!(lease_value(&permits_data(3, b"")), b"");
+        assert_eq!(lease_value(b"192.168.0.1"), b"192.168.0.1");
+        assert_eq!(lease_value(b"__REVOKE__ permits=7"), b"");
         assert_eq!(node_value(b"192.168.0.1"), b"192.168.0.1");
-        assert_eq!(node_value(b"__REVOKE__ permits=7"), b"");
+        assert_eq!(node_value(b"permits=3"), b"permits=3");
+        assert_eq!(node_value(b"__REVOKE__"), b"");
+        assert_eq!(node_value(b"__BREAK__"), b"");
         assert_eq!(parse_permits(b"__REVOKE__ permits=7"), Some(7));
         assert_eq!(parse_permits(b"192.168.0.1"), None);
         assert_eq!(parse_permits(b"__REVOKE__"), None);
+    }
+
+    #[test]
+    fn values_never_read_as_marks() {
+        for v in [
+            &b"__BREAK__"[..],
+            b"__BREAK__ x",
+            b"__REVOKE__",
+            b"__REVOKE__ permits=3",
+            b"__VALUE__",
+            b"__VALUE____BREAK__",
+            b"x__BREAK__",
+            b"permits=3",
+            b"",
+            b"10.0.0.1",
+        ] {
+            let data = value_data(v);
+            assert!(!is_broken(&data), "{v:?}");
+            assert!(!is_revoke_mark(&data), "{v:?}");
+            assert_eq!(node_value(&data), v, "{v:?}");
+            let lease = permits_data(3, &data);
+            assert!(!is_broken(&lease) && !is_revoke_mark(&lease), "{v:?}");
+            assert_eq!(lease_value(&lease), v, "{v:?}");
+            assert_eq!(parse_permits(&lease), Some(3), "{v:?}");
+        }
+        // Only values that need it are escaped: Curator reads the rest as
+        // written.
+        assert_eq!(&*value_data(b"10.0.0.1"), b"10.0.0.1");
+        assert_eq!(&*value_data(b"__BREAK__"), b"__VALUE____BREAK__");
     }
 }

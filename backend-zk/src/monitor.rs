@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::core::{is_terminal, Inner, WatchedRead};
-use crate::layout::{BREAK_MESSAGE, REVOKE_MESSAGE};
+use crate::layout::{is_broken, is_revoke_mark};
 
 /// What one watch future of the dispatcher ended with.
 pub(crate) enum Step {
@@ -103,12 +103,12 @@ pub(crate) async fn watch_dispatcher(
                     Some(h) if !h.signals.is_finished() => h.signals.clone(),
                     _ => continue, // released meanwhile: drop the watch
                 };
-                if data == BREAK_MESSAGE {
+                if is_broken(&data) {
                     lose(&key, "marked for a forced break");
                     continue;
                 }
                 // Leases keep their permit count after the marker.
-                if data.starts_with(REVOKE_MESSAGE) && !signals.is_revoke_requested() {
+                if is_revoke_mark(&data) && !signals.is_revoke_requested() {
                     tracing::info!(%key, "revoke requested");
                     signals.request_revoke();
                 }

@@ -154,8 +154,9 @@ impl Inner {
         } else {
             Listing::OrNewLockNode
         };
+        let data = layout::value_data(&req.value);
         let created = self
-            .create_contender(&c, &dir, role.marker(), &req.value, req, listing)
+            .create_contender(&c, &dir, role.marker(), &data, req, listing)
             .await?;
         let armed = match arming {
             Some(f) => f.await,
@@ -238,7 +239,7 @@ impl Inner {
         let dir = self.shared.lock_dir(&req.name)?;
         let locks_dir = format!("{dir}/{}", layout::SEM_LOCKS);
         let leases_dir = format!("{dir}/{}", layout::SEM_LEASES);
-        let data = layout::permits_data(permits, &req.value);
+        let data = layout::permits_data(permits, &layout::value_data(&req.value));
         let c = self.client()?;
         let Created {
             node: lock_node,
@@ -473,6 +474,7 @@ impl StoreSession for ZkSession {
 
     async fn release(&self, req: &AcquireRequest, held: &Acquired) -> Result<()> {
         self.inner.mark_released(&req.contender);
+        self.inner.shared.forget_version(&held.entry);
         let c = self.inner.client()?;
         let deleted = self.inner.delete(&c, &held.entry).await?;
         // Only a node we deleted ourselves lets the next acquire skip the
@@ -485,18 +487,45 @@ impl StoreSession for ZkSession {
     }
 
     async fn set_value(&self, req: &AcquireRequest, held: &Acquired, value: &[u8]) -> Result<()> {
-        // Our node's path is unique (sequential) and ephemeral: if it is
-        // there, it is still ours.
+        // Our node's path is unique (it holds the attempt's GUID) and
+        // ephemeral: if it is there and no break marked it, it is still
+        // ours. The write is conditional on the data version we left it
+        // at, as a fenced write's check: unconditional, it overwrote a
+        // break's mark (the leader went on proclaiming until the delete,
+        // after being told of the loss, and its later fenced writes passed).
+        let shared = &self.inner.shared;
         let c = self.inner.client()?;
-        self.inner.shared.count(1);
-        match c.set_data(&held.entry, value, None).await {
-            Ok(_) => Ok(()),
-            Err(zk::Error::NoNode) => Err(Error::new(
+        let data = layout::value_data(value);
+        let lost = || {
+            Error::new(
                 ErrorKind::LockLost,
-                format!("{}: our node {} is gone", req.name, held.entry),
-            )),
-            Err(e) => Err(map(e, "setting our node's value")),
+                format!("{}: our node {} is gone or broken", req.name, held.entry),
+            )
+        };
+        let mut version = shared.data_version(&held.entry);
+        for _ in 0..8 {
+            shared.count(1);
+            match c.set_data(&held.entry, &data, Some(version)).await {
+                Ok(stat) => {
+                    shared.note_version(&held.entry, stat.version);
+                    return Ok(());
+                }
+                Err(zk::Error::NoNode) => return Err(lost()),
+                // Rewritten by someone else: read what it is now.
+                Err(zk::Error::BadVersion) => {
+                    shared.count(1);
+                    match crate::fenced::held_version(&c, &held.entry).await? {
+                        Some(v) => version = v,
+                        None => return Err(lost()),
+                    }
+                }
+                Err(e) => return Err(map(e, "setting our node's value")),
+            }
         }
+        Err(Error::new(
+            ErrorKind::Store,
+            format!("{}: our node {} kept changing", req.name, held.entry),
+        ))
     }
 
     async fn abandon(&self, req: &AcquireRequest) -> Result<()> {

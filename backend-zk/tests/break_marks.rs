@@ -1,0 +1,300 @@
+//! The data marks of a forced break and a revoke request on a holder's
+//! node (`__BREAK__`, `__REVOKE__`), against a real server.
+//!
+//! A break writes `__BREAK__` into the holder's node and deletes the node
+//! 40 ms later. The holder reports the loss on the mark, so from then on
+//! its fenced writes must be refused, as on the other stores: the node
+//! still exists until the delete, and a fenced write that checked only
+//! that (issue 39, bug 7) was applied in that window. And a breaker that
+//! dies between its mark and its delete leaves a marked node for good.
+//!
+//! The marks are data, and so is a holder's value: a value or a
+//! proclaimed value that starts like a mark must stay a value (issue 39,
+//! bug 6): not a loss, not a revoke request, not hidden from `inspect`.
+//!
+//! Needs `QUORUMLOCK_TEST_ZK_URL`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use backend_zk::{ZkBackend, ZkConfig};
+use conformance_tests::scratch::{remove_scratch, scratch_key};
+use conformance_tests::{Case, Harness};
+use futures::FutureExt;
+use lockcore::{ErrorKind, LockClient, LockGuard};
+use zookeeper_client as zk;
+
+const SOON: Duration = Duration::from_secs(10);
+
+/// Longer than a holder needs to see a mark on its node: its watch is set
+/// `HELD_WATCH_DELAY` (20 ms) after the grant and reads the data then.
+const SETTLE: Duration = Duration::from_millis(300);
+
+fn harness() -> Option<Harness> {
+    Harness::from_env("QUORUMLOCK_TEST_ZK_URL", |url| async move {
+        Ok(Arc::new(ZkBackend::connect(&url).await?) as _)
+    })
+}
+
+/// A plain client of the same server: a breaker that dies between its
+/// mark and its delete, or a Curator `Revoker`.
+async fn raw(case: &Case) -> zk::Client {
+    let cfg = ZkConfig::from_url(&case.harness().url_for(case.namespace())).unwrap();
+    zk::Client::connect(&cfg.connect_string()).await.unwrap()
+}
+
+async fn value(c: &LockClient, key: &str) -> Option<Vec<u8>> {
+    c.read_key(key).await.expect("read key")
+}
+
+/// Runs `body`, then removes the scratch key `key` whether it passed or
+/// not (a key left behind shows in other tests' `leftovers()`), then
+/// passes its panic on.
+async fn cleaning_up(c: &LockClient, key: &str, body: impl std::future::Future<Output = ()>) {
+    let r = std::panic::AssertUnwindSafe(body).catch_unwind().await;
+    remove_scratch(c, key).await;
+    if let Err(panic) = r {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+async fn wait_lost(g: &LockGuard) {
+    tokio::time::timeout(SOON, g.lost())
+        .await
+        .expect("the holder never reported the loss");
+}
+
+/// Issue 39, bug 7: the holder has reported the loss (it saw the mark),
+/// the breaker has not deleted the node yet; the holder's fenced writes
+/// must be refused, and the key keep its value.
+#[tokio::test]
+async fn fenced_write_after_a_break_is_refused() {
+    let Some(h) = harness() else { return };
+    let case = h.case();
+    let (a, b) = (case.client().await, case.client().await);
+    let key = scratch_key(a.backend().as_ref(), case.namespace(), "k");
+    cleaning_up(&b, &key, async {
+        for round in 0..5 {
+            let g = a.lock("fw").unwrap().acquire().await.unwrap();
+            g.fenced_put(key.as_str(), b"held".to_vec()).await.unwrap();
+            let lost = g.lost();
+            let breaker = b.clone();
+            let breaking = tokio::spawn(async move { breaker.break_lock("fw").await });
+            tokio::time::timeout(SOON, lost)
+                .await
+                .expect("the holder never reported the loss");
+            let put = g.fenced_put(key.as_str(), format!("late {round}").into_bytes());
+            let e = put.await.expect_err(&format!(
+                "round {round}: a fenced put of a holder that reported its loss was applied"
+            ));
+            assert_eq!(e.kind(), ErrorKind::LockLost, "round {round}: {e}");
+            assert!(
+                breaking.await.unwrap().unwrap(),
+                "round {round}: nothing broken"
+            );
+            assert_eq!(
+                value(&b, &key).await.as_deref(),
+                Some(&b"held"[..]),
+                "round {round}: a refused write changed the key"
+            );
+            let _ = g.release().await;
+        }
+    })
+    .await;
+    a.wait_idle().await;
+    case.finish().await;
+}
+
+/// A breaker that died between its mark and its delete: the node stays,
+/// marked. Its holder has reported the loss; its fenced puts and deletes
+/// are refused for as long as the mark stands, and a break deletes it.
+#[tokio::test]
+async fn fenced_writes_on_a_marked_node_are_refused() {
+    let Some(h) = harness() else { return };
+    let case = h.case();
+    let (a, b) = (case.client().await, case.client().await);
+    let raw = raw(&case).await;
+    let key = scratch_key(a.backend().as_ref(), case.namespace(), "k");
+    cleaning_up(&b, &key, async {
+        let g = a.lock("fm").unwrap().acquire().await.unwrap();
+        g.fenced_put(key.as_str(), b"held".to_vec()).await.unwrap();
+        raw.set_data(g.entry(), b"__BREAK__", None).await.unwrap();
+        wait_lost(&g).await;
+        for _ in 0..2 {
+            let e = g
+                .fenced_put(key.as_str(), b"late".to_vec())
+                .await
+                .expect_err("a fenced put on a marked node was applied");
+            assert_eq!(e.kind(), ErrorKind::LockLost, "{e}");
+            let e = g
+                .fenced_delete(key.as_str())
+                .await
+                .expect_err("a fenced delete on a marked node was applied");
+            assert_eq!(e.kind(), ErrorKind::LockLost, "{e}");
+        }
+        assert_eq!(value(&b, &key).await.as_deref(), Some(&b"held"[..]));
+        // The next break finds the marked node and deletes it.
+        assert!(b.break_lock("fm").await.unwrap());
+        let _ = g.release().await;
+    })
+    .await;
+    a.wait_idle().await;
+    case.finish().await;
+}
+
+/// What the fence must still let through: a holder asked to give the lock
+/// up (a revoke mark rewrote its node's data) still holds until it does;
+/// a leader that proclaimed (it rewrote its node's data itself) still
+/// leads.
+#[tokio::test]
+async fn fenced_writes_pass_after_a_revoke_request_and_a_proclaim() {
+    let Some(h) = harness() else { return };
+    let case = h.case();
+    let (a, b) = (case.client().await, case.client().await);
+    let key = scratch_key(a.backend().as_ref(), case.namespace(), "k");
+    cleaning_up(&b, &key, async {
+        let g = a.lock("fr").unwrap().acquire().await.unwrap();
+        g.fenced_put(key.as_str(), b"1".to_vec()).await.unwrap();
+        assert!(b.request_revoke("fr").await.unwrap());
+        tokio::time::timeout(SOON, g.revoke_requested())
+            .await
+            .expect("revoke request not seen");
+        g.fenced_put(key.as_str(), b"2".to_vec()).await.unwrap();
+        g.fenced_put(key.as_str(), b"3".to_vec()).await.unwrap();
+        assert_eq!(value(&b, &key).await.as_deref(), Some(&b"3"[..]));
+        assert!(g.is_held());
+        g.release().await.unwrap();
+
+        let mut leader = a.election("fe").unwrap().campaign("one").await.unwrap();
+        leader
+            .guard()
+            .fenced_put(key.as_str(), b"4".to_vec())
+            .await
+            .unwrap();
+        for v in ["two", "three"] {
+            leader.proclaim(v).await.unwrap();
+            leader.guard().fenced_put(key.as_str(), v).await.unwrap();
+        }
+        assert_eq!(value(&b, &key).await.as_deref(), Some(&b"three"[..]));
+        // A break after the proclaims fences the leader as well.
+        let lost = leader.lost();
+        assert!(b.break_lock("fe").await.unwrap());
+        tokio::time::timeout(SOON, lost)
+            .await
+            .expect("loss not reported");
+        let e = leader
+            .guard()
+            .fenced_put(key.as_str(), b"5".to_vec())
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::LockLost, "{e}");
+        assert_eq!(value(&b, &key).await.as_deref(), Some(&b"three"[..]));
+        let _ = leader.resign().await;
+    })
+    .await;
+    a.wait_idle().await;
+    case.finish().await;
+}
+
+/// Issue 39, bug 6: holder values that start like the marks (or like
+/// the escape that keeps them values, or like a semaphore's permit line).
+/// Each stays a plain value: held (no loss), no revoke request, shown by
+/// `inspect` with its value, in the way of others, and its fenced writes
+/// pass. Every value is tried; the problems are listed together.
+#[tokio::test]
+async fn values_that_start_like_a_mark_are_plain_values() {
+    let Some(h) = harness() else { return };
+    let case = h.case();
+    let (a, b) = (case.client().await, case.client().await);
+    let key = scratch_key(a.backend().as_ref(), case.namespace(), "k");
+    cleaning_up(&b, &key, async {
+        let values: [&[u8]; 9] = [
+            b"__BREAK__",
+            b"__BREAK__ of dawn",
+            b"__REVOKE__",
+            b"__REVOKE__ permits=3",
+            b"__VALUE__",
+            b"__VALUE____BREAK__",
+            b"permits=3",
+            b"x__BREAK__",
+            b"",
+        ];
+        let mut problems = Vec::new();
+        for (i, v) in values.iter().enumerate() {
+            let shown = String::from_utf8_lossy(v);
+            let name = format!("v{i}");
+            let g = a
+                .lock(name.as_str())
+                .unwrap()
+                .with_value(v.to_vec())
+                .acquire()
+                .await
+                .unwrap();
+            tokio::time::sleep(SETTLE).await;
+            if !g.is_held() {
+                problems.push(format!("value {shown:?}: the holder lost: {:?}", g.loss()));
+            }
+            if g.is_revoke_requested() {
+                problems.push(format!("value {shown:?}: taken for a revoke request"));
+            }
+            let st = b.inspect(name.as_str()).await.unwrap();
+            let shown_values: Vec<_> = st.holders.iter().map(|c| c.value.clone()).collect();
+            if shown_values != vec![v.to_vec()] {
+                problems.push(format!(
+                    "value {shown:?}: inspect shows holders with values {:?}",
+                    shown_values
+                        .iter()
+                        .map(|v| String::from_utf8_lossy(v).into_owned())
+                        .collect::<Vec<_>>()
+                ));
+            }
+            match b.lock(name.as_str()).unwrap().try_acquire().await {
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                Err(e) => problems.push(format!("value {shown:?}: another's try: {e}")),
+                Ok(other) => {
+                    problems.push(format!("value {shown:?}: another client took the lock"));
+                    let _ = other.release().await;
+                }
+            }
+            if let Err(e) = g.fenced_put(key.as_str(), v.to_vec()).await {
+                problems.push(format!("value {shown:?}: fenced put: {e}"));
+            }
+            let _ = g.release().await;
+        }
+
+        // The same as a leader's proclaimed value.
+        let election = a.election("ve").unwrap();
+        let mut leader = election.campaign("plain").await.unwrap();
+        for v in values {
+            let shown = String::from_utf8_lossy(v);
+            if let Err(e) = leader.proclaim(v).await {
+                problems.push(format!("proclaimed {shown:?}: {e}"));
+                break;
+            }
+            tokio::time::sleep(SETTLE).await;
+            if !leader.is_leader() {
+                let loss = leader.guard().loss();
+                problems.push(format!("proclaimed {shown:?}: the leader lost: {loss:?}"));
+                break;
+            }
+            if leader.guard().is_revoke_requested() {
+                problems.push(format!("proclaimed {shown:?}: taken for a revoke request"));
+            }
+            let seen = b.election("ve").unwrap().leader().await.unwrap();
+            if seen.as_ref().map(|l| &l.value[..]) != Some(v) {
+                problems.push(format!(
+                    "proclaimed {shown:?}: leader() shows {:?}",
+                    seen.map(|l| String::from_utf8_lossy(&l.value).into_owned())
+                ));
+            }
+            if let Err(e) = leader.guard().fenced_put(key.as_str(), v.to_vec()).await {
+                problems.push(format!("proclaimed {shown:?}: fenced put: {e}"));
+            }
+        }
+        let _ = leader.resign().await;
+        assert!(problems.is_empty(), "{}", problems.join("\n"));
+    })
+    .await;
+    a.wait_idle().await;
+    case.finish().await;
+}
