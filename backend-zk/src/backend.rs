@@ -71,7 +71,10 @@ async fn reachable(servers: &[(String, u16)]) -> Result<()> {
 /// library's own "timeout", or our `connect_timeout` running out): a
 /// silent store, [`ErrorKind::Timeout`] for `check_connect`.
 fn silent_as_timeout(e: Error) -> Error {
-    let silent = std::error::Error::source(&e).is_some_and(|s| {
+    // `cause()`, the error itself: `source()` is the cause's own source
+    // (each message once in a chain report, since 11efa92), which skips
+    // the `zk::Error` and `Elapsed` looked for here.
+    let silent = e.cause().is_some_and(|s| {
         s.downcast_ref::<zk::Error>()
             .is_some_and(|z| matches!(z, zk::Error::Timeout))
             || s.is::<tokio::time::error::Elapsed>()
