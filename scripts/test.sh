@@ -7,12 +7,22 @@
 # a project outside the workspace on the packaged crates), and stops the
 # stores even on failure.
 #
-#   scripts/test.sh            # everything
-#   scripts/test.sh -- ARGS    # extra arguments for `cargo test`
+#   scripts/test.sh              # everything
+#   scripts/test.sh -- ARGS      # extra arguments for `cargo test`
+#   scripts/test.sh --repeat N [-- ARGS]
+#                                # the stores up, then the test step alone N
+#                                # times in a row: each run's counts, and
+#                                # every test that failed in any run (a
+#                                # flaky test is a defect: exit 1 if any did)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 step() { printf '\n==> %s\n' "$*" >&2; }
+repeat=0
+if [ "${1:-}" = "--repeat" ]; then
+  repeat=${2:?"--repeat needs a number of runs"}
+  shift 2
+fi
 extra=()
 if [ "${1:-}" = "--" ]; then shift; extra=("$@"); fi
 
@@ -24,6 +34,29 @@ trap 'step "stopping the stores"; scripts/stores.sh down || true' EXIT
 eval "$(scripts/stores.sh up)"
 export QUORUMLOCK_TEST_REQUIRE=1
 export CARGO_TERM_COLOR=never
+
+if [ "$repeat" -gt 0 ]; then
+  logs=$(mktemp -d)
+  for run in $(seq "$repeat"); do
+    step "cargo test, run $run of $repeat (log: $logs/run-$run.log)"
+    cargo test --workspace --all-features --no-fail-fast -- "${extra[@]}" >"$logs/run-$run.log" 2>&1 || true
+    python3 - "$logs/run-$run.log" "$run" <<'PY'
+import re, sys
+text = open(sys.argv[1], errors="replace").read()
+passed = sum(int(n) for n in re.findall(r"test result: \w+\. (\d+) passed", text))
+failed = sum(int(n) for n in re.findall(r"; (\d+) failed", text))
+ignored = sum(int(n) for n in re.findall(r"; (\d+) ignored", text))
+print(f"run {sys.argv[2]}: {passed} passed, {failed} failed, {ignored} ignored", file=sys.stderr)
+PY
+  done
+  step "tests that failed in any of the $repeat runs"
+  if grep -h -E '^test .* \.\.\. FAILED$' "$logs"/run-*.log | sort | uniq -c | sort -rn >&2; then
+    echo "test.sh: flaky or failing tests above (logs in $logs)" >&2
+    exit 1
+  fi
+  echo "none: every test passed in all $repeat runs" >&2
+  exit 0
+fi
 
 step "cargo fmt --check"
 cargo fmt --all -- --check

@@ -352,6 +352,7 @@ macro_rules! fault_suite {
             cancel_at_every_poll,
             calls_return_within_bounds_on_a_dead_link,
             refused_removal_ends_the_session,
+            late_grant_is_given_back,
             unreachable_store_is_unavailable,
             connect_checks_the_store,
             explore_random_schedules

@@ -25,6 +25,10 @@ use super::{FaultTarget, Row};
 pub(super) struct Refusals {
     on: AtomicBool,
     made: AtomicU64,
+    /// Milliseconds a grant's answer is held in the acquire's own poll
+    /// (the thread blocks): the grant reaches the caller after its
+    /// deadline, with no await in between for a timer to fire at.
+    stall_grant_ms: AtomicU64,
 }
 
 impl Refusals {
@@ -128,7 +132,12 @@ impl StoreSession for RefusingSession {
         self.inner.id()
     }
     async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired> {
-        self.inner.acquire(req).await
+        let acquired = self.inner.acquire(req).await?;
+        let stall = self.refusals.stall_grant_ms.load(Ordering::SeqCst);
+        if stall > 0 {
+            std::thread::sleep(Duration::from_millis(stall));
+        }
+        Ok(acquired)
     }
     async fn release(&self, req: &AcquireRequest, held: &Acquired) -> Result<()> {
         self.refusals.check("release")?;
@@ -235,4 +244,57 @@ pub async fn refused_removal_ends_the_session(t: &FaultTarget) -> Row {
     let g = refusing.lock("r").unwrap().acquire().await.expect("again");
     g.release().await.expect("a release the store accepts");
     finish(t, &ns, &[&refusing, &admin], row).await
+}
+
+/// A grant that reaches the caller after the acquire's deadline (the
+/// store granted in time, the answer came late) is given back: the call
+/// returns `Timeout`, never a guard after its deadline, and another
+/// client takes the lock at once.
+pub async fn late_grant_is_given_back(t: &FaultTarget) -> Row {
+    let ns = format!("qlg-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let mut row = Row::new(t.name(), "late_grant_is_given_back");
+    let admin = t.client(&ns).await;
+    let ttl = admin.backend().capabilities().session_ttl;
+    let (backend, switch) = Refusals::wrap(t.backend(&ns).await);
+    let late = LockClient::new(backend);
+    // The session first, so that the stall hits the grant alone.
+    late.lock("warm")
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+
+    switch.stall_grant_ms.store(400, Ordering::SeqCst);
+    row.faults += 1;
+    let timeout = Duration::from_millis(100);
+    let start = tokio::time::Instant::now();
+    let r = late.lock("lg").unwrap().acquire_timeout(timeout).await;
+    let took = start.elapsed();
+    switch.stall_grant_ms.store(0, Ordering::SeqCst);
+    match r {
+        Err(e) => assert_eq!(e.kind(), ErrorKind::Timeout, "{e}"),
+        Ok(g) => panic!(
+            "acquire_timeout({timeout:?}) handed out a guard after {took:?}, past its deadline, on {}: {g:?}",
+            t.name()
+        ),
+    }
+    let g = admin
+        .lock("lg")
+        .unwrap()
+        .acquire_timeout(ttl / 2)
+        .await
+        .unwrap_or_else(|e| panic!("the late grant was not given back on {}: {e}", t.name()));
+    g.release().await.unwrap();
+    row.cycles += 1;
+    let g = late
+        .lock("lg")
+        .unwrap()
+        .acquire_timeout(SETTLE)
+        .await
+        .unwrap();
+    g.release().await.unwrap();
+    finish(t, &ns, &[&late, &admin], row).await
 }

@@ -399,7 +399,17 @@ impl LockClient {
                 if let Some(r) = &outcome {
                     telemetry::store_call("acquire", r.as_ref().err().map(Error::kind));
                 }
+                // A grant whose answer reached us after the deadline
+                // (the store granted in time, the answer came late) is
+                // given back: a guard is never handed out past its
+                // deadline.
+                let late = deadline.is_some_and(|d| Instant::now() > d);
                 match outcome {
+                    Some(Ok(_)) if late => {
+                        tracing::debug!("granted after the deadline; giving it back");
+                        pending.abandon(Some(abandon_bound(deadline))).await;
+                        return Err(timed_out(name));
+                    }
                     Some(Ok(acquired)) if session.liveness.is_alive() => {
                         let ticket = pending.disarm();
                         tracing::debug!(token = acquired.token, entry = %acquired.entry, "acquired");
@@ -527,6 +537,12 @@ impl Lock {
     /// is removed by then, or, if the store does not confirm it in time,
     /// its removal goes on in the background ([`LockClient::wait_idle`])
     /// and the next owner of this client waits for it.
+    ///
+    /// A grant whose answer arrives after the deadline (the store granted
+    /// in time, the answer came late) is given back like a waiting entry
+    /// and the call returns `Timeout`: a guard is never handed out past its
+    /// deadline. (A timeout too long to add to the clock waits without
+    /// end.)
     ///
     /// # Cancel safety
     /// As [`acquire`](Self::acquire).

@@ -32,7 +32,7 @@ use tokio::time::Instant;
 
 pub use super::cancel::{calls_return_within_bounds_on_a_dead_link, cancel_at_every_poll};
 pub use super::explorer::{explore_on_cluster, explore_random_schedules};
-pub use super::refusal::refused_removal_ends_the_session;
+pub use super::refusal::{late_grant_is_given_back, refused_removal_ends_the_session};
 pub use super::unavailable::{connect_checks_the_store, unreachable_store_is_unavailable};
 use super::{chaos_budget, FaultTarget, FencedRegister, History, NetControl, NetMode, Row};
 
