@@ -71,7 +71,9 @@ macro_rules! suite {
         $crate::__conformance_tests_expand!($harness; [];
             election_campaign_resign_and_proclaim,
             election_observe_sees_changes,
-            election_leader_makes_fenced_writes
+            election_leader_makes_fenced_writes,
+            election_revoke_then_resign_hands_over,
+            values_that_look_like_markers_are_values
         );
         $crate::__conformance_tests_expand!($harness; [KillSession];
             election_leader_lost_with_its_session

@@ -257,3 +257,47 @@ pub async fn election_leader_makes_fenced_writes(h: &Harness) {
     crate::scratch::remove_scratch(&o, &key).await;
     case.finish().await;
 }
+
+/// A revoke request reaches the leader without changing what observers
+/// see (its value stays), and a resign after it hands over as any resign
+/// does: the waiting candidate leads at once.
+pub async fn election_revoke_then_resign_hands_over(h: &Harness) {
+    let case = h.case();
+    let (a, b, o) = (
+        case.client().await,
+        case.client().await,
+        case.client().await,
+    );
+    let first = a.election("rv").unwrap().campaign("node-a").await.unwrap();
+    let eb = b.election("rv").unwrap();
+    let second = tokio::spawn(async move { eb.campaign("node-b").await });
+    eventually("the second candidate to queue", || async {
+        waiters(&o, "rv").await == 1
+    })
+    .await;
+    let asked = first.guard().revoke_requested();
+    assert!(o.request_revoke("rv").await.unwrap());
+    tokio::time::timeout(SOON, asked)
+        .await
+        .expect("the leader did not hear the revoke request");
+    assert!(first.is_leader(), "a revoke request is not a loss");
+    assert_eq!(
+        leader_value(&o, "rv").await.as_deref(),
+        Some(&b"node-a"[..]),
+        "the revoke request changed the leader's value"
+    );
+    let token = first.token();
+    first.resign().await.unwrap();
+    let second = tokio::time::timeout(SOON, second)
+        .await
+        .expect("the next candidate did not lead after a revoke and a resign")
+        .unwrap()
+        .unwrap();
+    assert!(second.token() > token);
+    assert_eq!(
+        leader_value(&o, "rv").await.as_deref(),
+        Some(&b"node-b"[..])
+    );
+    second.resign().await.unwrap();
+    case.finish().await;
+}

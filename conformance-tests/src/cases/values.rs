@@ -138,3 +138,87 @@ pub async fn holder_values_on_every_kind(h: &Harness) {
     p.release().await.unwrap();
     case.finish().await;
 }
+
+/// Values that look like what the layouts write themselves (break and
+/// revoke markers, encoded entries, escapes, a semaphore's `permits=`):
+/// as a holder value and as an election proposal each is only a value.
+/// Another client sees exactly those bytes, finds the lock held (not
+/// free, not broken, not in use by another kind), and the holder keeps
+/// it, with no revoke request.
+pub async fn values_that_look_like_markers_are_values(h: &Harness) {
+    let case = h.case();
+    let (a, b) = (case.client().await, case.client().await);
+    let values: Vec<Vec<u8>> = [
+        &b"__BREAK__"[..],
+        b"__BREAK__x",
+        b"__REVOKE__",
+        b"__REVOKE__x",
+        b"__VALUE__x",
+        b"ql:x:5:h",
+        b"ql:s1:5",
+        b"ql:e:",
+        b"ql:anything",
+        b"permits=3",
+        b".lock",
+        b"~x",
+        b"",
+        b"\xff\x00\xfe",
+    ]
+    .iter()
+    .map(|v| v.to_vec())
+    .collect();
+    for (i, v) in values.iter().enumerate() {
+        let name = format!("v{i}");
+        let g = a
+            .lock(name.as_str())
+            .unwrap()
+            .with_value(v.clone())
+            .acquire()
+            .await
+            .unwrap();
+        let state = b.inspect(name.as_str()).await.unwrap();
+        assert_eq!(state.holders.len(), 1, "value {v:?}: {state:#?}");
+        assert_eq!(state.holders[0].value, *v, "value {v:?} as a holder value");
+        assert_kind(
+            b.lock(name.as_str()).unwrap().try_acquire().await,
+            ErrorKind::WouldBlock,
+            &format!("a lock held with value {v:?}"),
+        );
+        assert!(g.is_held() && !g.is_revoke_requested(), "value {v:?}");
+        g.release().await.unwrap();
+
+        let election = format!("e{i}");
+        let leader = a
+            .election(election.as_str())
+            .unwrap()
+            .campaign(v.clone())
+            .await
+            .unwrap();
+        let seen = b
+            .election(election.as_str())
+            .unwrap()
+            .leader()
+            .await
+            .unwrap();
+        assert_eq!(
+            seen.map(|l| l.value).as_deref(),
+            Some(v.as_slice()),
+            "value {v:?} as a proposal"
+        );
+        assert_kind(
+            b.election(election.as_str())
+                .unwrap()
+                .campaign_timeout("other", Duration::from_millis(200))
+                .await
+                .map(drop),
+            ErrorKind::Timeout,
+            &format!("a second candidate while {v:?} leads"),
+        );
+        assert!(
+            leader.is_leader() && !leader.guard().is_revoke_requested(),
+            "value {v:?}"
+        );
+        leader.resign().await.unwrap();
+    }
+    case.finish().await;
+}
