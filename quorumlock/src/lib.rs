@@ -8,8 +8,9 @@ use std::sync::Arc;
 
 use lockcore::backend::Backend;
 
-/// The backend contract (for a store of your own; see
-/// [`LockClient::new`]).
+/// The backend contract, **unstable**: for a store of your own (see
+/// [`LockClient::new`]) or a wrapper in tests, not for using locks. It
+/// changes in any release; pin an exact version to depend on it.
 pub use lockcore::backend;
 pub use lockcore::url;
 pub use lockcore::{

@@ -1,12 +1,20 @@
 //! The backend contract: what a store crate implements.
 //!
+//! **Unstable.** This module is the service-provider interface between the
+//! client layer and the store crates, not the API for using locks (that is
+//! [`crate::LockClient`] and what it returns). It changes whenever a store
+//! needs it to, in any release, without a deprecation period; only the
+//! backends of this workspace are kept in step. Depend on it (to write a
+//! store of your own, or to wrap one for tests) with an exact version
+//! requirement (`=0.1.0`).
+//!
 //! The client layer ([`crate::LockClient`]) owns everything that is the
 //! same on every store: the per-name local queue (one store contender per
 //! client and name), reentrancy, timeouts, cancel safety (abandon on drop),
 //! the background release queue, session replacement, and the local
 //! deadline. A backend only speaks its store's protocol.
 //!
-//! How the three stores map onto it:
+//! How the stores map onto it (Redis: see `quorumlock-redis`'s README):
 //!
 //! | step | ZooKeeper | etcd | Consul |
 //! |---|---|---|---|
