@@ -14,3 +14,14 @@ conformance_tests::fault_suite!(conformance_tests::faults::FaultTarget::from_env
     },
 )
 .map(|t| t.with_option("ttl", "10s")));
+conformance_tests::process_fault_suite!(conformance_tests::faults::FaultTarget::from_env(
+    "consul",
+    "QUORUMLOCK_TEST_CONSUL_URL",
+    |url| async move {
+        Ok(
+            std::sync::Arc::new(backend_consul::ConsulBackend::connect(&url).await?)
+                as std::sync::Arc<dyn lockcore::backend::Backend>,
+        )
+    },
+)
+.map(|t| t.with_option("ttl", "10s")));

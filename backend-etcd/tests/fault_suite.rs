@@ -12,10 +12,26 @@ mod etcd34 {
         },
     )
     .map(|t| t.with_option("ttl", "3s")));
+    conformance_tests::process_fault_suite!(conformance_tests::faults::FaultTarget::from_env(
+        "etcd34",
+        "QUORUMLOCK_TEST_ETCD_URL",
+        |url| async move {
+            Ok(std::sync::Arc::new(backend_etcd::EtcdBackend::connect(&url).await?) as _)
+        },
+    )
+    .map(|t| t.with_option("ttl", "3s")));
 }
 
 mod etcd35 {
     conformance_tests::fault_suite!(conformance_tests::faults::FaultTarget::from_env(
+        "etcd35",
+        "QUORUMLOCK_TEST_ETCD35_URL",
+        |url| async move {
+            Ok(std::sync::Arc::new(backend_etcd::EtcdBackend::connect(&url).await?) as _)
+        },
+    )
+    .map(|t| t.with_option("ttl", "3s")));
+    conformance_tests::process_fault_suite!(conformance_tests::faults::FaultTarget::from_env(
         "etcd35",
         "QUORUMLOCK_TEST_ETCD35_URL",
         |url| async move {

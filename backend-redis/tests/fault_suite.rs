@@ -12,3 +12,13 @@ conformance_tests::fault_suite!(
     )
     .map(|t| t.with_option("ttl", "3s"))
 );
+conformance_tests::process_fault_suite!(
+    conformance_tests::faults::FaultTarget::from_env(
+        "redis",
+        "QUORUMLOCK_TEST_REDIS_URL",
+        |url| async move {
+            Ok(std::sync::Arc::new(backend_redis::RedisBackend::connect(&url).await?) as _)
+        },
+    )
+    .map(|t| t.with_option("ttl", "3s"))
+);

@@ -10,6 +10,12 @@ conformance_tests::fault_suite!(conformance_tests::faults::FaultTarget::from_env
     |url| async move { Ok(std::sync::Arc::new(backend_zk::ZkBackend::connect(&url).await?) as _) },
 )
 .map(|t| t.with_option("session_timeout", "2s")));
+conformance_tests::process_fault_suite!(conformance_tests::faults::FaultTarget::from_env(
+    "zk",
+    "QUORUMLOCK_TEST_ZK_URL",
+    |url| async move { Ok(std::sync::Arc::new(backend_zk::ZkBackend::connect(&url).await?) as _) },
+)
+.map(|t| t.with_option("session_timeout", "2s")));
 
 /// `kill_session` on a holder whose own client is cut off (so it cannot
 /// close its session itself): the session is closed from a new connection

@@ -38,6 +38,7 @@ pub mod cluster;
 pub mod explorer;
 mod history;
 mod http_proxy;
+pub mod process;
 mod proxy;
 mod refusal;
 mod register;
