@@ -6,7 +6,6 @@
 use std::future::Future;
 use std::time::Duration;
 
-use backon::BackoffBuilder;
 use tokio::time::Instant;
 
 use crate::{Error, ErrorKind, Result};
@@ -45,11 +44,7 @@ where
     Fut: Future<Output = Result<()>>,
 {
     let deadline = Instant::now() + timeout;
-    let mut backoff = backon::ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(50))
-        .with_max_delay(Duration::from_millis(500))
-        .without_max_times()
-        .build();
+    let mut backoff = super::Backoff::new(Duration::from_millis(50), Duration::from_millis(500));
     loop {
         let e = match tokio::time::timeout_at(deadline, attempt()).await {
             Ok(Ok(())) => return Ok(()),
@@ -58,7 +53,7 @@ where
             Err(_) => return Err(silent(store, timeout)),
         };
         tracing::debug!(error = %e, store, "the store does not answer yet; retrying");
-        let pause = backoff.next().unwrap_or(Duration::from_millis(500));
+        let pause = backoff.next_delay();
         if Instant::now() + pause >= deadline {
             if e.kind() == ErrorKind::Timeout {
                 return Err(silent(store, timeout).with_source(e));

@@ -36,6 +36,7 @@ mod delay;
 mod fenced;
 mod grants;
 mod namespace;
+mod retry;
 pub mod schemes;
 
 pub use crate::inflight::{finish_on_drop, InFlightWrites};
@@ -45,6 +46,7 @@ pub use delay::{DelayQueue, HELD_WATCH_DELAY};
 pub use fenced::{check_kinds, refused, HeldEntry, KeyWrite, MAX_KEY_LEN};
 pub use grants::{GrantMemory, LastGrant, QuietGrants};
 pub use namespace::Namespace;
+pub use retry::Backoff;
 
 use crate::{LockKind, LockName, LockState, Result};
 

@@ -12,7 +12,7 @@ use tokio::sync::{oneshot, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::availability::{ClientOptions, Unreachable};
-use crate::backend::{AcquireRequest, Acquired, Backend, StoreSession};
+use crate::backend::{AcquireRequest, Acquired, Backend, Backoff, StoreSession};
 use crate::signal::{LossReason, SessionLiveness};
 use crate::telemetry;
 use crate::{Error, ErrorKind, LockName, Result};
@@ -168,7 +168,7 @@ pub(super) async fn remove_entry(
     held: Option<&Acquired>,
 ) -> Result<()> {
     let op = if held.is_some() { "release" } else { "abandon" };
-    let mut backoff = Backoff::default();
+    let mut backoff = backoff();
     let mut refused = 0;
     loop {
         if !session.liveness.is_alive() {
@@ -250,31 +250,12 @@ impl Mode {
     }
 }
 
-/// Exponential backoff from 50 ms to 2 s, with jitter (so that clients
-/// that lost the store together do not retry in step), without end.
-pub(super) struct Backoff(backon::ExponentialBackoff);
-
 pub(super) const BACKOFF_MIN: Duration = Duration::from_millis(50);
 pub(super) const BACKOFF_MAX: Duration = Duration::from_secs(2);
 
-impl Default for Backoff {
-    fn default() -> Self {
-        use backon::BackoffBuilder;
-        Backoff(
-            backon::ExponentialBuilder::default()
-                .with_min_delay(BACKOFF_MIN)
-                .with_max_delay(BACKOFF_MAX)
-                .with_jitter()
-                .without_max_times()
-                .build(),
-        )
-    }
-}
-
-impl Backoff {
-    pub(super) async fn wait(&mut self) {
-        tokio::time::sleep(self.0.next().unwrap_or(BACKOFF_MAX)).await;
-    }
+/// The client's retry backoff: 50 ms to 2 s, with jitter.
+pub(super) fn backoff() -> Backoff {
+    Backoff::new(BACKOFF_MIN, BACKOFF_MAX)
 }
 
 /// The local queue slot of one owner; dropping it lets the next local
@@ -378,7 +359,7 @@ impl Retry {
         Retry {
             name: name.clone(),
             backend,
-            backoff: Backoff::default(),
+            backoff: backoff(),
             unreachable: Unreachable::new(options),
             current: None,
         }
