@@ -6,7 +6,8 @@
 //!
 //! A fault is a rule: a [`Match`] on method, path and body, the n-th
 //! request that matches it from the moment the rule is added, and an
-//! [`HttpFault`]. Each rule fires once. Every request is logged
+//! [`HttpFault`]. Each rule fires once ([`HttpProxy::on`]), or on every
+//! match until it is released ([`HttpProxy::on_every`]). Every request is logged
 //! ([`HttpProxy::requests`]), so tests can also count what a client sent.
 
 use std::net::SocketAddr;
@@ -89,6 +90,10 @@ pub enum HttpFault {
     /// delivers late. [`HttpRule::wait_done`] resolves once the server
     /// answered it.
     LateRequest(Duration),
+    /// The request is not forwarded: the proxy answers it at once with this
+    /// HTTP status (and a short text body), as an agent does that has no
+    /// leader (`500 No cluster leader`). The connection stays open.
+    Status(u16),
 }
 
 /// One request as the proxy saw it.
@@ -108,7 +113,11 @@ struct RuleState {
     matcher: Match,
     nth: u64,
     fault: HttpFault,
+    /// Fires on every match from the `nth` on, until released.
+    every: bool,
     matched: AtomicU64,
+    /// Requests it fired on.
+    hits: AtomicU64,
     /// 0: waiting; 1: the chosen request arrived; 2: its fault was applied.
     stage: watch::Sender<u8>,
     released: watch::Sender<bool>,
@@ -151,7 +160,19 @@ impl HttpRule {
         let _ = rx.wait_for(|s| *s >= 2).await;
     }
 
-    /// Ends a delay now.
+    /// How many requests it fired on so far.
+    pub fn hits(&self) -> u64 {
+        self.state.hits.load(Ordering::SeqCst)
+    }
+
+    /// Waits until it fired on at least `n` requests.
+    pub async fn wait_hits(&self, n: u64) {
+        let mut rx = self.state.stage.subscribe();
+        let _ = rx.wait_for(|_| self.hits() >= n).await;
+    }
+
+    /// Ends a delay now. A rule of [`HttpProxy::on_every`] also stops
+    /// firing: later requests pass untouched.
     pub fn release(&self) {
         self.state.released.send_replace(true);
     }
@@ -173,17 +194,26 @@ impl Shared {
     fn pick(&self, r: &Seen) -> Option<HttpRule> {
         self.log.lock().unwrap().push(r.clone());
         let mut rules = self.rules.lock().unwrap();
+        // A rule of `on_every` ends when it is released.
+        rules.retain(|x| !(x.state.every && *x.state.released.borrow()));
         let mut fired = None;
         for rule in rules.iter() {
             let s = &rule.state;
-            let nth = s.matcher.matches(r) && s.matched.fetch_add(1, Ordering::SeqCst) + 1 == s.nth;
+            let nth = s.matcher.matches(r) && {
+                let n = s.matched.fetch_add(1, Ordering::SeqCst) + 1;
+                n == s.nth || (s.every && n > s.nth)
+            };
             if nth && fired.is_none() {
                 fired = Some(rule.clone());
             }
         }
         if let Some(f) = &fired {
-            rules.retain(|x| !Arc::ptr_eq(&x.state, &f.state));
-            f.state.stage.send_replace(1);
+            if !f.state.every {
+                rules.retain(|x| !Arc::ptr_eq(&x.state, &f.state));
+            }
+            f.state.hits.fetch_add(1, Ordering::SeqCst);
+            // Wakes `wait_hits` on every hit, never moves a stage back.
+            f.state.stage.send_modify(|s| *s = (*s).max(1));
             tracing::debug!(method = %r.method, target = %r.target, fault = ?f.state.fault, "http proxy: fault");
         }
         fired
@@ -238,12 +268,25 @@ impl HttpProxy {
     /// Applies `fault` to the `nth` request (1: the next one) from now on
     /// that matches `m`.
     pub fn on(&self, m: Match, nth: u64, fault: HttpFault) -> HttpRule {
+        self.add(m, nth, fault, false)
+    }
+
+    /// Applies `fault` to every request from now on that matches `m`,
+    /// until [`HttpRule::release`] (which also lets held requests pass)
+    /// or [`HttpProxy::clear_rules`].
+    pub fn on_every(&self, m: Match, fault: HttpFault) -> HttpRule {
+        self.add(m, 1, fault, true)
+    }
+
+    fn add(&self, m: Match, nth: u64, fault: HttpFault, every: bool) -> HttpRule {
         let rule = HttpRule {
             state: Arc::new(RuleState {
                 matcher: m,
                 nth: nth.max(1),
                 fault,
+                every,
                 matched: AtomicU64::new(0),
+                hits: AtomicU64::new(0),
                 stage: watch::channel(0).0,
                 released: watch::channel(false).0,
             }),
@@ -414,6 +457,18 @@ async fn connection(client: TcpStream, target: SocketAddr, shared: Arc<Shared>) 
             r.state.stage.send_replace(2);
             return;
         }
+        if let (Some(r), Some(HttpFault::Status(code))) = (&rule, fault) {
+            let body = format!("quorumlock test proxy: injected {code}\n");
+            let out = format!(
+                "HTTP/1.1 {code} Injected\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            if cwr.write_all(out.as_bytes()).await.is_err() {
+                return;
+            }
+            r.state.stage.send_replace(2);
+            continue;
+        }
         if swr.write_all(&req.raw).await.is_err() {
             return;
         }
@@ -581,6 +636,31 @@ mod tests {
         assert_eq!(call(&mut c, "/x", "abcdefgh").await, None);
         cut.wait_done().await;
         assert_eq!(served.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn answers_every_match_with_a_status_until_released() {
+        let (addr, served) = server().await;
+        let p = HttpProxy::start(addr).await.unwrap();
+        let rule = p.on_every(Match::any().path("/err"), HttpFault::Status(500));
+        let mut c = BufReader::new(TcpStream::connect(p.addr()).await.unwrap());
+        for _ in 0..3 {
+            // Answered by the proxy on the same connection, not forwarded.
+            let m = {
+                let req = "PUT /err HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx";
+                c.get_mut().write_all(req.as_bytes()).await.unwrap();
+                read_message(&mut c, Some(false)).await.unwrap()
+            };
+            assert!(m.first.contains(" 500 "), "{}", m.first);
+        }
+        rule.wait_hits(3).await;
+        assert_eq!(rule.hits(), 3);
+        assert_eq!(call(&mut c, "/ok", "y").await.unwrap(), "y");
+        assert_eq!(served.load(Ordering::SeqCst), 1);
+        rule.release();
+        assert_eq!(call(&mut c, "/err", "z").await.unwrap(), "z");
+        assert_eq!(rule.hits(), 3);
+        assert_eq!(served.load(Ordering::SeqCst), 2);
     }
 
     #[tokio::test]
