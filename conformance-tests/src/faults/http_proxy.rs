@@ -121,6 +121,8 @@ struct RuleState {
     /// 0: waiting; 1: the chosen request arrived; 2: its fault was applied.
     stage: watch::Sender<u8>,
     released: watch::Sender<bool>,
+    /// The chosen request was written to the server.
+    forwarded: watch::Sender<bool>,
 }
 
 /// A rule added with [`HttpProxy::on`].
@@ -158,6 +160,13 @@ impl HttpRule {
     pub async fn wait_done(&self) {
         let mut rx = self.state.stage.subscribe();
         let _ = rx.wait_for(|s| *s >= 2).await;
+    }
+
+    /// Waits until the chosen request was written to the server (a
+    /// delayed request passed on; the server may not have read it yet).
+    pub async fn wait_forwarded(&self) {
+        let mut rx = self.state.forwarded.subscribe();
+        let _ = rx.wait_for(|f| *f).await;
     }
 
     /// How many requests it fired on so far.
@@ -289,6 +298,7 @@ impl HttpProxy {
                 hits: AtomicU64::new(0),
                 stage: watch::channel(0).0,
                 released: watch::channel(false).0,
+                forwarded: watch::channel(false).0,
             }),
         };
         self.shared.rules.lock().unwrap().push(rule.clone());
@@ -452,6 +462,7 @@ async fn connection(client: TcpStream, target: SocketAddr, shared: Arc<Shared>) 
             }
             r.hold(d).await;
             if swr.write_all(&req.raw).await.is_ok() {
+                r.state.forwarded.send_replace(true);
                 let _ = read_message(&mut srd, Some(seen.method == "HEAD")).await;
             }
             r.state.stage.send_replace(2);
@@ -471,6 +482,9 @@ async fn connection(client: TcpStream, target: SocketAddr, shared: Arc<Shared>) 
         }
         if swr.write_all(&req.raw).await.is_err() {
             return;
+        }
+        if let Some(r) = &rule {
+            r.state.forwarded.send_replace(true);
         }
         let Some(resp) = read_message(&mut srd, Some(seen.method == "HEAD")).await else {
             return;
@@ -618,6 +632,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(served.load(Ordering::SeqCst), 0, "forwarded while held");
         held.release();
+        held.wait_forwarded().await;
         assert_eq!(call_slow.await.unwrap().unwrap(), "late");
         assert_eq!(served.load(Ordering::SeqCst), 1);
 

@@ -95,6 +95,8 @@ pub struct FaultCounts {
     pub refusals: u64,
     /// `list`/`inspect` of the schedule's locks from the parent namespace.
     pub operator_reads: u64,
+    /// One client saturated with waiting acquires while a lock is broken.
+    pub saturations: u64,
 }
 
 /// The operations of a schedule beyond plain acquires, by kind.
@@ -693,7 +695,16 @@ async fn nemesis(
         let net = &nets[ci];
         let length =
             Duration::from_millis(rng.gen_range(50..=(ttl.as_millis() as u64 * 3 / 2).max(100)));
-        match rng.gen_range(0..150) {
+        match rng.gen_range(0..160) {
+            150..=159 => {
+                // The client waits on many locks at once (every request
+                // slot it has busy) while a lock of the workload is
+                // broken: the holder must still hear the break in time.
+                n.saturations += 1;
+                n.breaks += 1;
+                let name = all[rng.gen_range(0..all.len())];
+                saturated_break(admin, &clients[ci], name, length, sh).await;
+            }
             130..=139 => {
                 // The client's store refuses every release and abandon
                 // for a while (a busy or read-only server).
@@ -918,4 +929,59 @@ async fn fenced_write(sh: &Shared, g: &LockGuard, name: &'static str, ci: usize)
     }
     sh.log
         .fenced_write(name, ci, g.token(), sent, answered, r.is_ok());
+}
+
+/// How many acquires a saturated client has waiting at once.
+const FLOOD: usize = 40;
+
+/// The admin holds [`FLOOD`] names, `client` waits for each of them (up to
+/// `length`), and meanwhile `name` is broken; then the admin lets go and
+/// the waits end.
+async fn saturated_break(
+    admin: &LockClient,
+    client: &LockClient,
+    name: &'static str,
+    length: Duration,
+    sh: &Arc<Shared>,
+) {
+    let mut held = Vec::new();
+    for i in 0..FLOOD {
+        if let Ok(g) = admin
+            .lock(format!("flood/{i}"))
+            .unwrap()
+            .try_acquire()
+            .await
+        {
+            held.push(g);
+        }
+    }
+    let waits: Vec<_> = (0..FLOOD)
+        .map(|i| {
+            let c = client.clone();
+            tokio::spawn(async move {
+                if let Ok(g) = c
+                    .lock(format!("flood/{i}"))
+                    .unwrap()
+                    .acquire_timeout(length)
+                    .await
+                {
+                    let _ = g.release().await;
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let at = Instant::now();
+    match admin.break_lock(name).await {
+        Ok(true) => sh.log.force(at, Instant::now(), Forced::Name(name)),
+        Ok(false) => {}
+        Err(e) => eprintln!("explorer: the break of {name} failed: {e}"),
+    }
+    tokio::time::sleep(length).await;
+    for g in held {
+        let _ = g.release().await;
+    }
+    for w in waits {
+        let _ = w.await;
+    }
 }

@@ -42,6 +42,7 @@ impl FaultCounts {
         self.cluster += o.cluster;
         self.refusals += o.refusals;
         self.operator_reads += o.operator_reads;
+        self.saturations += o.saturations;
     }
 
     fn total(&self) -> u64 {
@@ -59,6 +60,7 @@ impl FaultCounts {
             + self.cluster
             + self.refusals
             + self.operator_reads
+            + self.saturations
     }
 }
 
@@ -84,7 +86,7 @@ impl std::fmt::Display for FaultCounts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "delay {} blackhole {} cut {} reset {} break {} revoke {} kill {} drop {} lost-answer {} lost-request {} delayed-message {} cluster {} refused-removals {} operator-reads {}",
+            "delay {} blackhole {} cut {} reset {} break {} revoke {} kill {} drop {} lost-answer {} lost-request {} delayed-message {} cluster {} refused-removals {} operator-reads {} saturated-breaks {}",
             self.delay,
             self.blackhole,
             self.cut,
@@ -98,7 +100,8 @@ impl std::fmt::Display for FaultCounts {
             self.delayed_messages,
             self.cluster,
             self.refusals,
-            self.operator_reads
+            self.operator_reads,
+            self.saturations
         )
     }
 }
