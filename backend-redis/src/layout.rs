@@ -8,6 +8,7 @@
 //! | `P.session/<sid>` | string, PX ttl | the session (lease) |
 //! | `P.session/<sid>/.mail` | list | the session's mailbox: grants, losses, revokes |
 //! | `P.session/<sid>/.locks` | set | the session's entries, by [`entry_name`] |
+//! | `P.session/<sid>/.fenced` | zset | contenders of attempts abandoned with a write of unknown outcome: a late copy of their enqueue writes nothing |
 //! | `L/.q` | zset | the queue: contender id by arrival number |
 //! | `L/.e` | hash | contender id -> `kind permits sid created_ms token P` |
 //!
@@ -16,7 +17,6 @@
 //! namespace `app` is lock `app/x` one namespace up.
 //! | `L/.v` | hash | contender id -> the holder's value (absent when empty) |
 //! | `L/.n` | string | the per-name counter: arrival numbers and tokens |
-//! | `L/.x/<contender>` | string, PX ttl | fence of an abandoned attempt |
 //!
 //! No segment of a lock's key starts with `.` (lockcore's `LockName::key`), so none
 //! of these keys is another lock's key.
@@ -90,12 +90,11 @@ pub(crate) fn glob_prefix(prefix: &str) -> String {
 }
 
 /// Whether a key under the namespace is store bookkeeping rather than an
-/// entry: the per-name counters (kept so tokens never go back), fences of
-/// abandoned attempts (they expire), and session keys (reported per
-/// session).
+/// entry: the per-name counters (kept so tokens never go back), and
+/// session keys and what lives with them (reported per session).
 pub(crate) fn is_bookkeeping(prefix: &str, key: &str) -> bool {
     let rest = key.strip_prefix(prefix).unwrap_or(key);
-    rest.starts_with(".session/") || key.ends_with("/.n") || key.contains("/.x/")
+    rest.starts_with(".session/") || key.ends_with("/.n")
 }
 
 #[cfg(test)]

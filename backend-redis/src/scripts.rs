@@ -197,7 +197,7 @@ pub(crate) static ENQUEUE: LazyLock<Script> = LazyLock::new(|| {
 local L, sid, id = ARGV[2], ARGV[3], ARGV[4]
 local kind, permits, wait, created = ARGV[5], tonumber(ARGV[6]), ARGV[7], ARGV[8]
 if redis.call('EXISTS', skey(sid)) == 0 then return {'gone'} end
-if redis.call('EXISTS', L .. '/.x/' .. id) == 1 then return {'fenced'} end
+if redis.call('ZSCORE', skey(sid) .. '/.fenced', id) then return {'fenced'} end
 local live, whole = head(L)
 local mine
 for i, e in ipairs(live) do
@@ -302,20 +302,39 @@ return found
 });
 
 /// Remove whatever an attempt wrote; with fence = 1, also stop a late
-/// copy of its enqueue for `ttl` ms. ARGV: P, L, contender, fence, ttl.
+/// copy of its enqueue for as long as its session `sid` lives: the
+/// contender joins the session's fences (`P.session/<sid>/.fenced`, a
+/// sorted set by server time, kept as long as the session and ended with
+/// it; the newest [`FENCES`] are kept). ARGV: P, L, contender, fence, sid.
 pub(crate) static ABANDON: LazyLock<Script> = LazyLock::new(|| {
-    script(
+    script(&format!(
         r#"
-local L, id, fence, ttl = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local L, id, fence, sid = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 remove(L, id)
 if fence == '1' then
-  redis.call('SET', L .. '/.x/' .. id, '1', 'PX', ttl)
+  -- A session already gone needs no fence: the enqueue checks it first.
+  local pttl = redis.call('PTTL', skey(sid))
+  if pttl > 0 then
+    local f = skey(sid) .. '/.fenced'
+    local t = redis.call('TIME')
+    local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    redis.call('ZADD', f, string.format('%d', ms), id)
+    redis.call('ZREMRANGEBYRANK', f, 0, -{keep})
+    redis.call('PEXPIRE', f, pttl)
+  end
 end
 settle(L, head(L), '')
 return 1
 "#,
-    )
+        keep = FENCES + 1
+    ))
 });
+
+/// How many fences of abandoned attempts a session keeps (the newest):
+/// a bound on its memory for a client whose writes often end unknown.
+/// A late enqueue of an attempt fenced longer ago is refused by nothing,
+/// and its entry is left to the renewal's reconciliation.
+pub(crate) const FENCES: usize = 1000;
 
 /// Forced break: removes the holders, tells their sessions, grants the
 /// next. ARGV: P, L. The number of holders removed.
@@ -361,8 +380,9 @@ return n
 
 /// Ends a session: its key goes, the queues of its entries (its set's
 /// members, `L/.q/<contender>`) are purged and settled (the next waiters
-/// granted). With notify = 1 its mailbox gets `x` (kept `ttl` ms) so its
-/// own client learns at once; else the mailbox goes too. ARGV: P, sid,
+/// granted), its fences go. With notify = 1 its mailbox gets `x` (kept
+/// `ttl` ms) so its own client learns at once; else the mailbox goes too.
+/// ARGV: P, sid,
 /// notify, ttl. 1 if the session existed.
 pub(crate) static KILL: LazyLock<Script> = LazyLock::new(|| {
     script(
@@ -371,7 +391,7 @@ local sid, notify, ttl = ARGV[2], ARGV[3], ARGV[4]
 local s = skey(sid)
 local members = redis.call('SMEMBERS', s .. '/.locks')
 local existed = redis.call('DEL', s)
-redis.call('DEL', s .. '/.locks')
+redis.call('DEL', s .. '/.locks', s .. '/.fenced')
 if notify == '1' and existed == 1 then
   redis.call('RPUSH', mkey(sid), 'x')
   redis.call('PEXPIRE', mkey(sid), ttl)
@@ -404,6 +424,7 @@ local sid, ttl = ARGV[2], ARGV[3]
 local s = skey(sid)
 if redis.call('PEXPIRE', s, ttl) == 0 then return {0} end
 redis.call('PEXPIRE', s .. '/.locks', ttl)
+redis.call('PEXPIRE', s .. '/.fenced', ttl)
 redis.call('PEXPIRE', mkey(sid), ttl)
 local out = {1}
 for i = 4, #ARGV, 3 do

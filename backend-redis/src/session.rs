@@ -474,7 +474,7 @@ impl StoreSession for RedisSession {
             .arg(self.inner.lock_key(&req.name))
             .arg(&id)
             .arg(if fence { "1" } else { "0" })
-            .arg(self.inner.config.ttl.as_millis() as u64);
+            .arg(&self.sid);
         self.inner.script::<i64>("abandon", &inv).await?;
         Ok(())
     }

@@ -11,46 +11,14 @@
 //!   the test's own, the binary from `QUORUMLOCK_REDIS_SERVER`, so no
 //!   other test is held up).
 
-use std::sync::Arc;
+mod common;
+
 use std::time::Duration;
 
-use backend_redis::RedisBackend;
+use common::{client, raw, session_set, url_with};
 use conformance_tests::support::{env_or_skip as env, free_port, unique_namespace};
 use lockcore::{ErrorKind, LockClient};
 use tokio::process::{Child, Command};
-
-/// `base` (a Redis URL) with namespace `ns` and option `query` (or none).
-fn url_with(base: &str, ns: &str, query: Option<&str>) -> String {
-    let mut u = lockcore::url::parse(base).unwrap();
-    u.set_path(ns);
-    if query.is_some() {
-        u.set_query(query);
-    }
-    u.to_string()
-}
-
-async fn client(url: &str) -> LockClient {
-    LockClient::new(Arc::new(RedisBackend::connect(url).await.unwrap()))
-}
-
-/// A plain connection to the server of `base`, for reading and poking at
-/// it behind the backend's back.
-async fn raw(base: &str) -> redis::aio::MultiplexedConnection {
-    let u = lockcore::url::parse(base).unwrap();
-    let plain = format!(
-        "redis://{}:{}/",
-        u.host_str().unwrap(),
-        u.port().unwrap_or(6379)
-    );
-    // Long enough for the busy script's own answer.
-    let config =
-        redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(10)));
-    redis::Client::open(plain)
-        .unwrap()
-        .get_multiplexed_async_connection_with_config(&config)
-        .await
-        .unwrap()
-}
 
 #[tokio::test]
 async fn a_client_one_namespace_up_does_not_purge_live_entries() {
@@ -143,20 +111,6 @@ async fn a_break_from_one_namespace_up_reaches_the_holder_at_once() {
     drop(g);
     a.close().await;
     up.close().await;
-}
-
-/// The members of the set of session `sid`'s entries (the layout's
-/// `P.session/<sid>/.locks`).
-async fn session_set(
-    conn: &mut redis::aio::MultiplexedConnection,
-    ns: &str,
-    sid: &str,
-) -> Vec<String> {
-    redis::cmd("SMEMBERS")
-        .arg(format!("{ns}/.session/{sid}/.locks"))
-        .query_async(conn)
-        .await
-        .unwrap()
 }
 
 #[tokio::test]
