@@ -24,6 +24,21 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// default), and long polls need some of them.
 const MAX_IN_FLIGHT: usize = 32;
 
+/// Which path a request takes to the agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lane {
+    /// Ordinary requests: at most [`MAX_IN_FLIGHT`] at once, the rest
+    /// wait for a slot.
+    Ordinary,
+    /// A waiter's long poll: no slot (each waiter holds one for minutes),
+    /// the ordinary client's connections.
+    Wait,
+    /// Loss detection (the monitor's reads, its session check) and
+    /// renewals: no slot, and a client of their own (its own connection
+    /// pool), so that no amount of ordinary traffic delays them.
+    Priority,
+}
+
 /// One KV entry as Consul returns it.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "PascalCase")]
@@ -211,6 +226,9 @@ struct TxnResult {
 /// The HTTP client of one backend instance.
 pub(crate) struct Api {
     http: reqwest::Client,
+    /// The client of [`Lane::Priority`]: a pool of its own when we build
+    /// the clients, the caller's client otherwise.
+    priority: reqwest::Client,
     base: Url,
     /// `v1/txn` on `base`, the URL of every write: parsed once.
     txn_url: Url,
@@ -234,12 +252,23 @@ type ApiResult<T> = std::result::Result<T, ApiError>;
 
 impl Api {
     /// A client for the agent of `config` over `http`, a client the
-    /// caller built (its TLS settings and timeouts are its own).
+    /// caller built (its TLS settings and timeouts are its own). Loss
+    /// detection and renewals skip the in-flight cap but share its
+    /// connection pool (which opens a connection whenever none is idle).
     pub fn with_http(config: &ConsulConfig, http: reqwest::Client) -> Result<Api> {
+        Self::with_clients(config, http.clone(), http)
+    }
+
+    fn with_clients(
+        config: &ConsulConfig,
+        http: reqwest::Client,
+        priority: reqwest::Client,
+    ) -> Result<Api> {
         let base = config.agent_url()?;
         let dc = config.datacenter.clone();
         Ok(Api {
             http,
+            priority,
             txn_url: endpoint(&base, dc.as_deref(), "v1/txn"),
             txn_consistent_url: {
                 let mut u = endpoint(&base, dc.as_deref(), "v1/txn");
@@ -260,7 +289,7 @@ impl Api {
         let r = self
             .request(reqwest::Method::GET, self.url(&format!("v1/kv/{key}")))
             .timeout(REQUEST_TIMEOUT);
-        let (code, text) = Self::body(self.send(r, false).await?).await?;
+        let (code, text) = Self::body(self.send(r, Lane::Ordinary).await?).await?;
         match code {
             200 | 404 => Ok(()),
             _ => Err(ApiError::Status { code, body: text }),
@@ -272,12 +301,7 @@ impl Api {
     /// certificate is checked against the system's roots
     /// (rustls-native-certs); with one, against its CAs alone.
     pub fn new(config: &ConsulConfig) -> Result<Api> {
-        let mut b = reqwest::Client::builder()
-            .use_rustls_tls()
-            .connect_timeout(Duration::from_secs(5))
-            .pool_max_idle_per_host(8)
-            .pool_idle_timeout(Duration::from_secs(20))
-            .tcp_nodelay(true);
+        let mut roots = None;
         if let Some(path) = &config.ca_file {
             let pem = std::fs::read(path).map_err(|e| {
                 Error::new(
@@ -297,12 +321,9 @@ impl Api {
             if certs.is_empty() {
                 return Err(not_pem());
             }
-            // `ca=` is the trust: not added to the system's roots.
-            b = b.tls_built_in_root_certs(false);
-            for cert in certs {
-                b = b.add_root_certificate(cert);
-            }
+            roots = Some(certs);
         }
+        let mut identity = None;
         if let (Some(cert), Some(key)) = (&config.client_cert_file, &config.client_key_file) {
             let read = |opt: &str, path: &std::path::Path| {
                 std::fs::read(path).map_err(|e| {
@@ -327,12 +348,33 @@ impl Api {
                 )
                 .with_source(e)
             })?;
-            b = b.identity(id);
+            identity = Some(id);
         }
-        let http = b.build().map_err(|e| {
-            Error::new(ErrorKind::Internal, "building the HTTP client failed").with_source(e)
-        })?;
-        Self::with_http(config, http)
+        // Two clients with the same settings: the ordinary one, and the
+        // priority one (loss detection and renewals), whose connections
+        // ordinary traffic never takes.
+        let build = |idle: usize| {
+            let mut b = reqwest::Client::builder()
+                .use_rustls_tls()
+                .connect_timeout(Duration::from_secs(5))
+                .pool_max_idle_per_host(idle)
+                .pool_idle_timeout(Duration::from_secs(20))
+                .tcp_nodelay(true);
+            if let Some(certs) = &roots {
+                // `ca=` is the trust: not added to the system's roots.
+                b = b.tls_built_in_root_certs(false);
+                for cert in certs {
+                    b = b.add_root_certificate(cert.clone());
+                }
+            }
+            if let Some(id) = &identity {
+                b = b.identity(id.clone());
+            }
+            b.build().map_err(|e| {
+                Error::new(ErrorKind::Internal, "building the HTTP client failed").with_source(e)
+            })
+        };
+        Self::with_clients(config, build(8)?, build(2)?)
     }
 
     /// Requests sent so far.
@@ -345,25 +387,30 @@ impl Api {
     }
 
     fn request(&self, method: reqwest::Method, u: Url) -> reqwest::RequestBuilder {
-        let mut r = self.http.request(method, u);
+        self.request_on(Lane::Ordinary, method, u)
+    }
+
+    fn request_on(&self, lane: Lane, method: reqwest::Method, u: Url) -> reqwest::RequestBuilder {
+        let client = if lane == Lane::Priority {
+            &self.priority
+        } else {
+            &self.http
+        };
+        let mut r = client.request(method, u);
         if let Some(t) = &self.token {
             r = r.header("X-Consul-Token", t.expose());
         }
         r
     }
 
-    /// Sends `r`, counting it. `uncapped` requests (long polls, each
-    /// waiter holds one; session renewals, which must never queue behind
-    /// other work) skip the in-flight cap.
-    async fn send(
-        &self,
-        r: reqwest::RequestBuilder,
-        uncapped: bool,
-    ) -> ApiResult<reqwest::Response> {
-        let _permit = if uncapped {
-            None
-        } else {
+    /// Sends `r` (built by [`Api::request_on`] for the same `lane`),
+    /// counting it. Only [`Lane::Ordinary`] requests wait for one of the
+    /// [`MAX_IN_FLIGHT`] slots.
+    async fn send(&self, r: reqwest::RequestBuilder, lane: Lane) -> ApiResult<reqwest::Response> {
+        let _permit = if lane == Lane::Ordinary {
             Some(self.in_flight.acquire().await.expect("never closed"))
+        } else {
+            None
         };
         self.requests.fetch_add(1, Ordering::Relaxed);
         r.send().await.map_err(ApiError::Transport)
@@ -382,7 +429,19 @@ impl Api {
     /// Every entry whose key starts with `prefix`, and the index of the
     /// answer (`X-Consul-Index`). With `block.index > 0`, a blocking query.
     pub async fn kv_list(&self, prefix: &str, block: Block) -> ApiResult<(u64, Vec<KvEntry>)> {
-        self.kv_read(prefix, true, block).await
+        let lane = if block.index > 0 {
+            Lane::Wait
+        } else {
+            Lane::Ordinary
+        };
+        self.kv_read(prefix, true, block, lane).await
+    }
+
+    /// [`Api::kv_list`] for the monitor of held locks: on the priority
+    /// lane (never behind ordinary requests, on connections of its own),
+    /// blocking or not.
+    pub async fn kv_watch(&self, prefix: &str, block: Block) -> ApiResult<(u64, Vec<KvEntry>)> {
+        self.kv_read(prefix, true, block, Lane::Priority).await
     }
 
     /// The entry `key` alone (no other key that starts with it), and the
@@ -390,7 +449,12 @@ impl Api {
     /// index if it is missing. A blocking query on it (`block.index > 0`)
     /// returns only when this key changes.
     pub async fn kv_get(&self, key: &str, block: Block) -> ApiResult<(u64, Option<KvEntry>)> {
-        let (index, entries) = self.kv_read(key, false, block).await?;
+        let lane = if block.index > 0 {
+            Lane::Wait
+        } else {
+            Lane::Ordinary
+        };
+        let (index, entries) = self.kv_read(key, false, block, lane).await?;
         Ok((index, entries.into_iter().find(|e| e.key == key)))
     }
 
@@ -399,6 +463,7 @@ impl Api {
         path: &str,
         recurse: bool,
         block: Block,
+        lane: Lane,
     ) -> ApiResult<(u64, Vec<KvEntry>)> {
         // Each segment percent-encoded: an escaped lock name's key holds
         // `%` (lockcore's `LockName::key`), which must reach Consul as is.
@@ -426,8 +491,10 @@ impl Api {
         } else {
             REQUEST_TIMEOUT
         };
-        let r = self.request(reqwest::Method::GET, u).timeout(timeout);
-        let resp = self.send(r, block.index > 0).await?;
+        let r = self
+            .request_on(lane, reqwest::Method::GET, u)
+            .timeout(timeout);
+        let resp = self.send(r, lane).await?;
         let index = resp
             .headers()
             .get("X-Consul-Index")
@@ -460,7 +527,7 @@ impl Api {
             .request(reqwest::Method::PUT, url)
             .timeout(REQUEST_TIMEOUT)
             .json(&ops);
-        let (code, text) = Self::body(self.send(r, false).await?).await?;
+        let (code, text) = Self::body(self.send(r, Lane::Ordinary).await?).await?;
         match code {
             200 => {
                 let b: TxnBody = Self::decode(&text)?;
@@ -506,7 +573,7 @@ impl Api {
             .request(reqwest::Method::PUT, self.url("v1/session/create"))
             .timeout(timeout)
             .json(body);
-        let (code, text) = Self::body(self.send(r, false).await?).await?;
+        let (code, text) = Self::body(self.send(r, Lane::Ordinary).await?).await?;
         match code {
             200 => Ok(Self::decode::<Created>(&text)?.id),
             _ => Err(ApiError::Status { code, body: text }),
@@ -516,12 +583,13 @@ impl Api {
     /// Renews a session; `Ok(false)` if the store no longer has it.
     pub async fn session_renew(&self, id: &str, timeout: Duration) -> ApiResult<bool> {
         let r = self
-            .request(
+            .request_on(
+                Lane::Priority,
                 reqwest::Method::PUT,
                 self.url(&format!("v1/session/renew/{id}")),
             )
             .timeout(timeout);
-        let (code, text) = Self::body(self.send(r, true).await?).await?;
+        let (code, text) = Self::body(self.send(r, Lane::Priority).await?).await?;
         match code {
             200 => Ok(true),
             404 => Ok(false),
@@ -537,7 +605,7 @@ impl Api {
                 self.url(&format!("v1/session/destroy/{id}")),
             )
             .timeout(REQUEST_TIMEOUT);
-        let (code, text) = Self::body(self.send(r, false).await?).await?;
+        let (code, text) = Self::body(self.send(r, Lane::Ordinary).await?).await?;
         match code {
             200 => Ok(()),
             _ => Err(ApiError::Status { code, body: text }),
@@ -546,13 +614,24 @@ impl Api {
 
     /// Whether the store still has session `id`.
     pub async fn session_exists(&self, id: &str) -> ApiResult<bool> {
+        self.session_info(id, Lane::Ordinary, REQUEST_TIMEOUT).await
+    }
+
+    /// [`Api::session_exists`] for the monitor, which must report a loss
+    /// at once: on the priority lane, waiting at most `timeout`.
+    pub async fn session_exists_now(&self, id: &str, timeout: Duration) -> ApiResult<bool> {
+        self.session_info(id, Lane::Priority, timeout).await
+    }
+
+    async fn session_info(&self, id: &str, lane: Lane, timeout: Duration) -> ApiResult<bool> {
         let r = self
-            .request(
+            .request_on(
+                lane,
                 reqwest::Method::GET,
                 self.url(&format!("v1/session/info/{id}")),
             )
-            .timeout(REQUEST_TIMEOUT);
-        let (code, text) = Self::body(self.send(r, false).await?).await?;
+            .timeout(timeout);
+        let (code, text) = Self::body(self.send(r, lane).await?).await?;
         match code {
             200 => Ok(!Self::decode::<Vec<Value>>(&text)?.is_empty()),
             _ => Err(ApiError::Status { code, body: text }),
@@ -564,7 +643,7 @@ impl Api {
         let r = self
             .request(reqwest::Method::GET, self.url("v1/status/leader"))
             .timeout(REQUEST_TIMEOUT);
-        let (code, text) = Self::body(self.send(r, false).await?).await?;
+        let (code, text) = Self::body(self.send(r, Lane::Ordinary).await?).await?;
         match code {
             200 => Self::decode::<String>(&text),
             _ => Err(ApiError::Status { code, body: text }),

@@ -16,10 +16,31 @@ use crate::layout::{rw_revoke, SemLock, SEMAPHORE_FLAGS};
 /// The monitor waits at least this long between two namespace reads, so
 /// that a busy namespace costs a bounded request rate per client.
 const MONITOR_MIN_GAP: Duration = Duration::from_millis(50);
-/// Consecutive failed monitor reads tolerated before the held locks are
-/// declared lost: at least this many, and for at least TTL/2 (so that a
-/// leader election the session itself survives does not lose its locks).
-const MONITOR_MAX_FAILURES: u32 = 6;
+/// The first pause after a failed monitor read; it doubles with each
+/// further failure, up to an eighth of [`blind_budget`] (at most
+/// [`MONITOR_MAX_BACKOFF`]), so that several reads are tried within it.
+const MONITOR_FIRST_BACKOFF: Duration = Duration::from_millis(25);
+const MONITOR_MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// How long the check of our session after a loss may take: the loss is
+/// reported then anyway (as `EntryDeleted`).
+const SESSION_CHECK_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// How long the monitor may go without a successful read, once a read
+/// failed, before it declares the held locks lost (`DeadlinePassed`).
+/// A forced break keeps `.lock` for the breaker's lock-delay (its grace)
+/// and then frees it: a holder that cannot see its entry must give up
+/// well within that grace, so half of our `lock_delay` (the breaker is
+/// assumed to use the same or a longer one). Without a lock-delay a
+/// break frees the lock at once and the loss signal races the next
+/// acquire whatever we do: then TTL/2, so that a leader election the
+/// session survives does not lose its locks. Never more than TTL/2.
+pub(crate) fn blind_budget(ttl: Duration, lock_delay: Duration) -> Duration {
+    if lock_delay.is_zero() {
+        ttl / 2
+    } else {
+        (lock_delay / 2).min(ttl / 2)
+    }
+}
 
 /// The longest common prefix of the watched `.lock` keys: the narrowest
 /// prefix one blocking query can watch them all under. For one held lock
@@ -51,12 +72,32 @@ fn common_prefix<'a>(mut keys: impl Iterator<Item = &'a String>) -> String {
 ///
 /// An index from a read of a wider prefix is safe to block on with a
 /// narrower one: the wider read saw every change up to it.
+///
+/// A failed read leaves the held locks unconfirmed: from then on each
+/// read is an immediate (non-blocking) one, retried after a short pause
+/// ([`MONITOR_FIRST_BACKOFF`], doubling, at most an eighth of the
+/// [`blind_budget`]), and a held lock not confirmed by a successful read
+/// within the budget (counted from the first failure, or from its grant
+/// if later) is declared lost: a forced break frees the lock only after
+/// its grace, which the budget stays well within. All of it on the
+/// priority lane of [`crate::api::Api`]: ordinary traffic of the client
+/// never delays it.
 pub(crate) async fn monitor(s: Arc<Shared>) {
     let mut index: u64 = 0;
-    let mut failures: u32 = 0;
-    let mut failing_since = Instant::now();
-    let patience = s.backend.config.ttl / 2;
+    // Since when the held locks are unconfirmed (a read failed since the
+    // last successful one), and the pause before the next read.
+    let mut unconfirmed: Option<Instant> = None;
+    let mut backoff = MONITOR_FIRST_BACKOFF;
+    let cfg = &s.backend.config;
+    let budget = blind_budget(cfg.ttl, cfg.lock_delay);
+    let max_backoff = (budget / 8).clamp(MONITOR_FIRST_BACKOFF, MONITOR_MAX_BACKOFF);
     loop {
+        if let Some(since) = unconfirmed {
+            if lose_unconfirmed(&s, since, budget) {
+                unconfirmed = None;
+                index = 0;
+            }
+        }
         // Only fresh grants to watch: wait until the oldest is
         // HELD_WATCH_DELAY old (it may be released before: a short hold
         // costs no monitor request; a break in between is seen late, far
@@ -64,6 +105,9 @@ pub(crate) async fn monitor(s: Arc<Shared>) {
         let hold_off = {
             let mut w = s.watch.lock().expect("poisoned");
             w.entries.retain(|_, e| !e.signals.is_finished());
+            if w.entries.is_empty() {
+                unconfirmed = None;
+            }
             if w.entries.values().all(|e| !e.checked) {
                 w.entries.values().map(|e| e.since + HELD_WATCH_DELAY).min()
             } else {
@@ -100,6 +144,8 @@ pub(crate) async fn monitor(s: Arc<Shared>) {
                     .min();
                 let any_checked = w.entries.values().any(|e| e.checked);
                 let q = match (index, unchecked) {
+                    // Unconfirmed: read at once, do not block.
+                    _ if unconfirmed.is_some() => 0,
                     // Nothing judged yet: changes before the oldest
                     // grant do not concern us; block from there.
                     (_, Some(t)) if !any_checked => t,
@@ -112,14 +158,21 @@ pub(crate) async fn monitor(s: Arc<Shared>) {
             w.inflight = q.clone();
             q
         };
+        let deadline = unconfirmed.and_then(|since| next_deadline(&s, since, budget));
         let r = tokio::select! {
             biased;
             _ = s.stop.cancelled() => return,
             _ = s.liveness.lost() => return,
             _ = s.watch_changed.notified() => continue,
+            // The budget ran out while this read is in flight: the top of
+            // the loop declares the unconfirmed locks lost.
+            _ = sleep_until_some(deadline) => {
+                s.watch.lock().expect("poisoned").inflight = None;
+                continue;
+            }
             r = async {
                 match &query {
-                    Some((q, prefix)) => s.backend.api.kv_list(prefix, Block { index: *q, wait: LONG_POLL, consistent: true }).await,
+                    Some((q, prefix)) => s.backend.api.kv_watch(prefix, Block { index: *q, wait: LONG_POLL, consistent: true }).await,
                     None => std::future::pending().await,
                 }
             } => r,
@@ -128,46 +181,84 @@ pub(crate) async fn monitor(s: Arc<Shared>) {
         s.watch.lock().expect("poisoned").inflight = None;
         let gap = match r {
             Ok((idx, entries)) => {
-                failures = 0;
+                unconfirmed = None;
+                backoff = MONITOR_FIRST_BACKOFF;
                 index = idx;
-                let watched = evaluate(&s, &prefix, idx, &entries).await;
+                let watched = evaluate(&s, &prefix, idx, &entries, budget).await;
                 MONITOR_MIN_GAP + Duration::from_micros(100 * watched as u64)
             }
             Err(e) => {
-                if failures == 0 {
-                    failing_since = Instant::now();
+                let first = unconfirmed.is_none();
+                let since = *unconfirmed.get_or_insert_with(Instant::now);
+                if first {
+                    backoff = MONITOR_FIRST_BACKOFF;
+                } else {
+                    backoff = (backoff * 2).min(max_backoff);
                 }
-                failures += 1;
-                tracing::debug!(session = %s.id, error = %e, failures, "monitor read failed");
-                if failures >= MONITOR_MAX_FAILURES && failing_since.elapsed() >= patience {
-                    tracing::warn!(session = %s.id, error = %e,
-                        "cannot watch the held locks; declaring them lost");
-                    let lost: Vec<(String, u64)> = {
-                        let mut w = s.watch.lock().expect("poisoned");
-                        w.entries
-                            .drain()
-                            .map(|(key, e)| {
-                                e.signals.lose(LossReason::DeadlinePassed);
-                                let at = e.sem.as_ref().map_or(e.token, |s| s.contender_index);
-                                (key, at)
-                            })
-                            .collect()
-                    };
-                    // The session may well survive (renewals are separate):
-                    // free the locks we just declared lost, or they would
-                    // stay held until the guards are released.
-                    tokio::spawn(remove_given_up(s.clone(), lost));
-                    failures = 0;
-                    index = 0;
-                }
-                Duration::from_millis(250 << failures.min(3))
+                tracing::debug!(session = %s.id, error = %e, unconfirmed_for = ?since.elapsed(),
+                    "monitor read failed; retrying");
+                backoff
             }
         };
+        let deadline = unconfirmed.and_then(|since| next_deadline(&s, since, budget));
         tokio::select! {
             _ = s.stop.cancelled() => return,
             _ = tokio::time::sleep(gap) => {}
+            _ = sleep_until_some(deadline) => {}
         }
     }
+}
+
+/// Sleeps until `t`, or for ever.
+async fn sleep_until_some(t: Option<Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// When the first held lock unconfirmed since `since` runs out of
+/// `budget` (counted from `since`, or from its grant if later).
+fn next_deadline(s: &Shared, since: Instant, budget: Duration) -> Option<Instant> {
+    let w = s.watch.lock().expect("poisoned");
+    w.entries
+        .values()
+        .map(|e| e.since.max(since) + budget)
+        .min()
+}
+
+/// Declares lost (`DeadlinePassed`) every held lock unconfirmed since
+/// `since` for `budget` (or since its grant if later), and removes them
+/// from the store as a release would: the session may well live on
+/// (renewals are separate), and the locks would stay held until the
+/// guards are released. `true` if nothing is watched any more.
+fn lose_unconfirmed(s: &Arc<Shared>, since: Instant, budget: Duration) -> bool {
+    let now = Instant::now();
+    let (lost, empty): (Vec<(String, u64)>, bool) = {
+        let mut w = s.watch.lock().expect("poisoned");
+        let overdue: Vec<String> = w
+            .entries
+            .iter()
+            .filter(|(_, e)| e.since.max(since) + budget <= now)
+            .map(|(k, _)| k.clone())
+            .collect();
+        let lost = overdue
+            .into_iter()
+            .filter_map(|k| {
+                let e = w.entries.remove(&k)?;
+                e.signals.lose(LossReason::DeadlinePassed);
+                let at = e.sem.as_ref().map_or(e.token, |s| s.contender_index);
+                Some((k, at))
+            })
+            .collect();
+        (lost, w.entries.is_empty())
+    };
+    if !lost.is_empty() {
+        tracing::warn!(session = %s.id, locks = lost.len(), ?budget,
+            "cannot confirm the held locks with the store; declaring them lost");
+        tokio::spawn(remove_given_up(s.clone(), lost));
+    }
+    empty
 }
 
 /// Removes held locks that the monitor gave up on, as a release would:
@@ -221,7 +312,13 @@ async fn remove_given_up(s: Arc<Shared>, lost: Vec<(String, u64)>) {
 
 /// Judges every watched lock under `prefix` against a read of it at index
 /// `idx`; returns how many locks are watched.
-async fn evaluate(s: &Shared, prefix: &str, idx: u64, entries: &[KvEntry]) -> usize {
+async fn evaluate(
+    s: &Shared,
+    prefix: &str,
+    idx: u64,
+    entries: &[KvEntry],
+    budget: Duration,
+) -> usize {
     let by_key: HashMap<&str, &KvEntry> = entries.iter().map(|e| (e.key.as_str(), e)).collect();
     let mut lost = Vec::new();
     let watched = {
@@ -276,8 +373,11 @@ async fn evaluate(s: &Shared, prefix: &str, idx: u64, entries: &[KvEntry]) -> us
     if lost.is_empty() {
         return watched;
     }
-    // Gone because the session is gone, or deleted behind our back?
-    let reason = match s.backend.api.session_exists(&s.id).await {
+    // Gone because the session is gone, or deleted behind our back? Asked
+    // on the priority lane, and not for long: the loss must be reported
+    // within a break's grace, whatever else the client is doing.
+    let ask = SESSION_CHECK_TIMEOUT.min(budget / 4);
+    let reason = match s.backend.api.session_exists_now(&s.id, ask).await {
         Ok(false) => {
             s.liveness.lose(LossReason::SessionExpired);
             LossReason::SessionExpired

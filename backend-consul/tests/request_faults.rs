@@ -1654,3 +1654,179 @@ async fn late_rw_leave_of_an_earlier_try_keeps_the_new_place_in_line() {
     .await;
     env.finish().await;
 }
+
+/// The monitor's reads of the holder of `name`: blocking queries (or, once
+/// one failed, immediate reads) of `.lock` with `?recurse`.
+fn monitor_read(env: &Env, name: &str) -> Match {
+    Match::any()
+        .method("GET")
+        .path(&format!("/v1/kv/{}/{name}/.lock?recurse", env.ns))
+}
+
+/// An operator (`admin`, whose lock-delay is the break's grace) breaks
+/// `name` and D takes it once the break frees it: by then A's guard `ga`
+/// must have reported the loss (the break's grace exists for that). The
+/// panic says how late A learned, if it did within 30 s.
+async fn break_then_d_takes(
+    admin: &LockClient,
+    d: &LockClient,
+    name: &str,
+    ga: &LockGuard,
+) -> LockGuard {
+    let broke_at = Instant::now();
+    let (a2, n) = (admin.clone(), name.to_string());
+    let breaking = tokio::spawn(async move { a2.break_lock(&n).await });
+    let dg = acquire(d, name).await;
+    let granted = broke_at.elapsed();
+    if ga.is_held() {
+        let learned = match timeout(SOON, ga.lost()).await {
+            Ok(reason) => format!(
+                "{:.1} s after D's grant ({reason:?})",
+                (broke_at.elapsed() - granted).as_secs_f64()
+            ),
+            Err(_) => "nothing within 30 s".to_string(),
+        };
+        panic!(
+            "D was granted {:.1} s after the break (token {}) while A still said held (token {}); A learned {learned}",
+            granted.as_secs_f64(),
+            dg.token(),
+            ga.token()
+        );
+    }
+    // `false` if A had given the lock up (and freed it) before the break.
+    timeout(SOON, breaking)
+        .await
+        .expect("the break hung")
+        .unwrap()
+        .unwrap();
+    dg
+}
+
+/// Issue 37, bug 3: the holder's monitor reads fail (the agent answers
+/// 500, as one without a leader does) three times, then pass again, and
+/// right then an operator breaks the lock; D takes it when the break's
+/// grace (1 s) ends. A failed read must be retried well within that
+/// grace (it was retried after 0.5, 1, then 2 s), so A knows of the break
+/// before D is granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn monitor_read_errors_do_not_outlast_a_break_grace() {
+    let Some(mut env) = Env::new() else { return };
+    serially(async {
+        let (a, proxy) = env.proxied("ttl=1h").await;
+        let admin = env.client("lock_delay=1s").await;
+        let d = env.client("").await;
+        let errors = proxy.on_every(monitor_read(&env, "x"), HttpFault::Status(500));
+        let ga = acquire(&a, "x").await;
+        timeout(SOON, errors.wait_hits(3))
+            .await
+            .expect("the monitor did not read three times");
+        errors.release();
+        let dg = break_then_d_takes(&admin, &d, "x", &ga).await;
+        dg.release().await.unwrap();
+        ga.release().await.ok(); // lost
+    })
+    .await;
+    env.finish().await;
+}
+
+/// Issue 37, bug 3, fail-safe: the holder's monitor reads all fail (500)
+/// from the grant on. A holder that cannot confirm its entry must give it
+/// up within a break's grace: when an operator breaks the lock and D
+/// takes it after the grace, A has reported the loss (it tolerated
+/// failures for TTL/2, here half an hour).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_whose_monitor_cannot_read_gives_up_within_a_break_grace() {
+    let Some(mut env) = Env::new() else { return };
+    serially(async {
+        let (a, proxy) = env.proxied("ttl=1h").await;
+        let admin = env.client("lock_delay=1s").await;
+        let d = env.client("").await;
+        let errors = proxy.on_every(monitor_read(&env, "x"), HttpFault::Status(500));
+        let ga = acquire(&a, "x").await;
+        timeout(SOON, errors.wait_hit())
+            .await
+            .expect("the monitor never read");
+        let dg = break_then_d_takes(&admin, &d, "x", &ga).await;
+        assert_eq!(ga.loss(), Some(lockcore::LossReason::DeadlinePassed));
+        errors.release();
+        dg.release().await.unwrap();
+        ga.release().await.ok(); // lost
+    })
+    .await;
+    env.finish().await;
+}
+
+/// One failed monitor read (500) is retried at once and confirms the lock:
+/// not a loss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_failed_monitor_read_does_not_lose_the_lock() {
+    let Some(mut env) = Env::new() else { return };
+    serially(async {
+        let (a, proxy) = env.proxied("ttl=1h").await;
+        let error = proxy.on(monitor_read(&env, "x"), 1, HttpFault::Status(500));
+        let ga = acquire(&a, "x").await;
+        timeout(SOON, error.wait_done())
+            .await
+            .expect("the monitor never read");
+        let failed_at = Instant::now();
+        // The read after the failure was answered: the monitor blocks again.
+        eventually("the monitor to read twice more", || async {
+            proxy.count_since(&monitor_read(&env, "x"), failed_at) >= 2
+        })
+        .await;
+        assert!(ga.is_held(), "lost after one failed read: {:?}", ga.loss());
+        ga.release().await.unwrap();
+    })
+    .await;
+    env.finish().await;
+}
+
+/// Issue 37, bug 6: a client saturated with ordinary requests (40
+/// acquires of other names whose txns the proxy holds: every one of its
+/// 32 request slots taken) still hears a break of a lock it holds before
+/// the break's grace ends. The monitor's check of the session after the
+/// loss queued behind those 32 requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saturated_client_hears_a_break_within_its_grace() {
+    let Some(mut env) = Env::new() else { return };
+    serially(async {
+        let (a, proxy) = env.proxied("ttl=1h").await;
+        let admin = env.client("lock_delay=1s").await;
+        let d = env.client("").await;
+        let start = Instant::now();
+        let ga = acquire(&a, "x").await;
+        eventually("the monitor to watch x", || async {
+            proxy.count_since(&monitor_read(&env, "x"), start) >= 1
+        })
+        .await;
+        let held = proxy.on_every(
+            Match::any()
+                .method("PUT")
+                .path("/v1/txn")
+                .body(&format!(r#""Key":"{}/busy"#, env.ns)),
+            HttpFault::DelayRequest(HOLD),
+        );
+        let busy: Vec<_> = (0..40)
+            .map(|i| spawn_acquire(&a, &format!("busy{i}")))
+            .collect();
+        timeout(SOON, held.wait_hits(32))
+            .await
+            .expect("the acquires of other names never took every slot");
+        let dg = break_then_d_takes(&admin, &d, "x", &ga).await;
+        held.release();
+        for b in busy {
+            timeout(SOON, b)
+                .await
+                .expect("an acquire of another name hung")
+                .unwrap()
+                .unwrap()
+                .release()
+                .await
+                .unwrap();
+        }
+        dg.release().await.unwrap();
+        ga.release().await.ok(); // lost
+    })
+    .await;
+    env.finish().await;
+}
