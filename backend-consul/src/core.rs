@@ -59,15 +59,15 @@ pub(crate) fn now_ms() -> u64 {
 }
 
 /// Reads every key of one lock in one request (a read-only txn with
-/// `get-tree`, because a `<name>/.` prefix cannot go into a URL path).
+/// `get-tree`, because a `<name>/.` prefix cannot go into a URL path),
+/// never served stale (`?consistent`: the leader checks with a quorum
+/// that it still leads). Such reads decide grants (a fast grant whose
+/// answer was lost, read back; a repeat fast grant read after others
+/// wrote; our own `.lock` found after a take's lost answer), removals
+/// (which delete what the read shows of ours) and breaks: a leader cut
+/// off from its cluster, deposed meanwhile, would answer a default-mode
+/// read from its old state (issue 37, bug 7). Costs no extra request.
 pub(crate) async fn read_view(api: &Api, keys: &Keys) -> Result<View> {
-    view_of(keys, api.txn(vec![op::get_tree(&keys.tree)]).await)
-}
-
-/// [`read_view`], never served stale (`?consistent`): for a removal,
-/// which deletes what the read shows of ours, a stale read that missed a
-/// key of ours would leave that key behind.
-pub(crate) async fn read_view_consistent(api: &Api, keys: &Keys) -> Result<View> {
     view_of(
         keys,
         api.txn_consistent(vec![op::get_tree(&keys.tree)]).await,

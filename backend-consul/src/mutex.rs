@@ -11,8 +11,8 @@ use lockcore::{Error, ErrorKind, LockKind, Result};
 
 use crate::api::{op, KvEntry, Record, Txn};
 use crate::core::{
-    failed, now_ms, read_after_lock, read_view, read_view_consistent, session_gone, session_lost,
-    would_block, Shared, Transient, CONTENDED_MEMORY, MAX_ACQUIRE_RETRIES,
+    failed, now_ms, read_after_lock, read_view, session_gone, session_lost, would_block, Shared,
+    Transient, CONTENDED_MEMORY, MAX_ACQUIRE_RETRIES,
 };
 use crate::layout::{Keys, View, LOCK_FLAGS, QUEUE_FLAGS};
 
@@ -916,7 +916,7 @@ async fn give_back(
 async fn remove_read(s: &Arc<Shared>, keys: &Keys) -> Result<()> {
     let qkey = keys.queue(&s.id);
     for _ in 0..MAX_ACQUIRE_RETRIES {
-        let v = read_view_consistent(&s.backend.api, keys).await?;
+        let v = read_view(&s.backend.api, keys).await?;
         let mut ops = Vec::new();
         if let Some(l) = v
             .lock

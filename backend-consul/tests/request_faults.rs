@@ -1830,3 +1830,113 @@ async fn a_saturated_client_hears_a_break_within_its_grace() {
     .await;
     env.finish().await;
 }
+
+/// Whether `r` is a read that the client decides on: a `/v1/txn` with
+/// only reads and checks, or a KV GET that does not block (a blocking
+/// query only waits for a change; what follows it decides).
+fn is_deciding_read(r: &conformance_tests::faults::Seen) -> bool {
+    const WRITES: [&str; 7] = [
+        "lock",
+        "unlock",
+        "set",
+        "cas",
+        "delete",
+        "delete-cas",
+        "delete-tree",
+    ];
+    if r.method == "PUT" && r.target.starts_with("/v1/txn") {
+        return !WRITES
+            .iter()
+            .any(|v| r.body.contains(&format!(r#""Verb":"{v}""#)));
+    }
+    // `connect()`'s probe of the token decides nothing.
+    r.method == "GET"
+        && r.target.starts_with("/v1/kv/")
+        && !r.target.contains("index=")
+        && !r.target.contains(".quorumlock-connect-check")
+}
+
+/// Issue 37, bug 7 (what a single agent can show): every read on a grant
+/// path is `?consistent`, so that a leader cut off from its cluster (and
+/// deposed meanwhile) cannot answer it from its old state. Runs the
+/// acquires whose reads decide: a fast acquire whose answer is lost (read
+/// back), a repeat fast acquire after others wrote (read after the
+/// grant), a waiter's take whose answer is lost, a read-write join whose
+/// answer is lost, a proclaim whose answer is lost; then checks every
+/// such read the client sent. (`tests/fault_cluster.rs`
+/// `a_deposed_leader_never_decides_a_grant` shows the stale grant itself
+/// on three servers.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_read_on_a_grant_path_is_consistent() {
+    let Some(mut env) = Env::new() else { return };
+    serially(async {
+        let (a, proxy) = env.proxied("ttl=1h").await;
+        let h = env.client("").await;
+        let other = env.client("").await;
+        // A fast acquire whose answer is lost: read back.
+        let lost = proxy.on(
+            txn_starting(&env, "check-not-exists", "x"),
+            1,
+            HttpFault::DropAnswer,
+        );
+        let g = acquire(&a, "x").await;
+        assert!(lost.hit());
+        g.release().await.unwrap();
+        // A repeat fast acquire that left out its read, after another
+        // client wrote: a read after the grant.
+        acquire(&a, "x").await.release().await.unwrap();
+        acquire(&a, "x").await.release().await.unwrap();
+        acquire(&other, "elsewhere").await.release().await.unwrap();
+        acquire(&a, "x").await.release().await.unwrap();
+        // A waiter's take whose answer is lost: read back.
+        let hg = acquire(&h, "x").await;
+        let lost = proxy.on(take(), 1, HttpFault::DropAnswer);
+        let a_acq = spawn_acquire(&a, "x");
+        eventually("A to queue", || async { waiters(&h, "x").await == 1 }).await;
+        hg.release().await.unwrap();
+        let g = timeout(SOON, a_acq).await.unwrap().unwrap().unwrap();
+        assert!(lost.hit(), "A's take was not the one cut");
+        g.release().await.unwrap();
+        // A proclaim whose answer is lost: read back.
+        let mut leader = timeout(SOON, a.election("e").unwrap().campaign("v1"))
+            .await
+            .unwrap()
+            .unwrap();
+        let lost = proxy.on(
+            txn_starting(&env, "check-session", "e"),
+            1,
+            HttpFault::DropAnswer,
+        );
+        timeout(SOON, leader.proclaim("v2")).await.unwrap().unwrap();
+        assert!(lost.hit(), "the proclaim was not the one cut");
+        leader.resign().await.unwrap();
+        // A read-write join whose answer is lost: read back.
+        let lost = proxy.on(txn_starting(&env, "lock", "r"), 1, HttpFault::DropAnswer);
+        let rg = timeout(SOON, a.rwlock("r").unwrap().read())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(lost.hit());
+        rg.release().await.unwrap();
+        let reads: Vec<_> = proxy
+            .requests()
+            .into_iter()
+            .filter(is_deciding_read)
+            .collect();
+        assert!(reads.len() >= 4, "too few reads: {reads:?}");
+        let stale: Vec<String> = reads
+            .iter()
+            .filter(|r| !r.target.contains("consistent"))
+            .map(|r| format!("{} {} {:.160}", r.method, r.target, r.body))
+            .collect();
+        assert!(
+            stale.is_empty(),
+            "{} of {} reads may be served stale:\n{}",
+            stale.len(),
+            reads.len(),
+            stale.join("\n")
+        );
+    })
+    .await;
+    env.finish().await;
+}
