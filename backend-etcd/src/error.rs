@@ -8,7 +8,10 @@ use tonic::Code;
 /// kind, keeping the original as `source`.
 ///
 /// - transport trouble, no leader, deadlines: [`ErrorKind::Connection`]
-///   (retryable);
+///   (retryable); so is an HTTP/2 error (a stream reset, a `GOAWAY`),
+///   which tonic reports as `Internal` (or `Unknown`) "h2 protocol error":
+///   the request may or may not have reached etcd, as after a transport
+///   error, and a write that ends so is of unknown outcome;
 /// - a TLS certificate rejected by either side: [`ErrorKind::Tls`] (final);
 /// - bad user or password, invalid token: [`ErrorKind::Unauthenticated`];
 ///   missing permission: [`ErrorKind::PermissionDenied`] (both final);
@@ -74,6 +77,17 @@ fn kind_of(e: &EtcdError) -> ErrorKind {
         EtcdError::GRpcStatus(s) => {
             let m = s.message();
             match s.code() {
+                // tonic's status for an HTTP/2 error: `RST_STREAM` or
+                // `GOAWAY` with INTERNAL_ERROR, PROTOCOL_ERROR, NO_ERROR
+                // and most other reasons is `Internal`, an I/O error on the
+                // connection `Unknown`, both with this prefix. A proxy or
+                // load balancer may reset a stream after passing the
+                // request on: etcd may apply it. As `Store`, a write that
+                // ended so counted as answered, and the attempt's abandon
+                // skipped its fence (issue 39; `tests/h2_errors.rs`).
+                Code::Internal | Code::Unknown if m.starts_with("h2 protocol error") => {
+                    ErrorKind::Connection
+                }
                 Code::Unavailable
                 | Code::DeadlineExceeded
                 | Code::Cancelled
@@ -145,6 +159,16 @@ mod tests {
             ErrorKind::SessionLost
         );
         assert_eq!(k(Status::out_of_range("compacted")), ErrorKind::Store);
+        // HTTP/2 errors as tonic reports them: the outcome is unknown.
+        assert_eq!(
+            k(Status::internal("h2 protocol error: http2 error")),
+            ErrorKind::Connection
+        );
+        assert_eq!(
+            k(Status::unknown("h2 protocol error: broken pipe")),
+            ErrorKind::Connection
+        );
+        assert_eq!(k(Status::internal("etcdserver: x")), ErrorKind::Store);
         let e = map(
             EtcdError::LeaseKeepAliveError("lease not found".into()),
             "keepalive",
