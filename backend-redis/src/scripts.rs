@@ -391,7 +391,7 @@ local sid, notify, ttl = ARGV[2], ARGV[3], ARGV[4]
 local s = skey(sid)
 local members = redis.call('SMEMBERS', s .. '/.locks')
 local existed = redis.call('DEL', s)
-redis.call('DEL', s .. '/.locks', s .. '/.fenced')
+redis.call('DEL', s .. '/.locks', s .. '/.fenced', s .. '/.stray')
 if notify == '1' and existed == 1 then
   redis.call('RPUSH', mkey(sid), 'x')
   redis.call('PEXPIRE', mkey(sid), ttl)
@@ -412,28 +412,81 @@ return existed
     )
 });
 
-/// Renews a session and what lives as long as it, and checks that the
+/// Renews a session and what lives as long as it; checks that the
 /// session's held entries are still there (a failover to a replica that
-/// never got a grant keeps the session key but not the entry). ARGV: P,
-/// sid, ttl, then (lock key, contender, token) per held entry. `{0}` if
-/// the session is gone, else `{1, missing contender...}`.
+/// never got a grant keeps the session key but not the entry); and
+/// reconciles the session's entries with what its client owns.
+///
+/// Reconciling: an entry of the session (a member of its `.locks` set)
+/// whose contender is not among those the client owns (every attempt it
+/// has not released or abandoned: waiting or held) is one it gave up
+/// whose removal was lost (a release or abandon a failover lost) or that
+/// was made after it (an enqueue that landed late). Such an entry is
+/// marked with this renewal's number `n` (in `P.session/<sid>/.stray`)
+/// and removed, its queue settled, by the first later renewal whose
+/// client saw renewal `n` answered (it sends that number as `confirmed`).
+/// Two steps because an attempt the client started after it built this
+/// renewal's list may have enqueued before the renewal runs: not listed,
+/// yet owned. Its enqueue ran before renewal `n` (which marked it), so it
+/// was added to the client's list before renewal `n` was answered, so
+/// before the next renewal's list was built: listed there, it is not
+/// removed. A renewal whose answer was lost marks with a number the
+/// client never confirms, so its marks are renewed by the next one.
+///
+/// ARGV: P, sid, ttl, n, confirmed (0: none yet), the number of held
+/// entries, (lock key, contender, token) per held entry, then every
+/// contender the client owns. `{0}` if the session is gone, else `{1,
+/// entries removed, missing contender...}`.
 pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| {
     script(
         r#"
-local sid, ttl = ARGV[2], ARGV[3]
+local sid, ttl, n, confirmed = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local last = 6 + 3 * tonumber(ARGV[6])
 local s = skey(sid)
 if redis.call('PEXPIRE', s, ttl) == 0 then return {0} end
 redis.call('PEXPIRE', s .. '/.locks', ttl)
 redis.call('PEXPIRE', s .. '/.fenced', ttl)
 redis.call('PEXPIRE', mkey(sid), ttl)
-local out = {1}
-for i = 4, #ARGV, 3 do
+local missing = {}
+for i = 7, last, 3 do
   local v = redis.call('HGET', ARGV[i] .. '/.e', ARGV[i + 1])
   local e = v and parse(v)
   if not e or e.token ~= tonumber(ARGV[i + 2]) or e.sid ~= sid or e.p ~= P then
-    out[#out + 1] = ARGV[i + 1]
+    missing[#missing + 1] = ARGV[i + 1]
   end
 end
+local owned = {}
+for i = last + 1, #ARGV do owned[ARGV[i]] = true end
+local stray = s .. '/.stray'
+local marks = {}
+local old = redis.call('HGETALL', stray)
+for i = 1, #old, 2 do marks[old[i]] = old[i + 1] end
+redis.call('DEL', stray)
+local removed, queues, seen = 0, {}, {}
+for _, m in ipairs(redis.call('SMEMBERS', s .. '/.locks')) do
+  local L, id = string.match(m, '^(.*)/%.q/([^/]*)$')
+  if L and not owned[id] then
+    if marks[m] == confirmed then
+      local v = redis.call('HGET', L .. '/.e', id)
+      local e = v and parse(v)
+      if e and e.sid == sid and e.p == P then
+        remove(L, id, e)
+        removed = removed + 1
+        if not seen[L] then
+          seen[L] = true
+          queues[#queues + 1] = L
+        end
+      end
+      redis.call('SREM', s .. '/.locks', m)
+    else
+      redis.call('HSET', stray, m, n)
+    end
+  end
+end
+redis.call('PEXPIRE', stray, ttl)
+for _, L in ipairs(queues) do settle(L, head(L), '') end
+local out = {1, removed}
+for _, id in ipairs(missing) do out[#out + 1] = id end
 return out
 "#,
     )

@@ -88,6 +88,13 @@ impl Routes {
             .collect()
     }
 
+    /// Every contender this client owns: attempts not released or
+    /// abandoned, waiting or held (the renewal removes the session's
+    /// other entries).
+    fn owned(&self) -> Vec<String> {
+        self.0.lock().expect("poisoned").keys().cloned().collect()
+    }
+
     /// The renewal found these held entries gone from the store.
     fn missing(&self, ids: &[String]) {
         let routes = self.0.lock().expect("poisoned");
@@ -265,7 +272,10 @@ impl RedisSession {
 /// its send time, and reports the session lost when Redis no longer has
 /// it, and a held entry lost when Redis no longer has that. A failed
 /// renewal is tried again sooner; the local deadline ends the session if
-/// none gets through.
+/// none gets through. Each renewal also sends every contender the client
+/// owns, its own number and that of the last renewal answered: the
+/// script removes the session's entries the client no longer owns (see
+/// [`scripts::RENEW`]).
 async fn renew(
     inner: Arc<Inner>,
     sid: String,
@@ -275,22 +285,42 @@ async fn renew(
 ) {
     let ttl = inner.config.ttl;
     let mut pause = ttl / 3;
+    // This renewal's number, and the last one answered (0: none yet).
+    let (mut n, mut confirmed) = (0u64, 0u64);
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = liveness.lost() => return,
             _ = tokio::time::sleep(pause) => {}
         }
+        n += 1;
+        let held = routes.held();
         let mut inv = scripts::RENEW.prepare_invoke();
-        inv.arg(&inner.prefix).arg(&sid).arg(ttl.as_millis() as u64);
-        for (key, id, token) in routes.held() {
+        inv.arg(&inner.prefix)
+            .arg(&sid)
+            .arg(ttl.as_millis() as u64)
+            .arg(n)
+            .arg(confirmed)
+            .arg(held.len());
+        for (key, id, token) in held {
             inv.arg(key).arg(id).arg(token);
+        }
+        for id in routes.owned() {
+            inv.arg(id);
         }
         let sent = Instant::now();
         match inner.script::<Vec<Value>>("renew session", &inv).await {
             Ok(reply) if reply.first() == Some(&Value::Int(1)) => {
                 liveness.confirm(sent, ttl);
-                let gone: Vec<String> = reply[1..].iter().filter_map(text).collect();
+                confirmed = n;
+                if let Some(Value::Int(removed @ 1..)) = reply.get(1) {
+                    tracing::warn!(
+                        removed,
+                        "removed entries of this session that its client no longer owns \
+                         (a request that landed late, or a release a failover lost)"
+                    );
+                }
+                let gone: Vec<String> = reply.iter().skip(2).filter_map(text).collect();
                 routes.missing(&gone);
                 pause = ttl / 3;
             }

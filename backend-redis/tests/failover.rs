@@ -23,6 +23,7 @@ use lockcore::{ErrorKind, LockClient, LossReason};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::process::{Child, Command};
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 
 fn server_binary() -> Option<String> {
     match std::env::var("QUORUMLOCK_REDIS_SERVER") {
@@ -303,4 +304,106 @@ async fn wait_mode_counts_a_grant_only_once_the_replica_has_it() {
     let left = a.inspect("w").await.unwrap();
     assert!(left.is_free(), "an unacknowledged grant stayed: {left:?}");
     a.close().await;
+}
+
+/// Waits until `replica` reports its link to its primary up.
+async fn synced(replica: &Server) {
+    for i in 0.. {
+        let info: String = replica
+            .query(redis::cmd("INFO").arg("replication"))
+            .await
+            .unwrap();
+        if info.contains("master_link_status:up") {
+            return;
+        }
+        assert!(i < 200, "the replica never synced: {info}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A release the failover loses: it reached the old primary, not the
+/// replica promoted in its place, so the new primary still has the
+/// entry, on a session its client goes on renewing there. The client no
+/// longer owns that entry; it must not keep the lock from everyone else:
+/// another client is granted within a TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_lost_in_a_failover_does_not_keep_the_lock_held() {
+    let Some(bin) = server_binary() else { return };
+    let primary = Server::start(&bin, &[]).await;
+    let link = TcpProxy::start(([127, 0, 0, 1], primary.port).into())
+        .await
+        .unwrap();
+    let link_port = link.addr().port().to_string();
+    let mut replica = Server::start(&bin, &["--replicaof", "127.0.0.1", link_port.as_str()]).await;
+    synced(&replica).await;
+
+    let ns = format!("qlrl-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let ttl = Duration::from_secs(3);
+    let url =
+        |port: u16| lockcore::url::parse(&format!("redis://127.0.0.1:{port}/{ns}?ttl=3s")).unwrap();
+    let switch = Switch::start(primary.port).await;
+    let a = LockClient::new(Arc::new(
+        RedisBackend::connect(&url(switch.addr.port()))
+            .await
+            .unwrap(),
+    ));
+    let ga = a.lock("res").unwrap().acquire().await.unwrap();
+    let sid = a.session_id().await.unwrap();
+    // The session and the grant are on the replica...
+    let acked: i64 = primary
+        .query(redis::cmd("WAIT").arg(1).arg(5000))
+        .await
+        .unwrap();
+    assert_eq!(acked, 1, "the replica did not acknowledge the grant");
+    // ...the release is not: the replication link is partitioned first.
+    link.set_mode(NetMode::Blackhole);
+    ga.release().await.unwrap();
+    let on_primary: i64 = primary
+        .query(redis::cmd("HLEN").arg(format!("{ns}/res/.e")))
+        .await
+        .unwrap();
+    assert_eq!(on_primary, 0, "the release did not reach the primary");
+    let on_replica: i64 = replica
+        .query(redis::cmd("HLEN").arg(format!("{ns}/res/.e")))
+        .await
+        .unwrap();
+    assert_eq!(on_replica, 1, "the replica got the release after all");
+
+    // Failover: the replica becomes the primary, the old one dies, A's
+    // address leads to the new primary.
+    let _: () = replica
+        .query(redis::cmd("REPLICAOF").arg("NO").arg("ONE"))
+        .await
+        .unwrap();
+    switch.switch_to(replica.port);
+    drop(primary);
+    let failed_over = Instant::now();
+
+    let b = LockClient::new(Arc::new(
+        RedisBackend::connect(&url(replica.port)).await.unwrap(),
+    ));
+    let gb = b
+        .lock("res")
+        .unwrap()
+        .acquire_timeout(ttl * 3)
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "B was not granted {:?} after the failover ({e}); the entry A released \
+                 is still there, on A's session that A renews",
+                failed_over.elapsed()
+            )
+        });
+    let took = failed_over.elapsed();
+    eprintln!("B granted {took:?} after the failover");
+    assert!(
+        took < ttl,
+        "B granted only {took:?} after the failover (TTL {ttl:?})"
+    );
+    // A's session lived on: the entry went because A no longer owned it.
+    assert_eq!(a.session_id().await.unwrap(), sid);
+    gb.release().await.unwrap();
+    b.close().await;
+    a.close().await;
+    let _ = replica.child.kill().await;
 }

@@ -135,6 +135,16 @@ async fn connection(client: TcpStream, target: SocketAddr, hold: Arc<Hold>) {
     }
 }
 
+/// The server address of a Redis URL.
+async fn target(base: &str) -> SocketAddr {
+    let u = lockcore::url::parse(base).unwrap();
+    tokio::net::lookup_host((u.host_str().unwrap().to_string(), u.port().unwrap_or(6379)))
+        .await
+        .unwrap()
+        .next()
+        .unwrap()
+}
+
 /// An enqueue held past a TTL (so past the old fence's life) lands while
 /// its client's session lives on: it must create no entry, so that the
 /// lock stays free for others at once.
@@ -143,14 +153,7 @@ async fn an_enqueue_landing_after_a_ttl_leaves_no_entry_of_a_live_session() {
     let Some(base) = env("QUORUMLOCK_TEST_REDIS_URL") else {
         return;
     };
-    let u = lockcore::url::parse(&base).unwrap();
-    let target: SocketAddr =
-        tokio::net::lookup_host((u.host_str().unwrap().to_string(), u.port().unwrap_or(6379)))
-            .await
-            .unwrap()
-            .next()
-            .unwrap();
-    let proxy = HoldProxy::start(target).await;
+    let proxy = HoldProxy::start(target(&base).await).await;
     let ns = unique_namespace("qllate");
     let ttl = Duration::from_secs(2);
     let mut through = lockcore::url::parse(&url_with(&base, &ns, Some("ttl=2s"))).unwrap();
@@ -211,6 +214,56 @@ async fn an_enqueue_landing_after_a_ttl_leaves_no_entry_of_a_live_session() {
         .try_acquire()
         .await
         .expect("another client is refused the lock the late enqueue took");
+    g.release().await.unwrap();
+    a.close().await;
+    b.close().await;
+}
+
+/// A renewal lists the attempts its client owns, and removes the
+/// session's entries not listed; one held back and delivered late (its
+/// list built before an acquire) must not remove that acquire's entry:
+/// the guard stays held, and the lock stays taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_landing_late_removes_no_entry_acquired_since() {
+    let Some(base) = env("QUORUMLOCK_TEST_REDIS_URL") else {
+        return;
+    };
+    let proxy = HoldProxy::start(target(&base).await).await;
+    let ns = unique_namespace("qllaterenew");
+    let ttl = Duration::from_secs(2);
+    let mut through = lockcore::url::parse(&url_with(&base, &ns, Some("ttl=2s"))).unwrap();
+    through.set_port(Some(proxy.addr.port())).unwrap();
+    let a = client(through.as_str()).await;
+    let b = client(&url_with(&base, &ns, None)).await;
+    a.lock("warmup")
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let sid = a.session_id().await.unwrap();
+
+    // A renewal's arguments start with the session id and the TTL in ms
+    // (no other request has these two in a row): the next one is held.
+    proxy.arm(&format!("{sid}\r\n$4\r\n{}\r\n", ttl.as_millis()));
+    tokio::time::timeout(ttl, proxy.hold.held.notified())
+        .await
+        .expect("no renewal was held");
+    let g = a.lock("x").unwrap().acquire().await.unwrap();
+    proxy.hold.deliver.notify_one();
+    tokio::time::timeout(Duration::from_secs(5), proxy.hold.answered.notified())
+        .await
+        .expect("the late renewal got no answer");
+
+    // Over the next renewals (three a TTL), A keeps `x`.
+    if let Ok(reason) = tokio::time::timeout(ttl, g.lost()).await {
+        panic!("A lost the lock it acquired after the late renewal's list: {reason:?}");
+    }
+    let e = b.lock("x").unwrap().try_acquire().await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::WouldBlock, "{e}");
+    assert_eq!(a.session_id().await.unwrap(), sid);
     g.release().await.unwrap();
     a.close().await;
     b.close().await;
