@@ -93,6 +93,7 @@ impl RedisBackend {
                 requests: AtomicU64::new(0),
                 prefix,
                 opened: Mutex::new(Vec::new()),
+                waits: Mutex::new(Vec::new()),
             }),
         };
         let c = &b.inner.config;

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lockcore::{Error, ErrorKind, LockName, Result};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::{FromRedisValue, ScriptInvocation};
 
 use crate::config::RedisConfig;
@@ -25,7 +25,17 @@ pub(crate) struct Inner {
     pub(crate) prefix: String,
     /// Sessions this instance opened, for `leftovers`.
     pub(crate) opened: Mutex<Vec<String>>,
+    /// WAIT mode: idle connections for the WAITs (at most
+    /// [`IDLE_WAIT_CONNECTIONS`]). A WAIT blocks the connection it is sent
+    /// on until the replicas answer or its timeout passes, so never on
+    /// [`conn`](Self::conn), which the renewals and releases share; and
+    /// one grant's WAIT at a time on each of these.
+    pub(crate) waits: Mutex<Vec<MultiplexedConnection>>,
 }
+
+/// How many idle WAIT connections a client keeps (more are opened while
+/// more grants wait for their replicas at once, and closed after).
+const IDLE_WAIT_CONNECTIONS: usize = 4;
 
 /// A connection that reconnects by itself after a failure (the request
 /// that saw the failure gets the error). `response` bounds each answer;
@@ -98,29 +108,83 @@ impl Inner {
         }
     }
 
-    /// In WAIT mode, whether `wait_replicas` replicas acknowledged every
-    /// write of this connection so far (the caller's grant among them);
-    /// else [`ErrorKind::Connection`]. Without WAIT mode, `Ok` at once.
-    pub(crate) async fn replicated(&self, what: &str) -> Result<()> {
+    /// In WAIT mode, whether `wait_replicas` replicas acknowledged the
+    /// grant of entry `id` of lock `key` (with `token`); else
+    /// [`ErrorKind::Connection`] (or [`ErrorKind::SessionLost`] if the
+    /// entry is gone meanwhile). Without WAIT mode, `Ok` at once.
+    ///
+    /// On a WAIT connection of its own, never the shared one: the
+    /// `CONFIRM` script rewrites the entry unchanged (a write after the
+    /// grant, so in the replication stream at or after it: what `WAIT`
+    /// waits for is this connection's last write), then `WAIT N
+    /// timeout/2`. The connection goes back to the idle ones once both
+    /// were answered; one that failed or ran out of time (maybe still
+    /// blocked in the WAIT) is closed.
+    pub(crate) async fn replicated(&self, key: &str, id: &str, token: u64) -> Result<()> {
         let n = self.config.wait_replicas;
         if n == 0 {
             return Ok(());
         }
-        let wait_ms = self.config.timeout.as_millis() as u64 / 2;
-        let acked: u32 = self
-            .cmd(what, redis::cmd("WAIT").arg(n).arg(wait_ms.max(1)))
-            .await?;
-        if acked >= n {
-            Ok(())
-        } else {
-            Err(Error::new(
+        let what = "grant";
+        let wait_ms = (self.config.timeout.as_millis() as u64 / 2).max(1);
+        let timeout = self.config.timeout;
+        let mut inv = scripts::CONFIRM.prepare_invoke();
+        inv.arg(&self.prefix).arg(key).arg(id).arg(token);
+        let asked = async {
+            let mut conn = self.wait_connection().await?;
+            self.requests.fetch_add(1, Ordering::Relaxed);
+            let still: i64 = inv.invoke_async(&mut conn).await?;
+            if still == 0 {
+                return Ok((conn, None));
+            }
+            self.requests.fetch_add(1, Ordering::Relaxed);
+            let acked: u32 = redis::cmd("WAIT")
+                .arg(n)
+                .arg(wait_ms)
+                .query_async(&mut conn)
+                .await?;
+            Ok::<_, redis::RedisError>((conn, Some(acked)))
+        };
+        let acked = match tokio::time::timeout(timeout, asked).await {
+            Ok(Ok((conn, acked))) => {
+                let mut idle = self.waits.lock().expect("poisoned");
+                if idle.len() < IDLE_WAIT_CONNECTIONS {
+                    idle.push(conn);
+                }
+                acked
+            }
+            Ok(Err(e)) => return Err(error::map(e, what)),
+            Err(_) => return Err(error::timed_out(what, timeout)),
+        };
+        match acked {
+            Some(acked) if acked >= n => Ok(()),
+            Some(acked) => Err(Error::new(
                 ErrorKind::Connection,
                 format!(
                     "{what}: only {acked} of the {n} replicas asked for (wait_replicas) \
                      acknowledged the grant within {wait_ms} ms; not counted as held"
                 ),
-            ))
+            )),
+            None => Err(Error::new(
+                ErrorKind::SessionLost,
+                "our Redis entry or session is gone (broken, killed or expired) before \
+                 the replicas acknowledged its grant",
+            )),
         }
+    }
+
+    /// An idle WAIT connection, or a new one.
+    async fn wait_connection(&self) -> redis::RedisResult<MultiplexedConnection> {
+        if let Some(c) = self.waits.lock().expect("poisoned").pop() {
+            return Ok(c);
+        }
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.config.timeout))
+            .set_response_timeout(None);
+        self.client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
     }
 
     pub(crate) fn lock_key(&self, name: &LockName) -> String {

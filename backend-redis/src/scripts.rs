@@ -176,8 +176,6 @@ end
 local function standing(L, live, i)
   local e = live[i]
   if e.token > 0 then
-    -- A write of ours after the grant, for WAIT to count.
-    redis.call('HSET', L .. '/.e', e.id, fmt(e))
     return {'held', e.token, e.seq}
   end
   return waiting(e.seq, live, i - 1)
@@ -488,6 +486,26 @@ for _, L in ipairs(queues) do settle(L, head(L), '') end
 local out = {1, removed}
 for _, id in ipairs(missing) do out[#out + 1] = id end
 return out
+"#,
+    )
+});
+
+/// WAIT mode: rewrites a granted entry unchanged, on the connection the
+/// `WAIT` for its grant is then sent on: a write after the grant, so at
+/// or after it in the replication stream (`WAIT` waits for the
+/// connection's last write). ARGV: P, L, contender, token. 1 if the
+/// entry holds with that token on a live session, else 0 (nothing
+/// written).
+pub(crate) static CONFIRM: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local L, id, token = ARGV[2], ARGV[3], tonumber(ARGV[4])
+local v = redis.call('HGET', L .. '/.e', id)
+local e = v and parse(v)
+if not e or e.token ~= token or e.token == 0 then return 0 end
+if redis.call('EXISTS', ekey(e)) == 0 then return 0 end
+redis.call('HSET', L .. '/.e', id, v)
+return 1
 "#,
     )
 });

@@ -253,7 +253,7 @@ impl RedisSession {
     /// A grant: in WAIT mode, counted only once the replicas acknowledged
     /// it.
     async fn granted(&self, key: &str, id: &str, token: u64) -> Result<Acquired> {
-        self.inner.replicated("grant").await?;
+        self.inner.replicated(key, id, token).await?;
         self.routes.granted(id, key, token);
         Ok(Acquired {
             token,

@@ -407,3 +407,95 @@ async fn a_release_lost_in_a_failover_does_not_keep_the_lock_held() {
     a.close().await;
     let _ = replica.child.kill().await;
 }
+
+/// WAIT mode with the only replica unreachable: every grant waits for an
+/// acknowledgement that never comes, and a client that keeps acquiring
+/// must not starve its own renewals with those waits: a lock it holds
+/// stays held for several TTLs, the primary answering all along.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_mode_keeps_renewing_while_the_replica_does_not_answer() {
+    let Some(bin) = server_binary() else { return };
+    let primary = Server::start(&bin, &[]).await;
+    let link = TcpProxy::start(([127, 0, 0, 1], primary.port).into())
+        .await
+        .unwrap();
+    let link_port = link.addr().port().to_string();
+    let replica = Server::start(&bin, &["--replicaof", "127.0.0.1", link_port.as_str()]).await;
+    synced(&replica).await;
+    let ns = format!("qlws-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let ttl = Duration::from_secs(2);
+    let url = lockcore::url::parse(&format!(
+        "redis://127.0.0.1:{}/{ns}?ttl=2s&wait_replicas=1",
+        primary.port
+    ))
+    .unwrap();
+    let a = LockClient::new(Arc::new(RedisBackend::connect(&url).await.unwrap()));
+    let g = tokio::time::timeout(Duration::from_secs(10), a.lock("held").unwrap().acquire())
+        .await
+        .expect("acquire in WAIT mode hung")
+        .unwrap();
+
+    // The replica stops answering; A keeps acquiring other names, from
+    // four tasks (each grant is refused: not acknowledged).
+    link.set_mode(NetMode::Blackhole);
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let refused = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut busy = JoinSet::new();
+    for i in 0..4 {
+        let (a, stop, refused) = (a.clone(), stop.clone(), refused.clone());
+        busy.spawn(async move {
+            for k in 0.. {
+                // A new name each time: the abandon of the last one may
+                // still be on its way.
+                let lock = a.lock(format!("busy{i}-{k}")).unwrap();
+                tokio::select! {
+                    _ = stop.notified() => return,
+                    r = lock.try_acquire() => {
+                        let e = r.expect_err("granted without the replica's acknowledgement");
+                        if e.kind() == ErrorKind::Connection {
+                            refused.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            }
+        });
+    }
+    // The primary itself answers at once all along: its slowest PING, in
+    // microseconds.
+    let slowest = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let pings = {
+        let (port, slowest) = (primary.port, slowest.clone());
+        tokio::spawn(async move {
+            let c = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
+            let mut conn = c.get_multiplexed_async_connection().await.unwrap();
+            loop {
+                let t = Instant::now();
+                let _: String = redis::cmd("PING").query_async(&mut conn).await.unwrap();
+                slowest.fetch_max(t.elapsed().as_micros() as u64, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let started = Instant::now();
+    let lost = tokio::time::timeout(ttl * 3, g.lost()).await;
+    pings.abort();
+    stop.notify_waiters();
+    let n = refused.load(Ordering::Relaxed);
+    if let Ok(reason) = lost {
+        panic!(
+            "the held lock was lost ({reason:?}) {:?} after the replica stopped answering, \
+             with {n} grants refused meanwhile; the primary's slowest PING took {} µs",
+            started.elapsed(),
+            slowest.load(Ordering::Relaxed)
+        );
+    }
+    eprintln!(
+        "{n} grants refused in {:?}, slowest PING {} µs",
+        started.elapsed(),
+        slowest.load(Ordering::Relaxed)
+    );
+    assert!(n > 0, "no grant was refused: WAIT mode was not exercised");
+    while busy.join_next().await.is_some() {}
+    g.release().await.unwrap();
+    a.close().await;
+}
