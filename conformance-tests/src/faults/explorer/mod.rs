@@ -695,7 +695,25 @@ async fn nemesis(
         let net = &nets[ci];
         let length =
             Duration::from_millis(rng.gen_range(50..=(ttl.as_millis() as u64 * 3 / 2).max(100)));
-        match rng.gen_range(0..160) {
+        match rng.gen_range(0..170) {
+            160..=169 => {
+                // A lock is broken while one client's link fails every
+                // request (its loss-detection reads among them) for a
+                // while: the holder must not believe past the break's
+                // grace for want of an answer.
+                n.breaks += 1;
+                n.cut += 1;
+                let name = all[rng.gen_range(0..all.len())];
+                net.set_mode(NetMode::Cut);
+                let at = Instant::now();
+                match admin.break_lock(name).await {
+                    Ok(true) => sh.log.force(at, Instant::now(), Forced::Name(name)),
+                    Ok(false) => {}
+                    Err(e) => eprintln!("explorer: the break of {name} failed: {e}"),
+                }
+                tokio::time::sleep(length.min(Duration::from_millis(1500))).await;
+                net.set_mode(NetMode::Pass);
+            }
             150..=159 => {
                 // The client waits on many locks at once (every request
                 // slot it has busy) while a lock of the workload is

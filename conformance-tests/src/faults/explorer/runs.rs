@@ -247,7 +247,19 @@ pub(super) async fn cluster_fault(cluster: &mut Cluster, seed: u64, ttl: Duratio
     let Some(leader) = cluster.leader().await else {
         return "no leader to fault";
     };
-    let what = match rng.gen_range(0..3) {
+    let what = match rng.gen_range(0..4) {
+        3 => {
+            // A deposed leader: paused until the others elect a new one,
+            // then resumed with its old view (a client on it may be
+            // served that view until it learns it lost).
+            cluster.stop(leader);
+            let give_up = Instant::now() + recover;
+            while Instant::now() < give_up && cluster.leader().await.is_none_or(|l| l == leader) {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            cluster.cont(leader);
+            "leader paused until deposed, then resumed"
+        }
         0 => {
             cluster.kill(leader);
             let _ = cluster.wait_leader(recover).await;
@@ -284,8 +296,10 @@ pub(super) async fn cluster_fault(cluster: &mut Cluster, seed: u64, ttl: Duratio
 }
 
 /// Explorer schedules on a three-node cluster (`scripts/chaos.sh`): each
-/// also kills the leader, pauses the whole cluster past the TTL, or kills
-/// a follower, early in the schedule (chosen by the seed), and heals it
+/// also kills the leader, pauses the whole cluster past the TTL, kills
+/// a follower, or pauses the leader until the others elect a new one and
+/// resumes it (a deposed leader), early in the schedule (chosen by the
+/// seed), and heals it
 /// before the schedule's faults stop; `QUORUMLOCK_EXPLORE_AT_ONCE` schedules share each
 /// cluster fault. `QUORUMLOCK_EXPLORE_SECONDS` long (default: 2 rounds).
 pub async fn explore_on_cluster(t: &FaultTarget, cluster: &mut Cluster) -> Row {
