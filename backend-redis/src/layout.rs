@@ -8,6 +8,7 @@
 //! | `P.session/<sid>` | string, PX ttl | the session (lease) |
 //! | `P.session/<sid>/.mail` | list | the session's mailbox: grants, losses, revokes |
 //! | `P.session/<sid>/.locks` | set | the session's entries, by [`entry_name`] |
+//! | `P.session/<sid>/.stray` | hash | entries of the session its client no longer owns -> the renewal that found them (removed by the next) |
 //! | `P.session/<sid>/.fenced` | zset | contenders of attempts abandoned with a write of unknown outcome: a late copy of their enqueue writes nothing |
 //! | `L/.q` | zset | the queue: contender id by arrival number |
 //! | `L/.e` | hash | contender id -> `kind permits sid created_ms token P` |

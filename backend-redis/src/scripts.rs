@@ -378,10 +378,9 @@ return n
 
 /// Ends a session: its key goes, the queues of its entries (its set's
 /// members, `L/.q/<contender>`) are purged and settled (the next waiters
-/// granted), its fences go. With notify = 1 its mailbox gets `x` (kept
-/// `ttl` ms) so its own client learns at once; else the mailbox goes too.
-/// ARGV: P, sid,
-/// notify, ttl. 1 if the session existed.
+/// granted), its fences and marks go. With notify = 1 its mailbox gets
+/// `x` (kept `ttl` ms) so its own client learns at once; else the mailbox
+/// goes too. ARGV: P, sid, notify, ttl. 1 if the session existed.
 pub(crate) static KILL: LazyLock<Script> = LazyLock::new(|| {
     script(
         r#"
