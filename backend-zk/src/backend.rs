@@ -452,18 +452,7 @@ impl ZkBackend {
             }
             let mut marked = false;
             for h in &state.holders {
-                let done = match h.kind {
-                    LockKind::Semaphore { .. } => self.mark_lease(&c, &h.entry).await?,
-                    _ => {
-                        self.shared.count(1);
-                        match c.set_data(&h.entry, REVOKE_MESSAGE, None).await {
-                            Ok(_) => true,
-                            Err(zk::Error::NoNode) => false,
-                            Err(e) => return Err(map(e, "marking the holder's node for revoke")),
-                        }
-                    }
-                };
-                marked |= done;
+                marked |= self.mark_holder(&c, &h.entry).await?;
             }
             if marked {
                 return Ok(true);
@@ -471,32 +460,42 @@ impl ZkBackend {
         }
     }
 
-    /// Writes the revoke marker on a lease; whether the lease was there.
+    /// Writes the revoke marker on a holder's node (Curator's `Revoker`
+    /// protocol); whether the node was there, held. The write is
+    /// conditional on the data version just read, and a node that a
+    /// break marked is left alone: a break's mark landing between the
+    /// `inspect` above and this write was overwritten before (an
+    /// unconditional write), which hid the break from its holder until
+    /// the delete and let its fenced writes through, for good if the
+    /// breaker died (issue 39, suspicion 1; `tests/break_marks.rs`).
+    ///
     /// A lease keeps its permit count after the marker, but only a count
     /// read from that lease's own data: `inspect` guesses the count when
     /// only Curator's leases (whose data is a host address) are present,
     /// and a guess written here would later be read back as a fact (a
-    /// semaphore of another count then failed with `Conflict`). The write
-    /// is conditional on the version read, so the count is the node's.
-    async fn mark_lease(&self, c: &zk::Client, lease: &str) -> Result<bool> {
+    /// semaphore of another count then failed with `Conflict`).
+    async fn mark_holder(&self, c: &zk::Client, node: &str) -> Result<bool> {
         loop {
             self.shared.count(1);
-            let (data, stat) = match c.get_data(lease).await {
+            let (data, stat) = match c.get_data(node).await {
                 Ok(r) => r,
                 Err(zk::Error::NoNode) => return Ok(false),
-                Err(e) => return Err(map(e, "reading a lease")),
+                Err(e) => return Err(map(e, "reading the holder's node")),
             };
+            if is_broken(&data) {
+                return Ok(false); // broken: its holder has been told
+            }
             let mut marker = REVOKE_MESSAGE.to_vec();
             if let Some(permits) = parse_permits(&data) {
                 marker.push(b' ');
                 marker.extend(permits_data(permits, b""));
             }
             self.shared.count(1);
-            match c.set_data(lease, &marker, Some(stat.version)).await {
+            match c.set_data(node, &marker, Some(stat.version)).await {
                 Ok(_) => return Ok(true),
                 Err(zk::Error::NoNode) => return Ok(false),
                 Err(zk::Error::BadVersion) => continue, // written meanwhile: read again
-                Err(e) => return Err(map(e, "marking a lease for revoke")),
+                Err(e) => return Err(map(e, "marking the holder's node for revoke")),
             }
         }
     }

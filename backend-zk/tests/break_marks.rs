@@ -298,3 +298,259 @@ async fn values_that_start_like_a_mark_are_plain_values() {
     a.wait_idle().await;
     case.finish().await;
 }
+
+/// A TCP proxy in front of the ZooKeeper server that reads what the
+/// client sends frame by frame (a 4-byte length; after the connect
+/// request, each request starts with its xid and op code) and, once
+/// armed, holds the first `setData` (op code 5), and behind it everything
+/// else of that connection, until released: a write of ours that reaches
+/// the server after a write of someone else's.
+mod hold {
+    use std::net::SocketAddr;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+    use tokio::sync::watch;
+
+    const SET_DATA: i32 = 5;
+
+    pub struct HoldProxy {
+        pub addr: SocketAddr,
+        armed: Arc<AtomicBool>,
+        held: watch::Receiver<bool>,
+        release: Arc<watch::Sender<bool>>,
+    }
+
+    impl HoldProxy {
+        pub async fn start(target: SocketAddr) -> HoldProxy {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let armed = Arc::new(AtomicBool::new(false));
+            let (held_tx, held) = watch::channel(false);
+            let held_tx = Arc::new(held_tx);
+            let release = Arc::new(watch::channel(false).0);
+            let (a, r) = (armed.clone(), release.clone());
+            tokio::spawn(async move {
+                while let Ok((client, _)) = listener.accept().await {
+                    let (a, h, r) = (a.clone(), held_tx.clone(), r.subscribe());
+                    tokio::spawn(async move {
+                        let Ok(server) = TcpStream::connect(target).await else {
+                            return;
+                        };
+                        let _ = client.set_nodelay(true);
+                        let _ = server.set_nodelay(true);
+                        let (crd, cwr) = client.into_split();
+                        let (srd, swr) = server.into_split();
+                        let up = upstream(crd, swr, a, h, r);
+                        let down = async move {
+                            let (mut srd, mut cwr) = (srd, cwr);
+                            let _ = tokio::io::copy(&mut srd, &mut cwr).await;
+                        };
+                        tokio::select! {
+                            _ = up => {}
+                            _ = down => {}
+                        }
+                    });
+                }
+            });
+            HoldProxy {
+                addr,
+                armed,
+                held,
+                release,
+            }
+        }
+
+        /// Holds the next `setData` any connection sends.
+        pub fn arm(&self) {
+            self.release.send_replace(false);
+            self.armed.store(true, Ordering::SeqCst);
+        }
+
+        /// Resolves once a `setData` is held.
+        pub async fn wait_held(&mut self) {
+            self.held.wait_for(|h| *h).await.unwrap();
+        }
+
+        /// Sends the held request (and what queued behind it) on.
+        pub fn release(&self) {
+            self.release.send_replace(true);
+        }
+    }
+
+    async fn upstream(
+        mut crd: tokio::net::tcp::OwnedReadHalf,
+        mut swr: tokio::net::tcp::OwnedWriteHalf,
+        armed: Arc<AtomicBool>,
+        held: Arc<watch::Sender<bool>>,
+        mut release: watch::Receiver<bool>,
+    ) {
+        let mut first = true;
+        loop {
+            let mut len = [0u8; 4];
+            if crd.read_exact(&mut len).await.is_err() {
+                return;
+            }
+            let n = i32::from_be_bytes(len).max(0) as usize;
+            let mut body = vec![0u8; n];
+            if crd.read_exact(&mut body).await.is_err() {
+                return;
+            }
+            let op = (!first && n >= 8).then(|| i32::from_be_bytes(body[4..8].try_into().unwrap()));
+            first = false;
+            if op == Some(SET_DATA) && armed.swap(false, Ordering::SeqCst) {
+                held.send_replace(true);
+                if release.wait_for(|r| *r).await.is_err() {
+                    return;
+                }
+                held.send_replace(false);
+            }
+            if swr.write_all(&len).await.is_err() || swr.write_all(&body).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// A client whose sessions all go through `proxy`.
+async fn client_through(case: &Case, proxy: &hold::HoldProxy) -> LockClient {
+    let mut u = case.harness().url_for(case.namespace());
+    u.set_host(Some("127.0.0.1")).unwrap();
+    u.set_port(Some(proxy.addr.port())).unwrap();
+    LockClient::new(Arc::new(ZkBackend::connect(u.as_str()).await.unwrap()))
+}
+
+fn server_of(case: &Case) -> std::net::SocketAddr {
+    let cfg = ZkConfig::from_url(&case.harness().url_for(case.namespace())).unwrap();
+    let (host, port) = cfg.servers[0].clone();
+    std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), port))
+        .unwrap()
+        .next()
+        .unwrap()
+}
+
+/// Issue 39, suspicion 1 (revoke): a revoke request that lands between a
+/// break's mark and its delete (its write reaches the server after the
+/// mark; the breaker here dies after its mark, so the node stays). The
+/// mark must survive: otherwise the holder learns of the break only from
+/// the delete, with the next waiter, and its fenced writes pass until
+/// then (for good, if the breaker died). A mutex holder's node and a
+/// semaphore lease (whose revoke marker keeps the permit count).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoke_never_hides_a_break_mark() {
+    let Some(h) = harness() else { return };
+    let case = h.case();
+    let (a, b) = (case.client().await, case.client().await);
+    let mut proxy = hold::HoldProxy::start(server_of(&case)).await;
+    let revoker = client_through(&case, &proxy).await;
+    let raw = raw(&case).await;
+    let key = scratch_key(a.backend().as_ref(), case.namespace(), "k");
+    cleaning_up(&b, &key, async {
+        let mut problems = Vec::new();
+        for kind in ["mutex", "semaphore"] {
+            let name = format!("rb-{kind}");
+            let g = match kind {
+                "mutex" => a.lock(name.as_str()).unwrap().acquire().await.unwrap(),
+                _ => a
+                    .semaphore(name.as_str(), 2)
+                    .unwrap()
+                    .acquire()
+                    .await
+                    .unwrap(),
+            };
+            // (Fenced writes are a mutex's or a leader's.)
+            let fenced = kind == "mutex";
+            if fenced {
+                g.fenced_put(key.as_str(), b"held".to_vec()).await.unwrap();
+            }
+            // The revoke reads the lock, and its write is held on its way.
+            proxy.arm();
+            let r = revoker.clone();
+            let n = name.clone();
+            let revoke = tokio::spawn(async move { r.request_revoke(n.as_str()).await });
+            proxy.wait_held().await;
+            // The break's mark lands first; its breaker dies.
+            raw.set_data(g.entry(), b"__BREAK__", None).await.unwrap();
+            proxy.release();
+            revoke.await.unwrap().unwrap();
+            let (data, _) = raw.get_data(g.entry()).await.unwrap();
+            if data != b"__BREAK__" {
+                problems.push(format!(
+                    "{kind}: the revoke rewrote the break's mark to {:?}",
+                    String::from_utf8_lossy(&data)
+                ));
+            }
+            if tokio::time::timeout(SOON, g.lost()).await.is_err() {
+                problems.push(format!("{kind}: the holder never reported the loss"));
+            }
+            match g.fenced_put(key.as_str(), b"late".to_vec()).await {
+                _ if !fenced => {}
+                Err(e) if e.kind() == ErrorKind::LockLost => {}
+                Err(e) => problems.push(format!("{kind}: fenced put after the mark: {e}")),
+                Ok(()) => problems.push(format!(
+                    "{kind}: a fenced put after the break's mark was applied"
+                )),
+            }
+            if fenced && value(&b, &key).await.as_deref() != Some(&b"held"[..]) {
+                problems.push(format!("{kind}: the key lost the holder's last write"));
+                b.backend()
+                    .write_key(&lockcore::backend::KeyWrite::Put {
+                        key: key.clone(),
+                        value: b"held".to_vec(),
+                    })
+                    .await
+                    .unwrap();
+            }
+            // The next break finishes the dead breaker's work.
+            assert!(b.break_lock(name.as_str()).await.unwrap());
+            let _ = g.release().await;
+        }
+        assert!(problems.is_empty(), "{}", problems.join("\n"));
+    })
+    .await;
+    a.wait_idle().await;
+    revoker.close().await;
+    case.finish().await;
+}
+
+/// Issue 39, suspicion 1 (proclaim): a leader's proclaim that reaches the
+/// server after a break's mark (sent before it, held on its way) must not
+/// overwrite the mark: it is refused with `LockLost`, and the mark stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proclaim_never_hides_a_break_mark() {
+    let Some(h) = harness() else { return };
+    let case = h.case();
+    let b = case.client().await;
+    let mut proxy = hold::HoldProxy::start(server_of(&case)).await;
+    let ours = client_through(&case, &proxy).await;
+    let raw = raw(&case).await;
+    let mut leader = ours.election("pb").unwrap().campaign("one").await.unwrap();
+    let node = leader.guard().entry().to_string();
+    proxy.arm();
+    let proclaim = tokio::spawn(async move {
+        let r = leader.proclaim("two").await;
+        (leader, r)
+    });
+    proxy.wait_held().await;
+    raw.set_data(&node, b"__BREAK__", None).await.unwrap();
+    proxy.release();
+    let (leader, r) = proclaim.await.unwrap();
+    let e = r.expect_err("a proclaim after the break's mark was applied");
+    assert_eq!(e.kind(), ErrorKind::LockLost, "{e}");
+    let (data, _) = raw.get_data(&node).await.unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&data),
+        "__BREAK__",
+        "the proclaim rewrote the mark"
+    );
+    tokio::time::timeout(SOON, leader.lost())
+        .await
+        .expect("the leader never reported the loss");
+    assert!(b.break_lock("pb").await.unwrap());
+    let _ = leader.resign().await;
+    ours.wait_idle().await;
+    ours.close().await;
+    case.finish().await;
+}
