@@ -445,6 +445,7 @@ impl ZkBackend {
     }
 
     async fn revoke_once(&self, c: zk::Client, name: &LockName) -> Result<bool> {
+        let dir = self.shared.lock_dir(name)?;
         loop {
             let state = self.inspect_once(c.clone(), name).await?;
             if state.holders.is_empty() {
@@ -452,7 +453,11 @@ impl ZkBackend {
             }
             let mut marked = false;
             for h in &state.holders {
-                marked |= self.mark_holder(&c, &h.entry).await?;
+                let done = match h.kind {
+                    LockKind::Election => self.mark_leader(&c, &dir, &h.entry).await?,
+                    _ => self.mark_holder(&c, &h.entry).await?,
+                };
+                marked |= done;
             }
             if marked {
                 return Ok(true);
@@ -500,6 +505,31 @@ impl ZkBackend {
         }
     }
 
+    /// A revoke request on an election's leader `node`: written into the
+    /// election's node `dir` ([`election_revoke_data`]), which our leader
+    /// watches, in one transaction with a check that `node` still exists;
+    /// the leader's own node, its value and data version stay as they
+    /// are. Whether the leader was there.
+    async fn mark_leader(&self, c: &zk::Client, dir: &str, node: &str) -> Result<bool> {
+        let child = node.rsplit('/').next().unwrap_or(node);
+        let data = election_revoke_data(child);
+        let mut m = c.new_multi_writer();
+        m.add_check_version(node, -1)
+            .and_then(|()| m.add_set_data(dir, &data, None))
+            .map_err(|e| map(e, "revoke request"))?;
+        self.shared.count(1);
+        match m.commit().await {
+            Ok(_) => Ok(true),
+            // The leader went meanwhile (and with the last candidate, the
+            // election's node).
+            Err(zk::MultiWriteError::OperationFailed {
+                source: zk::Error::NoNode,
+                ..
+            }) => Ok(false),
+            Err(e) => Err(map(e.into(), "marking the election for revoke")),
+        }
+    }
+
     async fn leftovers_once(&self, c: zk::Client) -> Result<Vec<String>> {
         let mut out = Vec::new();
         self.walk(&c, self.shared.root(), &mut out).await?;
@@ -517,6 +547,21 @@ impl ZkBackend {
             }
         }
         Ok(out)
+    }
+
+    /// Whether the data of the lock node `path` is an election's revoke
+    /// request ([`election_revoke_data`]) and nothing else. Our leader
+    /// clears it when it sees it, and the next leader of ours clears a
+    /// stale one; one that neither saw (a Curator leader's, or one written
+    /// as its leader resigned) stays until the server reaps the node once
+    /// it is empty: that is no leftover of a client.
+    async fn revoke_mark_only(&self, c: &zk::Client, path: &str) -> Result<bool> {
+        self.shared.count(1);
+        match c.get_data(path).await {
+            Ok((data, _)) => Ok(election_revoke_target(&data).is_some()),
+            Err(zk::Error::NoNode) => Ok(true), // gone meanwhile: nothing left
+            Err(e) => Err(map(e, "reading a lock node")),
+        }
     }
 
     async fn walk(&self, c: &zk::Client, path: String, out: &mut Vec<String>) -> Result<()> {
@@ -539,7 +584,7 @@ impl ZkBackend {
                     "{p} (ephemeral node of session {})",
                     session_text(owner)
                 ));
-            } else if stat.data_length > 0 && p != root {
+            } else if stat.data_length > 0 && p != root && !self.revoke_mark_only(c, &p).await? {
                 out.push(format!("{p} (parent node with data)"));
             }
             for child in children {

@@ -808,9 +808,16 @@ impl Inner {
         req: &AcquireRequest,
         watched: Option<WatchedRead>,
     ) {
+        // An election's revoke request is written into the election's node
+        // (see `layout::election_revoke_data`): its leader watches that too.
+        let revoke_dir = match req.kind {
+            lockcore::LockKind::Election => node.rsplit_once('/').map(|(d, _)| d.into()),
+            _ => None,
+        };
         let entry = HeldEntry {
             node: node.into_boxed_str(),
             signals: req.signals.clone(),
+            revoke_dir,
         };
         self.held
             .lock()
@@ -874,4 +881,7 @@ impl Inner {
 pub(crate) struct HeldEntry {
     pub(crate) node: Box<str>,
     pub(crate) signals: EntrySignals,
+    /// For an election's leader: the election's node, whose data carries
+    /// a revoke request naming the leader's node.
+    pub(crate) revoke_dir: Option<Box<str>>,
 }

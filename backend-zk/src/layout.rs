@@ -150,6 +150,29 @@ pub(crate) fn is_revoke_mark(data: &[u8]) -> bool {
     data.starts_with(REVOKE_MESSAGE)
 }
 
+/// A revoke request on an election: the data of the election's node (the
+/// parent of the candidates' nodes), `__REVOKE__ <leader's node name>`.
+/// Not on the leader's own node: a Curator `LeaderLatch` waiting behind
+/// it watches that node with a one-shot data watch that it acts on only
+/// for a delete and does not set again, so a data change there (a mark,
+/// also one that kept the value) left the latch deaf to the leader's
+/// resign, and a mark in place of the data erased the leader's value
+/// (issue 39, bug 2). Curator reads the election's node neither for a
+/// latch nor for `getLeader`.
+pub(crate) fn election_revoke_data(leader_node: &str) -> Vec<u8> {
+    let mut d = REVOKE_MESSAGE.to_vec();
+    d.push(b' ');
+    d.extend_from_slice(leader_node.as_bytes());
+    d
+}
+
+/// The leader's node name an election's revoke request names, if the
+/// election node's `data` is one ([`election_revoke_data`]).
+pub(crate) fn election_revoke_target(data: &[u8]) -> Option<&str> {
+    let rest = data.strip_prefix(REVOKE_MESSAGE)?.strip_prefix(b" ")?;
+    std::str::from_utf8(rest).ok().filter(|n| !n.is_empty())
+}
+
 /// Put in front of a holder's value that starts like a mark (`__BREAK__`,
 /// `__REVOKE__`) or like this escape itself, in the node's data, and taken
 /// off when the value is read back: a value is never taken for a mark (a
@@ -300,6 +323,17 @@ mod tests {
         assert_eq!(parse_permits(b"__REVOKE__ permits=7"), Some(7));
         assert_eq!(parse_permits(b"192.168.0.1"), None);
         assert_eq!(parse_permits(b"__REVOKE__"), None);
+    }
+
+    #[test]
+    fn election_revoke_marks() {
+        let node = "_c_0e2f5d6a-3b1c-4d2e-8f00-0123456789ab-latch-0000000004";
+        let d = election_revoke_data(node);
+        assert_eq!(election_revoke_target(&d), Some(node));
+        assert_eq!(election_revoke_target(b""), None);
+        assert_eq!(election_revoke_target(b"__REVOKE__"), None);
+        assert_eq!(election_revoke_target(b"__REVOKE__ "), None);
+        assert_eq!(election_revoke_target(b"x"), None);
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! What watches a session and its held nodes: the keepalive, and the one
 //! watch dispatcher per session (a deleted or broken node is a loss,
-//! `__REVOKE__` data a revoke request).
+//! `__REVOKE__` data a revoke request; for an election's leader, also a
+//! revoke request naming it in the election node's data).
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,7 +14,7 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::core::{is_terminal, Inner, WatchedRead};
-use crate::layout::{is_broken, is_revoke_mark};
+use crate::layout::{election_revoke_target, is_broken, is_revoke_mark};
 
 /// What one watch future of the dispatcher ended with.
 pub(crate) enum Step {
@@ -20,20 +22,34 @@ pub(crate) enum Step {
     Armed(uuid::Uuid, u32, std::result::Result<WatchedRead, zk::Error>),
     /// The watch on the holder's node fired.
     Fired(uuid::Uuid, zk::WatchedEvent),
-    /// The entry was released (or the session closed) before the watch was set.
+    /// `getData` with a watch on an election leader's election node
+    /// answered.
+    DirArmed(uuid::Uuid, u32, std::result::Result<WatchedRead, zk::Error>),
+    /// The watch on an election leader's election node fired.
+    DirFired(uuid::Uuid, zk::WatchedEvent),
+    /// The entry of this election leader was released or lost: its watch
+    /// on the election node is dropped.
+    DirGone(uuid::Uuid),
+    /// The entry was released (or the session closed) before the watch was
+    /// set; or a request that needs no follow-up is done.
     Gone,
 }
 
 pub(crate) type StepFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Step> + Send>>;
 
+/// Waits before the `attempt`th retry of setting a watch.
+async fn backoff(attempt: u32) {
+    if attempt > 0 {
+        let wait = Duration::from_millis(20) * 2u32.pow(attempt.min(6));
+        tokio::time::sleep(wait.min(Duration::from_secs(1))).await;
+    }
+}
+
 /// Sets (or re-sets, after `attempt` failures) the watch on a held node.
 pub(crate) fn arm(inner: &Arc<Inner>, key: uuid::Uuid, attempt: u32) -> StepFuture {
     let inner = inner.clone();
     Box::pin(async move {
-        if attempt > 0 {
-            let wait = Duration::from_millis(20) * 2u32.pow(attempt.min(6));
-            tokio::time::sleep(wait.min(Duration::from_secs(1))).await;
-        }
+        backoff(attempt).await;
         let node = match inner.held.lock().expect("poisoned").get(&key) {
             Some(h) if !h.signals.is_finished() => h.node.clone(),
             _ => return Step::Gone,
@@ -45,6 +61,48 @@ pub(crate) fn arm(inner: &Arc<Inner>, key: uuid::Uuid, attempt: u32) -> StepFutu
         let r = c.get_and_watch_data(&node).await;
         inner.heard_read(&r);
         Step::Armed(key, attempt, r)
+    })
+}
+
+/// Sets (or re-sets) the watch on the election node of a held election
+/// leader: the revoke request of an election is written there
+/// (`layout::election_revoke_data`), not on the leader's node.
+fn arm_dir(inner: &Arc<Inner>, key: uuid::Uuid, attempt: u32) -> StepFuture {
+    let inner = inner.clone();
+    Box::pin(async move {
+        backoff(attempt).await;
+        let dir = match inner.held.lock().expect("poisoned").get(&key) {
+            Some(h) if !h.signals.is_finished() => match &h.revoke_dir {
+                Some(d) => d.clone(),
+                None => return Step::DirGone(key),
+            },
+            _ => return Step::DirGone(key),
+        };
+        let Ok(c) = inner.client() else {
+            return Step::DirGone(key);
+        };
+        inner.send(1);
+        let r = c.get_and_watch_data(&dir).await;
+        inner.heard_read(&r);
+        Step::DirArmed(key, attempt, r)
+    })
+}
+
+/// Clears an election's revoke request from the election node `dir`,
+/// unless it was written again since it was read (at `version`).
+fn clear_revoke_mark(inner: &Arc<Inner>, dir: Box<str>, version: i32) -> StepFuture {
+    let inner = inner.clone();
+    Box::pin(async move {
+        let Ok(c) = inner.client() else {
+            return Step::Gone;
+        };
+        let sent = inner.send(1);
+        let r = c.set_data(&dir, &[], Some(version)).await;
+        inner.heard(sent, &r);
+        if let Err(e) = r {
+            tracing::debug!(%dir, error = %e, "revoke request not cleared");
+        }
+        Step::Gone
     })
 }
 
@@ -64,6 +122,8 @@ pub(crate) async fn watch_dispatcher(
     // created its lock node comes with that read done (sent with the
     // create anyway).
     let mut fresh = DelayQueue::new(HELD_WATCH_DELAY);
+    // Election leaders whose election node is watched (or being watched).
+    let mut dir_watched: HashSet<uuid::Uuid> = HashSet::new();
     // Reports a loss for `key` unless it was released or finished, and
     // forgets it.
     let lose = |key: &uuid::Uuid, why: &str| {
@@ -99,8 +159,10 @@ pub(crate) async fn watch_dispatcher(
         match step {
             Step::Gone => {}
             Step::Armed(key, _, Ok((data, _, watcher))) => {
-                let signals = match inner.held.lock().expect("poisoned").get(&key) {
-                    Some(h) if !h.signals.is_finished() => h.signals.clone(),
+                let (signals, election) = match inner.held.lock().expect("poisoned").get(&key) {
+                    Some(h) if !h.signals.is_finished() => {
+                        (h.signals.clone(), h.revoke_dir.is_some())
+                    }
                     _ => continue, // released meanwhile: drop the watch
                 };
                 if is_broken(&data) {
@@ -112,9 +174,66 @@ pub(crate) async fn watch_dispatcher(
                     tracing::info!(%key, "revoke requested");
                     signals.request_revoke();
                 }
+                if election && dir_watched.insert(key) {
+                    pending.push(arm_dir(&inner, key, 0));
+                }
                 pending.push(Box::pin(async move {
                     Step::Fired(key, watcher.changed().await)
                 }));
+            }
+            Step::DirArmed(key, _, Ok((data, stat, watcher))) => {
+                let (signals, node, dir) = match inner.held.lock().expect("poisoned").get(&key) {
+                    Some(h) if !h.signals.is_finished() => {
+                        (h.signals.clone(), h.node.clone(), h.revoke_dir.clone())
+                    }
+                    _ => {
+                        dir_watched.remove(&key);
+                        continue;
+                    }
+                };
+                let Some(dir) = dir else {
+                    dir_watched.remove(&key);
+                    continue;
+                };
+                if let Some(target) = election_revoke_target(&data) {
+                    let ours = node.rsplit('/').next() == Some(target);
+                    if ours && !signals.is_revoke_requested() {
+                        tracing::info!(%key, "revoke requested (election)");
+                        signals.request_revoke();
+                    }
+                    // Ours, now heard; or another leader's, stale (we lead,
+                    // so its leader is gone): cleared either way, unless
+                    // written again meanwhile.
+                    pending.push(clear_revoke_mark(&inner, dir, stat.version));
+                }
+                pending.push(Box::pin(async move {
+                    tokio::select! {
+                        ev = watcher.changed() => Step::DirFired(key, ev),
+                        _ = signals.finished() => Step::DirGone(key),
+                        _ = signals.lost() => Step::DirGone(key),
+                    }
+                }));
+            }
+            Step::DirArmed(key, attempt, Err(e)) => {
+                if e == zk::Error::NoNode || is_terminal(&e) {
+                    // No election node, so no node of ours either: the
+                    // watch on that reports it; or the session is over.
+                    dir_watched.remove(&key);
+                } else {
+                    pending.push(arm_dir(&inner, key, attempt + 1));
+                }
+            }
+            Step::DirFired(key, ev) => match ev.event_type {
+                zk::EventType::Session if ev.session_state.is_terminated() => {
+                    dir_watched.remove(&key);
+                }
+                zk::EventType::NodeDeleted => {
+                    dir_watched.remove(&key);
+                }
+                _ => pending.push(arm_dir(&inner, key, 0)), // data changed, or a reconnect
+            },
+            Step::DirGone(key) => {
+                dir_watched.remove(&key);
             }
             Step::Armed(key, _, Err(zk::Error::NoNode)) => lose(&key, "NoNode"),
             Step::Armed(key, _, Err(e)) if is_terminal(&e) => {

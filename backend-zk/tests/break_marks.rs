@@ -8,6 +8,9 @@
 //! that (issue 39, bug 7) was applied in that window. And a breaker that
 //! dies between its mark and its delete leaves a marked node for good.
 //!
+//! An election's revoke request is written into the election's node
+//! instead (see the README's "Elections"); stale ones are cleared.
+//!
 //! The marks are data, and so is a holder's value: a value or a
 //! proclaimed value that starts like a mark must stay a value (issue 39,
 //! bug 6): not a loss, not a revoke request, not hidden from `inspect`.
@@ -552,5 +555,56 @@ async fn a_proclaim_never_hides_a_break_mark() {
     let _ = leader.resign().await;
     ours.wait_idle().await;
     ours.close().await;
+    case.finish().await;
+}
+
+/// An election's revoke request is written into the election's node,
+/// naming the leader's node (issue 39, bug 2). One that names another
+/// node is stale (its leader is gone): our leader takes it for no revoke
+/// request and clears it. One left when the election empties (a Curator
+/// leader's, or one written as our leader resigned) is no leftover: the
+/// server reaps the node with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_election_revoke_marks_are_cleared_and_no_leftover() {
+    let Some(h) = harness() else { return };
+    let case = h.case();
+    let (a, b) = (case.client().await, case.client().await);
+    let raw = raw(&case).await;
+    let leader = a.election("se").unwrap().campaign("one").await.unwrap();
+    let node = leader.guard().entry().to_string();
+    let dir = node.rsplit_once('/').unwrap().0.to_string();
+    let stale = b"__REVOKE__ _c_00000000-0000-0000-0000-000000000000-latch-0000000099";
+    let (_, stat, watch) = raw.get_and_watch_data(&dir).await.unwrap();
+    raw.set_data(&dir, stale, Some(stat.version)).await.unwrap();
+    drop(watch);
+    // Our leader clears it (a write of the node's data after ours).
+    tokio::time::timeout(SOON, async {
+        loop {
+            let (data, _, watch) = raw.get_and_watch_data(&dir).await.unwrap();
+            if data.is_empty() {
+                return;
+            }
+            watch.changed().await;
+        }
+    })
+    .await
+    .expect("the stale revoke mark was never cleared");
+    assert!(
+        !leader.guard().is_revoke_requested(),
+        "a stale mark revoked"
+    );
+    assert!(leader.is_leader());
+    // A real one still reaches it, and is cleared as well.
+    assert!(b.request_revoke("se").await.unwrap());
+    tokio::time::timeout(SOON, leader.guard().revoke_requested())
+        .await
+        .expect("the revoke request was not heard");
+    leader.resign().await.unwrap();
+    // Left behind on the emptied election's node: not a leftover.
+    match raw.set_data(&dir, stale, None).await {
+        Ok(_) | Err(zk::Error::NoNode) => {} // (reaped already)
+        Err(e) => panic!("writing the stale mark: {e}"),
+    }
+    a.wait_idle().await;
     case.finish().await;
 }

@@ -773,3 +773,92 @@ async fn curator_leader_latch_and_ours_are_one_election() {
     drop(classes);
     case.finish().await;
 }
+
+/// Issue 39, bug 2: a revoke request on our leader, with a Curator
+/// `LeaderLatch` waiting right behind it, then a resign. The latch must
+/// lead (it watches our node with a one-shot data watch that it acts on
+/// only for a delete, and does not set again after a data change), and
+/// the revoke must not change the leader's value as either side reads it.
+/// The revoke is sent only once the latch's watch on our node is set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoke_on_our_leader_keeps_a_curator_latch_behind_it() {
+    let Some(h) = harness() else { return };
+    let Some(cp) = curator_classpath() else {
+        return;
+    };
+    let Some((classes, run_cp)) = compile_peer(&cp, "LatchPeer").await else {
+        return;
+    };
+    let case = h.case();
+    let cfg = ZkConfig::from_url(&h.url_for(case.namespace())).unwrap();
+    let path = format!("/{}/rvl", cfg.namespace);
+    let mut peer = Peer::start(&run_cp, "LatchPeer", &cfg.connect_string()).await;
+    let (ours, other) = (case.client().await, case.client().await);
+    let leader = ours
+        .election("rvl")
+        .unwrap()
+        .campaign("ours-1")
+        .await
+        .unwrap();
+    let our_node = leader.guard().entry().to_string();
+
+    peer.send(&format!("latch c1 {path} curator-1")).await;
+    peer.expect("started c1").await;
+    // The latch watches our node once its getData answered.
+    tokio::time::timeout(SOON, async {
+        loop {
+            peer.send("watches").await;
+            let line = peer.expect("watches").await;
+            if line.split([' ', ',']).any(|p| p == our_node) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the Curator latch never watched our leader's node");
+
+    let mut problems = Vec::new();
+    let asked = leader.guard().revoke_requested();
+    assert!(other.request_revoke("rvl").await.unwrap());
+    tokio::time::timeout(SOON, asked)
+        .await
+        .expect("our leader did not hear the revoke request");
+    assert!(leader.is_leader(), "a revoke request is not a loss");
+    let seen = conformance_tests::support::leader_of(&other, "rvl").await;
+    if seen.value != b"ours-1" {
+        problems.push(format!(
+            "after the revoke our leader() shows the value {:?}",
+            String::from_utf8_lossy(&seen.value)
+        ));
+    }
+    let curator_sees = peer.leader_seen_by("c1").await;
+    if curator_sees != "ours-1" {
+        problems.push(format!(
+            "after the revoke Curator's getLeader() reads {curator_sees:?}"
+        ));
+    }
+    let started = tokio::time::Instant::now();
+    leader.resign().await.unwrap();
+    // (Shorter than `expect`'s own limit, which panics.)
+    if peer.says_within("leader c1", Duration::from_secs(10)).await {
+        let now = conformance_tests::support::leader_of(&other, "rvl").await;
+        assert_eq!(now.value, b"curator-1");
+    } else {
+        let st = other.inspect("rvl").await.unwrap();
+        problems.push(format!(
+            "the Curator latch did not lead within {:?} of our resign (the store's holders: {:?})",
+            started.elapsed(),
+            st.holders
+                .iter()
+                .map(|c| String::from_utf8_lossy(&c.value).into_owned())
+                .collect::<Vec<_>>()
+        ));
+    }
+    peer.send("close c1").await;
+    peer.expect("closed c1").await;
+    peer.quit().await;
+    drop(classes);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    case.finish().await;
+}

@@ -6,6 +6,9 @@
 //   close <id>                       latch.close() (resigns) -> "closed <id>"
 //   leader <id>                      -> "leaderis <id> <participant id>" as
 //                                    that latch's getLeader() reads it
+//   watches                          -> "watches <path>,<path>,..." the data
+//                                    watches the client's ZooKeeper handle
+//                                    has set (a latch's on its predecessor)
 //   quit                             -> "bye"
 //
 // Asynchronous events: "leader <id>" and "notleader <id>" from the latch's
@@ -63,6 +66,18 @@ public class LatchPeer {
                     }
                     case "leader": {
                         say("leaderis " + w[1] + " " + latches.get(w[1]).getLeader().getId());
+                        break;
+                    }
+                    case "watches": {
+                        // ZooKeeper.getDataWatches() is protected (for
+                        // tests): read it by reflection.
+                        Object zk = client.getZookeeperClient().getZooKeeper();
+                        java.lang.reflect.Method m =
+                            org.apache.zookeeper.ZooKeeper.class.getDeclaredMethod("getDataWatches");
+                        m.setAccessible(true);
+                        @SuppressWarnings("unchecked")
+                        java.util.List<String> paths = (java.util.List<String>) m.invoke(zk);
+                        say("watches " + String.join(",", paths));
                         break;
                     }
                     case "quit": {
