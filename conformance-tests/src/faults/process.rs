@@ -31,7 +31,7 @@ fn now_ms() -> u128 {
         .as_millis()
 }
 
-/// The child's side: holds [`LOCK`] in the namespace it was given and
+/// The child's side: holds the lock `p` in the namespace it was given and
 /// reports until its guard says lost and the store refused its write;
 /// then waits to be killed. Returns at once when this process is not a
 /// child for `t`.
