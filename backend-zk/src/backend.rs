@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -106,6 +106,7 @@ impl ZkBackend {
                 admin: tokio::sync::Mutex::new(None),
                 known_dirs: Mutex::new(HashSet::new()),
                 versions: Mutex::new(HashMap::new()),
+                ticks_checked: AtomicBool::new(false),
             }),
         }
     }
@@ -126,7 +127,11 @@ impl ZkBackend {
     /// [`ZkConfig::connect_timeout`]: every server refusing the connection
     /// until then is [`ErrorKind::Unavailable`], no session in time is
     /// [`ErrorKind::Timeout`], refused digest credentials
-    /// [`ErrorKind::Unauthenticated`] at once.
+    /// [`ErrorKind::Unauthenticated`] at once. A negotiated session timeout
+    /// under 5 of the server's ticks is [`ErrorKind::InvalidUrl`] (the
+    /// local loss deadline is sound only from 5 ticks on; see the README's
+    /// "Safety on an ensemble"); a lazy backend fails its first session
+    /// so.
     ///
     /// There is no constructor from a `zookeeper_client::Client`: the
     /// backend opens a session per [`lockcore::LockClient`] session and a
@@ -144,7 +149,12 @@ impl ZkBackend {
                 // session timeout and then says "timeout", the word for a
                 // silent one too; a TCP connect tells the two apart.
                 reachable(&b.shared.config.servers).await?;
-                b.shared.admin().await.map(drop).map_err(silent_as_timeout)
+                let admin = b.shared.admin().await.map_err(silent_as_timeout)?;
+                // A timeout under 5 of the server's ticks is refused.
+                b.shared
+                    .check_ticks(admin.session_timeout())
+                    .await
+                    .map_err(silent_as_timeout)
             })
             .await?;
         }
@@ -634,6 +644,8 @@ impl Backend for ZkBackend {
     async fn open_session(&self, liveness: Arc<SessionLiveness>) -> Result<Arc<dyn StoreSession>> {
         let (client, started) = self.shared.connect(None).await?;
         let timeout = client.session_timeout();
+        // Done at `connect()` unless the backend is lazy: then here, once.
+        self.shared.check_ticks(timeout).await?;
         liveness.confirm(started, deadline_ttl(timeout));
         if !liveness.is_alive() {
             // The connect took most of a timeout (hosts tried in turn):

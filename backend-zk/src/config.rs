@@ -34,7 +34,7 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 ///
 /// | option | default | range | meaning |
 /// |---|---|---|---|
-/// | `ttl` or `session_timeout` | `10s` | `100ms..=10m` | requested ZooKeeper session timeout; the server clamps it to 2..20 of its ticks and the negotiated value is used. `ttl` is the name every backend takes (so a URL moves between stores unchanged), `session_timeout` ZooKeeper's own; giving both is an error |
+/// | `ttl` or `session_timeout` | `10s` | `100ms..=10m` | requested ZooKeeper session timeout; the server clamps it to 2..20 of its ticks and the negotiated value is used; under 5 ticks `connect()` refuses it (`InvalidUrl`: the loss deadline needs 5). `ttl` is the name every backend takes (so a URL moves between stores unchanged), `session_timeout` ZooKeeper's own; giving both is an error |
 /// | `connect_timeout` | `5s` | `100ms..=10m` | how long opening a session may take: `connect()` then fails with `Unavailable` (refused) or `Timeout` (no answer) |
 /// | `lazy` | `false` | | `connect()` opens no session; the first acquire finds out whether the servers answer |
 /// | `ca` | none (plain TCP) | PEM file | TLS to every server (its `secureClientPort`), trusting only the CA(s) in this file |
@@ -310,7 +310,8 @@ fn parse_servers(list: &str, shared_port: Option<u16>) -> Result<Vec<(String, u1
 /// The extra `timeout/10` covers how late the leader may hear of a request
 /// answered through a follower (the follower reports it with its next ping
 /// answer, up to `tickTime/2` later; `timeout/10 >= tickTime/2` whenever
-/// `timeout >= 5 x tickTime`). See the README's "Safety on an ensemble".
+/// `timeout >= 5 x tickTime`, which `connect()` checks). See the README's
+/// "Safety on an ensemble".
 pub(crate) fn deadline_ttl(timeout: Duration) -> Duration {
     timeout * 7 / 8
 }

@@ -8,7 +8,7 @@
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
@@ -46,7 +46,14 @@ pub(crate) struct Shared {
     /// write or a proclaim expects the node at. Absent: 0, the create's.
     /// A hint only: a wrong or forgotten version costs one read.
     pub(crate) versions: Mutex<HashMap<Box<str>, i32>>,
+    /// Whether the negotiated session timeout passed
+    /// [`Shared::check_ticks`].
+    pub(crate) ticks_checked: AtomicBool,
 }
+
+/// The fewest of the server's ticks a session timeout may span (see
+/// [`Shared::check_ticks`]).
+pub(crate) const MIN_TICKS: u32 = 5;
 
 /// At most this many entries in [`Shared::known_dirs`]; then it starts
 /// over (a forgotten node costs one failed transaction, not a wrong grant).
@@ -203,6 +210,20 @@ impl Shared {
         &self,
         session: Option<zk::SessionInfo>,
     ) -> Result<(zk::Client, Instant)> {
+        let (client, started) = self.open(session, self.config.session_timeout).await?;
+        self.negotiated_ms.store(
+            client.session_timeout().as_millis() as u64,
+            Ordering::Relaxed,
+        );
+        Ok((client, started))
+    }
+
+    /// [`Shared::connect`], asking for `session_timeout`.
+    async fn open(
+        &self,
+        session: Option<zk::SessionInfo>,
+        session_timeout: Duration,
+    ) -> Result<(zk::Client, Instant)> {
         let deadline = Instant::now() + self.config.connect_timeout;
         let mut backoff = Duration::from_millis(20);
         let tls = TlsFiles::load(&self.config)?;
@@ -214,7 +235,7 @@ impl Shared {
         }
         let mut probed = false;
         loop {
-            let mut c = zk::Client::connector().with_session_timeout(self.config.session_timeout);
+            let mut c = zk::Client::connector().with_session_timeout(session_timeout);
             if let Some(t) = &tls {
                 c = c.with_tls(t.options()?);
             }
@@ -254,13 +275,7 @@ impl Shared {
                 _ => attempt.await,
             };
             let err = match outcome {
-                Ok(Ok(client)) => {
-                    self.negotiated_ms.store(
-                        client.session_timeout().as_millis() as u64,
-                        Ordering::Relaxed,
-                    );
-                    return Ok((client, started));
-                }
+                Ok(Ok(client)) => return Ok((client, started)),
                 Ok(Err(e)) => map(e, "opening a session"),
                 Err(elapsed) => Error::new(
                     ErrorKind::Connection,
@@ -279,6 +294,62 @@ impl Shared {
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_millis(500));
         }
+    }
+
+    /// The tick rule: refuses ([`ErrorKind::InvalidUrl`]) a `negotiated`
+    /// session timeout under [`MIN_TICKS`] of the server's ticks, once per
+    /// backend (at `connect()`, or with a lazy backend at its first
+    /// session). The local deadline falls before the leader's earliest
+    /// expiry of the session only from that many ticks on (see
+    /// [`crate::config::deadline_ttl`] and the README's "Safety on an
+    /// ensemble"); ZooKeeper itself grants down to 2.
+    ///
+    /// The server does not say its `tickTime`; it shows in the timeout it
+    /// grants a session that asks for less than its minimum (by default
+    /// 2 ticks). A timeout that the server raised to its minimum is that
+    /// minimum, 2 ticks: refused. Otherwise one short session asks for 2/5
+    /// of the negotiated timeout (2 ticks if the timeout is 5): granted as
+    /// asked, the minimum, and so 2 ticks, is at most that, and the timeout
+    /// at least 5 ticks; raised, a tick is more than a fifth of the
+    /// timeout: refused, naming the tick. A server whose
+    /// `minSessionTimeout` is set above 2 ticks makes this stricter (asks
+    /// for 2.5 times that minimum); one set below 2 ticks hides its tick.
+    pub(crate) async fn check_ticks(&self, negotiated: Duration) -> Result<()> {
+        if self.ticks_checked.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let requested = self.config.session_timeout;
+        let minimum = if negotiated > requested {
+            Some(negotiated)
+        } else {
+            let probe = negotiated * 2 / MIN_TICKS;
+            let (c, _) = self.open(None, probe).await?;
+            let granted = c.session_timeout();
+            let state = c.state_watcher();
+            self.count(1); // closeSession
+            drop(c);
+            if !wait_terminal(state, Duration::from_secs(1)).await {
+                tracing::debug!("the tick probe's session did not close in time; it will expire");
+            }
+            (granted > probe).then_some(granted)
+        };
+        if let Some(minimum) = minimum {
+            let tick = minimum / 2;
+            let need = tick * MIN_TICKS;
+            return Err(Error::new(
+                ErrorKind::InvalidUrl,
+                format!(
+                    "ZooKeeper: the session timeout {negotiated:?} (asked for {requested:?}) is under \
+                     {MIN_TICKS} ticks of the server: it grants at least {minimum:?}, 2 ticks unless \
+                     minSessionTimeout is set, so a tick is about {tick:?}. The local loss deadline \
+                     falls before the server can expire the session only from {MIN_TICKS} ticks on \
+                     (backend-zk README, \"Safety on an ensemble\"): ask for ttl={}ms or more",
+                    need.as_millis()
+                ),
+            ));
+        }
+        self.ticks_checked.store(true, Ordering::Release);
+        Ok(())
     }
 
     /// Remembers a new lock session for `leftovers()` and `kill_session`.
