@@ -86,6 +86,9 @@ for feature in mem etcd zk consul redis; do
     { echo "test.sh: $doc/$feature/index.html does not name the feature $feature" >&2; exit 1; }
 done
 
+step "docs check: no broken intra-doc link, every path the docs name exists (scripts/docs-check.sh)"
+scripts/docs-check.sh
+
 step "examples on every store"
 out=$(mktemp)
 for url in "mem:///examples" "$QUORUMLOCK_TEST_ETCD_URL/examples" "$QUORUMLOCK_TEST_ZK_URL/examples" "$QUORUMLOCK_TEST_CONSUL_URL/examples" "$QUORUMLOCK_TEST_REDIS_URL/examples"; do
