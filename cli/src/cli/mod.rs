@@ -191,7 +191,7 @@ pub struct LockArgs {
     /// Session TTL: how long the store keeps the lock after this process
     /// stops renewing it. Sets the URL's `ttl` option (replacing a
     /// `session_timeout` on zk://). Ranges: etcd 2s..24h, Consul
-    /// 10s..24h, Redis 500ms..24h, ZooKeeper as the server allows (2..20 ticks).
+    /// 10s..24h, Redis 500ms..24h, ZooKeeper at least 5 server ticks (over 20 clamped).
     #[arg(long, value_name = "D", value_parser = parse_duration)]
     pub ttl: Option<Duration>,
 
