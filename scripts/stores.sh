@@ -35,7 +35,8 @@
 #                      logs: $QUORUMLOCK_STATE/<store>/log
 #   QUORUMLOCK_STORES_TIMEOUT  seconds to wait for each store (default 60)
 #   QUORUMLOCK_ZK_TICK_MS      ZooKeeper tickTime (default 200; sessions are
-#                              clamped to 2..20 ticks)
+#                              clamped to 2..20 ticks by the server; the
+#                              ZooKeeper backend refuses a timeout under 5)
 #
 # Needs root (apt-get, dpkg-deb) only when something is missing. Traffic goes
 # to the machine's configured Debian mirror (install) and to loopback.

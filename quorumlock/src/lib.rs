@@ -247,7 +247,7 @@ async fn backend_from(config: StoreConfig) -> Result<Arc<dyn Backend>> {
 /// | `redis`, `rediss` | `redis` | `redis://:password@127.0.0.1:6379/namespace?ttl=10s` (not CP: see the backend's README) |
 ///
 /// The URL path is the namespace; query parameters are the backend's
-/// options (see each backend's README). Every store takes
+/// options (see each backend's README). Every network store (not `mem://`) takes
 /// `connect_timeout=` (how long this waits for the store to answer,
 /// default 10 s, 5 s on ZooKeeper) and `lazy=true` (send nothing now; the
 /// first acquire finds out). See [`ClientBuilder::connect`] for the
