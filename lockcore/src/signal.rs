@@ -103,15 +103,22 @@ impl SessionLiveness {
 
     /// Records that a keepalive (or the session grant) sent at `sent_at`
     /// was confirmed by the store, with `ttl` granted.
-    /// The deadline only moves forward.
+    /// The deadline only moves forward, and never after a loss.
     pub fn confirm(&self, sent_at: Instant, ttl: Duration) {
         crate::telemetry::keepalive(sent_at.elapsed());
+        if self.lost.get().is_some() {
+            return;
+        }
         let deadline = sent_at + ttl - Self::margin(ttl);
         let ns = deadline.saturating_duration_since(self.epoch).as_nanos() as u64;
         self.deadline_ns.fetch_max(ns.max(1), Ordering::AcqRel);
     }
 
-    /// The current local deadline (`None` before the first confirmation).
+    /// The current local deadline (`None` before the first confirmation):
+    /// the instant the session is assumed lost from. A session declared
+    /// lost before it ([`lose`](Self::lose)) has the instant of that
+    /// declaration as its deadline: what `is_alive()` said from then on,
+    /// however late a task waiting on [`lost`](Self::lost) ran.
     pub fn deadline(&self) -> Option<Instant> {
         match self.deadline_ns.load(Ordering::Acquire) {
             0 => None,
@@ -119,11 +126,17 @@ impl SessionLiveness {
         }
     }
 
-    /// Declares the session lost. The first reason wins.
+    /// Declares the session lost. The first reason wins; the deadline
+    /// comes back to now if it was later.
     pub fn lose(&self, reason: LossReason) {
         if self.lost.get().is_none() {
             tracing::debug!(%reason, "session lost");
         }
+        let now = Instant::now()
+            .saturating_duration_since(self.epoch)
+            .as_nanos() as u64;
+        self.deadline_ns.fetch_min(now.max(1), Ordering::AcqRel);
+        // Never confirmed (0) stays "never": `fetch_min` left it at 0.
         self.lost.set(reason);
     }
 
@@ -333,6 +346,25 @@ mod tests {
         assert!(!l.is_alive());
         assert_eq!(l.lost().await, LossReason::DeadlinePassed);
         dog.await.unwrap();
+    }
+
+    /// A session declared lost before its deadline is assumed lost from
+    /// that instant: its deadline says so, and no later keepalive moves it.
+    #[tokio::test(start_paused = true)]
+    async fn a_loss_brings_the_deadline_to_its_instant() {
+        let l = SessionLiveness::new();
+        let ttl = Duration::from_secs(10);
+        l.confirm(Instant::now(), ttl);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let at = Instant::now();
+        l.lose(LossReason::SessionEnded);
+        assert_eq!(l.deadline(), Some(at));
+        l.confirm(Instant::now(), ttl);
+        assert_eq!(l.deadline(), Some(at));
+        assert_eq!(l.loss(), Some(LossReason::SessionEnded));
+        let never = SessionLiveness::new();
+        never.lose(LossReason::ClientClosed);
+        assert_eq!(never.deadline(), None);
     }
 
     /// The watchdog may run late (a loaded runtime): a caller that saw the

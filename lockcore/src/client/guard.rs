@@ -156,6 +156,8 @@ impl LockGuard {
 
     /// The local deadline: the lock is assumed lost at this instant unless
     /// a keepalive confirms the session before it (`None`: never confirmed).
+    /// Once the session was declared lost earlier, the instant of that
+    /// declaration.
     pub fn deadline(&self) -> Option<Instant> {
         self.held().session.liveness.deadline()
     }

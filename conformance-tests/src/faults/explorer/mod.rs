@@ -382,10 +382,19 @@ pub async fn explore(
     violations.extend(check(&shared));
     violations.extend(not_takeable(t, &ns, &names, ttl).await);
 
+    // The fenced keys, then (ZooKeeper paths) the node they share.
+    let mut parents: Vec<String> = Vec::new();
     for key in shared.fenced_keys.values() {
+        if let Some((parent, _)) = key.rsplit_once('/').filter(|_| key.starts_with('/')) {
+            parents.push(parent.to_string());
+        }
+    }
+    parents.sort();
+    parents.dedup();
+    for key in shared.fenced_keys.values().chain(parents.iter()) {
         let delete = lockcore::backend::KeyWrite::Delete { key: key.clone() };
         if let Err(e) = operator.backend().write_key(&delete).await {
-            eprintln!("explorer: removing {key}: {e}");
+            violations.push(format!("removing {key} after the schedule: {e}"));
         }
     }
     for c in clients.iter().chain([&admin, &operator]) {
@@ -661,7 +670,7 @@ async fn hold(
     // that fires `lost()` ran (on a loaded machine the store's own expiry
     // can be heard first): a deadline already passed ended the belief.
     if let Some(d) = g.deadline().filter(|d| *d <= Instant::now()) {
-        sh.log.end(id, d, "local deadline");
+        sh.log.end(id, d, "local deadline or session loss");
     }
     watcher.abort();
     if rng.gen_bool(0.5) {
@@ -915,7 +924,7 @@ async fn hold_set(
     }
     for (g, id) in set.guards().iter().zip(&ids) {
         if let Some(d) = g.deadline().filter(|d| *d <= Instant::now()) {
-            sh.log.end(*id, d, "local deadline");
+            sh.log.end(*id, d, "local deadline or session loss");
         }
     }
     watcher.abort();
