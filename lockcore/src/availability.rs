@@ -92,12 +92,13 @@ impl Unreachable {
     /// now, for an attempt that has had none yet) plus the limit.
     pub(crate) fn open_by(&self) -> Option<Instant> {
         let since = self.since.unwrap_or_else(Instant::now);
-        self.after.map(|a| since + a)
+        // A limit too long for the clock to add (`Duration::MAX`): none.
+        self.after.and_then(|a| since.checked_add(a))
     }
 
     /// Once in trouble, when to give up.
     pub(crate) fn give_up_at(&self) -> Option<Instant> {
-        Some(self.since? + self.after?)
+        self.since?.checked_add(self.after?)
     }
 
     /// A session could not be opened, or an attempt failed on the link;

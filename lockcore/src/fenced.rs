@@ -19,7 +19,7 @@ impl LockGuard {
     /// [`ErrorKind::LockLost`](crate::ErrorKind::LockLost) and nothing written. `key` is a key of the
     /// store's own key space outside quorumlock's namespace (module docs:
     /// [`KeyWrite`]); a bad key is [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument). Mutex
-    /// guards only.
+    /// guards and an election leader's guard only.
     ///
     /// ```no_run
     /// # async fn f(client: lockcore::LockClient) -> lockcore::Result<()> {

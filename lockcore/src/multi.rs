@@ -85,7 +85,8 @@ impl MultiLock {
     }
 
     /// Takes the set only if every lock is free now; else
-    /// [`ErrorKind::WouldBlock`] and nothing is held.
+    /// [`ErrorKind::WouldBlock`], and the names taken on the way are given
+    /// back (confirmed within 100 ms, else in the background).
     ///
     /// # Cancel safety
     /// As [`acquire`](Self::acquire).
@@ -94,7 +95,9 @@ impl MultiLock {
     }
 
     /// Waits at most `timeout` for the whole set; then
-    /// [`ErrorKind::Timeout`] and nothing is held.
+    /// [`ErrorKind::Timeout`], within `timeout` + 100 ms, and the names
+    /// taken on the way are given back (confirmed by then, or in the
+    /// background: [`LockClient::wait_idle`]).
     ///
     /// # Cancel safety
     /// As [`acquire`](Self::acquire).

@@ -48,6 +48,9 @@ pub(super) async fn supervise(
     liveness: Arc<SessionLiveness>,
     closed: tokio_util::sync::CancellationToken,
 ) {
+    // Whatever ends this task (the runtime stopping, a panic in `close`)
+    // ends the waits on `closed` too.
+    let _closed = closed.clone().drop_guard();
     liveness.clone().watchdog().await;
     if let Err(e) = store.close().await {
         tracing::debug!(error = %e, session = %store.id(), "ending a lost session failed; the store expires it by TTL");
@@ -80,33 +83,41 @@ pub(super) fn spawn_cleanup(
     job: impl Future<Output = ()> + Send + 'static,
 ) {
     inner.cleanup.pending.fetch_add(1, Ordering::AcqRel);
-    let inner2 = inner.clone();
-    let unfinished = Unfinished(Some(lock.clone()));
+    // Moved into the job: dropped when the job ends, run to the end or
+    // not, and counts it done then.
+    let unfinished = Unfinished {
+        lock: Some(lock.clone()),
+        client: inner.clone(),
+    };
     inner.runtime.spawn(async move {
         job.await;
         unfinished.done();
-        if inner2.cleanup.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
-            inner2.cleanup.idle.notify_waiters();
-        }
     });
 }
 
-/// Warns when dropped before [`Unfinished::done`].
-struct Unfinished(Option<LockName>);
+/// Counts a cleanup job done when dropped, and warns if the job had not
+/// run to the end ([`Unfinished::done`] not called).
+struct Unfinished {
+    lock: Option<LockName>,
+    client: Arc<ClientInner>,
+}
 
 impl Unfinished {
     fn done(mut self) {
-        self.0 = None;
+        self.lock = None;
     }
 }
 
 impl Drop for Unfinished {
     fn drop(&mut self) {
-        if let Some(lock) = self.0.take() {
+        if let Some(lock) = self.lock.take() {
             tracing::warn!(
                 %lock,
-                "the runtime stopped before the release of this lock ran: it stays held on the store until its session's TTL; release guards and close the client (LockClient::close) before the runtime ends"
+                "the runtime stopped before the removal of this lock's entry ran: it stays on the store until its session's TTL; release guards and close the client (LockClient::close) before the runtime ends"
             );
+        }
+        if self.client.cleanup.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.client.cleanup.idle.notify_waiters();
         }
     }
 }
@@ -196,10 +207,12 @@ pub(super) async fn remove_entry(
             refused += 1;
             if refused >= REFUSED_REMOVAL_TRIES {
                 tracing::warn!(error = %e, lock = %req.name, "the store refused to remove our entry; ending the session so that it drops the entry");
+                let deadline = session.liveness.deadline();
                 session.liveness.lose(LossReason::SessionEnded);
                 // The supervisor ends the session on the store (or it
-                // expires there by its TTL, no longer renewed).
-                session.closed.cancelled().await;
+                // expires there by its TTL, no longer renewed): waited
+                // for no longer than the session's local deadline.
+                until(deadline, session.closed.cancelled()).await;
                 return Err(Error::new(
                     e.kind(),
                     format!(
