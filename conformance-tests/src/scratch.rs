@@ -14,11 +14,19 @@ pub fn scratch_key(backend: &dyn Backend, namespace: &str, leaf: &str) -> String
     }
 }
 
+/// The node a ZooKeeper scratch key lives under, which must go with it
+/// (keys of the other stores have no parent to remove).
+pub fn scratch_parent(key: &str) -> Option<&str> {
+    key.rsplit_once('/')
+        .filter(|_| key.starts_with('/'))
+        .map(|(parent, _)| parent)
+}
+
 /// Deletes `key` (unfenced) and, on ZooKeeper, its now empty parent.
 pub async fn remove_scratch(c: &LockClient, key: &str) {
     let delete = |key: &str| KeyWrite::Delete { key: key.into() };
     c.backend().write_key(&delete(key)).await.expect("cleanup");
-    if let Some((parent, _)) = key.rsplit_once('/').filter(|_| key.starts_with('/')) {
+    if let Some(parent) = scratch_parent(key) {
         c.backend()
             .write_key(&delete(parent))
             .await

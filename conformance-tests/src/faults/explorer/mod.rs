@@ -53,7 +53,7 @@ use tokio::time::Instant;
 use super::cancel::poll_times;
 use super::refusal::Refusals;
 use super::{Cluster, FaultTarget, FencedRegister, NetControl, NetMode, OneShot, Row};
-use crate::scratch::scratch_key;
+use crate::scratch::{scratch_key, scratch_parent};
 
 /// The mutex names of a schedule.
 const MUTEXES: [&str; 2] = ["m0", "m1"];
@@ -383,12 +383,11 @@ pub async fn explore(
     violations.extend(not_takeable(t, &ns, &names, ttl).await);
 
     // The fenced keys, then (ZooKeeper paths) the node they share.
-    let mut parents: Vec<String> = Vec::new();
-    for key in shared.fenced_keys.values() {
-        if let Some((parent, _)) = key.rsplit_once('/').filter(|_| key.starts_with('/')) {
-            parents.push(parent.to_string());
-        }
-    }
+    let mut parents: Vec<String> = shared
+        .fenced_keys
+        .values()
+        .filter_map(|key| scratch_parent(key).map(str::to_string))
+        .collect();
     parents.sort();
     parents.dedup();
     for key in shared.fenced_keys.values().chain(parents.iter()) {
