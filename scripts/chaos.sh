@@ -33,12 +33,12 @@
 # The real stores come from `scripts/stores.sh up` unless the
 # QUORUMLOCK_TEST_<STORE>_URL variables are already set; this script never
 # stops them. A backend runs its fault suite through its test target:
-#   mem      conformance-tests/tests/faults_mem.rs
-#   etcd     backend-etcd/tests/fault_suite.rs
-#   zk       backend-zk/tests/fault_suite.rs
-#   consul   backend-consul/tests/fault_suite.rs
-#   redis    backend-redis/tests/fault_suite.rs
-# (each of those is one `conformance_tests::fault_suite!(...)` line).
+#   mem      quorumlock-conformance/tests/faults_mem.rs
+#   etcd     quorumlock-etcd/tests/fault_suite.rs
+#   zk       quorumlock-zk/tests/fault_suite.rs
+#   consul   quorumlock-consul/tests/fault_suite.rs
+#   redis    quorumlock-redis/tests/fault_suite.rs
+# (each of those is one `quorumlock_conformance::fault_suite!(...)` line).
 # QUORUMLOCK_CHAOS_SUITE_<B> / QUORUMLOCK_CHAOS_CLUSTER_<B> (B upper-case)
 # replace the cargo arguments that select a suite, e.g.
 # "--manifest-path /elsewhere/Cargo.toml --test etcd".
@@ -65,7 +65,7 @@ done
 [ ${#backends[@]} -gt 0 ] || backends=(mem etcd zk consul redis)
 case "$minutes" in ''|*[!0-9.]*) echo "chaos.sh: --minutes takes a number" >&2; exit 2 ;; esac
 
-SCENARIOS=12   # scripted scenarios in conformance_tests::fault_suite!
+SCENARIOS=12   # scripted scenarios in quorumlock_conformance::fault_suite!
 log() { printf 'chaos.sh: %s\n' "$*" >&2; }
 
 need_stores=0
@@ -122,7 +122,7 @@ add_missing_rows() {
 failed_tests=0
 for b in "${backends[@]}"; do
   case "$b" in
-    mem) file=conformance-tests/tests/faults_mem.rs; suite=(-p quorumlock-conformance --test faults_mem) ;;
+    mem) file=quorumlock-conformance/tests/faults_mem.rs; suite=(-p quorumlock-conformance --test faults_mem) ;;
     *) file=backend-$b/tests/fault_suite.rs; suite=(-p "quorumlock-$b" --test fault_suite) ;;
   esac
   cfile=backend-$b/tests/fault_cluster.rs

@@ -2,7 +2,7 @@
 """docs-check.py: every path the docs name must exist in the repository.
 
 Reads README.md, docs/*.md and every README.md below the root (the crate
-READMEs, docker/, conformance-tests/src/faults/), and checks:
+READMEs, docker/, quorumlock-conformance/src/faults/), and checks:
 
 - markdown links `[text](target)` and reference definitions `[x]: target`:
   a relative target must exist (relative to the file), inside the
@@ -14,8 +14,8 @@ READMEs, docker/, conformance-tests/src/faults/), and checks:
   crates.io shows it too) must not link relatively at all: those links
   break there, so they must go to the repository URL;
 - paths in backticks and in code blocks that look like the repository's
-  own (`scripts/chaos.sh`, `backend-etcd/tests/interop.rs`,
-  `conformance-tests/src/faults`, `backend-*/README.md`): the first
+  own (`scripts/chaos.sh`, `quorumlock-etcd/tests/interop.rs`,
+  `quorumlock-conformance/src/faults`, `backend-*/README.md`): the first
   segment is a top-level entry of the repository; in a crate's README,
   `src/...`, `tests/...`, `examples/...` are taken from that crate, and
   elsewhere they must exist in at least one crate ("each backend's

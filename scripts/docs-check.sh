@@ -8,7 +8,7 @@
 #   2. scripts/docs-check.py: every path that README.md, docs/*.md and the
 #      crate READMEs name (markdown links, anchors, links to this
 #      repository's URL, backticked paths such as `scripts/chaos.sh` or
-#      `backend-etcd/tests/interop.rs`) exists, and no crate README links
+#      `quorumlock-etcd/tests/interop.rs`) exists, and no crate README links
 #      relatively (that breaks on docs.rs and crates.io).
 #
 #   scripts/docs-check.sh              # both

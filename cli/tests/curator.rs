@@ -3,7 +3,7 @@
 //! writer keeps Curator's readers out (a plain `lock` is a Curator mutex,
 //! which Curator's readers do not look at), and waits for them.
 //!
-//! The Curator side is backend-zk's test peer (`tests/java/CuratorPeer.java`
+//! The Curator side is quorumlock-zk's test peer (`tests/java/CuratorPeer.java`
 //! there), compiled with `javac`. Needs `QUORUMLOCK_TEST_ZK_URL`,
 //! `javac`/`java` and the Curator jars (`QUORUMLOCK_CURATOR_CP`, else the
 //! Debian jars under /usr/share/java); skipped loudly without them, or
@@ -164,7 +164,7 @@ fn write_side_excludes_curator_readers_and_waits_for_them() {
     };
     let dir = tempfile::tempdir().unwrap();
     let src =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../backend-zk/tests/java/CuratorPeer.java");
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../quorumlock-zk/tests/java/CuratorPeer.java");
     let javac = match StdCommand::new("javac")
         .arg("-d")
         .arg(dir.path())

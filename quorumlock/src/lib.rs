@@ -6,44 +6,44 @@
 
 use std::sync::Arc;
 
-use lockcore::backend::Backend;
+use quorumlock_core::backend::Backend;
 
 /// The backend contract, **unstable**: for a store of your own (see
 /// [`LockClient::new`]) or a wrapper in tests, not for using locks. It
 /// changes in any release; pin an exact version to depend on it.
-pub use lockcore::backend;
-pub use lockcore::url;
-pub use lockcore::{
+pub use quorumlock_core::backend;
+pub use quorumlock_core::url;
+pub use quorumlock_core::{
     default_value, ClientOptions, Contender, Election, Error, ErrorKind, Leader, LeaderGuard, Lock,
     LockClient, LockGuard, LockKind, LockName, LockState, LossReason, MultiGuard, MultiLock,
     Reentry, Result, RwLock, Semaphore,
 };
 // The limits the docs of `LockName`, `ErrorKind` and `Election` name, so
 // that their links stay inside this crate's docs.
-pub use lockcore::{
+pub use quorumlock_core::{
     DEFAULT_OBSERVE_INTERVAL, MAX_NAME_LEN, MAX_SEGMENT_LEN, RESERVED_NESTED_SEGMENTS,
 };
 
 #[cfg(feature = "mem")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mem")))]
-pub use lockcore::mem;
+pub use quorumlock_core::mem;
 
 #[cfg(feature = "consul")]
 #[cfg_attr(docsrs, doc(cfg(feature = "consul")))]
 #[doc(inline)]
-pub use backend_consul as consul;
+pub use quorumlock_consul as consul;
 #[cfg(feature = "etcd")]
 #[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
 #[doc(inline)]
-pub use backend_etcd as etcd;
+pub use quorumlock_etcd as etcd;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 #[doc(inline)]
-pub use backend_redis as redis;
+pub use quorumlock_redis as redis;
 #[cfg(feature = "zk")]
 #[cfg_attr(docsrs, doc(cfg(feature = "zk")))]
 #[doc(inline)]
-pub use backend_zk as zk;
+pub use quorumlock_zk as zk;
 
 /// The environment variable [`connect_from_env`] reads.
 pub const URL_ENV: &str = "QUORUMLOCK_URL";
@@ -54,7 +54,7 @@ pub const DEFAULT_URL: &str = "mem://";
 
 /// Every scheme quorumlock knows, per cargo feature: each backend's own
 /// `SCHEMES` (for a feature that is off, the same list from
-/// [`lockcore::backend::schemes`], so that its error can name the feature).
+/// [`quorumlock_core::backend::schemes`], so that its error can name the feature).
 pub const SCHEMES: &[(&str, &[&str])] = &[
     ("mem", MEM),
     ("etcd", ETCD),
@@ -64,25 +64,25 @@ pub const SCHEMES: &[(&str, &[&str])] = &[
 ];
 
 #[cfg(feature = "mem")]
-const MEM: &[&str] = lockcore::mem::SCHEMES;
+const MEM: &[&str] = quorumlock_core::mem::SCHEMES;
 #[cfg(not(feature = "mem"))]
-const MEM: &[&str] = lockcore::backend::schemes::MEM;
+const MEM: &[&str] = quorumlock_core::backend::schemes::MEM;
 #[cfg(feature = "etcd")]
-const ETCD: &[&str] = backend_etcd::SCHEMES;
+const ETCD: &[&str] = quorumlock_etcd::SCHEMES;
 #[cfg(not(feature = "etcd"))]
-const ETCD: &[&str] = lockcore::backend::schemes::ETCD;
+const ETCD: &[&str] = quorumlock_core::backend::schemes::ETCD;
 #[cfg(feature = "zk")]
-const ZK: &[&str] = backend_zk::SCHEMES;
+const ZK: &[&str] = quorumlock_zk::SCHEMES;
 #[cfg(not(feature = "zk"))]
-const ZK: &[&str] = lockcore::backend::schemes::ZK;
+const ZK: &[&str] = quorumlock_core::backend::schemes::ZK;
 #[cfg(feature = "consul")]
-const CONSUL: &[&str] = backend_consul::SCHEMES;
+const CONSUL: &[&str] = quorumlock_consul::SCHEMES;
 #[cfg(not(feature = "consul"))]
-const CONSUL: &[&str] = lockcore::backend::schemes::CONSUL;
+const CONSUL: &[&str] = quorumlock_core::backend::schemes::CONSUL;
 #[cfg(feature = "redis")]
-const REDIS: &[&str] = backend_redis::SCHEMES;
+const REDIS: &[&str] = quorumlock_redis::SCHEMES;
 #[cfg(not(feature = "redis"))]
-const REDIS: &[&str] = lockcore::backend::schemes::REDIS;
+const REDIS: &[&str] = quorumlock_core::backend::schemes::REDIS;
 
 /// How to connect: a URL or a typed store configuration, plus the
 /// client's [`ClientOptions`]. [`connect`] is `ClientBuilder::new(url)
@@ -119,39 +119,39 @@ enum Target {
 pub enum StoreConfig {
     /// etcd.
     #[cfg(feature = "etcd")]
-    Etcd(backend_etcd::EtcdConfig),
+    Etcd(quorumlock_etcd::EtcdConfig),
     /// ZooKeeper.
     #[cfg(feature = "zk")]
-    Zk(backend_zk::ZkConfig),
+    Zk(quorumlock_zk::ZkConfig),
     /// Consul.
     #[cfg(feature = "consul")]
-    Consul(backend_consul::ConsulConfig),
+    Consul(quorumlock_consul::ConsulConfig),
     /// Redis.
     #[cfg(feature = "redis")]
-    Redis(backend_redis::RedisConfig),
+    Redis(quorumlock_redis::RedisConfig),
 }
 
 #[cfg(feature = "etcd")]
-impl From<backend_etcd::EtcdConfig> for StoreConfig {
-    fn from(c: backend_etcd::EtcdConfig) -> Self {
+impl From<quorumlock_etcd::EtcdConfig> for StoreConfig {
+    fn from(c: quorumlock_etcd::EtcdConfig) -> Self {
         StoreConfig::Etcd(c)
     }
 }
 #[cfg(feature = "zk")]
-impl From<backend_zk::ZkConfig> for StoreConfig {
-    fn from(c: backend_zk::ZkConfig) -> Self {
+impl From<quorumlock_zk::ZkConfig> for StoreConfig {
+    fn from(c: quorumlock_zk::ZkConfig) -> Self {
         StoreConfig::Zk(c)
     }
 }
 #[cfg(feature = "consul")]
-impl From<backend_consul::ConsulConfig> for StoreConfig {
-    fn from(c: backend_consul::ConsulConfig) -> Self {
+impl From<quorumlock_consul::ConsulConfig> for StoreConfig {
+    fn from(c: quorumlock_consul::ConsulConfig) -> Self {
         StoreConfig::Consul(c)
     }
 }
 #[cfg(feature = "redis")]
-impl From<backend_redis::RedisConfig> for StoreConfig {
-    fn from(c: backend_redis::RedisConfig) -> Self {
+impl From<quorumlock_redis::RedisConfig> for StoreConfig {
+    fn from(c: quorumlock_redis::RedisConfig) -> Self {
         StoreConfig::Redis(c)
     }
 }
@@ -226,13 +226,13 @@ impl ClientBuilder {
 async fn backend_from(config: StoreConfig) -> Result<Arc<dyn Backend>> {
     Ok(match config {
         #[cfg(feature = "etcd")]
-        StoreConfig::Etcd(c) => Arc::new(backend_etcd::EtcdBackend::from_config(c).await?),
+        StoreConfig::Etcd(c) => Arc::new(quorumlock_etcd::EtcdBackend::from_config(c).await?),
         #[cfg(feature = "zk")]
-        StoreConfig::Zk(c) => Arc::new(backend_zk::ZkBackend::from_config(c).await?),
+        StoreConfig::Zk(c) => Arc::new(quorumlock_zk::ZkBackend::from_config(c).await?),
         #[cfg(feature = "consul")]
-        StoreConfig::Consul(c) => Arc::new(backend_consul::ConsulBackend::from_config(c).await?),
+        StoreConfig::Consul(c) => Arc::new(quorumlock_consul::ConsulBackend::from_config(c).await?),
         #[cfg(feature = "redis")]
-        StoreConfig::Redis(c) => Arc::new(backend_redis::RedisBackend::from_config(c).await?),
+        StoreConfig::Redis(c) => Arc::new(quorumlock_redis::RedisBackend::from_config(c).await?),
     })
 }
 
@@ -298,23 +298,29 @@ async fn backend_for(url: &str) -> Result<Arc<dyn Backend>> {
     match feature {
         "mem" => {
             #[cfg(feature = "mem")]
-            return Ok(Arc::new(lockcore::mem::MemBackend::connect(url).await?));
+            return Ok(Arc::new(
+                quorumlock_core::mem::MemBackend::connect(url).await?,
+            ));
         }
         "etcd" => {
             #[cfg(feature = "etcd")]
-            return Ok(Arc::new(backend_etcd::EtcdBackend::connect(url).await?));
+            return Ok(Arc::new(quorumlock_etcd::EtcdBackend::connect(url).await?));
         }
         "zk" => {
             #[cfg(feature = "zk")]
-            return Ok(Arc::new(backend_zk::ZkBackend::connect(url).await?));
+            return Ok(Arc::new(quorumlock_zk::ZkBackend::connect(url).await?));
         }
         "consul" => {
             #[cfg(feature = "consul")]
-            return Ok(Arc::new(backend_consul::ConsulBackend::connect(url).await?));
+            return Ok(Arc::new(
+                quorumlock_consul::ConsulBackend::connect(url).await?,
+            ));
         }
         "redis" => {
             #[cfg(feature = "redis")]
-            return Ok(Arc::new(backend_redis::RedisBackend::connect(url).await?));
+            return Ok(Arc::new(
+                quorumlock_redis::RedisBackend::connect(url).await?,
+            ));
         }
         _ => {}
     }
@@ -426,7 +432,7 @@ mod tests {
             .and_then(|l| l.local_addr())
             .unwrap()
             .port();
-        let config = backend_redis::RedisConfig::default()
+        let config = quorumlock_redis::RedisConfig::default()
             .with_port(port)
             .with_connect_timeout(Duration::from_millis(500));
         let start = Instant::now();

@@ -1,0 +1,303 @@
+//! Leader election: campaign, the next candidate waits, resign hands
+//! over, proclaim changes what observers see, observe streams the
+//! changes, and leadership ends with the leader's session.
+
+use futures::StreamExt;
+use quorumlock_core::Leader;
+
+use super::*;
+
+fn proclaims(c: &LockClient) -> bool {
+    c.backend().capabilities().proclaim
+}
+
+async fn leader_value(c: &LockClient, name: &str) -> Option<Vec<u8>> {
+    c.election(name)
+        .unwrap()
+        .leader()
+        .await
+        .expect("leader")
+        .map(|l| l.value)
+}
+
+/// The first candidate leads with its value; the second waits (its value
+/// is not the leader's) until the first resigns, then leads with a larger
+/// token; proclaim changes the value another client reads, token kept.
+pub async fn election_campaign_resign_and_proclaim(h: &Harness) {
+    let case = h.case();
+    let (a, b, o) = (
+        case.client().await,
+        case.client().await,
+        case.client().await,
+    );
+    let mut first = a
+        .election("leader")
+        .unwrap()
+        .campaign("node-a")
+        .await
+        .unwrap();
+    assert!(first.is_leader());
+    assert_eq!(
+        leader_value(&o, "leader").await.as_deref(),
+        Some(&b"node-a"[..])
+    );
+    let eb = b.election("leader").unwrap();
+    let second = tokio::spawn(async move { eb.campaign("node-b").await });
+    eventually("the second candidate to queue", || async {
+        waiters(&o, "leader").await == 1
+    })
+    .await;
+    assert!(!second.is_finished(), "two leaders at once");
+    assert_eq!(
+        leader_value(&o, "leader").await.as_deref(),
+        Some(&b"node-a"[..])
+    );
+
+    let token = first.token();
+    if proclaims(&a) {
+        first.proclaim("node-a v2").await.unwrap();
+        assert_eq!(first.value(), b"node-a v2");
+        let now = crate::support::leader_of(&o, "leader").await;
+        assert_eq!(now.value, b"node-a v2");
+        assert_eq!(now.token, token, "proclaim keeps the token");
+        assert!(first.is_leader(), "a proclaim is not a revoke or a loss");
+        assert!(
+            !first.guard().is_revoke_requested(),
+            "a proclaim is not a revoke request"
+        );
+        assert!(!second.is_finished());
+    } else {
+        assert_kind(
+            first.proclaim("node-a v2").await,
+            ErrorKind::InvalidArgument,
+            "proclaim where the store cannot",
+        );
+        assert_eq!(
+            leader_value(&o, "leader").await.as_deref(),
+            Some(&b"node-a"[..])
+        );
+    }
+
+    first.resign().await.unwrap();
+    let second = tokio::time::timeout(SOON, second)
+        .await
+        .expect("the next candidate did not lead after a resign")
+        .unwrap()
+        .unwrap();
+    assert!(second.token() > token);
+    assert_eq!(
+        leader_value(&o, "leader").await.as_deref(),
+        Some(&b"node-b"[..])
+    );
+    second.resign().await.unwrap();
+    assert_eq!(leader_value(&o, "leader").await, None);
+    case.finish().await;
+}
+
+/// `observe` yields the leader now, then each change: a new leader, a
+/// proclaimed value, nobody.
+pub async fn election_observe_sees_changes(h: &Harness) {
+    let case = h.case();
+    let (a, b, o) = (
+        case.client().await,
+        case.client().await,
+        case.client().await,
+    );
+    let stream = o
+        .election("watched")
+        .unwrap()
+        .with_observe_interval(Duration::from_millis(20))
+        .observe();
+    let mut stream = Box::pin(stream);
+    macro_rules! next {
+        () => {
+            tokio::time::timeout(SOON, stream.next())
+                .await
+                .expect("no change observed")
+                .expect("stream ended")
+                .expect("observe failed")
+                .map(|l: Leader| l.value)
+        };
+    }
+    assert_eq!(next!(), None);
+    let mut g = a
+        .election("watched")
+        .unwrap()
+        .campaign("one")
+        .await
+        .unwrap();
+    assert_eq!(next!().as_deref(), Some(&b"one"[..]));
+    if proclaims(&a) {
+        g.proclaim("one again").await.unwrap();
+        assert_eq!(next!().as_deref(), Some(&b"one again"[..]));
+    }
+    g.resign().await.unwrap();
+    // Nobody, then (maybe quickly) the next leader.
+    assert_eq!(next!(), None);
+    let g = b
+        .election("watched")
+        .unwrap()
+        .campaign("two")
+        .await
+        .unwrap();
+    assert_eq!(next!().as_deref(), Some(&b"two"[..]));
+    g.resign().await.unwrap();
+    case.finish().await;
+}
+
+/// The leader's session ends: its `lost()` fires, a proclaim is refused
+/// and writes nothing, and the waiting candidate leads.
+pub async fn election_leader_lost_with_its_session(h: &Harness) {
+    let case = h.case();
+    let (a, b) = (case.client().await, case.client().await);
+    let mut g = a
+        .election("expiring")
+        .unwrap()
+        .campaign("old")
+        .await
+        .unwrap();
+    let eb = b.election("expiring").unwrap();
+    let next = tokio::spawn(async move { eb.campaign("new").await });
+    eventually("the candidate to queue", || async {
+        waiters(&b, "expiring").await == 1
+    })
+    .await;
+    b.backend()
+        .kill_session(&g.guard().session_id())
+        .await
+        .expect("kill session");
+    tokio::time::timeout(SOON, g.lost())
+        .await
+        .expect("leadership loss not reported");
+    assert!(!g.is_leader());
+    if proclaims(&a) {
+        assert_kind(
+            g.proclaim("zombie").await,
+            ErrorKind::LockLost,
+            "proclaim after loss",
+        );
+    }
+    let g2 = tokio::time::timeout(SOON, next)
+        .await
+        .expect("the candidate did not lead")
+        .unwrap()
+        .unwrap();
+    assert!(g2.token() > g.token());
+    assert_eq!(
+        leader_value(&b, "expiring").await.as_deref(),
+        Some(&b"new"[..])
+    );
+    assert_kind(g.resign().await, ErrorKind::LockLost, "resign after loss");
+    g2.resign().await.unwrap();
+    case.finish().await;
+}
+
+/// A leader makes fenced writes through its guard (what
+/// [`quorumlock_core::LeaderGuard::guard`] is for), also after a proclaim and
+/// with a candidate waiting; once its leadership is broken the store
+/// refuses them and nothing changes.
+pub async fn election_leader_makes_fenced_writes(h: &Harness) {
+    let case = h.case();
+    let (a, b, o) = (
+        case.client().await,
+        case.client().await,
+        case.client().await,
+    );
+    let key = crate::scratch::scratch_key(a.backend().as_ref(), case.namespace(), "lead");
+    let mut leader = a.election("fl").unwrap().campaign("a").await.unwrap();
+    leader
+        .guard()
+        .fenced_put(key.as_str(), b"1".to_vec())
+        .await
+        .unwrap_or_else(|e| panic!("a leader's fenced write: {e}"));
+    let eb = b.election("fl").unwrap();
+    let second = tokio::spawn(async move { eb.campaign("b").await });
+    eventually("the second candidate to queue", || async {
+        waiters(&o, "fl").await == 1
+    })
+    .await;
+    if proclaims(&a) {
+        leader.proclaim("a2").await.unwrap();
+    }
+    leader
+        .guard()
+        .fenced_put(key.as_str(), b"2".to_vec())
+        .await
+        .unwrap_or_else(|e| panic!("a leader's fenced write after a proclaim: {e}"));
+    assert_eq!(o.read_key(&key).await.unwrap().as_deref(), Some(&b"2"[..]));
+
+    let lost = leader.lost();
+    assert!(o.break_lock("fl").await.unwrap());
+    tokio::time::timeout(SOON, lost)
+        .await
+        .expect("the broken leader was not told");
+    let e = leader
+        .guard()
+        .fenced_put(key.as_str(), b"3".to_vec())
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::LockLost, "{e}");
+    assert_eq!(
+        o.read_key(&key).await.unwrap().as_deref(),
+        Some(&b"2"[..]),
+        "a broken leader's write changed the key"
+    );
+    let _ = leader.resign().await;
+    let second = tokio::time::timeout(SOON, second)
+        .await
+        .expect("the next candidate did not lead")
+        .unwrap()
+        .unwrap();
+    second
+        .guard()
+        .fenced_put(key.as_str(), b"4".to_vec())
+        .await
+        .unwrap();
+    second.resign().await.unwrap();
+    crate::scratch::remove_scratch(&o, &key).await;
+    case.finish().await;
+}
+
+/// A revoke request reaches the leader without changing what observers
+/// see (its value stays), and a resign after it hands over as any resign
+/// does: the waiting candidate leads at once.
+pub async fn election_revoke_then_resign_hands_over(h: &Harness) {
+    let case = h.case();
+    let (a, b, o) = (
+        case.client().await,
+        case.client().await,
+        case.client().await,
+    );
+    let first = a.election("rv").unwrap().campaign("node-a").await.unwrap();
+    let eb = b.election("rv").unwrap();
+    let second = tokio::spawn(async move { eb.campaign("node-b").await });
+    eventually("the second candidate to queue", || async {
+        waiters(&o, "rv").await == 1
+    })
+    .await;
+    let asked = first.guard().revoke_requested();
+    assert!(o.request_revoke("rv").await.unwrap());
+    tokio::time::timeout(SOON, asked)
+        .await
+        .expect("the leader did not hear the revoke request");
+    assert!(first.is_leader(), "a revoke request is not a loss");
+    assert_eq!(
+        leader_value(&o, "rv").await.as_deref(),
+        Some(&b"node-a"[..]),
+        "the revoke request changed the leader's value"
+    );
+    let token = first.token();
+    first.resign().await.unwrap();
+    let second = tokio::time::timeout(SOON, second)
+        .await
+        .expect("the next candidate did not lead after a revoke and a resign")
+        .unwrap()
+        .unwrap();
+    assert!(second.token() > token);
+    assert_eq!(
+        leader_value(&o, "rv").await.as_deref(),
+        Some(&b"node-b"[..])
+    );
+    second.resign().await.unwrap();
+    case.finish().await;
+}

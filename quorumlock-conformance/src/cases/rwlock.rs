@@ -1,0 +1,266 @@
+//! Read-write lock cases (backends with `Capabilities::rwlock`).
+
+use super::*;
+
+async fn read(c: &LockClient, name: &str) -> LockGuard {
+    tokio::time::timeout(SOON, c.rwlock(name).unwrap().read())
+        .await
+        .unwrap_or_else(|_| panic!("read hold of {name} took longer than {SOON:?}"))
+        .unwrap_or_else(|e| panic!("read hold of {name}: {e}"))
+}
+
+/// Readers on different clients hold at the same time.
+pub async fn rw_readers_overlap(h: &Harness) {
+    let case = h.case();
+    let clients = case.clients(3).await;
+    let mut guards = Vec::new();
+    for c in &clients {
+        guards.push(read(c, "shared").await);
+    }
+    assert!(guards.iter().all(|g| g.is_held()));
+    let state = clients[0].inspect("shared").await.unwrap();
+    assert_eq!(
+        state.holders.len(),
+        3,
+        "readers did not hold together: {state:?}"
+    );
+    assert!(state
+        .holders
+        .iter()
+        .all(|h| h.kind == quorumlock_core::LockKind::Read));
+    for g in guards {
+        g.release().await.unwrap();
+    }
+    case.finish().await;
+}
+
+/// A writer holds alone: no reader or writer beside it, and readers keep
+/// writers out.
+pub async fn rw_writer_excludes_readers_and_writers(h: &Harness) {
+    let case = h.case();
+    let (a, b) = (case.client().await, case.client().await);
+    let w = a.rwlock("wx").unwrap().write().await.unwrap();
+    assert_kind(
+        b.rwlock("wx").unwrap().try_read().await,
+        ErrorKind::WouldBlock,
+        "read beside a writer",
+    );
+    assert_kind(
+        b.rwlock("wx").unwrap().try_write().await,
+        ErrorKind::WouldBlock,
+        "write beside a writer",
+    );
+    w.release().await.unwrap();
+    let r1 = read(&a, "wx").await;
+    let r2 = read(&b, "wx").await;
+    assert_kind(
+        b.rwlock("wx").unwrap().try_write().await,
+        ErrorKind::WouldBlock,
+        "write beside readers",
+    );
+    assert_eq!(waiters(&a, "wx").await, 0, "try_write left a waiter");
+    r1.release().await.unwrap();
+    assert_kind(
+        a.rwlock("wx").unwrap().try_write().await,
+        ErrorKind::WouldBlock,
+        "write beside a reader",
+    );
+    r2.release().await.unwrap();
+    let w = a.rwlock("wx").unwrap().try_write().await.expect("free now");
+    w.release().await.unwrap();
+    case.finish().await;
+}
+
+/// A reader that arrives after a waiting writer waits behind it: a stream
+/// of readers cannot starve a writer.
+pub async fn rw_writer_not_starved_by_readers(h: &Harness) {
+    let case = h.case();
+    let (a, b, c) = (
+        case.client().await,
+        case.client().await,
+        case.client().await,
+    );
+    let r1 = read(&a, "fair").await;
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let (b2, o) = (b.clone(), order.clone());
+    let writer = tokio::spawn(async move {
+        let w = b2.rwlock("fair").unwrap().write().await.unwrap();
+        o.lock().unwrap().push(("writer", w.token()));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        w.release().await.unwrap();
+    });
+    eventually("the writer to queue", || async {
+        waiters(&a, "fair").await == 1
+    })
+    .await;
+    assert_kind(
+        c.rwlock("fair").unwrap().try_read().await,
+        ErrorKind::WouldBlock,
+        "reader overtaking a writer",
+    );
+    let (c2, o) = (c.clone(), order.clone());
+    let late_reader = tokio::spawn(async move {
+        let r = read(&c2, "fair").await;
+        o.lock().unwrap().push(("reader", r.token()));
+        r.release().await.unwrap();
+    });
+    eventually("the late reader to queue", || async {
+        waiters(&a, "fair").await == 2
+    })
+    .await;
+    r1.release().await.unwrap();
+    writer.await.unwrap();
+    late_reader.await.unwrap();
+    let order = order.lock().unwrap().clone();
+    assert_eq!(
+        order.iter().map(|(w, _)| *w).collect::<Vec<_>>(),
+        ["writer", "reader"]
+    );
+    assert!(order[0].1 < order[1].1, "tokens {order:?}");
+    case.finish().await;
+}
+
+/// A write holder may re-enter for reading (downgrade); a read holder's
+/// request to write is refused at once, never a deadlock.
+pub async fn rw_downgrade_allowed_upgrade_refused(h: &Harness) {
+    let case = h.case();
+    let (a, b) = (case.client().await, case.client().await);
+    let mut w = a.rwlock("grade").unwrap().write().await.unwrap();
+    let token = w.token();
+    {
+        let r = w.reenter_read();
+        assert_eq!(r.token(), token);
+        assert_eq!(r.hold_count(), 2);
+    }
+    assert!(
+        w.reenter_write().is_ok(),
+        "a writer may re-enter for writing"
+    );
+    w.release().await.unwrap();
+    let mut r = read(&b, "grade").await;
+    let start = Instant::now();
+    assert_kind(
+        r.reenter_write().map(|_| ()),
+        ErrorKind::UpgradeRefused,
+        "upgrade",
+    );
+    assert!(start.elapsed() < Duration::from_secs(1));
+    assert_eq!(r.reenter_read().hold_count(), 2);
+    r.release().await.unwrap();
+    case.finish().await;
+}
+
+/// Readers and writers of one client are separate owners: readers share,
+/// a writer of the same client waits for them.
+pub async fn rw_owners_in_one_client(h: &Harness) {
+    let case = h.case();
+    let a = case.client().await;
+    let rw = a.rwlock("local").unwrap();
+    let r1 = rw.read().await.unwrap();
+    let r2 = tokio::time::timeout(SOON, rw.read())
+        .await
+        .expect("second local reader waited")
+        .unwrap();
+    assert_kind(
+        rw.try_write().await,
+        ErrorKind::WouldBlock,
+        "local writer beside local readers",
+    );
+    let rw2 = rw.clone();
+    let writer = tokio::spawn(async move { rw2.write().await.unwrap().release().await.unwrap() });
+    eventually("the local writer to queue", || async {
+        waiters(&a, "local").await == 1
+    })
+    .await;
+    r1.release().await.unwrap();
+    r2.release().await.unwrap();
+    tokio::time::timeout(SOON, writer)
+        .await
+        .expect("writer not granted")
+        .unwrap();
+    case.finish().await;
+}
+
+/// A reader that comes between a client's repeated mutex cycles excludes
+/// its next acquire (a backend that infers "still alone" from its last
+/// cycles must see the reader).
+pub async fn rw_reader_between_repeated_mutex_cycles(h: &Harness) {
+    let case = h.case();
+    let (a, b) = (case.client().await, case.client().await);
+    let lock = a.lock("again").unwrap();
+    for _ in 0..4 {
+        lock.try_acquire().await.unwrap().release().await.unwrap();
+    }
+    let r = read(&b, "again").await;
+    assert_kind(
+        lock.try_acquire().await,
+        ErrorKind::WouldBlock,
+        "mutex beside a reader",
+    );
+    r.release().await.unwrap();
+    lock.try_acquire().await.unwrap().release().await.unwrap();
+    case.finish().await;
+}
+
+/// A client's read holds that shared the lock with another client's
+/// reader never let its writer in beside that reader, however quiet its
+/// cycles were.
+pub async fn rw_writer_after_reads_shared_with_another_client(h: &Harness) {
+    let case = h.case();
+    let (a, b) = (case.client().await, case.client().await);
+    let theirs = read(&b, "shared").await;
+    let rw = a.rwlock("shared").unwrap();
+    for _ in 0..4 {
+        rw.try_read().await.unwrap().release().await.unwrap();
+    }
+    assert_kind(
+        rw.try_write().await,
+        ErrorKind::WouldBlock,
+        "writer beside the other client's reader",
+    );
+    theirs.release().await.unwrap();
+    rw.try_write().await.unwrap().release().await.unwrap();
+    case.finish().await;
+}
+
+/// A mutex and the readers of a read-write lock on one name exclude each
+/// other (a mutex counts as a writer): `quorumlock lock` and
+/// `quorumlock lock --shared` on one name rely on it.
+pub async fn rw_mutex_and_readers_exclude(h: &Harness) {
+    let case = h.case();
+    let (a, b) = (case.client().await, case.client().await);
+    let m = a.lock("mixed").unwrap().acquire().await.unwrap();
+    assert_kind(
+        b.rwlock("mixed").unwrap().try_read().await,
+        ErrorKind::WouldBlock,
+        "read beside a mutex",
+    );
+    m.release().await.unwrap();
+    let r = read(&b, "mixed").await;
+    assert_kind(
+        a.lock("mixed").unwrap().try_acquire().await,
+        ErrorKind::WouldBlock,
+        "mutex beside a reader",
+    );
+    let a2 = a.clone();
+    let waiting = tokio::spawn(async move {
+        a2.lock("mixed")
+            .unwrap()
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+    });
+    eventually("the mutex to queue", || async {
+        waiters(&b, "mixed").await == 1
+    })
+    .await;
+    r.release().await.unwrap();
+    tokio::time::timeout(SOON, waiting)
+        .await
+        .expect("mutex not granted after the reader")
+        .unwrap()
+        .unwrap();
+    case.finish().await;
+}

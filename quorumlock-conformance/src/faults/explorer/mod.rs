@@ -1,0 +1,1022 @@
+//! The fault explorer: a random workload under a random fault schedule,
+//! both drawn from one seed, checked afterwards over the recorded history.
+//!
+//! Where the scenarios replay a list of faults, the explorer searches:
+//! several clients, each with several tasks that acquire, try, time out,
+//! release, drop a future at a random await, read, write and take permits
+//! on a few names, campaign in an election (and proclaim), take multi-locks
+//! over both mutexes, and make fenced writes to the store; and a nemesis
+//! that delays, blackholes, cuts and resets each client's link, breaks
+//! locks, asks holders to let go, kills sessions, makes one client's store
+//! refuse every removal for a while (as a busy or read-only server does),
+//! and reads the schedule's locks as an operator one namespace up (the
+//! schedule's namespace is `qle-<id>/app`; `list` and `inspect` from
+//! `qle-<id>`). The checker then asks of the history:
+//! - no two holds of one name overlap (readers may share; at most N
+//!   permit holders), where a hold lasts from the acquire's return to the
+//!   release's start, the guard's `lost()`, or a forced break or session
+//!   kill of it (until the store tells the holder, only fencing protects);
+//! - a hold that began after another of the same name ended has a larger
+//!   token;
+//! - the fenced register of each name accepted no stale write, and the
+//!   store accepted no fenced write sent after a hold with a larger token
+//!   had been granted (an election's leaders and a multi-lock's names are
+//!   holds as any other);
+//! - once the faults stop, every task finishes its calls within their
+//!   bounds (no hang), and after the clients close nothing of ours is left.
+//!
+//! A failing run panics with its seed; `QUORUMLOCK_EXPLORE_SEED=<seed>`
+//! replays that schedule (the choices, not the exact timing).
+
+//!
+//! `mod.rs`: the workload and the nemesis of one schedule; `checker.rs`:
+//! the history and its checker; `runs.rs`: schedules by budget, on single
+//! nodes and clusters, and their report.
+
+mod checker;
+mod runs;
+
+pub use runs::{explore_on_cluster, explore_random_schedules};
+
+use checker::{check, Forced, Held, Log};
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use quorumlock_core::{ClientOptions, ErrorKind, LockClient, LockGuard};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::time::Instant;
+
+use super::cancel::poll_times;
+use super::refusal::Refusals;
+use super::{Cluster, FaultTarget, FencedRegister, NetControl, NetMode, OneShot, Row};
+use crate::scratch::{scratch_key, scratch_parent};
+
+/// The mutex names of a schedule.
+const MUTEXES: [&str; 2] = ["m0", "m1"];
+/// The read-write lock of a schedule.
+const RWLOCK: &str = "rw";
+/// The semaphore of a schedule and its permits.
+const SEMAPHORE: (&str, u32) = ("sem", 2);
+/// The election of a schedule.
+const ELECTION: &str = "el";
+
+/// What the faults of a schedule were, by kind.
+#[derive(Debug, Default, Clone)]
+pub struct FaultCounts {
+    /// Link delays.
+    pub delay: u64,
+    /// Link blackholes (partitions).
+    pub blackhole: u64,
+    /// Links cut (connections closed, new ones refused).
+    pub cut: u64,
+    /// Connections reset.
+    pub reset: u64,
+    /// Locks broken by the admin.
+    pub breaks: u64,
+    /// Revokes asked for.
+    pub revokes: u64,
+    /// Sessions killed.
+    pub kills: u64,
+    /// Futures dropped at a random await.
+    pub drops: u64,
+    /// One answer lost after the store applied its request.
+    pub lost_answers: u64,
+    /// One request lost before it reached the store.
+    pub lost_requests: u64,
+    /// One request or one answer held back.
+    pub delayed_messages: u64,
+    /// Cluster faults: a leader or follower killed, the cluster paused.
+    pub cluster: u64,
+    /// One client's store refused every removal for a while.
+    pub refusals: u64,
+    /// `list`/`inspect` of the schedule's locks from the parent namespace.
+    pub operator_reads: u64,
+    /// One client saturated with waiting acquires while a lock is broken.
+    pub saturations: u64,
+}
+
+/// The operations of a schedule beyond plain acquires, by kind.
+#[derive(Debug, Default, Clone)]
+pub struct OpCounts {
+    /// Elections won (a leader's hold).
+    pub elections: u64,
+    /// Multi-locks granted.
+    pub multi_locks: u64,
+    /// Fenced writes sent to the store.
+    pub fenced_writes: u64,
+}
+
+/// The outcome of one schedule.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// The seed that replays it.
+    pub seed: u64,
+    /// Operations completed by the workload.
+    pub ops: u64,
+    /// Holds recorded.
+    pub holds: usize,
+    /// Faults injected, by kind.
+    pub faults: FaultCounts,
+    /// Elections, multi-locks and fenced writes made.
+    pub kinds: OpCounts,
+    /// What the checker found (empty: none).
+    pub violations: Vec<String>,
+}
+
+/// The size of a schedule.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    /// Clients, each behind its own faulty link.
+    pub clients: usize,
+    /// Tasks per client.
+    pub tasks: usize,
+    /// How long the workload and the nemesis run.
+    pub run_for: Duration,
+}
+
+impl Default for Shape {
+    fn default() -> Self {
+        Shape {
+            clients: 3,
+            tasks: 2,
+            run_for: Duration::from_secs(6),
+        }
+    }
+}
+
+struct Shared {
+    log: Log,
+    registers: HashMap<&'static str, FencedRegister>,
+    stop: AtomicBool,
+    ops: AtomicU64,
+    drops: AtomicU64,
+    errors: Mutex<Vec<String>>,
+    lag: TimerLag,
+    /// Timed acquires, judged once the lag probe sampled past the last.
+    timed: Mutex<Vec<Timed>>,
+    /// The store keys fenced writes go to, by name.
+    fenced_keys: HashMap<&'static str, String>,
+    elections: AtomicU64,
+    multi_locks: AtomicU64,
+    /// The rest of the clients' refusal switches, by client.
+    refusals: Vec<Arc<Refusals>>,
+}
+
+/// One timed acquire: (client, name, timeout, called, took).
+type Timed = (usize, &'static str, Duration, Instant, Duration);
+
+/// How late the runtime's timers fire, sampled through the schedule: a
+/// timed acquire may overrun its timeout by that much more than the slack
+/// (a loaded machine, not the client), never by seconds on an idle one.
+/// Read only after [`TimerLag::sample`] ended: a stall is recorded when the
+/// probe wakes from it, which may be after the acquire it delayed returned.
+#[derive(Default)]
+struct TimerLag {
+    /// (when, how late), for the wake-ups later than [`TimerLag::NOTED`].
+    late: Mutex<Vec<(Instant, Duration)>>,
+    done: AtomicBool,
+}
+
+impl TimerLag {
+    const PERIOD: Duration = Duration::from_millis(20);
+    const NOTED: Duration = Duration::from_millis(10);
+
+    async fn sample(&self) {
+        while !self.done.load(Ordering::SeqCst) {
+            let due = Instant::now() + Self::PERIOD;
+            tokio::time::sleep_until(due).await;
+            let now = Instant::now();
+            let late = now.saturating_duration_since(due);
+            if late > Self::NOTED {
+                self.late.lock().unwrap().push((now, late));
+            }
+        }
+    }
+
+    /// The latest wake-up among those in `from..=to` (and the one after).
+    fn worst(&self, from: Instant, to: Instant) -> Duration {
+        let late = self.late.lock().unwrap();
+        late.iter()
+            .filter(|(at, l)| *at >= from && at.checked_sub(*l).is_none_or(|due| due <= to))
+            .map(|(_, l)| *l)
+            .max()
+            .unwrap_or_default()
+    }
+}
+
+/// The clients of one schedule: the admin's (direct link) and the
+/// workload's, each behind its own faulty link.
+async fn connect(t: &FaultTarget, ns: &str, shape: Shape) -> Result<Clients, String> {
+    let admin = LockClient::new(t.try_backend(ns).await?);
+    // A try (no deadline) waits for a session up to the client's
+    // `unavailable_after`, then gives up as unavailable, as documented: a
+    // whole cluster paused past the TTL (60.5 s on Consul's cluster)
+    // passes the default 60 s. The workload's clients wait longer than
+    // any outage a schedule makes, so an acquire that gives up as
+    // unavailable is a violation. (Timed acquires, at most `MAX_WAIT`,
+    // end at their deadline first.)
+    let ttl = admin.backend().capabilities().session_ttl;
+    let options =
+        ClientOptions::default().with_unavailable_after(Some(ttl * 2 + Duration::from_secs(10)));
+    let mut clients = Vec::new();
+    let mut nets: Vec<Arc<dyn NetControl>> = Vec::new();
+    let mut refusals = Vec::new();
+    for _ in 0..shape.clients {
+        let (backend, net) = t.try_faulty_backend(ns).await?;
+        let (backend, refusing) = Refusals::wrap(backend);
+        clients.push(LockClient::with_options(backend, options.clone()));
+        nets.push(net);
+        refusals.push(refusing);
+    }
+    Ok(Clients {
+        admin,
+        clients,
+        nets,
+        refusals,
+    })
+}
+
+/// The clients of one schedule and the controls of their links.
+struct Clients {
+    admin: LockClient,
+    clients: Vec<LockClient>,
+    nets: Vec<Arc<dyn NetControl>>,
+    refusals: Vec<Arc<Refusals>>,
+}
+
+/// Runs one schedule from `seed` against `t`. Adds one permit to
+/// `connected`, if given, once its clients connected or failed to (a
+/// client that cannot connect is a violation of the schedule: the
+/// cluster explorer faults the cluster only once every schedule of the
+/// round is past this point, or 60 s passed).
+pub async fn explore(
+    t: &FaultTarget,
+    seed: u64,
+    shape: Shape,
+    connected: Option<&tokio::sync::Semaphore>,
+) -> Outcome {
+    // The operator's namespace is the parent of the schedule's: its
+    // reads meet the schedule's entries under other names.
+    let parent = format!("qle-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let ns = format!("{parent}/app");
+    let connecting = connect(t, &ns, shape).await;
+    let operator = match &connecting {
+        Ok(_) => t.try_backend(&parent).await.map(LockClient::new),
+        Err(e) => Err(e.clone()),
+    };
+    if let Some(c) = connected {
+        c.add_permits(1);
+    }
+    let (
+        Clients {
+            admin,
+            clients,
+            nets,
+            refusals,
+        },
+        operator,
+    ) = match (connecting, operator) {
+        (Ok(c), Ok(o)) => (c, o),
+        (Err(e), _) | (_, Err(e)) => {
+            return Outcome {
+                seed,
+                ops: 0,
+                holds: 0,
+                faults: FaultCounts::default(),
+                kinds: OpCounts::default(),
+                violations: vec![e],
+            }
+        }
+    };
+    let ttl = admin.backend().capabilities().session_ttl;
+    let mut names: Vec<&'static str> = MUTEXES.to_vec();
+    names.extend([RWLOCK, SEMAPHORE.0, ELECTION]);
+    let fenced_keys = MUTEXES
+        .iter()
+        .chain([&ELECTION])
+        .map(|n| (*n, scratch_key(admin.backend().as_ref(), &parent, n)))
+        .collect();
+    let shared = Arc::new(Shared {
+        log: Log::default(),
+        registers: names.iter().map(|n| (*n, FencedRegister::new())).collect(),
+        stop: AtomicBool::new(false),
+        ops: AtomicU64::new(0),
+        drops: AtomicU64::new(0),
+        errors: Mutex::new(Vec::new()),
+        lag: TimerLag::default(),
+        timed: Mutex::new(Vec::new()),
+        fenced_keys,
+        elections: AtomicU64::new(0),
+        multi_locks: AtomicU64::new(0),
+        refusals,
+    });
+    let lag_probe = tokio::spawn({
+        let sh = shared.clone();
+        async move { sh.lag.sample().await }
+    });
+
+    let mut tasks = Vec::new();
+    for (ci, c) in clients.iter().enumerate() {
+        for ti in 0..shape.tasks {
+            let rng = StdRng::seed_from_u64(
+                seed ^ ((ci * 16 + ti + 1) as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+            );
+            tasks.push(tokio::spawn(worker(
+                c.clone(),
+                ci,
+                rng,
+                shared.clone(),
+                ttl,
+            )));
+        }
+    }
+    let faults = nemesis(
+        StdRng::seed_from_u64(seed),
+        Sides {
+            admin: &admin,
+            operator: &operator,
+            clients: &clients,
+            nets: &nets,
+        },
+        &shared,
+        shape.run_for,
+        ttl,
+    )
+    .await;
+    shared.stop.store(true, Ordering::SeqCst);
+    for n in &nets {
+        n.set_mode(NetMode::Pass);
+    }
+    for r in &shared.refusals {
+        r.set(false);
+    }
+
+    let mut violations = Vec::new();
+    // Every call has a bound: a timed acquire its timeout, a release the
+    // TTL. Past them plus the TTL to recover a session, a task hangs.
+    let bound = MAX_WAIT + ttl * 3 + Duration::from_secs(5);
+    for task in tasks {
+        match tokio::time::timeout(bound, task).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => violations.push(format!("a task panicked: {e}")),
+            Err(_) => violations.push(format!(
+                "a task hung for {bound:?} after the faults stopped"
+            )),
+        }
+    }
+    for c in &clients {
+        if tokio::time::timeout(bound, c.wait_idle()).await.is_err() {
+            violations.push("background cleanup hung after the faults stopped".into());
+        }
+    }
+    // One more probe wake-up after the last acquire returned, then judge.
+    tokio::time::sleep(TimerLag::PERIOD * 2).await;
+    shared.lag.done.store(true, Ordering::SeqCst);
+    let _ = lag_probe.await;
+    violations.extend(overruns(&shared));
+    violations.extend(shared.errors.lock().unwrap().drain(..));
+    violations.extend(check(&shared));
+    violations.extend(not_takeable(t, &ns, &names, ttl).await);
+
+    // The fenced keys, then (ZooKeeper paths) the node they share.
+    let mut parents: Vec<String> = shared
+        .fenced_keys
+        .values()
+        .filter_map(|key| scratch_parent(key).map(str::to_string))
+        .collect();
+    parents.sort();
+    parents.dedup();
+    for key in shared.fenced_keys.values().chain(parents.iter()) {
+        let delete = quorumlock_core::backend::KeyWrite::Delete { key: key.clone() };
+        if let Err(e) = operator.backend().write_key(&delete).await {
+            violations.push(format!("removing {key} after the schedule: {e}"));
+        }
+    }
+    for c in clients.iter().chain([&admin, &operator]) {
+        c.close().await;
+    }
+    violations.extend(left_behind(t, &ns, ttl).await);
+    let mut faults = faults;
+    faults.drops = shared.drops.load(Ordering::Relaxed);
+    let holds = shared.log.holds.lock().unwrap().len();
+    let fenced_writes = shared.log.fenced.lock().unwrap().len() as u64;
+    Outcome {
+        seed,
+        ops: shared.ops.load(Ordering::Relaxed),
+        holds,
+        faults,
+        kinds: OpCounts {
+            elections: shared.elections.load(Ordering::Relaxed),
+            multi_locks: shared.multi_locks.load(Ordering::Relaxed),
+            fenced_writes,
+        },
+        violations,
+    }
+}
+
+/// The timed acquires that returned later than their timeout, the slack
+/// and how late the timers ran meanwhile allow. A timed-out acquire
+/// returns through up to [`RETURN_STEPS`] wake-ups after its deadline
+/// (the timer, the abandon's answer or bound, the read that names the
+/// holder, the caller), each as late as the runtime runs: on a loaded
+/// machine (chaos.sh's 36 schedules at once in one runtime) that is
+/// hundreds of ms; a hang is seconds.
+fn overruns(sh: &Shared) -> Vec<String> {
+    let timed = sh.timed.lock().unwrap();
+    timed
+        .iter()
+        .filter_map(|&(ci, name, wait, start, took)| {
+            let lag = sh.lag.worst(start, start + took);
+            (took > wait + timed_slack() + lag * RETURN_STEPS).then(|| {
+                format!(
+                    "client {ci}: a timed acquire of {name} for {wait:?} returned after {took:?} \
+                     (timers ran late by up to {lag:?} meanwhile)"
+                )
+            })
+        })
+        .collect()
+}
+
+/// The names a fresh client cannot take once every task is done, within
+/// the time a dead session needs to go (an entry nobody owns on a live
+/// session would block it for good).
+async fn not_takeable(
+    t: &FaultTarget,
+    ns: &str,
+    names: &[&'static str],
+    ttl: Duration,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    let fresh = match t.try_backend(ns).await {
+        Ok(b) => LockClient::new(b),
+        Err(e) => {
+            return vec![format!(
+                "no client to take the names after the workload: {e}"
+            )]
+        }
+    };
+    for name in names.iter().copied() {
+        let wait = ttl * 3 + Duration::from_secs(5);
+        let got = match name {
+            RWLOCK => match fresh.rwlock(name) {
+                Ok(rw) => rw.write_timeout(wait).await,
+                Err(e) => Err(e),
+            },
+            n if n == SEMAPHORE.0 => match fresh.semaphore(name, SEMAPHORE.1) {
+                Ok(s) => s.acquire_timeout(wait).await,
+                Err(e) => Err(e),
+            },
+            ELECTION => match fresh.election(name) {
+                Ok(e) => e
+                    .campaign_timeout("fresh", wait)
+                    .await
+                    .map(|l| l.into_guard()),
+                Err(e) => Err(e),
+            },
+            _ => match fresh.lock(name) {
+                Ok(l) => l.acquire_timeout(wait).await,
+                Err(e) => Err(e),
+            },
+        };
+        match got {
+            Ok(g) => {
+                let _ = g.release().await;
+            }
+            Err(e) => out.push(format!("{name} not takeable after the workload ended: {e}")),
+        }
+    }
+    fresh.close().await;
+
+    out
+}
+
+/// What of ours is still on the store after every client closed, once a
+/// lost session's entries had the time to go with it.
+async fn left_behind(t: &FaultTarget, ns: &str, ttl: Duration) -> Vec<String> {
+    let mut out = Vec::new();
+    // What a lost session held goes with it, at the latest after its TTL.
+    let probe = match t.try_backend(ns).await {
+        Ok(b) => b,
+        Err(e) => return vec![format!("no client to list what is left: {e}")],
+    };
+    let give_up = Instant::now() + ttl * 3 + Duration::from_secs(5);
+    loop {
+        let left = probe
+            .leftovers()
+            .await
+            .unwrap_or_else(|e| vec![format!("(listing failed: {e})")]);
+        if left.is_empty() {
+            break;
+        }
+        if Instant::now() > give_up {
+            out.push(format!(
+                "left on the store after every client closed: {left:?}"
+            ));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    out
+}
+
+/// How many wake-ups a timed-out acquire may need after its deadline
+/// before it returns ([`overruns`]).
+const RETURN_STEPS: u32 = 4;
+
+/// The longest an operation of the workload waits for a lock.
+const MAX_WAIT: Duration = Duration::from_millis(1500);
+/// How far past its timeout a timed acquire may return, beyond how late
+/// the timers ran meanwhile ([`TimerLag`]): 250 ms, or
+/// `QUORUMLOCK_EXPLORE_TIMED_SLACK_MS`. A hang (an acquire waiting on a
+/// dead link or a stuck cleanup) overruns by seconds.
+fn timed_slack() -> Duration {
+    std::env::var("QUORUMLOCK_EXPLORE_TIMED_SLACK_MS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .map_or(Duration::from_millis(250), Duration::from_millis)
+}
+
+async fn worker(c: LockClient, ci: usize, mut rng: StdRng, sh: Arc<Shared>, ttl: Duration) {
+    while !sh.stop.load(Ordering::SeqCst) {
+        let wait = Duration::from_millis(rng.gen_range(20..=MAX_WAIT.as_millis() as u64));
+        let choice = rng.gen_range(0..100);
+        if choice >= 90 {
+            // A multi-lock over both mutexes, or a campaign.
+            let started = Instant::now();
+            let r = if choice >= 95 {
+                take_set(&c, wait).await
+            } else {
+                campaign(&c, ci, wait).await
+            };
+            sh.ops.fetch_add(1, Ordering::Relaxed);
+            match r {
+                Ok(Taken::Set(set)) => {
+                    sh.multi_locks.fetch_add(1, Ordering::Relaxed);
+                    hold_set(set, ci, started, &mut rng, &sh, ttl).await;
+                }
+                Ok(Taken::Leader(g)) => {
+                    sh.elections.fetch_add(1, Ordering::Relaxed);
+                    hold(
+                        g,
+                        ELECTION,
+                        ci,
+                        Held::Exclusive,
+                        started,
+                        &mut rng,
+                        &sh,
+                        ttl,
+                    )
+                    .await;
+                }
+                Err(e) => unexpected(&sh, ci, if choice >= 95 { "m0+m1" } else { ELECTION }, &e),
+            }
+            continue;
+        }
+        let (name, kind): (&'static str, Held) = match choice {
+            0..=44 => (MUTEXES[rng.gen_range(0..MUTEXES.len())], Held::Exclusive),
+            45..=59 => (RWLOCK, Held::Read),
+            60..=74 => (RWLOCK, Held::Exclusive),
+            _ => (SEMAPHORE.0, Held::Permit(SEMAPHORE.1)),
+        };
+        let how = rng.gen_range(0..10);
+        let started = Instant::now();
+        let acquire = async {
+            match (name, kind) {
+                (RWLOCK, Held::Read) => c.rwlock(name)?.read_timeout(wait).await,
+                (RWLOCK, _) => c.rwlock(name)?.write_timeout(wait).await,
+                (_, Held::Permit(n)) => c.semaphore(name, n)?.acquire_timeout(wait).await,
+                _ if how == 0 => c.lock(name)?.try_acquire().await,
+                _ => c.lock(name)?.acquire_timeout(wait).await,
+            }
+        };
+        let got = if how == 1 {
+            // Dropped after a random number of polls.
+            let k = rng.gen_range(1..8);
+            let mut fut = Box::pin(acquire);
+            let out = poll_times(fut.as_mut(), k).await;
+            drop(fut);
+            match out {
+                Some(r) => r,
+                None => {
+                    sh.drops.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+            }
+        } else {
+            let start = Instant::now();
+            let r = acquire.await;
+            let took = start.elapsed();
+            if how != 0 {
+                sh.timed.lock().unwrap().push((ci, name, wait, start, took));
+            }
+            r
+        };
+        let g = match got {
+            Ok(g) => g,
+            Err(e) => {
+                unexpected(&sh, ci, name, &e);
+                sh.ops.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+        };
+        sh.ops.fetch_add(1, Ordering::Relaxed);
+        hold(g, name, ci, kind, started, &mut rng, &sh, ttl).await;
+    }
+}
+
+/// Holds `g` for a while, writing to the fenced register, then lets go by
+/// release or drop.
+#[allow(clippy::too_many_arguments)]
+async fn hold(
+    g: LockGuard,
+    name: &'static str,
+    ci: usize,
+    kind: Held,
+    started: Instant,
+    rng: &mut StdRng,
+    sh: &Arc<Shared>,
+    ttl: Duration,
+) {
+    let id = sh.log.begin(name, ci, kind, g.token(), started);
+    let lost = g.lost();
+    let watcher = {
+        let sh = sh.clone();
+        tokio::spawn(async move {
+            lost.await;
+            sh.log.end(id, Instant::now(), "lost() heard");
+        })
+    };
+    let write = |sh: &Shared, g: &LockGuard| {
+        if kind == Held::Exclusive && g.is_held() {
+            let _ = sh.registers[name].write(&format!("c{ci}"), g.token());
+        }
+    };
+    write(sh, &g);
+    let dwell =
+        Duration::from_millis(rng.gen_range(0..=(ttl.as_millis() as u64 / 4).clamp(1, 300)));
+    tokio::time::sleep(dwell).await;
+    write(sh, &g);
+    if rng.gen_bool(0.5) {
+        fenced_write(sh, &g, name, ci).await;
+    }
+    sh.log.end(id, Instant::now(), "let go");
+    // `is_held()` says false from the local deadline on, whatever the
+    // reason the loss was later reported with and however late the task
+    // that fires `lost()` ran (on a loaded machine the store's own expiry
+    // can be heard first): a deadline already passed ended the belief.
+    if let Some(d) = g.deadline().filter(|d| *d <= Instant::now()) {
+        sh.log.end(id, d, "local deadline or session loss");
+    }
+    watcher.abort();
+    if rng.gen_bool(0.5) {
+        let _ = g.release().await;
+    } else {
+        drop(g);
+    }
+}
+
+/// Who the nemesis acts through: the admin (breaks, revokes, kills) and
+/// the operator one namespace up (reads), both on direct links, and the
+/// workload's clients and their links.
+struct Sides<'a> {
+    admin: &'a LockClient,
+    operator: &'a LockClient,
+    clients: &'a [LockClient],
+    nets: &'a [Arc<dyn NetControl>],
+}
+
+async fn nemesis(
+    mut rng: StdRng,
+    sides: Sides<'_>,
+    sh: &Arc<Shared>,
+    run_for: Duration,
+    ttl: Duration,
+) -> FaultCounts {
+    let Sides {
+        admin,
+        operator,
+        clients,
+        nets,
+    } = sides;
+    let mut n = FaultCounts::default();
+    let end = Instant::now() + run_for;
+    let mut all: Vec<&'static str> = MUTEXES.to_vec();
+    all.extend([RWLOCK, SEMAPHORE.0, ELECTION]);
+    while Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(50..400))).await;
+        let ci = rng.gen_range(0..nets.len());
+        let net = &nets[ci];
+        let length =
+            Duration::from_millis(rng.gen_range(50..=(ttl.as_millis() as u64 * 3 / 2).max(100)));
+        match rng.gen_range(0..170) {
+            160..=169 => {
+                // A lock is broken while one client's link fails every
+                // request (its loss-detection reads among them) for a
+                // while: the holder must not believe past the break's
+                // grace for want of an answer.
+                n.breaks += 1;
+                n.cut += 1;
+                let name = all[rng.gen_range(0..all.len())];
+                net.set_mode(NetMode::Cut);
+                let at = Instant::now();
+                match admin.break_lock(name).await {
+                    Ok(true) => sh.log.force(at, Instant::now(), Forced::Name(name)),
+                    Ok(false) => {}
+                    Err(e) => eprintln!("explorer: the break of {name} failed: {e}"),
+                }
+                tokio::time::sleep(length.min(Duration::from_millis(1500))).await;
+                net.set_mode(NetMode::Pass);
+            }
+            150..=159 => {
+                // The client waits on many locks at once (every request
+                // slot it has busy) while a lock of the workload is
+                // broken: the holder must still hear the break in time.
+                n.saturations += 1;
+                n.breaks += 1;
+                let name = all[rng.gen_range(0..all.len())];
+                saturated_break(admin, &clients[ci], name, length, sh).await;
+            }
+            130..=139 => {
+                // The client's store refuses every release and abandon
+                // for a while (a busy or read-only server).
+                n.refusals += 1;
+                sh.refusals[ci].set(true);
+                tokio::time::sleep(length.min(end.saturating_duration_since(Instant::now()))).await;
+                sh.refusals[ci].set(false);
+            }
+            140..=149 => {
+                // An operator one namespace up looks at the schedule's
+                // locks: `list` of the schedule's namespace and `inspect`
+                // of one name, as `quorumlock status` and `list` do.
+                n.operator_reads += 1;
+                let name = all[rng.gen_range(0..all.len())];
+                if let Err(e) = operator.list("app").await {
+                    eprintln!("explorer: the operator's list failed: {e}");
+                }
+                if let Err(e) = operator.inspect(format!("app/{name}")).await {
+                    eprintln!("explorer: the operator's inspect of {name} failed: {e}");
+                }
+            }
+            100..=114 => {
+                if net.arm(OneShot::LoseAnswer) {
+                    n.lost_answers += 1;
+                }
+            }
+            115..=121 => {
+                if net.arm(OneShot::LoseRequest) {
+                    n.lost_requests += 1;
+                }
+            }
+            122..=129 => {
+                let d =
+                    Duration::from_millis(rng.gen_range(50..=(ttl.as_millis() as u64).max(100)));
+                let fault = if rng.gen_bool(0.5) {
+                    OneShot::DelayAnswer(d)
+                } else {
+                    OneShot::DelayRequest(d)
+                };
+                if net.arm(fault) {
+                    n.delayed_messages += 1;
+                }
+            }
+            0..=19 => {
+                n.delay += 1;
+                net.set_mode(NetMode::Delay(Duration::from_millis(rng.gen_range(5..200))));
+                tokio::time::sleep(length.min(end.saturating_duration_since(Instant::now()))).await;
+                net.set_mode(NetMode::Pass);
+            }
+            20..=39 => {
+                n.blackhole += 1;
+                net.set_mode(NetMode::Blackhole);
+                tokio::time::sleep(length.min(end.saturating_duration_since(Instant::now()))).await;
+                net.set_mode(NetMode::Pass);
+            }
+            40..=49 => {
+                n.cut += 1;
+                net.set_mode(NetMode::Cut);
+                tokio::time::sleep(length.min(Duration::from_millis(500))).await;
+                net.set_mode(NetMode::Pass);
+            }
+            50..=69 => {
+                n.reset += 1;
+                net.pulse_reset();
+            }
+            70..=79 => {
+                let name = all[rng.gen_range(0..all.len())];
+                n.breaks += 1;
+                let at = Instant::now();
+                match admin.break_lock(name).await {
+                    Ok(true) => sh.log.force(at, Instant::now(), Forced::Name(name)),
+                    Ok(false) => {}
+                    Err(e) => eprintln!("explorer: the break of {name} failed: {e}"),
+                }
+            }
+            80..=89 => {
+                let name = all[rng.gen_range(0..all.len())];
+                n.revokes += 1;
+                let _ = admin.request_revoke(name).await;
+            }
+            _ => {
+                if let Some(id) = clients[ci].session_id().await {
+                    n.kills += 1;
+                    let at = Instant::now();
+                    match admin.backend().kill_session(&id).await {
+                        Ok(()) => sh.log.force(at, Instant::now(), Forced::Client(ci)),
+                        Err(e) => {
+                            eprintln!("explorer: the kill of client {ci}'s session failed: {e}")
+                        }
+                    }
+                }
+            }
+        }
+    }
+    n
+}
+
+/// An acquire error the workload may meet under faults; any other is a
+/// violation.
+fn unexpected(sh: &Shared, ci: usize, name: &str, e: &quorumlock_core::Error) {
+    let expected = matches!(
+        e.kind(),
+        ErrorKind::Timeout | ErrorKind::WouldBlock | ErrorKind::SessionLost | ErrorKind::Connection
+    );
+    if !expected {
+        sh.errors.lock().unwrap().push(format!(
+            "client {ci}: acquire of {name}: unexpected error: {e}"
+        ));
+    }
+}
+
+/// What a multi-lock or a campaign gave.
+enum Taken {
+    Set(quorumlock_core::MultiGuard),
+    Leader(LockGuard),
+}
+
+async fn take_set(c: &LockClient, wait: Duration) -> quorumlock_core::Result<Taken> {
+    let set = c.multi_lock(MUTEXES)?;
+    Ok(Taken::Set(set.acquire_timeout(wait).await?))
+}
+
+/// A campaign; the leader proclaims a new value once where the store can.
+async fn campaign(c: &LockClient, ci: usize, wait: Duration) -> quorumlock_core::Result<Taken> {
+    let mut leader = c
+        .election(ELECTION)?
+        .campaign_timeout(format!("c{ci}"), wait)
+        .await?;
+    if c.backend().capabilities().proclaim {
+        // Lost meanwhile: the hold that follows ends at once.
+        let _ = leader.proclaim(format!("c{ci} proclaimed")).await;
+    }
+    Ok(Taken::Leader(leader.into_guard()))
+}
+
+/// Holds every name of a multi-lock at once: one hold per name, with its
+/// own token; a loss of any one ends them all.
+async fn hold_set(
+    set: quorumlock_core::MultiGuard,
+    ci: usize,
+    started: Instant,
+    rng: &mut StdRng,
+    sh: &Arc<Shared>,
+    ttl: Duration,
+) {
+    let ids: Vec<usize> = set
+        .guards()
+        .iter()
+        .map(|g| {
+            sh.log
+                .begin(mutex_name(g), ci, Held::Exclusive, g.token(), started)
+        })
+        .collect();
+    let lost = set.lost();
+    let watcher = {
+        let (sh, ids) = (sh.clone(), ids.clone());
+        tokio::spawn(async move {
+            lost.await;
+            let at = Instant::now();
+            for id in ids {
+                sh.log.end(id, at, "lost() heard");
+            }
+        })
+    };
+    for g in set.guards() {
+        if g.is_held() {
+            let _ = sh.registers[mutex_name(g)].write(&format!("c{ci}"), g.token());
+        }
+    }
+    let dwell =
+        Duration::from_millis(rng.gen_range(0..=(ttl.as_millis() as u64 / 4).clamp(1, 300)));
+    tokio::time::sleep(dwell).await;
+    if rng.gen_bool(0.5) {
+        for g in set.guards() {
+            fenced_write(sh, g, mutex_name(g), ci).await;
+        }
+    }
+    let at = Instant::now();
+    for id in &ids {
+        sh.log.end(*id, at, "let go");
+    }
+    for (g, id) in set.guards().iter().zip(&ids) {
+        if let Some(d) = g.deadline().filter(|d| *d <= Instant::now()) {
+            sh.log.end(*id, d, "local deadline or session loss");
+        }
+    }
+    watcher.abort();
+    if rng.gen_bool(0.5) {
+        let _ = set.release().await;
+    } else {
+        drop(set);
+    }
+}
+
+/// The mutex of a multi-lock's guard, as the name the log keeps.
+fn mutex_name(g: &LockGuard) -> &'static str {
+    MUTEXES
+        .iter()
+        .copied()
+        .find(|n| *n == g.name().as_str())
+        .expect("a multi-lock's name is one of the mutexes")
+}
+
+/// A fenced write of the hold's token to the store key of `name`; the
+/// checker holds an accepted one against the grants made before it was
+/// sent.
+async fn fenced_write(sh: &Shared, g: &LockGuard, name: &'static str, ci: usize) {
+    let Some(key) = sh.fenced_keys.get(name) else {
+        return;
+    };
+    let sent = Instant::now();
+    let r = g
+        .fenced_put(key.as_str(), g.token().to_string().into_bytes())
+        .await;
+    let answered = Instant::now();
+    match &r {
+        Ok(()) => {}
+        Err(e) if matches!(e.kind(), ErrorKind::LockLost | ErrorKind::Connection) => {}
+        Err(e) => sh.errors.lock().unwrap().push(format!(
+            "client {ci}: fenced write to {name}: unexpected error: {e}"
+        )),
+    }
+    sh.log
+        .fenced_write(name, ci, g.token(), sent, answered, r.is_ok());
+}
+
+/// How many acquires a saturated client has waiting at once.
+const FLOOD: usize = 40;
+
+/// The admin holds [`FLOOD`] names, `client` waits for each of them (up to
+/// `length`), and meanwhile `name` is broken; then the admin lets go and
+/// the waits end.
+async fn saturated_break(
+    admin: &LockClient,
+    client: &LockClient,
+    name: &'static str,
+    length: Duration,
+    sh: &Arc<Shared>,
+) {
+    let mut held = Vec::new();
+    for i in 0..FLOOD {
+        if let Ok(g) = admin
+            .lock(format!("flood/{i}"))
+            .unwrap()
+            .try_acquire()
+            .await
+        {
+            held.push(g);
+        }
+    }
+    let waits: Vec<_> = (0..FLOOD)
+        .map(|i| {
+            let c = client.clone();
+            tokio::spawn(async move {
+                if let Ok(g) = c
+                    .lock(format!("flood/{i}"))
+                    .unwrap()
+                    .acquire_timeout(length)
+                    .await
+                {
+                    let _ = g.release().await;
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let at = Instant::now();
+    match admin.break_lock(name).await {
+        Ok(true) => sh.log.force(at, Instant::now(), Forced::Name(name)),
+        Ok(false) => {}
+        Err(e) => eprintln!("explorer: the break of {name} failed: {e}"),
+    }
+    tokio::time::sleep(length).await;
+    for g in held {
+        let _ = g.release().await;
+    }
+    for w in waits {
+        let _ = w.await;
+    }
+}

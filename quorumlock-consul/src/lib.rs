@@ -1,0 +1,25 @@
+#![doc = include_str!("../README.md")]
+#![deny(missing_docs)]
+
+mod api;
+mod backend;
+mod config;
+mod core;
+mod error;
+mod fenced;
+mod layout;
+mod monitor;
+mod mutex;
+mod renew;
+mod rw;
+mod semaphore;
+mod session;
+
+pub use backend::ConsulBackend;
+pub use config::{ConsulConfig, DEFAULT_LOCK_DELAY, DEFAULT_PORT, DEFAULT_TLS_PORT, DEFAULT_TTL};
+pub use layout::{
+    FENCE_FLAGS, LOCK_FLAGS, QUEUE_FLAGS, READ_FLAGS, REVOKE_FLAGS, SEMAPHORE_FLAGS, WRITE_FLAGS,
+};
+
+/// URL schemes this backend serves: `consul` (HTTP) and `consuls` (HTTPS).
+pub const SCHEMES: &[&str] = quorumlock_core::backend::schemes::CONSUL;

@@ -1,0 +1,161 @@
+//! What the backend and its sessions share: the client, the request
+//! counter, one request (counted, bounded by the timeout, errors mapped),
+//! and the reads of a lock's queue.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use etcd_client::{
+    Client, GetOptions, GetResponse, KeyValue, SortOrder, SortTarget, Txn, TxnOpResponse,
+    TxnResponse,
+};
+use quorumlock_core::{Error, ErrorKind, LockKind, LockName, Result};
+
+use crate::config::EtcdConfig;
+use crate::error;
+use crate::layout;
+use crate::watch::WatchHub;
+
+/// The shared state of an [`crate::EtcdBackend`] and its sessions.
+pub(crate) struct Core {
+    pub(crate) config: EtcdConfig,
+    pub(crate) client: Client,
+    pub(crate) requests: Arc<AtomicU64>,
+    pub(crate) hub: WatchHub,
+    /// Leases this instance granted, for `leftovers`.
+    pub(crate) opened: Mutex<Vec<i64>>,
+}
+
+/// The first response of a txn's op responses as a range response.
+pub(crate) fn range_at(resp: &TxnResponse, i: usize) -> Result<GetResponse> {
+    match resp.op_responses().into_iter().nth(i) {
+        Some(TxnOpResponse::Get(g)) => Ok(g),
+        _ => Err(Error::new(
+            ErrorKind::Internal,
+            "etcd txn answered without the expected range response",
+        )),
+    }
+}
+
+pub(crate) fn header_revision(resp: &TxnResponse) -> i64 {
+    resp.header().map_or(0, |h| h.revision())
+}
+
+/// Range of the oldest contender (what Go's `WithFirstCreate` asks).
+pub(crate) fn first_created() -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+}
+
+impl Core {
+    /// `<ns>/<name>` (or `<name>` without a namespace): Go's mutex prefix
+    /// without its trailing slash.
+    pub(crate) fn lock_prefix(&self, name: &LockName) -> String {
+        self.config.namespace.lock_key(name)
+    }
+
+    pub(crate) fn namespace_prefix(&self) -> String {
+        self.config.namespace.prefix()
+    }
+
+    /// Runs one request: counts it, bounds it by the configured timeout and
+    /// maps its error. A request that could not even connect (an endpoint
+    /// of several is down, and the balanced channel picked it) never
+    /// reached etcd, so it is sent again at once, up to once per endpoint.
+    pub(crate) async fn call<T, F, Fut>(&self, what: &str, mut f: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let mut attempts = self.config.endpoints.len() + 1;
+        loop {
+            attempts -= 1;
+            self.requests.fetch_add(1, Ordering::Relaxed);
+            match tokio::time::timeout(self.config.timeout, f()).await {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(e)) if attempts > 0 && error::not_sent(&e) => {
+                    tracing::debug!(error = %e, "{what}: endpoint unreachable; trying again");
+                }
+                Ok(Err(e)) => return Err(error::map(e, what)),
+                Err(_) => {
+                    return Err(Error::new(
+                        ErrorKind::Connection,
+                        format!(
+                            "{what}: no answer from etcd within {:?}",
+                            self.config.timeout
+                        ),
+                    ))
+                }
+            }
+        }
+    }
+
+    pub(crate) async fn txn(&self, what: &str, txn: Txn) -> Result<TxnResponse> {
+        self.call(what, || {
+            let (mut kv, txn) = (self.client.kv_client(), txn.clone());
+            async move { kv.txn(txn).await }
+        })
+        .await
+    }
+
+    pub(crate) async fn get(
+        &self,
+        what: &str,
+        key: impl Into<Vec<u8>>,
+        opts: GetOptions,
+    ) -> Result<GetResponse> {
+        let key = key.into();
+        self.call(what, || {
+            let (mut kv, key, opts) = (self.client.kv_client(), key.clone(), opts.clone());
+            async move { kv.get(key, Some(opts)).await }
+        })
+        .await
+    }
+
+    /// Contenders of a lock in queue (create revision) order.
+    pub(crate) async fn contenders(&self, name: &LockName) -> Result<Vec<KeyValue>> {
+        let pfx_slash = format!("{}/", self.lock_prefix(name));
+        let resp = self
+            .get("range contenders", pfx_slash.clone(), first_created())
+            .await?;
+        Ok(resp
+            .kvs()
+            .iter()
+            .filter(|kv| layout::is_contender(&pfx_slash, kv.key()))
+            .cloned()
+            .collect())
+    }
+
+    /// The current holders (by the queue rules of [`layout::holds`]) and
+    /// all contenders, in queue order.
+    pub(crate) async fn holders(&self, name: &LockName) -> Result<(Vec<KeyValue>, Vec<KeyValue>)> {
+        let all = self.contenders(name).await?;
+        let kinds: Vec<LockKind> = all.iter().map(layout::kind_of).collect();
+        let (holders, waiters): (Vec<_>, Vec<_>) = all
+            .into_iter()
+            .enumerate()
+            .partition(|(i, _)| quorumlock_core::backend::holds(&kinds, *i));
+        Ok((
+            holders.into_iter().map(|(_, kv)| kv).collect(),
+            waiters.into_iter().map(|(_, kv)| kv).collect(),
+        ))
+    }
+
+    pub(crate) fn record_lease(&self, id: i64) {
+        let mut opened = self.opened.lock().expect("poisoned");
+        opened.push(id);
+    }
+
+    /// Whether etcd still has lease `id` (TimeToLive reports ttl > 0).
+    pub(crate) async fn lease_alive(&self, id: i64) -> Result<bool> {
+        let r = self
+            .call("lease time-to-live", || {
+                let mut lease = self.client.lease_client();
+                async move { lease.time_to_live(id, None).await }
+            })
+            .await?;
+        Ok(r.ttl() > 0)
+    }
+}

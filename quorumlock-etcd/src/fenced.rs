@@ -1,0 +1,45 @@
+//! Fenced writes: one txn that compares every held key's create revision
+//! with its token (the revision etcd gave the key when the holder created
+//! it, so a key deleted and created again does not pass).
+
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+use quorumlock_core::backend::{check_kinds, refused, HeldEntry, KeyWrite};
+use quorumlock_core::Result;
+
+use crate::core::Core;
+
+fn op(write: &KeyWrite) -> TxnOp {
+    match write {
+        KeyWrite::Put { key, value } => TxnOp::put(key.as_str(), value.clone(), None),
+        KeyWrite::Delete { key } => TxnOp::delete(key.as_str(), None),
+    }
+}
+
+pub(crate) async fn fenced_write(inner: &Core, held: &[HeldEntry], write: &KeyWrite) -> Result<()> {
+    write.validate(&inner.namespace_prefix())?;
+    check_kinds(held)?;
+    let ours: Vec<Compare> = held
+        .iter()
+        .map(|h| Compare::create_revision(h.entry.as_str(), CompareOp::Equal, h.token as i64))
+        .collect();
+    let txn = Txn::new().when(ours).and_then([op(write)]);
+    if inner.txn("fenced write", txn).await?.succeeded() {
+        Ok(())
+    } else {
+        Err(refused(write, held))
+    }
+}
+
+pub(crate) async fn read_key(inner: &Core, key: &str) -> Result<Option<Vec<u8>>> {
+    KeyWrite::Delete { key: key.into() }.validate(&inner.namespace_prefix())?;
+    let resp = inner.get("read key", key, Default::default()).await?;
+    Ok(resp.kvs().first().map(|kv| kv.value().to_vec()))
+}
+
+pub(crate) async fn write_key(inner: &Core, write: &KeyWrite) -> Result<()> {
+    write.validate(&inner.namespace_prefix())?;
+    inner
+        .txn("unfenced write", Txn::new().and_then([op(write)]))
+        .await?;
+    Ok(())
+}

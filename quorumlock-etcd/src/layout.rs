@@ -1,0 +1,283 @@
+//! Key names and values of the entries, and the queue rules on them.
+//!
+//! Every entry of a lock is a direct child of `<pfx>/` (so Go's
+//! `concurrency.Mutex` and `etcdctl lock`, which scan all of `<pfx>/`,
+//! count every one of them as a contender ahead of them):
+//!
+//! | kind | key | value |
+//! |---|---|---|
+//! | mutex | `<pfx>/<lease hex>` (Go's key) | `ql:x:<unix ms>:<holder value>` |
+//! | write | `<pfx>/<lease hex>-w-<uuid>` | `ql:w:<unix ms>:<holder value>` |
+//! | read | `<pfx>/.r-<lease hex>-<uuid>` | `ql:r:<unix ms>:<holder value>` |
+//! | semaphore | `<pfx>/<lease hex>-s-<uuid>` | `ql:s<permits>:<unix ms>:<holder value>` |
+//!
+//! Go's `Mutex` (`etcdctl lock`) writes an empty value; any value that does
+//! not start with `ql:` is a mutex entry whose whole value is the holder's.
+//! An election candidate (`LockKind::Election`) is Go's `Election` entry:
+//! the mutex's key, with the proposal as its whole value, so ours and
+//! `etcdctl elect` candidates queue as one. A proposal that itself starts
+//! with `ql:` is stored escaped, as `ql:e:<proposal>`, and read back as the
+//! proposal (see [`election_value`]): any bytes are a proposal.
+//!
+//! Readers start with `.`, which sorts before every hex digit and every
+//! letter, so "the writers" (everything that is not a reader) are the key
+//! range `[<pfx>/0, <pfx>0)`: a reader finds its nearest older writer
+//! with one `limit 1` range read. Segments of lock keys never start with `.` (escaped ones start with `~`),
+//! so no nested lock name falls among the readers.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget};
+use quorumlock_core::LockKind;
+
+/// The prefix of every value this library gives a meaning to.
+const RESERVED: &[u8] = b"ql:";
+
+/// What an election proposal that starts with [`RESERVED`] is stored
+/// behind.
+const ESCAPED: &[u8] = b"ql:e:";
+
+/// The stored value of an election candidate whose proposal is `proposal`:
+/// `concurrency.Election`'s value, the proposal alone (which `etcdctl elect
+/// -l` prints), unless it starts with `ql:` and would be read as one of our
+/// values: then `ql:e:<proposal>`. [`parse`] undoes it.
+pub(crate) fn election_value(proposal: &[u8]) -> Vec<u8> {
+    if proposal.starts_with(RESERVED) {
+        [ESCAPED, proposal].concat()
+    } else {
+        proposal.to_vec()
+    }
+}
+
+/// The value we write into a new entry: its kind, creation time and the
+/// holder's value.
+pub(crate) fn value(kind: LockKind, now: SystemTime, holder: &[u8]) -> Vec<u8> {
+    if kind == LockKind::Election {
+        return election_value(holder);
+    }
+    let ms = now
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis();
+    let k = match kind {
+        LockKind::Read => "r".to_string(),
+        LockKind::Write => "w".to_string(),
+        LockKind::Semaphore { permits } => format!("s{permits}"),
+        _ => "x".to_string(),
+    };
+    let mut v = format!("ql:{k}:{ms}:").into_bytes();
+    v.extend_from_slice(holder);
+    v
+}
+
+/// Kind, creation time and holder value of an entry from its value.
+/// Anything we did not write (Go's empty value, `etcdctl elect`'s
+/// proposal) is a mutex entry of unknown age whose value is all of it; so
+/// is an escaped election proposal ([`election_value`]), whose value is
+/// the proposal.
+pub(crate) fn parse(value: &[u8]) -> (LockKind, Option<SystemTime>, Vec<u8>) {
+    let fallback = (LockKind::Exclusive, None, value.to_vec());
+    let Some(rest) = value.strip_prefix(RESERVED) else {
+        return fallback;
+    };
+    if let Some(proposal) = value
+        .strip_prefix(ESCAPED)
+        .filter(|p| p.starts_with(RESERVED))
+    {
+        return (LockKind::Exclusive, None, proposal.to_vec());
+    }
+    let mut parts = rest.splitn(3, |b| *b == b':');
+    let (Some(k), Some(ms)) = (parts.next(), parts.next()) else {
+        return fallback;
+    };
+    let holder = parts.next().unwrap_or_default().to_vec();
+    let (Ok(k), Ok(ms)) = (std::str::from_utf8(k), std::str::from_utf8(ms)) else {
+        return fallback;
+    };
+    let kind = match k {
+        "x" => LockKind::Exclusive,
+        "r" => LockKind::Read,
+        "w" => LockKind::Write,
+        s => match s.strip_prefix('s').and_then(|n| n.parse::<u32>().ok()) {
+            Some(permits) if permits > 0 => LockKind::Semaphore { permits },
+            _ => return fallback,
+        },
+    };
+    let since = ms
+        .parse::<u64>()
+        .ok()
+        .map(|ms| UNIX_EPOCH + Duration::from_millis(ms));
+    (kind, since, holder)
+}
+
+/// The kind of a stored entry.
+pub(crate) fn kind_of(kv: &KeyValue) -> LockKind {
+    parse(kv.value()).0
+}
+
+/// Our key for an attempt of `kind` by lease `lease` (`contender` is the
+/// attempt's uuid; read, write and semaphore entries are one per owner,
+/// several of one lease at once, so they carry it).
+pub(crate) fn key(pfx: &str, kind: LockKind, lease: i64, contender: &uuid::Uuid) -> String {
+    match kind {
+        LockKind::Read => format!("{pfx}/.r-{lease:x}-{}", contender.simple()),
+        LockKind::Write => format!("{pfx}/{lease:x}-w-{}", contender.simple()),
+        LockKind::Semaphore { .. } => format!("{pfx}/{lease:x}-s-{}", contender.simple()),
+        _ => format!("{pfx}/{lease:x}"),
+    }
+}
+
+/// Start and end of the writers' key range of a lock (everything but the
+/// readers).
+pub(crate) fn writer_range(pfx: &str) -> (String, String) {
+    (format!("{pfx}/0"), format!("{pfx}0"))
+}
+
+/// `key` is a contender of the lock whose keys start with `pfx_slash`: a
+/// direct child (`<pfx>/<lease hex>`). Keys of nested lock names
+/// (`<pfx>/<child>/<lease hex>`) share the prefix but are not contenders.
+pub(crate) fn is_contender(pfx_slash: &str, key: &[u8]) -> bool {
+    key.strip_prefix(pfx_slash.as_bytes())
+        .is_some_and(|rest| !rest.is_empty() && !rest.contains(&b'/'))
+}
+
+/// How many entries ahead decide whether `kind` holds: the nearest one
+/// (a writer, or the nearest writer for a reader), or `permits` for a
+/// semaphore (it holds when fewer than that are ahead).
+pub(crate) fn wanted(kind: LockKind) -> usize {
+    match kind {
+        LockKind::Semaphore { permits } => permits as usize,
+        _ => 1,
+    }
+}
+
+/// The range read of what an entry of `kind` waits for: for a reader the writers'
+/// key range, for everyone else all of `<pfx>/`; newest first.
+pub(crate) fn ahead_query(pfx: &str, kind: LockKind, before: Option<i64>) -> (String, GetOptions) {
+    let mut opts = GetOptions::new().with_sort(SortTarget::Create, SortOrder::Descend);
+    let key = if kind == LockKind::Read {
+        let (lo, hi) = writer_range(pfx);
+        opts = opts.with_range(hi);
+        lo
+    } else {
+        opts = opts.with_prefix();
+        format!("{pfx}/")
+    };
+    // In the enqueue txn our own key is among the answer: one more.
+    let limit = wanted(kind) as i64 + i64::from(before.is_none());
+    opts = opts.with_limit(limit);
+    if let Some(rev) = before {
+        opts = opts.with_max_create_revision(rev - 1);
+    }
+    (key, opts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_round_trip() {
+        let t = UNIX_EPOCH + Duration::from_millis(1_763_730_000_123);
+        for k in [
+            LockKind::Exclusive,
+            LockKind::Read,
+            LockKind::Write,
+            LockKind::Semaphore { permits: 7 },
+        ] {
+            assert_eq!(parse(&value(k, t, b"h:1")), (k, Some(t), b"h:1".to_vec()));
+            assert_eq!(
+                parse(&value(k, t, b"a:b\n")),
+                (k, Some(t), b"a:b\n".to_vec())
+            );
+        }
+        // Values written before holder values existed.
+        assert_eq!(
+            parse(b"ql:x:5"),
+            (
+                LockKind::Exclusive,
+                Some(UNIX_EPOCH + Duration::from_millis(5)),
+                vec![]
+            )
+        );
+    }
+
+    #[test]
+    fn foreign_values_are_mutexes_of_unknown_age() {
+        for v in [&b""[..], b"hello", b"ql:", b"ql:q:1", b"ql:s0:1", b"\xff"] {
+            assert_eq!(parse(v), (LockKind::Exclusive, None, v.to_vec()), "{v:?}");
+        }
+        assert_eq!(parse(b"ql:w:x"), (LockKind::Write, None, vec![]));
+    }
+
+    #[test]
+    fn election_values_are_the_proposal_and_any_bytes_round_trip() {
+        let t = UNIX_EPOCH + Duration::from_millis(1_763_730_000_123);
+        // Ordinary proposals are stored as they are (`etcdctl elect`).
+        for p in [
+            &b""[..],
+            b"node-a",
+            b"q",
+            b"ql",
+            b"QL:x:1:h",
+            b" ql:",
+            b"\xff",
+        ] {
+            assert_eq!(value(LockKind::Election, t, p), p.to_vec(), "{p:?}");
+            assert_eq!(parse(p), (LockKind::Exclusive, None, p.to_vec()), "{p:?}");
+        }
+        // Proposals that look like our values (every kind's, the escape's)
+        // are escaped and read back as they were.
+        for p in [
+            &b"ql:"[..],
+            b"ql:anything",
+            b"ql:x:5",
+            b"ql:x:1:h",
+            b"ql:r:1:",
+            b"ql:w:1:h",
+            b"ql:s2:1:h",
+            b"ql:e:",
+            b"ql:e:x",
+            b"ql:e:ql:x:1:h",
+            b"ql:\xff",
+        ] {
+            let stored = value(LockKind::Election, t, p);
+            assert_eq!(stored, [&b"ql:e:"[..], p].concat(), "{p:?}");
+            assert_eq!(
+                parse(&stored),
+                (LockKind::Exclusive, None, p.to_vec()),
+                "{p:?}"
+            );
+        }
+        // Foreign values that only start like the escape are not ours:
+        // read as they are.
+        for v in [&b"ql:e:"[..], b"ql:e:x", b"ql:e:ql"] {
+            assert_eq!(parse(v), (LockKind::Exclusive, None, v.to_vec()), "{v:?}");
+        }
+    }
+
+    #[test]
+    fn readers_sort_before_writers() {
+        let u = uuid::Uuid::nil();
+        let (lo, hi) = writer_range("ns/a");
+        let r = key("ns/a", LockKind::Read, 0x694d, &u);
+        assert!(r.as_str() < lo.as_str());
+        for k in [
+            LockKind::Exclusive,
+            LockKind::Write,
+            LockKind::Semaphore { permits: 2 },
+        ] {
+            let w = key("ns/a", k, 0x694d, &u);
+            assert!(lo.as_str() <= w.as_str() && w.as_str() < hi.as_str(), "{w}");
+        }
+        assert_eq!(key("ns/a", LockKind::Exclusive, 0x694d, &u), "ns/a/694d");
+    }
+
+    #[test]
+    fn contenders_are_direct_children() {
+        assert!(is_contender("ns/a/", b"ns/a/694d7c3a2f1b4e05"));
+        assert!(!is_contender("ns/a/", b"ns/a/"));
+        assert!(!is_contender("ns/a/", b"ns/a/beef/694d"));
+        assert!(!is_contender("ns/a/", b"ns/ab/694d"));
+    }
+}

@@ -1,0 +1,209 @@
+//! The connection and the request helpers every other module uses: one
+//! place that counts requests, bounds them by the timeout and maps their
+//! errors.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use quorumlock_core::{Error, ErrorKind, LockName, Result};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use redis::{FromRedisValue, ScriptInvocation};
+
+use crate::config::RedisConfig;
+use crate::error;
+use crate::layout;
+use crate::scripts;
+
+/// What a backend and its sessions share.
+pub(crate) struct Inner {
+    pub(crate) config: RedisConfig,
+    pub(crate) client: redis::Client,
+    pub(crate) conn: ConnectionManager,
+    pub(crate) requests: AtomicU64,
+    /// `<ns>/` or empty.
+    pub(crate) prefix: String,
+    /// Sessions this instance opened, for `leftovers`.
+    pub(crate) opened: Mutex<Vec<String>>,
+    /// WAIT mode: idle connections for the WAITs (at most
+    /// [`IDLE_WAIT_CONNECTIONS`]). A WAIT blocks the connection it is sent
+    /// on until the replicas answer or its timeout passes, so never on
+    /// [`conn`](Self::conn), which the renewals and releases share; and
+    /// one grant's WAIT at a time on each of these.
+    pub(crate) waits: Mutex<Vec<MultiplexedConnection>>,
+}
+
+/// How many idle WAIT connections a client keeps (more are opened while
+/// more grants wait for their replicas at once, and closed after).
+const IDLE_WAIT_CONNECTIONS: usize = 4;
+
+/// A connection that reconnects by itself after a failure (the request
+/// that saw the failure gets the error). `response` bounds each answer;
+/// `None` for the mailbox's blocking reads, which are bounded by us.
+pub(crate) async fn manager(
+    client: &redis::Client,
+    config: &RedisConfig,
+    response: Option<Duration>,
+) -> Result<ConnectionManager> {
+    let connect =
+        ConnectionManager::new_with_config(client.clone(), manager_config(config, response));
+    match tokio::time::timeout(config.timeout, connect).await {
+        Ok(Ok(c)) => Ok(c),
+        Ok(Err(e)) => Err(error::map(e, "connecting to Redis")),
+        Err(_) => Err(error::timed_out("connecting to Redis", config.timeout)),
+    }
+}
+
+/// As [`manager`], but connects on first use (and again after a
+/// failure), so that [`quorumlock_core::backend::connect::check_connect`] can
+/// tell refused from silent.
+pub(crate) fn lazy_manager(
+    client: &redis::Client,
+    config: &RedisConfig,
+    response: Option<Duration>,
+) -> Result<ConnectionManager> {
+    ConnectionManager::new_lazy_with_config(client.clone(), manager_config(config, response))
+        .map_err(|e| error::map(e, "configuring the Redis connection"))
+}
+
+fn manager_config(config: &RedisConfig, response: Option<Duration>) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(config.timeout))
+        .set_response_timeout(response)
+        .set_number_of_retries(2)
+        .set_max_delay(config.timeout)
+}
+
+/// Milliseconds since the Unix epoch, for an entry's creation time.
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Inner {
+    /// Sends one command: counts it, bounds it by the timeout, maps its
+    /// error.
+    pub(crate) async fn cmd<T: FromRedisValue>(&self, what: &str, cmd: &redis::Cmd) -> Result<T> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let mut conn = self.conn.clone();
+        match tokio::time::timeout(self.config.timeout, cmd.query_async(&mut conn)).await {
+            Ok(r) => r.map_err(|e| error::map(e, what)),
+            Err(_) => Err(error::timed_out(what, self.config.timeout)),
+        }
+    }
+
+    /// Runs one script (EVALSHA, EVAL if the server lacks it), as
+    /// [`cmd`](Self::cmd).
+    pub(crate) async fn script<T: FromRedisValue>(
+        &self,
+        what: &str,
+        inv: &ScriptInvocation<'_>,
+    ) -> Result<T> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let mut conn = self.conn.clone();
+        match tokio::time::timeout(self.config.timeout, inv.invoke_async(&mut conn)).await {
+            Ok(r) => r.map_err(|e| error::map(e, what)),
+            Err(_) => Err(error::timed_out(what, self.config.timeout)),
+        }
+    }
+
+    /// In WAIT mode, whether `wait_replicas` replicas acknowledged the
+    /// grant of entry `id` of lock `key` (with `token`); else
+    /// [`ErrorKind::Connection`] (or [`ErrorKind::SessionLost`] if the
+    /// entry is gone meanwhile). Without WAIT mode, `Ok` at once.
+    ///
+    /// On a WAIT connection of its own, never the shared one: the
+    /// `CONFIRM` script rewrites the entry unchanged (a write after the
+    /// grant, so in the replication stream at or after it: what `WAIT`
+    /// waits for is this connection's last write), then `WAIT N
+    /// timeout/2`. The connection goes back to the idle ones once both
+    /// were answered; one that failed or ran out of time (maybe still
+    /// blocked in the WAIT) is closed.
+    pub(crate) async fn replicated(&self, key: &str, id: &str, token: u64) -> Result<()> {
+        let n = self.config.wait_replicas;
+        if n == 0 {
+            return Ok(());
+        }
+        let what = "grant";
+        let wait_ms = (self.config.timeout.as_millis() as u64 / 2).max(1);
+        let timeout = self.config.timeout;
+        let mut inv = scripts::CONFIRM.prepare_invoke();
+        inv.arg(&self.prefix).arg(key).arg(id).arg(token);
+        let asked = async {
+            let mut conn = self.wait_connection().await?;
+            self.requests.fetch_add(1, Ordering::Relaxed);
+            let still: i64 = inv.invoke_async(&mut conn).await?;
+            if still == 0 {
+                return Ok((conn, None));
+            }
+            self.requests.fetch_add(1, Ordering::Relaxed);
+            let acked: u32 = redis::cmd("WAIT")
+                .arg(n)
+                .arg(wait_ms)
+                .query_async(&mut conn)
+                .await?;
+            Ok::<_, redis::RedisError>((conn, Some(acked)))
+        };
+        let acked = match tokio::time::timeout(timeout, asked).await {
+            Ok(Ok((conn, acked))) => {
+                let mut idle = self.waits.lock().expect("poisoned");
+                if idle.len() < IDLE_WAIT_CONNECTIONS {
+                    idle.push(conn);
+                }
+                acked
+            }
+            Ok(Err(e)) => return Err(error::map(e, what)),
+            Err(_) => return Err(error::timed_out(what, timeout)),
+        };
+        match acked {
+            Some(acked) if acked >= n => Ok(()),
+            Some(acked) => Err(Error::new(
+                ErrorKind::Connection,
+                format!(
+                    "{what}: only {acked} of the {n} replicas asked for (wait_replicas) \
+                     acknowledged the grant within {wait_ms} ms; not counted as held"
+                ),
+            )),
+            None => Err(Error::new(
+                ErrorKind::SessionLost,
+                "our Redis entry or session is gone (broken, killed or expired) before \
+                 the replicas acknowledged its grant",
+            )),
+        }
+    }
+
+    /// An idle WAIT connection, or a new one.
+    async fn wait_connection(&self) -> redis::RedisResult<MultiplexedConnection> {
+        if let Some(c) = self.waits.lock().expect("poisoned").pop() {
+            return Ok(c);
+        }
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.config.timeout))
+            .set_response_timeout(None);
+        self.client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+    }
+
+    pub(crate) fn lock_key(&self, name: &LockName) -> String {
+        layout::lock_key(&self.prefix, name)
+    }
+
+    pub(crate) fn record_session(&self, sid: &str) {
+        self.opened.lock().expect("poisoned").push(sid.to_string());
+    }
+
+    /// Ends session `sid` on the store; `notify`: tell its own client
+    /// through its mailbox.
+    pub(crate) async fn end_session(&self, sid: &str, notify: bool) -> Result<bool> {
+        let mut inv = scripts::KILL.prepare_invoke();
+        inv.arg(&self.prefix)
+            .arg(sid)
+            .arg(if notify { "1" } else { "0" })
+            .arg(self.config.ttl.as_millis() as u64);
+        let existed: i64 = self.script("end session", &inv).await?;
+        Ok(existed == 1)
+    }
+}

@@ -1,0 +1,958 @@
+//! The client side of the store: what the backend and its sessions share
+//! ([`Shared`]: the configuration, counters, connecting with retries, the
+//! admin session, the registry of this process's sessions for
+//! `kill_session`), and one session's client wrapper ([`Inner`]: its
+//! requests, counted and mapped, the contender nodes it creates and
+//! deletes).
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
+
+use futures::FutureExt;
+use quorumlock_core::backend::{AcquireRequest, EntrySignals, GrantMemory, SessionLiveness};
+use quorumlock_core::{Error, ErrorKind, LockName, LossReason, Result};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use zookeeper_client as zk;
+
+use crate::config::{deadline_ttl, ZkConfig};
+use crate::error::map;
+use crate::tls::TlsFiles;
+
+/// What the backend and its sessions share.
+pub(crate) struct Shared {
+    pub(crate) config: ZkConfig,
+    pub(crate) connect_string: String,
+    pub(crate) requests: AtomicU64,
+    pub(crate) keepalives: AtomicU64,
+    pub(crate) watch_events: AtomicU64,
+    pub(crate) negotiated_ms: AtomicU64,
+    /// Lock sessions opened by this instance, for `leftovers()`.
+    pub(crate) opened: Mutex<Vec<(zk::SessionId, zk::StateWatcher)>>,
+    /// A lazily opened session for admin reads and writes (inspect,
+    /// break, revoke, leftovers); it never creates nodes of its own.
+    pub(crate) admin: tokio::sync::Mutex<Option<zk::Client>>,
+    /// Lock nodes seen to exist, a hint only (a container may be reaped
+    /// since): the first acquire of a node not in it creates the node and
+    /// the contender in one transaction.
+    pub(crate) known_dirs: Mutex<HashSet<Box<str>>>,
+    /// The data version of held nodes of ours whose data was rewritten
+    /// since their create (a proclaim, a revoke request): what a fenced
+    /// write or a proclaim expects the node at. Absent: 0, the create's.
+    /// A hint only: a wrong or forgotten version costs one read.
+    pub(crate) versions: Mutex<HashMap<Box<str>, i32>>,
+    /// Whether the negotiated session timeout passed
+    /// [`Shared::check_ticks`].
+    pub(crate) ticks_checked: AtomicBool,
+}
+
+/// The fewest of the server's ticks a session timeout may span (see
+/// [`Shared::check_ticks`]).
+pub(crate) const MIN_TICKS: u32 = 5;
+
+/// At most this many entries in [`Shared::known_dirs`]; then it starts
+/// over (a forgotten node costs one failed transaction, not a wrong grant).
+const KNOWN_DIRS: usize = 65_536;
+
+/// At most this many entries in [`Shared::versions`]; then it starts over.
+const VERSIONS_KEPT: usize = 65_536;
+
+#[derive(Clone)]
+pub(crate) struct Registered {
+    pub(crate) info: zk::SessionInfo,
+    pub(crate) liveness: Weak<SessionLiveness>,
+    pub(crate) state: zk::StateWatcher,
+    /// Drops the owner's client (which then closes the session itself).
+    pub(crate) shutdown: Option<Shutdown>,
+}
+
+/// Stops a lock session's tasks and drops its client.
+pub(crate) type Shutdown = Arc<dyn Fn() + Send + Sync>;
+
+/// Sessions opened in this process, by id, with what it takes to reattach
+/// to them: ZooKeeper ends a session only for a client that presents its
+/// id AND password, so [`Backend::kill_session`] can end sessions opened
+/// by any `ZkBackend` of this process, not of other processes.
+pub(crate) fn registry() -> &'static Mutex<HashMap<i64, Registered>> {
+    static R: OnceLock<Mutex<HashMap<i64, Registered>>> = OnceLock::new();
+    R.get_or_init(Default::default)
+}
+
+pub(crate) fn register_session(client: &zk::Client, liveness: &Arc<SessionLiveness>) {
+    let mut registry = registry().lock().expect("registry poisoned");
+    // Ended sessions nobody holds any more (dropped without `close`):
+    // nothing is left to kill. A dropped owner with a session still open
+    // stays, so that `kill_session` can still end it.
+    registry.retain(|_, r| r.liveness.strong_count() > 0 || !r.state.peek_state().is_terminated());
+    registry.insert(
+        client.session_id().0,
+        Registered {
+            info: client.session().clone(),
+            liveness: Arc::downgrade(liveness),
+            state: client.state_watcher(),
+            shutdown: None,
+        },
+    );
+}
+
+pub(crate) fn set_shutdown(id: zk::SessionId, shutdown: Shutdown) {
+    if let Some(r) = registry().lock().expect("registry poisoned").get_mut(&id.0) {
+        r.shutdown = Some(shutdown);
+    }
+}
+
+pub(crate) fn unregister_session(id: zk::SessionId) {
+    registry().lock().expect("registry poisoned").remove(&id.0);
+}
+
+/// The text form of a session id, as `StoreSession::id` and `inspect`
+/// report it: ZooKeeper's own `0x...` hex.
+pub(crate) fn session_text(id: i64) -> String {
+    format!("{id:#x}")
+}
+
+/// Waits until a dropped client's session reaches a terminal state.
+pub(crate) async fn wait_terminal(mut state: zk::StateWatcher, limit: Duration) -> bool {
+    let wait = async {
+        loop {
+            if state.peek_state().is_terminated() {
+                return;
+            }
+            state.changed().await;
+        }
+    };
+    tokio::time::timeout(limit, wait).await.is_ok()
+}
+
+impl Shared {
+    pub(crate) fn count(&self, n: u64) {
+        self.requests.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_keepalive(&self) {
+        self.keepalives.fetch_add(1, Ordering::Relaxed);
+        self.count(1);
+    }
+
+    pub(crate) fn count_watch_event(&self) {
+        self.watch_events.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn dir_known(&self, dir: &str) -> bool {
+        self.known_dirs.lock().expect("poisoned").contains(dir)
+    }
+
+    fn note_dir(&self, dir: &str, exists: bool) {
+        let mut known = self.known_dirs.lock().expect("poisoned");
+        if !exists {
+            known.remove(dir);
+        } else if !known.contains(dir) {
+            if known.len() >= KNOWN_DIRS {
+                known.clear();
+            }
+            known.insert(dir.into());
+        }
+    }
+
+    /// The data version our held `node` is expected at (see
+    /// [`Shared::versions`]).
+    pub(crate) fn data_version(&self, node: &str) -> i32 {
+        let versions = self.versions.lock().expect("poisoned");
+        versions.get(node).copied().unwrap_or(0)
+    }
+
+    /// Notes that our held `node` is at data `version`, unmarked.
+    pub(crate) fn note_version(&self, node: &str, version: i32) {
+        let mut versions = self.versions.lock().expect("poisoned");
+        if version == 0 {
+            versions.remove(node);
+            return;
+        }
+        if versions.len() >= VERSIONS_KEPT && !versions.contains_key(node) {
+            versions.clear();
+        }
+        versions.insert(node.into(), version);
+    }
+
+    /// Forgets `node` (released).
+    pub(crate) fn forget_version(&self, node: &str) {
+        self.versions.lock().expect("poisoned").remove(node);
+    }
+
+    /// The path of the lock node of `name`: `/<namespace>/<name>`.
+    pub(crate) fn lock_dir(&self, name: &LockName) -> Result<String> {
+        if self.config.namespace.is_empty() && name.segments().next() == Some("zookeeper") {
+            return Err(Error::new(
+                ErrorKind::InvalidName,
+                "without a namespace, a lock name must not start with zookeeper (the server's own tree)",
+            ));
+        }
+        Ok(format!("/{}", self.config.namespace.lock_key(name)))
+    }
+
+    pub(crate) fn root(&self) -> String {
+        format!("/{}", self.config.namespace)
+    }
+
+    /// Opens a ZooKeeper session (or reattaches to `session`), retrying
+    /// until the connect timeout: the library gives up on one attempt
+    /// after about a session timeout, and a server that is restarting or
+    /// a link that is healing deserves the whole `connect_timeout`.
+    ///
+    /// Returns the client and the start of the attempt that succeeded (no
+    /// later than the server's creation of the session).
+    pub(crate) async fn connect(
+        &self,
+        session: Option<zk::SessionInfo>,
+    ) -> Result<(zk::Client, Instant)> {
+        let (client, started) = self.open(session, self.config.session_timeout).await?;
+        self.negotiated_ms.store(
+            client.session_timeout().as_millis() as u64,
+            Ordering::Relaxed,
+        );
+        Ok((client, started))
+    }
+
+    /// [`Shared::connect`], asking for `session_timeout`.
+    async fn open(
+        &self,
+        session: Option<zk::SessionInfo>,
+        session_timeout: Duration,
+    ) -> Result<(zk::Client, Instant)> {
+        let deadline = Instant::now() + self.config.connect_timeout;
+        let mut backoff = Duration::from_millis(20);
+        let tls = TlsFiles::load(&self.config)?;
+        if tls.is_some() {
+            // The library builds its rustls config on the process-wide
+            // provider; ring, as everywhere in quorumlock. An error means
+            // one is installed already, which is as good.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+        let mut probed = false;
+        loop {
+            let mut c = zk::Client::connector().with_session_timeout(session_timeout);
+            if let Some(t) = &tls {
+                c = c.with_tls(t.options()?);
+            }
+            if let Some((user, pw)) = &self.config.auth {
+                c = c.with_auth("digest", format!("{user}:{}", pw.expose()).as_bytes());
+            }
+            if let Some(s) = &session {
+                c = c.with_session(s.clone());
+            }
+            self.count(1);
+            let started = Instant::now();
+            let attempt = async {
+                if tls.is_some() {
+                    c.secure_connect(&self.connect_string).await
+                } else {
+                    c.connect(&self.connect_string).await
+                }
+            };
+            let attempt = tokio::time::timeout_at(deadline, attempt);
+            // The library reports a refused handshake as a lost connection
+            // and retries: the probe, beside the first attempt, names it.
+            let outcome = match &tls {
+                Some(t) if !probed => {
+                    probed = true;
+                    tokio::pin!(attempt);
+                    let probe = t.probe(&self.config.servers);
+                    tokio::select! {
+                        r = &mut attempt => r,
+                        Err(e) = probe => {
+                            if e.kind() == ErrorKind::Tls {
+                                return Err(e);
+                            }
+                            attempt.await
+                        }
+                    }
+                }
+                _ => attempt.await,
+            };
+            let err = match outcome {
+                Ok(Ok(client)) => return Ok((client, started)),
+                Ok(Err(e)) => map(e, "opening a session"),
+                Err(elapsed) => Error::new(
+                    ErrorKind::Connection,
+                    format!(
+                        "ZooKeeper: no session with {} within connect_timeout={:?}",
+                        self.config.describe(),
+                        self.config.connect_timeout
+                    ),
+                )
+                .with_source(elapsed),
+            };
+            if err.kind() != ErrorKind::Connection || Instant::now() + backoff >= deadline {
+                return Err(err);
+            }
+            tracing::debug!(error = %err, "connecting failed, retrying");
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_millis(500));
+        }
+    }
+
+    /// The tick rule: refuses ([`ErrorKind::InvalidUrl`]) a `negotiated`
+    /// session timeout under [`MIN_TICKS`] of the server's ticks, once per
+    /// backend (at `connect()`, or with a lazy backend at its first
+    /// session). The local deadline falls before the leader's earliest
+    /// expiry of the session only from that many ticks on (see
+    /// [`crate::config::deadline_ttl`] and the README's "Safety on an
+    /// ensemble"); ZooKeeper itself grants down to 2.
+    ///
+    /// The server does not say its `tickTime`; it shows in the timeout it
+    /// grants a session that asks for less than its minimum (by default
+    /// 2 ticks). A timeout that the server raised to its minimum is that
+    /// minimum, 2 ticks: refused. Otherwise one short session asks for 2/5
+    /// of the negotiated timeout (2 ticks if the timeout is 5): granted as
+    /// asked, the minimum, and so 2 ticks, is at most that, and the timeout
+    /// at least 5 ticks; raised, a tick is more than a fifth of the
+    /// timeout: refused, naming the tick. A server whose
+    /// `minSessionTimeout` is set above 2 ticks makes this stricter (asks
+    /// for 2.5 times that minimum); one set below 2 ticks hides its tick.
+    pub(crate) async fn check_ticks(&self, negotiated: Duration) -> Result<()> {
+        if self.ticks_checked.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let requested = self.config.session_timeout;
+        let minimum = if negotiated > requested {
+            Some(negotiated)
+        } else {
+            let probe = negotiated * 2 / MIN_TICKS;
+            let (c, _) = self.open(None, probe).await?;
+            let granted = c.session_timeout();
+            let state = c.state_watcher();
+            self.count(1); // closeSession
+            drop(c);
+            if !wait_terminal(state, Duration::from_secs(1)).await {
+                tracing::debug!("the tick probe's session did not close in time; it will expire");
+            }
+            (granted > probe).then_some(granted)
+        };
+        if let Some(minimum) = minimum {
+            let tick = minimum / 2;
+            let need = tick * MIN_TICKS;
+            return Err(Error::new(
+                ErrorKind::InvalidUrl,
+                format!(
+                    "ZooKeeper: the session timeout {negotiated:?} (asked for {requested:?}) is under \
+                     {MIN_TICKS} ticks of the server: it grants at least {minimum:?}, 2 ticks unless \
+                     minSessionTimeout is set, so a tick is about {tick:?}. The local loss deadline \
+                     falls before the server can expire the session only from {MIN_TICKS} ticks on \
+                     (quorumlock-zk README, \"Safety on an ensemble\"): ask for ttl={}ms or more",
+                    need.as_millis()
+                ),
+            ));
+        }
+        self.ticks_checked.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Remembers a new lock session for `leftovers()` and `kill_session`.
+    /// Sessions that have ended are forgotten here, so that the lists hold
+    /// the sessions still open (and, in the process-wide registry, those
+    /// whose owner still cares), not every session ever opened.
+    pub(crate) fn record_opened(&self, client: &zk::Client, liveness: &Arc<SessionLiveness>) {
+        let mut opened = self.opened.lock().expect("poisoned");
+        // An ended session is never a leftover (`leftovers_once` skips it).
+        opened.retain(|(_, state)| !state.peek_state().is_terminated());
+        opened.push((client.session_id(), client.state_watcher()));
+        drop(opened);
+        register_session(client, liveness);
+    }
+
+    pub(crate) async fn admin(&self) -> Result<zk::Client> {
+        let mut slot = self.admin.lock().await;
+        if let Some(c) = slot.as_ref() {
+            if !c.state().is_terminated() {
+                return Ok(c.clone());
+            }
+        }
+        let (c, _) = self.connect(None).await?;
+        *slot = Some(c.clone());
+        Ok(c)
+    }
+}
+
+pub(crate) struct Inner {
+    pub(crate) shared: Arc<Shared>,
+    /// `None` once closed; every task holds a clone only while it runs.
+    pub(crate) client: Mutex<Option<zk::Client>>,
+    pub(crate) id: zk::SessionId,
+    pub(crate) timeout: Duration,
+    pub(crate) liveness: Arc<SessionLiveness>,
+    pub(crate) stop: CancellationToken,
+    pub(crate) state: zk::StateWatcher,
+    /// Held entries by contender id, watched by the session's one watch
+    /// dispatcher. An entry is removed before we delete our own node, so
+    /// that its deletion is not reported as a loss.
+    pub(crate) held: Mutex<HashMap<uuid::Uuid, HeldEntry>>,
+    /// Tells the dispatcher to watch a newly held entry, with the read
+    /// that set its watch already when the grant had one.
+    pub(crate) arm: mpsc::UnboundedSender<(uuid::Uuid, Option<WatchedRead>)>,
+    /// Per lock directory, by the sequence number of our node when it was
+    /// the only child: what lets the next acquire skip the listing (see
+    /// [`ParentWatch`]). At most [`CHAINS_KEPT`].
+    pub(crate) chains: GrantMemory<Option<ParentWatch>>,
+}
+
+/// How many lock directories a session remembers a lone grant for.
+pub(crate) const CHAINS_KEPT: usize = 256;
+
+/// A repeat acquire of an uncontended lock knows that it is first without
+/// listing the children, so that its cycle is one create and one delete,
+/// like the floor.
+///
+/// ZooKeeper numbers a sequential node with the count of children ever
+/// created under the parent (deletes do not count; the `cversion` it shows
+/// does, so it cannot stand in). If our new node's number is one past our
+/// last one's, nobody created a child in between, so the children are
+/// those we saw beside our last node (none), minus deletions: ours alone.
+/// That holds while the parent is the same node: a container parent is
+/// reaped once empty and may be created anew with a fresh count. A watch
+/// on the parent says so; the session state says whether a reconnect
+/// happened, after which events may arrive late. The watch is armed on
+/// the second acquire, so that a lock taken once costs no watch.
+///
+/// A watch on a lock directory, and the session state since it was set.
+pub(crate) struct ParentWatch {
+    fired: Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send>>,
+    state: zk::StateWatcher,
+    /// Set once the watch fired or the state changed; never polled again.
+    spent: bool,
+}
+
+impl ParentWatch {
+    /// Whether the directory is the one the watch was set on and the
+    /// connection has not broken since. The client library hands a watch
+    /// event over before the reply to any later request, so once that
+    /// reply is in, this sees every event that came before it.
+    pub(crate) fn intact(&mut self) -> bool {
+        if !self.spent {
+            self.spent = self.state.changed().now_or_never().is_some()
+                || self.fired.as_mut().now_or_never().is_some();
+        }
+        !self.spent
+    }
+}
+
+/// The sequence number at the end of a contender node's name.
+pub(crate) fn sequence_of(node: &str) -> Option<u64> {
+    let digits = node.len() - node.bytes().rev().take_while(u8::is_ascii_digit).count();
+    node[digits..].parse().ok()
+}
+
+/// What [`Inner::create_contender`] reads with the create.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Listing {
+    /// Nothing: a repeat acquire of a lock we last found free.
+    Skip,
+    /// The lock's children, right behind the create.
+    Behind,
+    /// The children; or, for a lock node not known to exist, none: it is
+    /// created with ours in one transaction.
+    OrNewLockNode,
+}
+
+/// A created contender node.
+pub(crate) struct Created {
+    pub(crate) node: String,
+    pub(crate) seq: u64,
+    pub(crate) stat: zk::Stat,
+    /// The children, when listed right behind the create (or looked up
+    /// after a connection loss).
+    pub(crate) listed: Option<Vec<String>>,
+    /// The directory's creation zxid, when listed right behind the create.
+    pub(crate) dir_czxid: Option<i64>,
+    /// Our node read with a watch right behind the create (a new lock
+    /// node): the held lock's watch, set with no request of its own.
+    pub(crate) watched: Option<WatchedRead>,
+}
+
+/// A `getData` with a watch, answered: the data, the stat, the watch.
+pub(crate) type WatchedRead = (Vec<u8>, zk::Stat, zk::OneshotWatcher);
+
+fn container_options() -> zk::CreateOptions<'static> {
+    zk::CreateMode::Container.with_acls(zk::Acls::anyone_all())
+}
+
+pub(crate) fn create_options() -> zk::CreateOptions<'static> {
+    zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all())
+}
+
+/// Errors the library makes up for requests in flight when a connection
+/// breaks: the request may or may not have been applied.
+pub(crate) fn is_connection_trouble(e: &zk::Error) -> bool {
+    use zk::Error as E;
+    matches!(e, E::ConnectionLoss | E::Timeout | E::Custom(_))
+}
+
+/// Errors after which the session is over for good.
+pub(crate) fn is_terminal(e: &zk::Error) -> bool {
+    use zk::Error as E;
+    matches!(
+        e,
+        E::SessionExpired | E::SessionMoved | E::AuthFailed | E::ClientClosed
+    )
+}
+
+pub(crate) fn lost_session(why: &str) -> Error {
+    Error::new(ErrorKind::SessionLost, why.to_string())
+}
+
+impl Inner {
+    pub(crate) fn client(&self) -> Result<zk::Client> {
+        self.client
+            .lock()
+            .expect("poisoned")
+            .clone()
+            .ok_or_else(|| Error::new(ErrorKind::SessionLost, "the ZooKeeper session was closed"))
+    }
+
+    /// Counts `n` requests about to be sent and returns the send time.
+    pub(crate) fn send(&self, n: u64) -> Instant {
+        self.shared.count(n);
+        Instant::now()
+    }
+
+    /// A reply to a request that the LEADER answered (a write, or a
+    /// `sync`) proves that the session was alive on the leader after the
+    /// request left: confirm the local deadline from the send time. A
+    /// follower forwards writes and syncs to the leader and answers them
+    /// only once the leader has, after applying every earlier commit
+    /// (a `closeSession` of our expired session included, which ends our
+    /// connection first). Answers to reads prove nothing (see
+    /// [`Inner::heard_read`]). Only answers the server itself gives count;
+    /// the library also fails in-flight requests with errors of its own
+    /// when a connection breaks (`ConnectionLoss`, `Timeout`, I/O errors
+    /// as `Custom`), and those prove nothing. A terminal session error is
+    /// a loss.
+    pub(crate) fn heard<T>(&self, sent: Instant, r: &std::result::Result<T, zk::Error>) {
+        use zk::Error as E;
+        match r {
+            Ok(_) => self.liveness.confirm(sent, deadline_ttl(self.timeout)),
+            Err(
+                E::NoNode
+                | E::NodeExists
+                | E::NotEmpty
+                | E::BadVersion
+                | E::NoAuth
+                | E::NoChildrenForEphemerals,
+            ) => self.liveness.confirm(sent, deadline_ttl(self.timeout)),
+            _ => self.heard_read(r),
+        }
+    }
+
+    /// A reply to a read: a follower answers it from its own copy, also
+    /// while it is cut off from the leader (until `syncLimit x tickTime`),
+    /// when the leader may already have expired our session and handed
+    /// our locks to others. So it never moves the deadline; only a
+    /// terminal session error counts (as a loss).
+    pub(crate) fn heard_read<T>(&self, r: &std::result::Result<T, zk::Error>) {
+        use zk::Error as E;
+        if let Err(E::SessionExpired | E::SessionMoved | E::AuthFailed) = r {
+            self.liveness.lose(LossReason::SessionExpired)
+        }
+    }
+
+    pub(crate) async fn list(&self, c: &zk::Client, dir: &str) -> Result<Option<Vec<String>>> {
+        self.send(1);
+        let r = c.list_children(dir).await;
+        self.heard_read(&r);
+        match r {
+            Ok(children) => Ok(Some(children)),
+            Err(zk::Error::NoNode) => Ok(None),
+            Err(e) => Err(map(e, "listing contenders")),
+        }
+    }
+
+    /// Creates the missing ancestors of `dir` (and `dir`) as containers,
+    /// as Curator's `creatingParentContainersIfNeeded` does. All creates
+    /// are sent at once; ZooKeeper applies them in order.
+    pub(crate) async fn make_parents(&self, c: &zk::Client, dir: &str) -> Result<()> {
+        let opts = container_options();
+        let mut paths = Vec::new();
+        for (i, ch) in dir.char_indices().skip(1) {
+            if ch == '/' {
+                paths.push(&dir[..i]);
+            }
+        }
+        paths.push(dir);
+        let sent = self.send(paths.len() as u64);
+        let futs: Vec<_> = paths.iter().map(|p| c.create(p, &[], &opts)).collect();
+        for r in futures::future::join_all(futs).await {
+            self.heard(sent, &r);
+            match r {
+                Ok(_) | Err(zk::Error::NodeExists) => {}
+                Err(e) => return Err(map(e, "creating the lock's parent nodes")),
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes the server's view include every write the leader had
+    /// acknowledged (or was about to commit) when it answered: a `sync`.
+    /// A follower that our session moved to after a connection loss may
+    /// not yet have applied a create that the old server passed on, so a
+    /// listing without it can miss our own node.
+    pub(crate) async fn sync_dir(&self, c: &zk::Client, dir: &str) -> Result<()> {
+        let sent = self.send(1);
+        let r = c.sync(dir).await;
+        self.heard(sent, &r);
+        match r {
+            Ok(()) | Err(zk::Error::NoNode) => Ok(()),
+            Err(e) => Err(map(e, "syncing with the leader")),
+        }
+    }
+
+    /// Our contender node among `children`, found by its GUID, if it is a
+    /// node of THIS session (never one of an older session: CURATOR-604).
+    /// If several nodes of this session carry the GUID (a create whose
+    /// reply was lost, made again), the first in the queue is kept and
+    /// the others deleted, so that we never wait behind our own orphan.
+    /// Returns the kept node and `children` without the deleted ones.
+    pub(crate) async fn keep_ours(
+        &self,
+        c: &zk::Client,
+        dir: &str,
+        guid_prefix: &str,
+        mut children: Vec<String>,
+    ) -> Result<(Option<(String, zk::Stat)>, Vec<String>)> {
+        let mut mine: Vec<String> = children
+            .iter()
+            .filter(|n| n.starts_with(guid_prefix))
+            .cloned()
+            .collect();
+        mine.sort_by_key(|n| sequence_of(n));
+        let mut kept = None;
+        for child in mine {
+            let path = format!("{dir}/{child}");
+            self.send(1);
+            let r = c.check_stat(&path).await;
+            self.heard_read(&r);
+            match r {
+                Ok(Some(st)) if st.ephemeral_owner == self.id.0 => {
+                    if kept.is_none() {
+                        kept = Some((path, st));
+                    } else {
+                        tracing::info!(node = %path, "deleting a second contender node of ours (a create whose reply was lost)");
+                        self.delete(c, &path).await?;
+                        children.retain(|n| *n != child);
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => return Err(map(e, "reading our contender node")),
+            }
+        }
+        Ok((kept, children))
+    }
+
+    /// Deletes the nodes in `sorted` (a listing of `dir`) that carry our
+    /// GUID but are not `ours`: orphans of a create whose reply was lost,
+    /// seen only now. Left in place, one ahead of us would make us wait
+    /// for ourselves forever (and a reader's would hold a read lock until
+    /// the session ends). Whether any was deleted (then list again).
+    pub(crate) async fn delete_orphans(
+        &self,
+        c: &zk::Client,
+        dir: &str,
+        sorted: &[String],
+        guid_prefix: &str,
+        ours: &str,
+    ) -> Result<bool> {
+        let mut deleted = false;
+        for orphan in sorted
+            .iter()
+            .filter(|n| n.starts_with(guid_prefix) && *n != ours)
+        {
+            let node = format!("{dir}/{orphan}");
+            tracing::info!(%node, "deleting a second contender node of ours");
+            self.delete(c, &node).await?;
+            deleted = true;
+        }
+        Ok(deleted)
+    }
+
+    /// Creates our contender node and, unless [`Listing::Skip`], lists the
+    /// lock's children. With pipelining, the listing is sent right behind
+    /// the create (one round trip); ZooKeeper answers one session's
+    /// requests in order, so the listing already contains our node. With
+    /// [`Listing::OrNewLockNode`], a `dir` not known to exist is created in
+    /// the same transaction as our node (a lock taken for the first time
+    /// costs one round trip, not three); the transaction itself is the
+    /// listing then.
+    ///
+    /// After a connection loss during the create, our node is looked up by
+    /// its GUID instead of creating a second one (Curator's protection,
+    /// CURATOR-498).
+    pub(crate) async fn create_contender(
+        &self,
+        c: &zk::Client,
+        dir: &str,
+        marker: &str,
+        data: &[u8],
+        req: &AcquireRequest,
+        listing: Listing,
+    ) -> Result<Created> {
+        let list = listing != Listing::Skip;
+        let guid_prefix = format!("_c_{}-", req.contender.hyphenated());
+        let prefix = format!("{dir}/{guid_prefix}{marker}");
+        let opts = create_options();
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            if !self.liveness.is_alive() {
+                return Err(lost_session(
+                    "session lost while creating the contender node",
+                ));
+            }
+            let may_create_dir = listing == Listing::OrNewLockNode && self.shared.config.pipeline;
+            let fresh = may_create_dir && !self.shared.dir_known(dir);
+            let (created, listed, watched) = if fresh {
+                // A lock node we have not seen: create it and our node in
+                // one transaction (one log write, as a lone create). If the
+                // lock node exists, the transaction fails as a whole and
+                // ours is created alone next time round. The server may
+                // answer a create in a multi without its stat
+                // (ZOOKEEPER-4026): ours is read right behind it (the first
+                // child of a new node has sequence number 0), with a watch:
+                // the one a held lock needs (a getData of a missing node
+                // sets none).
+                let sent = self.send(2);
+                let mut multi = c.new_multi_writer();
+                multi
+                    .add_create(dir, &[], &container_options())
+                    .and_then(|()| multi.add_create(&prefix, data, &opts))
+                    .map_err(|e| map(e, "creating the contender node"))?;
+                let first = format!("{prefix}{:010}", 0);
+                let (mr, sr) = futures::join!(multi.commit(), c.get_and_watch_data(&first));
+                let mut watched = None;
+                let cr = match mr {
+                    Ok(results) => match &results[..] {
+                        [zk::MultiWriteResult::Create { .. }, zk::MultiWriteResult::Create { path, stat }] =>
+                        {
+                            match (stat.is_invalid(), *path == first, sr) {
+                                (false, ours, r) => {
+                                    watched = r.ok().filter(|_| ours);
+                                    Ok((path.clone(), *stat))
+                                }
+                                (true, true, Ok(read)) => {
+                                    let stat = read.1;
+                                    watched = Some(read);
+                                    Ok((first, stat))
+                                }
+                                // Deleted already (broken): never grant.
+                                (true, true, Err(zk::Error::NoNode)) => Err(zk::Error::NoNode),
+                                (true, false, _) => Err(zk::Error::UnexpectedError(format!(
+                                    "our node {path} of a new lock node is not {first}"
+                                ))),
+                                (true, true, Err(e)) => Err(e),
+                            }
+                        }
+                        other => Err(zk::Error::UnexpectedError(format!(
+                            "a transaction of two creates answered {other:?}"
+                        ))),
+                    },
+                    Err(zk::MultiWriteError::OperationFailed { index: 0, source })
+                        if source == zk::Error::NodeExists =>
+                    {
+                        self.heard(sent, &Err::<(), _>(source));
+                        self.shared.note_dir(dir, true);
+                        continue;
+                    }
+                    Err(e) => Err(e.into()),
+                };
+                self.heard(sent, &cr);
+                // One transaction: the lock node's czxid is ours, and ours
+                // is its only child. That is the listing, read in the step
+                // that created both.
+                let listed = cr.as_ref().ok().map(|(node, stat)| {
+                    let ours = node.rsplit('/').next().unwrap_or_default().to_string();
+                    (vec![ours], *stat)
+                });
+                (cr, listed, watched)
+            } else if list && self.shared.config.pipeline {
+                let sent = self.send(2);
+                let create = c.create(&prefix, data, &opts);
+                let list = c.get_children(dir);
+                let (cr, lr) = futures::join!(create, list);
+                self.heard(sent, &cr);
+                (
+                    cr.map(|(stat, seq)| (format!("{prefix}{seq}"), stat)),
+                    lr.ok(),
+                    None,
+                )
+            } else {
+                let sent = self.send(1);
+                let cr = c.create(&prefix, data, &opts).await;
+                self.heard(sent, &cr);
+                (
+                    cr.map(|(stat, seq)| (format!("{prefix}{seq}"), stat)),
+                    None,
+                    None,
+                )
+            };
+            match created {
+                Ok((node, stat)) => {
+                    // Otherwise `dir` was known already, or the hint is not
+                    // used for it: no lock taken on the repeat path.
+                    if fresh {
+                        self.shared.note_dir(dir, true);
+                    }
+                    return Ok(Created {
+                        seq: sequence_of(&node).unwrap_or(u64::MAX),
+                        node,
+                        stat,
+                        dir_czxid: listed.as_ref().map(|(_, st)| st.czxid),
+                        listed: listed.map(|(children, _)| children),
+                        watched,
+                    });
+                }
+                Err(zk::Error::NoNode) if attempts < 8 && may_create_dir && !fresh => {
+                    // The lock node is gone (a container is reaped once
+                    // empty): the next round creates it with ours.
+                    self.shared.note_dir(dir, false);
+                }
+                Err(zk::Error::NoNode) if attempts < 8 => {
+                    self.make_parents(c, dir).await?;
+                    self.shared.note_dir(dir, true);
+                }
+                Err(e) if is_connection_trouble(&e) && attempts < 8 => {
+                    // The create may have been applied: find our node by
+                    // its GUID. Create again only once a listing proves it
+                    // absent (a request of the old connection is applied
+                    // before the session moves, or rejected). The listing
+                    // follows a `sync`: the server we reconnected to may
+                    // not have applied that create yet; once the leader
+                    // answers the sync, it has.
+                    let mut tries = 0u32;
+                    loop {
+                        tries += 1;
+                        tokio::time::sleep(Duration::from_millis(20) * tries).await;
+                        if !self.liveness.is_alive() {
+                            return Err(lost_session(
+                                "session lost while looking for our contender node",
+                            ));
+                        }
+                        let listed = match self.sync_dir(c, dir).await {
+                            Ok(()) => self.list(c, dir).await,
+                            Err(e) => Err(e),
+                        };
+                        match listed {
+                            Ok(Some(children)) => {
+                                if let (Some((node, stat)), children) =
+                                    self.keep_ours(c, dir, &guid_prefix, children).await?
+                                {
+                                    tracing::debug!(%node, "found our contender node after a connection loss");
+                                    return Ok(Created {
+                                        seq: sequence_of(&node).unwrap_or(u64::MAX),
+                                        node,
+                                        stat,
+                                        listed: Some(children),
+                                        dir_czxid: None,
+                                        watched: None,
+                                    });
+                                }
+                                break; // not applied: create it again
+                            }
+                            Ok(None) => break, // no lock node, so no node of ours
+                            Err(e) if e.kind() == ErrorKind::Connection && tries < 10 => {}
+                            // The client layer abandons (finds by GUID, deletes).
+                            Err(e) => return Err(e),
+                        }
+                    }
+                }
+                Err(e) => return Err(map(e, "creating the contender node")),
+            }
+        }
+    }
+
+    /// Hands a held node to the session's watch dispatcher, with the read
+    /// that watches it already if the grant made one.
+    pub(crate) fn watch_holder(
+        &self,
+        node: String,
+        req: &AcquireRequest,
+        watched: Option<WatchedRead>,
+    ) {
+        // An election's revoke request is written into the election's node
+        // (see `layout::election_revoke_data`): its leader watches that too.
+        let revoke_dir = match req.kind {
+            quorumlock_core::LockKind::Election => node.rsplit_once('/').map(|(d, _)| d.into()),
+            _ => None,
+        };
+        let entry = HeldEntry {
+            node: node.into_boxed_str(),
+            signals: req.signals.clone(),
+            revoke_dir,
+        };
+        self.held
+            .lock()
+            .expect("poisoned")
+            .insert(req.contender, entry);
+        let _ = self.arm.send((req.contender, watched));
+    }
+
+    /// Stops watching the entry of `contender` (our own delete is not a
+    /// loss).
+    pub(crate) fn mark_released(&self, contender: &uuid::Uuid) {
+        self.held.lock().expect("poisoned").remove(contender);
+    }
+
+    /// Deletes our node; whether it was still there.
+    pub(crate) async fn delete(&self, c: &zk::Client, node: &str) -> Result<bool> {
+        let sent = self.send(1);
+        let r = c.delete(node, None).await;
+        self.heard(sent, &r);
+        match r {
+            Ok(()) => Ok(true),
+            Err(zk::Error::NoNode) => Ok(false),
+            Err(e) => Err(map(e, "deleting our contender node")),
+        }
+    }
+
+    /// Sets a watch on `dir` (sent at once) and gives its creation zxid.
+    pub(crate) fn watch_parent<'a>(
+        &'a self,
+        c: &'a zk::Client,
+        dir: &'a str,
+    ) -> impl Future<Output = Option<(i64, ParentWatch)>> + 'a {
+        // Before the request: a reconnect from now on shows.
+        let mut state = self.state.clone();
+        state.state();
+        self.send(1);
+        let watch = c.check_and_watch_stat(dir);
+        async move {
+            let r = watch.await;
+            self.heard_read(&r);
+            match r {
+                Ok((Some(st), watcher)) => {
+                    let fired = Box::pin(watcher.changed());
+                    let spent = false;
+                    Some((
+                        st.czxid,
+                        ParentWatch {
+                            fired,
+                            state,
+                            spent,
+                        },
+                    ))
+                }
+                _ => None,
+            }
+        }
+    }
+}
+
+/// A held entry: its node and where to report loss and revoke requests.
+pub(crate) struct HeldEntry {
+    pub(crate) node: Box<str>,
+    pub(crate) signals: EntrySignals,
+    /// For an election's leader: the election's node, whose data carries
+    /// a revoke request naming the leader's node.
+    pub(crate) revoke_dir: Option<Box<str>>,
+}

@@ -1,0 +1,367 @@
+//! Curator's node layout: node names and markers, the order of a queue,
+//! what each contender waits for, the data of revoke, break and
+//! semaphore nodes.
+
+use quorumlock_core::LockKind;
+
+/// The data Curator's `Revoker` writes on a holder's node.
+pub(crate) const REVOKE_MESSAGE: &[u8] = b"__REVOKE__";
+/// The data `break_lock` writes on a holder's node before deleting it, so
+/// that our holder (watching its own node) learns of the break one write
+/// before any waiter can be granted.
+pub(crate) const BREAK_MESSAGE: &[u8] = b"__BREAK__";
+/// The text before the sequence number in a contender node's name.
+pub(crate) const LOCK_MARKER: &str = "lock-";
+/// The text before the sequence number of an election candidate's node
+/// (Curator's `LeaderLatch`: `_c_<uuid>-latch-<seq>`).
+pub(crate) const LATCH_MARKER: &str = "latch-";
+/// The marker of a read contender (Curator's `InterProcessReadWriteLock`).
+pub(crate) const READ_MARKER: &str = "__READ__";
+/// The marker of a write contender.
+pub(crate) const WRITE_MARKER: &str = "__WRIT__";
+/// The marker of a semaphore lease (Curator's `InterProcessSemaphoreV2`).
+pub(crate) const LEASE_MARKER: &str = "lease-";
+/// The child of a semaphore node holding its internal mutex.
+pub(crate) const SEM_LOCKS: &str = "locks";
+/// The child of a semaphore node holding its leases.
+pub(crate) const SEM_LEASES: &str = "leases";
+
+/// What a contender directly under a lock node asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// `-lock-`: a mutex; it waits like a writer.
+    Mutex,
+    /// `-__READ__`.
+    Read,
+    /// `-__WRIT__`.
+    Write,
+    /// `-latch-`: an election candidate (Curator's `LeaderLatch`); it
+    /// waits like a mutex.
+    Latch,
+}
+
+impl Role {
+    pub(crate) fn of(kind: LockKind) -> Role {
+        match kind {
+            LockKind::Read => Role::Read,
+            LockKind::Write => Role::Write,
+            LockKind::Election => Role::Latch,
+            _ => Role::Mutex,
+        }
+    }
+
+    pub(crate) fn marker(self) -> &'static str {
+        match self {
+            Role::Mutex => LOCK_MARKER,
+            Role::Read => READ_MARKER,
+            Role::Write => WRITE_MARKER,
+            Role::Latch => LATCH_MARKER,
+        }
+    }
+
+    pub(crate) fn kind(self) -> LockKind {
+        match self {
+            Role::Mutex => LockKind::Exclusive,
+            Role::Read => LockKind::Read,
+            Role::Write => LockKind::Write,
+            Role::Latch => LockKind::Election,
+        }
+    }
+}
+
+/// The role of a contender and the part of its name that orders it: the
+/// text after the LAST marker (Curator's `fixForSorting`, which the
+/// read-write lock applies for both of its markers). `None` for other
+/// children (nested locks, a semaphore's `locks`/`leases`).
+pub(crate) fn classify(child: &str) -> Option<(Role, &str)> {
+    let mut best: Option<(usize, Role)> = None;
+    for role in [Role::Mutex, Role::Read, Role::Write, Role::Latch] {
+        if let Some(i) = child.rfind(role.marker()) {
+            match best {
+                Some((j, _)) if j >= i => {}
+                _ => best = Some((i, role)),
+            }
+        }
+    }
+    best.map(|(i, role)| (role, &child[i + role.marker().len()..]))
+}
+
+/// The part of a contender's name that orders it.
+pub(crate) fn sort_key(child: &str) -> &str {
+    classify(child).map_or(child, |(_, k)| k)
+}
+
+/// Contender children (mutex, read and write entries: one queue) sorted by
+/// their sequence number; other children (nested locks) are left out.
+pub(crate) fn sort_contenders(children: Vec<String>) -> Vec<String> {
+    let mut v: Vec<String> = children
+        .into_iter()
+        .filter(|c| classify(c).is_some())
+        .collect();
+    v.sort_by(|a, b| sort_key(a).cmp(sort_key(b)));
+    v
+}
+
+/// What the entry at `index` of `sorted` (of `role`) waits for: `None` if
+/// it holds, else the index of the one entry it watches. A reader waits
+/// for the nearest mutex or writer ahead of it; anything else for its
+/// predecessor.
+pub(crate) fn blocker(sorted: &[String], index: usize, role: Role) -> Option<usize> {
+    match role {
+        Role::Read => (0..index)
+            .rev()
+            .find(|&j| !matches!(classify(&sorted[j]), Some((Role::Read, _)))),
+        Role::Mutex | Role::Write | Role::Latch => index.checked_sub(1),
+    }
+}
+
+/// Lease (or semaphore lock) children sorted by their sequence number.
+pub(crate) fn sort_by_marker(children: Vec<String>, marker: &str) -> Vec<String> {
+    let key = |c: &String| c.rfind(marker).map_or(c.len(), |i| i + marker.len());
+    let mut v: Vec<String> = children
+        .into_iter()
+        .filter(|c| c.contains(marker))
+        .collect();
+    v.sort_by(|a, b| a[key(a)..].cmp(&b[key(b)..]));
+    v
+}
+
+/// The data of our semaphore nodes: the holder's value, then
+/// `permits=<N>` on a line of its own (just `permits=<N>` without a value).
+pub(crate) fn permits_data(permits: u32, value: &[u8]) -> Vec<u8> {
+    let mut d = value.to_vec();
+    if !d.is_empty() {
+        d.push(b'\n');
+    }
+    d.extend(format!("permits={permits}").into_bytes());
+    d
+}
+
+/// Whether an operator's break marked this node (it is deleted right
+/// after): its holder has been told of the loss, so nobody holds by it.
+/// A holder's value never reads as a mark ([`value_data`]).
+pub(crate) fn is_broken(data: &[u8]) -> bool {
+    data.starts_with(BREAK_MESSAGE)
+}
+
+/// Whether a revoke request marked this node. A holder's value never
+/// reads as one ([`value_data`]).
+pub(crate) fn is_revoke_mark(data: &[u8]) -> bool {
+    data.starts_with(REVOKE_MESSAGE)
+}
+
+/// A revoke request on an election: the data of the election's node (the
+/// parent of the candidates' nodes), `__REVOKE__ <leader's node name>`.
+/// Not on the leader's own node: a Curator `LeaderLatch` waiting behind
+/// it watches that node with a one-shot data watch that it acts on only
+/// for a delete and does not set again, so a data change there (a mark,
+/// also one that kept the value) left the latch deaf to the leader's
+/// resign, and a mark in place of the data erased the leader's value
+/// (issue 39, bug 2). Curator reads the election's node neither for a
+/// latch nor for `getLeader`.
+pub(crate) fn election_revoke_data(leader_node: &str) -> Vec<u8> {
+    let mut d = REVOKE_MESSAGE.to_vec();
+    d.push(b' ');
+    d.extend_from_slice(leader_node.as_bytes());
+    d
+}
+
+/// The leader's node name an election's revoke request names, if the
+/// election node's `data` is one ([`election_revoke_data`]).
+pub(crate) fn election_revoke_target(data: &[u8]) -> Option<&str> {
+    let rest = data.strip_prefix(REVOKE_MESSAGE)?.strip_prefix(b" ")?;
+    std::str::from_utf8(rest).ok().filter(|n| !n.is_empty())
+}
+
+/// Put in front of a holder's value that starts like a mark (`__BREAK__`,
+/// `__REVOKE__`) or like this escape itself, in the node's data, and taken
+/// off when the value is read back: a value is never taken for a mark (a
+/// loss, a revoke request, a node nobody holds by).
+pub(crate) const VALUE_ESCAPE: &[u8] = b"__VALUE__";
+
+/// The node data that carries the holder's value `value`: the value
+/// itself, escaped if it starts like a mark (see [`VALUE_ESCAPE`]).
+pub(crate) fn value_data(value: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    if [BREAK_MESSAGE, REVOKE_MESSAGE, VALUE_ESCAPE]
+        .iter()
+        .any(|m| value.starts_with(m))
+    {
+        [VALUE_ESCAPE, value].concat().into()
+    } else {
+        value.into()
+    }
+}
+
+fn unescape(data: &[u8]) -> &[u8] {
+    data.strip_prefix(VALUE_ESCAPE).unwrap_or(data)
+}
+
+/// The holder's value in a contender node's data (a mutex, reader, writer
+/// or election candidate): all of it (ours and Curator's, whose data is
+/// the participant's address or id), except revoke or break markers.
+pub(crate) fn node_value(data: &[u8]) -> Vec<u8> {
+    if is_revoke_mark(data) || is_broken(data) {
+        return Vec::new();
+    }
+    unescape(data).to_vec()
+}
+
+/// The holder's value in a semaphore lease's data: as [`node_value`],
+/// without our `permits=` line.
+pub(crate) fn lease_value(data: &[u8]) -> Vec<u8> {
+    if is_revoke_mark(data) || is_broken(data) {
+        return Vec::new();
+    }
+    if parse_permits(data).is_some() {
+        let s = std::str::from_utf8(data).unwrap_or_default();
+        let i = s.rfind("permits=").unwrap_or(0);
+        let v = s[..i].strip_suffix('\n').unwrap_or(&s[..i]);
+        return unescape(v.as_bytes()).to_vec();
+    }
+    unescape(data).to_vec()
+}
+
+/// The permit count in a semaphore node's data (ours write `permits=N`,
+/// also after a revoke marker); `None` for Curator's (its host address or
+/// user data).
+pub(crate) fn parse_permits(data: &[u8]) -> Option<u32> {
+    let s = std::str::from_utf8(data).ok()?;
+    let i = s.rfind("permits=")?;
+    s[i + "permits=".len()..].trim().parse().ok()
+}
+
+/// The `_c_<uuid>-` prefix of a protected node name, if it has one.
+pub(crate) fn guid_prefix(child: &str) -> Option<&str> {
+    let rest = child.strip_prefix("_c_")?;
+    (rest.len() > 37 && rest.as_bytes()[36] == b'-').then(|| &child[..3 + 37])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sorts_like_curator() {
+        let kids = vec![
+            "_c_b-lock-0000000003".to_string(),
+            "nested".to_string(),
+            "_c_a-lock-0000000001".to_string(),
+            "_c_c-lock-0000000002".to_string(),
+        ];
+        assert_eq!(
+            sort_contenders(kids),
+            vec![
+                "_c_a-lock-0000000001",
+                "_c_c-lock-0000000002",
+                "_c_b-lock-0000000003"
+            ]
+        );
+        assert_eq!(sort_key("_c_x-lock-y-lock-0000000007"), "0000000007");
+    }
+
+    #[test]
+    fn rw_and_mutex_entries_form_one_queue() {
+        let kids = vec![
+            "_c_b-__WRIT__0000000004".to_string(),
+            "_c_a-__READ__0000000001".to_string(),
+            "leases".to_string(),
+            "_c_c-__READ__0000000002".to_string(),
+            "_c_d-lock-0000000003".to_string(),
+            "_c_e-__READ__0000000005".to_string(),
+        ];
+        let sorted = sort_contenders(kids);
+        assert_eq!(
+            sorted,
+            vec![
+                "_c_a-__READ__0000000001",
+                "_c_c-__READ__0000000002",
+                "_c_d-lock-0000000003",
+                "_c_b-__WRIT__0000000004",
+                "_c_e-__READ__0000000005",
+            ]
+        );
+        // Both readers ahead of the mutex hold; the mutex waits for its
+        // predecessor; the writer for the mutex; the last reader for the
+        // nearest writer ahead.
+        assert_eq!(blocker(&sorted, 0, Role::Read), None);
+        assert_eq!(blocker(&sorted, 1, Role::Read), None);
+        assert_eq!(blocker(&sorted, 2, Role::Mutex), Some(1));
+        assert_eq!(blocker(&sorted, 3, Role::Write), Some(2));
+        assert_eq!(blocker(&sorted, 4, Role::Read), Some(3));
+        assert_eq!(blocker(&sorted, 0, Role::Write), None);
+        assert_eq!(classify("locks"), None);
+        assert_eq!(classify("leases"), None);
+        assert_eq!(
+            classify("_c_x-__READ__0000000009"),
+            Some((Role::Read, "0000000009"))
+        );
+    }
+
+    #[test]
+    fn semaphore_helpers() {
+        let leases = vec![
+            "_c_9e2f5d6a-3b1c-4d2e-8f00-0123456789ab-lease-0000000002".to_string(),
+            "_c_0e2f5d6a-3b1c-4d2e-8f00-0123456789ab-lease-0000000001".to_string(),
+        ];
+        let sorted = sort_by_marker(leases, LEASE_MARKER);
+        assert!(sorted[0].ends_with("0000000001"));
+        assert_eq!(
+            guid_prefix(&sorted[0]),
+            Some("_c_0e2f5d6a-3b1c-4d2e-8f00-0123456789ab-")
+        );
+        assert_eq!(guid_prefix("lease-0000000001"), None);
+        assert_eq!(parse_permits(&permits_data(3, b"")), Some(3));
+        assert_eq!(parse_permits(&permits_data(3, b"h:1")), Some(3));
+        assert_eq!(lease_value(&permits_data(3, b"h:1")), b"h:1");
+        assert_eq!(lease_value(&permits_data(3, b"")), b"");
+        assert_eq!(lease_value(b"192.168.0.1"), b"192.168.0.1");
+        assert_eq!(lease_value(b"__REVOKE__ permits=7"), b"");
+        assert_eq!(node_value(b"192.168.0.1"), b"192.168.0.1");
+        assert_eq!(node_value(b"permits=3"), b"permits=3");
+        assert_eq!(node_value(b"__REVOKE__"), b"");
+        assert_eq!(node_value(b"__BREAK__"), b"");
+        assert_eq!(parse_permits(b"__REVOKE__ permits=7"), Some(7));
+        assert_eq!(parse_permits(b"192.168.0.1"), None);
+        assert_eq!(parse_permits(b"__REVOKE__"), None);
+    }
+
+    #[test]
+    fn election_revoke_marks() {
+        let node = "_c_0e2f5d6a-3b1c-4d2e-8f00-0123456789ab-latch-0000000004";
+        let d = election_revoke_data(node);
+        assert_eq!(election_revoke_target(&d), Some(node));
+        assert_eq!(election_revoke_target(b""), None);
+        assert_eq!(election_revoke_target(b"__REVOKE__"), None);
+        assert_eq!(election_revoke_target(b"__REVOKE__ "), None);
+        assert_eq!(election_revoke_target(b"x"), None);
+    }
+
+    #[test]
+    fn values_never_read_as_marks() {
+        for v in [
+            &b"__BREAK__"[..],
+            b"__BREAK__ x",
+            b"__REVOKE__",
+            b"__REVOKE__ permits=3",
+            b"__VALUE__",
+            b"__VALUE____BREAK__",
+            b"x__BREAK__",
+            b"permits=3",
+            b"",
+            b"10.0.0.1",
+        ] {
+            let data = value_data(v);
+            assert!(!is_broken(&data), "{v:?}");
+            assert!(!is_revoke_mark(&data), "{v:?}");
+            assert_eq!(node_value(&data), v, "{v:?}");
+            let lease = permits_data(3, &data);
+            assert!(!is_broken(&lease) && !is_revoke_mark(&lease), "{v:?}");
+            assert_eq!(lease_value(&lease), v, "{v:?}");
+            assert_eq!(parse_permits(&lease), Some(3), "{v:?}");
+        }
+        // Only values that need it are escaped: Curator reads the rest as
+        // written.
+        assert_eq!(&*value_data(b"10.0.0.1"), b"10.0.0.1");
+        assert_eq!(&*value_data(b"__BREAK__"), b"__VALUE____BREAK__");
+    }
+}

@@ -1,0 +1,18 @@
+#![doc = include_str!("../README.md")]
+#![deny(missing_docs)]
+
+mod backend;
+mod config;
+mod core;
+mod error;
+mod fenced;
+mod layout;
+mod monitor;
+mod session;
+mod tls;
+
+pub use backend::ZkBackend;
+pub use config::{ZkConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PORT, DEFAULT_SESSION_TIMEOUT};
+
+/// URL schemes this backend serves.
+pub const SCHEMES: &[&str] = quorumlock_core::backend::schemes::ZK;

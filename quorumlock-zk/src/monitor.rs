@@ -1,0 +1,302 @@
+//! What watches a session and its held nodes: the keepalive, and the one
+//! watch dispatcher per session (a deleted or broken node is a loss,
+//! `__REVOKE__` data a revoke request; for an election's leader, also a
+//! revoke request naming it in the election node's data).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use quorumlock_core::backend::{DelayQueue, HELD_WATCH_DELAY};
+use quorumlock_core::LossReason;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use zookeeper_client as zk;
+
+use crate::core::{is_terminal, Inner, WatchedRead};
+use crate::layout::{election_revoke_target, is_broken, is_revoke_mark};
+
+/// What one watch future of the dispatcher ended with.
+pub(crate) enum Step {
+    /// `getData` with a watch on the holder's node answered.
+    Armed(uuid::Uuid, u32, std::result::Result<WatchedRead, zk::Error>),
+    /// The watch on the holder's node fired.
+    Fired(uuid::Uuid, zk::WatchedEvent),
+    /// `getData` with a watch on an election leader's election node
+    /// answered.
+    DirArmed(uuid::Uuid, u32, std::result::Result<WatchedRead, zk::Error>),
+    /// The watch on an election leader's election node fired.
+    DirFired(uuid::Uuid, zk::WatchedEvent),
+    /// The entry of this election leader was released or lost: its watch
+    /// on the election node is dropped.
+    DirGone(uuid::Uuid),
+    /// The entry was released (or the session closed) before the watch was
+    /// set; or a request that needs no follow-up is done.
+    Gone,
+}
+
+pub(crate) type StepFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Step> + Send>>;
+
+/// Waits before the `attempt`th retry of setting a watch.
+async fn backoff(attempt: u32) {
+    if attempt > 0 {
+        let wait = Duration::from_millis(20) * 2u32.pow(attempt.min(6));
+        tokio::time::sleep(wait.min(Duration::from_secs(1))).await;
+    }
+}
+
+/// Sets (or re-sets, after `attempt` failures) the watch on a held node.
+pub(crate) fn arm(inner: &Arc<Inner>, key: uuid::Uuid, attempt: u32) -> StepFuture {
+    let inner = inner.clone();
+    Box::pin(async move {
+        backoff(attempt).await;
+        let node = match inner.held.lock().expect("poisoned").get(&key) {
+            Some(h) if !h.signals.is_finished() => h.node.clone(),
+            _ => return Step::Gone,
+        };
+        let Ok(c) = inner.client() else {
+            return Step::Gone;
+        };
+        inner.send(1);
+        let r = c.get_and_watch_data(&node).await;
+        inner.heard_read(&r);
+        Step::Armed(key, attempt, r)
+    })
+}
+
+/// Sets (or re-sets) the watch on the election node of a held election
+/// leader: the revoke request of an election is written there
+/// (`layout::election_revoke_data`), not on the leader's node.
+fn arm_dir(inner: &Arc<Inner>, key: uuid::Uuid, attempt: u32) -> StepFuture {
+    let inner = inner.clone();
+    Box::pin(async move {
+        backoff(attempt).await;
+        let dir = match inner.held.lock().expect("poisoned").get(&key) {
+            Some(h) if !h.signals.is_finished() => match &h.revoke_dir {
+                Some(d) => d.clone(),
+                None => return Step::DirGone(key),
+            },
+            _ => return Step::DirGone(key),
+        };
+        let Ok(c) = inner.client() else {
+            return Step::DirGone(key);
+        };
+        inner.send(1);
+        let r = c.get_and_watch_data(&dir).await;
+        inner.heard_read(&r);
+        Step::DirArmed(key, attempt, r)
+    })
+}
+
+/// Clears an election's revoke request from the election node `dir`,
+/// unless it was written again since it was read (at `version`).
+fn clear_revoke_mark(inner: &Arc<Inner>, dir: Box<str>, version: i32) -> StepFuture {
+    let inner = inner.clone();
+    Box::pin(async move {
+        let Ok(c) = inner.client() else {
+            return Step::Gone;
+        };
+        let sent = inner.send(1);
+        let r = c.set_data(&dir, &[], Some(version)).await;
+        inner.heard(sent, &r);
+        if let Err(e) = r {
+            tracing::debug!(%dir, error = %e, "revoke request not cleared");
+        }
+        Step::Gone
+    })
+}
+
+/// The one task that watches every held node of a session: deletion by
+/// someone else (or the `__BREAK__` mark) is a loss, `__REVOKE__` data is
+/// a revoke request (Curator's `Revoker` protocol). Per held lock it keeps
+/// only a map entry and one small pending future, not a task.
+pub(crate) async fn watch_dispatcher(
+    inner: Arc<Inner>,
+    mut armed: mpsc::UnboundedReceiver<(uuid::Uuid, Option<WatchedRead>)>,
+) {
+    use futures::StreamExt;
+    let mut pending = futures::stream::FuturesUnordered::<StepFuture>::new();
+    // Fresh grants wait HELD_WATCH_DELAY before their watch is set: a short
+    // hold costs no read. The read shows what happened meanwhile (a gone
+    // node, a break or revoke mark), so nothing is missed. A grant that
+    // created its lock node comes with that read done (sent with the
+    // create anyway).
+    let mut fresh = DelayQueue::new(HELD_WATCH_DELAY);
+    // Election leaders whose election node is watched (or being watched).
+    let mut dir_watched: HashSet<uuid::Uuid> = HashSet::new();
+    // Reports a loss for `key` unless it was released or finished, and
+    // forgets it.
+    let lose = |key: &uuid::Uuid, why: &str| {
+        let entry = inner.held.lock().expect("poisoned").remove(key);
+        if let Some(h) = entry {
+            if !h.signals.is_finished() {
+                tracing::info!(node = %h.node, why, "held lock node deleted");
+                h.signals.lose(LossReason::EntryDeleted);
+            }
+        }
+    };
+    loop {
+        let step = tokio::select! {
+            _ = inner.stop.cancelled() => return,
+            _ = inner.liveness.lost() => return,
+            key = armed.recv() => match key {
+                // Watched by the read behind its create already.
+                Some((key, Some(read))) => Step::Armed(key, 0, Ok(read)),
+                Some((key, None)) => {
+                    fresh.push(key);
+                    continue;
+                }
+                None => return,
+            },
+            _ = tokio::time::sleep_until(fresh.next_due().unwrap_or_else(Instant::now)), if !fresh.is_empty() => {
+                while let Some(key) = fresh.pop_due() {
+                    pending.push(arm(&inner, key, 0));
+                }
+                continue;
+            }
+            Some(step) = pending.next(), if !pending.is_empty() => step,
+        };
+        match step {
+            Step::Gone => {}
+            Step::Armed(key, _, Ok((data, _, watcher))) => {
+                let (signals, election) = match inner.held.lock().expect("poisoned").get(&key) {
+                    Some(h) if !h.signals.is_finished() => {
+                        (h.signals.clone(), h.revoke_dir.is_some())
+                    }
+                    _ => continue, // released meanwhile: drop the watch
+                };
+                if is_broken(&data) {
+                    lose(&key, "marked for a forced break");
+                    continue;
+                }
+                // Leases keep their permit count after the marker.
+                if is_revoke_mark(&data) && !signals.is_revoke_requested() {
+                    tracing::info!(%key, "revoke requested");
+                    signals.request_revoke();
+                }
+                if election && dir_watched.insert(key) {
+                    pending.push(arm_dir(&inner, key, 0));
+                }
+                pending.push(Box::pin(async move {
+                    Step::Fired(key, watcher.changed().await)
+                }));
+            }
+            Step::DirArmed(key, _, Ok((data, stat, watcher))) => {
+                let (signals, node, dir) = match inner.held.lock().expect("poisoned").get(&key) {
+                    Some(h) if !h.signals.is_finished() => {
+                        (h.signals.clone(), h.node.clone(), h.revoke_dir.clone())
+                    }
+                    _ => {
+                        dir_watched.remove(&key);
+                        continue;
+                    }
+                };
+                let Some(dir) = dir else {
+                    dir_watched.remove(&key);
+                    continue;
+                };
+                if let Some(target) = election_revoke_target(&data) {
+                    let ours = node.rsplit('/').next() == Some(target);
+                    if ours && !signals.is_revoke_requested() {
+                        tracing::info!(%key, "revoke requested (election)");
+                        signals.request_revoke();
+                    }
+                    // Ours, now heard; or another leader's, stale (we lead,
+                    // so its leader is gone): cleared either way, unless
+                    // written again meanwhile.
+                    pending.push(clear_revoke_mark(&inner, dir, stat.version));
+                }
+                pending.push(Box::pin(async move {
+                    tokio::select! {
+                        ev = watcher.changed() => Step::DirFired(key, ev),
+                        _ = signals.finished() => Step::DirGone(key),
+                        _ = signals.lost() => Step::DirGone(key),
+                    }
+                }));
+            }
+            Step::DirArmed(key, attempt, Err(e)) => {
+                if e == zk::Error::NoNode || is_terminal(&e) {
+                    // No election node, so no node of ours either: the
+                    // watch on that reports it; or the session is over.
+                    dir_watched.remove(&key);
+                } else {
+                    pending.push(arm_dir(&inner, key, attempt + 1));
+                }
+            }
+            Step::DirFired(key, ev) => match ev.event_type {
+                zk::EventType::Session if ev.session_state.is_terminated() => {
+                    dir_watched.remove(&key);
+                }
+                zk::EventType::NodeDeleted => {
+                    dir_watched.remove(&key);
+                }
+                _ => pending.push(arm_dir(&inner, key, 0)), // data changed, or a reconnect
+            },
+            Step::DirGone(key) => {
+                dir_watched.remove(&key);
+            }
+            Step::Armed(key, _, Err(zk::Error::NoNode)) => lose(&key, "NoNode"),
+            Step::Armed(key, _, Err(e)) if is_terminal(&e) => {
+                // The session is over: liveness reports it.
+                inner.held.lock().expect("poisoned").remove(&key);
+            }
+            // Connection trouble: the local deadline fires the loss if this
+            // lasts; keep trying to re-arm the watch until then.
+            Step::Armed(key, attempt, Err(_)) => pending.push(arm(&inner, key, attempt + 1)),
+            Step::Fired(key, ev) => match ev.event_type {
+                zk::EventType::NodeDeleted => lose(&key, "NodeDeleted"),
+                zk::EventType::Session if ev.session_state.is_terminated() => {
+                    inner.held.lock().expect("poisoned").remove(&key);
+                }
+                _ => pending.push(arm(&inner, key, 0)), // data changed, or a reconnect
+            },
+        }
+    }
+}
+
+/// The one background task of a session: a `sync` every third of the
+/// negotiated timeout, answered through the leader, confirms the local
+/// deadline from its send time;
+/// a terminal session state (expired, auth failed, closed) is a loss.
+pub(crate) async fn keepalive(inner: Arc<Inner>) {
+    let mut state = inner.state.clone();
+    let period = inner.timeout / 3;
+    let mut next = Instant::now() + period;
+    loop {
+        let s = state.peek_state();
+        if s.is_terminated() {
+            tracing::info!(session = %inner.id, state = %s, "ZooKeeper session ended");
+            inner.liveness.lose(LossReason::SessionExpired);
+            return;
+        }
+        tokio::select! {
+            _ = inner.stop.cancelled() => return,
+            _ = inner.liveness.lost() => {
+                // Every guard has been told. End the session on the server
+                // now: the library would otherwise keep it alive with its
+                // own pings once the servers are back, and our nodes with
+                // it, so waiters would wait until this client is dropped.
+                tracing::info!(session = %inner.id, "session lost locally; closing it");
+                inner.stop.cancel();
+                inner.client.lock().expect("poisoned").take();
+                return;
+            }
+            _ = state.changed() => continue,
+            _ = tokio::time::sleep_until(next) => {}
+        }
+        next = Instant::now() + period;
+        let Ok(c) = inner.client() else { return };
+        inner.shared.count_keepalive();
+        let sent = Instant::now();
+        // A `sync`, not a read: the leader answers it (see `Inner::heard`).
+        let r = tokio::select! {
+            r = c.sync("/") => r,
+            _ = inner.stop.cancelled() => return,
+        };
+        drop(c);
+        inner.heard(sent, &r);
+        if let Err(e) = r {
+            tracing::debug!(error = %e, "keepalive sync failed");
+        }
+    }
+}

@@ -1,0 +1,588 @@
+//! One ZooKeeper session per client: the Curator lock recipe, the holder
+//! watches, and the one keepalive task.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use quorumlock_core::backend::{
+    AcquireRequest, Acquired, GrantMemory, SessionLiveness, StoreSession,
+};
+use quorumlock_core::{Error, ErrorKind, LockKind, Result};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+use zookeeper_client as zk;
+
+use crate::core::{
+    self, is_terminal, lost_session, sequence_of, Created, Inner, Listing, ParentWatch, Shared,
+    Shutdown, CHAINS_KEPT,
+};
+use crate::error::map;
+use crate::layout::{self, Role, LOCK_MARKER};
+use crate::monitor::{keepalive, watch_dispatcher};
+
+/// A lock session: one ZooKeeper session, shared by every lock of a client.
+pub(crate) struct ZkSession {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for ZkSession {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkSession")
+            .field("id", &self.inner.id)
+            .field("timeout", &self.inner.timeout)
+            .finish()
+    }
+}
+
+impl ZkSession {
+    pub(crate) fn start(
+        shared: Arc<Shared>,
+        client: zk::Client,
+        liveness: Arc<SessionLiveness>,
+    ) -> Self {
+        let (arm, armed) = mpsc::unbounded_channel();
+        let inner = Arc::new(Inner {
+            id: client.session_id(),
+            timeout: client.session_timeout(),
+            state: client.state_watcher(),
+            client: Mutex::new(Some(client)),
+            shared,
+            liveness,
+            stop: CancellationToken::new(),
+            held: Mutex::new(HashMap::new()),
+            arm,
+            chains: GrantMemory::new(CHAINS_KEPT),
+        });
+        let span = tracing::debug_span!("keepalive", session = %inner.id);
+        tokio::spawn(keepalive(inner.clone()).instrument(span));
+        let span = tracing::debug_span!("holder_watches", session = %inner.id);
+        tokio::spawn(watch_dispatcher(inner.clone(), armed).instrument(span));
+        ZkSession { inner }
+    }
+
+    /// For `kill_session`: stops this session's tasks and drops its
+    /// client, so that the library closes the session on the server.
+    pub(crate) fn shutdown_handle(&self) -> Shutdown {
+        let weak = Arc::downgrade(&self.inner);
+        Arc::new(move || {
+            if let Some(inner) = weak.upgrade() {
+                inner.stop.cancel();
+                inner.client.lock().expect("poisoned").take();
+            }
+        })
+    }
+}
+
+impl Inner {
+    /// Lists `dir`, retrying in place while the connection is down and the
+    /// session alive (a waiter keeps its place in the queue).
+    async fn list_retrying(&self, c: &zk::Client, dir: &str) -> Result<Vec<String>> {
+        let mut backoff = Duration::from_millis(20);
+        loop {
+            match self.list(c, dir).await {
+                Ok(ch) => return Ok(ch.unwrap_or_default()),
+                Err(e) if e.kind() == ErrorKind::Connection && self.liveness.is_alive() => {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Waits for a change of `node` (deleted or written), after showing its
+    /// data, as read when the watch was set, to `on_data` (an error from it
+    /// ends the wait). Returns at once if the node is gone already, and
+    /// after a backoff if the watch could not be set (connection trouble):
+    /// the caller lists again either way.
+    async fn wait_for(
+        &self,
+        c: &zk::Client,
+        node: &str,
+        backoff: &mut Duration,
+        on_data: impl FnOnce(&[u8]) -> Result<()>,
+    ) -> Result<()> {
+        self.send(1);
+        let r = c.get_and_watch_data(node).await;
+        self.heard_read(&r);
+        match r {
+            Ok((data, _, watcher)) => {
+                on_data(&data)?;
+                let _ev = watcher.changed().await;
+                self.shared.count_watch_event();
+                *backoff = Duration::from_millis(20);
+            }
+            Err(zk::Error::NoNode) => {} // gone already: list again
+            Err(e) if !is_terminal(&e) && self.liveness.is_alive() => {
+                tokio::time::sleep(*backoff).await;
+                *backoff = (*backoff * 2).min(Duration::from_secs(1));
+            }
+            Err(e) => return Err(map(e, "watching the contender ahead")),
+        }
+        Ok(())
+    }
+
+    /// Whether `dir` has a semaphore with leases (a mutex or read-write
+    /// contender on the same node is then a conflict).
+    async fn has_leases(&self, c: &zk::Client, dir: &str) -> Result<bool> {
+        let leases = format!("{dir}/{}", layout::SEM_LEASES);
+        Ok(self.list(c, &leases).await?.is_some_and(|l| !l.is_empty()))
+    }
+
+    /// Mutex, read and write entries: one queue under the lock node,
+    /// ordered by sequence number (Curator's mutex and read-write layouts).
+    /// A repeat acquire of a lock we last found free sends only the create
+    /// (see [`ParentWatch`]).
+    async fn acquire_queue(&self, req: &AcquireRequest) -> Result<Acquired> {
+        let role = Role::of(req.kind);
+        let dir = self.shared.lock_dir(&req.name)?;
+        let c = self.client()?;
+        let mut chain = self.chains.take_released(&dir);
+        let repeat = chain
+            .as_mut()
+            .and_then(|(_, parent)| parent.as_mut())
+            .is_some_and(ParentWatch::intact);
+        // The second acquire arms the parent watch, sent before the create.
+        let arming = match chain {
+            Some(_) if !repeat => Some(self.watch_parent(&c, &dir)),
+            _ => None,
+        };
+        let listing = if repeat {
+            Listing::Skip
+        } else {
+            Listing::OrNewLockNode
+        };
+        let data = layout::value_data(&req.value);
+        let created = self
+            .create_contender(&c, &dir, role.marker(), &data, req, listing)
+            .await?;
+        let armed = match arming {
+            Some(f) => f.await,
+            None => None,
+        };
+        let node = created.node;
+        let our_name = node.rsplit('/').next().expect("a path").to_string();
+        let guid_prefix = format!("_c_{}-", req.contender.hyphenated());
+        let mut listed = created.listed;
+        let mut watched = created.watched;
+        let mut parent = None;
+        match (chain, armed) {
+            (Some((last_seq, mut watch)), _) if repeat && listed.is_none() => {
+                let next = last_seq.checked_add(1) == Some(created.seq);
+                if next && watch.as_mut().is_some_and(ParentWatch::intact) {
+                    listed = Some(vec![our_name.clone()]);
+                    parent = watch;
+                }
+            }
+            (_, Some((czxid, watch))) if created.dir_czxid == Some(czxid) => parent = Some(watch),
+            _ => {}
+        }
+        let mut backoff = Duration::from_millis(20);
+        let mut first = true;
+        loop {
+            let children = match listed.take() {
+                Some(ch) => ch,
+                None => self.list_retrying(&c, &dir).await?,
+            };
+            let alone = std::mem::take(&mut first) && children == [our_name.as_str()];
+            if children.iter().any(|n| n == layout::SEM_LEASES) && self.has_leases(&c, &dir).await?
+            {
+                self.delete(&c, &node).await?;
+                return Err(Error::new(
+                    ErrorKind::Conflict,
+                    format!("{} is used as a semaphore", req.name),
+                ));
+            }
+            let sorted = layout::sort_contenders(children);
+            if self
+                .delete_orphans(&c, &dir, &sorted, &guid_prefix, &our_name)
+                .await?
+            {
+                continue;
+            }
+            let Some(index) = sorted.iter().position(|n| *n == our_name) else {
+                // Deleted behind our back, or our session ended: never grant.
+                return Err(lost_session(
+                    "our contender node is gone (session expired or node deleted)",
+                ));
+            };
+            let Some(ahead) = layout::blocker(&sorted, index, role) else {
+                if alone {
+                    self.chains.keep(&dir, created.seq, parent.take());
+                }
+                self.watch_holder(node.clone(), req, watched.take());
+                return Ok(Acquired {
+                    token: created.stat.czxid as u64,
+                    entry: node,
+                });
+            };
+            if !req.wait {
+                self.delete(&c, &node).await?;
+                return Err(Error::new(
+                    ErrorKind::WouldBlock,
+                    format!("lock {} is held", req.name),
+                ));
+            }
+            // Watch only what we wait for (herd-free): the predecessor, or
+            // for a reader the nearest writer ahead.
+            let pred = format!("{dir}/{}", sorted[ahead]);
+            self.wait_for(&c, &pred, &mut backoff, |_| Ok(())).await?;
+        }
+    }
+
+    /// Curator's `InterProcessSemaphoreV2`: queue on the internal mutex
+    /// `P/locks`, then (holding it) create a lease `P/leases/..-lease-` and
+    /// wait until at most `permits` leases exist; then leave the mutex.
+    async fn acquire_semaphore(&self, req: &AcquireRequest, permits: u32) -> Result<Acquired> {
+        let dir = self.shared.lock_dir(&req.name)?;
+        let locks_dir = format!("{dir}/{}", layout::SEM_LOCKS);
+        let leases_dir = format!("{dir}/{}", layout::SEM_LEASES);
+        let data = layout::permits_data(permits, &layout::value_data(&req.value));
+        let c = self.client()?;
+        let Created {
+            node: lock_node,
+            listed,
+            ..
+        } = self
+            .create_contender(&c, &locks_dir, LOCK_MARKER, &data, req, Listing::Behind)
+            .await?;
+        let mut backoff = Duration::from_millis(20);
+        self.take_internal_mutex(
+            &c,
+            req,
+            permits,
+            &locks_dir,
+            &lock_node,
+            listed,
+            &mut backoff,
+        )
+        .await?;
+        // 2. We hold the internal mutex: check the kind and the permit
+        // count before creating our lease.
+        let refuse = self
+            .semaphore_refusal(&c, req, &dir, &leases_dir, permits)
+            .await?;
+        if let Some(e) = refuse {
+            self.delete(&c, &lock_node).await?;
+            return Err(e);
+        }
+        let Created {
+            node: lease_node,
+            stat,
+            mut listed,
+            ..
+        } = self
+            .create_contender(
+                &c,
+                &leases_dir,
+                layout::LEASE_MARKER,
+                &data,
+                req,
+                Listing::Behind,
+            )
+            .await?;
+        let our_lease = lease_node.rsplit('/').next().expect("a path").to_string();
+        // 3. Wait (the only waiter on the leases, herd-free) until our
+        // lease is among at most `permits`.
+        loop {
+            let (children, watcher) = match listed.take() {
+                Some(ch) => (ch, None),
+                None => {
+                    self.send(1);
+                    let r = c.list_and_watch_children(&leases_dir).await;
+                    self.heard_read(&r);
+                    match r {
+                        Ok((ch, w)) => (ch, Some(w)),
+                        Err(e) if !is_terminal(&e) && self.liveness.is_alive() => {
+                            tokio::time::sleep(backoff).await;
+                            backoff = (backoff * 2).min(Duration::from_secs(1));
+                            continue;
+                        }
+                        Err(e) => return Err(map(e, "watching the leases")),
+                    }
+                }
+            };
+            if !children.contains(&our_lease) {
+                return Err(lost_session(
+                    "our lease node is gone (session expired or node deleted)",
+                ));
+            }
+            if children.len() <= permits as usize {
+                // Leave the internal mutex: the next waiter may take a lease.
+                self.delete(&c, &lock_node).await?;
+                self.watch_holder(lease_node.clone(), req, None);
+                return Ok(Acquired {
+                    token: stat.czxid as u64,
+                    entry: lease_node,
+                });
+            }
+            if !req.wait {
+                self.delete(&c, &lease_node).await?;
+                self.delete(&c, &lock_node).await?;
+                return Err(Error::new(
+                    ErrorKind::WouldBlock,
+                    format!("semaphore {} has no free permit", req.name),
+                ));
+            }
+            if let Some(w) = watcher {
+                let _ev = w.changed().await;
+                self.shared.count_watch_event();
+            }
+        }
+    }
+
+    /// Step 1 of [`Inner::acquire_semaphore`]: the internal mutex of
+    /// Curator's `InterProcessSemaphoreV2`, FIFO and herd-free as any
+    /// mutex. A try that finds it taken, or a waiter that meets another
+    /// permit count, deletes our node `lock_node` and returns the error.
+    #[allow(clippy::too_many_arguments)]
+    async fn take_internal_mutex(
+        &self,
+        c: &zk::Client,
+        req: &AcquireRequest,
+        permits: u32,
+        locks_dir: &str,
+        lock_node: &str,
+        mut listed: Option<Vec<String>>,
+        backoff: &mut Duration,
+    ) -> Result<()> {
+        let our_lock = lock_node.rsplit('/').next().expect("a path").to_string();
+        let guid_prefix = format!("_c_{}-", req.contender.hyphenated());
+        let conflict = |why: String| Error::new(ErrorKind::Conflict, why);
+        loop {
+            let children = match listed.take() {
+                Some(ch) => ch,
+                None => self.list_retrying(c, locks_dir).await?,
+            };
+            let sorted = layout::sort_by_marker(children, LOCK_MARKER);
+            if self
+                .delete_orphans(c, locks_dir, &sorted, &guid_prefix, &our_lock)
+                .await?
+            {
+                continue;
+            }
+            let Some(index) = sorted.iter().position(|n| *n == our_lock) else {
+                return Err(lost_session(
+                    "our contender node is gone (session expired or node deleted)",
+                ));
+            };
+            if index == 0 {
+                break;
+            }
+            if !req.wait {
+                self.delete(c, lock_node).await?;
+                return Err(Error::new(
+                    ErrorKind::WouldBlock,
+                    format!("semaphore {} has no free permit", req.name),
+                ));
+            }
+            let pred = format!("{locks_dir}/{}", sorted[index - 1]);
+            let waited = self
+                .wait_for(c, &pred, backoff, |d| match layout::parse_permits(d) {
+                    Some(p) if p != permits => Err(conflict(format!(
+                        "semaphore {} is used with {p} permits, not {permits}",
+                        req.name
+                    ))),
+                    _ => Ok(()),
+                })
+                .await;
+            if let Err(e) = waited {
+                if e.kind() == ErrorKind::Conflict {
+                    self.delete(c, lock_node).await?;
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Step 2 of [`Inner::acquire_semaphore`], holding the internal mutex:
+    /// why our lease must not be created (`Conflict`: the name is used as
+    /// another kind or with another permit count; `WouldBlock`: a try with
+    /// no free permit), if anything.
+    async fn semaphore_refusal(
+        &self,
+        c: &zk::Client,
+        req: &AcquireRequest,
+        dir: &str,
+        leases_dir: &str,
+        permits: u32,
+    ) -> Result<Option<Error>> {
+        let conflict = |why: String| Error::new(ErrorKind::Conflict, why);
+        self.send(2);
+        let (top, leases) = futures::join!(c.list_children(dir), c.list_children(leases_dir));
+        self.heard_read(&top);
+        let top = top.map_err(|e| map(e, "listing the semaphore node"))?;
+        let leases = match leases {
+            Ok(l) => layout::sort_by_marker(l, layout::LEASE_MARKER),
+            Err(zk::Error::NoNode) => Vec::new(),
+            Err(e) => return Err(map(e, "listing leases")),
+        };
+        let mut refuse = None;
+        if top.iter().any(|n| layout::classify(n).is_some()) {
+            refuse = Some(conflict(format!(
+                "{} is used as a mutex or read-write lock",
+                req.name
+            )));
+        }
+        for lease in leases.iter().take(3) {
+            if refuse.is_some() {
+                break;
+            }
+            self.send(1);
+            let r = c.get_data(&format!("{leases_dir}/{lease}")).await;
+            self.heard_read(&r);
+            match r {
+                Ok((d, _)) => match layout::parse_permits(&d) {
+                    Some(p) if p != permits => {
+                        refuse = Some(conflict(format!(
+                            "semaphore {} is used with {p} permits, not {permits}",
+                            req.name
+                        )))
+                    }
+                    Some(_) => break,
+                    None => {} // Curator's lease, or revoked: look at the next
+                },
+                Err(zk::Error::NoNode) => {}
+                Err(e) => return Err(map(e, "reading a lease")),
+            }
+        }
+        if refuse.is_none() && !req.wait && leases.len() >= permits as usize {
+            refuse = Some(Error::new(
+                ErrorKind::WouldBlock,
+                format!("semaphore {} has no free permit", req.name),
+            ));
+        }
+        Ok(refuse)
+    }
+}
+
+#[async_trait]
+impl StoreSession for ZkSession {
+    fn id(&self) -> String {
+        core::session_text(self.inner.id.0)
+    }
+
+    async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired> {
+        match req.kind {
+            LockKind::Semaphore { permits } => self.inner.acquire_semaphore(req, permits).await,
+            _ => self.inner.acquire_queue(req).await,
+        }
+    }
+
+    async fn release(&self, req: &AcquireRequest, held: &Acquired) -> Result<()> {
+        self.inner.mark_released(&req.contender);
+        self.inner.shared.forget_version(&held.entry);
+        let c = self.inner.client()?;
+        let deleted = self.inner.delete(&c, &held.entry).await?;
+        // Only a node we deleted ourselves lets the next acquire skip the
+        // listing (one a breaker deleted does not).
+        if let (Some((dir, _)), Some(seq)) = (held.entry.rsplit_once('/'), sequence_of(&held.entry))
+        {
+            self.inner.chains.released(dir, seq, deleted);
+        }
+        Ok(())
+    }
+
+    async fn set_value(&self, req: &AcquireRequest, held: &Acquired, value: &[u8]) -> Result<()> {
+        // Our node's path is unique (it holds the attempt's GUID) and
+        // ephemeral: if it is there and no break marked it, it is still
+        // ours. The write is conditional on the data version we left it
+        // at, as a fenced write's check: unconditional, it overwrote a
+        // break's mark (the leader went on proclaiming until the delete,
+        // after being told of the loss, and its later fenced writes passed).
+        let shared = &self.inner.shared;
+        let c = self.inner.client()?;
+        let data = layout::value_data(value);
+        let lost = || {
+            Error::new(
+                ErrorKind::LockLost,
+                format!("{}: our node {} is gone or broken", req.name, held.entry),
+            )
+        };
+        let mut version = shared.data_version(&held.entry);
+        for _ in 0..8 {
+            shared.count(1);
+            match c.set_data(&held.entry, &data, Some(version)).await {
+                Ok(stat) => {
+                    shared.note_version(&held.entry, stat.version);
+                    return Ok(());
+                }
+                Err(zk::Error::NoNode) => return Err(lost()),
+                // Rewritten by someone else: read what it is now.
+                Err(zk::Error::BadVersion) => {
+                    shared.count(1);
+                    match crate::fenced::held_version(&c, &held.entry).await? {
+                        Some(v) => version = v,
+                        None => return Err(lost()),
+                    }
+                }
+                Err(e) => return Err(map(e, "setting our node's value")),
+            }
+        }
+        Err(Error::new(
+            ErrorKind::Store,
+            format!("{}: our node {} kept changing", req.name, held.entry),
+        ))
+    }
+
+    async fn abandon(&self, req: &AcquireRequest) -> Result<()> {
+        let inner = &self.inner;
+        inner.mark_released(&req.contender);
+        let dir = inner.shared.lock_dir(&req.name)?;
+        let c = inner.client()?;
+        let prefix_name = format!("_c_{}-", req.contender.hyphenated());
+        let dirs = match req.kind {
+            // The lease first: it counts against the permits.
+            LockKind::Semaphore { .. } => vec![
+                format!("{dir}/{}", layout::SEM_LEASES),
+                format!("{dir}/{}", layout::SEM_LOCKS),
+            ],
+            _ => vec![dir],
+        };
+        for dir in dirs {
+            // As after a lost create: the server may not have applied a
+            // create of ours yet; after a sync it has.
+            inner.sync_dir(&c, &dir).await?;
+            let Some(children) = inner.list(&c, &dir).await? else {
+                continue;
+            };
+            for child in children.iter().filter(|n| n.starts_with(&prefix_name)) {
+                tracing::debug!(node = %child, "removing an abandoned contender node");
+                inner.delete(&c, &format!("{dir}/{child}")).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn close(&self) -> Result<()> {
+        let inner = &self.inner;
+        inner.stop.cancel();
+        let client = inner.client.lock().expect("poisoned").take();
+        if let Some(c) = client {
+            let state = c.state_watcher();
+            if !state.peek_state().is_terminated() {
+                inner.shared.count(1); // closeSession, sent once every clone is gone
+            }
+            drop(c);
+            if !core::wait_terminal(state, inner.shared.config.connect_timeout).await {
+                tracing::warn!(session = %inner.id, "session did not close in time; it will expire");
+            }
+        }
+        core::unregister_session(inner.id);
+        Ok(())
+    }
+}
+
+impl Drop for ZkSession {
+    fn drop(&mut self) {
+        self.inner.stop.cancel();
+        // Dropping the last client clone closes the session in the
+        // library's background task.
+        self.inner.client.lock().expect("poisoned").take();
+    }
+}

@@ -1,0 +1,148 @@
+//! TLS to ZooKeeper's `secureClientPort`: the client library's options
+//! from the PEM files of the configuration, and a handshake probe that
+//! names a certificate problem.
+//!
+//! Why the probe: `zookeeper-client` logs a failed handshake at debug level
+//! and reports only "connection loss", then retries until the session
+//! timeout; a wrong CA or a missing client certificate would look like an
+//! unreachable server. The probe runs beside the library's own connect and
+//! only its TLS verdict is used.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use quorumlock_core::{Error, ErrorKind, Result};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use tokio::io::AsyncReadExt;
+use zookeeper_client as zk;
+
+use crate::config::ZkConfig;
+
+/// The PEM texts of a TLS configuration, read fresh on every connect (so a
+/// rotated certificate is picked up by the next session).
+pub(crate) struct TlsFiles {
+    ca: String,
+    identity: Option<(String, String)>,
+}
+
+fn read(opt: &str, p: &Path) -> Result<String> {
+    std::fs::read_to_string(p).map_err(|e| {
+        Error::new(
+            ErrorKind::InvalidUrl,
+            format!("URL option {opt}={}: cannot read it", p.display()),
+        )
+        .with_source(e)
+    })
+}
+
+fn bad_pem(what: &str, e: impl std::error::Error + Send + Sync + 'static) -> Error {
+    Error::new(ErrorKind::InvalidUrl, format!("{what}: not usable PEM")).with_source(e)
+}
+
+impl TlsFiles {
+    /// `None` without `ca=` (plain TCP).
+    pub(crate) fn load(config: &ZkConfig) -> Result<Option<TlsFiles>> {
+        let Some(ca) = &config.ca_file else {
+            return Ok(None);
+        };
+        let identity = match (&config.client_cert_file, &config.client_key_file) {
+            (Some(c), Some(k)) => Some((read("cert", c)?, read("key", k)?)),
+            _ => None,
+        };
+        Ok(Some(TlsFiles {
+            ca: read("ca", ca)?,
+            identity,
+        }))
+    }
+
+    /// The client library's TLS options.
+    pub(crate) fn options(&self) -> Result<zk::TlsOptions> {
+        let mut o = zk::TlsOptions::new()
+            .with_pem_ca(&self.ca)
+            .map_err(|e| bad_pem("URL option ca=", e))?;
+        if let Some((cert, key)) = &self.identity {
+            o = o
+                .with_pem_identity(cert, key)
+                .map_err(|e| bad_pem("URL options cert= and key=", e))?;
+        }
+        Ok(o)
+    }
+
+    fn rustls_config(&self) -> Result<rustls::ClientConfig> {
+        let mut roots = rustls::RootCertStore::empty();
+        for c in CertificateDer::pem_slice_iter(self.ca.as_bytes()) {
+            let c = c.map_err(|e| bad_pem("URL option ca=", e))?;
+            roots.add(c).map_err(|e| bad_pem("URL option ca=", e))?;
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let b = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| Error::new(ErrorKind::Internal, "rustls setup").with_source(e))?
+            .with_root_certificates(roots);
+        Ok(match &self.identity {
+            None => b.with_no_client_auth(),
+            Some((cert, key)) => {
+                let chain = CertificateDer::pem_slice_iter(cert.as_bytes())
+                    .collect::<std::result::Result<Vec<_>, _>>()
+                    .map_err(|e| bad_pem("URL option cert=", e))?;
+                let key = PrivateKeyDer::from_pem_slice(key.as_bytes())
+                    .map_err(|e| bad_pem("URL option key=", e))?;
+                b.with_client_auth_cert(chain, key)
+                    .map_err(|e| bad_pem("URL options cert= and key=", e))?
+            }
+        })
+    }
+
+    /// A TLS handshake with the first server that accepts a connection,
+    /// then a short read for the alert a server sends after the handshake
+    /// when it refuses our certificate (TLS 1.3). `Err` only for an
+    /// [`ErrorKind::Tls`] verdict; anything else (unreachable, silence) is
+    /// the library's to report.
+    ///
+    /// # Cancel safety
+    /// Sends nothing but a handshake; safe to drop.
+    pub(crate) async fn probe(&self, servers: &[(String, u16)]) -> Result<()> {
+        let config = Arc::new(self.rustls_config()?);
+        let connector = tokio_rustls::TlsConnector::from(config);
+        for (host, port) in servers {
+            let Ok(name) = ServerName::try_from(host.clone()) else {
+                continue;
+            };
+            let tcp = match tokio::time::timeout(
+                Duration::from_secs(3),
+                tokio::net::TcpStream::connect((host.as_str(), *port)),
+            )
+            .await
+            {
+                Ok(Ok(s)) => s,
+                _ => continue,
+            };
+            let what = format!("ZooKeeper {host}:{port}");
+            let mut tls =
+                match tokio::time::timeout(Duration::from_secs(3), connector.connect(name, tcp))
+                    .await
+                {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => return Err(tls_error(e, &what)),
+                    Err(_) => return Ok(()),
+                };
+            let mut byte = [0u8; 1];
+            return match tokio::time::timeout(Duration::from_secs(1), tls.read(&mut byte)).await {
+                Ok(Err(e)) => Err(tls_error(e, &what)),
+                _ => Ok(()),
+            };
+        }
+        Ok(())
+    }
+}
+
+/// The [`ErrorKind::Tls`] error of a handshake or post-handshake read, or
+/// `Ok`-like silence (`Connection`) when it is not about TLS.
+fn tls_error(e: std::io::Error, what: &str) -> Error {
+    match Error::tls_failure(&e, what) {
+        Some(t) => t.with_source(e),
+        None => Error::new(ErrorKind::Connection, format!("{what}: TLS probe")).with_source(e),
+    }
+}
