@@ -65,19 +65,38 @@ impl LockKind {
     }
 }
 
-/// Whether entry `i` of a queue (the kinds of its entries in arrival
-/// order) holds: a mutex or writer when first, a reader when no mutex or
-/// writer is ahead, a semaphore permit when fewer than `permits` entries
-/// are ahead.
+/// What entry `i` of a queue (the kinds of its entries in arrival order)
+/// waits for: `None` when it holds, else the index of the one entry ahead
+/// whose removal it waits for (the entry a backend watches). This is the
+/// queue rule of every store, written once:
+/// - a mutex or writer holds when first, else waits for the entry just
+///   ahead;
+/// - a reader holds when no mutex or writer is ahead, else waits for the
+///   nearest mutex or writer ahead;
+/// - a permit of a semaphore of `permits` holds when fewer than `permits`
+///   entries are ahead, else waits for the entry `permits` places ahead
+///   (when it goes, this one is inside the window).
+///
+/// Only kinds that share a queue meet here ([`LockKind::conflicts_with`]
+/// keeps a semaphore's queue to one count); a latch is a mutex.
+///
+/// # Panics
+/// If `i` is out of bounds.
+pub fn waits_for(kinds: &[LockKind], i: usize) -> Option<usize> {
+    match kinds[i] {
+        LockKind::Read => (0..i).rev().find(|&j| kinds[j] != LockKind::Read),
+        LockKind::Semaphore { permits } => i.checked_sub(permits.max(1) as usize),
+        _ => i.checked_sub(1),
+    }
+}
+
+/// Whether entry `i` of a queue holds: [`waits_for`] finds nothing it
+/// waits for.
 ///
 /// # Panics
 /// If `i` is out of bounds.
 pub fn holds(kinds: &[LockKind], i: usize) -> bool {
-    match kinds[i] {
-        LockKind::Read => kinds[..i].iter().all(|k| *k == LockKind::Read),
-        LockKind::Semaphore { permits } => i < permits as usize,
-        _ => i == 0,
-    }
+    waits_for(kinds, i).is_none()
 }
 
 /// One contender as seen on the store.
@@ -141,6 +160,22 @@ mod tests {
 
     const SEM2: LockKind = LockKind::Semaphore { permits: 2 };
     const SEM3: LockKind = LockKind::Semaphore { permits: 3 };
+
+    #[test]
+    fn waits_for_the_entry_whose_removal_can_let_it_hold() {
+        use LockKind::*;
+        let q = [Read, Exclusive, Read, Read, Write, Read];
+        let w: Vec<Option<usize>> = (0..q.len()).map(|i| waits_for(&q, i)).collect();
+        assert_eq!(w, [None, Some(0), Some(1), Some(1), Some(3), Some(4)]);
+        let q = [SEM2, SEM2, SEM2, SEM2, SEM2];
+        let w: Vec<Option<usize>> = (0..q.len()).map(|i| waits_for(&q, i)).collect();
+        assert_eq!(w, [None, None, Some(0), Some(1), Some(2)]);
+        let q = [Read, Read, Write];
+        assert_eq!(waits_for(&q, 2), Some(1));
+        // A semaphore of 0 permits (refused by validation) is a mutex here.
+        let zero = Semaphore { permits: 0 };
+        assert_eq!(waits_for(&[zero, zero], 1), Some(0));
+    }
 
     #[test]
     fn semaphores_mix_only_with_the_same_count() {

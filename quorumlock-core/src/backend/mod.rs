@@ -40,7 +40,7 @@ mod retry;
 pub mod schemes;
 
 pub use crate::inflight::{finish_on_drop, InFlightWrites};
-pub use crate::queue::holds;
+pub use crate::queue::{holds, waits_for};
 pub use crate::signal::{EntrySignals, SessionLiveness};
 pub use delay::{DelayQueue, HELD_WATCH_DELAY};
 pub use fenced::{check_kinds, refused, HeldEntry, KeyWrite, MAX_KEY_LEN};
