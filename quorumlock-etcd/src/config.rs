@@ -113,6 +113,12 @@ quorumlock_core::config_setters!(EtcdConfig {
 });
 
 impl EtcdConfig {
+    /// Parses an `etcd://` or `etcds://` URL given as text (see
+    /// [`EtcdConfig::from_url`]).
+    pub fn parse(s: &str) -> Result<EtcdConfig> {
+        Self::from_url(&url::parse(s)?)
+    }
+
     /// Parses and validates a URL; nothing is contacted here. What the URL
     /// leaves out comes from etcdctl's environment variables (see
     /// [`EtcdConfig::from_url_with_env`]).

@@ -158,6 +158,12 @@ fn invalid(msg: String) -> Error {
 }
 
 impl RedisConfig {
+    /// Parses a `redis://` or `rediss://` URL given as text (see
+    /// [`RedisConfig::from_url`]).
+    pub fn parse(s: &str) -> Result<RedisConfig> {
+        Self::from_url(&url::parse(s)?)
+    }
+
     /// Parses and validates a URL; nothing is contacted here. Every bad
     /// input is an [`ErrorKind::InvalidUrl`] error that never contains the
     /// password.

@@ -18,6 +18,11 @@ pub struct MemConfig {
 const KNOWN: &[&str] = &["ttl"];
 
 impl MemConfig {
+    /// Parses a `mem://` URL given as text (see [`MemConfig::from_url`]).
+    pub fn parse(s: &str) -> Result<Self> {
+        Self::from_url(&crate::url::parse(s)?)
+    }
+
     /// Parses `mem://[store][/namespace][?ttl=..]`.
     pub fn from_url(url: &Url) -> Result<Self> {
         if url.scheme() != "mem" {
