@@ -1,29 +1,34 @@
 //! What a mem backend and its sessions share: the store, the request
-//! counter, the keepalive switch, and the keys of the namespace.
+//! counter, the keepalive switch, the keys of the namespace, and the
+//! sessions this backend opened.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use super::config::MemConfig;
 use super::store::{self, MemStore};
 use crate::LockName;
 
-/// The shared part of a [`super::MemBackend`] and its sessions.
+/// The backend-wide state of a [`super::MemBackend`], shared with its
+/// sessions.
 #[derive(Debug)]
-pub(super) struct Core {
+pub(super) struct MemCore {
     pub(super) config: MemConfig,
     store: Arc<MemStore>,
     requests: AtomicU64,
     keepalive_paused: AtomicBool,
+    /// Sessions opened by this backend, for `leftovers`.
+    pub(super) opened: Mutex<Vec<u64>>,
 }
 
-impl Core {
+impl MemCore {
     pub(super) fn new(config: MemConfig) -> Self {
-        Core {
+        MemCore {
             store: store::store(&config.store),
             config,
             requests: AtomicU64::new(0),
             keepalive_paused: AtomicBool::new(false),
+            opened: Mutex::new(Vec::new()),
         }
     }
 

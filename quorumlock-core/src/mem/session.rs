@@ -6,14 +6,15 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::core::Core;
+use super::core::MemCore;
+use super::monitor::keepalive;
 use super::store::{self, Standing};
 use crate::backend::{AcquireRequest, Acquired, SessionLiveness, StoreSession};
 use crate::{Error, ErrorKind, LossReason, Result};
 
 /// One session on a `mem://` store, renewed at a third of its TTL.
 pub(super) struct MemSession {
-    backend: Arc<Core>,
+    backend: Arc<MemCore>,
     id: u64,
     stop: CancellationToken,
 }
@@ -25,7 +26,7 @@ impl fmt::Debug for MemSession {
 }
 
 impl MemSession {
-    pub(super) fn open(backend: Arc<Core>, liveness: Arc<SessionLiveness>) -> Self {
+    pub(super) fn open(backend: Arc<MemCore>, liveness: Arc<SessionLiveness>) -> Self {
         let ttl = backend.config.ttl;
         let sent = Instant::now();
         let id = backend.store().state().open_session(ttl, &liveness);
@@ -34,33 +35,6 @@ impl MemSession {
         let stop = CancellationToken::new();
         tokio::spawn(keepalive(backend.clone(), id, ttl, liveness, stop.clone()));
         MemSession { backend, id, stop }
-    }
-}
-
-async fn keepalive(
-    backend: Arc<Core>,
-    id: u64,
-    ttl: Duration,
-    liveness: Arc<SessionLiveness>,
-    stop: CancellationToken,
-) {
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = liveness.lost() => return,
-            _ = tokio::time::sleep(ttl / 3) => {}
-        }
-        if backend.keepalive_paused() {
-            continue;
-        }
-        let sent = Instant::now();
-        backend.count_request();
-        if backend.store().state().renew(id) {
-            liveness.confirm(sent, ttl);
-        } else {
-            liveness.lose(LossReason::SessionExpired);
-            return;
-        }
     }
 }
 
