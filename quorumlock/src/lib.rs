@@ -18,10 +18,18 @@ pub use quorumlock_core::{
     LockClient, LockGuard, LockKind, LockName, LockState, LossReason, MultiGuard, MultiLock,
     Reentry, Result, RwLock, Semaphore,
 };
-// The limits the docs of `LockName`, `ErrorKind` and `Election` name, so
-// that their links stay inside this crate's docs.
+// Every public constant of quorumlock-core's root (the limits the docs of
+// `LockName`, `ErrorKind`, `Election` and `ClientOptions` name), so that
+// their links stay inside this crate's docs; `tests::core_constants` names
+// each, with the backend contract's (under `backend`) and the connect bounds.
+/// The bounds of every network store's `connect_timeout` (URL option and
+/// typed configs), and its default.
+pub use quorumlock_core::backend::connect::{
+    DEFAULT_CONNECT_TIMEOUT, MAX_CONNECT_TIMEOUT, MIN_CONNECT_TIMEOUT,
+};
 pub use quorumlock_core::{
-    DEFAULT_OBSERVE_INTERVAL, MAX_NAME_LEN, MAX_SEGMENT_LEN, RESERVED_NESTED_SEGMENTS,
+    DEFAULT_OBSERVE_INTERVAL, DEFAULT_UNAVAILABLE_AFTER, MAX_NAME_LEN, MAX_SEGMENT_LEN,
+    RESERVED_NESTED_SEGMENTS,
 };
 
 #[cfg(feature = "mem")]
@@ -52,37 +60,117 @@ pub const URL_ENV: &str = "QUORUMLOCK_URL";
 /// unset ([`connect_from_env`] refuses an unset variable instead).
 pub const DEFAULT_URL: &str = "mem://";
 
-/// Every scheme quorumlock knows, per cargo feature: each backend's own
-/// `SCHEMES` (for a feature that is off, the same list from
-/// [`quorumlock_core::backend::schemes`], so that its error can name the feature).
-pub const SCHEMES: &[(&str, &[&str])] = &[
-    ("mem", MEM),
-    ("etcd", ETCD),
-    ("zk", ZK),
-    ("consul", CONSUL),
-    ("redis", REDIS),
-];
+/// Every scheme quorumlock knows, per cargo feature (features that are
+/// off included, so that their error can name the feature):
+/// [`quorumlock_core::backend::schemes::ALL`].
+pub const SCHEMES: &[(&str, &[&str])] = quorumlock_core::backend::schemes::ALL;
 
-#[cfg(feature = "mem")]
-const MEM: &[&str] = quorumlock_core::mem::SCHEMES;
-#[cfg(not(feature = "mem"))]
-const MEM: &[&str] = quorumlock_core::backend::schemes::MEM;
-#[cfg(feature = "etcd")]
-const ETCD: &[&str] = quorumlock_etcd::SCHEMES;
-#[cfg(not(feature = "etcd"))]
-const ETCD: &[&str] = quorumlock_core::backend::schemes::ETCD;
-#[cfg(feature = "zk")]
-const ZK: &[&str] = quorumlock_zk::SCHEMES;
-#[cfg(not(feature = "zk"))]
-const ZK: &[&str] = quorumlock_core::backend::schemes::ZK;
-#[cfg(feature = "consul")]
-const CONSUL: &[&str] = quorumlock_consul::SCHEMES;
-#[cfg(not(feature = "consul"))]
-const CONSUL: &[&str] = quorumlock_core::backend::schemes::CONSUL;
-#[cfg(feature = "redis")]
-const REDIS: &[&str] = quorumlock_redis::SCHEMES;
-#[cfg(not(feature = "redis"))]
-const REDIS: &[&str] = quorumlock_core::backend::schemes::REDIS;
+/// The stores this crate reaches, one line each: the cargo feature, the
+/// [`StoreConfig`] variant, the crate (or module) with its config and
+/// backend types. Each line makes the variant and its `From`, and one arm
+/// in each of the two steps every connection takes: text to typed config
+/// (`<Config>::parse`), typed config to backend
+/// (`<Backend>::from_config`). A new store is one line here and its line
+/// in [`quorumlock_core::backend::schemes::ALL`].
+macro_rules! stores {
+    ($(
+        $(#[$doc:meta])*
+        $feature:literal => $variant:ident($($krate:ident)::+ { $config:ident, $backend:ident });
+    )+) => {
+        /// A typed store configuration, for [`ClientBuilder::from_config`];
+        /// each backend's config converts into it with `into()`, and
+        /// [`StoreConfig::from_url`] makes one from a URL.
+        #[derive(Debug, Clone)]
+        #[non_exhaustive]
+        pub enum StoreConfig {
+            $(
+                $(#[$doc])*
+                #[cfg(feature = $feature)]
+                #[cfg_attr(docsrs, doc(cfg(feature = $feature)))]
+                $variant($($krate)::+::$config),
+            )+
+        }
+
+        $(
+            #[cfg(feature = $feature)]
+            impl From<$($krate)::+::$config> for StoreConfig {
+                fn from(c: $($krate)::+::$config) -> Self {
+                    StoreConfig::$variant(c)
+                }
+            }
+        )+
+
+        impl StoreConfig {
+            /// The config `url` describes, if `feature` is on.
+            fn parse_with(feature: &str, url: &str) -> Option<Result<StoreConfig>> {
+                $(
+                    #[cfg(feature = $feature)]
+                    if feature == $feature {
+                        return Some($($krate)::+::$config::parse(url).map(StoreConfig::$variant));
+                    }
+                )+
+                let _ = (feature, url);
+                None
+            }
+
+            /// The backend this config describes, connected.
+            // With no store feature at all there is no arm.
+            #[allow(unreachable_code)]
+            async fn connect(self) -> Result<Arc<dyn Backend>> {
+                Ok(match self {
+                    $(
+                        #[cfg(feature = $feature)]
+                        StoreConfig::$variant(c) => {
+                            Arc::new($($krate)::+::$backend::from_config(c).await?)
+                        }
+                    )+
+                })
+            }
+        }
+    };
+}
+
+stores! {
+    /// The in-process store.
+    "mem" => Mem(quorumlock_core::mem { MemConfig, MemBackend });
+    /// etcd.
+    "etcd" => Etcd(quorumlock_etcd { EtcdConfig, EtcdBackend });
+    /// ZooKeeper.
+    "zk" => Zk(quorumlock_zk { ZkConfig, ZkBackend });
+    /// Consul.
+    "consul" => Consul(quorumlock_consul { ConsulConfig, ConsulBackend });
+    /// Redis.
+    "redis" => Redis(quorumlock_redis { RedisConfig, RedisBackend });
+}
+
+impl StoreConfig {
+    /// The typed configuration `url` names (see [`connect`] for the
+    /// schemes); nothing is contacted. Errors: [`ErrorKind::InvalidUrl`],
+    /// [`ErrorKind::UnknownScheme`], and [`ErrorKind::FeatureDisabled`]
+    /// naming the feature a known scheme needs. Credentials never appear
+    /// in errors.
+    pub fn from_url(url: &str) -> Result<StoreConfig> {
+        let scheme = match url.split_once("://") {
+            Some((s, _)) if !s.is_empty() => s,
+            _ => {
+                return Err(Error::new(
+                    ErrorKind::InvalidUrl,
+                    "expected a store URL such as etcd://host:port/namespace",
+                ))
+            }
+        };
+        let feature = feature_of(scheme)?;
+        StoreConfig::parse_with(feature, url).unwrap_or_else(|| {
+            Err(Error::new(
+                ErrorKind::FeatureDisabled,
+                format!(
+                    "{scheme}:// needs the `{feature}` feature of quorumlock \
+                     (quorumlock = {{ version = \"*\", features = [\"{feature}\"] }})"
+                ),
+            ))
+        })
+    }
+}
 
 /// How to connect: a URL or a typed store configuration, plus the
 /// client's [`ClientOptions`]. [`connect`] is `ClientBuilder::new(url)
@@ -112,50 +200,6 @@ enum Target {
     Config(Box<StoreConfig>),
 }
 
-/// A typed store configuration, for [`ClientBuilder::from_config`]; each
-/// backend's config converts into it with `into()`.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub enum StoreConfig {
-    /// etcd.
-    #[cfg(feature = "etcd")]
-    Etcd(quorumlock_etcd::EtcdConfig),
-    /// ZooKeeper.
-    #[cfg(feature = "zk")]
-    Zk(quorumlock_zk::ZkConfig),
-    /// Consul.
-    #[cfg(feature = "consul")]
-    Consul(quorumlock_consul::ConsulConfig),
-    /// Redis.
-    #[cfg(feature = "redis")]
-    Redis(quorumlock_redis::RedisConfig),
-}
-
-#[cfg(feature = "etcd")]
-impl From<quorumlock_etcd::EtcdConfig> for StoreConfig {
-    fn from(c: quorumlock_etcd::EtcdConfig) -> Self {
-        StoreConfig::Etcd(c)
-    }
-}
-#[cfg(feature = "zk")]
-impl From<quorumlock_zk::ZkConfig> for StoreConfig {
-    fn from(c: quorumlock_zk::ZkConfig) -> Self {
-        StoreConfig::Zk(c)
-    }
-}
-#[cfg(feature = "consul")]
-impl From<quorumlock_consul::ConsulConfig> for StoreConfig {
-    fn from(c: quorumlock_consul::ConsulConfig) -> Self {
-        StoreConfig::Consul(c)
-    }
-}
-#[cfg(feature = "redis")]
-impl From<quorumlock_redis::RedisConfig> for StoreConfig {
-    fn from(c: quorumlock_redis::RedisConfig) -> Self {
-        StoreConfig::Redis(c)
-    }
-}
-
 impl ClientBuilder {
     /// A client of the store named by `url` (see [`connect`] for the
     /// schemes).
@@ -168,17 +212,9 @@ impl ClientBuilder {
 
     /// A client of the store `config` describes, e.g.
     /// `EtcdConfig::default().with_namespace(...)`.
-    // Without a network store's feature (the default, `mem` only) StoreConfig
-    // has no variant: building one, and matching it, is then unreachable code.
-    #[cfg_attr(
-        not(any(
-            feature = "etcd",
-            feature = "zk",
-            feature = "consul",
-            feature = "redis"
-        )),
-        allow(unreachable_code)
-    )]
+    // With no store feature at all StoreConfig has no variant, and the code
+    // after `into()` is unreachable.
+    #[allow(unreachable_code)]
     pub fn from_config(config: impl Into<StoreConfig>) -> Self {
         ClientBuilder {
             target: Target::Config(Box::new(config.into())),
@@ -203,37 +239,14 @@ impl ClientBuilder {
     /// Dropping it before it returns leaves nothing on the store: no lock
     /// session is opened until the first acquire.
     pub async fn connect(self) -> Result<LockClient> {
-        let backend = match self.target {
-            Target::Url(u) => backend_for(&u).await?,
-            Target::Config(c) => backend_from(*c).await?,
+        let config = match self.target {
+            Target::Url(u) => StoreConfig::from_url(&u)?,
+            Target::Config(c) => *c,
         };
+        let backend = config.connect().await?;
         tracing::debug!(store = %backend.describe(), "connected");
         Ok(LockClient::with_options(backend, self.options))
     }
-}
-
-// Without a network store's feature (the default, `mem` only) StoreConfig
-// has no variant: building one, and matching it, is then unreachable code.
-#[cfg_attr(
-    not(any(
-        feature = "etcd",
-        feature = "zk",
-        feature = "consul",
-        feature = "redis"
-    )),
-    allow(unreachable_code)
-)]
-async fn backend_from(config: StoreConfig) -> Result<Arc<dyn Backend>> {
-    Ok(match config {
-        #[cfg(feature = "etcd")]
-        StoreConfig::Etcd(c) => Arc::new(quorumlock_etcd::EtcdBackend::from_config(c).await?),
-        #[cfg(feature = "zk")]
-        StoreConfig::Zk(c) => Arc::new(quorumlock_zk::ZkBackend::from_config(c).await?),
-        #[cfg(feature = "consul")]
-        StoreConfig::Consul(c) => Arc::new(quorumlock_consul::ConsulBackend::from_config(c).await?),
-        #[cfg(feature = "redis")]
-        StoreConfig::Redis(c) => Arc::new(quorumlock_redis::RedisBackend::from_config(c).await?),
-    })
 }
 
 /// Connects to the store named by `url` and returns a client.
@@ -282,57 +295,6 @@ pub async fn connect_from_env() -> Result<LockClient> {
     }
 }
 
-/// One arm per feature; every backend has the same constructor,
-/// `connect(url)`.
-async fn backend_for(url: &str) -> Result<Arc<dyn Backend>> {
-    let scheme = match url.split_once("://") {
-        Some((s, _)) if !s.is_empty() => s,
-        _ => {
-            return Err(Error::new(
-                ErrorKind::InvalidUrl,
-                "expected a store URL such as etcd://host:port/namespace",
-            ))
-        }
-    };
-    let feature = feature_of(scheme)?;
-    match feature {
-        "mem" => {
-            #[cfg(feature = "mem")]
-            return Ok(Arc::new(
-                quorumlock_core::mem::MemBackend::connect(url).await?,
-            ));
-        }
-        "etcd" => {
-            #[cfg(feature = "etcd")]
-            return Ok(Arc::new(quorumlock_etcd::EtcdBackend::connect(url).await?));
-        }
-        "zk" => {
-            #[cfg(feature = "zk")]
-            return Ok(Arc::new(quorumlock_zk::ZkBackend::connect(url).await?));
-        }
-        "consul" => {
-            #[cfg(feature = "consul")]
-            return Ok(Arc::new(
-                quorumlock_consul::ConsulBackend::connect(url).await?,
-            ));
-        }
-        "redis" => {
-            #[cfg(feature = "redis")]
-            return Ok(Arc::new(
-                quorumlock_redis::RedisBackend::connect(url).await?,
-            ));
-        }
-        _ => {}
-    }
-    Err(Error::new(
-        ErrorKind::FeatureDisabled,
-        format!(
-            "{scheme}:// needs the `{feature}` feature of quorumlock \
-             (quorumlock = {{ version = \"*\", features = [\"{feature}\"] }})"
-        ),
-    ))
-}
-
 /// The feature that serves `scheme`, or [`ErrorKind::UnknownScheme`].
 fn feature_of(scheme: &str) -> Result<&'static str> {
     SCHEMES
@@ -354,6 +316,30 @@ fn feature_of(scheme: &str) -> Result<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every public constant of quorumlock-core is reachable from here: the
+    /// root's by the same name, the backend contract's and mem's through
+    /// their modules.
+    #[test]
+    // The point is that each constant is reachable here by its name.
+    #[allow(clippy::assertions_on_constants)]
+    fn core_constants() {
+        use std::time::Duration;
+        let durations: [Duration; 6] = [
+            DEFAULT_OBSERVE_INTERVAL,
+            DEFAULT_UNAVAILABLE_AFTER,
+            backend::HELD_WATCH_DELAY,
+            DEFAULT_CONNECT_TIMEOUT,
+            MIN_CONNECT_TIMEOUT,
+            MAX_CONNECT_TIMEOUT,
+        ];
+        assert!(durations.iter().all(|d| !d.is_zero()));
+        assert!(MAX_SEGMENT_LEN < MAX_NAME_LEN && backend::MAX_KEY_LEN > MAX_NAME_LEN);
+        assert_eq!(RESERVED_NESTED_SEGMENTS.len(), 2);
+        assert!(MIN_CONNECT_TIMEOUT <= DEFAULT_CONNECT_TIMEOUT);
+        assert!(DEFAULT_CONNECT_TIMEOUT <= MAX_CONNECT_TIMEOUT);
+        assert_eq!(SCHEMES, backend::schemes::ALL);
+    }
 
     #[tokio::test]
     async fn unknown_scheme_lists_the_known_ones() {

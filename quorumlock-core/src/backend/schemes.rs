@@ -13,3 +13,14 @@ pub const ZK: &[&str] = &["zk"];
 pub const CONSUL: &[&str] = &["consul", "consuls"];
 /// `redis://`, `rediss://` (TLS): the `quorumlock-redis` crate.
 pub const REDIS: &[&str] = &["redis", "rediss"];
+
+/// Every backend of the workspace as `(cargo feature of the quorumlock
+/// facade, schemes)`: the facade's table of schemes. A new backend adds
+/// its line here.
+pub const ALL: &[(&str, &[&str])] = &[
+    ("mem", MEM),
+    ("etcd", ETCD),
+    ("zk", ZK),
+    ("consul", CONSUL),
+    ("redis", REDIS),
+];
