@@ -20,7 +20,7 @@ use zookeeper_client as zk;
 
 use crate::config::{deadline_ttl, ZkConfig};
 use crate::core::{
-    registry, session_text, set_shutdown, unregister_session, wait_terminal, Registered, Shared,
+    registry, session_text, set_shutdown, unregister_session, wait_terminal, Registered, ZkCore,
 };
 use crate::error::map;
 use crate::fenced;
@@ -33,7 +33,7 @@ use crate::session::ZkSession;
 /// Cheap to clone; clones share counters and the admin connection.
 #[derive(Clone)]
 pub struct ZkBackend {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) core: Arc<ZkCore>,
 }
 
 /// Whether a read of a lock shows the nodes an operator's break marked.
@@ -46,7 +46,7 @@ enum Marked {
 impl fmt::Debug for ZkBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ZkBackend")
-            .field("config", &self.shared.config)
+            .field("config", &self.core.config)
             .finish()
     }
 }
@@ -97,7 +97,7 @@ impl ZkBackend {
     /// [`Backend::open_session`], the admin session on first admin use.
     pub fn new(config: ZkConfig) -> Self {
         ZkBackend {
-            shared: Arc::new(Shared {
+            core: Arc::new(ZkCore {
                 connect_string: config.connect_string(),
                 config,
                 requests: AtomicU64::new(0),
@@ -144,16 +144,16 @@ impl ZkBackend {
     /// As [`ZkBackend::connect`].
     pub async fn from_config(config: ZkConfig) -> Result<ZkBackend> {
         let b = ZkBackend::new(config);
-        if !b.shared.config.lazy {
-            let store = b.shared.config.describe();
-            check_connect(&store, b.shared.config.connect_timeout, || async {
+        if !b.core.config.lazy {
+            let store = b.core.config.describe();
+            check_connect(&store, b.core.config.connect_timeout, || async {
                 // The client library retries a refused server until its
                 // session timeout and then says "timeout", the word for a
                 // silent one too; a TCP connect tells the two apart.
-                reachable(&b.shared.config.servers).await?;
-                let admin = b.shared.admin().await.map_err(silent_as_timeout)?;
+                reachable(&b.core.config.servers).await?;
+                let admin = b.core.admin().await.map_err(silent_as_timeout)?;
                 // A timeout under 5 of the server's ticks is refused.
-                b.shared
+                b.core
                     .check_ticks(admin.session_timeout())
                     .await
                     .map_err(silent_as_timeout)
@@ -165,26 +165,26 @@ impl ZkBackend {
 
     /// The configuration.
     pub fn config(&self) -> &ZkConfig {
-        &self.shared.config
+        &self.core.config
     }
 
     /// How many of [`Backend::requests_sent`] were keepalive reads (one per
     /// session every third of the session timeout).
     pub fn keepalives_sent(&self) -> u64 {
-        self.shared.keepalives.load(Ordering::Relaxed)
+        self.core.keepalives.load(Ordering::Relaxed)
     }
 
     /// Wake-ups of waiting acquires: watch events on the predecessor
     /// node received by this instance's lock sessions (a release should
     /// cause exactly one, in the next waiter).
     pub fn watch_events(&self) -> u64 {
-        self.shared.watch_events.load(Ordering::Relaxed)
+        self.core.watch_events.load(Ordering::Relaxed)
     }
 
     /// The session timeout the server granted last (`None` before the
     /// first session).
     pub fn negotiated_session_timeout(&self) -> Option<Duration> {
-        match self.shared.negotiated_ms.load(Ordering::Relaxed) {
+        match self.core.negotiated_ms.load(Ordering::Relaxed) {
             0 => None,
             ms => Some(Duration::from_millis(ms)),
         }
@@ -198,12 +198,12 @@ impl ZkBackend {
         F: Fn(zk::Client) -> Fut,
         Fut: std::future::Future<Output = Result<T>> + 'a,
     {
-        let c = self.shared.admin().await?;
+        let c = self.core.admin().await?;
         match op(c).await {
             Err(e) if e.kind() == ErrorKind::SessionLost => {
                 tracing::debug!(error = %e, "admin session lost; retrying on a new one");
-                self.shared.admin.lock().await.take();
-                op(self.shared.admin().await?).await
+                self.core.admin.lock().await.take();
+                op(self.core.admin().await?).await
             }
             r => r,
         }
@@ -222,9 +222,9 @@ impl ZkBackend {
         name: &LockName,
         marked: Marked,
     ) -> Result<LockState> {
-        let dir = self.shared.lock_dir(name)?;
+        let dir = self.core.lock_dir(name)?;
         let mut state = LockState::free(name.clone());
-        self.shared.count(1);
+        self.core.count(1);
         let children = match c.list_children(&dir).await {
             Ok(ch) => ch,
             Err(zk::Error::NoNode) => return Ok(state),
@@ -233,7 +233,7 @@ impl ZkBackend {
         let semaphore = children.iter().any(|c| c == SEM_LEASES || c == SEM_LOCKS);
         let sorted = sort_contenders(children);
         // Pipelined: every request is sent before the first reply is read.
-        self.shared.count(sorted.len() as u64);
+        self.core.count(sorted.len() as u64);
         let reads =
             futures::future::join_all(sorted.iter().map(|s| c.get_data(&format!("{dir}/{s}"))))
                 .await;
@@ -284,7 +284,7 @@ impl ZkBackend {
     ) -> Result<()> {
         let leases_dir = format!("{dir}/{SEM_LEASES}");
         let locks_dir = format!("{dir}/{SEM_LOCKS}");
-        self.shared.count(2);
+        self.core.count(2);
         let (leases, locks) =
             futures::join!(c.list_children(&leases_dir), c.list_children(&locks_dir));
         let leases = match leases {
@@ -297,7 +297,7 @@ impl ZkBackend {
             Err(zk::Error::NoNode) => Vec::new(),
             Err(e) => return Err(map(e, "listing the semaphore's queue")),
         };
-        self.shared.count((leases.len() + locks.len()) as u64);
+        self.core.count((leases.len() + locks.len()) as u64);
         let lease_reads = futures::future::join_all(
             leases
                 .iter()
@@ -370,14 +370,14 @@ impl ZkBackend {
         type Node = (String, Option<(String, Option<LockName>)>);
         let mut stack: Vec<Node> = match prefix {
             Some(p) => vec![(
-                self.shared.lock_dir(p)?,
+                self.core.lock_dir(p)?,
                 Some((p.key().into_owned(), Some(p.clone()))),
             )],
-            None => vec![(self.shared.root(), None)],
+            None => vec![(self.core.root(), None)],
         };
         let mut out = Vec::new();
         while let Some((path, name)) = stack.pop() {
-            self.shared.count(1);
+            self.core.count(1);
             let children = match c.list_children(&path).await {
                 Ok(ch) => ch,
                 Err(zk::Error::NoNode) => continue, // reaped meanwhile
@@ -428,7 +428,7 @@ impl ZkBackend {
             for h in &state.holders {
                 // Mark first: our holder watches its own node and reports the
                 // loss on this write, before the delete below lets a waiter in.
-                self.shared.count(1);
+                self.core.count(1);
                 match c.set_data(&h.entry, BREAK_MESSAGE, None).await {
                     Ok(_) => {}
                     Err(zk::Error::NoNode) => continue, // released meanwhile
@@ -439,7 +439,7 @@ impl ZkBackend {
                 // then reads the mark): give it that long before the
                 // delete can let a waiter in.
                 tokio::time::sleep(2 * quorumlock_core::backend::HELD_WATCH_DELAY).await;
-                self.shared.count(1);
+                self.core.count(1);
                 match c.delete(&h.entry, None).await {
                     // Gone already: our holder saw the mark and let go.
                     Ok(()) | Err(zk::Error::NoNode) => {
@@ -457,7 +457,7 @@ impl ZkBackend {
     }
 
     async fn revoke_once(&self, c: zk::Client, name: &LockName) -> Result<bool> {
-        let dir = self.shared.lock_dir(name)?;
+        let dir = self.core.lock_dir(name)?;
         loop {
             let state = self.inspect_once(c.clone(), name).await?;
             if state.holders.is_empty() {
@@ -493,7 +493,7 @@ impl ZkBackend {
     /// semaphore of another count then failed with `Conflict`).
     async fn mark_holder(&self, c: &zk::Client, node: &str) -> Result<bool> {
         loop {
-            self.shared.count(1);
+            self.core.count(1);
             let (data, stat) = match c.get_data(node).await {
                 Ok(r) => r,
                 Err(zk::Error::NoNode) => return Ok(false),
@@ -507,7 +507,7 @@ impl ZkBackend {
                 marker.push(b' ');
                 marker.extend(permits_data(permits, b""));
             }
-            self.shared.count(1);
+            self.core.count(1);
             match c.set_data(node, &marker, Some(stat.version)).await {
                 Ok(_) => return Ok(true),
                 Err(zk::Error::NoNode) => return Ok(false),
@@ -529,7 +529,7 @@ impl ZkBackend {
         m.add_check_version(node, -1)
             .and_then(|()| m.add_set_data(dir, &data, None))
             .map_err(|e| map(e, "revoke request"))?;
-        self.shared.count(1);
+        self.core.count(1);
         match m.commit().await {
             Ok(_) => Ok(true),
             // The leader went meanwhile (and with the last candidate, the
@@ -544,16 +544,12 @@ impl ZkBackend {
 
     async fn leftovers_once(&self, c: zk::Client) -> Result<Vec<String>> {
         let mut out = Vec::new();
-        self.walk(&c, self.shared.root(), &mut out).await?;
-        let opened = self.shared.opened.lock().expect("poisoned").clone();
+        self.walk(&c, self.core.root(), &mut out).await?;
+        let opened = self.core.opened.lock().expect("poisoned").clone();
         for (id, state) in opened {
             // A session being closed (or whose expiry its client is about
             // to learn) gets a moment to reach its terminal state.
-            let limit = self
-                .shared
-                .config
-                .connect_timeout
-                .min(Duration::from_secs(3));
+            let limit = self.core.config.connect_timeout.min(Duration::from_secs(3));
             if !wait_terminal(state, limit).await {
                 out.push(format!("session {} still open", session_text(id.0)));
             }
@@ -568,7 +564,7 @@ impl ZkBackend {
     /// as its leader resigned) stays until the server reaps the node once
     /// it is empty: that is no leftover of a client.
     async fn revoke_mark_only(&self, c: &zk::Client, path: &str) -> Result<bool> {
-        self.shared.count(1);
+        self.core.count(1);
         match c.get_data(path).await {
             Ok((data, _)) => Ok(election_revoke_target(&data).is_some()),
             Err(zk::Error::NoNode) => Ok(true), // gone meanwhile: nothing left
@@ -578,9 +574,9 @@ impl ZkBackend {
 
     async fn walk(&self, c: &zk::Client, path: String, out: &mut Vec<String>) -> Result<()> {
         let mut stack = vec![path];
-        let root = self.shared.root();
+        let root = self.core.root();
         while let Some(p) = stack.pop() {
-            self.shared.count(1);
+            self.core.count(1);
             let (children, stat) = match c.get_children(&p).await {
                 Ok(r) => r,
                 Err(zk::Error::NoNode) => continue,
@@ -634,59 +630,59 @@ impl Backend for ZkBackend {
             semaphore: true,
             session_ttl: self
                 .negotiated_session_timeout()
-                .unwrap_or(self.shared.config.session_timeout),
+                .unwrap_or(self.core.config.session_timeout),
             proclaim: true,
         }
     }
 
     fn describe(&self) -> String {
-        self.shared.config.display.clone()
+        self.core.config.display.clone()
     }
 
     async fn open_session(&self, liveness: Arc<SessionLiveness>) -> Result<Arc<dyn StoreSession>> {
-        let (client, started) = self.shared.connect(None).await?;
+        let (client, started) = self.core.connect(None).await?;
         let timeout = client.session_timeout();
         // Done at `connect()` unless the backend is lazy: then here, once.
-        self.shared.check_ticks(timeout).await?;
+        self.core.check_ticks(timeout).await?;
         liveness.confirm(started, deadline_ttl(timeout));
         if !liveness.is_alive() {
             // The connect took most of a timeout (hosts tried in turn):
             // confirm with a fresh round trip through the leader (a read
             // would be answered by a follower even when cut off from it).
-            self.shared.count(1);
+            self.core.count(1);
             let sent = Instant::now();
             match client.sync("/").await {
                 Ok(_) => liveness.confirm(sent, deadline_ttl(timeout)),
                 Err(e) => return Err(map(e, "confirming a new session")),
             }
         }
-        self.shared.record_opened(&client, &liveness);
+        self.core.record_opened(&client, &liveness);
         tracing::debug!(session = %client.session_id(), timeout = ?client.session_timeout(), "ZooKeeper session opened");
         let id = client.session_id();
-        let session = ZkSession::start(self.shared.clone(), client, liveness);
+        let session = ZkSession::start(self.core.clone(), client, liveness);
         set_shutdown(id, session.shutdown_handle());
         Ok(Arc::new(session))
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
-        self.shared.lock_dir(name)?; // checked before anything is sent
+        self.core.lock_dir(name)?; // checked before anything is sent
         self.with_admin(|c| self.inspect_once(c, name)).await
     }
 
     async fn list(&self, prefix: Option<&LockName>) -> Result<Vec<LockState>> {
         if let Some(p) = prefix {
-            self.shared.lock_dir(p)?; // checked before anything is sent
+            self.core.lock_dir(p)?; // checked before anything is sent
         }
         self.with_admin(|c| self.list_once(c, prefix)).await
     }
 
     async fn break_lock(&self, name: &LockName) -> Result<bool> {
-        self.shared.lock_dir(name)?; // checked before anything is sent
+        self.core.lock_dir(name)?; // checked before anything is sent
         self.with_admin(|c| self.break_once(c, name)).await
     }
 
     async fn request_revoke(&self, name: &LockName) -> Result<bool> {
-        self.shared.lock_dir(name)?; // checked before anything is sent
+        self.core.lock_dir(name)?; // checked before anything is sent
         self.with_admin(|c| self.revoke_once(c, name)).await
     }
 
@@ -746,12 +742,12 @@ impl Backend for ZkBackend {
         // the server ends the session and drops its ephemeral nodes; the
         // original client learns on its next reconnect that it expired.
         for _ in 0..5 {
-            match self.shared.connect(Some(info.clone())).await {
+            match self.core.connect(Some(info.clone())).await {
                 Ok((c, _)) => {
                     let state = c.state_watcher();
-                    self.shared.count(1); // closeSession
+                    self.core.count(1); // closeSession
                     drop(c);
-                    if wait_terminal(state, self.shared.config.connect_timeout).await {
+                    if wait_terminal(state, self.core.config.connect_timeout).await {
                         // Closed on the server; the owner's client learns
                         // it on its next reconnect.
                         unregister_session(zk::SessionId(id));
@@ -774,29 +770,29 @@ impl Backend for ZkBackend {
     }
 
     fn requests_sent(&self) -> u64 {
-        self.shared.requests.load(Ordering::Relaxed)
+        self.core.requests.load(Ordering::Relaxed)
     }
 
     async fn fenced_write(&self, held: &[HeldEntry], write: &KeyWrite) -> Result<()> {
-        fenced::check_path(write, &self.shared.root())?;
-        self.shared.count(1);
-        let shared = &self.shared;
-        self.with_admin(|c| async move { fenced::fenced_write(&c, shared, held, write).await })
+        fenced::check_path(write, &self.core.root())?;
+        self.core.count(1);
+        let core = &self.core;
+        self.with_admin(|c| async move { fenced::fenced_write(&c, core, held, write).await })
             .await
     }
 
     async fn read_key(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        fenced::check_path(&KeyWrite::Delete { key: key.into() }, &self.shared.root())?;
-        self.shared.count(1);
+        fenced::check_path(&KeyWrite::Delete { key: key.into() }, &self.core.root())?;
+        self.core.count(1);
         self.with_admin(|c| async move { fenced::read_key(&c, key).await })
             .await
     }
 
     async fn write_key(&self, write: &KeyWrite) -> Result<()> {
-        fenced::check_path(write, &self.shared.root())?;
-        self.shared.count(1);
-        let shared = &self.shared;
-        self.with_admin(|c| async move { fenced::write_key(&c, shared, write).await })
+        fenced::check_path(write, &self.core.root())?;
+        self.core.count(1);
+        let core = &self.core;
+        self.with_admin(|c| async move { fenced::write_key(&c, core, write).await })
             .await
     }
 }
@@ -836,7 +832,7 @@ mod store_tests {
                 .unwrap();
             s.close().await.unwrap();
         }
-        let kept = b.shared.opened.lock().expect("poisoned").len();
+        let kept = b.core.opened.lock().expect("poisoned").len();
         assert!(kept <= 2, "{kept} sessions kept after opening 41");
         // Sessions dropped without `close` (as a lost session is): gone
         // from both lists once they have ended and their owner is gone.
@@ -844,7 +840,7 @@ mod store_tests {
             let liveness = Arc::new(SessionLiveness::new());
             drop(b.open_session(liveness).await.unwrap());
         }
-        let states: Vec<_> = b.shared.opened.lock().expect("poisoned").clone();
+        let states: Vec<_> = b.core.opened.lock().expect("poisoned").clone();
         for (_, state) in states.into_iter().skip(1) {
             assert!(wait_terminal(state, Duration::from_secs(5)).await);
         }
@@ -852,7 +848,7 @@ mod store_tests {
             .open_session(Arc::new(SessionLiveness::new()))
             .await
             .unwrap();
-        let kept = b.shared.opened.lock().expect("poisoned").len();
+        let kept = b.core.opened.lock().expect("poisoned").len();
         assert!(kept <= 2, "{kept} sessions kept after opening 82");
         let registered = registry().lock().expect("poisoned").len();
         assert!(registered <= 2, "{registered} sessions in the registry");

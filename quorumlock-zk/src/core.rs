@@ -1,7 +1,7 @@
 //! The client side of the store: what the backend and its sessions share
-//! ([`Shared`]: the configuration, counters, connecting with retries, the
+//! ([`ZkCore`]: the configuration, counters, connecting with retries, the
 //! admin session, the registry of this process's sessions for
-//! `kill_session`), and one session's client wrapper ([`Inner`]: its
+//! `kill_session`), and one session's client wrapper ([`SessionState`]: its
 //! requests, counted and mapped, the contender nodes it creates and
 //! deletes).
 
@@ -24,8 +24,9 @@ use crate::config::{deadline_ttl, ZkConfig};
 use crate::error::map;
 use crate::tls::TlsFiles;
 
-/// What the backend and its sessions share.
-pub(crate) struct Shared {
+/// The backend-wide state: what the backend, its admin operations and
+/// every session it opened share (through an `Arc`).
+pub(crate) struct ZkCore {
     pub(crate) config: ZkConfig,
     pub(crate) connect_string: String,
     pub(crate) requests: AtomicU64,
@@ -47,19 +48,19 @@ pub(crate) struct Shared {
     /// A hint only: a wrong or forgotten version costs one read.
     pub(crate) versions: Mutex<HashMap<Box<str>, i32>>,
     /// Whether the negotiated session timeout passed
-    /// [`Shared::check_ticks`].
+    /// [`ZkCore::check_ticks`].
     pub(crate) ticks_checked: AtomicBool,
 }
 
 /// The fewest of the server's ticks a session timeout may span (see
-/// [`Shared::check_ticks`]).
+/// [`ZkCore::check_ticks`]).
 pub(crate) const MIN_TICKS: u32 = 5;
 
-/// At most this many entries in [`Shared::known_dirs`]; then it starts
+/// At most this many entries in [`ZkCore::known_dirs`]; then it starts
 /// over (a forgotten node costs one failed transaction, not a wrong grant).
 const KNOWN_DIRS: usize = 65_536;
 
-/// At most this many entries in [`Shared::versions`]; then it starts over.
+/// At most this many entries in [`ZkCore::versions`]; then it starts over.
 const VERSIONS_KEPT: usize = 65_536;
 
 #[derive(Clone)]
@@ -129,7 +130,7 @@ pub(crate) async fn wait_terminal(mut state: zk::StateWatcher, limit: Duration) 
     tokio::time::timeout(limit, wait).await.is_ok()
 }
 
-impl Shared {
+impl ZkCore {
     pub(crate) fn count(&self, n: u64) {
         self.requests.fetch_add(n, Ordering::Relaxed);
     }
@@ -160,7 +161,7 @@ impl Shared {
     }
 
     /// The data version our held `node` is expected at (see
-    /// [`Shared::versions`]).
+    /// [`ZkCore::versions`]).
     pub(crate) fn data_version(&self, node: &str) -> i32 {
         let versions = self.versions.lock().expect("poisoned");
         versions.get(node).copied().unwrap_or(0)
@@ -218,7 +219,7 @@ impl Shared {
         Ok((client, started))
     }
 
-    /// [`Shared::connect`], asking for `session_timeout`.
+    /// [`ZkCore::connect`], asking for `session_timeout`.
     async fn open(
         &self,
         session: Option<zk::SessionInfo>,
@@ -378,8 +379,11 @@ impl Shared {
     }
 }
 
-pub(crate) struct Inner {
-    pub(crate) shared: Arc<Shared>,
+/// One lock session's state: its ZooKeeper client and what its tasks (the
+/// acquires and releases of its guards, the keepalive, the watch
+/// dispatcher) share, through an `Arc`.
+pub(crate) struct SessionState {
+    pub(crate) core: Arc<ZkCore>,
     /// `None` once closed; every task holds a clone only while it runs.
     pub(crate) client: Mutex<Option<zk::Client>>,
     pub(crate) id: zk::SessionId,
@@ -390,7 +394,7 @@ pub(crate) struct Inner {
     /// Held entries by contender id, watched by the session's one watch
     /// dispatcher. An entry is removed before we delete our own node, so
     /// that its deletion is not reported as a loss.
-    pub(crate) held: Mutex<HashMap<uuid::Uuid, HeldEntry>>,
+    pub(crate) held: Mutex<HashMap<uuid::Uuid, HeldNode>>,
     /// Tells the dispatcher to watch a newly held entry, with the read
     /// that set its watch already when the grant had one.
     pub(crate) arm: mpsc::UnboundedSender<(uuid::Uuid, Option<WatchedRead>)>,
@@ -446,7 +450,7 @@ pub(crate) fn sequence_of(node: &str) -> Option<u64> {
     node[digits..].parse().ok()
 }
 
-/// What [`Inner::create_contender`] reads with the create.
+/// What [`SessionState::create_contender`] reads with the create.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Listing {
     /// Nothing: a repeat acquire of a lock we last found free.
@@ -504,7 +508,7 @@ pub(crate) fn lost_session(why: &str) -> Error {
     Error::new(ErrorKind::SessionLost, why.to_string())
 }
 
-impl Inner {
+impl SessionState {
     pub(crate) fn client(&self) -> Result<zk::Client> {
         self.client
             .lock()
@@ -515,7 +519,7 @@ impl Inner {
 
     /// Counts `n` requests about to be sent and returns the send time.
     pub(crate) fn send(&self, n: u64) -> Instant {
-        self.shared.count(n);
+        self.core.count(n);
         Instant::now()
     }
 
@@ -526,7 +530,7 @@ impl Inner {
     /// only once the leader has, after applying every earlier commit
     /// (a `closeSession` of our expired session included, which ends our
     /// connection first). Answers to reads prove nothing (see
-    /// [`Inner::heard_read`]). Only answers the server itself gives count;
+    /// [`SessionState::heard_read`]). Only answers the server itself gives count;
     /// the library also fails in-flight requests with errors of its own
     /// when a connection breaks (`ConnectionLoss`, `Timeout`, I/O errors
     /// as `Custom`), and those prove nothing. A terminal session error is
@@ -710,8 +714,8 @@ impl Inner {
                     "session lost while creating the contender node",
                 ));
             }
-            let may_create_dir = listing == Listing::OrNewLockNode && self.shared.config.pipeline;
-            let fresh = may_create_dir && !self.shared.dir_known(dir);
+            let may_create_dir = listing == Listing::OrNewLockNode && self.core.config.pipeline;
+            let fresh = may_create_dir && !self.core.dir_known(dir);
             let (created, listed, watched) = if fresh {
                 // A lock node we have not seen: create it and our node in
                 // one transaction (one log write, as a lone create). If the
@@ -761,7 +765,7 @@ impl Inner {
                         if source == zk::Error::NodeExists =>
                     {
                         self.heard(sent, &Err::<(), _>(source));
-                        self.shared.note_dir(dir, true);
+                        self.core.note_dir(dir, true);
                         continue;
                     }
                     Err(e) => Err(e.into()),
@@ -775,7 +779,7 @@ impl Inner {
                     (vec![ours], *stat)
                 });
                 (cr, listed, watched)
-            } else if list && self.shared.config.pipeline {
+            } else if list && self.core.config.pipeline {
                 let sent = self.send(2);
                 let create = c.create(&prefix, data, &opts);
                 let list = c.get_children(dir);
@@ -801,7 +805,7 @@ impl Inner {
                     // Otherwise `dir` was known already, or the hint is not
                     // used for it: no lock taken on the repeat path.
                     if fresh {
-                        self.shared.note_dir(dir, true);
+                        self.core.note_dir(dir, true);
                     }
                     return Ok(Created {
                         seq: sequence_of(&node).unwrap_or(u64::MAX),
@@ -815,11 +819,11 @@ impl Inner {
                 Err(zk::Error::NoNode) if attempts < 8 && may_create_dir && !fresh => {
                     // The lock node is gone (a container is reaped once
                     // empty): the next round creates it with ours.
-                    self.shared.note_dir(dir, false);
+                    self.core.note_dir(dir, false);
                 }
                 Err(zk::Error::NoNode) if attempts < 8 => {
                     self.make_parents(c, dir).await?;
-                    self.shared.note_dir(dir, true);
+                    self.core.note_dir(dir, true);
                 }
                 Err(e) if is_connection_trouble(&e) && attempts < 8 => {
                     // The create may have been applied: find our node by
@@ -885,7 +889,7 @@ impl Inner {
             quorumlock_core::LockKind::Election => node.rsplit_once('/').map(|(d, _)| d.into()),
             _ => None,
         };
-        let entry = HeldEntry {
+        let entry = HeldNode {
             node: node.into_boxed_str(),
             signals: req.signals.clone(),
             revoke_dir,
@@ -948,8 +952,9 @@ impl Inner {
     }
 }
 
-/// A held entry: its node and where to report loss and revoke requests.
-pub(crate) struct HeldEntry {
+/// A held node of this session, as the watch dispatcher watches it: its
+/// path and where to report loss and revoke requests.
+pub(crate) struct HeldNode {
     pub(crate) node: Box<str>,
     pub(crate) signals: EntrySignals,
     /// For an election's leader: the election's node, whose data carries

@@ -8,7 +8,7 @@ use quorumlock_core::backend::{check_kinds, refused, HeldEntry, KeyWrite};
 use quorumlock_core::{Error, ErrorKind, Result};
 use zookeeper_client as zk;
 
-use crate::core::Shared;
+use crate::core::ZkCore;
 use crate::error::map;
 use crate::layout::is_broken;
 
@@ -131,12 +131,12 @@ async fn attempt(
 
 /// Creates the parents of `path` (empty persistent nodes); creating an
 /// empty parent needs no fence, the write itself is fenced.
-async fn make_parents(c: &zk::Client, shared: &Shared, path: &str) -> Result<()> {
+async fn make_parents(c: &zk::Client, core: &ZkCore, path: &str) -> Result<()> {
     let opts = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
     let mut at = 0;
     while let Some(i) = path[at + 1..].find('/') {
         at += 1 + i;
-        shared.count(1);
+        core.count(1);
         match c.create(&path[..at], &[], &opts).await {
             Ok(_) | Err(zk::Error::NodeExists) => {}
             Err(e) => return Err(map(e, "fenced write: creating a parent")),
@@ -155,12 +155,12 @@ async fn make_parents(c: &zk::Client, shared: &Shared, path: &str) -> Result<()>
 /// request: the holder still holds) is checked again at the new version.
 pub(crate) async fn fenced_write(
     c: &zk::Client,
-    shared: &Shared,
+    core: &ZkCore,
     held: &[HeldEntry],
     write: &KeyWrite,
 ) -> Result<()> {
     check_kinds(held)?;
-    let mut versions: Vec<i32> = held.iter().map(|h| shared.data_version(&h.entry)).collect();
+    let mut versions: Vec<i32> = held.iter().map(|h| core.data_version(&h.entry)).collect();
     let mut op = match write {
         KeyWrite::Put { .. } => Op::Set,
         KeyWrite::Delete { .. } => Op::Delete,
@@ -170,17 +170,17 @@ pub(crate) async fn fenced_write(
     // version; a few rounds settle it.
     for round in 0..8 {
         if round > 0 {
-            shared.count(1);
+            core.count(1);
         }
         match attempt(c, held, &versions, write, op).await? {
             Outcome::Done => return Ok(()),
             Outcome::Refused => return Err(refused(write, held)),
             Outcome::Rewritten(i) => {
-                shared.count(1);
+                core.count(1);
                 match held_version(c, &held[i].entry).await? {
                     None => return Err(refused(write, held)),
                     Some(v) => {
-                        shared.note_version(&held[i].entry, v);
+                        core.note_version(&held[i].entry, v);
                         versions[i] = v;
                     }
                 }
@@ -188,7 +188,7 @@ pub(crate) async fn fenced_write(
             Outcome::NoTarget => match op {
                 // Absent already: done, if our entries still stand.
                 Op::Delete => op = Op::Check,
-                Op::Create => make_parents(c, shared, write.key()).await?,
+                Op::Create => make_parents(c, core, write.key()).await?,
                 Op::Set => op = Op::Create,
                 Op::Check => unreachable!("a transaction of checks writes no node"),
             },
@@ -212,6 +212,6 @@ pub(crate) async fn read_key(c: &zk::Client, path: &str) -> Result<Option<Vec<u8
     }
 }
 
-pub(crate) async fn write_key(c: &zk::Client, shared: &Shared, write: &KeyWrite) -> Result<()> {
-    fenced_write(c, shared, &[], write).await
+pub(crate) async fn write_key(c: &zk::Client, core: &ZkCore, write: &KeyWrite) -> Result<()> {
+    fenced_write(c, core, &[], write).await
 }

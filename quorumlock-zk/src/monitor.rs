@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
-use crate::core::{is_terminal, Inner, WatchedRead};
+use crate::core::{is_terminal, SessionState, WatchedRead};
 use crate::layout::{election_revoke_target, is_broken, is_revoke_mark};
 
 /// What one watch future of the dispatcher ended with.
@@ -46,20 +46,20 @@ async fn backoff(attempt: u32) {
 }
 
 /// Sets (or re-sets, after `attempt` failures) the watch on a held node.
-pub(crate) fn arm(inner: &Arc<Inner>, key: uuid::Uuid, attempt: u32) -> StepFuture {
-    let inner = inner.clone();
+pub(crate) fn arm(session: &Arc<SessionState>, key: uuid::Uuid, attempt: u32) -> StepFuture {
+    let session = session.clone();
     Box::pin(async move {
         backoff(attempt).await;
-        let node = match inner.held.lock().expect("poisoned").get(&key) {
+        let node = match session.held.lock().expect("poisoned").get(&key) {
             Some(h) if !h.signals.is_finished() => h.node.clone(),
             _ => return Step::Gone,
         };
-        let Ok(c) = inner.client() else {
+        let Ok(c) = session.client() else {
             return Step::Gone;
         };
-        inner.send(1);
+        session.send(1);
         let r = c.get_and_watch_data(&node).await;
-        inner.heard_read(&r);
+        session.heard_read(&r);
         Step::Armed(key, attempt, r)
     })
 }
@@ -67,38 +67,38 @@ pub(crate) fn arm(inner: &Arc<Inner>, key: uuid::Uuid, attempt: u32) -> StepFutu
 /// Sets (or re-sets) the watch on the election node of a held election
 /// leader: the revoke request of an election is written there
 /// (`layout::election_revoke_data`), not on the leader's node.
-fn arm_dir(inner: &Arc<Inner>, key: uuid::Uuid, attempt: u32) -> StepFuture {
-    let inner = inner.clone();
+fn arm_dir(session: &Arc<SessionState>, key: uuid::Uuid, attempt: u32) -> StepFuture {
+    let session = session.clone();
     Box::pin(async move {
         backoff(attempt).await;
-        let dir = match inner.held.lock().expect("poisoned").get(&key) {
+        let dir = match session.held.lock().expect("poisoned").get(&key) {
             Some(h) if !h.signals.is_finished() => match &h.revoke_dir {
                 Some(d) => d.clone(),
                 None => return Step::DirGone(key),
             },
             _ => return Step::DirGone(key),
         };
-        let Ok(c) = inner.client() else {
+        let Ok(c) = session.client() else {
             return Step::DirGone(key);
         };
-        inner.send(1);
+        session.send(1);
         let r = c.get_and_watch_data(&dir).await;
-        inner.heard_read(&r);
+        session.heard_read(&r);
         Step::DirArmed(key, attempt, r)
     })
 }
 
 /// Clears an election's revoke request from the election node `dir`,
 /// unless it was written again since it was read (at `version`).
-fn clear_revoke_mark(inner: &Arc<Inner>, dir: Box<str>, version: i32) -> StepFuture {
-    let inner = inner.clone();
+fn clear_revoke_mark(session: &Arc<SessionState>, dir: Box<str>, version: i32) -> StepFuture {
+    let session = session.clone();
     Box::pin(async move {
-        let Ok(c) = inner.client() else {
+        let Ok(c) = session.client() else {
             return Step::Gone;
         };
-        let sent = inner.send(1);
+        let sent = session.send(1);
         let r = c.set_data(&dir, &[], Some(version)).await;
-        inner.heard(sent, &r);
+        session.heard(sent, &r);
         if let Err(e) = r {
             tracing::debug!(%dir, error = %e, "revoke request not cleared");
         }
@@ -111,7 +111,7 @@ fn clear_revoke_mark(inner: &Arc<Inner>, dir: Box<str>, version: i32) -> StepFut
 /// a revoke request (Curator's `Revoker` protocol). Per held lock it keeps
 /// only a map entry and one small pending future, not a task.
 pub(crate) async fn watch_dispatcher(
-    inner: Arc<Inner>,
+    session: Arc<SessionState>,
     mut armed: mpsc::UnboundedReceiver<(uuid::Uuid, Option<WatchedRead>)>,
 ) {
     use futures::StreamExt;
@@ -127,7 +127,7 @@ pub(crate) async fn watch_dispatcher(
     // Reports a loss for `key` unless it was released or finished, and
     // forgets it.
     let lose = |key: &uuid::Uuid, why: &str| {
-        let entry = inner.held.lock().expect("poisoned").remove(key);
+        let entry = session.held.lock().expect("poisoned").remove(key);
         if let Some(h) = entry {
             if !h.signals.is_finished() {
                 tracing::info!(node = %h.node, why, "held lock node deleted");
@@ -137,8 +137,8 @@ pub(crate) async fn watch_dispatcher(
     };
     loop {
         let step = tokio::select! {
-            _ = inner.stop.cancelled() => return,
-            _ = inner.liveness.lost() => return,
+            _ = session.stop.cancelled() => return,
+            _ = session.liveness.lost() => return,
             key = armed.recv() => match key {
                 // Watched by the read behind its create already.
                 Some((key, Some(read))) => Step::Armed(key, 0, Ok(read)),
@@ -150,7 +150,7 @@ pub(crate) async fn watch_dispatcher(
             },
             _ = tokio::time::sleep_until(fresh.next_due().unwrap_or_else(Instant::now)), if !fresh.is_empty() => {
                 while let Some(key) = fresh.pop_due() {
-                    pending.push(arm(&inner, key, 0));
+                    pending.push(arm(&session, key, 0));
                 }
                 continue;
             }
@@ -159,7 +159,7 @@ pub(crate) async fn watch_dispatcher(
         match step {
             Step::Gone => {}
             Step::Armed(key, _, Ok((data, _, watcher))) => {
-                let (signals, election) = match inner.held.lock().expect("poisoned").get(&key) {
+                let (signals, election) = match session.held.lock().expect("poisoned").get(&key) {
                     Some(h) if !h.signals.is_finished() => {
                         (h.signals.clone(), h.revoke_dir.is_some())
                     }
@@ -175,14 +175,14 @@ pub(crate) async fn watch_dispatcher(
                     signals.request_revoke();
                 }
                 if election && dir_watched.insert(key) {
-                    pending.push(arm_dir(&inner, key, 0));
+                    pending.push(arm_dir(&session, key, 0));
                 }
                 pending.push(Box::pin(async move {
                     Step::Fired(key, watcher.changed().await)
                 }));
             }
             Step::DirArmed(key, _, Ok((data, stat, watcher))) => {
-                let (signals, node, dir) = match inner.held.lock().expect("poisoned").get(&key) {
+                let (signals, node, dir) = match session.held.lock().expect("poisoned").get(&key) {
                     Some(h) if !h.signals.is_finished() => {
                         (h.signals.clone(), h.node.clone(), h.revoke_dir.clone())
                     }
@@ -204,7 +204,7 @@ pub(crate) async fn watch_dispatcher(
                     // Ours, now heard; or another leader's, stale (we lead,
                     // so its leader is gone): cleared either way, unless
                     // written again meanwhile.
-                    pending.push(clear_revoke_mark(&inner, dir, stat.version));
+                    pending.push(clear_revoke_mark(&session, dir, stat.version));
                 }
                 pending.push(Box::pin(async move {
                     tokio::select! {
@@ -220,7 +220,7 @@ pub(crate) async fn watch_dispatcher(
                     // watch on that reports it; or the session is over.
                     dir_watched.remove(&key);
                 } else {
-                    pending.push(arm_dir(&inner, key, attempt + 1));
+                    pending.push(arm_dir(&session, key, attempt + 1));
                 }
             }
             Step::DirFired(key, ev) => match ev.event_type {
@@ -230,7 +230,7 @@ pub(crate) async fn watch_dispatcher(
                 zk::EventType::NodeDeleted => {
                     dir_watched.remove(&key);
                 }
-                _ => pending.push(arm_dir(&inner, key, 0)), // data changed, or a reconnect
+                _ => pending.push(arm_dir(&session, key, 0)), // data changed, or a reconnect
             },
             Step::DirGone(key) => {
                 dir_watched.remove(&key);
@@ -238,17 +238,17 @@ pub(crate) async fn watch_dispatcher(
             Step::Armed(key, _, Err(zk::Error::NoNode)) => lose(&key, "NoNode"),
             Step::Armed(key, _, Err(e)) if is_terminal(&e) => {
                 // The session is over: liveness reports it.
-                inner.held.lock().expect("poisoned").remove(&key);
+                session.held.lock().expect("poisoned").remove(&key);
             }
             // Connection trouble: the local deadline fires the loss if this
             // lasts; keep trying to re-arm the watch until then.
-            Step::Armed(key, attempt, Err(_)) => pending.push(arm(&inner, key, attempt + 1)),
+            Step::Armed(key, attempt, Err(_)) => pending.push(arm(&session, key, attempt + 1)),
             Step::Fired(key, ev) => match ev.event_type {
                 zk::EventType::NodeDeleted => lose(&key, "NodeDeleted"),
                 zk::EventType::Session if ev.session_state.is_terminated() => {
-                    inner.held.lock().expect("poisoned").remove(&key);
+                    session.held.lock().expect("poisoned").remove(&key);
                 }
-                _ => pending.push(arm(&inner, key, 0)), // data changed, or a reconnect
+                _ => pending.push(arm(&session, key, 0)), // data changed, or a reconnect
             },
         }
     }
@@ -258,43 +258,43 @@ pub(crate) async fn watch_dispatcher(
 /// negotiated timeout, answered through the leader, confirms the local
 /// deadline from its send time;
 /// a terminal session state (expired, auth failed, closed) is a loss.
-pub(crate) async fn keepalive(inner: Arc<Inner>) {
-    let mut state = inner.state.clone();
-    let period = inner.timeout / 3;
+pub(crate) async fn keepalive(session: Arc<SessionState>) {
+    let mut state = session.state.clone();
+    let period = session.timeout / 3;
     let mut next = Instant::now() + period;
     loop {
         let s = state.peek_state();
         if s.is_terminated() {
-            tracing::info!(session = %inner.id, state = %s, "ZooKeeper session ended");
-            inner.liveness.lose(LossReason::SessionExpired);
+            tracing::info!(session = %session.id, state = %s, "ZooKeeper session ended");
+            session.liveness.lose(LossReason::SessionExpired);
             return;
         }
         tokio::select! {
-            _ = inner.stop.cancelled() => return,
-            _ = inner.liveness.lost() => {
+            _ = session.stop.cancelled() => return,
+            _ = session.liveness.lost() => {
                 // Every guard has been told. End the session on the server
                 // now: the library would otherwise keep it alive with its
                 // own pings once the servers are back, and our nodes with
                 // it, so waiters would wait until this client is dropped.
-                tracing::info!(session = %inner.id, "session lost locally; closing it");
-                inner.stop.cancel();
-                inner.client.lock().expect("poisoned").take();
+                tracing::info!(session = %session.id, "session lost locally; closing it");
+                session.stop.cancel();
+                session.client.lock().expect("poisoned").take();
                 return;
             }
             _ = state.changed() => continue,
             _ = tokio::time::sleep_until(next) => {}
         }
         next = Instant::now() + period;
-        let Ok(c) = inner.client() else { return };
-        inner.shared.count_keepalive();
+        let Ok(c) = session.client() else { return };
+        session.core.count_keepalive();
         let sent = Instant::now();
-        // A `sync`, not a read: the leader answers it (see `Inner::heard`).
+        // A `sync`, not a read: the leader answers it (see `SessionState::heard`).
         let r = tokio::select! {
             r = c.sync("/") => r,
-            _ = inner.stop.cancelled() => return,
+            _ = session.stop.cancelled() => return,
         };
         drop(c);
-        inner.heard(sent, &r);
+        session.heard(sent, &r);
         if let Err(e) = r {
             tracing::debug!(error = %e, "keepalive sync failed");
         }

@@ -17,8 +17,8 @@ use tracing::Instrument;
 use zookeeper_client as zk;
 
 use crate::core::{
-    self, is_terminal, lost_session, sequence_of, Created, Inner, Listing, ParentWatch, Shared,
-    Shutdown, CHAINS_KEPT,
+    self, is_terminal, lost_session, sequence_of, Created, Listing, ParentWatch, SessionState,
+    Shutdown, ZkCore, CHAINS_KEPT,
 };
 use crate::error::map;
 use crate::layout::{self, Role, LOCK_MARKER};
@@ -26,58 +26,58 @@ use crate::monitor::{keepalive, watch_dispatcher};
 
 /// A lock session: one ZooKeeper session, shared by every lock of a client.
 pub(crate) struct ZkSession {
-    inner: Arc<Inner>,
+    state: Arc<SessionState>,
 }
 
 impl fmt::Debug for ZkSession {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ZkSession")
-            .field("id", &self.inner.id)
-            .field("timeout", &self.inner.timeout)
+            .field("id", &self.state.id)
+            .field("timeout", &self.state.timeout)
             .finish()
     }
 }
 
 impl ZkSession {
     pub(crate) fn start(
-        shared: Arc<Shared>,
+        core: Arc<ZkCore>,
         client: zk::Client,
         liveness: Arc<SessionLiveness>,
     ) -> Self {
         let (arm, armed) = mpsc::unbounded_channel();
-        let inner = Arc::new(Inner {
+        let state = Arc::new(SessionState {
             id: client.session_id(),
             timeout: client.session_timeout(),
             state: client.state_watcher(),
             client: Mutex::new(Some(client)),
-            shared,
+            core,
             liveness,
             stop: CancellationToken::new(),
             held: Mutex::new(HashMap::new()),
             arm,
             chains: GrantMemory::new(CHAINS_KEPT),
         });
-        let span = tracing::debug_span!("keepalive", session = %inner.id);
-        tokio::spawn(keepalive(inner.clone()).instrument(span));
-        let span = tracing::debug_span!("holder_watches", session = %inner.id);
-        tokio::spawn(watch_dispatcher(inner.clone(), armed).instrument(span));
-        ZkSession { inner }
+        let span = tracing::debug_span!("keepalive", session = %state.id);
+        tokio::spawn(keepalive(state.clone()).instrument(span));
+        let span = tracing::debug_span!("holder_watches", session = %state.id);
+        tokio::spawn(watch_dispatcher(state.clone(), armed).instrument(span));
+        ZkSession { state }
     }
 
     /// For `kill_session`: stops this session's tasks and drops its
     /// client, so that the library closes the session on the server.
     pub(crate) fn shutdown_handle(&self) -> Shutdown {
-        let weak = Arc::downgrade(&self.inner);
+        let weak = Arc::downgrade(&self.state);
         Arc::new(move || {
-            if let Some(inner) = weak.upgrade() {
-                inner.stop.cancel();
-                inner.client.lock().expect("poisoned").take();
+            if let Some(state) = weak.upgrade() {
+                state.stop.cancel();
+                state.client.lock().expect("poisoned").take();
             }
         })
     }
 }
 
-impl Inner {
+impl SessionState {
     /// Lists `dir`, retrying in place while the connection is down and the
     /// session alive (a waiter keeps its place in the queue).
     async fn list_retrying(&self, c: &zk::Client, dir: &str) -> Result<Vec<String>> {
@@ -113,7 +113,7 @@ impl Inner {
             Ok((data, _, watcher)) => {
                 on_data(&data)?;
                 let _ev = watcher.changed().await;
-                self.shared.count_watch_event();
+                self.core.count_watch_event();
                 *backoff = Duration::from_millis(20);
             }
             Err(zk::Error::NoNode) => {} // gone already: list again
@@ -139,7 +139,7 @@ impl Inner {
     /// (see [`ParentWatch`]).
     async fn acquire_queue(&self, req: &AcquireRequest) -> Result<Acquired> {
         let role = Role::of(req.kind);
-        let dir = self.shared.lock_dir(&req.name)?;
+        let dir = self.core.lock_dir(&req.name)?;
         let c = self.client()?;
         let mut chain = self.chains.take_released(&dir);
         let repeat = chain
@@ -238,7 +238,7 @@ impl Inner {
     /// `P/locks`, then (holding it) create a lease `P/leases/..-lease-` and
     /// wait until at most `permits` leases exist; then leave the mutex.
     async fn acquire_semaphore(&self, req: &AcquireRequest, permits: u32) -> Result<Acquired> {
-        let dir = self.shared.lock_dir(&req.name)?;
+        let dir = self.core.lock_dir(&req.name)?;
         let locks_dir = format!("{dir}/{}", layout::SEM_LOCKS);
         let leases_dir = format!("{dir}/{}", layout::SEM_LEASES);
         let data = layout::permits_data(permits, &layout::value_data(&req.value));
@@ -330,12 +330,12 @@ impl Inner {
             }
             if let Some(w) = watcher {
                 let _ev = w.changed().await;
-                self.shared.count_watch_event();
+                self.core.count_watch_event();
             }
         }
     }
 
-    /// Step 1 of [`Inner::acquire_semaphore`]: the internal mutex of
+    /// Step 1 of [`SessionState::acquire_semaphore`]: the internal mutex of
     /// Curator's `InterProcessSemaphoreV2`, FIFO and herd-free as any
     /// mutex. A try that finds it taken, or a waiter that meets another
     /// permit count, deletes our node `lock_node` and returns the error.
@@ -400,7 +400,7 @@ impl Inner {
         Ok(())
     }
 
-    /// Step 2 of [`Inner::acquire_semaphore`], holding the internal mutex:
+    /// Step 2 of [`SessionState::acquire_semaphore`], holding the internal mutex:
     /// why our lease must not be created (`Conflict`: the name is used as
     /// another kind or with another permit count; `WouldBlock`: a try with
     /// no free permit), if anything.
@@ -464,26 +464,26 @@ impl Inner {
 #[async_trait]
 impl StoreSession for ZkSession {
     fn id(&self) -> String {
-        core::session_text(self.inner.id.0)
+        core::session_text(self.state.id.0)
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired> {
         match req.kind {
-            LockKind::Semaphore { permits } => self.inner.acquire_semaphore(req, permits).await,
-            _ => self.inner.acquire_queue(req).await,
+            LockKind::Semaphore { permits } => self.state.acquire_semaphore(req, permits).await,
+            _ => self.state.acquire_queue(req).await,
         }
     }
 
     async fn release(&self, req: &AcquireRequest, held: &Acquired) -> Result<()> {
-        self.inner.mark_released(&req.contender);
-        self.inner.shared.forget_version(&held.entry);
-        let c = self.inner.client()?;
-        let deleted = self.inner.delete(&c, &held.entry).await?;
+        self.state.mark_released(&req.contender);
+        self.state.core.forget_version(&held.entry);
+        let c = self.state.client()?;
+        let deleted = self.state.delete(&c, &held.entry).await?;
         // Only a node we deleted ourselves lets the next acquire skip the
         // listing (one a breaker deleted does not).
         if let (Some((dir, _)), Some(seq)) = (held.entry.rsplit_once('/'), sequence_of(&held.entry))
         {
-            self.inner.chains.released(dir, seq, deleted);
+            self.state.chains.released(dir, seq, deleted);
         }
         Ok(())
     }
@@ -495,8 +495,8 @@ impl StoreSession for ZkSession {
         // at, as a fenced write's check: unconditional, it overwrote a
         // break's mark (the leader went on proclaiming until the delete,
         // after being told of the loss, and its later fenced writes passed).
-        let shared = &self.inner.shared;
-        let c = self.inner.client()?;
+        let core = &self.state.core;
+        let c = self.state.client()?;
         let data = layout::value_data(value);
         let lost = || {
             Error::new(
@@ -504,18 +504,18 @@ impl StoreSession for ZkSession {
                 format!("{}: our node {} is gone or broken", req.name, held.entry),
             )
         };
-        let mut version = shared.data_version(&held.entry);
+        let mut version = core.data_version(&held.entry);
         for _ in 0..8 {
-            shared.count(1);
+            core.count(1);
             match c.set_data(&held.entry, &data, Some(version)).await {
                 Ok(stat) => {
-                    shared.note_version(&held.entry, stat.version);
+                    core.note_version(&held.entry, stat.version);
                     return Ok(());
                 }
                 Err(zk::Error::NoNode) => return Err(lost()),
                 // Rewritten by someone else: read what it is now.
                 Err(zk::Error::BadVersion) => {
-                    shared.count(1);
+                    core.count(1);
                     match crate::fenced::held_version(&c, &held.entry).await? {
                         Some(v) => version = v,
                         None => return Err(lost()),
@@ -531,10 +531,10 @@ impl StoreSession for ZkSession {
     }
 
     async fn abandon(&self, req: &AcquireRequest) -> Result<()> {
-        let inner = &self.inner;
-        inner.mark_released(&req.contender);
-        let dir = inner.shared.lock_dir(&req.name)?;
-        let c = inner.client()?;
+        let session = &self.state;
+        session.mark_released(&req.contender);
+        let dir = session.core.lock_dir(&req.name)?;
+        let c = session.client()?;
         let prefix_name = format!("_c_{}-", req.contender.hyphenated());
         let dirs = match req.kind {
             // The lease first: it counts against the permits.
@@ -547,42 +547,42 @@ impl StoreSession for ZkSession {
         for dir in dirs {
             // As after a lost create: the server may not have applied a
             // create of ours yet; after a sync it has.
-            inner.sync_dir(&c, &dir).await?;
-            let Some(children) = inner.list(&c, &dir).await? else {
+            session.sync_dir(&c, &dir).await?;
+            let Some(children) = session.list(&c, &dir).await? else {
                 continue;
             };
             for child in children.iter().filter(|n| n.starts_with(&prefix_name)) {
                 tracing::debug!(node = %child, "removing an abandoned contender node");
-                inner.delete(&c, &format!("{dir}/{child}")).await?;
+                session.delete(&c, &format!("{dir}/{child}")).await?;
             }
         }
         Ok(())
     }
 
     async fn close(&self) -> Result<()> {
-        let inner = &self.inner;
-        inner.stop.cancel();
-        let client = inner.client.lock().expect("poisoned").take();
+        let session = &self.state;
+        session.stop.cancel();
+        let client = session.client.lock().expect("poisoned").take();
         if let Some(c) = client {
             let state = c.state_watcher();
             if !state.peek_state().is_terminated() {
-                inner.shared.count(1); // closeSession, sent once every clone is gone
+                session.core.count(1); // closeSession, sent once every clone is gone
             }
             drop(c);
-            if !core::wait_terminal(state, inner.shared.config.connect_timeout).await {
-                tracing::warn!(session = %inner.id, "session did not close in time; it will expire");
+            if !core::wait_terminal(state, session.core.config.connect_timeout).await {
+                tracing::warn!(session = %session.id, "session did not close in time; it will expire");
             }
         }
-        core::unregister_session(inner.id);
+        core::unregister_session(session.id);
         Ok(())
     }
 }
 
 impl Drop for ZkSession {
     fn drop(&mut self) {
-        self.inner.stop.cancel();
+        self.state.stop.cancel();
         // Dropping the last client clone closes the session in the
         // library's background task.
-        self.inner.client.lock().expect("poisoned").take();
+        self.state.client.lock().expect("poisoned").take();
     }
 }
