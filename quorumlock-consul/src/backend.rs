@@ -16,7 +16,7 @@ use quorumlock_core::backend::connect::check_connect;
 
 use crate::api::{op, Api, Block, KvEntry, Record, Txn};
 use crate::config::ConsulConfig;
-use crate::core::{now_ms, read_view, Inner};
+use crate::core::{now_ms, read_view, ConsulCore};
 use crate::error::map;
 use crate::fenced;
 use crate::layout::{line_holds, rw_revoke, Keys, SemView, View, REVOKE_FLAGS, SEMAPHORE_FLAGS};
@@ -35,13 +35,13 @@ const ADMIN_RETRIES: usize = 8;
 /// renewed by one task. See the crate documentation for the key layout.
 #[derive(Clone)]
 pub struct ConsulBackend {
-    pub(crate) inner: Arc<Inner>,
+    pub(crate) core: Arc<ConsulCore>,
 }
 
 impl fmt::Debug for ConsulBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ConsulBackend")
-            .field("url", &self.inner.config.describe())
+            .field("url", &self.core.config.describe())
             .finish()
     }
 }
@@ -54,7 +54,7 @@ fn since(e: &KvEntry) -> Option<SystemTime> {
 impl ConsulBackend {
     /// One txn of an admin call (`what` it does, for the error).
     async fn txn(&self, ops: Vec<op::Op>, what: &'static str) -> Result<Txn> {
-        self.inner.api.txn(ops).await.map_err(|e| map(e, what))
+        self.core.api.txn(ops).await.map_err(|e| map(e, what))
     }
 
     /// A backend for `config`. Reads the CA file if one is configured;
@@ -67,7 +67,7 @@ impl ConsulBackend {
 
     fn assemble(config: ConsulConfig, api: Api) -> ConsulBackend {
         ConsulBackend {
-            inner: Arc::new(Inner {
+            core: Arc::new(ConsulCore {
                 config,
                 api,
                 opened: Mutex::new(Vec::new()),
@@ -112,7 +112,7 @@ impl ConsulBackend {
     }
 
     async fn checked(b: ConsulBackend) -> Result<ConsulBackend> {
-        let config = &b.inner.config;
+        let config = &b.core.config;
         if config.lazy {
             return Ok(b);
         }
@@ -120,12 +120,12 @@ impl ConsulBackend {
         let leader = std::sync::Mutex::new(String::new());
         check_connect(&config.describe(), config.connect_timeout, || async {
             let l = b
-                .inner
+                .core
                 .api
                 .leader()
                 .await
                 .map_err(|e| map(e, "asking the agent for its leader"))?;
-            b.inner
+            b.core
                 .api
                 .probe(&probe)
                 .await
@@ -142,15 +142,15 @@ impl ConsulBackend {
 
     /// The configuration.
     pub fn config(&self) -> &ConsulConfig {
-        &self.inner.config
+        &self.core.config
     }
 
     async fn view(&self, keys: &Keys) -> Result<View> {
-        read_view(&self.inner.api, keys).await
+        read_view(&self.core.api, keys).await
     }
 
     async fn list_sem(&self, keys: &Keys) -> Result<(u64, Vec<KvEntry>)> {
-        self.inner
+        self.core
             .api
             .kv_list(
                 &keys.sem.prefix,
@@ -246,7 +246,7 @@ impl ConsulBackend {
     /// wait the lock-delay, delete them. `Ok(false)`: the line changed
     /// under phase 1; re-read.
     async fn break_rw(&self, holders: &[(LockKind, KvEntry)]) -> Result<bool> {
-        let grace = self.inner.config.lock_delay;
+        let grace = self.core.config.lock_delay;
         let mut at: Vec<(String, u64)> = holders
             .iter()
             .map(|(_, e)| (e.key.clone(), e.modify_index))
@@ -294,18 +294,18 @@ impl Backend for ConsulBackend {
             kill_session: true,
             rwlock: true,
             semaphore: true,
-            session_ttl: self.inner.config.ttl,
+            session_ttl: self.core.config.ttl,
             proclaim: true,
         }
     }
 
     fn describe(&self) -> String {
-        self.inner.config.describe()
+        self.core.config.describe()
     }
 
     async fn open_session(&self, liveness: Arc<SessionLiveness>) -> Result<Arc<dyn StoreSession>> {
-        let s = ConsulSession::open(self.inner.clone(), liveness).await?;
-        self.inner
+        let s = ConsulSession::open(self.core.clone(), liveness).await?;
+        self.core
             .opened
             .lock()
             .expect("poisoned")
@@ -314,7 +314,7 @@ impl Backend for ConsulBackend {
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
-        let keys = Keys::new(&self.inner.config, name);
+        let keys = Keys::new(&self.core.config, name);
         // One listing of `P/` covers our lock tree `P/.` and the
         // semaphore's contender keys.
         let (idx, entries) = self.list_sem(&keys).await?;
@@ -391,13 +391,13 @@ impl Backend for ConsulBackend {
         // `<name>/.` (our layout and `consul lock`) or directly under
         // `<name>/` with the semaphore's flags (`consul lock -n`). Each
         // name is then read as `inspect` reads it.
-        let ns = self.inner.config.namespace_prefix();
+        let ns = self.core.config.namespace_prefix();
         let start = match prefix {
-            Some(p) => format!("{}/", self.inner.config.lock_prefix(p)),
+            Some(p) => format!("{}/", self.core.config.lock_prefix(p)),
             None => ns.clone(),
         };
         let (_, entries) = self
-            .inner
+            .core
             .api
             .kv_list(
                 &start,
@@ -434,8 +434,8 @@ impl Backend for ConsulBackend {
     }
 
     async fn break_lock(&self, name: &LockName) -> Result<bool> {
-        let keys = Keys::new(&self.inner.config, name);
-        let grace = self.inner.config.lock_delay;
+        let keys = Keys::new(&self.core.config, name);
+        let grace = self.core.config.lock_delay;
         for _ in 0..ADMIN_RETRIES {
             let v = self.view(&keys).await?;
             if v.lock.as_ref().is_some_and(|l| l.flags == SEMAPHORE_FLAGS) {
@@ -544,7 +544,7 @@ impl Backend for ConsulBackend {
     }
 
     async fn request_revoke(&self, name: &LockName) -> Result<bool> {
-        let keys = Keys::new(&self.inner.config, name);
+        let keys = Keys::new(&self.core.config, name);
         for _ in 0..ADMIN_RETRIES {
             let v = self.view(&keys).await?;
             if v.lock.as_ref().is_some_and(|l| l.flags == SEMAPHORE_FLAGS) {
@@ -627,7 +627,7 @@ impl Backend for ConsulBackend {
                 format!("{session:?} is not a Consul session id"),
             ));
         }
-        self.inner
+        self.core
             .api
             .session_destroy(session)
             .await
@@ -635,9 +635,9 @@ impl Backend for ConsulBackend {
     }
 
     async fn leftovers(&self) -> Result<Vec<String>> {
-        let prefix = self.inner.config.namespace_prefix();
+        let prefix = self.core.config.namespace_prefix();
         let (_, entries) = self
-            .inner
+            .core
             .api
             .kv_list(
                 &prefix,
@@ -665,11 +665,11 @@ impl Backend for ConsulBackend {
             })
             .map(|e| e.key)
             .collect();
-        let opened = self.inner.opened.lock().expect("poisoned").clone();
+        let opened = self.core.opened.lock().expect("poisoned").clone();
         let mut gone = Vec::new();
         for id in opened {
             if self
-                .inner
+                .core
                 .api
                 .session_exists(&id)
                 .await
@@ -680,7 +680,7 @@ impl Backend for ConsulBackend {
                 gone.push(id);
             }
         }
-        self.inner
+        self.core
             .opened
             .lock()
             .expect("poisoned")
@@ -689,22 +689,22 @@ impl Backend for ConsulBackend {
     }
 
     fn requests_sent(&self) -> u64 {
-        self.inner.api.requests()
+        self.core.api.requests()
     }
 
     async fn fenced_write(&self, held: &[HeldEntry], write: &KeyWrite) -> Result<()> {
-        fenced::check_key(write, &self.inner.config.namespace_prefix())?;
-        fenced::fenced_write(&self.inner.api, held, write).await
+        fenced::check_key(write, &self.core.config.namespace_prefix())?;
+        fenced::fenced_write(&self.core.api, held, write).await
     }
 
     async fn read_key(&self, key: &str) -> Result<Option<Vec<u8>>> {
         let probe = KeyWrite::Delete { key: key.into() };
-        fenced::check_key(&probe, &self.inner.config.namespace_prefix())?;
-        fenced::read_key(&self.inner.api, key).await
+        fenced::check_key(&probe, &self.core.config.namespace_prefix())?;
+        fenced::read_key(&self.core.api, key).await
     }
 
     async fn write_key(&self, write: &KeyWrite) -> Result<()> {
-        fenced::check_key(write, &self.inner.config.namespace_prefix())?;
-        fenced::write_key(&self.inner.api, write).await
+        fenced::check_key(write, &self.core.config.namespace_prefix())?;
+        fenced::write_key(&self.core.api, write).await
     }
 }

@@ -1,9 +1,10 @@
-//! What every part of a session shares: the backend's client and
-//! configuration ([`Inner`]), the session's state ([`Shared`]: its id and
-//! liveness, the per-lock write mutexes, the held entries the monitor
-//! watches, the fences), the write paths that every acquire and removal
-//! goes through ([`Shared::write`], [`Shared::write_attempt`],
-//! [`Shared::fence`]), the blocking waits, and the error helpers.
+//! What every part of a session shares: the backend-wide state
+//! ([`ConsulCore`]: the HTTP client, the configuration, the sessions
+//! opened), one session's state ([`SessionState`]: its id and liveness,
+//! the per-lock write mutexes, the held entries the monitor watches, the
+//! fences), the write paths that every acquire and removal goes through
+//! ([`SessionState::write`], [`SessionState::write_attempt`],
+//! [`SessionState::fence`]), the blocking waits, and the error helpers.
 //!
 //! Imports only the layout and the HTTP client: the acquire recipes
 //! (`mutex`, `rw`, `semaphore`), the monitor and the renew task build on it.
@@ -28,12 +29,12 @@ use crate::layout::{fence_key, Keys, View, FENCE_FLAGS};
 /// Longest wait of one blocking query (Consul caps it at 10 minutes).
 pub(crate) const LONG_POLL: Duration = Duration::from_secs(300);
 /// How many contended mutex names a session remembers (see
-/// `Shared::contended`); past that it forgets them all.
+/// `SessionState::contended`); past that it forgets them all.
 pub(crate) const CONTENDED_MEMORY: usize = 1024;
 /// Unexpected txn failures tolerated in one acquire before giving up.
 pub(crate) const MAX_ACQUIRE_RETRIES: u32 = 20;
 /// How long a session keeps an attempt's fence (see
-/// [`Shared::fence`]): far longer than any request of ours is in
+/// [`SessionState::fence`]): far longer than any request of ours is in
 /// flight (10 s timeout); a copy delivered later than this is not fenced.
 const FENCE_KEEP: Duration = Duration::from_secs(15 * 60);
 /// At most this many fences per session: past it the oldest go first.
@@ -42,8 +43,10 @@ const FENCE_MAX: usize = 1024;
 /// takes at most 64 ops).
 const FENCE_DELETES: usize = 32;
 
-/// The backend's state, shared by the backend and its sessions.
-pub(crate) struct Inner {
+/// The backend-wide state: the backend holds an `Arc` of it, and every
+/// session (and its tasks) reaches the client and configuration through
+/// it.
+pub(crate) struct ConsulCore {
     pub config: ConsulConfig,
     pub api: Api,
     /// Sessions this instance created, for `leftovers()`.
@@ -86,8 +89,8 @@ fn view_of(keys: &Keys, read: std::result::Result<Txn, ApiError>) -> Result<View
 
 /// The state of one Consul session, shared by its `ConsulSession`, its
 /// renew task and its monitor.
-pub(crate) struct Shared {
-    pub backend: Arc<Inner>,
+pub(crate) struct SessionState {
+    pub core: Arc<ConsulCore>,
     pub id: String,
     pub liveness: Arc<SessionLiveness>,
     pub stop: CancellationToken,
@@ -110,7 +113,7 @@ pub(crate) struct Shared {
     /// written key shows its index as `ModifyIndex`). At most
     /// [`CONTENDED_MEMORY`] mutexes.
     pub lone_grants: QuietGrants,
-    /// Our fences (see [`Shared::fence`]), oldest first, with the
+    /// Our fences (see [`SessionState::fence`]), oldest first, with the
     /// time each was written: deleted after [`FENCE_KEEP`] or past
     /// [`FENCE_MAX`], else they go with the session.
     fences: Mutex<VecDeque<(String, Instant)>>,
@@ -251,12 +254,12 @@ pub(crate) fn read_after_lock(mut results: Vec<KvEntry>) -> Vec<KvEntry> {
     results
 }
 
-impl Shared {
+impl SessionState {
     /// The state of the new session `id`; nothing watched, written or
     /// remembered yet.
-    pub fn new(backend: Arc<Inner>, id: String, liveness: Arc<SessionLiveness>) -> Shared {
-        Shared {
-            backend,
+    pub fn new(core: Arc<ConsulCore>, id: String, liveness: Arc<SessionLiveness>) -> SessionState {
+        SessionState {
+            core,
             id,
             liveness,
             stop: CancellationToken::new(),
@@ -288,7 +291,7 @@ impl Shared {
     /// fenced off (a `check-not-exists` of its fence, last so that the op
     /// indexes of `ops` stay as they are; it reads nothing), and counted in
     /// `req.writes`, which records an end without the agent's answer (the
-    /// txn may still be applied later: see [`Shared::fence`]).
+    /// txn may still be applied later: see [`SessionState::fence`]).
     pub async fn write_attempt(
         self: &Arc<Self>,
         keys: &Keys,
@@ -317,7 +320,7 @@ impl Shared {
         let s = self.clone();
         let tree = keys.tree.clone();
         let txn = async move {
-            let r = s.backend.api.txn(ops).await;
+            let r = s.core.api.txn(ops).await;
             drop(guard);
             let mut map = s.ops.lock().expect("poisoned");
             if map.get(&tree).is_some_and(|m| Arc::strong_count(m) == 1) {
@@ -338,7 +341,7 @@ impl Shared {
     /// The fence of attempt `req` (see [`fence_key`]).
     fn fence_key(&self, req: &AcquireRequest) -> String {
         fence_key(
-            &self.backend.config.namespace_prefix(),
+            &self.core.config.namespace_prefix(),
             &self.id,
             &req.contender.simple(),
         )
@@ -413,7 +416,7 @@ impl Shared {
         let mut index = pred.modify_index.max(1);
         loop {
             let (idx, entry) = self
-                .backend
+                .core
                 .api
                 .kv_get(
                     &pred.key,
@@ -446,7 +449,7 @@ impl Shared {
         let mut index = held.modify_index.max(1);
         loop {
             let (idx, entry) = self
-                .backend
+                .core
                 .api
                 .kv_get(
                     &keys.lock,

@@ -10,7 +10,7 @@ use quorumlock_core::LossReason;
 use tokio::time::Instant;
 
 use crate::api::{op, Block, KvEntry};
-use crate::core::{Shared, LONG_POLL};
+use crate::core::{SessionState, LONG_POLL};
 use crate::layout::{rw_revoke, SemLock, SEMAPHORE_FLAGS};
 
 /// The monitor waits at least this long between two namespace reads, so
@@ -82,13 +82,13 @@ fn common_prefix<'a>(mut keys: impl Iterator<Item = &'a String>) -> String {
 /// its grace, which the budget stays well within. All of it on the
 /// priority lane of [`crate::api::Api`]: ordinary traffic of the client
 /// never delays it.
-pub(crate) async fn monitor(s: Arc<Shared>) {
+pub(crate) async fn monitor(s: Arc<SessionState>) {
     let mut index: u64 = 0;
     // Since when the held locks are unconfirmed (a read failed since the
     // last successful one), and the pause before the next read.
     let mut unconfirmed: Option<Instant> = None;
     let mut backoff = MONITOR_FIRST_BACKOFF;
-    let cfg = &s.backend.config;
+    let cfg = &s.core.config;
     let budget = blind_budget(cfg.ttl, cfg.lock_delay);
     let max_backoff = (budget / 8).clamp(MONITOR_FIRST_BACKOFF, MONITOR_MAX_BACKOFF);
     loop {
@@ -172,7 +172,7 @@ pub(crate) async fn monitor(s: Arc<Shared>) {
             }
             r = async {
                 match &query {
-                    Some((q, prefix)) => s.backend.api.kv_watch(prefix, Block { index: *q, wait: LONG_POLL, consistent: true }).await,
+                    Some((q, prefix)) => s.core.api.kv_watch(prefix, Block { index: *q, wait: LONG_POLL, consistent: true }).await,
                     None => std::future::pending().await,
                 }
             } => r,
@@ -219,7 +219,7 @@ async fn sleep_until_some(t: Option<Instant>) {
 
 /// When the first held lock unconfirmed since `since` runs out of
 /// `budget` (counted from `since`, or from its grant if later).
-fn next_deadline(s: &Shared, since: Instant, budget: Duration) -> Option<Instant> {
+fn next_deadline(s: &SessionState, since: Instant, budget: Duration) -> Option<Instant> {
     let w = s.watch.lock().expect("poisoned");
     w.entries
         .values()
@@ -232,7 +232,7 @@ fn next_deadline(s: &Shared, since: Instant, budget: Duration) -> Option<Instant
 /// from the store as a release would: the session may well live on
 /// (renewals are separate), and the locks would stay held until the
 /// guards are released. `true` if nothing is watched any more.
-fn lose_unconfirmed(s: &Arc<Shared>, since: Instant, budget: Duration) -> bool {
+fn lose_unconfirmed(s: &Arc<SessionState>, since: Instant, budget: Duration) -> bool {
     let now = Instant::now();
     let (lost, empty): (Vec<(String, u64)>, bool) = {
         let mut w = s.watch.lock().expect("poisoned");
@@ -265,7 +265,7 @@ fn lose_unconfirmed(s: &Arc<Shared>, since: Instant, budget: Duration) -> bool {
 /// `.lock` only at the token we held (so never a newer lock of this
 /// session), with our queue key and any revoke marker, in one txn; retried
 /// until it is done, the lock changed, or the session ends.
-async fn remove_given_up(s: Arc<Shared>, lost: Vec<(String, u64)>) {
+async fn remove_given_up(s: Arc<SessionState>, lost: Vec<(String, u64)>) {
     for (lock_key, token) in lost {
         let ops = match lock_key.strip_suffix("/.lock") {
             None if !lock_key.contains("/.rw/") => {
@@ -294,7 +294,7 @@ async fn remove_given_up(s: Arc<Shared>, lost: Vec<(String, u64)>) {
         };
         let mut pause = Duration::from_millis(500);
         loop {
-            match s.backend.api.txn(ops.clone()).await {
+            match s.core.api.txn(ops.clone()).await {
                 Ok(_) => break, // done, or `.lock` is no longer ours at `token`
                 Err(e) => {
                     tracing::debug!(lock = %lock_key, error = %e, "removing a given-up lock failed; retrying");
@@ -313,7 +313,7 @@ async fn remove_given_up(s: Arc<Shared>, lost: Vec<(String, u64)>) {
 /// Judges every watched lock under `prefix` against a read of it at index
 /// `idx`; returns how many locks are watched.
 async fn evaluate(
-    s: &Shared,
+    s: &SessionState,
     prefix: &str,
     idx: u64,
     entries: &[KvEntry],
@@ -377,7 +377,7 @@ async fn evaluate(
     // on the priority lane, and not for long: the loss must be reported
     // within a break's grace, whatever else the client is doing.
     let ask = SESSION_CHECK_TIMEOUT.min(budget / 4);
-    let reason = match s.backend.api.session_exists_now(&s.id, ask).await {
+    let reason = match s.core.api.session_exists_now(&s.id, ask).await {
         Ok(false) => {
             s.liveness.lose(LossReason::SessionExpired);
             LossReason::SessionExpired

@@ -11,8 +11,8 @@ use quorumlock_core::{Error, ErrorKind, LockKind, Result};
 
 use crate::api::{op, KvEntry, Record, Txn};
 use crate::core::{
-    failed, now_ms, read_after_lock, read_view, session_gone, session_lost, would_block, Shared,
-    Transient, CONTENDED_MEMORY, MAX_ACQUIRE_RETRIES,
+    failed, now_ms, read_after_lock, read_view, session_gone, session_lost, would_block,
+    SessionState, Transient, CONTENDED_MEMORY, MAX_ACQUIRE_RETRIES,
 };
 use crate::layout::{Keys, View, LOCK_FLAGS, QUEUE_FLAGS};
 
@@ -22,7 +22,7 @@ struct FastTry {
     /// Our `.lock`'s index.
     token: u64,
     /// The view is the lock at the grant (not a read after it): a grant
-    /// that finds nobody in line is remembered in `Shared::lone_grants`.
+    /// that finds nobody in line is remembered in `SessionState::lone_grants`.
     at_grant: bool,
     /// What the acquire took from `lone_grants`.
     last: Option<LastGrant>,
@@ -34,7 +34,7 @@ struct FastTry {
 /// # Cancel safety
 /// Every write runs to its end if dropped; the `abandon` that follows
 /// removes what it wrote.
-pub(crate) async fn acquire(s: &Arc<Shared>, req: &AcquireRequest) -> Result<Acquired> {
+pub(crate) async fn acquire(s: &Arc<SessionState>, req: &AcquireRequest) -> Result<Acquired> {
     if !s.liveness.is_alive() {
         return Err(session_lost("the Consul session is lost"));
     }
@@ -57,7 +57,7 @@ pub(crate) async fn acquire(s: &Arc<Shared>, req: &AcquireRequest) -> Result<Acq
 
 /// One mutex acquire attempt: what each of its steps needs.
 struct Attempt<'a> {
-    s: &'a Arc<Shared>,
+    s: &'a Arc<SessionState>,
     req: &'a AcquireRequest,
     keys: Keys,
     /// Our queue key.
@@ -97,8 +97,8 @@ struct Failures {
 }
 
 impl<'a> Attempt<'a> {
-    fn new(s: &'a Arc<Shared>, req: &'a AcquireRequest) -> Attempt<'a> {
-        let keys = Keys::new(&s.backend.config, &req.name);
+    fn new(s: &'a Arc<SessionState>, req: &'a AcquireRequest) -> Attempt<'a> {
+        let keys = Keys::new(&s.core.config, &req.name);
         Attempt {
             s,
             req,
@@ -136,7 +136,7 @@ impl<'a> Attempt<'a> {
 
     /// Reads every key of the lock.
     async fn read(&self) -> Result<View> {
-        read_view(&self.s.backend.api, &self.keys).await
+        read_view(&self.s.core.api, &self.keys).await
     }
 
     /// Reports the grant at `token`, handing `.lock` to the monitor.
@@ -547,7 +547,7 @@ enum Seen<'v> {
 /// our token only, and what goes with it only while `.lock` is still at
 /// our token; if it is not any more, [`remove_read`].
 pub(crate) async fn release(
-    s: &Arc<Shared>,
+    s: &Arc<SessionState>,
     req: &AcquireRequest,
     keys: &Keys,
     held: &Acquired,
@@ -625,7 +625,7 @@ pub(crate) async fn release(
 /// another index (a proclaim of ours whose answer was lost) -> try again
 /// from there; else the lock is lost and nothing was written.
 pub(crate) async fn set_value(
-    s: &Arc<Shared>,
+    s: &Arc<SessionState>,
     req: &AcquireRequest,
     keys: &Keys,
     held: &Acquired,
@@ -671,7 +671,7 @@ pub(crate) async fn set_value(
             Err(e) if e.kind() == ErrorKind::Connection => Some(e),
             Err(e) => return Err(e),
         };
-        let l = match read_view(&s.backend.api, keys).await {
+        let l = match read_view(&s.core.api, keys).await {
             Ok(v) => v.lock,
             // Neither answer known: the value may or may not have changed.
             Err(e) => return Err(unknown.unwrap_or(e)),
@@ -697,7 +697,7 @@ pub(crate) async fn set_value(
 /// removed, and this session queued again) then deletes nothing: the
 /// newer attempt's queue key has the same name but another index. If our
 /// key moved since that read (or none was given), [`remove_read`].
-async fn leave_queue(s: &Arc<Shared>, keys: &Keys, ours: Option<&KvEntry>) -> Result<()> {
+async fn leave_queue(s: &Arc<SessionState>, keys: &Keys, ours: Option<&KvEntry>) -> Result<()> {
     if let Some(e) = ours {
         let ops = vec![op::delete_cas(&e.key, e.modify_index)];
         match s.write(keys, ops, "leaving the queue").await? {
@@ -712,7 +712,7 @@ async fn leave_queue(s: &Arc<Shared>, keys: &Keys, ours: Option<&KvEntry>) -> Re
 
 /// Remembers whether the mutex of `keys` had other contenders of ours
 /// (its next acquire then skips the fast path).
-fn note_contention(s: &Arc<Shared>, keys: &Keys, contended: bool) {
+fn note_contention(s: &Arc<SessionState>, keys: &Keys, contended: bool) {
     let mut c = s.contended.lock().expect("poisoned");
     if !contended {
         c.remove(&keys.lock);
@@ -726,7 +726,7 @@ fn note_contention(s: &Arc<Shared>, keys: &Keys, contended: bool) {
 
 /// The one-txn acquire of a free mutex: `check-not-exists` of `.lock`,
 /// `lock` of `.lock`, `get-tree` (none after a quiet cycle: see
-/// `Shared::lone_grants`).
+/// `SessionState::lone_grants`).
 /// `None`: not taken (rolled back: not free; nothing written), or an
 /// answer lost and our `.lock` not found on reading back. `Some`: our
 /// `.lock` at our token, not broken, and the lock as it was at that
@@ -740,7 +740,7 @@ fn note_contention(s: &Arc<Shared>, keys: &Keys, contended: bool) {
 /// The write runs to its end if dropped ([`ConsulSession::write`]);
 /// the `abandon` that follows removes a `.lock` it took.
 async fn try_fast(
-    s: &Arc<Shared>,
+    s: &Arc<SessionState>,
     req: &AcquireRequest,
     keys: &Keys,
     record: Record,
@@ -761,7 +761,7 @@ async fn try_fast(
     // a `.lock` of ours taken then, while a contender ahead of us waits
     // for it and we wait for that contender, would deadlock.
     ops.push(op::check_not_exists(&keys.queue(&s.id)));
-    let read = || read_view(&s.backend.api, keys);
+    let read = || read_view(&s.core.api, keys);
     // Our grant at `token`, judged on a read taken after it: only if
     // that read still shows `.lock` ours at that token and not broken
     // (else an operator broke it and someone else may hold it now:
@@ -845,7 +845,7 @@ async fn try_fast(
 /// Each write runs to its end if dropped; the `abandon` that follows
 /// removes our `.lock` and queue key.
 async fn give_back(
-    s: &Arc<Shared>,
+    s: &Arc<SessionState>,
     req: &AcquireRequest,
     keys: &Keys,
     token: u64,
@@ -890,7 +890,7 @@ async fn give_back(
             }
             Err(e) => {
                 transient.absorb(e).await?;
-                let v = transient.retry(|| read_view(&s.backend.api, keys)).await?;
+                let v = transient.retry(|| read_view(&s.core.api, keys)).await?;
                 if v.lock.as_ref().is_none_or(|l| l.modify_index != token) {
                     // Given back (or taken from us): go on from here.
                     return Ok(Some(v));
@@ -913,10 +913,10 @@ async fn give_back(
 /// (the keys of a session have the same names from one attempt to the
 /// next). If something moved between the read and the txn (a break),
 /// read again.
-async fn remove_read(s: &Arc<Shared>, keys: &Keys) -> Result<()> {
+async fn remove_read(s: &Arc<SessionState>, keys: &Keys) -> Result<()> {
     let qkey = keys.queue(&s.id);
     for _ in 0..MAX_ACQUIRE_RETRIES {
-        let v = read_view(&s.backend.api, keys).await?;
+        let v = read_view(&s.core.api, keys).await?;
         let mut ops = Vec::new();
         if let Some(l) = v
             .lock
@@ -950,7 +950,7 @@ async fn remove_read(s: &Arc<Shared>, keys: &Keys) -> Result<()> {
 
 /// Abandons a mutex acquire: out of the monitor's hands, then
 /// [`remove_read`].
-pub(crate) async fn abandon(s: &Arc<Shared>, keys: &Keys) -> Result<()> {
+pub(crate) async fn abandon(s: &Arc<SessionState>, keys: &Keys) -> Result<()> {
     s.unwatch(keys);
     remove_read(s, keys).await
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use quorumlock_core::LossReason;
 use tokio::time::Instant;
 
-use crate::core::Shared;
+use crate::core::SessionState;
 
 /// How long a session given up locally is retried to be destroyed.
 const ABANDONED_DESTROY_PATIENCE: Duration = Duration::from_secs(600);
@@ -17,8 +17,8 @@ const ABANDONED_DESTROY_PATIENCE: Duration = Duration::from_secs(600);
 /// period), confirms each success with its send time, declares the
 /// session lost on a 404, retries transient failures quickly (the
 /// client's local deadline fires if they last).
-pub(crate) async fn keepalive(s: Arc<Shared>) {
-    let ttl = s.backend.config.ttl;
+pub(crate) async fn keepalive(s: Arc<SessionState>) {
+    let ttl = s.core.config.ttl;
     let longest = (ttl / 4).max(Duration::from_secs(2));
     let mut next = Instant::now() + ttl / 2;
     loop {
@@ -46,7 +46,7 @@ pub(crate) async fn keepalive(s: Arc<Shared>) {
         let timeout = left.map_or(longest, |l| {
             longest.min(l * 3 / 4).max(Duration::from_millis(250))
         });
-        match s.backend.api.session_renew(&s.id, timeout).await {
+        match s.core.api.session_renew(&s.id, timeout).await {
             Ok(true) => {
                 s.liveness.confirm(sent, ttl);
                 next = sent + ttl / 2;
@@ -78,11 +78,11 @@ pub(crate) async fn keepalive(s: Arc<Shared>) {
 /// Consul 1.8.7 kept such sessions for good in our tests. We gave it up,
 /// so destroying it is safe: retry until the agent answers (at most
 /// [`ABANDONED_DESTROY_PATIENCE`]) or the session is closed.
-async fn destroy_abandoned(s: &Shared) {
+async fn destroy_abandoned(s: &SessionState) {
     let start = Instant::now();
     let mut pause = Duration::from_millis(500);
     loop {
-        match s.backend.api.session_destroy(&s.id).await {
+        match s.core.api.session_destroy(&s.id).await {
             Ok(()) => {
                 tracing::debug!(session = %s.id, "destroyed the session given up locally");
                 return;

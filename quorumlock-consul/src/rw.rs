@@ -9,13 +9,13 @@ use quorumlock_core::{Error, ErrorKind, LockKind, Result};
 
 use crate::api::{op, KvEntry, Record, Txn};
 use crate::core::{
-    failed, now_ms, read_after_lock, read_view, session_gone, session_lost, would_block, Shared,
-    Transient, MAX_ACQUIRE_RETRIES,
+    failed, now_ms, read_after_lock, read_view, session_gone, session_lost, would_block,
+    SessionState, Transient, MAX_ACQUIRE_RETRIES,
 };
 use crate::layout::{line_holds, rw_revoke, Keys, View, LOCK_FLAGS, READ_FLAGS, WRITE_FLAGS};
 
 /// Removes a read-write entry of this session and its revoke marker.
-async fn remove_rw(s: &Arc<Shared>, keys: &Keys, entry: &str) -> Result<()> {
+async fn remove_rw(s: &Arc<SessionState>, keys: &Keys, entry: &str) -> Result<()> {
     let ops = vec![
         op::check_session(entry, &s.id),
         op::delete(entry),
@@ -42,11 +42,11 @@ async fn remove_rw(s: &Arc<Shared>, keys: &Keys, entry: &str) -> Result<()> {
 /// # Cancel safety
 /// Every write runs to its end if dropped; the `abandon` that follows
 /// removes our entry.
-pub(crate) async fn acquire_rw(s: &Arc<Shared>, req: &AcquireRequest) -> Result<Acquired> {
+pub(crate) async fn acquire_rw(s: &Arc<SessionState>, req: &AcquireRequest) -> Result<Acquired> {
     if !s.liveness.is_alive() {
         return Err(session_lost("the Consul session is lost"));
     }
-    let keys = Keys::new(&s.backend.config, &req.name);
+    let keys = Keys::new(&s.core.config, &req.name);
     let entry = keys.rw_entry(&s.id, &req.contender);
     let revoke = rw_revoke(&entry);
     let flags = if req.kind == LockKind::Read {
@@ -62,7 +62,7 @@ pub(crate) async fn acquire_rw(s: &Arc<Shared>, req: &AcquireRequest) -> Result<
     }
     .with_value(&req.value);
     let mut transient = Transient::new(req.wait, &s.liveness);
-    let read = || read_view(&s.backend.api, &keys);
+    let read = || read_view(&s.core.api, &keys);
     // Whether `view` was read in the txn that wrote our entry at its
     // current index (then a grant by place in it is decided there).
     let (mut view, mut decided_in_write) =
@@ -159,7 +159,12 @@ pub(crate) async fn acquire_rw(s: &Arc<Shared>, req: &AcquireRequest) -> Result<
 
 /// `.lock` belongs to another recipe (a `consul lock -n` semaphore?):
 /// our entry goes, and the error says whose it is.
-async fn refuse_foreign_lock(s: &Arc<Shared>, keys: &Keys, entry: &str, view: &View) -> Result<()> {
+async fn refuse_foreign_lock(
+    s: &Arc<SessionState>,
+    keys: &Keys,
+    entry: &str,
+    view: &View,
+) -> Result<()> {
     match &view.lock {
         Some(l) if l.flags != LOCK_FLAGS => {
             remove_rw(s, keys, entry).await?;
@@ -191,7 +196,7 @@ fn blocker(line: &[(LockKind, KvEntry)], pos: usize, kind: LockKind) -> Option<K
 /// Releases a held read or write entry: one txn, the entry at our token
 /// and its revoke marker; if it is not at our token any more, removes
 /// what this session has of it.
-pub(crate) async fn release(s: &Arc<Shared>, keys: &Keys, held: &Acquired) -> Result<()> {
+pub(crate) async fn release(s: &Arc<SessionState>, keys: &Keys, held: &Acquired) -> Result<()> {
     s.unwatch_key(&held.entry);
     let ops = vec![
         op::delete_cas(&held.entry, held.token),
@@ -204,7 +209,11 @@ pub(crate) async fn release(s: &Arc<Shared>, keys: &Keys, held: &Acquired) -> Re
 }
 
 /// Abandons attempt `req`: removes its entry, wherever it is in line.
-pub(crate) async fn abandon(s: &Arc<Shared>, keys: &Keys, req: &AcquireRequest) -> Result<()> {
+pub(crate) async fn abandon(
+    s: &Arc<SessionState>,
+    keys: &Keys,
+    req: &AcquireRequest,
+) -> Result<()> {
     let entry = keys.rw_entry(&s.id, &req.contender);
     s.unwatch_key(&entry);
     remove_rw(s, keys, &entry).await
@@ -215,7 +224,7 @@ pub(crate) async fn abandon(s: &Arc<Shared>, keys: &Keys, req: &AcquireRequest) 
 /// join's answer was lost, and a read shows our entry, so it went
 /// through).
 async fn join(
-    s: &Arc<Shared>,
+    s: &Arc<SessionState>,
     req: &AcquireRequest,
     keys: &Keys,
     entry: &str,
@@ -241,7 +250,7 @@ async fn join(
             Ok(Txn::Failed(errs)) => return Err(failed("joining the queue", &errs)),
             Err(e) => {
                 transient.absorb(e).await?;
-                let v = transient.retry(|| read_view(&s.backend.api, keys)).await?;
+                let v = transient.retry(|| read_view(&s.core.api, keys)).await?;
                 if v.rw.iter().any(|e| e.key == entry) {
                     return Ok((v, false));
                 }

@@ -9,16 +9,16 @@ use quorumlock_core::{Error, ErrorKind, Result};
 
 use crate::api::{op, Block, KvEntry, Record, Txn};
 use crate::core::{
-    failed, now_ms, read_after_lock, session_gone, session_lost, would_block, SemWatched, Shared,
-    Transient, LONG_POLL, MAX_ACQUIRE_RETRIES,
+    failed, now_ms, read_after_lock, session_gone, session_lost, would_block, SemWatched,
+    SessionState, Transient, LONG_POLL, MAX_ACQUIRE_RETRIES,
 };
 use crate::error::map;
 use crate::layout::{Keys, SemLock, SemView, SEMAPHORE_FLAGS};
 
 /// Reads `P/` (blocking past `index` if it is not 0).
-async fn read_sem(s: &Arc<Shared>, keys: &Keys, index: u64) -> Result<SemView> {
+async fn read_sem(s: &Arc<SessionState>, keys: &Keys, index: u64) -> Result<SemView> {
     let (idx, entries) = s
-        .backend
+        .core
         .api
         .kv_list(
             &keys.sem.prefix,
@@ -34,7 +34,7 @@ async fn read_sem(s: &Arc<Shared>, keys: &Keys, index: u64) -> Result<SemView> {
 }
 
 /// Waits until one of `ahead` is gone.
-async fn wait_any_gone(s: &Arc<Shared>, ahead: Vec<KvEntry>) -> Result<()> {
+async fn wait_any_gone(s: &Arc<SessionState>, ahead: Vec<KvEntry>) -> Result<()> {
     let waits: Vec<_> = ahead.iter().map(|e| Box::pin(s.wait_gone(e))).collect();
     futures::future::select_all(waits).await.0
 }
@@ -49,7 +49,7 @@ async fn wait_any_gone(s: &Arc<Shared>, ahead: Vec<KvEntry>) -> Result<()> {
 /// at other indexes and removes nothing. The client layer keeps the
 /// request until this returns, so what our session has here now is
 /// this request's.
-async fn remove_sem(s: &Arc<Shared>, keys: &Keys) -> Result<()> {
+async fn remove_sem(s: &Arc<SessionState>, keys: &Keys) -> Result<()> {
     let sid = &s.id;
     let contender = keys.sem.contender(sid);
     for _ in 0..MAX_ACQUIRE_RETRIES {
@@ -111,14 +111,14 @@ async fn remove_sem(s: &Arc<Shared>, keys: &Keys) -> Result<()> {
 /// else it blocks on `P/` (as `consul lock -n` waiters do). The token
 /// is the `.lock` index our CAS wrote.
 pub(crate) async fn acquire_sem(
-    s: &Arc<Shared>,
+    s: &Arc<SessionState>,
     req: &AcquireRequest,
     permits: u32,
 ) -> Result<Acquired> {
     if !s.liveness.is_alive() {
         return Err(session_lost("the Consul session is lost"));
     }
-    let keys = Keys::new(&s.backend.config, &req.name);
+    let keys = Keys::new(&s.core.config, &req.name);
     let sid = s.id.as_str();
     let contender = keys.sem.contender(sid);
     let record = Record {
@@ -230,7 +230,7 @@ pub(crate) async fn acquire_sem(
 }
 
 fn granted_sem(
-    s: &Arc<Shared>,
+    s: &Arc<SessionState>,
     keys: &Keys,
     token: u64,
     contender_index: u64,
@@ -269,7 +269,7 @@ fn toggle_trailing_newline(b64: &str) -> String {
 
 /// Releases or abandons our permit (or our place in line): out of the
 /// monitor's hands, then [`remove_sem`].
-pub(crate) async fn remove(s: &Arc<Shared>, keys: &Keys) -> Result<()> {
+pub(crate) async fn remove(s: &Arc<SessionState>, keys: &Keys) -> Result<()> {
     s.unwatch_key(&keys.sem.contender(&s.id));
     remove_sem(s, keys).await
 }
@@ -278,7 +278,7 @@ pub(crate) async fn remove(s: &Arc<Shared>, keys: &Keys) -> Result<()> {
 /// a join whose answer was lost is read back (our key there: it went
 /// through).
 async fn join_sem(
-    s: &Arc<Shared>,
+    s: &Arc<SessionState>,
     req: &AcquireRequest,
     keys: &Keys,
     record: &Record,
@@ -345,7 +345,7 @@ fn conflict(view: &SemView, keys: &Keys, permits: u32) -> Option<String> {
 /// nothing, index included; JSON readers, Go's too, ignore it). `None`:
 /// not done (the semaphore changed, or the answer was lost again): re-read.
 async fn retake(
-    s: &Arc<Shared>,
+    s: &Arc<SessionState>,
     req: &AcquireRequest,
     keys: &Keys,
     l: &KvEntry,

@@ -26,7 +26,7 @@ use quorumlock_core::{Error, ErrorKind, LockKind, Result};
 use serde_json::json;
 use tokio::time::Instant;
 
-use crate::core::{session_lost, Inner, Shared};
+use crate::core::{session_lost, ConsulCore, SessionState};
 use crate::error::map;
 use crate::layout::Keys;
 use crate::{monitor, mutex, renew, rw, semaphore};
@@ -39,7 +39,7 @@ const SESSION_CREATE_TIMEOUT: Duration = Duration::from_secs(60);
 /// One Consul session (behavior `delete`, TTL renewed at TTL/2), and the
 /// permit sessions of its semaphore owners (see the module docs).
 pub(crate) struct ConsulSession {
-    s: Arc<Shared>,
+    s: Arc<SessionState>,
     permits: Arc<PermitSessions>,
 }
 
@@ -47,7 +47,7 @@ pub(crate) struct ConsulSession {
 #[derive(Default)]
 struct PermitSessions {
     /// Every permit session still alive, oldest first.
-    all: StdMutex<Vec<Arc<Shared>>>,
+    all: StdMutex<Vec<Arc<SessionState>>>,
     /// Semaphore requests in flight or held: contender -> (semaphore
     /// prefix, the session it uses, its signals).
     used: StdMutex<HashMap<uuid::Uuid, Use>>,
@@ -56,7 +56,7 @@ struct PermitSessions {
 #[derive(Clone)]
 struct Use {
     prefix: String,
-    session: Arc<Shared>,
+    session: Arc<SessionState>,
     signals: quorumlock_core::backend::EntrySignals,
 }
 
@@ -76,10 +76,10 @@ impl ConsulSession {
     /// Creates the session, confirms it with the send time of the create,
     /// and starts the renew task and the monitor.
     pub(crate) async fn open(
-        backend: Arc<Inner>,
+        core: Arc<ConsulCore>,
         liveness: Arc<SessionLiveness>,
     ) -> Result<ConsulSession> {
-        let s = create(backend, liveness).await?;
+        let s = create(core, liveness).await?;
         Ok(ConsulSession {
             s,
             permits: Arc::default(),
@@ -93,8 +93,8 @@ impl ConsulSession {
     /// The session a semaphore request uses: the main one unless another
     /// request of ours on the same semaphore uses it, else a permit
     /// session that no request on it uses (a new one if none is free).
-    async fn session_for(&self, req: &AcquireRequest, prefix: &str) -> Result<Arc<Shared>> {
-        let pick = |used: &HashMap<uuid::Uuid, Use>| -> Option<Arc<Shared>> {
+    async fn session_for(&self, req: &AcquireRequest, prefix: &str) -> Result<Arc<SessionState>> {
+        let pick = |used: &HashMap<uuid::Uuid, Use>| -> Option<Arc<SessionState>> {
             let busy: Vec<&str> = used
                 .values()
                 .filter(|u| u.prefix == prefix)
@@ -108,7 +108,7 @@ impl ConsulSession {
                 .find(|p| p.liveness.is_alive() && !busy.contains(&p.id.as_str()))
                 .cloned()
         };
-        let record = |session: Arc<Shared>| Use {
+        let record = |session: Arc<SessionState>| Use {
             prefix: prefix.to_string(),
             session,
             signals: req.signals.clone(),
@@ -143,7 +143,7 @@ impl ConsulSession {
     }
 
     /// The session that request `req` (a semaphore's) used, if any.
-    fn used_by(&self, req: &AcquireRequest) -> Option<Arc<Shared>> {
+    fn used_by(&self, req: &AcquireRequest) -> Option<Arc<SessionState>> {
         let used = self.permits.used.lock().expect("poisoned");
         used.get(&req.contender).map(|u| u.session.clone())
     }
@@ -161,11 +161,11 @@ impl ConsulSession {
 /// Opens a permit session for the client of `main`, starts its
 /// watchdog and [`watch_permit_session`], and adds it to `permits`.
 async fn open_permit_session(
-    main: Arc<Shared>,
+    main: Arc<SessionState>,
     permits: Arc<PermitSessions>,
-) -> Result<Arc<Shared>> {
+) -> Result<Arc<SessionState>> {
     let liveness = Arc::new(SessionLiveness::new());
-    let p = create(main.backend.clone(), liveness.clone()).await?;
+    let p = create(main.core.clone(), liveness.clone()).await?;
     tracing::debug!(session = %p.id, main = %main.id, "Consul permit session created");
     tokio::spawn(liveness.watchdog());
     permits.all.lock().expect("poisoned").push(p.clone());
@@ -177,7 +177,11 @@ async fn open_permit_session(
 /// through it is lost; when the main session `main` stops or is lost
 /// (every guard of the client reports that loss), `p` stops and is
 /// destroyed, so its permits are free at once rather than after its TTL.
-async fn watch_permit_session(main: Arc<Shared>, p: Arc<Shared>, permits: Arc<PermitSessions>) {
+async fn watch_permit_session(
+    main: Arc<SessionState>,
+    p: Arc<SessionState>,
+    permits: Arc<PermitSessions>,
+) {
     tokio::select! {
         reason = p.liveness.lost() => {
             tracing::info!(session = %p.id, %reason, "Consul permit session lost");
@@ -192,15 +196,18 @@ async fn watch_permit_session(main: Arc<Shared>, p: Arc<Shared>, permits: Arc<Pe
         _ = main.liveness.lost() => {}
     }
     p.stop.cancel();
-    if let Err(e) = p.backend.api.session_destroy(&p.id).await {
+    if let Err(e) = p.core.api.session_destroy(&p.id).await {
         tracing::debug!(session = %p.id, error = %e, "destroying a permit session failed; it ends by its TTL");
     }
 }
 
 /// Creates one Consul session, confirms `liveness` with the send time of
 /// the create, and starts its renew task and its monitor.
-async fn create(backend: Arc<Inner>, liveness: Arc<SessionLiveness>) -> Result<Arc<Shared>> {
-    let cfg = &backend.config;
+async fn create(
+    core: Arc<ConsulCore>,
+    liveness: Arc<SessionLiveness>,
+) -> Result<Arc<SessionState>> {
+    let cfg = &core.config;
     let body = json!({
         "Name": format!("quorumlock:{}", cfg.namespace),
         "TTL": go_duration(cfg.ttl),
@@ -212,7 +219,7 @@ async fn create(backend: Arc<Inner>, liveness: Arc<SessionLiveness>) -> Result<A
         "NodeChecks": cfg.checks,
     });
     let sent = Instant::now();
-    let id = backend
+    let id = core
         .api
         .session_create(&body, SESSION_CREATE_TIMEOUT)
         .await
@@ -222,17 +229,17 @@ async fn create(backend: Arc<Inner>, liveness: Arc<SessionLiveness>) -> Result<A
         // A slow answer (a healed partition): the create's send time
         // is too old to vouch for the session; renew it now.
         let sent = Instant::now();
-        match backend.api.session_renew(&id, SESSION_CREATE_TIMEOUT).await {
+        match core.api.session_renew(&id, SESSION_CREATE_TIMEOUT).await {
             Ok(true) => liveness.confirm(sent, cfg.ttl),
             Ok(false) => return Err(session_lost("the new Consul session is already gone")),
             Err(e) => {
-                let _ = backend.api.session_destroy(&id).await;
+                let _ = core.api.session_destroy(&id).await;
                 return Err(map(e, "renewing a new session"));
             }
         }
     }
     tracing::debug!(session = %id, ttl = ?cfg.ttl, "Consul session created");
-    let s = Arc::new(Shared::new(backend, id, liveness));
+    let s = Arc::new(SessionState::new(core, id, liveness));
     tokio::spawn(renew::keepalive(s.clone()));
     tokio::spawn(monitor::monitor(s.clone()));
     Ok(s)
@@ -251,7 +258,7 @@ impl StoreSession for ConsulSession {
             LockKind::Exclusive | LockKind::Election => mutex::acquire(&self.s, req).await,
             LockKind::Read | LockKind::Write => rw::acquire_rw(&self.s, req).await,
             LockKind::Semaphore { permits } => {
-                let keys = Keys::new(&self.s.backend.config, &req.name);
+                let keys = Keys::new(&self.s.core.config, &req.name);
                 let s = self.session_for(req, &keys.sem.prefix).await?;
                 let r = semaphore::acquire_sem(&s, req, permits).await;
                 if r.as_ref().is_err_and(|e| e.kind() == ErrorKind::WouldBlock) {
@@ -268,7 +275,7 @@ impl StoreSession for ConsulSession {
     }
 
     async fn release(&self, req: &AcquireRequest, held: &Acquired) -> Result<()> {
-        let keys = Keys::new(&self.s.backend.config, &req.name);
+        let keys = Keys::new(&self.s.core.config, &req.name);
         if let LockKind::Semaphore { .. } = req.kind {
             return self.remove_sem(req, &keys).await;
         }
@@ -290,12 +297,12 @@ impl StoreSession for ConsulSession {
                 ),
             ));
         }
-        let keys = Keys::new(&self.s.backend.config, &req.name);
+        let keys = Keys::new(&self.s.core.config, &req.name);
         mutex::set_value(&self.s, req, &keys, held, value).await
     }
 
     async fn abandon(&self, req: &AcquireRequest) -> Result<()> {
-        let keys = Keys::new(&self.s.backend.config, &req.name);
+        let keys = Keys::new(&self.s.core.config, &req.name);
         if let LockKind::Semaphore { .. } = req.kind {
             return self.remove_sem(req, &keys).await;
         }
@@ -311,13 +318,13 @@ impl StoreSession for ConsulSession {
         let permit_sessions = std::mem::take(&mut *self.permits.all.lock().expect("poisoned"));
         for p in permit_sessions {
             p.stop.cancel();
-            if let Err(e) = p.backend.api.session_destroy(&p.id).await {
+            if let Err(e) = p.core.api.session_destroy(&p.id).await {
                 tracing::debug!(session = %p.id, error = %e, "destroying a permit session failed; it ends by its TTL");
             }
         }
         self.s.stop.cancel();
         self.s
-            .backend
+            .core
             .api
             .session_destroy(&self.s.id)
             .await
