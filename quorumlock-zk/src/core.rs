@@ -131,6 +131,25 @@ pub(crate) async fn wait_terminal(mut state: zk::StateWatcher, limit: Duration) 
 }
 
 impl ZkCore {
+    /// The state of a backend for `config`; nothing is contacted (the
+    /// sessions are opened by `open_session`, the admin session on first
+    /// use).
+    pub(crate) fn new(config: ZkConfig) -> ZkCore {
+        ZkCore {
+            connect_string: config.connect_string(),
+            config,
+            requests: AtomicU64::new(0),
+            keepalives: AtomicU64::new(0),
+            watch_events: AtomicU64::new(0),
+            negotiated_ms: AtomicU64::new(0),
+            opened: Mutex::new(Vec::new()),
+            admin: tokio::sync::Mutex::new(None),
+            known_dirs: Mutex::new(HashSet::new()),
+            versions: Mutex::new(HashMap::new()),
+            ticks_checked: AtomicBool::new(false),
+        }
+    }
+
     pub(crate) fn count(&self, n: u64) {
         self.requests.fetch_add(n, Ordering::Relaxed);
     }
@@ -376,6 +395,25 @@ impl ZkCore {
         let (c, _) = self.connect(None).await?;
         *slot = Some(c.clone());
         Ok(c)
+    }
+
+    /// Runs an admin operation on the admin session; if that session
+    /// turns out to be gone (expired while the server was away), once
+    /// more on a new one.
+    pub(crate) async fn with_admin<'a, T, F, Fut>(&'a self, op: F) -> Result<T>
+    where
+        F: Fn(zk::Client) -> Fut,
+        Fut: Future<Output = Result<T>> + 'a,
+    {
+        let c = self.admin().await?;
+        match op(c).await {
+            Err(e) if e.kind() == ErrorKind::SessionLost => {
+                tracing::debug!(error = %e, "admin session lost; retrying on a new one");
+                self.admin.lock().await.take();
+                op(self.admin().await?).await
+            }
+            r => r,
+        }
     }
 }
 

@@ -2,7 +2,7 @@
 //! unmarked by a break, and then writes. A contender node's path is never
 //! reused (its name holds the attempt's GUID), and a break's mark is a new
 //! data version of the node: the check is of the data version the holder
-//! left the node at ([`fenced_write`]).
+//! left the node at ([`checked_write`]).
 
 use quorumlock_core::backend::{check_kinds, refused, HeldEntry, KeyWrite};
 use quorumlock_core::{Error, ErrorKind, Result};
@@ -14,7 +14,7 @@ use crate::layout::is_broken;
 
 /// ZooKeeper's own rules for a path, checked here so that a bad one is
 /// `InvalidArgument` with a reason rather than the client's `BadArguments`.
-pub(crate) fn check_path(write: &KeyWrite, root: &str) -> Result<()> {
+fn check_path(write: &KeyWrite, root: &str) -> Result<()> {
     write.validate(root)?;
     let path = write.key();
     let bad = |why: &str| {
@@ -153,7 +153,7 @@ async fn make_parents(c: &zk::Client, core: &ZkCore, path: &str) -> Result<()> {
 /// holder was told it had lost the lock. A node found at another version
 /// is read: gone or marked refuses the write, anything else (a revoke
 /// request: the holder still holds) is checked again at the new version.
-pub(crate) async fn fenced_write(
+async fn checked_write(
     c: &zk::Client,
     core: &ZkCore,
     held: &[HeldEntry],
@@ -204,14 +204,36 @@ pub(crate) async fn fenced_write(
     ))
 }
 
-pub(crate) async fn read_key(c: &zk::Client, path: &str) -> Result<Option<Vec<u8>>> {
-    match c.get_data(path).await {
-        Ok((data, _)) => Ok(Some(data)),
-        Err(zk::Error::NoNode) => Ok(None),
-        Err(e) => Err(map(e, "reading a node")),
-    }
+/// `Backend::fenced_write`, on the admin session: [`checked_write`].
+pub(crate) async fn fenced_write(
+    core: &ZkCore,
+    held: &[HeldEntry],
+    write: &KeyWrite,
+) -> Result<()> {
+    check_path(write, &core.root())?;
+    core.count(1);
+    core.with_admin(|c| async move { checked_write(&c, core, held, write).await })
+        .await
 }
 
-pub(crate) async fn write_key(c: &zk::Client, core: &ZkCore, write: &KeyWrite) -> Result<()> {
-    fenced_write(c, core, &[], write).await
+/// `Backend::read_key`, on the admin session.
+pub(crate) async fn read_key(core: &ZkCore, key: &str) -> Result<Option<Vec<u8>>> {
+    check_path(&KeyWrite::Delete { key: key.into() }, &core.root())?;
+    core.count(1);
+    core.with_admin(|c| async move {
+        match c.get_data(key).await {
+            Ok((data, _)) => Ok(Some(data)),
+            Err(zk::Error::NoNode) => Ok(None),
+            Err(e) => Err(map(e, "reading a node")),
+        }
+    })
+    .await
+}
+
+/// `Backend::write_key`: a write checked against no held node.
+pub(crate) async fn write_key(core: &ZkCore, write: &KeyWrite) -> Result<()> {
+    check_path(write, &core.root())?;
+    core.count(1);
+    core.with_admin(|c| async move { checked_write(&c, core, &[], write).await })
+        .await
 }

@@ -12,10 +12,12 @@ use quorumlock_core::backend::{
 };
 use quorumlock_core::{Error, ErrorKind, LockKind, Result};
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use zookeeper_client as zk;
 
+use crate::config::deadline_ttl;
 use crate::core::{
     self, is_terminal, lost_session, sequence_of, Created, Listing, ParentWatch, SessionState,
     Shutdown, ZkCore, CHAINS_KEPT,
@@ -39,11 +41,35 @@ impl fmt::Debug for ZkSession {
 }
 
 impl ZkSession {
-    pub(crate) fn start(
-        core: Arc<ZkCore>,
-        client: zk::Client,
-        liveness: Arc<SessionLiveness>,
-    ) -> Self {
+    /// `Backend::open_session`: a new ZooKeeper session, confirmed alive
+    /// through the leader, recorded for `leftovers` and `kill_session`,
+    /// with its tasks started.
+    pub(crate) async fn open(core: &Arc<ZkCore>, liveness: Arc<SessionLiveness>) -> Result<Self> {
+        let (client, started) = core.connect(None).await?;
+        let timeout = client.session_timeout();
+        // Done at `connect()` unless the backend is lazy: then here, once.
+        core.check_ticks(timeout).await?;
+        liveness.confirm(started, deadline_ttl(timeout));
+        if !liveness.is_alive() {
+            // The connect took most of a timeout (hosts tried in turn):
+            // confirm with a fresh round trip through the leader (a read
+            // would be answered by a follower even when cut off from it).
+            core.count(1);
+            let sent = Instant::now();
+            match client.sync("/").await {
+                Ok(_) => liveness.confirm(sent, deadline_ttl(timeout)),
+                Err(e) => return Err(map(e, "confirming a new session")),
+            }
+        }
+        core.record_opened(&client, &liveness);
+        tracing::debug!(session = %client.session_id(), timeout = ?client.session_timeout(), "ZooKeeper session opened");
+        let id = client.session_id();
+        let session = ZkSession::start(core.clone(), client, liveness);
+        core::set_shutdown(id, session.shutdown_handle());
+        Ok(session)
+    }
+
+    fn start(core: Arc<ZkCore>, client: zk::Client, liveness: Arc<SessionLiveness>) -> Self {
         let (arm, armed) = mpsc::unbounded_channel();
         let state = Arc::new(SessionState {
             id: client.session_id(),

@@ -22,7 +22,9 @@ fn url() -> Option<quorumlock_core::url::Url> {
 }
 
 async fn ours(cfg: ZkConfig) -> (Duration, Duration) {
-    let c = LockClient::new(Arc::new(ZkBackend::new(cfg)));
+    // Lazy: no admin session; the lock session opens at the first acquire.
+    let b = ZkBackend::from_config(cfg.with_lazy(true)).await.unwrap();
+    let c = LockClient::new(Arc::new(b));
     let lock = c.lock("cost").unwrap();
     for _ in 0..20 {
         lock.try_acquire().await.unwrap().release().await.unwrap();
