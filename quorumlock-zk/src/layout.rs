@@ -236,6 +236,12 @@ pub(crate) fn guid_prefix(child: &str) -> Option<&str> {
     (rest.len() > 37 && rest.as_bytes()[36] == b'-').then(|| &child[..3 + 37])
 }
 
+/// The sequence number at the end of a contender node's name.
+pub(crate) fn sequence_of(node: &str) -> Option<u64> {
+    let digits = node.len() - node.bytes().rev().take_while(u8::is_ascii_digit).count();
+    node[digits..].parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,6 +4,7 @@
 mod admin;
 mod backend;
 mod config;
+mod contender;
 mod core;
 mod error;
 mod fenced;

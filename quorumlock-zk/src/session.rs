@@ -18,12 +18,12 @@ use tracing::Instrument;
 use zookeeper_client as zk;
 
 use crate::config::deadline_ttl;
+use crate::contender::{Created, Listing};
 use crate::core::{
-    self, is_terminal, lost_session, sequence_of, Created, Listing, ParentWatch, SessionState,
-    Shutdown, ZkCore, CHAINS_KEPT,
+    self, is_terminal, lost_session, ParentWatch, SessionState, Shutdown, ZkCore, CHAINS_KEPT,
 };
 use crate::error::map;
-use crate::layout::{self, Role, LOCK_MARKER};
+use crate::layout::{self, sequence_of, Role, LOCK_MARKER};
 use crate::monitor::{keepalive, watch_dispatcher};
 
 /// A lock session: one ZooKeeper session, shared by every lock of a client.
