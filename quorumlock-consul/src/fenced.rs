@@ -10,10 +10,11 @@ use quorumlock_core::backend::{check_kinds, refused, HeldEntry, KeyWrite};
 use quorumlock_core::{Error, ErrorKind, Result};
 
 use crate::api::{op, Api, Block, Txn};
+use crate::core::ConsulCore;
 use crate::error::map;
 
 /// Consul's rule beside the shared ones: keys do not start with `/`.
-pub(crate) fn check_key(write: &KeyWrite, namespace_prefix: &str) -> Result<()> {
+fn check_key(write: &KeyWrite, namespace_prefix: &str) -> Result<()> {
     write.validate(namespace_prefix)?;
     if write.key().starts_with('/') {
         return Err(Error::new(
@@ -34,11 +35,22 @@ fn op_of(write: &KeyWrite) -> op::Op {
     }
 }
 
+/// Writes `write` (its key checked first) only while every entry of
+/// `held` is still its grant.
+pub(crate) async fn fenced_write(
+    core: &ConsulCore,
+    held: &[HeldEntry],
+    write: &KeyWrite,
+) -> Result<()> {
+    check_key(write, &core.config.namespace_prefix())?;
+    fenced_txn(&core.api, held, write).await
+}
+
 /// A proclaim moves a held `.lock`'s index but not its token: when a
 /// check fails, each entry is read, and one that is still its grant at
 /// another index (proclaimed) is checked again at that index; a
 /// refusal stands only for an entry that is no longer its grant.
-pub(crate) async fn fenced_write(api: &Api, held: &[HeldEntry], write: &KeyWrite) -> Result<()> {
+async fn fenced_txn(api: &Api, held: &[HeldEntry], write: &KeyWrite) -> Result<()> {
     check_kinds(held)?;
     let mut at: Vec<u64> = held.iter().map(|h| h.token).collect();
     for _ in 0..3 {
@@ -93,7 +105,11 @@ pub(crate) async fn fenced_write(api: &Api, held: &[HeldEntry], write: &KeyWrite
     Err(refused(write, held))
 }
 
-pub(crate) async fn read_key(api: &Api, key: &str) -> Result<Option<Vec<u8>>> {
+/// Reads `key` (checked as a write's key would be), `?consistent`.
+pub(crate) async fn read_key(core: &ConsulCore, key: &str) -> Result<Option<Vec<u8>>> {
+    let probe = KeyWrite::Delete { key: key.into() };
+    check_key(&probe, &core.config.namespace_prefix())?;
+    let api = &core.api;
     let block = Block {
         index: 0,
         wait: Duration::ZERO,
@@ -120,6 +136,7 @@ pub(crate) async fn read_key(api: &Api, key: &str) -> Result<Option<Vec<u8>>> {
         })
 }
 
-pub(crate) async fn write_key(api: &Api, write: &KeyWrite) -> Result<()> {
-    fenced_write(api, &[], write).await
+/// Writes `write` (its key checked first), unfenced.
+pub(crate) async fn write_key(core: &ConsulCore, write: &KeyWrite) -> Result<()> {
+    fenced_write(core, &[], write).await
 }
