@@ -5,6 +5,7 @@
 
 use std::time::{Duration, SystemTime};
 
+use quorumlock_core::backend::holds;
 use quorumlock_core::{
     Contender, Error, ErrorKind, LockKind, LockName, LockState, LossReason, Result,
 };
@@ -173,7 +174,7 @@ impl ZkCore {
                     let entry = format!("{dir}/{child}");
                     let mut cont = contender(&st, entry, role.kind());
                     cont.value = crate::layout::node_value(&data);
-                    alive.push((child, cont, crate::layout::is_broken(&data)));
+                    alive.push((cont, crate::layout::is_broken(&data)));
                 }
                 Err(zk::Error::NoNode) => {} // gone meanwhile
                 Err(e) => return Err(map(e, "reading a contender")),
@@ -182,13 +183,12 @@ impl ZkCore {
         // A node a break marked still stands in the line until the break
         // deletes it (nobody behind it holds yet) but is shown neither as
         // holding nor as waiting: its holder has been told of the loss.
-        let names: Vec<String> = alive.iter().map(|(n, _, _)| n.clone()).collect();
-        for (i, (child, cont, broken)) in alive.into_iter().enumerate() {
-            let role = classify(&child).map_or(Role::Mutex, |(r, _)| r);
+        let kinds: Vec<LockKind> = alive.iter().map(|(cont, _)| cont.kind).collect();
+        for (i, (cont, broken)) in alive.into_iter().enumerate() {
             if broken && marked == Marked::Hide {
                 continue;
             }
-            if blocker(&names, i, role).is_none() {
+            if holds(&kinds, i) {
                 state.holders.push(cont);
             } else {
                 state.waiters.push(cont);
@@ -251,6 +251,8 @@ impl ZkCore {
         }
         let permits = permits.unwrap_or(found.len() as u32);
         let kind = LockKind::Semaphore { permits };
+        // The leases in sequence order are the semaphore's queue.
+        let kinds = vec![kind; found.len()];
         let mut guids = Vec::new();
         let mut waiting_lease_owner = None;
         for (i, (child, st, data)) in found.iter().enumerate() {
@@ -260,7 +262,7 @@ impl ZkCore {
             if crate::layout::is_broken(data) && marked == Marked::Hide {
                 continue; // as a broken node above: in the count, not shown
             }
-            if i < permits as usize {
+            if holds(&kinds, i) {
                 state.holders.push(cont);
             } else {
                 waiting_lease_owner = Some(st.ephemeral_owner);

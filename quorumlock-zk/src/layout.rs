@@ -1,5 +1,6 @@
-//! Curator's node layout: node names and markers, the order of a queue,
-//! what each contender waits for, the data of revoke, break and
+//! Curator's node layout: node names and markers, the order of a queue
+//! and the kinds of its entries (what each waits for is
+//! `quorumlock_core::backend::waits_for`), the data of revoke, break and
 //! semaphore nodes.
 
 use quorumlock_core::LockKind;
@@ -102,17 +103,16 @@ pub(crate) fn sort_contenders(children: Vec<String>) -> Vec<String> {
     v
 }
 
-/// What the entry at `index` of `sorted` (of `role`) waits for: `None` if
-/// it holds, else the index of the one entry it watches. A reader waits
-/// for the nearest mutex or writer ahead of it; anything else for its
-/// predecessor.
-pub(crate) fn blocker(sorted: &[String], index: usize, role: Role) -> Option<usize> {
-    match role {
-        Role::Read => (0..index)
-            .rev()
-            .find(|&j| !matches!(classify(&sorted[j]), Some((Role::Read, _)))),
-        Role::Mutex | Role::Write | Role::Latch => index.checked_sub(1),
-    }
+/// The kinds of the entries of a queue ([`sort_contenders`]'s order), for
+/// the queue rule `quorumlock_core::backend::waits_for`: a `-lock-` node
+/// is a mutex, a `-latch-` node an election candidate (a mutex too), the
+/// read-write markers a reader or a writer. Its answer is an index into
+/// `sorted`.
+pub(crate) fn kinds(sorted: &[String]) -> Vec<LockKind> {
+    sorted
+        .iter()
+        .map(|c| classify(c).map_or(LockKind::Exclusive, |(role, _)| role.kind()))
+        .collect()
 }
 
 /// Lease (or semaphore lock) children sorted by their sequence number.
@@ -245,6 +245,7 @@ pub(crate) fn sequence_of(node: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use quorumlock_core::backend::waits_for;
 
     #[test]
     fn sorts_like_curator() {
@@ -286,15 +287,17 @@ mod tests {
                 "_c_e-__READ__0000000005",
             ]
         );
-        // Both readers ahead of the mutex hold; the mutex waits for its
-        // predecessor; the writer for the mutex; the last reader for the
-        // nearest writer ahead.
-        assert_eq!(blocker(&sorted, 0, Role::Read), None);
-        assert_eq!(blocker(&sorted, 1, Role::Read), None);
-        assert_eq!(blocker(&sorted, 2, Role::Mutex), Some(1));
-        assert_eq!(blocker(&sorted, 3, Role::Write), Some(2));
-        assert_eq!(blocker(&sorted, 4, Role::Read), Some(3));
-        assert_eq!(blocker(&sorted, 0, Role::Write), None);
+        // The queue rule over the store's view: both readers ahead of the
+        // mutex hold; the mutex waits for its predecessor; the writer for
+        // the mutex; the last reader for the nearest writer ahead; a writer
+        // first holds.
+        let queue = kinds(&sorted);
+        assert_eq!(waits_for(&queue, 0), None);
+        assert_eq!(waits_for(&queue, 1), None);
+        assert_eq!(waits_for(&queue, 2), Some(1));
+        assert_eq!(waits_for(&queue, 3), Some(2));
+        assert_eq!(waits_for(&queue, 4), Some(3));
+        assert_eq!(waits_for(&kinds(&sorted[3..]), 0), None);
         assert_eq!(classify("locks"), None);
         assert_eq!(classify("leases"), None);
         assert_eq!(

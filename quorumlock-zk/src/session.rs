@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use quorumlock_core::backend::{
-    AcquireRequest, Acquired, GrantMemory, SessionLiveness, StoreSession,
+    waits_for, AcquireRequest, Acquired, GrantMemory, SessionLiveness, StoreSession,
 };
 use quorumlock_core::{Error, ErrorKind, LockKind, Result};
 use tokio::sync::mpsc;
@@ -236,7 +236,7 @@ impl SessionState {
                     "our contender node is gone (session expired or node deleted)",
                 ));
             };
-            let Some(ahead) = layout::blocker(&sorted, index, role) else {
+            let Some(ahead) = waits_for(&layout::kinds(&sorted), index) else {
                 if alone {
                     self.chains.keep(&dir, created.seq, parent.take());
                 }
@@ -337,6 +337,11 @@ impl SessionState {
                     "our lease node is gone (session expired or node deleted)",
                 ));
             }
+            // Curator's rule, by the count and not by a place in a queue:
+            // held once at most `permits` leases exist. Ours, created
+            // under the internal mutex, is the newest lease, so this is
+            // `holds` at our place among leases created so; Curator's
+            // clients count, and so do we, for one semaphore between both.
             if children.len() <= permits as usize {
                 // Leave the internal mutex: the next waiter may take a lease.
                 self.delete(&c, &lock_node).await?;
@@ -396,9 +401,12 @@ impl SessionState {
                     "our contender node is gone (session expired or node deleted)",
                 ));
             };
-            if index == 0 {
+            // The internal mutex is a mutex: its nodes are one queue of
+            // mutex entries.
+            let kinds = vec![LockKind::Exclusive; sorted.len()];
+            let Some(ahead) = waits_for(&kinds, index) else {
                 break;
-            }
+            };
             if !req.wait {
                 self.delete(c, lock_node).await?;
                 return Err(Error::new(
@@ -406,7 +414,7 @@ impl SessionState {
                     format!("semaphore {} has no free permit", req.name),
                 ));
             }
-            let pred = format!("{locks_dir}/{}", sorted[index - 1]);
+            let pred = format!("{locks_dir}/{}", sorted[ahead]);
             let waited = self
                 .wait_for(c, &pred, backoff, |d| match layout::parse_permits(d) {
                     Some(p) if p != permits => Err(conflict(format!(
