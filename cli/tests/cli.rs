@@ -1447,6 +1447,45 @@ fn elect_short_listen(url: &str) {
     assert_eq!(code, 0, "{err}");
 }
 
+/// As `etcdctl lock NAME CMD` does, the command gets `ETCD_LOCK_KEY` (the
+/// key of our entry: under the lock's prefix, named by our lease, as
+/// etcdctl's own would be) and `ETCD_LOCK_REV` (its create revision, the
+/// fencing token there) on etcd; on a store whose tool gives none, neither.
+#[test]
+fn etcd_command_gets_etcdctl_lock_variables() {
+    let script = r#"echo "key=$ETCD_LOCK_KEY rev=$ETCD_LOCK_REV token=$QUORUMLOCK_TOKEN""#;
+    let on_mem = ql("mem://")
+        .args(["lock", "jobs/etcdctl-env", "--", "sh", "-c", script])
+        .assert()
+        .success();
+    let line = String::from_utf8_lossy(&on_mem.get_output().stdout).to_string();
+    assert!(line.starts_with("key= rev= token="), "{line}");
+    let Some(url) = store("QUORUMLOCK_TEST_ETCD_URL") else {
+        return;
+    };
+    let ns = url.rsplit('/').next().unwrap().to_string();
+    let on_etcd = ql(&url)
+        .args(["lock", "jobs/etcdctl-env", "--", "sh", "-c", script])
+        .assert()
+        .success();
+    let line = String::from_utf8_lossy(&on_etcd.get_output().stdout).to_string();
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    let [key, rev, token] = fields[..] else {
+        panic!("{line}");
+    };
+    let key = key.strip_prefix("key=").unwrap();
+    let lease = key
+        .strip_prefix(&format!("{ns}/jobs/etcdctl-env/"))
+        .unwrap_or_else(|| panic!("ETCD_LOCK_KEY {key:?} is not under the lock's prefix"));
+    assert!(
+        !lease.is_empty() && lease.chars().all(|c| c.is_ascii_hexdigit()),
+        "{key}"
+    );
+    let rev = rev.strip_prefix("rev=").unwrap();
+    assert!(rev.parse::<u64>().unwrap() > 0, "{line}");
+    assert_eq!(rev, token.strip_prefix("token=").unwrap(), "{line}");
+}
+
 macro_rules! store_tests {
     ($store:ident, $var:literal) => {
         mod $store {

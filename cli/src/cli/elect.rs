@@ -64,7 +64,7 @@ pub async fn run(client: &LockClient, args: &ElectArgs) -> Result<u8, Failure> {
         name: args.name.clone(),
         argv: args.argv.clone(),
     };
-    super::lock::supervise(leader.into_guard(), &as_lock, &mut signals)
+    super::lock::supervise(leader.into_guard(), &as_lock, &[], &mut signals)
         .await
         .map_err(|mut f| {
             if f.code == exit::LOCK_LOST {

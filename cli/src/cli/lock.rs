@@ -240,7 +240,24 @@ async fn run_inner(
         }
     };
     tracing::info!(lock = %args.name, token = guard.token(), session = %guard.session_id(), "acquired");
-    supervise(guard, args, signals).await
+    let native = etcdctl_lock_env(client, &guard);
+    supervise(guard, args, &native, signals).await
+}
+
+/// What `etcdctl lock NAME CMD` gives its command, on etcd: `ETCD_LOCK_KEY`
+/// (the key of our entry, the one etcdctl's own lock would have) and
+/// `ETCD_LOCK_REV` (its create revision, which is our fencing token there),
+/// so that a script written for etcdctl runs unchanged. Nothing on the
+/// other stores, whose native tools give none.
+fn etcdctl_lock_env(client: &LockClient, guard: &LockGuard) -> Vec<(&'static str, String)> {
+    let store = client.backend().describe();
+    if !(store.starts_with("etcd://") || store.starts_with("etcds://")) {
+        return Vec::new();
+    }
+    vec![
+        ("ETCD_LOCK_KEY", guard.entry().to_string()),
+        ("ETCD_LOCK_REV", guard.token().to_string()),
+    ]
 }
 
 /// How the command ended, and why.
@@ -250,9 +267,12 @@ struct Outcome {
 }
 
 /// Runs the command under `guard`, then releases the lock.
+/// `env`: variables the command gets besides `QUORUMLOCK_NAME` and
+/// `QUORUMLOCK_TOKEN`.
 pub(super) async fn supervise(
     guard: LockGuard,
     args: &LockArgs,
+    env: &[(&str, String)],
     signals: &mut Signals,
 ) -> Result<u8, Failure> {
     let argv = args.program();
@@ -260,7 +280,8 @@ pub(super) async fn supervise(
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(rest)
         .env("QUORUMLOCK_NAME", &args.name)
-        .env("QUORUMLOCK_TOKEN", guard.token().to_string());
+        .env("QUORUMLOCK_TOKEN", guard.token().to_string())
+        .envs(env.iter().map(|(k, v)| (k, v)));
     // On a terminal the command stays in our (foreground) process group so
     // that it can read the terminal; otherwise it gets a group of its own
     // and every signal goes to the whole group (shells, pipelines).

@@ -75,7 +75,8 @@ pub enum Command {
     /// The command comes after `--` (run as is) or as `-c 'shell command'`
     /// (run by `sh -c`, as flock -c does). It gets QUORUMLOCK_NAME and
     /// QUORUMLOCK_TOKEN (the fencing token: pass it to the resource you
-    /// write to, so that it can reject writes from an older holder).
+    /// write to, so that it can reject writes from an older holder); on
+    /// etcd also ETCD_LOCK_KEY and ETCD_LOCK_REV, as etcdctl lock gives.
     /// If the lock is lost while it runs, it gets SIGTERM, then SIGKILL
     /// after --grace, and quorumlock exits with 76 (--lost-exit-code).
     /// When the command ends, the lock is released and its exit status is
