@@ -42,14 +42,6 @@ impl fmt::Debug for ConsulBackend {
 }
 
 impl ConsulBackend {
-    /// A backend for `config`. Reads the CA file if one is configured;
-    /// contacts nothing (see [`ConsulBackend::from_config`] for the
-    /// checked form).
-    pub fn new(config: ConsulConfig) -> Result<ConsulBackend> {
-        let api = Api::new(&config)?;
-        Ok(Self::assemble(config, api))
-    }
-
     fn assemble(config: ConsulConfig, api: Api) -> ConsulBackend {
         ConsulBackend {
             core: Arc::new(ConsulCore {
@@ -76,12 +68,21 @@ impl ConsulBackend {
     /// agent refusing connections (or without a leader) until then is
     /// [`ErrorKind::Unavailable`], no answer [`ErrorKind::Timeout`], an
     /// unknown token [`ErrorKind::Unauthenticated`] and one without read
-    /// access [`ErrorKind::PermissionDenied`], at once.
+    /// access [`ErrorKind::PermissionDenied`], at once. The CA and client
+    /// certificate files of `config` are read first: one that cannot be
+    /// read or holds no PEM is [`ErrorKind::InvalidUrl`], nothing sent.
+    ///
+    /// [`ErrorKind::Unavailable`]: quorumlock_core::ErrorKind::Unavailable
+    /// [`ErrorKind::Timeout`]: quorumlock_core::ErrorKind::Timeout
+    /// [`ErrorKind::Unauthenticated`]: quorumlock_core::ErrorKind::Unauthenticated
+    /// [`ErrorKind::PermissionDenied`]: quorumlock_core::ErrorKind::PermissionDenied
+    /// [`ErrorKind::InvalidUrl`]: quorumlock_core::ErrorKind::InvalidUrl
     ///
     /// # Cancel Safety
     /// Only reads; safe to drop.
     pub async fn from_config(config: ConsulConfig) -> Result<ConsulBackend> {
-        Self::checked(Self::new(config)?).await
+        let api = Api::new(&config)?;
+        Self::checked(Self::assemble(config, api)).await
     }
 
     /// A backend over a `reqwest::Client` the caller built (its TLS
