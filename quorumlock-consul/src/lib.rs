@@ -11,7 +11,6 @@ mod fenced;
 mod layout;
 mod monitor;
 mod mutex;
-mod renew;
 mod rw;
 mod semaphore;
 mod session;

@@ -29,7 +29,7 @@ use tokio::time::Instant;
 use crate::core::{session_lost, ConsulCore, SessionState};
 use crate::error::map;
 use crate::layout::Keys;
-use crate::{monitor, mutex, renew, rw, semaphore};
+use crate::{monitor, mutex, rw, semaphore};
 
 /// How long opening a session waits for the agent's answer. Long on
 /// purpose: a waiter whose session was lost to a partition opens a new one
@@ -240,7 +240,7 @@ async fn create(
     }
     tracing::debug!(session = %id, ttl = ?cfg.ttl, "Consul session created");
     let s = Arc::new(SessionState::new(core, id, liveness));
-    tokio::spawn(renew::keepalive(s.clone()));
+    tokio::spawn(monitor::keepalive(s.clone()));
     tokio::spawn(monitor::monitor(s.clone()));
     Ok(s)
 }
