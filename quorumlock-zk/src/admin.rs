@@ -5,7 +5,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use quorumlock_core::backend::holds;
+use quorumlock_core::backend::{holds, Backoff};
 use quorumlock_core::{
     Contender, Error, ErrorKind, LockKind, LockName, LockState, LossReason, Result,
 };
@@ -110,6 +110,7 @@ impl ZkCore {
         // Else reattach with the session's id and password, then close it:
         // the server ends the session and drops its ephemeral nodes; the
         // original client learns on its next reconnect that it expired.
+        let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_millis(400));
         for _ in 0..5 {
             match self.connect(Some(info.clone())).await {
                 Ok((c, _)) => {
@@ -128,7 +129,7 @@ impl ZkCore {
                     unregister_session(zk::SessionId(id));
                     return Ok(()); // already gone
                 }
-                Err(e) if e.is_retryable() => tokio::time::sleep(Duration::from_millis(50)).await,
+                Err(e) if e.is_retryable() => backoff.wait().await,
                 Err(e) => return Err(e),
             }
         }

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use quorumlock_core::backend::AcquireRequest;
+use quorumlock_core::backend::{AcquireRequest, Backoff};
 use quorumlock_core::{ErrorKind, Result};
 use zookeeper_client as zk;
 
@@ -304,9 +304,11 @@ impl SessionState {
                     // not have applied that create yet; once the leader
                     // answers the sync, it has.
                     let mut tries = 0u32;
+                    let mut backoff =
+                        Backoff::new(Duration::from_millis(20), Duration::from_millis(200));
                     loop {
                         tries += 1;
-                        tokio::time::sleep(Duration::from_millis(20) * tries).await;
+                        backoff.wait().await;
                         if !self.liveness.is_alive() {
                             return Err(lost_session(
                                 "session lost while looking for our contender node",

@@ -13,7 +13,9 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use futures::FutureExt;
-use quorumlock_core::backend::{AcquireRequest, EntrySignals, GrantMemory, SessionLiveness};
+use quorumlock_core::backend::{
+    AcquireRequest, Backoff, EntrySignals, GrantMemory, SessionLiveness,
+};
 use quorumlock_core::{Error, ErrorKind, LockName, LossReason, Result};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -245,7 +247,7 @@ impl ZkCore {
         session_timeout: Duration,
     ) -> Result<(zk::Client, Instant)> {
         let deadline = Instant::now() + self.config.connect_timeout;
-        let mut backoff = Duration::from_millis(20);
+        let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
         let tls = TlsFiles::load(&self.config)?;
         if tls.is_some() {
             // The library builds its rustls config on the process-wide
@@ -307,12 +309,12 @@ impl ZkCore {
                 )
                 .with_source(elapsed),
             };
-            if err.kind() != ErrorKind::Connection || Instant::now() + backoff >= deadline {
+            let delay = backoff.next_delay();
+            if err.kind() != ErrorKind::Connection || Instant::now() + delay >= deadline {
                 return Err(err);
             }
             tracing::debug!(error = %err, "connecting failed, retrying");
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_millis(500));
+            tokio::time::sleep(delay).await;
         }
     }
 
@@ -440,6 +442,13 @@ pub(crate) struct SessionState {
     /// the only child: what lets the next acquire skip the listing (see
     /// [`ParentWatch`]). At most [`CHAINS_KEPT`].
     pub(crate) chains: GrantMemory<Option<ParentWatch>>,
+}
+
+/// The backoff of a session's request retried while the connection is
+/// down and the session alive (a listing, setting a watch): from 20 ms,
+/// doubling, up to 1 s, with jitter.
+pub(crate) fn retry_backoff() -> Backoff {
+    Backoff::new(Duration::from_millis(20), Duration::from_secs(1))
 }
 
 /// How many lock directories a session remembers a lone grant for.

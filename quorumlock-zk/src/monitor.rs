@@ -5,26 +5,33 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Duration;
 
-use quorumlock_core::backend::{DelayQueue, HELD_WATCH_DELAY};
+use quorumlock_core::backend::{Backoff, DelayQueue, HELD_WATCH_DELAY};
 use quorumlock_core::LossReason;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
-use crate::core::{is_terminal, SessionState, WatchedRead};
+use crate::core::{is_terminal, retry_backoff, SessionState, WatchedRead};
 use crate::layout::{election_revoke_target, is_broken, is_revoke_mark};
 
 /// What one watch future of the dispatcher ended with.
 pub(crate) enum Step {
     /// `getData` with a watch on the holder's node answered.
-    Armed(uuid::Uuid, u32, std::result::Result<WatchedRead, zk::Error>),
+    Armed(
+        uuid::Uuid,
+        Retry,
+        std::result::Result<WatchedRead, zk::Error>,
+    ),
     /// The watch on the holder's node fired.
     Fired(uuid::Uuid, zk::WatchedEvent),
     /// `getData` with a watch on an election leader's election node
     /// answered.
-    DirArmed(uuid::Uuid, u32, std::result::Result<WatchedRead, zk::Error>),
+    DirArmed(
+        uuid::Uuid,
+        Retry,
+        std::result::Result<WatchedRead, zk::Error>,
+    ),
     /// The watch on an election leader's election node fired.
     DirFired(uuid::Uuid, zk::WatchedEvent),
     /// The entry of this election leader was released or lost: its watch
@@ -37,19 +44,22 @@ pub(crate) enum Step {
 
 pub(crate) type StepFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Step> + Send>>;
 
-/// Waits before the `attempt`th retry of setting a watch.
-async fn backoff(attempt: u32) {
-    if attempt > 0 {
-        let wait = Duration::from_millis(20) * 2u32.pow(attempt.min(6));
-        tokio::time::sleep(wait.min(Duration::from_secs(1))).await;
-    }
+/// The backoff of setting a watch again after failures; `None` for a
+/// first attempt, sent at once.
+pub(crate) type Retry = Option<Backoff>;
+
+/// The backoff of the next attempt after one with `retry` failed.
+fn again(retry: Retry) -> Retry {
+    Some(retry.unwrap_or_else(retry_backoff))
 }
 
-/// Sets (or re-sets, after `attempt` failures) the watch on a held node.
-pub(crate) fn arm(session: &Arc<SessionState>, key: uuid::Uuid, attempt: u32) -> StepFuture {
+/// Sets (or re-sets, after failures: `retry`) the watch on a held node.
+pub(crate) fn arm(session: &Arc<SessionState>, key: uuid::Uuid, mut retry: Retry) -> StepFuture {
     let session = session.clone();
     Box::pin(async move {
-        backoff(attempt).await;
+        if let Some(b) = retry.as_mut() {
+            b.wait().await;
+        }
         let node = match session.held.lock().expect("poisoned").get(&key) {
             Some(h) if !h.signals.is_finished() => h.node.clone(),
             _ => return Step::Gone,
@@ -60,17 +70,19 @@ pub(crate) fn arm(session: &Arc<SessionState>, key: uuid::Uuid, attempt: u32) ->
         session.send(1);
         let r = c.get_and_watch_data(&node).await;
         session.heard_read(&r);
-        Step::Armed(key, attempt, r)
+        Step::Armed(key, retry, r)
     })
 }
 
 /// Sets (or re-sets) the watch on the election node of a held election
 /// leader: the revoke request of an election is written there
 /// (`layout::election_revoke_data`), not on the leader's node.
-fn arm_dir(session: &Arc<SessionState>, key: uuid::Uuid, attempt: u32) -> StepFuture {
+fn arm_dir(session: &Arc<SessionState>, key: uuid::Uuid, mut retry: Retry) -> StepFuture {
     let session = session.clone();
     Box::pin(async move {
-        backoff(attempt).await;
+        if let Some(b) = retry.as_mut() {
+            b.wait().await;
+        }
         let dir = match session.held.lock().expect("poisoned").get(&key) {
             Some(h) if !h.signals.is_finished() => match &h.revoke_dir {
                 Some(d) => d.clone(),
@@ -84,7 +96,7 @@ fn arm_dir(session: &Arc<SessionState>, key: uuid::Uuid, attempt: u32) -> StepFu
         session.send(1);
         let r = c.get_and_watch_data(&dir).await;
         session.heard_read(&r);
-        Step::DirArmed(key, attempt, r)
+        Step::DirArmed(key, retry, r)
     })
 }
 
@@ -141,7 +153,7 @@ pub(crate) async fn watch_dispatcher(
             _ = session.liveness.lost() => return,
             key = armed.recv() => match key {
                 // Watched by the read behind its create already.
-                Some((key, Some(read))) => Step::Armed(key, 0, Ok(read)),
+                Some((key, Some(read))) => Step::Armed(key, None, Ok(read)),
                 Some((key, None)) => {
                     fresh.push(key);
                     continue;
@@ -150,7 +162,7 @@ pub(crate) async fn watch_dispatcher(
             },
             _ = tokio::time::sleep_until(fresh.next_due().unwrap_or_else(Instant::now)), if !fresh.is_empty() => {
                 while let Some(key) = fresh.pop_due() {
-                    pending.push(arm(&session, key, 0));
+                    pending.push(arm(&session, key, None));
                 }
                 continue;
             }
@@ -175,7 +187,7 @@ pub(crate) async fn watch_dispatcher(
                     signals.request_revoke();
                 }
                 if election && dir_watched.insert(key) {
-                    pending.push(arm_dir(&session, key, 0));
+                    pending.push(arm_dir(&session, key, None));
                 }
                 pending.push(Box::pin(async move {
                     Step::Fired(key, watcher.changed().await)
@@ -214,13 +226,13 @@ pub(crate) async fn watch_dispatcher(
                     }
                 }));
             }
-            Step::DirArmed(key, attempt, Err(e)) => {
+            Step::DirArmed(key, retry, Err(e)) => {
                 if e == zk::Error::NoNode || is_terminal(&e) {
                     // No election node, so no node of ours either: the
                     // watch on that reports it; or the session is over.
                     dir_watched.remove(&key);
                 } else {
-                    pending.push(arm_dir(&session, key, attempt + 1));
+                    pending.push(arm_dir(&session, key, again(retry)));
                 }
             }
             Step::DirFired(key, ev) => match ev.event_type {
@@ -230,7 +242,7 @@ pub(crate) async fn watch_dispatcher(
                 zk::EventType::NodeDeleted => {
                     dir_watched.remove(&key);
                 }
-                _ => pending.push(arm_dir(&session, key, 0)), // data changed, or a reconnect
+                _ => pending.push(arm_dir(&session, key, None)), // data changed, or a reconnect
             },
             Step::DirGone(key) => {
                 dir_watched.remove(&key);
@@ -242,13 +254,13 @@ pub(crate) async fn watch_dispatcher(
             }
             // Connection trouble: the local deadline fires the loss if this
             // lasts; keep trying to re-arm the watch until then.
-            Step::Armed(key, attempt, Err(_)) => pending.push(arm(&session, key, attempt + 1)),
+            Step::Armed(key, retry, Err(_)) => pending.push(arm(&session, key, again(retry))),
             Step::Fired(key, ev) => match ev.event_type {
                 zk::EventType::NodeDeleted => lose(&key, "NodeDeleted"),
                 zk::EventType::Session if ev.session_state.is_terminated() => {
                     session.held.lock().expect("poisoned").remove(&key);
                 }
-                _ => pending.push(arm(&session, key, 0)), // data changed, or a reconnect
+                _ => pending.push(arm(&session, key, None)), // data changed, or a reconnect
             },
         }
     }

@@ -4,11 +4,10 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use async_trait::async_trait;
 use quorumlock_core::backend::{
-    waits_for, AcquireRequest, Acquired, GrantMemory, SessionLiveness, StoreSession,
+    waits_for, AcquireRequest, Acquired, Backoff, GrantMemory, SessionLiveness, StoreSession,
 };
 use quorumlock_core::{Error, ErrorKind, LockKind, Result};
 use tokio::sync::mpsc;
@@ -20,7 +19,8 @@ use zookeeper_client as zk;
 use crate::config::deadline_ttl;
 use crate::contender::{Created, Listing};
 use crate::core::{
-    self, is_terminal, lost_session, ParentWatch, SessionState, Shutdown, ZkCore, CHAINS_KEPT,
+    self, is_terminal, lost_session, retry_backoff, ParentWatch, SessionState, Shutdown, ZkCore,
+    CHAINS_KEPT,
 };
 use crate::error::map;
 use crate::layout::{self, sequence_of, Role, LOCK_MARKER};
@@ -107,13 +107,12 @@ impl SessionState {
     /// Lists `dir`, retrying in place while the connection is down and the
     /// session alive (a waiter keeps its place in the queue).
     async fn list_retrying(&self, c: &zk::Client, dir: &str) -> Result<Vec<String>> {
-        let mut backoff = Duration::from_millis(20);
+        let mut backoff = retry_backoff();
         loop {
             match self.list(c, dir).await {
                 Ok(ch) => return Ok(ch.unwrap_or_default()),
                 Err(e) if e.kind() == ErrorKind::Connection && self.liveness.is_alive() => {
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                    backoff.wait().await;
                 }
                 Err(e) => return Err(e),
             }
@@ -129,7 +128,7 @@ impl SessionState {
         &self,
         c: &zk::Client,
         node: &str,
-        backoff: &mut Duration,
+        backoff: &mut Backoff,
         on_data: impl FnOnce(&[u8]) -> Result<()>,
     ) -> Result<()> {
         self.send(1);
@@ -140,12 +139,11 @@ impl SessionState {
                 on_data(&data)?;
                 let _ev = watcher.changed().await;
                 self.core.count_watch_event();
-                *backoff = Duration::from_millis(20);
+                backoff.reset();
             }
             Err(zk::Error::NoNode) => {} // gone already: list again
             Err(e) if !is_terminal(&e) && self.liveness.is_alive() => {
-                tokio::time::sleep(*backoff).await;
-                *backoff = (*backoff * 2).min(Duration::from_secs(1));
+                backoff.wait().await;
             }
             Err(e) => return Err(map(e, "watching the contender ahead")),
         }
@@ -207,7 +205,7 @@ impl SessionState {
             (_, Some((czxid, watch))) if created.dir_czxid == Some(czxid) => parent = Some(watch),
             _ => {}
         }
-        let mut backoff = Duration::from_millis(20);
+        let mut backoff = retry_backoff();
         let mut first = true;
         loop {
             let children = match listed.take() {
@@ -276,7 +274,7 @@ impl SessionState {
         } = self
             .create_contender(&c, &locks_dir, LOCK_MARKER, &data, req, Listing::Behind)
             .await?;
-        let mut backoff = Duration::from_millis(20);
+        let mut backoff = retry_backoff();
         self.take_internal_mutex(
             &c,
             req,
@@ -324,8 +322,7 @@ impl SessionState {
                     match r {
                         Ok((ch, w)) => (ch, Some(w)),
                         Err(e) if !is_terminal(&e) && self.liveness.is_alive() => {
-                            tokio::time::sleep(backoff).await;
-                            backoff = (backoff * 2).min(Duration::from_secs(1));
+                            backoff.wait().await;
                             continue;
                         }
                         Err(e) => return Err(map(e, "watching the leases")),
@@ -379,7 +376,7 @@ impl SessionState {
         locks_dir: &str,
         lock_node: &str,
         mut listed: Option<Vec<String>>,
-        backoff: &mut Duration,
+        backoff: &mut Backoff,
     ) -> Result<()> {
         let our_lock = lock_node.rsplit('/').next().expect("a path").to_string();
         let guid_prefix = format!("_c_{}-", req.contender.hyphenated());
