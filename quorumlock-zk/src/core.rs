@@ -79,8 +79,10 @@ pub(crate) type Shutdown = Arc<dyn Fn() + Send + Sync>;
 
 /// Sessions opened in this process, by id, with what it takes to reattach
 /// to them: ZooKeeper ends a session only for a client that presents its
-/// id AND password, so [`Backend::kill_session`] can end sessions opened
-/// by any `ZkBackend` of this process, not of other processes.
+/// id AND password, so
+/// [`Backend::kill_session`](quorumlock_core::backend::Backend::kill_session)
+/// can end sessions opened by any `ZkBackend` of this process, not of
+/// other processes.
 pub(crate) fn registry() -> &'static Mutex<HashMap<i64, Registered>> {
     static R: OnceLock<Mutex<HashMap<i64, Registered>>> = OnceLock::new();
     R.get_or_init(Default::default)

@@ -1,5 +1,7 @@
-//! One ZooKeeper session per client: the Curator lock recipe, the holder
-//! watches, and the one keepalive task.
+//! One ZooKeeper session per client: opening it, the Curator recipes run
+//! on it (the queue of mutexes, readers, writers and election candidates;
+//! the semaphore's internal mutex and leases), release, proclaim, abandon
+//! and close. Its tasks (keepalive, holder watches) are in `monitor.rs`.
 
 use std::collections::HashMap;
 use std::fmt;
