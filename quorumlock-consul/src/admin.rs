@@ -6,12 +6,13 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use quorumlock_core::backend::holds;
 use quorumlock_core::{Contender, Error, ErrorKind, LockKind, LockName, LockState, Result};
 
 use crate::api::{op, Block, KvEntry, Record, Txn};
 use crate::core::{now_ms, read_view, ConsulCore};
 use crate::error::map;
-use crate::layout::{line_holds, rw_revoke, Keys, SemView, View, REVOKE_FLAGS, SEMAPHORE_FLAGS};
+use crate::layout::{line_kinds, rw_revoke, Keys, SemView, View, REVOKE_FLAGS, SEMAPHORE_FLAGS};
 
 /// How many times an admin operation re-reads and retries when the lock
 /// changed under it.
@@ -198,6 +199,7 @@ impl ConsulCore {
             });
         }
         let line = v.line(&keys);
+        let kinds = line_kinds(&line);
         for (i, (kind, q)) in line.iter().enumerate() {
             let c = |token| Contender {
                 session: q.holder().unwrap_or_default().to_string(),
@@ -214,7 +216,7 @@ impl ConsulCore {
                 if q.holder() != holder.as_deref() {
                     state.waiters.push(c(q.create_index));
                 }
-            } else if line_holds(&line, i) {
+            } else if holds(&kinds, i) {
                 state.holders.push(c(q.modify_index));
             } else {
                 state.waiters.push(c(q.create_index));

@@ -19,6 +19,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use base64::Engine;
+use quorumlock_core::backend::holds;
 use quorumlock_core::{LockKind, LockName};
 use serde::{Deserialize, Serialize};
 
@@ -159,11 +160,13 @@ impl View {
         l
     }
 
-    /// The read-write entries that hold (by their place in the line).
+    /// The read-write entries that hold (by their place in the line:
+    /// [`holds`]).
     pub fn rw_holders(&self, keys: &Keys) -> Vec<(LockKind, KvEntry)> {
         let line = self.line(keys);
+        let kinds = line_kinds(&line);
         (0..line.len())
-            .filter(|&i| line_holds(&line, i) && line[i].0 != LockKind::Exclusive)
+            .filter(|&i| holds(&kinds, i) && line[i].0 != LockKind::Exclusive)
             .map(|i| line[i].clone())
             .collect()
     }
@@ -174,13 +177,11 @@ impl View {
     }
 }
 
-/// Whether entry `i` of a line holds by its place: a reader when no
-/// writer or mutex is ahead, anything else when it is first.
-pub(crate) fn line_holds(line: &[(LockKind, KvEntry)], i: usize) -> bool {
-    match line[i].0 {
-        LockKind::Read => line[..i].iter().all(|(k, _)| *k == LockKind::Read),
-        _ => i == 0,
-    }
+/// The kinds of a line's entries, in its order: what the queue rule
+/// (`quorumlock_core::backend::waits_for` and `holds`) decides on; the
+/// index it answers is the entry's index in the line.
+pub(crate) fn line_kinds(line: &[(LockKind, KvEntry)]) -> Vec<LockKind> {
+    line.iter().map(|(k, _)| *k).collect()
 }
 
 /// The fence of one acquire attempt: `<ns>/.fence/<session>/<contender>`,
@@ -348,6 +349,51 @@ impl SemView {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use quorumlock_core::backend::waits_for;
+
+    fn entry(key: String, flags: u64, session: &str, create_index: u64) -> KvEntry {
+        KvEntry {
+            key,
+            flags,
+            value: None,
+            session: Some(session.to_string()),
+            create_index,
+            modify_index: create_index,
+        }
+    }
+
+    /// Mutex queue keys and read-write entries of one name, read as one
+    /// line by CreateIndex, decided by the shared queue rule: the answer's
+    /// index is the entry's place in the line.
+    #[test]
+    fn the_line_is_decided_by_the_shared_queue_rule() {
+        let keys = Keys::new(&ConsulConfig::default(), &LockName::new("a").unwrap());
+        let entries = vec![
+            entry(keys.rw_entry("s5", &"c5"), READ_FLAGS, "s5", 50),
+            entry(keys.rw_entry("s1", &"c1"), READ_FLAGS, "s1", 10),
+            entry(keys.queue("s3"), QUEUE_FLAGS, "s3", 30),
+            entry(keys.rw_entry("s2", &"c2"), READ_FLAGS, "s2", 20),
+            entry(keys.rw_entry("s4", &"c4"), WRITE_FLAGS, "s4", 40),
+        ];
+        let view = View::from_entries(&keys, entries);
+        let line = view.line(&keys);
+        let kinds = line_kinds(&line);
+        use LockKind::*;
+        assert_eq!(kinds, [Read, Read, Exclusive, Write, Read]);
+        let waits: Vec<Option<u64>> = (0..line.len())
+            .map(|i| waits_for(&kinds, i).map(|j| line[j].1.create_index))
+            .collect();
+        // Readers ahead of any writer hold; the mutex waits for the reader
+        // just ahead, the writer for the mutex, the last reader for the
+        // writer (the nearest non-reader ahead).
+        assert_eq!(waits, [None, None, Some(20), Some(30), Some(40)]);
+        let held: Vec<u64> = view
+            .rw_holders(&keys)
+            .iter()
+            .map(|(_, e)| e.create_index)
+            .collect();
+        assert_eq!(held, [10, 20]);
+    }
 
     #[test]
     fn go_json_round_trip() {

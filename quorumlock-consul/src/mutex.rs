@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use quorumlock_core::backend::{AcquireRequest, Acquired, LastGrant};
+use quorumlock_core::backend::{waits_for, AcquireRequest, Acquired, LastGrant};
 use quorumlock_core::{Error, ErrorKind, LockKind, Result};
 
 use crate::api::{op, KvEntry, Record, Txn};
@@ -14,7 +14,7 @@ use crate::core::{
     failed, now_ms, read_after_lock, read_view, session_gone, session_lost, would_block,
     SessionState, Transient, CONTENDED_MEMORY, MAX_ACQUIRE_RETRIES,
 };
-use crate::layout::{Keys, View, LOCK_FLAGS, QUEUE_FLAGS};
+use crate::layout::{line_kinds, Keys, View, LOCK_FLAGS, QUEUE_FLAGS};
 
 /// What [`ConsulSession::try_fast`] found when it took the lock.
 struct FastTry {
@@ -269,8 +269,10 @@ impl<'a> Attempt<'a> {
                         "our queue entry is gone (session expired or entry deleted)",
                     ));
                 };
-                if pos > 0 {
-                    let (pred, ours) = (&line[pos - 1].1, &line[pos].1);
+                // The entry we wait for: a mutex waits for the one just
+                // ahead of it (`waits_for`); none when we are first.
+                if let Some(j) = waits_for(&line_kinds(&line), pos) {
+                    let (pred, ours) = (&line[j].1, &line[pos].1);
                     self.wait_ahead(pred, ours, &mut failures, transient)
                         .await?
                 } else if self.wait_holder(&mut view, transient).await? {

@@ -4,15 +4,15 @@
 
 use std::sync::Arc;
 
-use quorumlock_core::backend::{AcquireRequest, Acquired};
+use quorumlock_core::backend::{waits_for, AcquireRequest, Acquired};
 use quorumlock_core::{Error, ErrorKind, LockKind, Result};
 
-use crate::api::{op, KvEntry, Record, Txn};
+use crate::api::{op, Record, Txn};
 use crate::core::{
     failed, now_ms, read_after_lock, read_view, session_gone, session_lost, would_block,
     SessionState, Transient, MAX_ACQUIRE_RETRIES,
 };
-use crate::layout::{line_holds, rw_revoke, Keys, View, LOCK_FLAGS, READ_FLAGS, WRITE_FLAGS};
+use crate::layout::{line_kinds, rw_revoke, Keys, View, LOCK_FLAGS, READ_FLAGS, WRITE_FLAGS};
 
 /// Removes a read-write entry of this session and its revoke marker.
 async fn remove_rw(s: &Arc<SessionState>, keys: &Keys, entry: &str) -> Result<()> {
@@ -92,7 +92,11 @@ pub(crate) async fn acquire_rw(s: &Arc<SessionState>, req: &AcquireRequest) -> R
                 "our entry was broken by an operator before its grant",
             ));
         }
-        if let Some(b) = blocker(&line, pos, req.kind) {
+        // The entry ahead whose removal we wait for: for a reader, the
+        // nearest writer or mutex ahead; for a writer, whoever is just
+        // ahead (our entry's kind in the line is `req.kind`).
+        let kinds = line_kinds(&line);
+        if let Some(b) = waits_for(&kinds, pos).map(|j| line[j].1.clone()) {
             if !req.wait {
                 return leave().await;
             }
@@ -101,7 +105,6 @@ pub(crate) async fn acquire_rw(s: &Arc<SessionState>, req: &AcquireRequest) -> R
             decided_in_write = false;
             continue;
         }
-        debug_assert!(line_holds(&line, pos));
         // Our own mutex holders are in the line ahead of us; a `.lock`
         // held now is a `consul lock` run (or a session whose end is
         // not processed yet): wait for it.
@@ -177,19 +180,6 @@ async fn refuse_foreign_lock(
             ))
         }
         _ => Ok(()),
-    }
-}
-
-/// The entry our place `pos` in `line` waits for: for a reader, the last
-/// writer or mutex ahead; for a writer, whoever is just ahead.
-fn blocker(line: &[(LockKind, KvEntry)], pos: usize, kind: LockKind) -> Option<KvEntry> {
-    match kind {
-        LockKind::Read => line[..pos]
-            .iter()
-            .rev()
-            .find(|(k, _)| *k != LockKind::Read)
-            .map(|(_, e)| e.clone()),
-        _ => pos.checked_sub(1).map(|p| line[p].1.clone()),
     }
 }
 

@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use quorumlock_core::backend::{AcquireRequest, Acquired};
-use quorumlock_core::{Error, ErrorKind, Result};
+use quorumlock_core::backend::{waits_for, AcquireRequest, Acquired};
+use quorumlock_core::{Error, ErrorKind, LockKind, Result};
 
 use crate::api::{op, Block, KvEntry, Record, Txn};
 use crate::core::{
@@ -158,12 +158,17 @@ pub(crate) async fn acquire_sem(
             continue;
         }
         let n = permits as usize;
-        if pos >= n {
+        // Our contenders are one queue of this count (`conflict` refused
+        // any other): with `permits` or more of ours ahead we wait for
+        // the entry `permits` places ahead (`waits_for`), watching every
+        // entry from it to us, since the release of any of them lets us in.
+        let kinds = vec![LockKind::Semaphore { permits }; ours.len()];
+        if let Some(j) = waits_for(&kinds, pos) {
             if !req.wait {
                 remove_sem(s, &keys).await?;
                 return Err(would_block(&keys));
             }
-            let ahead: Vec<KvEntry> = ours[pos - n..pos].iter().map(|e| (*e).clone()).collect();
+            let ahead: Vec<KvEntry> = ours[j..pos].iter().map(|e| (*e).clone()).collect();
             transient.retry(|| wait_any_gone(s, ahead.clone())).await?;
             view = transient.retry(read).await?;
             continue;
