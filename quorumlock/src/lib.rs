@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 // docs.rs builds with every feature and `--cfg docsrs`: each backend's
 // module then carries a note naming the feature that enables it.
 #![cfg_attr(docsrs, feature(doc_cfg))]
