@@ -14,7 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use quorumlock_core::backend::{
-    finish_on_drop, AcquireRequest, EntrySignals, InFlightWrites, QuietGrants, SessionLiveness,
+    finish_on_drop, AcquireRequest, Backoff, EntrySignals, InFlightWrites, QuietGrants,
+    SessionLiveness,
 };
 use quorumlock_core::{Error, ErrorKind, Result};
 use tokio::sync::Notify;
@@ -33,6 +34,9 @@ pub(crate) const LONG_POLL: Duration = Duration::from_secs(300);
 pub(crate) const CONTENDED_MEMORY: usize = 1024;
 /// Unexpected txn failures tolerated in one acquire before giving up.
 pub(crate) const MAX_ACQUIRE_RETRIES: u32 = 20;
+/// The first and the longest pause of a waiting acquire's retries of a
+/// transient failure (jittered: see [`Backoff`]).
+const TRANSIENT_BACKOFF: (Duration, Duration) = (Duration::from_millis(50), Duration::from_secs(2));
 /// How long a session keeps an attempt's fence (see
 /// [`SessionState::fence`]): far longer than any request of ours is in
 /// flight (10 s timeout); a copy delivered later than this is not fenced.
@@ -152,21 +156,22 @@ pub(crate) struct SemWatched {
 }
 
 /// How an acquire treats transient failures (`ErrorKind::Connection`):
-/// a waiting acquire retries them with backoff while its session is alive
-/// (the client layer cancels it when the session is lost); a try-acquire
-/// returns them.
+/// a waiting acquire retries them with backoff ([`TRANSIENT_BACKOFF`])
+/// while its session is alive (the client layer cancels it when the
+/// session is lost); a try-acquire returns them.
 pub(crate) struct Transient<'a> {
     wait: bool,
     liveness: &'a SessionLiveness,
-    backoff: Duration,
+    backoff: Backoff,
 }
 
 impl<'a> Transient<'a> {
     pub fn new(wait: bool, liveness: &'a SessionLiveness) -> Self {
+        let (min, max) = TRANSIENT_BACKOFF;
         Transient {
             wait,
             liveness,
-            backoff: Duration::from_millis(50),
+            backoff: Backoff::new(min, max),
         }
     }
 
@@ -176,8 +181,7 @@ impl<'a> Transient<'a> {
             return Err(e);
         }
         tracing::debug!(error = %e, "transient failure while waiting for a lock; retrying");
-        tokio::time::sleep(self.backoff).await;
-        self.backoff = (self.backoff * 2).min(Duration::from_secs(2));
+        self.backoff.wait().await;
         Ok(())
     }
 
@@ -191,7 +195,7 @@ impl<'a> Transient<'a> {
             match f().await {
                 Err(e) => self.absorb(e).await?,
                 ok => {
-                    self.backoff = Duration::from_millis(50);
+                    self.backoff.reset();
                     return ok;
                 }
             }

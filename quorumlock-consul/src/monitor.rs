@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use quorumlock_core::backend::HELD_WATCH_DELAY;
+use quorumlock_core::backend::{Backoff, HELD_WATCH_DELAY};
 use quorumlock_core::LossReason;
 use tokio::time::Instant;
 
@@ -17,6 +17,10 @@ use crate::layout::{rw_revoke, SemLock, SEMAPHORE_FLAGS};
 
 /// How long a session given up locally is retried to be destroyed.
 const ABANDONED_DESTROY_PATIENCE: Duration = Duration::from_secs(600);
+/// The first and the longest pause between two tries to destroy a
+/// session given up locally, or to remove a held lock the monitor gave
+/// up on (jittered: see [`Backoff`]).
+const CLEANUP_BACKOFF: (Duration, Duration) = (Duration::from_millis(500), Duration::from_secs(5));
 
 /// The one keepalive task: renews every TTL/2 (counted from the send time
 /// of the last successful renew, so slow answers do not stretch the
@@ -69,6 +73,9 @@ pub(crate) async fn keepalive(s: Arc<SessionState>) {
                     .liveness
                     .deadline()
                     .map_or(Duration::MAX, |d| d.saturating_duration_since(now));
+                // A pace set by the local deadline, not a backoff: every
+                // retry must still come before it, so the pause shrinks
+                // as the deadline nears and never grows.
                 let pause = Duration::from_millis(500)
                     .min(left / 4)
                     .max(Duration::from_millis(50));
@@ -86,7 +93,7 @@ pub(crate) async fn keepalive(s: Arc<SessionState>) {
 /// [`ABANDONED_DESTROY_PATIENCE`]) or the session is closed.
 async fn destroy_abandoned(s: &SessionState) {
     let start = Instant::now();
-    let mut pause = Duration::from_millis(500);
+    let mut backoff = Backoff::new(CLEANUP_BACKOFF.0, CLEANUP_BACKOFF.1);
     loop {
         match s.core.api.session_destroy(&s.id).await {
             Ok(()) => {
@@ -103,9 +110,8 @@ async fn destroy_abandoned(s: &SessionState) {
         }
         tokio::select! {
             _ = s.stop.cancelled() => return,
-            _ = tokio::time::sleep(pause) => {}
+            _ = backoff.wait() => {}
         }
-        pause = (pause * 2).min(Duration::from_secs(5));
     }
 }
 
@@ -115,6 +121,8 @@ const MONITOR_MIN_GAP: Duration = Duration::from_millis(50);
 /// The first pause after a failed monitor read; it doubles with each
 /// further failure, up to an eighth of [`blind_budget`] (at most
 /// [`MONITOR_MAX_BACKOFF`]), so that several reads are tried within it.
+/// Each pause is jittered ([`Backoff`]: up to twice its step); the budget
+/// itself is not: the pause ends when a held lock's budget runs out.
 const MONITOR_FIRST_BACKOFF: Duration = Duration::from_millis(25);
 const MONITOR_MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// How long the check of our session after a loss may take: the loss is
@@ -172,7 +180,7 @@ fn common_prefix<'a>(mut keys: impl Iterator<Item = &'a String>) -> String {
 /// A failed read leaves the held locks unconfirmed: from then on each
 /// read is an immediate (non-blocking) one, retried after a short pause
 /// ([`MONITOR_FIRST_BACKOFF`], doubling, at most an eighth of the
-/// [`blind_budget`]), and a held lock not confirmed by a successful read
+/// [`blind_budget`], jittered), and a held lock not confirmed by a successful read
 /// within the budget (counted from the first failure, or from its grant
 /// if later) is declared lost: a forced break frees the lock only after
 /// its grace, which the budget stays well within. All of it on the
@@ -183,10 +191,10 @@ pub(crate) async fn monitor(s: Arc<SessionState>) {
     // Since when the held locks are unconfirmed (a read failed since the
     // last successful one), and the pause before the next read.
     let mut unconfirmed: Option<Instant> = None;
-    let mut backoff = MONITOR_FIRST_BACKOFF;
     let cfg = &s.core.config;
     let budget = blind_budget(cfg.ttl, cfg.lock_delay);
     let max_backoff = (budget / 8).clamp(MONITOR_FIRST_BACKOFF, MONITOR_MAX_BACKOFF);
+    let mut backoff = Backoff::new(MONITOR_FIRST_BACKOFF, max_backoff);
     loop {
         if let Some(since) = unconfirmed {
             if lose_unconfirmed(&s, since, budget) {
@@ -278,7 +286,7 @@ pub(crate) async fn monitor(s: Arc<SessionState>) {
         let gap = match r {
             Ok((idx, entries)) => {
                 unconfirmed = None;
-                backoff = MONITOR_FIRST_BACKOFF;
+                backoff.reset();
                 index = idx;
                 let watched = evaluate(&s, &prefix, idx, &entries, budget).await;
                 MONITOR_MIN_GAP + Duration::from_micros(100 * watched as u64)
@@ -287,13 +295,11 @@ pub(crate) async fn monitor(s: Arc<SessionState>) {
                 let first = unconfirmed.is_none();
                 let since = *unconfirmed.get_or_insert_with(Instant::now);
                 if first {
-                    backoff = MONITOR_FIRST_BACKOFF;
-                } else {
-                    backoff = (backoff * 2).min(max_backoff);
+                    backoff.reset();
                 }
                 tracing::debug!(session = %s.id, error = %e, unconfirmed_for = ?since.elapsed(),
                     "monitor read failed; retrying");
-                backoff
+                backoff.next_delay()
             }
         };
         let deadline = unconfirmed.and_then(|since| next_deadline(&s, since, budget));
@@ -388,7 +394,7 @@ async fn remove_given_up(s: Arc<SessionState>, lost: Vec<(String, u64)>) {
                 op::delete(&rw_revoke(&lock_key)),
             ],
         };
-        let mut pause = Duration::from_millis(500);
+        let mut backoff = Backoff::new(CLEANUP_BACKOFF.0, CLEANUP_BACKOFF.1);
         loop {
             match s.core.api.txn(ops.clone()).await {
                 Ok(_) => break, // done, or `.lock` is no longer ours at `token`
@@ -399,9 +405,8 @@ async fn remove_given_up(s: Arc<SessionState>, lost: Vec<(String, u64)>) {
             tokio::select! {
                 _ = s.stop.cancelled() => return,
                 _ = s.liveness.lost() => return,
-                _ = tokio::time::sleep(pause) => {}
+                _ = backoff.wait() => {}
             }
-            pause = (pause * 2).min(Duration::from_secs(5));
         }
     }
 }

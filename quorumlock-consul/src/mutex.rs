@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use quorumlock_core::backend::{waits_for, AcquireRequest, Acquired, LastGrant};
+use quorumlock_core::backend::{waits_for, AcquireRequest, Acquired, Backoff, LastGrant};
 use quorumlock_core::{Error, ErrorKind, LockKind, Result};
 
 use crate::api::{op, KvEntry, Record, Txn};
@@ -93,8 +93,20 @@ enum Next {
 /// counted, a lock-delay is waited out with a growing pause.
 struct Failures {
     retries: u32,
-    delay_wait: Duration,
+    /// The pause before the next look at a `.lock` under a lock-delay.
+    delay_wait: Backoff,
+    /// The pause before the next look after an unexpected failure.
+    retry_wait: Backoff,
 }
+
+/// The first and the longest pause while a lock-delay is in force
+/// (Consul does not say when it ends, and nothing wakes us then).
+const LOCK_DELAY_BACKOFF: (Duration, Duration) =
+    (Duration::from_millis(50), Duration::from_secs(1));
+/// The pause before a look after an unexpected failure of the grant txn,
+/// and between two reads that still show our queue key older than a
+/// rewrite of ours: short and not growing (jittered).
+const RETRY_PAUSE: Duration = Duration::from_millis(10);
 
 impl<'a> Attempt<'a> {
     fn new(s: &'a Arc<SessionState>, req: &'a AcquireRequest) -> Attempt<'a> {
@@ -255,7 +267,8 @@ impl<'a> Attempt<'a> {
     ) -> Result<Acquired> {
         let mut failures = Failures {
             retries: 0,
-            delay_wait: Duration::from_millis(50),
+            delay_wait: Backoff::new(LOCK_DELAY_BACKOFF.0, LOCK_DELAY_BACKOFF.1),
+            retry_wait: Backoff::new(RETRY_PAUSE, RETRY_PAUSE),
         };
         loop {
             // Mutexes and read-write locks of one name share one line.
@@ -464,14 +477,13 @@ impl<'a> Attempt<'a> {
                 return self.leave(ours).await;
             }
             tracing::debug!(lock = %keys.lock, "lock-delay in force; retrying");
-            tokio::time::sleep(failures.delay_wait).await;
-            failures.delay_wait = (failures.delay_wait * 2).min(Duration::from_secs(1));
+            failures.delay_wait.wait().await;
         } else if at != 0 {
             failures.retries += 1;
             if failures.retries > MAX_ACQUIRE_RETRIES {
                 return Err(failed("taking the lock", &errs));
             }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            failures.retry_wait.wait().await;
         }
         // `.lock` changed since we read it (or we slept): re-read.
         Ok(Next::Look(transient.retry(|| self.read()).await?))
@@ -514,7 +526,9 @@ impl<'a> Attempt<'a> {
             if let Some(i) = now.filter(|&i| i > ours.modify_index) {
                 return Ok(i);
             }
-            // Unchanged (within the same millisecond): again.
+            // Unchanged (within the same millisecond): again once the
+            // clock has moved on (the record's `since_ms` then differs).
+            // A wait for the clock, not a retry pause: no backoff.
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
     }
@@ -524,13 +538,14 @@ impl<'a> Attempt<'a> {
     /// late, would hide our `.lock`, and we would wait behind someone who
     /// waits for it.
     async fn read_since(&self, at: u64, transient: &mut Transient<'_>) -> Result<View> {
+        let mut pause = Backoff::new(RETRY_PAUSE, RETRY_PAUSE);
         loop {
             let v = transient.retry(|| self.read()).await?;
             let ours = v.queue.iter().find(|e| self.is_our_entry(e));
             if ours.is_none_or(|e| e.modify_index >= at) {
                 return Ok(v);
             }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            pause.wait().await;
         }
     }
 }
