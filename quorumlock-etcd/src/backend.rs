@@ -18,7 +18,7 @@ use quorumlock_core::backend::{
 use quorumlock_core::{Contender, Error, ErrorKind, LockKind, LockName, LockState, Result};
 
 use crate::config::EtcdConfig;
-use crate::core::Core;
+use crate::core::EtcdCore;
 use crate::error;
 use crate::layout;
 use crate::session::EtcdSession;
@@ -29,13 +29,13 @@ use crate::watch::WatchHub;
 /// sessions (leases) opened through it. Cheap to clone.
 #[derive(Clone)]
 pub struct EtcdBackend {
-    pub(crate) inner: Arc<Core>,
+    pub(crate) core: Arc<EtcdCore>,
 }
 
 impl fmt::Debug for EtcdBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EtcdBackend")
-            .field("url", &self.inner.config.describe())
+            .field("url", &self.core.config.describe())
             .finish()
     }
 }
@@ -157,7 +157,7 @@ impl EtcdBackend {
         let hub = WatchHub::new(client.watch_client(), requests.clone(), config.timeout);
         tracing::debug!(url = %config.describe(), "etcd backend ready");
         EtcdBackend {
-            inner: Arc::new(Core {
+            core: Arc::new(EtcdCore {
                 config,
                 client,
                 requests,
@@ -169,7 +169,7 @@ impl EtcdBackend {
 
     /// The configuration.
     pub fn config(&self) -> &EtcdConfig {
-        &self.inner.config
+        &self.core.config
     }
 }
 
@@ -219,22 +219,22 @@ impl Backend for EtcdBackend {
             kill_session: true,
             rwlock: true,
             semaphore: true,
-            session_ttl: self.inner.config.ttl,
+            session_ttl: self.core.config.ttl,
             proclaim: true,
         }
     }
 
     fn describe(&self) -> String {
-        self.inner.config.describe()
+        self.core.config.describe()
     }
 
     async fn open_session(&self, liveness: Arc<SessionLiveness>) -> Result<Arc<dyn StoreSession>> {
-        let s = EtcdSession::open(self.inner.clone(), liveness).await?;
+        let s = EtcdSession::open(self.core.clone(), liveness).await?;
         Ok(Arc::new(s))
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
-        let (holders, waiters) = self.inner.holders(name).await?;
+        let (holders, waiters) = self.core.holders(name).await?;
         Ok(LockState {
             name: name.clone(),
             holders: holders.iter().map(contender).collect(),
@@ -245,9 +245,9 @@ impl Backend for EtcdBackend {
     async fn list(&self, prefix: Option<&LockName>) -> Result<Vec<LockState>> {
         // One range read of the subtree: every entry is a direct child of
         // its lock's prefix, so a key's parent is its lock.
-        let ns = self.inner.namespace_prefix();
+        let ns = self.core.namespace_prefix();
         let start = match prefix {
-            Some(p) => format!("{}/", self.inner.lock_prefix(p)),
+            Some(p) => format!("{}/", self.core.lock_prefix(p)),
             None => ns.clone(),
         };
         let (key, opts) = if start.is_empty() {
@@ -256,7 +256,7 @@ impl Backend for EtcdBackend {
             (start.into_bytes(), GetOptions::new().with_prefix())
         };
         let opts = opts.with_sort(SortTarget::Create, SortOrder::Ascend);
-        let resp = self.inner.get("range locks", key, opts).await?;
+        let resp = self.core.get("range locks", key, opts).await?;
         let mut locks: std::collections::BTreeMap<LockName, Vec<KeyValue>> = Default::default();
         for kv in resp.kvs() {
             let Ok(key) = std::str::from_utf8(kv.key()) else {
@@ -296,7 +296,7 @@ impl Backend for EtcdBackend {
         // revisions; if the holders changed between our read and the txn,
         // read again.
         for _ in 0..10 {
-            let (holders, _) = self.inner.holders(name).await?;
+            let (holders, _) = self.core.holders(name).await?;
             if holders.is_empty() {
                 return Ok(false);
             }
@@ -306,7 +306,7 @@ impl Backend for EtcdBackend {
                     .map(|kv| TxnOp::delete(kv.key(), None))
                     .collect::<Vec<_>>(),
             );
-            if self.inner.txn("break lock", txn).await?.succeeded() {
+            if self.core.txn("break lock", txn).await?.succeeded() {
                 tracing::info!(lock = %name, holders = holders.len(), "lock broken");
                 return Ok(true);
             }
@@ -323,7 +323,7 @@ impl Backend for EtcdBackend {
         // the holder's one watch sees a put on its key. Go clients do not
         // look at values or mod revisions.
         for _ in 0..10 {
-            let (holders, _) = self.inner.holders(name).await?;
+            let (holders, _) = self.core.holders(name).await?;
             if holders.is_empty() {
                 return Ok(false);
             }
@@ -334,7 +334,7 @@ impl Backend for EtcdBackend {
                     .map(|kv| TxnOp::put(kv.key(), Vec::<u8>::new(), Some(keep.clone())))
                     .collect::<Vec<_>>(),
             );
-            if self.inner.txn("request revoke", txn).await?.succeeded() {
+            if self.core.txn("request revoke", txn).await?.succeeded() {
                 return Ok(true);
             }
         }
@@ -351,9 +351,9 @@ impl Backend for EtcdBackend {
                 format!("{session:?} is not an etcd lease id in hex"),
             )
         })? as i64;
-        self.inner
+        self.core
             .call("lease revoke", || {
-                let mut lease = self.inner.client.lease_client();
+                let mut lease = self.core.client.lease_client();
                 async move { lease.revoke(id).await }
             })
             .await?;
@@ -361,7 +361,7 @@ impl Backend for EtcdBackend {
     }
 
     async fn leftovers(&self) -> Result<Vec<String>> {
-        let prefix = self.inner.namespace_prefix();
+        let prefix = self.core.namespace_prefix();
         let opts = if prefix.is_empty() {
             GetOptions::new().with_all_keys().with_keys_only()
         } else {
@@ -372,22 +372,22 @@ impl Backend for EtcdBackend {
         } else {
             prefix.into_bytes()
         };
-        let resp = self.inner.get("range namespace", key, opts).await?;
+        let resp = self.core.get("range namespace", key, opts).await?;
         let mut out: Vec<String> = resp
             .kvs()
             .iter()
             .map(|kv| format!("key {}", String::from_utf8_lossy(kv.key())))
             .collect();
-        let leases: Vec<i64> = self.inner.opened.lock().expect("poisoned").clone();
+        let leases: Vec<i64> = self.core.opened.lock().expect("poisoned").clone();
         let mut dead = Vec::new();
         for id in leases {
-            if self.inner.lease_alive(id).await? {
+            if self.core.lease_alive(id).await? {
                 out.push(format!("lease {id:x}"));
             } else {
                 dead.push(id);
             }
         }
-        self.inner
+        self.core
             .opened
             .lock()
             .expect("poisoned")
@@ -396,18 +396,18 @@ impl Backend for EtcdBackend {
     }
 
     fn requests_sent(&self) -> u64 {
-        self.inner.requests.load(Ordering::Relaxed)
+        self.core.requests.load(Ordering::Relaxed)
     }
 
     async fn fenced_write(&self, held: &[HeldEntry], write: &KeyWrite) -> Result<()> {
-        crate::fenced::fenced_write(&self.inner, held, write).await
+        crate::fenced::fenced_write(&self.core, held, write).await
     }
 
     async fn read_key(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        crate::fenced::read_key(&self.inner, key).await
+        crate::fenced::read_key(&self.core, key).await
     }
 
     async fn write_key(&self, write: &KeyWrite) -> Result<()> {
-        crate::fenced::write_key(&self.inner, write).await
+        crate::fenced::write_key(&self.core, write).await
     }
 }

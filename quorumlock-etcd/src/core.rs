@@ -1,6 +1,7 @@
-//! What the backend and its sessions share: the client, the request
-//! counter, one request (counted, bounded by the timeout, errors mapped),
-//! and the reads of a lock's queue.
+//! The state: [`EtcdCore`], what the backend and its sessions share (the
+//! client, the request counter, the watch stream, one request: counted,
+//! bounded by the timeout, errors mapped), and [`SessionState`], what one
+//! session shares with its tasks.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,21 +11,37 @@ use etcd_client::{
     Client, GetOptions, GetResponse, KeyValue, SortOrder, SortTarget, Txn, TxnOpResponse,
     TxnResponse,
 };
+use quorumlock_core::backend::SessionLiveness;
 use quorumlock_core::{Error, ErrorKind, LockKind, LockName, Result};
+use tokio_util::sync::CancellationToken;
 
 use crate::config::EtcdConfig;
 use crate::error;
 use crate::layout;
 use crate::watch::WatchHub;
 
-/// The shared state of an [`crate::EtcdBackend`] and its sessions.
-pub(crate) struct Core {
+/// The backend-wide state of an [`crate::EtcdBackend`] (its clones share
+/// it), held by every session it opened.
+pub(crate) struct EtcdCore {
     pub(crate) config: EtcdConfig,
     pub(crate) client: Client,
     pub(crate) requests: Arc<AtomicU64>,
     pub(crate) hub: WatchHub,
     /// Leases this instance granted, for `leftovers`.
     pub(crate) opened: Mutex<Vec<i64>>,
+}
+
+/// One session's state, shared by its tasks: the session's acquires,
+/// releases and removals ([`crate::session::EtcdSession`]), its lease
+/// keepalive, and the watch of each held entry (`monitor.rs`, called on
+/// the backend's watch task). Held in an `Arc`.
+pub(crate) struct SessionState {
+    pub(crate) core: Arc<EtcdCore>,
+    /// The session's etcd lease, which every key of its entries is bound to.
+    pub(crate) lease: i64,
+    pub(crate) liveness: Arc<SessionLiveness>,
+    /// Ends the keepalive when the session is closed or dropped.
+    pub(crate) stop: CancellationToken,
 }
 
 /// The first response of a txn's op responses as a range response.
@@ -49,7 +66,7 @@ pub(crate) fn first_created() -> GetOptions {
         .with_sort(SortTarget::Create, SortOrder::Ascend)
 }
 
-impl Core {
+impl EtcdCore {
     /// `<ns>/<name>` (or `<name>` without a namespace): Go's mutex prefix
     /// without its trailing slash.
     pub(crate) fn lock_prefix(&self, name: &LockName) -> String {

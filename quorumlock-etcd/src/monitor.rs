@@ -7,12 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::GetOptions;
-use quorumlock_core::backend::{EntrySignals, SessionLiveness};
+use quorumlock_core::backend::EntrySignals;
 use quorumlock_core::{ErrorKind, LossReason};
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
-use crate::core::Core;
+use crate::core::SessionState;
 use crate::error;
 use crate::watch::{Sink, WatchEvent};
 
@@ -22,14 +21,10 @@ use crate::watch::{Sink, WatchEvent};
 /// answer with `ttl > 0` confirms the lease from that send time, however
 /// late it comes. An answer with ttl 0 (or "lease not found") means the
 /// lease is gone. A stream that breaks, or leaves a request unanswered for
-/// a whole TTL, is replaced.
-pub(crate) async fn keepalive(
-    inner: Arc<Core>,
-    id: i64,
-    ttl: Duration,
-    liveness: Arc<SessionLiveness>,
-    stop: CancellationToken,
-) {
+/// a whole TTL, is replaced. `ttl` is the one etcd granted.
+pub(crate) async fn keepalive(session: Arc<SessionState>, ttl: Duration) {
+    let (core, id) = (&session.core, session.lease);
+    let (liveness, stop) = (&session.liveness, &session.stop);
     let period = ttl / 3;
     let fast = ttl / 10;
     let retry = period.min(Duration::from_millis(300));
@@ -43,8 +38,8 @@ pub(crate) async fn keepalive(
         // Opening the stream sends the first keepalive and waits for its
         // answer; it fails with "lease not found" when the lease is gone.
         let sent = Instant::now();
-        inner.requests.fetch_add(1, Ordering::Relaxed);
-        let mut lease = inner.client.lease_client();
+        core.requests.fetch_add(1, Ordering::Relaxed);
+        let mut lease = core.client.lease_client();
         let opened = tokio::select! {
             _ = stop.cancelled() => return,
             _ = liveness.lost() => return,
@@ -97,7 +92,7 @@ pub(crate) async fn keepalive(
                     if now < next {
                         continue;
                     }
-                    inner.requests.fetch_add(1, Ordering::Relaxed);
+                    core.requests.fetch_add(1, Ordering::Relaxed);
                     if keeper.keep_alive().await.is_err() {
                         break;
                     }
@@ -139,10 +134,9 @@ pub(crate) async fn keepalive(
 
 /// A held entry as the watch task keeps it: what a delete or put on its
 /// key means. A few hundred bytes per held lock.
-pub(crate) struct HeldEntry {
-    pub(crate) inner: Arc<Core>,
-    pub(crate) liveness: Arc<SessionLiveness>,
-    pub(crate) lease: i64,
+pub(crate) struct WatchedEntry {
+    /// The session that holds it.
+    pub(crate) session: Arc<SessionState>,
     pub(crate) signals: EntrySignals,
     pub(crate) key: Box<str>,
     pub(crate) token: i64,
@@ -182,12 +176,10 @@ impl Seen {
     }
 }
 
-impl HeldEntry {
-    pub(crate) fn copy(&self) -> HeldEntry {
-        HeldEntry {
-            inner: self.inner.clone(),
-            liveness: self.liveness.clone(),
-            lease: self.lease,
+impl WatchedEntry {
+    pub(crate) fn copy(&self) -> WatchedEntry {
+        WatchedEntry {
+            session: self.session.clone(),
             signals: self.signals.clone(),
             key: self.key.clone(),
             token: self.token,
@@ -198,8 +190,8 @@ impl HeldEntry {
     /// Watches our key from revision `from`; `later`: after
     /// [`quorumlock_core::backend::HELD_WATCH_DELAY`], if still held then.
     pub(crate) fn subscribe(self, from: i64, later: bool) {
-        let (inner, key) = (self.inner.clone(), self.key.as_bytes().to_vec());
-        inner.hub.subscribe(key, from, Arc::new(self), later);
+        let (session, key) = (self.session.clone(), self.key.as_bytes().to_vec());
+        session.core.hub.subscribe(key, from, Arc::new(self), later);
     }
 
     /// etcd cancelled the watch (compaction past its start) or refused to
@@ -214,7 +206,8 @@ impl HeldEntry {
             }
             delay = (delay * 2).min(Duration::from_secs(2));
             let resp = match self
-                .inner
+                .session
+                .core
                 .get("re-read held entry", self.key.as_bytes(), GetOptions::new())
                 .await
             {
@@ -251,14 +244,15 @@ impl HeldEntry {
 
     /// Our key is gone: a forced break, or our lease ended with it.
     pub(crate) async fn deleted(self) {
-        if let Some(reason) = self.liveness.loss() {
+        let session = &self.session;
+        if let Some(reason) = session.liveness.loss() {
             self.signals.lose(reason);
             return;
         }
-        match self.inner.lease_alive(self.lease).await {
+        match session.core.lease_alive(session.lease).await {
             Ok(false) => {
                 self.signals.lose(LossReason::SessionExpired);
-                self.liveness.lose(LossReason::SessionExpired);
+                session.liveness.lose(LossReason::SessionExpired);
             }
             _ => self.signals.lose(LossReason::EntryDeleted),
         }
@@ -266,7 +260,7 @@ impl HeldEntry {
     }
 }
 
-impl Sink for HeldEntry {
+impl Sink for WatchedEntry {
     fn event(&self, ev: WatchEvent) -> bool {
         if self.signals.is_finished() {
             return false; // our own release or abandon

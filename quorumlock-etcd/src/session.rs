@@ -18,17 +18,16 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::core::{first_created, header_revision, range_at, Core};
+use crate::core::{first_created, header_revision, range_at, EtcdCore, SessionState};
 use crate::layout;
-use crate::monitor::{keepalive, HeldEntry, Seen};
+use crate::monitor::{keepalive, Seen, WatchedEntry};
 use crate::watch::WatchEvent;
 
 /// One lease, shared by every lock of one client.
 pub(crate) struct EtcdSession {
-    inner: Arc<Core>,
-    lease: i64,
-    liveness: Arc<SessionLiveness>,
-    stop: CancellationToken,
+    /// What the keepalive and the watches of our held entries share with
+    /// us: the core, the lease, its liveness and the keepalive's stop.
+    state: Arc<SessionState>,
     /// Per lock prefix, our last grant that found no other contender (by
     /// the revision that created our key): after a quiet cycle the next
     /// acquire is one put (a one-op txn guarded by compares only: the
@@ -69,7 +68,7 @@ const LONE_GRANTS_KEPT: usize = 1024;
 impl fmt::Debug for EtcdSession {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EtcdSession")
-            .field("lease", &format_args!("{:x}", self.lease))
+            .field("lease", &format_args!("{:x}", self.state.lease))
             .finish()
     }
 }
@@ -77,14 +76,14 @@ impl fmt::Debug for EtcdSession {
 impl EtcdSession {
     /// Grants the lease (confirming it with the grant's send time) and
     /// starts the keepalive task.
-    pub(crate) async fn open(inner: Arc<Core>, liveness: Arc<SessionLiveness>) -> Result<Self> {
-        // A retried grant (see `Core::call`) keeps the first send time:
+    pub(crate) async fn open(core: Arc<EtcdCore>, liveness: Arc<SessionLiveness>) -> Result<Self> {
+        // A retried grant (see `EtcdCore::call`) keeps the first send time:
         // earlier is the safe side for the deadline.
         let sent = Instant::now();
-        let ttl_secs = inner.config.ttl_secs();
-        let resp = inner
+        let ttl_secs = core.config.ttl_secs();
+        let resp = core
             .call("lease grant", || {
-                let mut lease = inner.client.lease_client();
+                let mut lease = core.client.lease_client();
                 async move { lease.grant(ttl_secs, None).await }
             })
             .await?;
@@ -100,20 +99,22 @@ impl EtcdSession {
         }
         let id = resp.id();
         let granted = Duration::from_secs(resp.ttl() as u64);
-        inner.record_lease(id);
+        core.record_lease(id);
         liveness.confirm(sent, granted);
-        let stop = CancellationToken::new();
+        let state = Arc::new(SessionState {
+            core,
+            lease: id,
+            liveness,
+            stop: CancellationToken::new(),
+        });
         tokio::spawn(
-            keepalive(inner.clone(), id, granted, liveness.clone(), stop.clone()).instrument(
+            keepalive(state.clone(), granted).instrument(
                 tracing::debug_span!("etcd_keepalive", lease = %format_args!("{id:x}")),
             ),
         );
         tracing::debug!(lease = %format_args!("{id:x}"), ttl = ?granted, "etcd lease granted");
         Ok(EtcdSession {
-            inner,
-            lease: id,
-            liveness,
-            stop,
+            state,
             lone_grants: QuietGrants::new(LONE_GRANTS_KEPT),
             attempts: Mutex::new(HashMap::new()),
         })
@@ -128,7 +129,11 @@ impl EtcdSession {
         let txn = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, rev)])
             .and_then([TxnOp::delete(key, None)]);
-        self.inner.txn("delete contender", txn).await.map(|_| ())
+        self.state
+            .core
+            .txn("delete contender", txn)
+            .await
+            .map(|_| ())
     }
 
     /// The fence of `req`'s attempt: `<ns>/.fence/<lease hex>/<contender>`,
@@ -140,8 +145,8 @@ impl EtcdSession {
     fn fence_key(&self, req: &AcquireRequest) -> String {
         format!(
             "{}.fence/{:x}/{}",
-            self.inner.namespace_prefix(),
-            self.lease,
+            self.state.core.namespace_prefix(),
+            self.state.lease,
             req.contender.simple()
         )
     }
@@ -159,7 +164,7 @@ impl EtcdSession {
         let fence = TxnOp::put(
             self.fence_key(req),
             "",
-            Some(PutOptions::new().with_lease(self.lease)),
+            Some(PutOptions::new().with_lease(self.state.lease)),
         );
         let mut rev = rev;
         for _ in 0..8 {
@@ -167,7 +172,7 @@ impl EtcdSession {
                 .when([Compare::create_revision(key, CompareOp::Equal, rev)])
                 .and_then([TxnOp::delete(key, None), fence.clone()])
                 .or_else([TxnOp::get(key, None)]);
-            let resp = self.inner.txn("fence contender", txn).await?;
+            let resp = self.state.core.txn("fence contender", txn).await?;
             if resp.succeeded() {
                 return Ok(());
             }
@@ -189,10 +194,8 @@ impl EtcdSession {
     /// and no channel per held entry: the backend's watch task calls the
     /// entry's [`Sink`].
     fn watch_held(&self, req: &AcquireRequest, key: String, token: i64, from: i64) {
-        let held = HeldEntry {
-            inner: self.inner.clone(),
-            liveness: self.liveness.clone(),
-            lease: self.lease,
+        let held = WatchedEntry {
+            session: self.state.clone(),
             signals: req.signals.clone(),
             key: key.into_boxed_str(),
             token,
@@ -241,14 +244,14 @@ impl EtcdSession {
         loop {
             let sent = match writes {
                 Some(w) => {
-                    let (inner, txn) = (self.inner.clone(), txn.clone());
-                    w.run_judged(async move { inner.txn(what, txn).await }, unanswered)
+                    let (core, txn) = (self.state.core.clone(), txn.clone());
+                    w.run_judged(async move { core.txn(what, txn).await }, unanswered)
                         .await
                 }
-                None => self.inner.txn(what, txn.clone()).await,
+                None => self.state.core.txn(what, txn.clone()).await,
             };
             match sent {
-                Err(e) if e.kind() == ErrorKind::Connection && self.liveness.is_alive() => {
+                Err(e) if e.kind() == ErrorKind::Connection && self.state.liveness.is_alive() => {
                     tracing::debug!(error = %e, "{what} failed; retrying");
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_secs(1));
@@ -279,7 +282,7 @@ impl EtcdSession {
         opts: GetOptions,
     ) -> Result<GetResponse> {
         let txn = Txn::new().and_then([TxnOp::get(mine, None), TxnOp::get(key, Some(opts))]);
-        let resp = self.inner.txn("range contenders", txn).await?;
+        let resp = self.state.core.txn("range contenders", txn).await?;
         match range_at(&resp, 0)?.kvs().first() {
             Some(kv) if kv.create_revision() == my_rev => range_at(&resp, 1),
             _ => Err(self.session_lost(
@@ -352,11 +355,11 @@ impl EtcdSession {
     /// `abandon`, which deletes this attempt's key by the create revision
     /// kept in `attempts`, or reads it first if it was never learned.
     async fn enqueue_and_wait(&self, req: &AcquireRequest) -> Result<Acquired> {
-        if !self.liveness.is_alive() {
+        if !self.state.liveness.is_alive() {
             return Err(self.session_lost("the etcd lease is lost"));
         }
-        let pfx = self.inner.lock_prefix(&req.name);
-        let key = layout::key(&pfx, req.kind, self.lease, &req.contender);
+        let pfx = self.state.core.lock_prefix(&req.name);
+        let key = layout::key(&pfx, req.kind, self.state.lease, &req.contender);
         let value = layout::value(req.kind, SystemTime::now(), &req.value);
         let fence = self.fence_key(req);
         let last = self.lone_grants.take(&pfx);
@@ -400,10 +403,10 @@ impl EtcdSession {
             .and_then([TxnOp::put(
                 key.clone(),
                 value.clone(),
-                Some(PutOptions::new().with_lease(self.lease)),
+                Some(PutOptions::new().with_lease(self.state.lease)),
             )]);
-        let inner = self.inner.clone();
-        let put = async move { inner.txn("enqueue", txn).await };
+        let core = self.state.core.clone();
+        let put = async move { core.txn("enqueue", txn).await };
         match req.writes.run_judged(put, unanswered).await {
             Ok(r) => {
                 let rev = header_revision(&r);
@@ -445,7 +448,7 @@ impl EtcdSession {
             TxnOp::put(
                 key.clone(),
                 value,
-                Some(PutOptions::new().with_lease(self.lease)),
+                Some(PutOptions::new().with_lease(self.state.lease)),
             ),
             TxnOp::get(pfx_slash.clone(), Some(first_created().with_limit(1))),
         ];
@@ -471,9 +474,9 @@ impl EtcdSession {
         let resp = if req.wait {
             self.retrying("enqueue", txn, Some(&req.writes)).await?
         } else {
-            let inner = self.inner.clone();
+            let core = self.state.core.clone();
             req.writes
-                .run_judged(async move { inner.txn("enqueue", txn).await }, unanswered)
+                .run_judged(async move { core.txn("enqueue", txn).await }, unanswered)
                 .await?
         };
         let rev = header_revision(&resp);
@@ -660,7 +663,12 @@ impl EtcdSession {
     ) -> std::result::Result<(Vec<crate::watch::Watch>, i64), Duration> {
         let mut ws: Vec<_> = preds
             .iter()
-            .map(|(k, _)| self.inner.hub.watch(k.clone(), 0, WatchFilterType::NoPut))
+            .map(|(k, _)| {
+                self.state
+                    .core
+                    .hub
+                    .watch(k.clone(), 0, WatchFilterType::NoPut)
+            })
             .collect();
         // None: all created; Some(pause): read again after it
         // without keeping them.
@@ -732,7 +740,7 @@ fn unanswered<T>(r: &Result<T>) -> bool {
 #[async_trait]
 impl StoreSession for EtcdSession {
     fn id(&self) -> String {
-        format!("{:x}", self.lease)
+        format!("{:x}", self.state.lease)
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired> {
@@ -750,7 +758,7 @@ impl StoreSession for EtcdSession {
         // Delete only the key we were granted (etcd #22082: never a newer
         // key of the same lease). The client layer has finished the
         // entry's signals, so its watch ignores this delete and ends.
-        let pfx = self.inner.lock_prefix(&req.name);
+        let pfx = self.state.core.lock_prefix(&req.name);
         if req.writes.outcome_unknown() {
             // An earlier try of this attempt may still land (and create
             // the key again after this delete): fence it off as well.
@@ -766,7 +774,7 @@ impl StoreSession for EtcdSession {
                 held.token as i64,
             )])
             .and_then([TxnOp::delete(held.entry.clone(), None)]);
-        let released = self.inner.txn("release", txn).await;
+        let released = self.state.core.txn("release", txn).await;
         // A release that lands later than one past the grant had writes
         // during the hold: the next acquire would miss, forget the grant.
         let one_write = matches!(&released, Ok(r) if r.succeeded()
@@ -800,10 +808,10 @@ impl StoreSession for EtcdSession {
             .and_then([TxnOp::put(
                 key,
                 stored,
-                Some(PutOptions::new().with_lease(self.lease)),
+                Some(PutOptions::new().with_lease(self.state.lease)),
             )])
             .or_else([TxnOp::get(key, None)]);
-        let resp = self.inner.txn("proclaim", txn).await?;
+        let resp = self.state.core.txn("proclaim", txn).await?;
         if resp.succeeded() {
             return Ok(());
         }
@@ -823,8 +831,8 @@ impl StoreSession for EtcdSession {
         // (its answer lost, retried meanwhile), after our next attempt
         // created the key again. Guarded by the attempt's create revision,
         // a late copy deletes nothing newer (issue 17, finding 2).
-        let pfx = self.inner.lock_prefix(&req.name);
-        let key = layout::key(&pfx, req.kind, self.lease, &req.contender);
+        let pfx = self.state.core.lock_prefix(&req.name);
+        let key = layout::key(&pfx, req.kind, self.state.lease, &req.contender);
         let known = self
             .attempts
             .lock()
@@ -847,7 +855,8 @@ impl StoreSession for EtcdSession {
                 // ours on the name until this returns); a late copy of the
                 // read is harmless, and the delete below is guarded.
                 let resp = self
-                    .inner
+                    .state
+                    .core
                     .get("abandon", key.as_bytes(), GetOptions::new())
                     .await?;
                 match resp.kvs().first() {
@@ -865,12 +874,13 @@ impl StoreSession for EtcdSession {
     }
 
     async fn close(&self) -> Result<()> {
-        self.stop.cancel();
-        let id = self.lease;
+        self.state.stop.cancel();
+        let id = self.state.lease;
         match self
-            .inner
+            .state
+            .core
             .call("lease revoke", || {
-                let mut lease = self.inner.client.lease_client();
+                let mut lease = self.state.core.client.lease_client();
                 async move { lease.revoke(id).await }
             })
             .await
@@ -884,6 +894,6 @@ impl StoreSession for EtcdSession {
 
 impl Drop for EtcdSession {
     fn drop(&mut self) {
-        self.stop.cancel();
+        self.state.stop.cancel();
     }
 }
