@@ -1,5 +1,5 @@
-//! [`EtcdBackend`]: the connection, the key layout, and the admin
-//! operations (inspect, break, revoke, kill a lease, leftovers).
+//! [`EtcdBackend`]: the constructors (the connection) and `impl Backend`,
+//! each method a delegation to `admin.rs`, `session.rs` or `fenced.rs`.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -7,20 +7,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, KeyValue,
-    PutOptions, SortOrder, SortTarget, TlsOptions, Txn, TxnOp,
-};
+use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
 use quorumlock_core::backend::connect::check_connect;
 use quorumlock_core::backend::{
     Backend, Capabilities, HeldEntry, KeyWrite, SessionLiveness, StoreSession,
 };
-use quorumlock_core::{Contender, Error, ErrorKind, LockKind, LockName, LockState, Result};
+use quorumlock_core::{Error, ErrorKind, LockName, LockState, Result};
 
 use crate::config::EtcdConfig;
 use crate::core::EtcdCore;
 use crate::error;
-use crate::layout;
 use crate::session::EtcdSession;
 use crate::watch::WatchHub;
 
@@ -183,35 +179,6 @@ fn read_file(p: &std::path::Path, what: &str) -> Result<Vec<u8>> {
     })
 }
 
-/// The session id of a key: its lease in hex, or the key's last segment for
-/// keys without a lease.
-fn session_of(kv: &KeyValue) -> String {
-    if kv.lease() != 0 {
-        return format!("{:x}", kv.lease());
-    }
-    let key = String::from_utf8_lossy(kv.key());
-    key.rsplit('/').next().unwrap_or_default().to_string()
-}
-
-fn contender(kv: &KeyValue) -> Contender {
-    let (kind, since, value) = layout::parse(kv.value());
-    Contender {
-        session: session_of(kv),
-        token: kv.create_revision() as u64,
-        entry: String::from_utf8_lossy(kv.key()).into_owned(),
-        kind,
-        since,
-        value,
-    }
-}
-
-/// Compares that every one of `kvs` is still the entry we read.
-fn unchanged(kvs: &[KeyValue]) -> Vec<Compare> {
-    kvs.iter()
-        .map(|kv| Compare::create_revision(kv.key(), CompareOp::Equal, kv.create_revision()))
-        .collect()
-}
-
 #[async_trait]
 impl Backend for EtcdBackend {
     fn capabilities(&self) -> Capabilities {
@@ -234,165 +201,27 @@ impl Backend for EtcdBackend {
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
-        let (holders, waiters) = self.core.holders(name).await?;
-        Ok(LockState {
-            name: name.clone(),
-            holders: holders.iter().map(contender).collect(),
-            waiters: waiters.iter().map(contender).collect(),
-        })
+        self.core.inspect(name).await
     }
 
     async fn list(&self, prefix: Option<&LockName>) -> Result<Vec<LockState>> {
-        // One range read of the subtree: every entry is a direct child of
-        // its lock's prefix, so a key's parent is its lock.
-        let ns = self.core.namespace_prefix();
-        let start = match prefix {
-            Some(p) => format!("{}/", self.core.lock_prefix(p)),
-            None => ns.clone(),
-        };
-        let (key, opts) = if start.is_empty() {
-            (vec![0], GetOptions::new().with_all_keys())
-        } else {
-            (start.into_bytes(), GetOptions::new().with_prefix())
-        };
-        let opts = opts.with_sort(SortTarget::Create, SortOrder::Ascend);
-        let resp = self.core.get("range locks", key, opts).await?;
-        let mut locks: std::collections::BTreeMap<LockName, Vec<KeyValue>> = Default::default();
-        for kv in resp.kvs() {
-            let Ok(key) = std::str::from_utf8(kv.key()) else {
-                continue;
-            };
-            let Some((parent, _)) = key.rsplit_once('/') else {
-                continue;
-            };
-            // Keys that are not under a valid lock name are someone else's.
-            let Some(name) = parent
-                .strip_prefix(ns.as_str())
-                .and_then(LockName::from_key)
-            else {
-                continue;
-            };
-            locks.entry(name).or_default().push(kv.clone());
-        }
-        Ok(locks
-            .into_iter()
-            .map(|(name, all)| {
-                let kinds: Vec<LockKind> = all.iter().map(layout::kind_of).collect();
-                let mut state = LockState::free(name);
-                for (i, kv) in all.iter().enumerate() {
-                    if quorumlock_core::backend::holds(&kinds, i) {
-                        state.holders.push(contender(kv));
-                    } else {
-                        state.waiters.push(contender(kv));
-                    }
-                }
-                state
-            })
-            .collect())
+        self.core.list(prefix).await
     }
 
     async fn break_lock(&self, name: &LockName) -> Result<bool> {
-        // Every holder's key goes in one txn, guarded by their create
-        // revisions; if the holders changed between our read and the txn,
-        // read again.
-        for _ in 0..10 {
-            let (holders, _) = self.core.holders(name).await?;
-            if holders.is_empty() {
-                return Ok(false);
-            }
-            let txn = Txn::new().when(unchanged(&holders)).and_then(
-                holders
-                    .iter()
-                    .map(|kv| TxnOp::delete(kv.key(), None))
-                    .collect::<Vec<_>>(),
-            );
-            if self.core.txn("break lock", txn).await?.succeeded() {
-                tracing::info!(lock = %name, holders = holders.len(), "lock broken");
-                return Ok(true);
-            }
-        }
-        Err(Error::new(
-            ErrorKind::Store,
-            format!("lock {name} changed holders ten times while breaking it"),
-        ))
+        self.core.break_lock(name).await
     }
 
     async fn request_revoke(&self, name: &LockName) -> Result<bool> {
-        // A revoke request is a put on each holder's own key that keeps its
-        // value and lease (so its create revision, the token, is kept too):
-        // the holder's one watch sees a put on its key. Go clients do not
-        // look at values or mod revisions.
-        for _ in 0..10 {
-            let (holders, _) = self.core.holders(name).await?;
-            if holders.is_empty() {
-                return Ok(false);
-            }
-            let keep = PutOptions::new().with_ignore_value().with_ignore_lease();
-            let txn = Txn::new().when(unchanged(&holders)).and_then(
-                holders
-                    .iter()
-                    .map(|kv| TxnOp::put(kv.key(), Vec::<u8>::new(), Some(keep.clone())))
-                    .collect::<Vec<_>>(),
-            );
-            if self.core.txn("request revoke", txn).await?.succeeded() {
-                return Ok(true);
-            }
-        }
-        Err(Error::new(
-            ErrorKind::Store,
-            format!("lock {name} changed holders ten times while revoking it"),
-        ))
+        self.core.request_revoke(name).await
     }
 
     async fn kill_session(&self, session: &str) -> Result<()> {
-        let id = u64::from_str_radix(session, 16).map_err(|_| {
-            Error::new(
-                ErrorKind::InvalidArgument,
-                format!("{session:?} is not an etcd lease id in hex"),
-            )
-        })? as i64;
-        self.core
-            .call("lease revoke", || {
-                let mut lease = self.core.client.lease_client();
-                async move { lease.revoke(id).await }
-            })
-            .await?;
-        Ok(())
+        self.core.kill_session(session).await
     }
 
     async fn leftovers(&self) -> Result<Vec<String>> {
-        let prefix = self.core.namespace_prefix();
-        let opts = if prefix.is_empty() {
-            GetOptions::new().with_all_keys().with_keys_only()
-        } else {
-            GetOptions::new().with_prefix().with_keys_only()
-        };
-        let key = if prefix.is_empty() {
-            vec![0]
-        } else {
-            prefix.into_bytes()
-        };
-        let resp = self.core.get("range namespace", key, opts).await?;
-        let mut out: Vec<String> = resp
-            .kvs()
-            .iter()
-            .map(|kv| format!("key {}", String::from_utf8_lossy(kv.key())))
-            .collect();
-        let leases: Vec<i64> = self.core.opened.lock().expect("poisoned").clone();
-        let mut dead = Vec::new();
-        for id in leases {
-            if self.core.lease_alive(id).await? {
-                out.push(format!("lease {id:x}"));
-            } else {
-                dead.push(id);
-            }
-        }
-        self.core
-            .opened
-            .lock()
-            .expect("poisoned")
-            .retain(|id| !dead.contains(id));
-        Ok(out)
+        self.core.leftovers().await
     }
 
     fn requests_sent(&self) -> u64 {

@@ -8,16 +8,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use etcd_client::{
-    Client, GetOptions, GetResponse, KeyValue, SortOrder, SortTarget, Txn, TxnOpResponse,
-    TxnResponse,
+    Client, GetOptions, GetResponse, SortOrder, SortTarget, Txn, TxnOpResponse, TxnResponse,
 };
 use quorumlock_core::backend::SessionLiveness;
-use quorumlock_core::{Error, ErrorKind, LockKind, LockName, Result};
+use quorumlock_core::{Error, ErrorKind, LockName, Result};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::EtcdConfig;
 use crate::error;
-use crate::layout;
 use crate::watch::WatchHub;
 
 /// The backend-wide state of an [`crate::EtcdBackend`] (its clones share
@@ -129,35 +127,6 @@ impl EtcdCore {
             async move { kv.get(key, Some(opts)).await }
         })
         .await
-    }
-
-    /// Contenders of a lock in queue (create revision) order.
-    pub(crate) async fn contenders(&self, name: &LockName) -> Result<Vec<KeyValue>> {
-        let pfx_slash = format!("{}/", self.lock_prefix(name));
-        let resp = self
-            .get("range contenders", pfx_slash.clone(), first_created())
-            .await?;
-        Ok(resp
-            .kvs()
-            .iter()
-            .filter(|kv| layout::is_contender(&pfx_slash, kv.key()))
-            .cloned()
-            .collect())
-    }
-
-    /// The current holders (by the queue rules of [`layout::holds`]) and
-    /// all contenders, in queue order.
-    pub(crate) async fn holders(&self, name: &LockName) -> Result<(Vec<KeyValue>, Vec<KeyValue>)> {
-        let all = self.contenders(name).await?;
-        let kinds: Vec<LockKind> = all.iter().map(layout::kind_of).collect();
-        let (holders, waiters): (Vec<_>, Vec<_>) = all
-            .into_iter()
-            .enumerate()
-            .partition(|(i, _)| quorumlock_core::backend::holds(&kinds, *i));
-        Ok((
-            holders.into_iter().map(|(_, kv)| kv).collect(),
-            waiters.into_iter().map(|(_, kv)| kv).collect(),
-        ))
     }
 
     pub(crate) fn record_lease(&self, id: i64) {

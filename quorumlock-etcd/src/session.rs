@@ -192,7 +192,7 @@ impl EtcdSession {
     /// [`quorumlock_core::backend::HELD_WATCH_DELAY`] (from `from`, so nothing in between
     /// is missed), and not at all if the lock is released before. No task
     /// and no channel per held entry: the backend's watch task calls the
-    /// entry's [`Sink`].
+    /// entry's [`Sink`](crate::watch::Sink).
     fn watch_held(&self, req: &AcquireRequest, key: String, token: i64, from: i64) {
         let held = WatchedEntry {
             session: self.state.clone(),
