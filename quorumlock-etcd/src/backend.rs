@@ -40,14 +40,14 @@ impl EtcdBackend {
     /// Parses `url` ([`EtcdConfig::from_url`]) and connects.
     ///
     /// Nothing is written to etcd. Unless the URL says `lazy=true`, etcd
-    /// must answer within `connect_timeout` (see [`EtcdBackend::new`] for
-    /// the errors).
+    /// must answer within `connect_timeout` (see
+    /// [`EtcdBackend::from_config`] for the errors).
     ///
     /// # Cancel Safety
     /// Writes nothing; safe to drop at any point.
     pub async fn connect(url: impl AsRef<str>) -> Result<EtcdBackend> {
         let config = EtcdConfig::from_url(&quorumlock_core::url::parse(url.as_ref())?)?;
-        Self::new(config).await
+        Self::from_config(config).await
     }
 
     /// Connects with a configuration (reads the TLS files first).
@@ -61,7 +61,7 @@ impl EtcdBackend {
     ///
     /// # Cancel Safety
     /// Writes nothing; safe to drop at any point.
-    pub async fn new(config: EtcdConfig) -> Result<EtcdBackend> {
+    pub async fn from_config(config: EtcdConfig) -> Result<EtcdBackend> {
         let mut opts = ConnectOptions::new()
             .with_connect_timeout(config.timeout)
             .with_keep_alive(Duration::from_secs(10), config.timeout)
@@ -116,19 +116,10 @@ impl EtcdBackend {
         Ok(Self::assemble(config, client, requests))
     }
 
-    /// The same as [`EtcdBackend::new`] (every backend has a
-    /// `from_config`).
-    ///
-    /// # Cancel Safety
-    /// Writes nothing; safe to drop at any point.
-    pub async fn from_config(config: EtcdConfig) -> Result<EtcdBackend> {
-        Self::new(config).await
-    }
-
     /// A backend over an `etcd_client::Client` the caller built (its
     /// endpoints, credentials and TLS are the client's; those of `config`
     /// are not used). Unless [`EtcdConfig::lazy`], checks that etcd
-    /// answers as [`EtcdBackend::new`] does.
+    /// answers as [`EtcdBackend::from_config`] does.
     ///
     /// # Cancel Safety
     /// Writes nothing; safe to drop at any point.
