@@ -1,4 +1,6 @@
-//! Key names and values of the entries, and the queue rules on them.
+//! Key names and values of the entries, and the store's view of a lock's
+//! queue for the rule every store shares
+//! ([`quorumlock_core::backend::waits_for`]).
 //!
 //! Every entry of a lock is a direct child of `<pfx>/` (so Go's
 //! `concurrency.Mutex` and `etcdctl lock`, which scan all of `<pfx>/`,
@@ -28,6 +30,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget};
+use quorumlock_core::backend::waits_for;
 use quorumlock_core::LockKind;
 
 /// The prefix of every value this library gives a meaning to.
@@ -141,18 +144,48 @@ pub(crate) fn is_contender(pfx_slash: &str, key: &[u8]) -> bool {
         .is_some_and(|rest| !rest.is_empty() && !rest.contains(&b'/'))
 }
 
-/// How many entries ahead decide whether `kind` holds: the nearest one
-/// (a writer, or the nearest writer for a reader), or `permits` for a
-/// semaphore (it holds when fewer than that are ahead).
-pub(crate) fn wanted(kind: LockKind) -> usize {
+/// The kind of a contender in the line: [`kind_of`], except that an entry
+/// in the writers' range (see [`writer_range`]) is never a reader, whatever
+/// its value says (a foreign value that reads like ours, such as an
+/// `etcdctl elect` proposal `ql:r:...` on Go's key): a reader's read of
+/// [`ahead_query`] finds only the writers, every one of which it waits for.
+pub(crate) fn line_kind(key: &[u8], value: &[u8]) -> LockKind {
+    let kind = parse(value).0;
+    let last = key.rsplit(|b| *b == b'/').next().unwrap_or_default();
+    match kind {
+        LockKind::Read if last.first().is_some_and(|b| *b >= b'0') => LockKind::Exclusive,
+        k => k,
+    }
+}
+
+/// How many entries ahead an entry of `kind` must read to decide by
+/// [`waits_for`]: the rule looks no further back than the nearest entry
+/// (for a reader, the nearest writer, which the writers' range gives
+/// first) or, for a permit, than `permits` places.
+pub(crate) fn ahead_limit(kind: LockKind) -> usize {
     match kind {
         LockKind::Semaphore { permits } => permits as usize,
         _ => 1,
     }
 }
 
-/// The range read of what an entry of `kind` waits for: for a reader the writers'
-/// key range, for everyone else all of `<pfx>/`; newest first.
+/// What an entry of `kind` waits for, decided by [`waits_for`] on the
+/// line the read of [`ahead_query`] shows: `ahead` are the [`line_kind`]s
+/// of the entries ahead of it, newest first (at most [`ahead_limit`]), and
+/// none of them conflicts with `kind`. `None` when it holds; else how many
+/// of the nearest of them it watches: from the entry it waits for to the
+/// nearest (for a permit, the release of a nearer one lets it in too; for
+/// everyone else that is the one entry).
+pub(crate) fn waited(kind: LockKind, ahead: &[LockKind]) -> Option<usize> {
+    // Oldest first, then our entry.
+    let line: Vec<LockKind> = ahead.iter().rev().copied().chain([kind]).collect();
+    let me = ahead.len();
+    waits_for(&line, me).map(|j| me - j)
+}
+
+/// The range read of what an entry of `kind` waits for: for a reader the
+/// writers' key range, for everyone else all of `<pfx>/`; newest first,
+/// [`ahead_limit`] of them.
 pub(crate) fn ahead_query(pfx: &str, kind: LockKind, before: Option<i64>) -> (String, GetOptions) {
     let mut opts = GetOptions::new().with_sort(SortTarget::Create, SortOrder::Descend);
     let key = if kind == LockKind::Read {
@@ -164,7 +197,7 @@ pub(crate) fn ahead_query(pfx: &str, kind: LockKind, before: Option<i64>) -> (St
         format!("{pfx}/")
     };
     // In the enqueue txn our own key is among the answer: one more.
-    let limit = wanted(kind) as i64 + i64::from(before.is_none());
+    let limit = ahead_limit(kind) as i64 + i64::from(before.is_none());
     opts = opts.with_limit(limit);
     if let Some(rev) = before {
         opts = opts.with_max_create_revision(rev - 1);
@@ -271,6 +304,39 @@ mod tests {
             assert!(lo.as_str() <= w.as_str() && w.as_str() < hi.as_str(), "{w}");
         }
         assert_eq!(key("ns/a", LockKind::Exclusive, 0x694d, &u), "ns/a/694d");
+    }
+
+    #[test]
+    fn the_shared_rule_decides_on_the_line_the_read_shows() {
+        use LockKind::*;
+        let sem2 = Semaphore { permits: 2 };
+        // Nothing ahead: every kind holds.
+        for k in [Exclusive, Election, Read, Write, sem2] {
+            assert_eq!(waited(k, &[]), None, "{k:?}");
+        }
+        // A mutex, writer or candidate waits for the nearest entry, a
+        // reader for the nearest writer (all its read finds).
+        for k in [Exclusive, Election, Write, Read] {
+            assert_eq!(waited(k, &[Write]), Some(1), "{k:?}");
+            assert_eq!(waited(k, &[Exclusive]), Some(1), "{k:?}");
+        }
+        assert_eq!(waited(Write, &[Read]), Some(1));
+        // A permit holds with fewer than `permits` ahead, else watches
+        // them all.
+        assert_eq!(waited(sem2, &[sem2]), None);
+        assert_eq!(waited(sem2, &[sem2, sem2]), Some(2));
+        assert_eq!(ahead_limit(sem2), 2);
+        assert_eq!(ahead_limit(Read), 1);
+        // The reader's view: a writer's key is a writer whatever its
+        // value says; a reader's key is a reader.
+        let t = UNIX_EPOCH;
+        let r = value(Read, t, b"");
+        assert_eq!(line_kind(b"ns/a/694d", &r), Exclusive);
+        assert_eq!(line_kind(b"ns/a/694d-w-00", &r), Exclusive);
+        assert_eq!(line_kind(b"ns/a/.r-694d-00", &r), Read);
+        assert_eq!(line_kind(b"ns/a/694d", b""), Exclusive);
+        assert_eq!(line_kind(b"ns/a/694d-s-00", &value(sem2, t, b"")), sem2);
+        assert_eq!(waited(Read, &[line_kind(b"ns/a/694d", &r)]), Some(1));
     }
 
     #[test]

@@ -330,7 +330,7 @@ impl EtcdSession {
         my_rev: i64,
     ) -> Result<Vec<KeyValue>> {
         let pfx_slash = format!("{pfx}/");
-        let n = layout::wanted(kind);
+        let n = layout::ahead_limit(kind);
         let keep = |kv: &&KeyValue| {
             layout::is_contender(&pfx_slash, kv.key()) && kv.key() != mine.as_bytes()
         };
@@ -590,10 +590,19 @@ impl EtcdSession {
                 .filter(|kv| kind.conflicts_with(layout::kind_of(kv)))
                 .cloned()
                 .collect();
-            if ahead.len() < layout::wanted(kind) && foreign.is_empty() {
-                break;
-            }
-            let ahead = if foreign.is_empty() { ahead } else { foreign };
+            // Else the shared rule decides on the line our read shows.
+            let ahead = if foreign.is_empty() {
+                let kinds: Vec<LockKind> = ahead
+                    .iter()
+                    .map(|kv| layout::line_kind(kv.key(), kv.value()))
+                    .collect();
+                match layout::waited(kind, &kinds) {
+                    None => break,
+                    Some(n) => ahead[..n].to_vec(),
+                }
+            } else {
+                foreign
+            };
             if !req.wait {
                 self.delete_if(key, my_rev).await?;
                 return Err(Error::new(
