@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::GetOptions;
-use quorumlock_core::backend::EntrySignals;
+use quorumlock_core::backend::{Backoff, EntrySignals};
 use quorumlock_core::{ErrorKind, LossReason};
 use tokio::time::Instant;
 
@@ -196,15 +196,18 @@ impl WatchedEntry {
 
     /// etcd cancelled the watch (compaction past its start) or refused to
     /// create it: re-read the key after `first`, then watch again from
-    /// there (a failed read is retried, 2 s apart at most).
+    /// there (a failed read is retried, backing off from twice `first` to
+    /// 2 s, with jitter).
     pub(crate) async fn rewatch(self, first: Duration) {
+        let most = Duration::from_secs(2);
+        let mut backoff = Backoff::new((first * 2).min(most), most);
         let mut delay = first;
         loop {
             tokio::select! {
                 _ = self.signals.finished() => return,
                 _ = tokio::time::sleep(delay) => {}
             }
-            delay = (delay * 2).min(Duration::from_secs(2));
+            delay = backoff.next_delay();
             let resp = match self
                 .session
                 .core

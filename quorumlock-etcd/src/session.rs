@@ -11,7 +11,8 @@ use etcd_client::{
     Compare, CompareOp, GetOptions, GetResponse, KeyValue, PutOptions, Txn, TxnOp, WatchFilterType,
 };
 use quorumlock_core::backend::{
-    AcquireRequest, Acquired, InFlightWrites, LastGrant, QuietGrants, SessionLiveness, StoreSession,
+    AcquireRequest, Acquired, Backoff, InFlightWrites, LastGrant, QuietGrants, SessionLiveness,
+    StoreSession,
 };
 use quorumlock_core::{Error, ErrorKind, LockKind, Result};
 use tokio::time::Instant;
@@ -234,13 +235,14 @@ impl EtcdSession {
     /// while the lease can still be alive: a waiter keeps its place in the
     /// queue across a short outage instead of re-queueing at the end.
     /// A txn that writes an attempt's entry passes the attempt's `writes`.
+    /// Retries back off from 50 ms to 1 s, with jitter.
     async fn retrying(
         &self,
         what: &'static str,
         txn: Txn,
         writes: Option<&InFlightWrites>,
     ) -> Result<etcd_client::TxnResponse> {
-        let mut delay = Duration::from_millis(50);
+        let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
         loop {
             let sent = match writes {
                 Some(w) => {
@@ -253,8 +255,7 @@ impl EtcdSession {
             match sent {
                 Err(e) if e.kind() == ErrorKind::Connection && self.state.liveness.is_alive() => {
                     tracing::debug!(error = %e, "{what} failed; retrying");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(1));
+                    backoff.wait().await;
                 }
                 r => return r,
             }

@@ -9,9 +9,10 @@
 //! called in place for a held entry (no task and no channel per held
 //! lock: that is what keeps a held lock at a few hundred bytes).
 //!
-//! When the stream breaks, the task alone reconnects (with a backoff) and
-//! creates every live watch again from its start revision, so an outage
-//! costs one new stream and one create per watch, not a read per lock.
+//! When the stream breaks, the task alone reconnects (with a [`Backoff`])
+//! and creates every live watch again from its start revision, so an
+//! outage costs one new stream and one create per watch, not a read per
+//! lock.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -22,7 +23,7 @@ use etcd_client::{
     EventType, KeyValue, WatchClient, WatchFilterType, WatchOptions, WatchRequestSender,
     WatchResponse, WatchResponseStream,
 };
-use quorumlock_core::backend::{DelayQueue, HELD_WATCH_DELAY};
+use quorumlock_core::backend::{Backoff, DelayQueue, HELD_WATCH_DELAY};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -283,25 +284,26 @@ async fn io(stream: &mut Option<Stream>, subs: &HashMap<i64, Sub>) -> Io {
 
 /// The watch task. While the stream is up, creates and cancels go to it in
 /// order, interleaved with reading its answers. When it breaks, the task
-/// waits (100 ms, doubling up to 2 s), opens a new stream and creates every
-/// live watch again from its start revision: subscribers hear nothing of it
-/// (an event they already had may come twice, which every subscriber
-/// tolerates). A watch the server cancels (compaction past its start
-/// revision) reports [`WatchEvent::Lost`], one it refuses to create
-/// [`WatchEvent::Refused`].
+/// waits (100 ms, doubling up to 2 s, with jitter; from 100 ms again once
+/// a stream answers), opens a new stream and creates every live watch
+/// again from its start revision: subscribers hear nothing of it (an event
+/// they already had may come twice, which every subscriber tolerates). A
+/// watch the server cancels (compaction past its start revision) reports
+/// [`WatchEvent::Lost`], one it refuses to create [`WatchEvent::Refused`].
 async fn run(
     mut client: WatchClient,
     mut rx: mpsc::UnboundedReceiver<Cmd>,
     requests: Arc<AtomicU64>,
     open_timeout: Duration,
 ) {
-    const FIRST_RETRY: Duration = Duration::from_millis(100);
     let mut subs: HashMap<i64, Sub> = HashMap::new();
     let mut later: DelayQueue<(i64, Sub)> = DelayQueue::new(HELD_WATCH_DELAY);
     let mut stream: Option<Stream> = None;
     // When the stream is down: when to try again, and the next pause.
     let mut reopen_at: Option<Instant> = None;
-    let mut backoff = FIRST_RETRY;
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+    // Whether a pause was taken since a stream last answered.
+    let mut backed_off = false;
     loop {
         let reopen = reopen_at.filter(|_| stream.is_none() && !subs.is_empty());
         tokio::select! {
@@ -325,7 +327,9 @@ async fn run(
             },
             io = io(&mut stream, &subs) => match io {
                 Io::Response(Ok(Some(resp))) => {
-                    backoff = FIRST_RETRY;
+                    if std::mem::take(&mut backed_off) {
+                        backoff.reset();
+                    }
                     let s = stream.as_mut().expect("answered on a stream");
                     if let Some(id) = dispatch(resp, &mut subs, &mut s.unanswered) {
                         // The sink is done with it, or etcd cancelled it
@@ -340,7 +344,8 @@ async fn run(
                     };
                     tracing::debug!(?error, watches = subs.len(), "etcd watch stream broke");
                     stream = None;
-                    reopen_at = Some(Instant::now() + backoff);
+                    reopen_at = Some(Instant::now() + backoff.next_delay());
+                    backed_off = true;
                 }
                 Io::Sent(out, Ok(())) => {
                     requests.fetch_add(1, Ordering::Relaxed);
@@ -376,8 +381,8 @@ async fn run(
                     }
                     Err(e) => {
                         tracing::debug!(error = %e, "opening the etcd watch stream failed");
-                        reopen_at = Some(Instant::now() + backoff);
-                        backoff = (backoff * 2).min(Duration::from_secs(2));
+                        reopen_at = Some(Instant::now() + backoff.next_delay());
+                        backed_off = true;
                     }
                 }
             }
