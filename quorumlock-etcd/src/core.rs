@@ -23,14 +23,16 @@ use crate::watch::WatchHub;
 pub(crate) struct EtcdCore {
     pub(crate) config: EtcdConfig,
     pub(crate) client: Client,
+    /// Requests sent, for `requests_sent` (the watch task counts too).
     pub(crate) requests: Arc<AtomicU64>,
+    /// The one watch stream that every watch of the backend shares.
     pub(crate) hub: WatchHub,
     /// Leases this instance granted, for `leftovers`.
     pub(crate) opened: Mutex<Vec<i64>>,
 }
 
 /// One session's state, shared by its tasks: the session's acquires,
-/// releases and removals ([`crate::session::EtcdSession`]), its lease
+/// releases and removals (`EtcdSession`, in `session.rs`), its lease
 /// keepalive, and the watch of each held entry (`monitor.rs`, called on
 /// the backend's watch task). Held in an `Arc`.
 pub(crate) struct SessionState {
