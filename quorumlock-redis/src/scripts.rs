@@ -578,3 +578,6 @@ return 1
 "#,
     )
 });
+
+#[cfg(test)]
+mod queue_rule_tests;

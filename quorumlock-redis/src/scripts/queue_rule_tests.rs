@@ -1,0 +1,126 @@
+//! The scripts' queue rule (`holds` in [`super::LIB`]) against the one
+//! rule every store follows, `quorumlock_core::backend::holds`: every
+//! queue of up to five entries of the mutex-like kinds, and every
+//! semaphore queue of up to five permits, decided by the script on a real
+//! Redis and by the shared function, must agree entry by entry. A mutant
+//! of the script's rule must disagree somewhere (so this test can fail).
+
+use quorumlock_core::backend::holds;
+use quorumlock_core::LockKind;
+
+use super::LIB;
+use crate::layout::kind_code;
+
+/// Runs the script's `holds` on `live` (built from the kinds) and returns
+/// each entry's answer.
+const PROBE: &str = r#"
+local live = {}
+for i = 2, #ARGV, 2 do
+  live[#live + 1] = {kind = ARGV[i], permits = tonumber(ARGV[i + 1])}
+end
+local out = {}
+for i = 1, #live do
+  if holds(live, i) then out[i] = 1 else out[i] = 0 end
+end
+return out
+"#;
+
+/// The queues to decide: every sequence of up to 5 of mutex, election,
+/// reader and writer; every semaphore queue of up to 5 entries of 1 to 3
+/// permits (a semaphore queue holds one count: `LockKind::conflicts_with`).
+fn queues() -> Vec<Vec<LockKind>> {
+    let kinds = [
+        LockKind::Exclusive,
+        LockKind::Election,
+        LockKind::Read,
+        LockKind::Write,
+    ];
+    let mut out: Vec<Vec<LockKind>> = vec![Vec::new()];
+    let mut level: Vec<Vec<LockKind>> = vec![Vec::new()];
+    for _ in 0..5 {
+        level = level
+            .iter()
+            .flat_map(|q| {
+                kinds.iter().map(move |k| {
+                    let mut q = q.clone();
+                    q.push(*k);
+                    q
+                })
+            })
+            .collect();
+        out.extend(level.iter().cloned());
+    }
+    for permits in 1..=3 {
+        for len in 1..=5 {
+            out.push(vec![LockKind::Semaphore { permits }; len]);
+        }
+    }
+    out.retain(|q| !q.is_empty());
+    out
+}
+
+/// Where the script with `lib` and the shared rule disagree.
+fn disagreements(con: &mut redis::Connection, lib: &str) -> Vec<String> {
+    let script = redis::Script::new(&format!("{lib}\n{PROBE}"));
+    let mut out = Vec::new();
+    for q in queues() {
+        let mut inv = script.prepare_invoke();
+        inv.arg("");
+        for k in &q {
+            let (code, permits) = kind_code(*k);
+            inv.arg(code).arg(permits);
+        }
+        let by_script: Vec<i64> = inv.invoke(con).expect("the probe script runs");
+        for (i, got) in by_script.iter().enumerate() {
+            let want = holds(&q, i);
+            if (*got == 1) != want {
+                out.push(format!("{q:?} entry {i}: script {got}, rule {want}"));
+            }
+        }
+    }
+    out
+}
+
+fn redis() -> Option<redis::Connection> {
+    let url = match std::env::var("QUORUMLOCK_TEST_REDIS_URL") {
+        Ok(u) if !u.is_empty() => u,
+        _ => {
+            if std::env::var("QUORUMLOCK_TEST_REQUIRE").as_deref() == Ok("1") {
+                panic!("QUORUMLOCK_TEST_REDIS_URL is unset and QUORUMLOCK_TEST_REQUIRE=1");
+            }
+            eprintln!("SKIPPED: QUORUMLOCK_TEST_REDIS_URL is unset");
+            return None;
+        }
+    };
+    let client = redis::Client::open(url.as_str()).expect("a redis:// URL");
+    Some(client.get_connection().expect("Redis answers"))
+}
+
+#[test]
+fn the_scripts_queue_rule_is_the_shared_one() {
+    let Some(mut con) = redis() else { return };
+    assert_eq!(queues().len(), 4 + 16 + 64 + 256 + 1024 + 15);
+    let wrong = disagreements(&mut con, LIB);
+    assert!(wrong.is_empty(), "the script's rule differs: {wrong:#?}");
+}
+
+/// Each mutant of the script's rule is caught: a permit one short, a
+/// reader that waits only for writers (not for a mutex ahead), a mutex
+/// that holds second.
+#[test]
+fn a_mutant_of_the_scripts_rule_is_caught() {
+    let Some(mut con) = redis() else { return };
+    for (from, to) in [
+        ("return i <= e.permits", "return i < e.permits"),
+        (
+            "if live[j].kind ~= 'r' then return false end",
+            "if live[j].kind == 'w' then return false end",
+        ),
+        ("  return i == 1\nend", "  return i <= 2\nend"),
+    ] {
+        assert!(LIB.contains(from), "the rule's text changed: {from:?}");
+        let mutant = LIB.replacen(from, to, 1);
+        let wrong = disagreements(&mut con, &mutant);
+        assert!(!wrong.is_empty(), "the mutant {to:?} was not caught");
+    }
+}
