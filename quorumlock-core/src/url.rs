@@ -1,14 +1,18 @@
 //! URL helpers shared by every backend's `config.rs`: option parsing with
-//! typed errors, percent-decoding of credentials, and secret redaction
+//! typed errors (the options every store takes to connect parsed once,
+//! [`Options::connect_options`]), the checks a typed configuration gets
+//! against the bounds of its URL form ([`check_duration`] and its
+//! neighbours), percent-decoding of credentials, and secret redaction
 //! (the namespace from the path is [`crate::backend::Namespace`]).
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use url::Url;
 
+use crate::backend::connect::{MAX_CONNECT_TIMEOUT, MIN_CONNECT_TIMEOUT};
 use crate::{Error, ErrorKind, Result};
 
 /// A secret (password, token): never shown by `Debug` or `Display`.
@@ -197,6 +201,24 @@ impl Options {
         Ok((ca, cert, key))
     }
 
+    /// The options every network store's URL takes to connect, parsed the
+    /// same way for each: `connect_timeout=` (`default_connect_timeout`
+    /// when absent, within [`MIN_CONNECT_TIMEOUT`]`..=`[`MAX_CONNECT_TIMEOUT`])
+    /// and `lazy=` (a boolean, `false` when absent).
+    pub fn connect_options(&mut self, default_connect_timeout: Duration) -> Result<ConnectOptions> {
+        let connect_timeout = self.duration(
+            "connect_timeout",
+            default_connect_timeout,
+            MIN_CONNECT_TIMEOUT,
+            MAX_CONNECT_TIMEOUT,
+        )?;
+        let lazy = self.flag("lazy", false)?;
+        Ok(ConnectOptions {
+            connect_timeout,
+            lazy,
+        })
+    }
+
     /// Fails on any option not taken, naming the options this scheme knows.
     pub fn finish(self, known: &[&str]) -> Result<()> {
         if let Some(k) = self.pairs.keys().next() {
@@ -211,6 +233,75 @@ impl Options {
         }
         Ok(())
     }
+}
+
+/// The URL options every network store takes to connect
+/// ([`Options::connect_options`]); each store's config keeps them as its
+/// `connect_timeout` and `lazy` fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConnectOptions {
+    /// `connect_timeout=`: how long `connect()` waits for the store to
+    /// answer.
+    pub connect_timeout: Duration,
+    /// `lazy=`: `connect()` sends nothing; the first use finds out whether
+    /// the store answers.
+    pub lazy: bool,
+}
+
+/// The error of a typed configuration that breaks a rule of its URL form:
+/// [`ErrorKind::InvalidArgument`] (a URL breaking it is
+/// [`ErrorKind::InvalidUrl`]). `msg` names the field and the rule, never a
+/// secret's value.
+pub fn invalid_config(msg: impl Into<String>) -> Error {
+    Error::new(ErrorKind::InvalidArgument, msg.into())
+}
+
+/// Checks a duration field of a typed configuration against the bounds of
+/// its URL option: outside `min..=max` is [`invalid_config`], naming
+/// `field` and the bounds.
+pub fn check_duration(field: &str, value: Duration, min: Duration, max: Duration) -> Result<()> {
+    if value < min || value > max {
+        return Err(invalid_config(format!(
+            "{field}={value:?} is out of range {min:?}..={max:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// [`check_duration`] of a typed configuration's `connect_timeout`, with
+/// the bounds of `connect_timeout=` ([`Options::connect_options`]).
+pub fn check_connect_timeout(value: Duration) -> Result<()> {
+    check_duration(
+        "connect_timeout",
+        value,
+        MIN_CONNECT_TIMEOUT,
+        MAX_CONNECT_TIMEOUT,
+    )
+}
+
+/// The rules of [`Options::tls_files`] for a typed configuration's TLS
+/// files, given as `[(field, path); 3]` in the order CA, client
+/// certificate, client key: each absent or a non-empty path, the
+/// certificate and the key together, and none of them when `plain` says
+/// why the configuration does not use TLS (e.g. `"needs tls (rediss://)"`).
+/// Breaking one is [`invalid_config`], naming the field.
+pub fn check_tls_files(files: [(&str, Option<&Path>); 3], plain: Option<&str>) -> Result<()> {
+    for (field, path) in files {
+        match (path, plain) {
+            (None, _) => {}
+            (Some(_), Some(why)) => return Err(invalid_config(format!("{field} {why}"))),
+            (Some(p), None) if p.as_os_str().is_empty() => {
+                return Err(invalid_config(format!("{field} is an empty path")))
+            }
+            (Some(_), None) => {}
+        }
+    }
+    let [_, (cert, c), (key, k)] = files;
+    if c.is_some() != k.is_some() {
+        return Err(invalid_config(format!("{cert} and {key} go together")));
+    }
+    Ok(())
 }
 
 /// Parses a duration: `humantime`'s forms (`250ms`, `1.5s`, `10s`,
@@ -321,6 +412,53 @@ mod tests {
             )
             .unwrap_err();
         assert!(e.to_string().contains("out of range"), "{e}");
+    }
+
+    #[test]
+    fn connect_options_parse_once() {
+        let opts = |q: &str| Options::new(&parse(&format!("s://h/?{q}")).unwrap()).unwrap();
+        let d = Duration::from_secs(5);
+        let c = opts("").connect_options(d).unwrap();
+        assert_eq!((c.connect_timeout, c.lazy), (d, false));
+        let c = opts("connect_timeout=250ms&lazy=1")
+            .connect_options(d)
+            .unwrap();
+        assert_eq!(
+            (c.connect_timeout, c.lazy),
+            (Duration::from_millis(250), true)
+        );
+        for bad in ["connect_timeout=0s", "connect_timeout=11m", "lazy=maybe"] {
+            let e = opts(bad).connect_options(d).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidUrl, "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn typed_config_checks_name_the_field_and_bound() {
+        let s = Duration::from_secs;
+        check_duration("ttl", s(2), s(2), s(3)).unwrap();
+        let e = check_duration("ttl", Duration::ZERO, s(2), s(3)).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        assert_eq!(e.message(), "ttl=0ns is out of range 2s..=3s");
+        let e = check_connect_timeout(Duration::ZERO).unwrap_err();
+        assert!(e.message().starts_with("connect_timeout=0ns"), "{e}");
+        check_connect_timeout(s(1)).unwrap();
+        fn p(s: &str) -> Option<&Path> {
+            (!s.is_empty()).then(|| Path::new(s))
+        }
+        let f =
+            |c: &'static str, k: &'static str| [("ca", p("/ca")), ("cert", p(c)), ("key", p(k))];
+        check_tls_files(f("/c", "/k"), None).unwrap();
+        let e = check_tls_files(f("/c", ""), None).unwrap_err();
+        assert_eq!(e.message(), "cert and key go together");
+        let e = check_tls_files(f("", ""), Some("needs tls")).unwrap_err();
+        assert_eq!(e.message(), "ca needs tls");
+        let e = check_tls_files(
+            [("ca", Some(Path::new(""))), ("c", None), ("k", None)],
+            None,
+        )
+        .unwrap_err();
+        assert_eq!(e.message(), "ca is an empty path");
     }
 
     #[test]
