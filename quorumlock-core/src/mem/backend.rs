@@ -27,12 +27,14 @@ impl fmt::Debug for MemBackend {
 
 impl MemBackend {
     /// A backend on the store named by `config`; the same shape as every
-    /// backend's `from_config`, and never an error (a mem store is in this
-    /// process: nothing to reach).
+    /// backend's `from_config`. Its only error is a config that breaks
+    /// the URL's rules ([`MemConfig::validate`]): a mem store is in this
+    /// process, nothing to reach.
     ///
     /// # Cancel safety
     /// Nothing to cancel: a mem store is in this process.
     pub async fn from_config(config: MemConfig) -> Result<Self> {
+        config.validate()?;
         Ok(MemBackend {
             core: Arc::new(MemCore::new(config)),
         })

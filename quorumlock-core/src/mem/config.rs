@@ -17,6 +17,12 @@ pub struct MemConfig {
 
 const KNOWN: &[&str] = &["ttl"];
 
+/// The default of [`MemConfig::ttl`].
+const DEFAULT_TTL: Duration = Duration::from_secs(10);
+/// The bounds of [`MemConfig::ttl`].
+const MIN_TTL: Duration = Duration::from_millis(100);
+const MAX_TTL: Duration = Duration::from_secs(3600);
+
 impl MemConfig {
     /// Parses a `mem://` URL given as text (see [`MemConfig::from_url`]).
     pub fn parse(s: &str) -> Result<Self> {
@@ -43,18 +49,22 @@ impl MemConfig {
         };
         let namespace = Namespace::from_url(url)?;
         let mut opts = url::Options::new(url)?;
-        let ttl = opts.duration(
-            "ttl",
-            Duration::from_secs(10),
-            Duration::from_millis(100),
-            Duration::from_secs(3600),
-        )?;
+        let ttl = opts.duration("ttl", DEFAULT_TTL, MIN_TTL, MAX_TTL)?;
         opts.finish(KNOWN)?;
         Ok(MemConfig {
             store,
             namespace,
             ttl,
         })
+    }
+
+    /// The rules of a `mem://` URL for a config built in code: `ttl`
+    /// within 100 ms..=1 h. Breaking it is
+    /// [`ErrorKind::InvalidArgument`], naming the field and its bounds;
+    /// [`MemBackend::from_config`](super::MemBackend::from_config) calls
+    /// this first.
+    pub fn validate(&self) -> Result<()> {
+        url::check_duration("ttl", self.ttl, MIN_TTL, MAX_TTL)
     }
 }
 
@@ -83,5 +93,26 @@ mod tests {
             let e = MemConfig::from_url(&url::parse(u).unwrap()).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::InvalidUrl, "{u}");
         }
+    }
+
+    /// A typed config is held to the URL's rules: `from_config` refuses
+    /// the TTLs `mem://?ttl=` refuses (issue 45).
+    #[tokio::test]
+    async fn typed_config_is_validated() {
+        let ok = MemConfig::parse("mem://typed-config").unwrap();
+        for ttl in [
+            Duration::ZERO,
+            Duration::from_millis(99),
+            Duration::from_secs(3601),
+        ] {
+            let c = MemConfig { ttl, ..ok.clone() };
+            let e = match super::super::MemBackend::from_config(c).await {
+                Ok(_) => panic!("from_config accepted ttl={ttl:?}"),
+                Err(e) => e,
+            };
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+            assert!(e.message().contains("ttl"), "{e}");
+        }
+        super::super::MemBackend::from_config(ok).await.unwrap();
     }
 }
