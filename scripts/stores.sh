@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# stores.sh — install and run real ZooKeeper, etcd (3.4 and 3.5), Consul and Redis
-# servers on loopback, as plain processes (no docker), for quorumlock's tests.
+# stores.sh — install and run real ZooKeeper, etcd (3.4 and 3.5), Consul, Redis
+# and PostgreSQL servers on loopback, as plain processes (no docker), for quorumlock's tests.
 #
 #   scripts/stores.sh install [STORE...]   install what is missing, start nothing
 #   scripts/stores.sh up      [STORE...]   install, start (idempotent), print env
@@ -9,7 +9,7 @@
 #   scripts/stores.sh env     [STORE...]   print the export lines, start nothing
 #
 # STORE is any of: zk etcd etcd35 consul redis zk-tls etcd-tls consul-tls
-# redis-tls (default: all nine).
+# redis-tls postgres (default: all ten).
 #
 #   eval "$(scripts/stores.sh up)"        # progress goes to stderr
 #
@@ -21,6 +21,9 @@
 #           server RPC 8300, serf 8301/8302, gRPC 8502, DNS 8600
 #   redis   Redis 7.0 (bookworm) standalone        6379, no persistence
 #           (the failover test starts its own pair with QUORUMLOCK_REDIS_SERVER)
+#   postgres PostgreSQL 15 (bookworm)            5432, database quorumlock, user
+#           postgres without a password (trust on loopback), fsync off; run as
+#           the Debian package's `postgres` user (it refuses to run as root)
 #   The same servers with TLS, every one requiring a client certificate
 #   (mutual TLS), certificates made by scripts/certs.sh into $STATE/certs:
 #   zk-tls     ZooKeeper, Netty, secureClientPort 2281 (plain 2182: probes only)
@@ -64,14 +67,15 @@ ETCD_TLS_PEER_PORT=2390
 CONSUL_TLS_HTTPS_PORT=8501
 CONSUL_TLS_PORTS=(8501 18500 18300 18301 18302)
 REDIS_TLS_PORT=6380
+POSTGRES_PORT=5432
 CERTS=$STATE/certs
 
-ALL_STORES=(zk etcd etcd35 consul redis zk-tls etcd-tls consul-tls redis-tls)
+ALL_STORES=(zk etcd etcd35 consul redis zk-tls etcd-tls consul-tls redis-tls postgres)
 
 # Debian packages from the machine's own suite (bookworm).
 # openssl makes the TLS stores' certificates (scripts/certs.sh); the TLS
 # ZooKeeper runs Netty's connection factory (libnetty-java).
-APT_PACKAGES=(zookeeper etcd-server etcd-client protobuf-compiler libprotobuf-dev libcurator-recipes-java redis-server openssl libnetty-java)
+APT_PACKAGES=(zookeeper etcd-server etcd-client protobuf-compiler libprotobuf-dev libcurator-recipes-java redis-server openssl libnetty-java postgresql-15)
 # The Curator interop test compiles its Java peer: a JDK, unless one is there
 # (zookeeper pulls in only a JRE).
 command -v javac >/dev/null || APT_PACKAGES+=(default-jdk-headless)
@@ -87,6 +91,8 @@ ETCDCTL_BIN=/usr/bin/etcdctl
 ZK_JAR=/usr/share/java/zookeeper.jar
 REDIS_BIN=/usr/bin/redis-server
 REDIS_CLI=/usr/bin/redis-cli
+PG_BIN_DIR=/usr/lib/postgresql/15/bin
+PSQL=/usr/bin/psql
 JAVA_DIR=/usr/share/java
 
 log() { printf 'stores.sh: %s\n' "$*" >&2; }
@@ -233,6 +239,8 @@ install_stores() {
       etcd35) [ -x "$ETCD35_BIN" ] || die "$ETCD35_BIN missing (rm -rf $TRIXIE_DIR and retry)" ;;
       consul|consul-tls) [ -x "$CONSUL_BIN" ] || die "$CONSUL_BIN missing (rm -rf $BULLSEYE_DIR and retry)" ;;
       redis|redis-tls) if [ ! -x "$REDIS_BIN" ] || [ ! -x "$REDIS_CLI" ]; then die "$REDIS_BIN or $REDIS_CLI missing"; fi ;;
+      postgres) if [ ! -x "$PG_BIN_DIR/postgres" ] || [ ! -x "$PSQL" ]; then die "$PG_BIN_DIR/postgres or $PSQL missing"; fi
+                id -u postgres >/dev/null 2>&1 || die "no user postgres (the postgresql-common package creates it)" ;;
     esac
   done
 }
@@ -346,6 +354,8 @@ healthy() { # STORE
     redis-tls) [ "$(timeout 3 "$REDIS_CLI" -h "$HOST" -p "$REDIS_TLS_PORT" --tls \
                    --cacert "$CERTS/ca.pem" --cert "$CERTS/client.pem" \
                    --key "$CERTS/client-key.pem" ping 2>/dev/null)" = PONG ] ;;
+    postgres) [ "$(timeout 3 "$PSQL" -h "$HOST" -p "$POSTGRES_PORT" -U postgres -d quorumlock \
+                  -XAtc 'select 1' 2>/dev/null)" = 1 ] ;;
   esac
 }
 
@@ -360,6 +370,7 @@ ports_of() { # STORE
     etcd-tls) echo "$ETCD_TLS_PORT $ETCD_TLS_PEER_PORT" ;;
     consul-tls) echo "${CONSUL_TLS_PORTS[*]}" ;;
     redis-tls) echo "$REDIS_TLS_PORT" ;;
+    postgres) echo "$POSTGRES_PORT" ;;
   esac
 }
 
@@ -511,6 +522,26 @@ EOF
   launch redis "$REDIS_BIN" "$dir/redis.conf"
 }
 
+# PostgreSQL refuses to run as root: the cluster belongs to the Debian
+# package's `postgres` user, and the server runs as it (setpriv execs, so
+# the recorded pid is the postmaster's). The database `quorumlock` is made
+# once the server is ready (wait_healthy's probe connects to it, so it is
+# made here, by a single-user run before the start).
+start_postgres() {
+  local dir=$1
+  mkdir -p "$dir/data"
+  chown -R postgres:postgres "$dir"
+  local as=(setpriv --reuid=postgres --regid=postgres --init-groups)
+  "${as[@]}" "$PG_BIN_DIR/initdb" -D "$dir/data" -U postgres --auth=trust \
+    --no-sync -E UTF8 --locale=C >>"$dir/log" 2>&1 || fail_store postgres "initdb failed"
+  echo 'CREATE DATABASE quorumlock' | "${as[@]}" "$PG_BIN_DIR/postgres" --single \
+    -D "$dir/data" postgres >>"$dir/log" 2>&1 || fail_store postgres "creating the database failed"
+  launch postgres "${as[@]}" "$PG_BIN_DIR/postgres" -D "$dir/data" \
+    -c listen_addresses="$HOST" -p "$POSTGRES_PORT" -c unix_socket_directories="$dir" \
+    -c fsync=off -c synchronous_commit=off -c full_page_writes=off \
+    -c max_connections=500 -c shared_buffers=64MB
+}
+
 start_store() { # STORE; sets STARTED=1 if it started it, 0 if already running
   local s=$1 dir pid p
   dir=$(store_dir "$s")
@@ -538,6 +569,7 @@ start_store() { # STORE; sets STARTED=1 if it started it, 0 if already running
                 --trusted-ca-file "$CERTS/ca.pem" --client-cert-auth ;;
     consul-tls) start_consul_tls "$dir" ;;
     redis-tls) start_redis_tls "$dir" ;;
+    postgres) start_postgres "$dir" ;;
   esac
   log "$s: started (pid $(cat "$dir/pid")), log $dir/log"
   STARTED=1
@@ -595,7 +627,7 @@ stop_store() { # STORE
 # ------------------------------------------------------------------- env ---
 
 emit_env() {
-  local s has_zk=0 has_etcd=0 has_consul=0 has_redis=0 has_tls=0
+  local s has_zk=0 has_etcd=0 has_consul=0 has_redis=0 has_tls=0 has_postgres=0
   for s in "$@"; do
     case $s in
       zk-tls) has_tls=1; echo "export QUORUMLOCK_TEST_ZK_TLS_URL=zk://$HOST:$ZK_TLS_PORT" ;;
@@ -607,6 +639,7 @@ emit_env() {
       etcd35) has_etcd=1; echo "export QUORUMLOCK_TEST_ETCD35_URL=etcd://$HOST:$ETCD35_PORT" ;;
       consul) has_consul=1; echo "export QUORUMLOCK_TEST_CONSUL_URL=consul://$HOST:$CONSUL_HTTP_PORT" ;;
       redis) has_redis=1; echo "export QUORUMLOCK_TEST_REDIS_URL=redis://$HOST:$REDIS_PORT" ;;
+      postgres) has_postgres=1; echo "export QUORUMLOCK_TEST_POSTGRES_URL=postgres://postgres@$HOST:$POSTGRES_PORT/quorumlock" ;;
     esac
   done
   if [ "$has_etcd" = 1 ]; then
@@ -615,6 +648,7 @@ emit_env() {
   fi
   [ "$has_consul" = 1 ] && printf 'export QUORUMLOCK_CONSUL_BIN=%q\n' "$CONSUL_BIN"
   [ "$has_redis" = 1 ] && printf 'export QUORUMLOCK_REDIS_SERVER=%q\n' "$REDIS_BIN"
+  [ "$has_postgres" = 1 ] && printf 'export QUORUMLOCK_PG_BIN_DIR=%q\n' "$PG_BIN_DIR"
   [ "$has_zk" = 1 ] && printf 'export QUORUMLOCK_CURATOR_CP=%q\n' "$(curator_classpath)"
   if [ "$has_tls" = 1 ]; then
     # The TLS servers' certificates (scripts/certs.sh): the CA, a client
