@@ -90,7 +90,9 @@ impl ZkBackend {
         Self::from_config(ZkConfig::parse(url.as_ref())?).await
     }
 
-    /// A backend for `config` that, unless [`ZkConfig::lazy`], checks the
+    /// A backend for `config` ([`ZkConfig::validate`]d first: a config
+    /// breaking the URL's rules is [`ErrorKind::InvalidArgument`], nothing
+    /// contacted) that, unless [`ZkConfig::lazy`], checks the
     /// servers answer by opening the admin session within
     /// [`ZkConfig::connect_timeout`]: every server refusing the connection
     /// until then is [`ErrorKind::Unavailable`], no session in time is
@@ -110,6 +112,7 @@ impl ZkBackend {
     /// # Cancel Safety
     /// As [`ZkBackend::connect`].
     pub async fn from_config(config: ZkConfig) -> Result<ZkBackend> {
+        config.validate()?;
         let b = ZkBackend {
             core: Arc::new(ZkCore::new(config)),
         };

@@ -24,6 +24,9 @@ const KNOWN: &[&str] = &[
 
 /// The default of [`ZkConfig::session_timeout`].
 pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
+/// The bounds of [`ZkConfig::session_timeout`] (`ttl=`, `session_timeout=`).
+const MIN_SESSION_TIMEOUT: Duration = Duration::from_millis(100);
+const MAX_SESSION_TIMEOUT: Duration = Duration::from_secs(600);
 /// The default of [`ZkConfig::connect_timeout`]; shorter than the other
 /// stores' because it also bounds every reopening of a lost session.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -200,29 +203,23 @@ impl ZkConfig {
         let session_timeout = opts.duration(
             timeout_key,
             DEFAULT_SESSION_TIMEOUT,
-            Duration::from_millis(100),
-            Duration::from_secs(600),
+            MIN_SESSION_TIMEOUT,
+            MAX_SESSION_TIMEOUT,
         )?;
-        let connect_timeout = opts.duration(
-            "connect_timeout",
-            DEFAULT_CONNECT_TIMEOUT,
-            Duration::from_millis(100),
-            Duration::from_secs(600),
-        )?;
+        let connect = opts.connect_options(DEFAULT_CONNECT_TIMEOUT)?;
         let (ca_file, client_cert_file, client_key_file) = opts.tls_files(None)?;
         if client_cert_file.is_some() && ca_file.is_none() {
             return Err(invalid(
                 "URL options cert= and key= need ca= (TLS; the client library has no system roots)",
             ));
         }
-        let lazy = opts.flag("lazy", false)?;
         opts.finish(KNOWN)?;
         Ok(ZkConfig {
             servers,
             namespace,
             session_timeout,
-            connect_timeout,
-            lazy,
+            connect_timeout: connect.connect_timeout,
+            lazy: connect.lazy,
             auth,
             ca_file,
             client_cert_file,
@@ -230,6 +227,70 @@ impl ZkConfig {
             display: String::new(),
             pipeline: true,
         })
+    }
+
+    /// The rules of a `zk://` URL for a config built in code:
+    /// `session_timeout` within 100 ms..=10 min, `connect_timeout` within
+    /// 100 ms..=10 min, at least one server, each with a host and a port
+    /// other than 0, a digest user name that is not empty and has no `:`,
+    /// a namespace not under `/zookeeper`, and TLS files that are not
+    /// empty paths, with `client_cert_file` and `client_key_file` together
+    /// and only beside `ca_file`. Breaking one is
+    /// [`ErrorKind::InvalidArgument`], naming the field (never the
+    /// password); [`ZkBackend::from_config`](crate::ZkBackend::from_config)
+    /// calls this before it contacts anything.
+    pub fn validate(&self) -> Result<()> {
+        url::check_duration(
+            "session_timeout",
+            self.session_timeout,
+            MIN_SESSION_TIMEOUT,
+            MAX_SESSION_TIMEOUT,
+        )?;
+        url::check_connect_timeout(self.connect_timeout)?;
+        if self.servers.is_empty() {
+            return Err(url::invalid_config(
+                "servers is empty: give at least one (host, port)",
+            ));
+        }
+        for (host, port) in &self.servers {
+            if host.is_empty() || host.contains(['@', ' ', '/', ',']) {
+                return Err(url::invalid_config(format!(
+                    "servers: {host:?} is not a host name or address"
+                )));
+            }
+            if *port == 0 {
+                return Err(url::invalid_config(format!(
+                    "servers: port 0 of {host:?} is not a port"
+                )));
+            }
+        }
+        if let Some((user, _)) = &self.auth {
+            if user.is_empty() || user.contains(':') {
+                return Err(url::invalid_config(
+                    "auth: the digest user name must be non-empty and have no ':'",
+                ));
+            }
+        }
+        if self.namespace.as_str().split('/').next() == Some("zookeeper") {
+            return Err(url::invalid_config(
+                "namespace must not be under /zookeeper (the server's own tree)",
+            ));
+        }
+        url::check_tls_files(
+            [
+                ("ca_file", self.ca_file.as_deref()),
+                ("client_cert_file", self.client_cert_file.as_deref()),
+                ("client_key_file", self.client_key_file.as_deref()),
+            ],
+            None,
+        )?;
+        if self.client_cert_file.is_some() && self.ca_file.is_none() {
+            return Err(url::invalid_config(
+                "client_cert_file and client_key_file need ca_file \
+                 (TLS; the client library has no system roots)",
+            ));
+        }
+        Ok(())
     }
 
     /// What logs and errors show: the redacted URL, or the servers.
@@ -427,5 +488,71 @@ mod tests {
             let e = ZkConfig::parse(s).expect_err(s);
             assert_eq!(e.kind(), ErrorKind::InvalidUrl, "{s}: {e}");
         }
+    }
+
+    /// A typed config is held to the URL's rules: `from_config` refuses
+    /// what `zk://` refuses, lazy or not, before it contacts anything
+    /// (issue 45).
+    #[tokio::test]
+    async fn typed_config_is_validated() {
+        let ok = ZkConfig::default().with_lazy(true);
+        let ms = Duration::from_millis;
+        let pem = |p: &str| Some(PathBuf::from(p));
+        let digest = |u: &str| Some((u.to_string(), Secret::new("hunter2")));
+        let bad = [
+            (
+                "session_timeout",
+                ok.clone().with_session_timeout(Duration::ZERO),
+            ),
+            ("session_timeout", ok.clone().with_session_timeout(ms(99))),
+            (
+                "session_timeout",
+                ok.clone().with_session_timeout(Duration::from_secs(601)),
+            ),
+            (
+                "connect_timeout",
+                ok.clone().with_connect_timeout(Duration::ZERO),
+            ),
+            (
+                "connect_timeout",
+                ok.clone().with_connect_timeout(Duration::from_secs(601)),
+            ),
+            ("servers", ok.clone().with_servers(Vec::new())),
+            (
+                "servers",
+                ok.clone().with_servers(vec![(String::new(), 2181)]),
+            ),
+            ("servers", ok.clone().with_servers(vec![("h".into(), 0)])),
+            ("auth", ok.clone().with_auth(digest(""))),
+            ("auth", ok.clone().with_auth(digest("a:b"))),
+            (
+                "namespace",
+                ok.clone()
+                    .with_namespace(Namespace::new("zookeeper/x").unwrap()),
+            ),
+            ("ca_file", ok.clone().with_ca_file(pem(""))),
+            (
+                "client_key_file",
+                ok.clone()
+                    .with_ca_file(pem("/ca"))
+                    .with_client_cert_file(pem("/c")),
+            ),
+            (
+                "ca_file",
+                ok.clone()
+                    .with_client_cert_file(pem("/c"))
+                    .with_client_key_file(pem("/k")),
+            ),
+        ];
+        for (field, c) in bad {
+            let e = match crate::ZkBackend::from_config(c.clone()).await {
+                Ok(_) => panic!("{field}: from_config accepted {c:?}"),
+                Err(e) => e,
+            };
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{field}: {e}");
+            assert!(e.message().contains(field), "{field}: {e}");
+            assert!(!e.message().contains("hunter2"), "{field}: {e}");
+        }
+        crate::ZkBackend::from_config(ok).await.unwrap();
     }
 }
