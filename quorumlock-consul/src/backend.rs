@@ -62,7 +62,9 @@ impl ConsulBackend {
         Self::from_config(ConsulConfig::parse(url.as_ref())?).await
     }
 
-    /// A backend for `config` that, unless [`ConsulConfig::lazy`], checks
+    /// A backend for `config` ([`ConsulConfig::validate`]d first: a config
+    /// breaking the URL's rules is [`ErrorKind::InvalidArgument`], nothing
+    /// read or sent) that, unless [`ConsulConfig::lazy`], checks
     /// within [`ConsulConfig::connect_timeout`] that the agent answers
     /// `status/leader` and a read of the namespace with the token: an
     /// agent refusing connections (or without a leader) until then is
@@ -77,10 +79,12 @@ impl ConsulBackend {
     /// [`ErrorKind::Unauthenticated`]: quorumlock_core::ErrorKind::Unauthenticated
     /// [`ErrorKind::PermissionDenied`]: quorumlock_core::ErrorKind::PermissionDenied
     /// [`ErrorKind::InvalidUrl`]: quorumlock_core::ErrorKind::InvalidUrl
+    /// [`ErrorKind::InvalidArgument`]: quorumlock_core::ErrorKind::InvalidArgument
     ///
     /// # Cancel Safety
     /// Only reads; safe to drop.
     pub async fn from_config(config: ConsulConfig) -> Result<ConsulBackend> {
+        config.validate()?;
         let api = Api::new(&config)?;
         Self::checked(Self::assemble(config, api)).await
     }
@@ -93,6 +97,7 @@ impl ConsulBackend {
     /// # Cancel Safety
     /// Only reads; safe to drop.
     pub async fn from_client(http: reqwest::Client, config: ConsulConfig) -> Result<ConsulBackend> {
+        config.validate()?;
         let api = Api::with_http(&config, http)?;
         Self::checked(Self::assemble(config, api)).await
     }

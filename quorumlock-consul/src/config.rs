@@ -8,9 +8,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use quorumlock_core::backend::connect::{
-    DEFAULT_CONNECT_TIMEOUT, MAX_CONNECT_TIMEOUT, MIN_CONNECT_TIMEOUT,
-};
+use quorumlock_core::backend::connect::DEFAULT_CONNECT_TIMEOUT;
 use quorumlock_core::backend::Namespace;
 use quorumlock_core::url::{self, Env, Secret, Url};
 use quorumlock_core::{Error, ErrorKind, LockName, Result};
@@ -307,13 +305,7 @@ impl ConsulConfig {
         };
         let (ca_file, client_cert_file, client_key_file) = opts
             .tls_files((!tls).then_some("needs consuls:// (plain consul:// does not use TLS)"))?;
-        let connect_timeout = opts.duration(
-            "connect_timeout",
-            DEFAULT_CONNECT_TIMEOUT,
-            MIN_CONNECT_TIMEOUT,
-            MAX_CONNECT_TIMEOUT,
-        )?;
-        let lazy = opts.flag("lazy", false)?;
+        let connect = opts.connect_options(DEFAULT_CONNECT_TIMEOUT)?;
         opts.finish(KNOWN)?;
         let (mut ca_file, mut client_cert_file, mut client_key_file) =
             (ca_file, client_cert_file, client_key_file);
@@ -342,10 +334,71 @@ impl ConsulConfig {
             ca_file,
             client_cert_file,
             client_key_file,
-            connect_timeout,
-            lazy,
+            connect_timeout: connect.connect_timeout,
+            lazy: connect.lazy,
             display: url::redact(u),
         })
+    }
+
+    /// The rules of a `consul(s)://` URL for a config built in code: `ttl`
+    /// within 10 s..=24 h and `lock_delay` within 0..=60 s (Consul's own
+    /// limits), `connect_timeout` within 100 ms..=10 min, an agent host
+    /// and a port other than 0, a token that is not empty and has no
+    /// spaces or control characters, datacenter and check names of
+    /// letters, digits, `-`, `_`, `.` (and `:` in a check), and TLS files
+    /// only with `tls`, none an empty path, `client_cert_file` and
+    /// `client_key_file` together. Breaking one is
+    /// [`ErrorKind::InvalidArgument`], naming the field (never the
+    /// token); [`ConsulBackend::from_config`](crate::ConsulBackend::from_config)
+    /// and `from_client` call this before they read a file or send
+    /// anything.
+    pub fn validate(&self) -> Result<()> {
+        url::check_duration("ttl", self.ttl, MIN_TTL, MAX_TTL)?;
+        url::check_duration(
+            "lock_delay",
+            self.lock_delay,
+            Duration::ZERO,
+            MAX_LOCK_DELAY,
+        )?;
+        url::check_connect_timeout(self.connect_timeout)?;
+        if self.host.is_empty() {
+            return Err(url::invalid_config("host is empty: name the agent"));
+        }
+        if self.port == 0 {
+            return Err(url::invalid_config("port 0 is not a valid agent port"));
+        }
+        if let Some(t) = &self.token {
+            let t = t.expose();
+            if t.is_empty() || t.chars().any(|c| c.is_control() || c == ' ') {
+                return Err(url::invalid_config(
+                    "token is empty or contains spaces or control characters",
+                ));
+            }
+        }
+        if let Some(dc) = &self.datacenter {
+            if dc.is_empty() || !dc.chars().all(is_id_char) {
+                return Err(url::invalid_config(format!(
+                    "datacenter={dc:?} is not a datacenter name (letters, digits, '-', '_', '.')"
+                )));
+            }
+        }
+        if let Some(bad) = self
+            .checks
+            .iter()
+            .find(|c| c.is_empty() || !c.chars().all(|ch| is_id_char(ch) || ch == ':'))
+        {
+            return Err(url::invalid_config(format!(
+                "checks: {bad:?} is not a check id"
+            )));
+        }
+        url::check_tls_files(
+            [
+                ("ca_file", self.ca_file.as_deref()),
+                ("client_cert_file", self.client_cert_file.as_deref()),
+                ("client_key_file", self.client_key_file.as_deref()),
+            ],
+            (!self.tls).then_some("needs tls (consuls://; plain consul:// does not use TLS)"),
+        )
     }
 
     /// What logs and errors show: the redacted URL, or the agent.
@@ -564,5 +617,54 @@ mod tests {
             "consul://h?wait=5s",
             "known: token, dc, ttl, lock_delay, checks, ca, cert, key",
         );
+    }
+
+    /// A typed config is held to the URL's rules: `from_config` refuses
+    /// what `consul://` refuses, lazy or not, before it sends anything
+    /// (issue 45).
+    #[tokio::test]
+    async fn typed_config_is_validated() {
+        let ok = ConsulConfig::default().with_lazy(true);
+        let s = Duration::from_secs;
+        let pem = |p: &str| Some(PathBuf::from(p));
+        let bad = [
+            ("ttl", ok.clone().with_ttl(Duration::ZERO)),
+            ("ttl", ok.clone().with_ttl(s(9))),
+            ("ttl", ok.clone().with_ttl(s(25 * 3600))),
+            ("lock_delay", ok.clone().with_lock_delay(s(61))),
+            (
+                "connect_timeout",
+                ok.clone().with_connect_timeout(Duration::ZERO),
+            ),
+            ("connect_timeout", ok.clone().with_connect_timeout(s(601))),
+            ("host", ok.clone().with_host(String::new())),
+            ("port", ok.clone().with_port(0)),
+            ("token", ok.clone().with_token(Some(Secret::new("")))),
+            (
+                "token",
+                ok.clone().with_token(Some(Secret::new("hunter2 x"))),
+            ),
+            ("datacenter", ok.clone().with_datacenter(Some("a/b".into()))),
+            (
+                "checks",
+                ok.clone().with_checks(vec!["a".into(), String::new()]),
+            ),
+            ("ca_file", ok.clone().with_ca_file(pem("/ca.pem"))),
+            ("ca_file", ok.clone().with_tls(true).with_ca_file(pem(""))),
+            (
+                "client_key_file",
+                ok.clone().with_tls(true).with_client_cert_file(pem("/c")),
+            ),
+        ];
+        for (field, c) in bad {
+            let e = match crate::ConsulBackend::from_config(c.clone()).await {
+                Ok(_) => panic!("{field}: from_config accepted {c:?}"),
+                Err(e) => e,
+            };
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{field}: {e}");
+            assert!(e.message().contains(field), "{field}: {e}");
+            assert!(!e.message().contains("hunter2"), "{field}: {e}");
+        }
+        crate::ConsulBackend::from_config(ok).await.unwrap();
     }
 }
