@@ -18,7 +18,10 @@ impl LockGuard {
     /// is still on the store, in one store transaction; else
     /// [`ErrorKind::LockLost`](crate::ErrorKind::LockLost) and nothing written. `key` is a key of the
     /// store's own key space outside quorumlock's namespace (module docs:
-    /// [`KeyWrite`]); a bad key is [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument). Mutex
+    /// [`KeyWrite`]), with or without a leading `/` on every store
+    /// (ZooKeeper adds the `/` a key lacks, Consul drops it, etcd, Redis
+    /// and mem use the key as written: [`KeyForm`](crate::backend::KeyForm));
+    /// a bad key is [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument). Mutex
     /// guards and an election leader's guard only.
     ///
     /// ```no_run
@@ -99,7 +102,8 @@ impl MultiGuard {
 
 impl LockClient {
     /// Reads a key of the store's own key space (what fenced writes
-    /// write); `None` if absent.
+    /// write); `None` if absent. The key follows the rule of
+    /// [`LockGuard::fenced_put`]: with or without a leading `/`.
     ///
     /// # Cancel safety
     /// Read-only; safe to drop.

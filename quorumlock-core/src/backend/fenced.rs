@@ -2,13 +2,17 @@
 //! held entries it depends on ([`HeldEntry`]), and the checks and error
 //! every backend shares. The user API is in the crate's `fenced.rs`.
 
+use std::borrow::Cow;
+
 use crate::{Error, ErrorKind, LockKind, LockName, Result};
 
 /// Longest key a fenced write accepts (bytes); every store takes this.
 pub const MAX_KEY_LEN: usize = 512;
 
 /// A write to the store's own key space, outside quorumlock's namespace:
-/// an etcd key, a ZooKeeper path (`/app/config`), a Consul KV key.
+/// an etcd key, a ZooKeeper path (`/app/config`), a Consul KV key. The
+/// key may be written with or without a leading `/` on every store; each
+/// backend maps it to its store's form ([`KeyForm`]).
 #[derive(Clone, PartialEq, Eq)]
 pub enum KeyWrite {
     /// Set `key` to `value` (created if absent).
@@ -45,6 +49,23 @@ impl KeyWrite {
         match self {
             KeyWrite::Put { key, .. } | KeyWrite::Delete { key } => key,
         }
+    }
+
+    /// This write with its key in the store's `form` ([`KeyForm::key`]):
+    /// borrowed when the key is already so.
+    pub fn in_form(&self, form: KeyForm) -> Cow<'_, KeyWrite> {
+        let key = form.key(self.key());
+        if key == self.key() {
+            return Cow::Borrowed(self);
+        }
+        let key = key.into_owned();
+        Cow::Owned(match self {
+            KeyWrite::Put { value, .. } => KeyWrite::Put {
+                key,
+                value: value.clone(),
+            },
+            KeyWrite::Delete { .. } => KeyWrite::Delete { key },
+        })
     }
 
     /// Checks what every store requires of a key, and that it cannot be
@@ -90,6 +111,37 @@ impl KeyWrite {
             return bad("the key is inside quorumlock's namespace");
         }
         Ok(())
+    }
+}
+
+/// How a store spells the keys of its own key space. The rule for users
+/// is one on every store: a key of a fenced write, of
+/// [`Backend::read_key`](crate::backend::Backend::read_key) and of
+/// [`Backend::write_key`](crate::backend::Backend::write_key) may be
+/// written with or without a leading `/`; the backend maps it with
+/// [`KeyForm::key`] (or [`KeyWrite::in_form`]) after
+/// [`KeyWrite::validate`] and before its own key checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyForm {
+    /// The key as written: `/app/config` and `app/config` are two keys
+    /// (etcd, Redis, mem).
+    AsWritten,
+    /// A `/` added where the key lacks one: paths are absolute
+    /// (ZooKeeper: `app/config` is `/app/config`).
+    Absolute,
+    /// One leading `/` dropped: keys have none (Consul: `/app/config` is
+    /// `app/config`).
+    Relative,
+}
+
+impl KeyForm {
+    /// `key` in this form.
+    pub fn key(self, key: &str) -> Cow<'_, str> {
+        match self {
+            KeyForm::Absolute if !key.starts_with('/') => Cow::Owned(format!("/{key}")),
+            KeyForm::Relative => Cow::Borrowed(key.strip_prefix('/').unwrap_or(key)),
+            _ => Cow::Borrowed(key),
+        }
     }
 }
 
@@ -201,6 +253,28 @@ mod tests {
                 assert!(e.message().contains("namespace"), "{e}");
             }
         }
+    }
+
+    #[test]
+    fn keys_map_to_the_store_form() {
+        for (key, written, absolute, relative) in [
+            ("app/config", "app/config", "/app/config", "app/config"),
+            ("/app/config", "/app/config", "/app/config", "app/config"),
+            // One `/` only: the store's own rules judge what is left.
+            ("//x", "//x", "//x", "/x"),
+        ] {
+            assert_eq!(KeyForm::AsWritten.key(key), written);
+            assert_eq!(KeyForm::Absolute.key(key), absolute);
+            assert_eq!(KeyForm::Relative.key(key), relative);
+        }
+        let w = put("app/config");
+        assert!(matches!(w.in_form(KeyForm::Relative), Cow::Borrowed(_)));
+        assert_eq!(*w.in_form(KeyForm::Absolute), put("/app/config"));
+        let d = KeyWrite::Delete { key: "/k".into() };
+        assert_eq!(
+            *d.in_form(KeyForm::Relative),
+            KeyWrite::Delete { key: "k".into() }
+        );
     }
 
     #[test]

@@ -43,7 +43,7 @@ pub use crate::inflight::{finish_on_drop, InFlightWrites};
 pub use crate::queue::{holds, waits_for};
 pub use crate::signal::{EntrySignals, SessionLiveness};
 pub use delay::{DelayQueue, HELD_WATCH_DELAY};
-pub use fenced::{check_kinds, refused, HeldEntry, KeyWrite, MAX_KEY_LEN};
+pub use fenced::{check_kinds, refused, HeldEntry, KeyForm, KeyWrite, MAX_KEY_LEN};
 pub use grants::{GrantMemory, LastGrant, QuietGrants};
 pub use namespace::Namespace;
 pub use retry::Backoff;
@@ -224,8 +224,10 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     ///
     /// # Contract
     /// - `write` is validated first ([`KeyWrite::validate`] with the
-    ///   namespace's prefix, and the store's own key rules):
-    ///   [`crate::ErrorKind::InvalidArgument`] and nothing written.
+    ///   namespace's prefix, then mapped to the store's [`KeyForm`], then
+    ///   the store's own key rules): [`crate::ErrorKind::InvalidArgument`]
+    ///   and nothing written. A key with and one without a leading `/`
+    ///   are both accepted on every store.
     /// - Holds other than [`crate::LockKind::Exclusive`] are refused with
     ///   `InvalidArgument` ([`check_kinds`]).
     /// - Idempotent to retry only if the transaction did not apply; a
@@ -233,11 +235,13 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     async fn fenced_write(&self, held: &[HeldEntry], write: &KeyWrite) -> Result<()>;
 
     /// Reads a key of the store's own key space (what fenced writes
-    /// write); `None` if absent. Same key rules as [`Backend::fenced_write`].
+    /// write); `None` if absent. Same key rules and mapping as
+    /// [`Backend::fenced_write`].
     async fn read_key(&self, key: &str) -> Result<Option<Vec<u8>>>;
 
     /// Writes a key with no fence at all: what a holder without fencing
     /// would do. For tools and for tests that show what a fence prevents.
+    /// Same key rules and mapping as [`Backend::fenced_write`].
     async fn write_key(&self, write: &KeyWrite) -> Result<()>;
 }
 
