@@ -61,6 +61,7 @@ macro_rules! suite {
             scoped_run_stops_work_on_loss,
             fenced_writes_refused_after_loss,
             fenced_writes_cannot_touch_bookkeeping,
+            fenced_keys_with_or_without_a_leading_slash,
             another_namespace_never_purges_live_entries,
             list_reports_locks_under_a_prefix,
             kill_session_refuses_a_malformed_id,

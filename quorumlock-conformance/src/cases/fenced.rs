@@ -1,5 +1,7 @@
 //! Cases for writes the store itself fences ([`quorumlock_core::LockGuard::fenced_put`]).
 
+use quorumlock_core::backend::KeyWrite;
+
 use super::*;
 use crate::scratch::{remove_scratch, scratch_key};
 
@@ -129,5 +131,46 @@ pub async fn fenced_writes_cannot_touch_bookkeeping(h: &Harness) {
     rg.release().await.unwrap();
     root.close().await;
     g.release().await.unwrap();
+    case.finish().await;
+}
+
+/// One key rule on every store: the key of a fenced write, and of
+/// `read_key`, may be written with or without a leading `/` (ZooKeeper
+/// adds the `/` a key lacks, Consul drops it, the other stores use the key
+/// as written), so a program keeps its keys when it changes stores. Both
+/// forms, under another namespace: written under the lock, read back and
+/// deleted in the same form.
+pub async fn fenced_keys_with_or_without_a_leading_slash(h: &Harness) {
+    let case = h.case();
+    let (a, b) = (case.client().await, case.client().await);
+    let other = format!("quorumlock-fenced/{}", case.namespace());
+    let relative = format!("{other}/x/a");
+    let absolute = format!("/{other}/x/b");
+    let g = a.lock("fk").unwrap().acquire().await.unwrap();
+    for (key, v) in [(&relative, b"a"), (&absolute, b"b")] {
+        g.fenced_put(key.as_str(), v.to_vec())
+            .await
+            .unwrap_or_else(|e| panic!("fenced write to {key:?}: {e}"));
+        let read = b
+            .read_key(key)
+            .await
+            .unwrap_or_else(|e| panic!("reading {key:?}: {e}"));
+        assert_eq!(read.as_deref(), Some(&v[..]), "{key:?} read back");
+    }
+    for key in [&relative, &absolute] {
+        g.fenced_delete(key.as_str())
+            .await
+            .unwrap_or_else(|e| panic!("fenced delete of {key:?}: {e}"));
+        assert_eq!(value(&b, key).await, None, "{key:?} after its delete");
+    }
+    g.release().await.unwrap();
+    // ZooKeeper made the parents; elsewhere they are absent keys, and
+    // deleting them does nothing.
+    for key in [format!("{other}/x"), other] {
+        b.backend()
+            .write_key(&KeyWrite::Delete { key })
+            .await
+            .expect("cleanup");
+    }
     case.finish().await;
 }
