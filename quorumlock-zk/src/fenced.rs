@@ -4,7 +4,9 @@
 //! data version of the node: the check is of the data version the holder
 //! left the node at ([`checked_write`]).
 
-use quorumlock_core::backend::{check_kinds, refused, HeldEntry, KeyWrite};
+use std::borrow::Cow;
+
+use quorumlock_core::backend::{check_kinds, refused, HeldEntry, KeyForm, KeyWrite};
 use quorumlock_core::{Error, ErrorKind, Result};
 use zookeeper_client as zk;
 
@@ -12,10 +14,13 @@ use crate::core::ZkCore;
 use crate::error::map;
 use crate::layout::is_broken;
 
-/// ZooKeeper's own rules for a path, checked here so that a bad one is
+/// `write` as a ZooKeeper path: checked by the shared rules, made
+/// absolute (`app/config` is `/app/config`: [`KeyForm::Absolute`]), then
+/// checked by ZooKeeper's own rules for a path, here so that a bad one is
 /// `InvalidArgument` with a reason rather than the client's `BadArguments`.
-fn check_path(write: &KeyWrite, root: &str) -> Result<()> {
+fn check_path<'w>(write: &'w KeyWrite, root: &str) -> Result<Cow<'w, KeyWrite>> {
     write.validate(root)?;
+    let write = write.in_form(KeyForm::Absolute);
     let path = write.key();
     let bad = |why: &str| {
         Err(Error::new(
@@ -23,9 +28,7 @@ fn check_path(write: &KeyWrite, root: &str) -> Result<()> {
             format!("ZooKeeper path {path:?}: {why}"),
         ))
     };
-    let Some(rest) = path.strip_prefix('/') else {
-        return bad("must start with /");
-    };
+    let rest = path.strip_prefix('/').unwrap_or(path);
     if rest.is_empty()
         || rest
             .split('/')
@@ -36,7 +39,7 @@ fn check_path(write: &KeyWrite, root: &str) -> Result<()> {
     if rest == "zookeeper" || rest.starts_with("zookeeper/") {
         return bad("the server's own tree");
     }
-    Ok(())
+    Ok(write)
 }
 
 fn checks<'c>(
@@ -210,7 +213,8 @@ pub(crate) async fn fenced_write(
     held: &[HeldEntry],
     write: &KeyWrite,
 ) -> Result<()> {
-    check_path(write, &core.root())?;
+    let write = check_path(write, &core.root())?;
+    let write = write.as_ref();
     core.count(1);
     core.with_admin(|c| async move { checked_write(&c, core, held, write).await })
         .await
@@ -218,7 +222,9 @@ pub(crate) async fn fenced_write(
 
 /// `Backend::read_key`, on the admin session.
 pub(crate) async fn read_key(core: &ZkCore, key: &str) -> Result<Option<Vec<u8>>> {
-    check_path(&KeyWrite::Delete { key: key.into() }, &core.root())?;
+    let probe = KeyWrite::Delete { key: key.into() };
+    let probe = check_path(&probe, &core.root())?;
+    let key = probe.key();
     core.count(1);
     core.with_admin(|c| async move {
         match c.get_data(key).await {
@@ -232,7 +238,8 @@ pub(crate) async fn read_key(core: &ZkCore, key: &str) -> Result<Option<Vec<u8>>
 
 /// `Backend::write_key`: a write checked against no held node.
 pub(crate) async fn write_key(core: &ZkCore, write: &KeyWrite) -> Result<()> {
-    check_path(write, &core.root())?;
+    let write = check_path(write, &core.root())?;
+    let write = write.as_ref();
     core.count(1);
     core.with_admin(|c| async move { checked_write(&c, core, &[], write).await })
         .await
