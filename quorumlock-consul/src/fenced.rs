@@ -3,26 +3,31 @@
 //! `.lock`: a later grant to the same session has another index), and
 //! then writes.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use base64::Engine as _;
-use quorumlock_core::backend::{check_kinds, refused, HeldEntry, KeyWrite};
+use quorumlock_core::backend::{check_kinds, refused, HeldEntry, KeyForm, KeyWrite};
 use quorumlock_core::{Error, ErrorKind, Result};
 
 use crate::api::{op, Api, Block, Txn};
 use crate::core::ConsulCore;
 use crate::error::map;
 
-/// Consul's rule beside the shared ones: keys do not start with `/`.
-fn check_key(write: &KeyWrite, namespace_prefix: &str) -> Result<()> {
+/// `write` as a Consul key: checked by the shared rules, its leading `/`
+/// dropped (Consul keys have none: `/app/config` is `app/config`,
+/// [`KeyForm::Relative`]); a key that still starts with `/` (it had two)
+/// is refused.
+fn check_key<'w>(write: &'w KeyWrite, namespace_prefix: &str) -> Result<Cow<'w, KeyWrite>> {
     write.validate(namespace_prefix)?;
+    let write = write.in_form(KeyForm::Relative);
     if write.key().starts_with('/') {
         return Err(Error::new(
             ErrorKind::InvalidArgument,
-            format!("Consul key {:?}: must not start with /", write.key()),
+            format!("Consul key {:?}: more than one leading /", write.key()),
         ));
     }
-    Ok(())
+    Ok(write)
 }
 
 fn op_of(write: &KeyWrite) -> op::Op {
@@ -42,8 +47,8 @@ pub(crate) async fn fenced_write(
     held: &[HeldEntry],
     write: &KeyWrite,
 ) -> Result<()> {
-    check_key(write, &core.config.namespace_prefix())?;
-    fenced_txn(&core.api, held, write).await
+    let write = check_key(write, &core.config.namespace_prefix())?;
+    fenced_txn(&core.api, held, &write).await
 }
 
 /// A proclaim moves a held `.lock`'s index but not its token: when a
@@ -108,7 +113,8 @@ async fn fenced_txn(api: &Api, held: &[HeldEntry], write: &KeyWrite) -> Result<(
 /// Reads `key` (checked as a write's key would be), `?consistent`.
 pub(crate) async fn read_key(core: &ConsulCore, key: &str) -> Result<Option<Vec<u8>>> {
     let probe = KeyWrite::Delete { key: key.into() };
-    check_key(&probe, &core.config.namespace_prefix())?;
+    let probe = check_key(&probe, &core.config.namespace_prefix())?;
+    let key = probe.key();
     let api = &core.api;
     let block = Block {
         index: 0,
