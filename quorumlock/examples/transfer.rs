@@ -8,14 +8,10 @@
 
 use quorumlock::{ErrorKind, LockClient, MultiGuard};
 
-/// Where an account's balance lives: a ZooKeeper path, a key elsewhere.
-fn key(url: &str, account: &str) -> String {
-    let key = format!("quorumlock-example-accounts/{account}");
-    if url.starts_with("zk") {
-        format!("/{key}")
-    } else {
-        key
-    }
+/// Where an account's balance lives: the same key on every store (on
+/// ZooKeeper the path `/quorumlock-example-accounts/<account>`).
+fn key(account: &str) -> String {
+    format!("quorumlock-example-accounts/{account}")
 }
 
 async fn balance(client: &LockClient, key: &str) -> quorumlock::Result<i64> {
@@ -32,7 +28,7 @@ async fn main() -> quorumlock::Result<()> {
     // Fenced writes need the locks in a namespace (the URL's path): at
     // the store's root any key could be some lock's own entry.
     let url = std::env::var(quorumlock::URL_ENV).unwrap_or_else(|_| "mem:///examples".into());
-    let (alice, bob) = (key(&url, "alice"), key(&url, "bob"));
+    let (alice, bob) = (key("alice"), key("bob"));
     let a = quorumlock::connect(&url).await?;
     let b = quorumlock::connect(&url).await?;
 
