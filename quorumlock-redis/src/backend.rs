@@ -65,7 +65,7 @@ impl RedisBackend {
     /// # Cancel Safety
     /// Writes nothing; safe to drop at any point.
     pub async fn from_config(config: RedisConfig) -> Result<RedisBackend> {
-        config.check()?;
+        config.validate()?;
         if config.tls {
             // One process-wide crypto provider for rustls; an error means
             // one is installed already, which is as good.
@@ -82,7 +82,7 @@ impl RedisBackend {
     /// # Cancel Safety
     /// Writes nothing; safe to drop at any point.
     pub async fn from_client(client: redis::Client, config: RedisConfig) -> Result<RedisBackend> {
-        config.check()?;
+        config.validate()?;
         let conn = lazy_manager(&client, &config, Some(config.timeout))?;
         let prefix = config.namespace.prefix();
         let b = RedisBackend {

@@ -6,9 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use quorumlock_core::backend::connect::{
-    DEFAULT_CONNECT_TIMEOUT, MAX_CONNECT_TIMEOUT, MIN_CONNECT_TIMEOUT,
-};
+use quorumlock_core::backend::connect::DEFAULT_CONNECT_TIMEOUT;
 use quorumlock_core::backend::Namespace;
 use quorumlock_core::url::{self, Env, Options, Secret, Url};
 use quorumlock_core::{Error, ErrorKind, Result};
@@ -25,6 +23,12 @@ pub const MIN_TTL: Duration = Duration::from_millis(500);
 pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 /// Per-request deadline when the URL has no `timeout=`.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The bounds of [`RedisConfig::timeout`].
+const MIN_TIMEOUT: Duration = Duration::from_millis(100);
+const MAX_TIMEOUT: Duration = Duration::from_secs(600);
+/// The largest [`RedisConfig::db`] and [`RedisConfig::wait_replicas`].
+const MAX_DB: u32 = 1 << 20;
+const MAX_WAIT_REPLICAS: u32 = 1000;
 
 const KNOWN: &[&str] = &[
     "ttl",
@@ -197,20 +201,14 @@ impl RedisConfig {
         let timeout = opts.duration(
             "timeout",
             DEFAULT_TIMEOUT.min(ttl / 3),
-            Duration::from_millis(100),
-            Duration::from_secs(600),
+            MIN_TIMEOUT,
+            MAX_TIMEOUT,
         )?;
-        let db = number(&mut opts, "db", 0, 1 << 20)?;
-        let wait_replicas = number(&mut opts, "wait_replicas", 0, 1000)?;
+        let db = number(&mut opts, "db", 0, MAX_DB)?;
+        let wait_replicas = number(&mut opts, "wait_replicas", 0, MAX_WAIT_REPLICAS)?;
         let (ca_file, client_cert_file, client_key_file) =
             opts.tls_files((!tls).then_some("needs rediss:// (plain redis:// does not use TLS)"))?;
-        let connect_timeout = opts.duration(
-            "connect_timeout",
-            DEFAULT_CONNECT_TIMEOUT,
-            MIN_CONNECT_TIMEOUT,
-            MAX_CONNECT_TIMEOUT,
-        )?;
-        let lazy = opts.flag("lazy", false)?;
+        let connect = opts.connect_options(DEFAULT_CONNECT_TIMEOUT)?;
         opts.finish(KNOWN)?;
         let c = RedisConfig {
             tls,
@@ -235,28 +233,71 @@ impl RedisConfig {
             timeout,
             db,
             wait_replicas,
-            connect_timeout,
-            lazy,
+            connect_timeout: connect.connect_timeout,
+            lazy: connect.lazy,
             display: url::redact(u),
         };
-        c.check().map_err(|e| invalid(e.message().to_string()))?;
+        c.validate().map_err(|e| invalid(e.message().to_string()))?;
         Ok(c)
     }
 
-    /// The rules a URL's options must meet, for configs built in code too
-    /// ([`ErrorKind::InvalidArgument`]).
-    pub(crate) fn check(&self) -> Result<()> {
+    /// The rules of a `redis(s)://` URL, for a config built in code too:
+    /// `ttl` within 500 ms..=24 h, `timeout` within 100 ms..=10 min and
+    /// shorter than `ttl`, `connect_timeout` within 100 ms..=10 min, a
+    /// host, a `user` only with a `password` (Redis ignores a user name
+    /// sent without one) and never empty, `db` up to 2^20,
+    /// `wait_replicas` up to 1000, and TLS files only with `tls`, none an
+    /// empty path, `client_cert_file` and `client_key_file` together.
+    /// Breaking one is [`ErrorKind::InvalidArgument`], naming the field
+    /// (never the password); [`RedisBackend::from_config`](crate::RedisBackend::from_config)
+    /// and `from_client` call this before they send anything.
+    pub fn validate(&self) -> Result<()> {
+        url::check_duration("ttl", self.ttl, MIN_TTL, MAX_TTL)?;
+        url::check_duration("timeout", self.timeout, MIN_TIMEOUT, MAX_TIMEOUT)?;
         if self.timeout >= self.ttl {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                format!(
-                    "timeout={:?} must be shorter than ttl={:?}: a renewal that takes \
-                     longer than the TTL cannot keep the session",
-                    self.timeout, self.ttl
-                ),
-            ));
+            return Err(url::invalid_config(format!(
+                "timeout={:?} must be shorter than ttl={:?}: a renewal that takes \
+                 longer than the TTL cannot keep the session",
+                self.timeout, self.ttl
+            )));
         }
-        Ok(())
+        url::check_connect_timeout(self.connect_timeout)?;
+        if self.host.is_empty() {
+            return Err(url::invalid_config("host is empty: name the Redis server"));
+        }
+        match (&self.user, &self.password) {
+            (Some(user), _) if user.is_empty() => {
+                return Err(url::invalid_config(
+                    "user is empty (None means Redis's default user)",
+                ))
+            }
+            (Some(_), None) => {
+                return Err(url::invalid_config(
+                    "user needs a password (Redis ignores a user name sent without one)",
+                ))
+            }
+            _ => {}
+        }
+        if self.db > MAX_DB {
+            return Err(url::invalid_config(format!(
+                "db={} is out of range 0..={MAX_DB}",
+                self.db
+            )));
+        }
+        if self.wait_replicas > MAX_WAIT_REPLICAS {
+            return Err(url::invalid_config(format!(
+                "wait_replicas={} is out of range 0..={MAX_WAIT_REPLICAS}",
+                self.wait_replicas
+            )));
+        }
+        url::check_tls_files(
+            [
+                ("ca_file", self.ca_file.as_deref()),
+                ("client_cert_file", self.client_cert_file.as_deref()),
+                ("client_key_file", self.client_key_file.as_deref()),
+            ],
+            (!self.tls).then_some("needs tls (rediss://; plain redis:// does not use TLS)"),
+        )
     }
 
     /// What logs and errors show: the redacted URL, or host and port.
@@ -395,5 +436,60 @@ mod tests {
         }
         let e = parse("redis://:hunter2@h?db=x").unwrap_err();
         assert!(!e.to_string().contains("hunter2"), "{e}");
+    }
+
+    /// A typed config is held to the URL's rules: `from_config` refuses
+    /// what `redis://` refuses, lazy or not, before it sends anything
+    /// (issue 45).
+    #[tokio::test]
+    async fn typed_config_is_validated() {
+        let ok = RedisConfig::default()
+            .with_lazy(true)
+            .with_password(Some(Secret::new("hunter2")));
+        let (ms, s) = (Duration::from_millis, Duration::from_secs);
+        let pem = |p: &str| Some(PathBuf::from(p));
+        let bad = [
+            ("ttl", ok.clone().with_ttl(Duration::ZERO)),
+            ("ttl", ok.clone().with_ttl(ms(499))),
+            ("ttl", ok.clone().with_ttl(s(25 * 3600))),
+            ("timeout", ok.clone().with_timeout(Duration::ZERO)),
+            ("timeout", ok.clone().with_timeout(ms(99))),
+            ("timeout", ok.clone().with_timeout(ok.ttl)),
+            (
+                "connect_timeout",
+                ok.clone().with_connect_timeout(Duration::ZERO),
+            ),
+            ("connect_timeout", ok.clone().with_connect_timeout(s(601))),
+            ("host", ok.clone().with_host(String::new())),
+            ("user", ok.clone().with_user(Some(String::new()))),
+            (
+                "password",
+                ok.clone().with_password(None).with_user(Some("bob".into())),
+            ),
+            ("db", ok.clone().with_db((1 << 20) + 1)),
+            ("wait_replicas", ok.clone().with_wait_replicas(1001)),
+            ("ca_file", ok.clone().with_ca_file(pem("/ca.pem"))),
+            ("ca_file", ok.clone().with_tls(true).with_ca_file(pem(""))),
+            (
+                "client_key_file",
+                ok.clone().with_tls(true).with_client_cert_file(pem("/c")),
+            ),
+        ];
+        for (field, c) in bad {
+            let e = match crate::RedisBackend::from_config(c.clone()).await {
+                Ok(_) => panic!("{field}: from_config accepted {c:?}"),
+                Err(e) => e,
+            };
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{field}: {e}");
+            assert!(e.message().contains(field), "{field}: {e}");
+            assert!(!e.message().contains("hunter2"), "{field}: {e}");
+        }
+        crate::RedisBackend::from_config(ok).await.unwrap();
+        // The URL takes the same rule: a user name without a password
+        // (none in the URL nor in REDISCLI_AUTH) would go unused.
+        let e = RedisConfig::from_url_with_env(&url::parse("redis://bob@h").unwrap(), &|_| None)
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidUrl, "{e}");
+        assert!(e.message().contains("password"), "{e}");
     }
 }
