@@ -136,27 +136,24 @@ impl Error {
         &self.message
     }
 
-    /// If `e` or one of its sources is a failed TLS handshake (as rustls,
-    /// which every backend uses, words it), an [`ErrorKind::Tls`] error
-    /// `"<store>: TLS handshake failed: <the certificate problem>"` with a
-    /// hint at the options to check. `None` for anything else.
+    /// If `e` or one of its sources is a failed TLS handshake (a
+    /// [`rustls::Error`], which every backend's TLS uses), an
+    /// [`ErrorKind::Tls`] error `"<store>: TLS handshake failed: <the
+    /// certificate problem>"` with a hint at the options to check. `None`
+    /// for anything else, whatever its message says.
     ///
-    /// Matched on the messages because the store clients wrap rustls'
-    /// error in their own types (hyper, tonic, redis, io), differently
-    /// in each version; the wording of rustls' errors is stable.
+    /// Found by type: the chain of `source()`s is walked, and also the
+    /// error inside an [`std::io::Error`] (its `source()` skips it: that
+    /// is where tokio-rustls puts the rustls error), inside an
+    /// `Arc<dyn Error + Send + Sync>` (as the `redis` crate keeps an
+    /// io::Error) and inside an [`Error`]'s [`Error::cause`].
     pub fn tls_failure(e: &(dyn StdError + 'static), store: &str) -> Option<Error> {
-        let mut cur = Some(e);
-        while let Some(err) = cur {
-            let msg = err.to_string();
-            if let Some(hint) = tls_hint(&msg) {
-                return Some(Error::new(
-                    ErrorKind::Tls,
-                    format!("{store}: TLS handshake failed: {msg} ({hint})"),
-                ));
-            }
-            cur = err.source();
-        }
-        None
+        let tls = find_rustls_error(e)?;
+        let hint = tls_hint(tls)?;
+        Some(Error::new(
+            ErrorKind::Tls,
+            format!("{store}: TLS handshake failed: {tls} ({hint})"),
+        ))
     }
 
     /// Whether the same call may succeed if tried again later: connection
@@ -204,17 +201,37 @@ impl StdError for Error {
     }
 }
 
-/// What to check for a rustls handshake error message, or `None` if the
-/// message is not one.
-fn tls_hint(msg: &str) -> Option<&'static str> {
-    if msg.contains("invalid peer certificate") {
-        Some("the server's certificate is not signed by a trusted CA or does not name this host: check ca=")
-    } else if msg.contains("received fatal alert") {
-        Some("the server refused the handshake; it may require a client certificate: check cert= and key=")
-    } else if msg.contains("peer is incompatible") || msg.contains("peer misbehaved") {
-        Some("the server speaks no TLS version or cipher in common, or no TLS on this port")
-    } else {
-        None
+/// The first [`rustls::Error`] in `e`'s chain (see [`Error::tls_failure`]).
+fn find_rustls_error<'e>(e: &'e (dyn StdError + 'static)) -> Option<&'e rustls::Error> {
+    type Shared = std::sync::Arc<dyn StdError + Send + Sync>;
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(tls) = err.downcast_ref::<rustls::Error>() {
+            return Some(tls);
+        }
+        cur = if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            io.get_ref().map(|inner| inner as &(dyn StdError + 'static))
+        } else if let Some(shared) = err.downcast_ref::<Shared>() {
+            Some(&**shared as &(dyn StdError + 'static))
+        } else if let Some(ours) = err.downcast_ref::<Error>() {
+            ours.cause().map(|c| c as &(dyn StdError + 'static))
+        } else {
+            err.source()
+        };
+    }
+    None
+}
+
+/// What to check for a rustls handshake error, or `None` if it is not a
+/// handshake's verdict on the certificates or the protocol.
+fn tls_hint(e: &rustls::Error) -> Option<&'static str> {
+    match e {
+        rustls::Error::InvalidCertificate(_) => Some("the server's certificate is not signed by a trusted CA or does not name this host: check ca="),
+        rustls::Error::AlertReceived(_) => Some("the server refused the handshake; it may require a client certificate: check cert= and key="),
+        rustls::Error::PeerIncompatible(_) | rustls::Error::PeerMisbehaved(_) => {
+            Some("the server speaks no TLS version or cipher in common, or no TLS on this port")
+        }
+        _ => None,
     }
 }
 
@@ -261,16 +278,77 @@ mod tests {
         assert!(e.cause().unwrap().downcast_ref::<Wrapped>().is_some());
     }
 
+    /// An error as the redis crate keeps an io::Error: in an `Arc`, which
+    /// it gives as its `source()`.
+    #[derive(Debug)]
+    struct KeptInArc(std::sync::Arc<dyn StdError + Send + Sync>);
+    impl fmt::Display for KeptInArc {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "io error")
+        }
+    }
+    impl StdError for KeptInArc {
+        fn source(&self) -> Option<&(dyn StdError + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    /// The classifier goes by rustls' error type, wherever the store
+    /// client keeps it (in an io::Error, whose `source()` skips it, in an
+    /// `Arc`, in our own error's cause), not by what a message says.
+    #[test]
+    fn tls_failures_are_recognised_by_type_not_text() {
+        use rustls::{AlertDescription, CertificateError};
+        let io = |e: rustls::Error| std::io::Error::new(std::io::ErrorKind::InvalidData, e);
+
+        let untrusted = io(rustls::Error::InvalidCertificate(
+            CertificateError::UnknownIssuer,
+        ));
+        let outer = Error::new(ErrorKind::Connection, "request failed").with_source(untrusted);
+        let e = Error::tls_failure(&outer, "etcd").expect("a TLS failure");
+        assert_eq!(e.kind(), ErrorKind::Tls);
+        assert!(e.to_string().contains("UnknownIssuer"), "{e}");
+        assert!(e.to_string().contains("check ca="), "{e}");
+
+        let alert = io(rustls::Error::AlertReceived(
+            AlertDescription::CertificateRequired,
+        ));
+        let kept = KeptInArc(std::sync::Arc::new(alert));
+        let e = Error::tls_failure(&kept, "Redis").expect("a TLS failure in an Arc");
+        assert!(e.to_string().contains("CertificateRequired"), "{e}");
+        assert!(e.to_string().contains("cert= and key="), "{e}");
+
+        let odd = io(rustls::Error::PeerMisbehaved(
+            rustls::PeerMisbehaved::IllegalMiddleboxChangeCipherSpec,
+        ));
+        assert!(Error::tls_failure(&odd, "x").is_some());
+
+        // Text alone is not a TLS failure: a server error, a lock name or
+        // a value may read like one.
+        for text in [
+            "invalid peer certificate: UnknownIssuer",
+            "ERR received fatal alert in key lock/x",
+        ] {
+            let plain = std::io::Error::other(text);
+            assert!(Error::tls_failure(&plain, "x").is_none(), "{text}");
+        }
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert!(Error::tls_failure(&refused, "etcd").is_none());
+    }
+
     #[test]
     fn tls_failures_are_found_in_the_source_chain() {
-        let inner = std::io::Error::other("invalid peer certificate: UnknownIssuer");
+        let inner = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+        );
         let outer = Error::new(ErrorKind::Connection, "request failed").with_source(inner);
         let e = Error::tls_failure(&outer, "etcd").expect("a TLS failure");
         assert_eq!(e.kind(), ErrorKind::Tls);
         assert!(!e.is_retryable());
         assert!(e.to_string().contains("UnknownIssuer"), "{e}");
         assert!(e.to_string().contains("check ca="), "{e}");
-        let alert = std::io::Error::other("received fatal alert: CertificateRequired");
+        let alert = rustls::Error::AlertReceived(rustls::AlertDescription::CertificateRequired);
         let e = Error::tls_failure(&alert, "redis").unwrap();
         assert!(e.to_string().contains("cert= and key="), "{e}");
         let plain = std::io::Error::other("connection refused");
