@@ -146,3 +146,37 @@ fn tls_error(e: std::io::Error, what: &str) -> Error {
         None => Error::new(ErrorKind::Connection, format!("{what}: TLS probe")).with_source(e),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn io(e: rustls::Error) -> std::io::Error {
+        std::io::Error::new(std::io::ErrorKind::InvalidData, e)
+    }
+
+    /// The probe's verdict goes by rustls' error, as tokio-rustls hands
+    /// it over (inside an io::Error), not by the error's text.
+    #[test]
+    fn the_probe_classifies_by_type() {
+        let untrusted = io(rustls::Error::InvalidCertificate(
+            rustls::CertificateError::UnknownIssuer,
+        ));
+        let e = tls_error(untrusted, "ZooKeeper h:2281");
+        assert_eq!(e.kind(), ErrorKind::Tls, "{e}");
+        assert!(e.message().contains("check ca="), "{e}");
+        let refused = io(rustls::Error::AlertReceived(
+            rustls::AlertDescription::BadCertificate,
+        ));
+        let e = tls_error(refused, "ZooKeeper h:2281");
+        assert_eq!(e.kind(), ErrorKind::Tls, "{e}");
+        assert!(e.message().contains("cert= and key="), "{e}");
+        // Words alone (a reset with a TLS-like message) are not a verdict.
+        let text = std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "received fatal alert: BadCertificate",
+        );
+        let e = tls_error(text, "ZooKeeper h:2281");
+        assert_eq!(e.kind(), ErrorKind::Connection, "{e}");
+    }
+}
