@@ -123,6 +123,31 @@ mod tests {
         assert!(map(noscript, "t").is_retryable());
     }
 
+    /// A failed handshake as the `redis` crate reports it (the io::Error
+    /// of tokio-rustls, with rustls' error inside) is `Tls`, found by its
+    /// type; a server error that only reads like one is not.
+    #[test]
+    fn tls_failures_by_type_not_text() {
+        let io = |e: rustls::Error| std::io::Error::new(std::io::ErrorKind::InvalidData, e);
+        let untrusted: RedisError = io(rustls::Error::InvalidCertificate(
+            rustls::CertificateError::UnknownIssuer,
+        ))
+        .into();
+        let e = map(untrusted, "connecting");
+        assert_eq!(e.kind(), ErrorKind::Tls, "{e}");
+        assert!(e.message().contains("check ca="), "{e}");
+        let refused: RedisError = io(rustls::Error::AlertReceived(
+            rustls::AlertDescription::CertificateRequired,
+        ))
+        .into();
+        assert_eq!(map(refused, "connecting").kind(), ErrorKind::Tls);
+        let e = map(
+            server_error("ERR invalid peer certificate: UnknownIssuer, in key app/x"),
+            "release",
+        );
+        assert_eq!(e.kind(), ErrorKind::Store, "{e}");
+    }
+
     /// The errors as the server sends them, parsed by the `redis` crate.
     fn server_error(line: &str) -> RedisError {
         let v = redis::parse_redis_value(format!("-{line}\r\n").as_bytes()).unwrap();
