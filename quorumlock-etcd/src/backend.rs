@@ -50,7 +50,9 @@ impl EtcdBackend {
         Self::from_config(config).await
     }
 
-    /// Connects with a configuration (reads the TLS files first).
+    /// Connects with a configuration ([`EtcdConfig::validate`]d first: a
+    /// config breaking the URL's rules is [`ErrorKind::InvalidArgument`],
+    /// nothing read or sent; then the TLS files are read).
     ///
     /// Unless [`EtcdConfig::lazy`], one status request must be answered
     /// within [`EtcdConfig::connect_timeout`]: every attempt refused is
@@ -62,6 +64,7 @@ impl EtcdBackend {
     /// # Cancel Safety
     /// Writes nothing; safe to drop at any point.
     pub async fn from_config(config: EtcdConfig) -> Result<EtcdBackend> {
+        config.validate()?;
         let mut opts = ConnectOptions::new()
             .with_connect_timeout(config.timeout)
             .with_keep_alive(Duration::from_secs(10), config.timeout)
@@ -118,12 +121,14 @@ impl EtcdBackend {
 
     /// A backend over an `etcd_client::Client` the caller built (its
     /// endpoints, credentials and TLS are the client's; those of `config`
-    /// are not used). Unless [`EtcdConfig::lazy`], checks that etcd
-    /// answers as [`EtcdBackend::from_config`] does.
+    /// are not used). `config` is [`EtcdConfig::validate`]d first; unless
+    /// [`EtcdConfig::lazy`], checks that etcd answers as
+    /// [`EtcdBackend::from_config`] does.
     ///
     /// # Cancel Safety
     /// Writes nothing; safe to drop at any point.
     pub async fn from_client(client: Client, config: EtcdConfig) -> Result<EtcdBackend> {
+        config.validate()?;
         let requests = Arc::new(AtomicU64::new(0));
         if !config.lazy {
             check_connect(&config.describe(), config.connect_timeout, || async {

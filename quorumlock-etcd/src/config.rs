@@ -7,9 +7,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use quorumlock_core::backend::connect::{
-    DEFAULT_CONNECT_TIMEOUT, MAX_CONNECT_TIMEOUT, MIN_CONNECT_TIMEOUT,
-};
+use quorumlock_core::backend::connect::DEFAULT_CONNECT_TIMEOUT;
 use quorumlock_core::backend::Namespace;
 use quorumlock_core::url::{self, Env, Options, Secret, Url};
 use quorumlock_core::{Error, ErrorKind, Result};
@@ -25,6 +23,9 @@ pub const MIN_TTL: Duration = Duration::from_secs(2);
 pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 /// Per-request deadline when the URL has no `timeout=`.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The bounds of [`EtcdConfig::timeout`].
+const MIN_TIMEOUT: Duration = Duration::from_millis(100);
+const MAX_TIMEOUT: Duration = Duration::from_secs(600);
 
 const KNOWN: &[&str] = &[
     "ttl",
@@ -218,19 +219,8 @@ impl EtcdConfig {
                 "URL option ttl={ttl:?}: etcd leases have whole seconds"
             )));
         }
-        let timeout = opts.duration(
-            "timeout",
-            DEFAULT_TIMEOUT,
-            Duration::from_millis(100),
-            Duration::from_secs(600),
-        )?;
-        let connect_timeout = opts.duration(
-            "connect_timeout",
-            DEFAULT_CONNECT_TIMEOUT,
-            MIN_CONNECT_TIMEOUT,
-            MAX_CONNECT_TIMEOUT,
-        )?;
-        let lazy = opts.flag("lazy", false)?;
+        let timeout = opts.duration("timeout", DEFAULT_TIMEOUT, MIN_TIMEOUT, MAX_TIMEOUT)?;
+        let connect = opts.connect_options(DEFAULT_CONNECT_TIMEOUT)?;
         if let Some(list) = opts.take("endpoints") {
             for ep in list.split(',').map(str::trim) {
                 endpoints.push(format!("{scheme}://{}", host_port(ep)?));
@@ -281,10 +271,91 @@ impl EtcdConfig {
             namespace,
             ttl,
             timeout,
-            connect_timeout,
-            lazy,
+            connect_timeout: connect.connect_timeout,
+            lazy: connect.lazy,
             display: url::redact(u),
         })
+    }
+
+    /// The rules of an `etcd(s)://` URL for a config built in code: `ttl`
+    /// in whole seconds within 2 s..=24 h, `timeout` and `connect_timeout`
+    /// within 100 ms..=10 min, at least one endpoint, each
+    /// `http://host:port` (`https://` with `tls`), `user` and `password`
+    /// together and the user not empty, `ca` and `client_cert` only with
+    /// `tls`, `ca` required with it, no empty path. Breaking one is
+    /// [`ErrorKind::InvalidArgument`], naming the field (never the
+    /// password); [`EtcdBackend::from_config`](crate::EtcdBackend::from_config)
+    /// and `from_client` call this before they read a file or send
+    /// anything.
+    pub fn validate(&self) -> Result<()> {
+        url::check_duration("ttl", self.ttl, MIN_TTL, MAX_TTL)?;
+        if self.ttl.subsec_nanos() != 0 {
+            return Err(url::invalid_config(format!(
+                "ttl={:?}: etcd leases have whole seconds",
+                self.ttl
+            )));
+        }
+        url::check_duration("timeout", self.timeout, MIN_TIMEOUT, MAX_TIMEOUT)?;
+        url::check_connect_timeout(self.connect_timeout)?;
+        if self.endpoints.is_empty() {
+            return Err(url::invalid_config(
+                "endpoints is empty: give at least one http://host:port",
+            ));
+        }
+        let scheme = if self.tls { "https://" } else { "http://" };
+        for ep in &self.endpoints {
+            // The URL's host is taken as the url crate parsed it, so only
+            // the shape is checked here: a host, a port other than 0.
+            let ok = ep
+                .strip_prefix(scheme)
+                .and_then(|hp| hp.rsplit_once(':'))
+                .is_some_and(|(host, port)| {
+                    !host.is_empty()
+                        && !host.contains(['/', '@', ' ', ','])
+                        && port.parse::<u16>().is_ok_and(|p| p > 0)
+                });
+            if !ok {
+                return Err(url::invalid_config(format!(
+                    "endpoints: {ep:?} is not {scheme}host:port{}",
+                    if self.tls {
+                        " (tls)"
+                    } else {
+                        " (https:// needs tls)"
+                    }
+                )));
+            }
+        }
+        match (&self.user, &self.password) {
+            (None, None) => {}
+            (Some(_), None) => {
+                return Err(url::invalid_config("user needs a password"));
+            }
+            (None, Some(_)) => {
+                return Err(url::invalid_config("a password needs a user"));
+            }
+            (Some(user), Some(_)) if user.is_empty() => {
+                return Err(url::invalid_config("user is empty"));
+            }
+            (Some(_), Some(_)) => {}
+        }
+        let (cert, key) = match &self.client_cert {
+            Some((c, k)) => (Some(c.as_path()), Some(k.as_path())),
+            None => (None, None),
+        };
+        url::check_tls_files(
+            [
+                ("ca", self.ca.as_deref()),
+                ("client_cert (its certificate)", cert),
+                ("client_cert (its key)", key),
+            ],
+            (!self.tls).then_some("needs tls (etcds://)"),
+        )?;
+        if self.tls && self.ca.is_none() {
+            return Err(url::invalid_config(
+                "tls needs ca (PEM file of the CA that signed the server certificates)",
+            ));
+        }
+        Ok(())
     }
 
     /// What logs and errors show: the redacted URL, or the endpoints.
@@ -530,5 +601,81 @@ mod tests {
         rejected("etcd://a:hunter2%zz@h", "%-escape");
         rejected("etcd://h/a/%20b", "namespace");
         rejected("etcd://h/.hidden", "namespace");
+    }
+
+    /// A typed config is held to the URL's rules: `from_config` refuses
+    /// what `etcd://` refuses, lazy or not, before it sends anything
+    /// (issue 45).
+    #[tokio::test]
+    async fn typed_config_is_validated() {
+        let ok = EtcdConfig::default().with_lazy(true);
+        let (ms, s) = (Duration::from_millis, Duration::from_secs);
+        let pem = |p: &str| Some(PathBuf::from(p));
+        let pw = || Some(Secret::new("hunter2"));
+        let tls = ok
+            .clone()
+            .with_tls(true)
+            .with_endpoints(vec!["https://h:1".into()]);
+        let bad = [
+            ("ttl", ok.clone().with_ttl(Duration::ZERO)),
+            ("ttl", ok.clone().with_ttl(s(1))),
+            ("ttl", ok.clone().with_ttl(s(25 * 3600))),
+            ("ttl", ok.clone().with_ttl(ms(2500))),
+            ("timeout", ok.clone().with_timeout(Duration::ZERO)),
+            ("timeout", ok.clone().with_timeout(s(601))),
+            (
+                "connect_timeout",
+                ok.clone().with_connect_timeout(Duration::ZERO),
+            ),
+            ("connect_timeout", ok.clone().with_connect_timeout(s(601))),
+            ("endpoints", ok.clone().with_endpoints(Vec::new())),
+            ("endpoints", ok.clone().with_endpoints(vec!["h:1".into()])),
+            (
+                "endpoints",
+                ok.clone().with_endpoints(vec!["http://h".into()]),
+            ),
+            (
+                "endpoints",
+                ok.clone().with_endpoints(vec!["https://h:1".into()]),
+            ),
+            (
+                "endpoints",
+                tls.clone()
+                    .with_ca(pem("/ca"))
+                    .with_endpoints(vec!["http://h:1".into()]),
+            ),
+            ("password", ok.clone().with_user(Some("bob".into()))),
+            ("user", ok.clone().with_password(pw())),
+            (
+                "user",
+                ok.clone()
+                    .with_user(Some(String::new()))
+                    .with_password(pw()),
+            ),
+            ("ca", ok.clone().with_ca(pem("/ca.pem"))),
+            ("ca", tls.clone()),
+            ("ca", tls.clone().with_ca(pem(""))),
+            (
+                "client_cert",
+                ok.clone()
+                    .with_client_cert(Some(("/c".into(), "/k".into()))),
+            ),
+            (
+                "client_cert",
+                tls.clone()
+                    .with_ca(pem("/ca"))
+                    .with_client_cert(Some(("/c".into(), "".into()))),
+            ),
+        ];
+        for (field, c) in bad {
+            let e = match crate::EtcdBackend::from_config(c.clone()).await {
+                Ok(_) => panic!("{field}: from_config accepted {c:?}"),
+                Err(e) => e,
+            };
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{field}: {e}");
+            assert!(e.message().contains(field), "{field}: {e}");
+            assert!(!e.message().contains("hunter2"), "{field}: {e}");
+        }
+        crate::EtcdBackend::from_config(ok).await.unwrap();
     }
 }
