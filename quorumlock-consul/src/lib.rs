@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 mod admin;
 mod api;
@@ -14,6 +15,11 @@ mod mutex;
 mod rw;
 mod semaphore;
 mod session;
+
+/// The `reqwest` crate [`ConsulBackend::from_client`] takes a client of:
+/// build it as `quorumlock_consul::reqwest::Client::builder()`, at the
+/// version this crate uses, with no dependency of your own.
+pub use reqwest;
 
 pub use backend::ConsulBackend;
 pub use config::{ConsulConfig, DEFAULT_LOCK_DELAY, DEFAULT_PORT, DEFAULT_TLS_PORT, DEFAULT_TTL};
