@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 mod backend;
 mod config;
@@ -8,6 +9,11 @@ mod error;
 mod layout;
 mod scripts;
 mod session;
+
+/// The `redis` crate [`RedisBackend::from_client`] takes a client of:
+/// build it as `quorumlock_redis::redis::Client::open(..)`, at the
+/// version this crate uses, with no dependency of your own.
+pub use redis;
 
 pub use backend::RedisBackend;
 pub use config::{RedisConfig, DEFAULT_PORT, DEFAULT_TIMEOUT, DEFAULT_TTL, MAX_TTL, MIN_TTL};
