@@ -13,6 +13,8 @@ pub const ZK: &[&str] = &["zk"];
 pub const CONSUL: &[&str] = &["consul", "consuls"];
 /// `redis://`, `rediss://` (TLS): the `quorumlock-redis` crate.
 pub const REDIS: &[&str] = &["redis", "rediss"];
+/// `postgres://`, `postgresql://`: the `quorumlock-postgres` crate.
+pub const POSTGRES: &[&str] = &["postgres", "postgresql"];
 
 /// Every backend of the workspace as `(cargo feature of the quorumlock
 /// facade, schemes)`: the facade's table of schemes. A new backend adds
@@ -23,4 +25,5 @@ pub const ALL: &[(&str, &[&str])] = &[
     ("zk", ZK),
     ("consul", CONSUL),
     ("redis", REDIS),
+    ("postgres", POSTGRES),
 ];

@@ -1,0 +1,337 @@
+//! `postgres://` URLs: host, credentials, the database (the path's first
+//! segment), the namespace (the rest of the path), the schema of the
+//! tables, the session TTL and the request timeout; the password from
+//! `PGPASSWORD` and the user from `PGUSER` (libpq's variables) when the
+//! URL has none. The one place this crate reads the environment.
+
+use std::time::Duration;
+
+use quorumlock_core::backend::connect::{
+    DEFAULT_CONNECT_TIMEOUT, MAX_CONNECT_TIMEOUT, MIN_CONNECT_TIMEOUT,
+};
+use quorumlock_core::backend::Namespace;
+use quorumlock_core::url::{self, Env, Options, Secret, Url};
+use quorumlock_core::{Error, ErrorKind, Result};
+
+/// The port when the URL names none.
+pub const DEFAULT_PORT: u16 = 5432;
+/// The session TTL when the URL gives no `ttl=`.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
+/// Shortest `ttl=` accepted.
+pub const MIN_TTL: Duration = Duration::from_millis(500);
+/// Longest `ttl=` accepted.
+pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
+/// The request timeout when the URL gives no `timeout=` (or a third of
+/// the TTL, if shorter).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The schema of the lock tables when the URL gives no `schema=`.
+pub const DEFAULT_SCHEMA: &str = "quorumlock";
+
+const KNOWN: &[&str] = &[
+    "ttl",
+    "timeout",
+    "schema",
+    "connect_timeout",
+    "lazy",
+    "sslmode",
+];
+
+/// The configuration of a [`crate::PostgresBackend`]: every URL part and
+/// option as a field, with a `with_<field>` setter each.
+#[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PostgresConfig {
+    /// The server's host name or address.
+    pub host: String,
+    /// The server's port.
+    pub port: u16,
+    /// The user (`PGUSER`, else `postgres`, when the URL has none).
+    pub user: String,
+    /// The password (`PGPASSWORD` when the URL has none).
+    pub password: Option<Secret>,
+    /// The database: the URL path's first segment.
+    pub database: String,
+    /// The namespace: the rest of the URL path.
+    pub namespace: Namespace,
+    /// The schema of the lock tables (`schema=`), created on first use.
+    pub schema: String,
+    /// The session TTL (`ttl=`); renewed every TTL/3.
+    pub ttl: Duration,
+    /// Deadline of each request (`timeout=`).
+    pub timeout: Duration,
+    /// How long `connect()` waits for the server (`connect_timeout=`).
+    pub connect_timeout: Duration,
+    /// `lazy=true`: `connect()` sends nothing.
+    pub lazy: bool,
+    /// The URL as shown (credentials redacted); empty: made from the fields.
+    pub display: String,
+}
+
+impl Default for PostgresConfig {
+    fn default() -> Self {
+        PostgresConfig {
+            host: "127.0.0.1".to_string(),
+            port: DEFAULT_PORT,
+            user: "postgres".to_string(),
+            password: None,
+            database: "postgres".to_string(),
+            namespace: Namespace::default(),
+            schema: DEFAULT_SCHEMA.to_string(),
+            ttl: DEFAULT_TTL,
+            timeout: DEFAULT_TIMEOUT.min(DEFAULT_TTL / 3),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            lazy: false,
+            display: String::new(),
+        }
+    }
+}
+
+quorumlock_core::config_setters!(PostgresConfig {
+    with_host => host: String,
+    with_port => port: u16,
+    with_user => user: String,
+    with_password => password: Option<Secret>,
+    with_database => database: String,
+    with_namespace => namespace: Namespace,
+    with_schema => schema: String,
+    with_ttl => ttl: Duration,
+    with_timeout => timeout: Duration,
+    with_connect_timeout => connect_timeout: Duration,
+    with_lazy => lazy: bool,
+    with_display => display: String,
+});
+
+impl std::fmt::Debug for PostgresConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresConfig")
+            .field("url", &self.describe())
+            .field("user", &self.user)
+            .field("password", &self.password)
+            .field("database", &self.database)
+            .field("namespace", &self.namespace)
+            .field("schema", &self.schema)
+            .field("ttl", &self.ttl)
+            .field("timeout", &self.timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("lazy", &self.lazy)
+            .finish()
+    }
+}
+
+fn invalid(msg: String) -> Error {
+    Error::new(ErrorKind::InvalidUrl, msg)
+}
+
+impl PostgresConfig {
+    /// Parses a `postgres://` URL.
+    pub fn parse(s: &str) -> Result<PostgresConfig> {
+        Self::from_url(&url::parse(s)?)
+    }
+
+    /// The configuration a parsed URL names; `PGUSER` and `PGPASSWORD`
+    /// from the process environment fill in what the URL lacks.
+    pub fn from_url(u: &Url) -> Result<PostgresConfig> {
+        Self::from_url_with_env(u, &url::process_env)
+    }
+
+    /// As [`PostgresConfig::from_url`], with `env` for the environment.
+    pub fn from_url_with_env(u: &Url, env: Env<'_>) -> Result<PostgresConfig> {
+        match u.scheme() {
+            "postgres" | "postgresql" => {}
+            other => {
+                return Err(invalid(format!(
+                    "expected a postgres:// or postgresql:// URL, got {other}://"
+                )))
+            }
+        }
+        let host = u
+            .host_str()
+            .filter(|h| !h.is_empty())
+            .ok_or_else(|| invalid("the URL names no PostgreSQL host".to_string()))?;
+        let port = u.port().unwrap_or(DEFAULT_PORT);
+        let path = u.path().trim_start_matches('/');
+        let (db, rest) = path.split_once('/').unwrap_or((path, ""));
+        if db.is_empty() {
+            return Err(invalid(
+                "the URL names no database: postgres://host[:port]/database[/namespace]"
+                    .to_string(),
+            ));
+        }
+        let database = url::percent_decode(db, "database")?;
+        let namespace = Namespace::new(rest)?;
+        let mut opts = Options::new(u)?;
+        let ttl = opts.duration("ttl", DEFAULT_TTL, MIN_TTL, MAX_TTL)?;
+        let timeout = opts.duration(
+            "timeout",
+            DEFAULT_TIMEOUT.min(ttl / 3),
+            Duration::from_millis(100),
+            Duration::from_secs(600),
+        )?;
+        let schema = opts
+            .take("schema")
+            .unwrap_or_else(|| DEFAULT_SCHEMA.to_string());
+        match opts.take("sslmode").as_deref() {
+            None | Some("disable") | Some("prefer") | Some("allow") => {}
+            Some(mode) => {
+                return Err(invalid(format!(
+                    "sslmode={mode}: this backend does not speak TLS to PostgreSQL yet \
+                     (sslmode=disable, prefer and allow connect without it); reach the \
+                     server over a trusted network or a local TLS tunnel"
+                )))
+            }
+        }
+        for tls in ["ca", "cert", "key"] {
+            if opts.has(tls) {
+                return Err(invalid(format!(
+                    "URL option {tls}=: this backend does not speak TLS to PostgreSQL yet"
+                )));
+            }
+        }
+        let connect_timeout = opts.duration(
+            "connect_timeout",
+            DEFAULT_CONNECT_TIMEOUT,
+            MIN_CONNECT_TIMEOUT,
+            MAX_CONNECT_TIMEOUT,
+        )?;
+        let lazy = opts.flag("lazy", false)?;
+        opts.finish(KNOWN)?;
+        let c = PostgresConfig {
+            host: host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string(),
+            port,
+            user: match u.username() {
+                "" => env("PGUSER").unwrap_or_else(|| "postgres".to_string()),
+                user => url::percent_decode(user, "user name")?,
+            },
+            password: match u.password() {
+                Some(pw) => Some(Secret::new(url::percent_decode(pw, "password")?)),
+                None => env("PGPASSWORD").map(Secret::new),
+            },
+            database,
+            namespace,
+            schema,
+            ttl,
+            timeout,
+            connect_timeout,
+            lazy,
+            display: url::redact(u),
+        };
+        c.check().map_err(|e| invalid(e.message().to_string()))?;
+        Ok(c)
+    }
+
+    /// Checks what the URL parser checks, for a configuration built in
+    /// code.
+    pub(crate) fn check(&self) -> Result<()> {
+        url::check_duration("ttl", self.ttl, MIN_TTL, MAX_TTL)?;
+        url::check_connect_timeout(self.connect_timeout)?;
+        if self.timeout >= self.ttl {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "timeout={:?} must be shorter than ttl={:?}: a renewal that takes \
+                     longer than the TTL cannot keep the session",
+                    self.timeout, self.ttl
+                ),
+            ));
+        }
+        crate::layout::check_schema(&self.schema)?;
+        Ok(())
+    }
+
+    /// The URL with the password redacted.
+    pub fn describe(&self) -> String {
+        if self.display.is_empty() {
+            format!(
+                "postgres://{}@{}:{}/{}/{}",
+                self.user, self.host, self.port, self.database, self.namespace
+            )
+        } else {
+            self.display.clone()
+        }
+    }
+
+    /// The `tokio_postgres` configuration of one connection.
+    pub(crate) fn client_config(&self) -> tokio_postgres::Config {
+        let mut c = tokio_postgres::Config::new();
+        c.host(&self.host)
+            .port(self.port)
+            .user(&self.user)
+            .dbname(&self.database)
+            .application_name("quorumlock")
+            .connect_timeout(self.timeout.max(Duration::from_secs(1)))
+            .keepalives(true)
+            .keepalives_idle(Duration::from_secs(10));
+        if let Some(pw) = &self.password {
+            c.password(pw.expose());
+        }
+        c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<PostgresConfig> {
+        PostgresConfig::from_url_with_env(&url::parse(s).unwrap(), &|_| None)
+    }
+
+    #[test]
+    fn parses_database_namespace_and_options() {
+        let c =
+            parse("postgres://bob:s%40cret@h:7/db/app/locks?ttl=3s&schema=ql2&lazy=true").unwrap();
+        assert_eq!((c.host.as_str(), c.port), ("h", 7));
+        assert_eq!((c.user.as_str(), c.database.as_str()), ("bob", "db"));
+        assert_eq!(c.namespace.as_str(), "app/locks");
+        assert_eq!(c.schema, "ql2");
+        assert_eq!(c.ttl, Duration::from_secs(3));
+        assert_eq!(c.timeout, Duration::from_secs(1), "a third of a short TTL");
+        assert!(c.lazy);
+        assert_eq!(c.password.as_ref().map(Secret::expose), Some("s@cret"));
+        assert!(!format!("{c:?} {}", c.describe()).contains("cret"), "{c:?}");
+        let c = parse("postgresql://h/db").unwrap();
+        assert_eq!((c.port, c.schema.as_str()), (DEFAULT_PORT, DEFAULT_SCHEMA));
+        assert!(c.namespace.is_empty());
+        assert_eq!(c.user, "postgres");
+    }
+
+    #[test]
+    fn user_and_password_from_the_environment_unless_in_the_url() {
+        let env = |k: &str| match k {
+            "PGUSER" => Some("envuser".to_string()),
+            "PGPASSWORD" => Some("envpw".to_string()),
+            _ => None,
+        };
+        let from = |s: &str| PostgresConfig::from_url_with_env(&url::parse(s).unwrap(), &env);
+        let c = from("postgres://h/db").unwrap();
+        assert_eq!(c.user, "envuser");
+        assert_eq!(c.password.as_ref().map(Secret::expose), Some("envpw"));
+        let c = from("postgres://u:p@h/db").unwrap();
+        assert_eq!(c.user, "u");
+        assert_eq!(c.password.as_ref().map(Secret::expose), Some("p"));
+    }
+
+    #[test]
+    fn rejects_bad_urls() {
+        for u in [
+            "redis://h/db",
+            "postgres://h",
+            "postgres://h/",
+            "postgres://h/db?ttl=1ms",
+            "postgres://h/db?schema=Bad-Name",
+            "postgres://h/db?sslmode=require",
+            "postgres://h/db?ca=/x.pem",
+            "postgres://h/db?nope=1",
+            "postgres://h/db?ttl=3s&timeout=3s",
+            "postgres://h/db/a//b",
+        ] {
+            let e = parse(u).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidUrl, "{u}: {e}");
+        }
+        let e = parse("postgres://h/db?sslmode=verify-full").unwrap_err();
+        assert!(e.message().contains("TLS"), "{e}");
+    }
+}

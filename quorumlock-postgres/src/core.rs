@@ -1,0 +1,290 @@
+//! The state: [`PostgresCore`], what the backend and its sessions share
+//! (the connection settings, the idle connections, the statements, the
+//! request counter; one request: counted, bounded by the timeout, its
+//! errors mapped), and [`SessionState`], what one session shares with its
+//! tasks.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use futures::future::BoxFuture;
+use quorumlock_core::backend::{EntrySignals, SessionLiveness};
+use quorumlock_core::{Error, ErrorKind, LockName, LossReason, Result};
+use tokio::sync::{Notify, OnceCell};
+use tokio_postgres::{Client, NoTls};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::config::PostgresConfig;
+use crate::error;
+use crate::layout::{self, Sql};
+
+/// How many idle connections a backend keeps for its transactions (more
+/// are opened while more transactions run at once, and closed after).
+const IDLE_CONNECTIONS: usize = 8;
+
+/// The backend-wide state of a [`crate::PostgresBackend`] (its clones
+/// share it), held by every session it opened.
+pub(crate) struct PostgresCore {
+    pub(crate) config: PostgresConfig,
+    /// How to open a connection (from the URL, or the caller's own).
+    pub(crate) pg: tokio_postgres::Config,
+    /// Requests sent, for `requests_sent` (the sessions' tasks count too).
+    pub(crate) requests: AtomicU64,
+    /// `<ns>/` or empty.
+    pub(crate) prefix: String,
+    /// Every statement, with the schema filled in.
+    pub(crate) sql: Sql,
+    /// Idle connections, each one transaction at a time.
+    idle: Mutex<Vec<Client>>,
+    /// Set once the tables exist (created on first use).
+    schema: OnceCell<()>,
+    /// Sessions this instance opened, for `leftovers`.
+    pub(crate) opened: Mutex<Vec<Uuid>>,
+}
+
+/// One session's state, shared by its tasks: the session's acquires and
+/// releases (`PostgresSession`, in `session.rs`), its keepalive and the
+/// listener of its channel (`monitor.rs`). Held in an `Arc`.
+pub(crate) struct SessionState {
+    pub(crate) core: Arc<PostgresCore>,
+    /// The session's row in `sessions`.
+    pub(crate) id: Uuid,
+    pub(crate) liveness: Arc<SessionLiveness>,
+    /// Ends the keepalive and the listener when the session is closed or
+    /// dropped.
+    pub(crate) stop: CancellationToken,
+    /// The session's unfinished and held entries, by contender.
+    pub(crate) routes: Mutex<HashMap<Uuid, Route>>,
+}
+
+/// One entry of a session: how to wake its waiter, where to report its
+/// loss and revoke requests, and whether it holds.
+pub(crate) struct Route {
+    pub(crate) signals: EntrySignals,
+    pub(crate) wake: Arc<Notify>,
+    pub(crate) held: bool,
+}
+
+impl SessionState {
+    /// Routes `contender`'s messages before its entry exists, so that no
+    /// wake-up is missed; the waiter's wake.
+    pub(crate) fn route(&self, contender: Uuid, signals: EntrySignals) -> Arc<Notify> {
+        let wake = Arc::new(Notify::new());
+        self.routes.lock().expect("poisoned").insert(
+            contender,
+            Route {
+                signals,
+                wake: wake.clone(),
+                held: false,
+            },
+        );
+        wake
+    }
+
+    pub(crate) fn unroute(&self, contender: &Uuid) {
+        self.routes.lock().expect("poisoned").remove(contender);
+    }
+
+    pub(crate) fn mark_held(&self, contender: &Uuid) {
+        if let Some(r) = self.routes.lock().expect("poisoned").get_mut(contender) {
+            r.held = true;
+        }
+    }
+
+    /// The contenders whose entries hold.
+    pub(crate) fn held(&self) -> Vec<Uuid> {
+        let routes = self.routes.lock().expect("poisoned");
+        routes
+            .iter()
+            .filter(|(_, r)| r.held)
+            .map(|(c, _)| *c)
+            .collect()
+    }
+
+    /// A held entry is gone: its loss, unless the client finished it.
+    pub(crate) fn entry_gone(&self, contender: &Uuid) {
+        let routes = self.routes.lock().expect("poisoned");
+        if let Some(r) = routes.get(contender) {
+            if r.held && !r.signals.is_finished() {
+                r.signals.lose(LossReason::EntryDeleted);
+            }
+        }
+    }
+
+    pub(crate) fn revoke_requested(&self, contender: &Uuid) {
+        let routes = self.routes.lock().expect("poisoned");
+        if let Some(r) = routes.get(contender) {
+            if !r.signals.is_finished() {
+                r.signals.request_revoke();
+            }
+        }
+    }
+
+    pub(crate) fn wake(&self, contender: &Uuid) {
+        if let Some(r) = self.routes.lock().expect("poisoned").get(contender) {
+            r.wake.notify_one();
+        }
+    }
+
+    /// Wakes every waiter (after missed messages: they read again).
+    pub(crate) fn wake_all(&self) {
+        for r in self.routes.lock().expect("poisoned").values() {
+            r.wake.notify_one();
+        }
+    }
+}
+
+/// Why a transaction ended without its result: the server's error, or
+/// ours (the transaction is rolled back either way).
+pub(crate) enum Fail {
+    Pg(tokio_postgres::Error),
+    Quit(Error),
+}
+
+impl From<tokio_postgres::Error> for Fail {
+    fn from(e: tokio_postgres::Error) -> Self {
+        Fail::Pg(e)
+    }
+}
+
+/// A transaction's work: gets the connection, returns its result.
+pub(crate) type Work<T> =
+    Box<dyn for<'c> FnOnce(&'c mut Client) -> BoxFuture<'c, std::result::Result<T, Fail>> + Send>;
+
+impl PostgresCore {
+    pub(crate) fn new(config: PostgresConfig, pg: tokio_postgres::Config) -> PostgresCore {
+        let prefix = config.namespace.prefix();
+        let sql = Sql::new(&config.schema);
+        PostgresCore {
+            config,
+            pg,
+            requests: AtomicU64::new(0),
+            prefix,
+            sql,
+            idle: Mutex::new(Vec::new()),
+            schema: OnceCell::new(),
+            opened: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The key of lock `name` (`<ns>/<name>`).
+    pub(crate) fn lock_key(&self, name: &LockName) -> String {
+        self.config.namespace.lock_key(name)
+    }
+
+    pub(crate) fn count(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A new connection, its messages driven by a task of its own (which
+    /// ends with the connection).
+    pub(crate) async fn connect(&self) -> Result<Client> {
+        self.count();
+        let what = "connecting to PostgreSQL";
+        let (client, connection) =
+            match tokio::time::timeout(self.config.timeout, self.pg.connect(NoTls)).await {
+                Ok(r) => r.map_err(|e| error::map(e, what))?,
+                Err(_) => return Err(error::timed_out(what, self.config.timeout)),
+            };
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "PostgreSQL connection ended");
+            }
+        });
+        Ok(client)
+    }
+
+    /// An idle connection, or a new one; the tables exist.
+    async fn take(&self) -> Result<Client> {
+        let idle = self.idle.lock().expect("poisoned").pop();
+        let mut client = match idle {
+            Some(c) if !c.is_closed() => c,
+            _ => self.connect().await?,
+        };
+        if self.schema.initialized() {
+            return Ok(client);
+        }
+        let sql = self.sql.schema.clone();
+        let c = &mut client;
+        self.schema
+            .get_or_try_init(|| async move {
+                self.count();
+                let create = async {
+                    let tx = c.transaction().await?;
+                    tx.execute(
+                        &format!(
+                            "SELECT pg_advisory_xact_lock({}, 0)",
+                            layout::ADVISORY_CLASS
+                        ),
+                        &[],
+                    )
+                    .await?;
+                    tx.batch_execute(&sql).await?;
+                    tx.commit().await
+                };
+                match tokio::time::timeout(
+                    self.config.timeout.max(self.config.connect_timeout),
+                    create,
+                )
+                .await
+                {
+                    Ok(r) => r.map_err(|e| error::map(e, "creating the lock tables")),
+                    Err(_) => Err(error::timed_out(
+                        "creating the lock tables",
+                        self.config.timeout,
+                    )),
+                }
+            })
+            .await?;
+        Ok(client)
+    }
+
+    fn give_back(&self, client: Client) {
+        if client.is_closed() {
+            return;
+        }
+        let mut idle = self.idle.lock().expect("poisoned");
+        if idle.len() < IDLE_CONNECTIONS {
+            idle.push(client);
+        }
+    }
+
+    /// Runs `work` on a connection of its own: one request, counted,
+    /// bounded by the timeout, its errors mapped. The connection is kept
+    /// for the next request unless the work failed on it or ran out of
+    /// time (a transaction then left unfinished is rolled back by the
+    /// server when the connection closes).
+    pub(crate) async fn run<T: Send + 'static>(&self, what: &str, work: Work<T>) -> Result<T> {
+        let mut client = self.take().await?;
+        self.count();
+        let r = tokio::time::timeout(self.config.timeout, work(&mut client)).await;
+        match r {
+            Ok(Ok(v)) => {
+                self.give_back(client);
+                Ok(v)
+            }
+            Ok(Err(Fail::Quit(e))) => {
+                self.give_back(client);
+                Err(e)
+            }
+            Ok(Err(Fail::Pg(e))) => {
+                if e.as_db_error().is_some() {
+                    self.give_back(client);
+                }
+                Err(error::map(e, what))
+            }
+            Err(_) => Err(error::timed_out(what, self.config.timeout)),
+        }
+    }
+
+    pub(crate) fn record_session(&self, id: Uuid) {
+        self.opened.lock().expect("poisoned").push(id);
+    }
+}
+
+/// A quorumlock error as the end of a transaction.
+pub(crate) fn quit<T>(kind: ErrorKind, msg: impl Into<String>) -> std::result::Result<T, Fail> {
+    Err(Fail::Quit(Error::new(kind, msg.into())))
+}

@@ -1,0 +1,313 @@
+//! The tables on the server (in the schema the URL names), the names of
+//! entries, the kinds as stored, and the channels of the sessions'
+//! wake-ups. Every statement of the crate names its tables through
+//! [`Sql`], with the schema filled in once.
+
+use quorumlock_core::{Error, ErrorKind, LockKind, Result};
+use uuid::Uuid;
+
+/// The first key of every advisory lock this crate takes (two-key form,
+/// a lock space of its own: programs that use the one-key
+/// `pg_advisory_lock(bigint)` never meet it): "qlk".
+pub(crate) const ADVISORY_CLASS: i32 = 0x71_6c_6b;
+
+/// The tables, created on first use (one transaction, under the advisory
+/// lock `(ADVISORY_CLASS, 0)` so that clients starting together do not
+/// race on the catalog). `{s}` is the quoted schema.
+///
+/// - `sessions`: one row per client session; `expires` is the server's
+///   `clock_timestamp()` at the last renewal plus the TTL. A session is
+///   alive while `expires > clock_timestamp()`; a missing row is a dead
+///   session.
+/// - `entries`: one row per contender of a lock, in arrival order by
+///   `seq` (from the sequence `seq`); `token` is null while it waits and
+///   the sequence's next value when it is granted, so tokens grow across
+///   every kind on a name (and across names).
+/// - `fences`: attempts given up while their enqueue's outcome was
+///   unknown; an enqueue that finds its contender here writes nothing.
+///   They go with their session.
+/// - `kv`: the key space of fenced writes.
+pub(crate) const SCHEMA: &str = r#"
+CREATE SCHEMA IF NOT EXISTS {s};
+CREATE SEQUENCE IF NOT EXISTS {s}.seq;
+CREATE TABLE IF NOT EXISTS {s}.sessions (
+    id uuid PRIMARY KEY,
+    prefix text NOT NULL,
+    ttl_ms bigint NOT NULL,
+    expires timestamptz NOT NULL,
+    created timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX IF NOT EXISTS sessions_expires ON {s}.sessions (expires);
+CREATE TABLE IF NOT EXISTS {s}.entries (
+    lock text NOT NULL,
+    seq bigint NOT NULL,
+    contender uuid NOT NULL UNIQUE,
+    session uuid NOT NULL,
+    kind text NOT NULL,
+    permits integer NOT NULL,
+    token bigint,
+    revoke boolean NOT NULL DEFAULT false,
+    created timestamptz NOT NULL DEFAULT clock_timestamp(),
+    value bytea NOT NULL,
+    PRIMARY KEY (lock, seq)
+);
+CREATE INDEX IF NOT EXISTS entries_session ON {s}.entries (session);
+CREATE TABLE IF NOT EXISTS {s}.fences (
+    contender uuid PRIMARY KEY,
+    session uuid NOT NULL
+);
+CREATE INDEX IF NOT EXISTS fences_session ON {s}.fences (session);
+CREATE TABLE IF NOT EXISTS {s}.kv (
+    key text PRIMARY KEY,
+    value bytea NOT NULL
+);
+"#;
+
+/// The statements, with the schema filled in.
+#[derive(Debug)]
+pub(crate) struct Sql {
+    pub(crate) schema: String,
+    /// `$1`: the lock key. Serialises every transaction that reads and
+    /// changes one queue.
+    pub(crate) lock_queue: String,
+    /// `$1`: lock. Removes the entries whose session is dead.
+    pub(crate) purge: String,
+    /// Removes expired sessions that own no entry any more, and fences
+    /// of sessions that are gone.
+    pub(crate) sweep: String,
+    /// `$1`: lock. The queue in arrival order, each entry with the
+    /// remaining life of its session in ms.
+    pub(crate) queue: String,
+    /// `$1`: contender. Grants it: its token from the sequence.
+    pub(crate) grant: String,
+    /// `$1`: sessions, `$2`: messages. One notification each.
+    pub(crate) notify: String,
+    /// `$1`: session. Alive (and kept from being swept until commit).
+    pub(crate) session_alive: String,
+    /// `$1`: contender.
+    pub(crate) fenced: String,
+    /// `$1..$7`: lock, contender, session, kind, permits, value.
+    pub(crate) insert: String,
+    /// `$1`: contender.
+    pub(crate) delete_contender: String,
+    /// `$1`: contender, `$2`: session.
+    pub(crate) fence: String,
+    /// `$1`: session, `$2`: prefix, `$3`: TTL in ms.
+    pub(crate) open_session: String,
+    /// `$1`: session, `$2`: held contenders.
+    pub(crate) renew: String,
+    /// `$1`: session. Deletes its row.
+    pub(crate) end_session: String,
+    /// `$1`: session. Deletes its fences.
+    pub(crate) end_fences: String,
+    /// `$1`: session. Deletes its entries, answering their locks.
+    pub(crate) end_entries: String,
+    /// `$1`: contender, `$2`: token, `$3`: value.
+    pub(crate) set_value: String,
+    /// `$1`: contenders, `$2`: tokens. Locks every held entry and its
+    /// session against removal until commit; answers how many hold.
+    pub(crate) check_held: String,
+    pub(crate) kv_get: String,
+    pub(crate) kv_put: String,
+    pub(crate) kv_delete: String,
+    /// `$1`: lock. Every holder, deleted.
+    pub(crate) break_holders: String,
+    /// `$1`: lock. Every holder, marked.
+    pub(crate) revoke_holders: String,
+    /// `$1`: prefix of lock keys (LIKE pattern).
+    pub(crate) locks_like: String,
+    /// `$1`: prefix of lock keys (LIKE pattern).
+    pub(crate) entries_like: String,
+    /// `$1`: sessions.
+    pub(crate) sessions_left: String,
+}
+
+impl Sql {
+    pub(crate) fn new(schema: &str) -> Sql {
+        let s = format!("\"{schema}\"");
+        let f = |t: &str| t.replace("{s}", &s);
+        Sql {
+            schema: f(SCHEMA),
+            lock_queue: format!("SELECT pg_advisory_xact_lock({ADVISORY_CLASS}, hashtext($1))"),
+            purge: f("DELETE FROM {s}.entries e WHERE e.lock = $1 AND NOT EXISTS \
+                 (SELECT 1 FROM {s}.sessions s WHERE s.id = e.session AND s.expires > clock_timestamp())"),
+            sweep: f("WITH gone AS (DELETE FROM {s}.sessions s WHERE s.expires <= clock_timestamp() \
+                   AND NOT EXISTS (SELECT 1 FROM {s}.entries e WHERE e.session = s.id) RETURNING s.id) \
+                 DELETE FROM {s}.fences f WHERE f.session IN (SELECT id FROM gone) \
+                   OR NOT EXISTS (SELECT 1 FROM {s}.sessions s WHERE s.id = f.session)"),
+            queue: f("SELECT e.seq, e.contender, e.session, e.kind, e.permits, e.token, e.created, \
+                   e.value, e.revoke, \
+                   COALESCE((extract(epoch FROM (s.expires - clock_timestamp())) * 1000)::bigint, 0) \
+                 FROM {s}.entries e LEFT JOIN {s}.sessions s ON s.id = e.session \
+                 WHERE e.lock = $1 ORDER BY e.seq"),
+            grant: f("UPDATE {s}.entries SET token = nextval('{s}.seq') \
+                 WHERE contender = $1 AND token IS NULL RETURNING token"),
+            notify: "SELECT pg_notify('ql_' || replace(t.s::text, '-', ''), t.m) \
+                 FROM unnest($1::uuid[], $2::text[]) AS t(s, m)"
+                .to_string(),
+            session_alive: f("SELECT 1 FROM {s}.sessions WHERE id = $1 \
+                 AND expires > clock_timestamp() FOR KEY SHARE"),
+            fenced: f("SELECT 1 FROM {s}.fences WHERE contender = $1"),
+            insert: f("INSERT INTO {s}.entries (lock, seq, contender, session, kind, permits, value) \
+                 VALUES ($1, nextval('{s}.seq'), $2, $3, $4, $5, $6)"),
+            delete_contender: f("DELETE FROM {s}.entries WHERE contender = $1"),
+            fence: f("INSERT INTO {s}.fences (contender, session) VALUES ($1, $2) \
+                 ON CONFLICT DO NOTHING"),
+            open_session: f("INSERT INTO {s}.sessions (id, prefix, ttl_ms, expires) \
+                 VALUES ($1, $2, $3::bigint, clock_timestamp() + $3::bigint::float8 * interval '1 millisecond')"),
+            renew: f("WITH r AS (UPDATE {s}.sessions \
+                   SET expires = clock_timestamp() + ttl_ms::float8 * interval '1 millisecond' \
+                   WHERE id = $1 AND expires > clock_timestamp() RETURNING 1) \
+                 SELECT (SELECT count(*) FROM r)::int4, \
+                   ARRAY(SELECT c FROM unnest($2::uuid[]) c WHERE NOT EXISTS \
+                     (SELECT 1 FROM {s}.entries e WHERE e.contender = c AND e.token IS NOT NULL)), \
+                   ARRAY(SELECT e.contender FROM {s}.entries e \
+                     WHERE e.contender = ANY($2::uuid[]) AND e.revoke)"),
+            end_session: f("DELETE FROM {s}.sessions WHERE id = $1"),
+            end_fences: f("DELETE FROM {s}.fences WHERE session = $1"),
+            end_entries: f("DELETE FROM {s}.entries WHERE session = $1 RETURNING lock"),
+            set_value: f("UPDATE {s}.entries SET value = $3 WHERE contender = $1 AND token = $2 \
+                 AND EXISTS (SELECT 1 FROM {s}.sessions s WHERE s.id = session \
+                   AND s.expires > clock_timestamp())"),
+            check_held: f("SELECT count(*)::int4 FROM (SELECT 1 FROM {s}.entries e \
+                   JOIN {s}.sessions s ON s.id = e.session \
+                   JOIN unnest($1::uuid[], $2::int8[]) AS h(c, t) ON e.contender = h.c AND e.token = h.t \
+                   WHERE s.expires > clock_timestamp() FOR KEY SHARE OF e, s) held"),
+            kv_get: f("SELECT value FROM {s}.kv WHERE key = $1"),
+            kv_put: f("INSERT INTO {s}.kv (key, value) VALUES ($1, $2) \
+                 ON CONFLICT (key) DO UPDATE SET value = excluded.value"),
+            kv_delete: f("DELETE FROM {s}.kv WHERE key = $1"),
+            break_holders: f("DELETE FROM {s}.entries WHERE lock = $1 AND token IS NOT NULL \
+                 RETURNING session, contender"),
+            revoke_holders: f("UPDATE {s}.entries SET revoke = true \
+                 WHERE lock = $1 AND token IS NOT NULL RETURNING session, contender"),
+            locks_like: f("SELECT DISTINCT lock FROM {s}.entries WHERE lock LIKE $1 ORDER BY lock"),
+            entries_like: f("SELECT lock, contender FROM {s}.entries WHERE lock LIKE $1"),
+            sessions_left: f("SELECT id FROM {s}.sessions WHERE id = ANY($1) \
+                 AND expires > clock_timestamp() \
+                 UNION SELECT session FROM {s}.fences WHERE session = ANY($1)"),
+        }
+    }
+}
+
+/// Checks a schema name: 1 to 40 of `a-z`, `0-9` and `_`, not starting
+/// with a digit (it is quoted into statements).
+pub(crate) fn check_schema(schema: &str) -> Result<()> {
+    let ok = !schema.is_empty()
+        && schema.len() <= 40
+        && schema
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && !schema.starts_with(|c: char| c.is_ascii_digit());
+    if ok {
+        return Ok(());
+    }
+    Err(Error::new(
+        ErrorKind::InvalidArgument,
+        format!(
+            "schema={schema:?}: a schema name here is 1 to 40 of a-z, 0-9 and _, \
+             not starting with a digit"
+        ),
+    ))
+}
+
+/// The LIKE pattern of every text starting with `prefix`.
+pub(crate) fn like_prefix(prefix: &str) -> String {
+    let mut p = String::with_capacity(prefix.len() + 1);
+    for c in prefix.chars() {
+        if matches!(c, '%' | '_' | '\\') {
+            p.push('\\');
+        }
+        p.push(c);
+    }
+    p.push('%');
+    p
+}
+
+/// The entry name of `contender` on lock `lock`: `<lock>/.q/<contender>`
+/// (no lock name has a `.` segment, so no name is another's entry).
+pub(crate) fn entry_name(lock: &str, contender: &Uuid) -> String {
+    format!("{lock}/.q/{}", contender.simple())
+}
+
+/// The lock and contender of an entry name.
+pub(crate) fn parse_entry_name(entry: &str) -> Result<(&str, Uuid)> {
+    entry
+        .rsplit_once("/.q/")
+        .and_then(|(lock, c)| Some((lock, Uuid::try_parse(c).ok()?)))
+        .ok_or_else(|| {
+            Error::new(
+                ErrorKind::InvalidArgument,
+                format!("{entry:?} is not a PostgreSQL lock entry"),
+            )
+        })
+}
+
+/// The channel a session listens on: `ql_<session, 32 hex digits>`.
+pub(crate) fn channel(session: &Uuid) -> String {
+    format!("ql_{}", session.simple())
+}
+
+/// The stored `(kind, permits)` of a lock kind.
+pub(crate) fn kind_code(kind: LockKind) -> (&'static str, i32) {
+    match kind {
+        LockKind::Read => ("r", 0),
+        LockKind::Write => ("w", 0),
+        LockKind::Semaphore { permits } => ("s", permits.min(i32::MAX as u32) as i32),
+        LockKind::Election => ("e", 0),
+        _ => ("x", 0),
+    }
+}
+
+/// The lock kind of a stored `(kind, permits)`.
+pub(crate) fn kind_of(code: &str, permits: i32) -> LockKind {
+    match code {
+        "r" => LockKind::Read,
+        "w" => LockKind::Write,
+        "s" => LockKind::Semaphore {
+            permits: permits.max(0) as u32,
+        },
+        "e" => LockKind::Election,
+        _ => LockKind::Exclusive,
+    }
+}
+
+/// A session id as [`quorumlock_core::backend::StoreSession::id`] gives
+/// it (32 hex digits), checked.
+pub(crate) fn parse_session_id(id: &str) -> Result<Uuid> {
+    match Uuid::try_parse(id) {
+        Ok(u) if id.len() == 32 => Ok(u),
+        _ => Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!("{id:?} is not a PostgreSQL session id of this backend (32 hex digits)"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        let c = Uuid::new_v4();
+        let e = entry_name("app/a/~42", &c);
+        assert_eq!(parse_entry_name(&e).unwrap(), ("app/a/~42", c));
+        assert!(parse_entry_name("app/a").is_err());
+        for k in [
+            LockKind::Exclusive,
+            LockKind::Read,
+            LockKind::Write,
+            LockKind::Election,
+            LockKind::Semaphore { permits: 3 },
+        ] {
+            let (code, permits) = kind_code(k);
+            assert_eq!(kind_of(code, permits), k);
+        }
+        assert_eq!(like_prefix("a_b%/"), "a\\_b\\%/%");
+        let s = Uuid::new_v4();
+        assert_eq!(parse_session_id(&s.simple().to_string()).unwrap(), s);
+        assert!(parse_session_id(&s.to_string()).is_err());
+        assert_eq!(channel(&s).len(), 35);
+    }
+}

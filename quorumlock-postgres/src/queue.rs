@@ -1,0 +1,251 @@
+//! The transactions' steps on one lock's queue: serialise on the queue,
+//! purge the entries of dead sessions, grant what now holds by the queue
+//! rule (`quorumlock_core::backend::holds`, decided here in Rust inside
+//! the transaction), and wake each new holder's session, the one waiter
+//! that can go next, with one `NOTIFY` (sent by the server at commit).
+
+use std::time::SystemTime;
+
+use quorumlock_core::backend::{holds, waits_for};
+use quorumlock_core::{LockKind, Result};
+use tokio_postgres::Transaction;
+use uuid::Uuid;
+
+use crate::core::{PostgresCore, Work};
+use crate::layout::{self, Sql};
+
+/// One entry of a queue as read in a transaction.
+#[derive(Debug, Clone)]
+pub(crate) struct Entry {
+    pub(crate) seq: i64,
+    pub(crate) contender: Uuid,
+    pub(crate) session: Uuid,
+    pub(crate) kind: LockKind,
+    pub(crate) token: Option<i64>,
+    pub(crate) created: SystemTime,
+    pub(crate) value: Vec<u8>,
+    /// The remaining life of its session, in ms (0: dead, not purged
+    /// yet).
+    pub(crate) life_ms: i64,
+}
+
+/// Where an entry stands, as a transaction left it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Standing {
+    /// Not in the queue (released, broken, its session dead).
+    Gone,
+    /// Granted, with this token.
+    Held { token: u64 },
+    /// Waiting; the entry it waits for belongs to a session that expires
+    /// in this many ms unless renewed.
+    Wait { ahead_ms: u64 },
+}
+
+/// Serialises this transaction with every other on the queue of `lock`
+/// (an advisory lock until commit).
+pub(crate) async fn lock_queue(
+    tx: &Transaction<'_>,
+    sql: &Sql,
+    lock: &str,
+) -> std::result::Result<(), tokio_postgres::Error> {
+    tx.execute(&sql.lock_queue, &[&lock]).await.map(drop)
+}
+
+/// Removes the entries of `lock` whose session is dead; if there were
+/// any, also the dead sessions that own nothing any more (and their
+/// fences): after a crashed client's entries are purged, nothing of it
+/// is left.
+pub(crate) async fn purge(
+    tx: &Transaction<'_>,
+    sql: &Sql,
+    lock: &str,
+) -> std::result::Result<(), tokio_postgres::Error> {
+    let dead = tx.execute(&sql.purge, &[&lock]).await?;
+    if dead > 0 {
+        tracing::debug!(lock, dead, "purged entries of dead sessions");
+        tx.execute(&sql.sweep, &[]).await?;
+    }
+    Ok(())
+}
+
+/// The queue of `lock`, in arrival order.
+pub(crate) async fn read(
+    tx: &Transaction<'_>,
+    sql: &Sql,
+    lock: &str,
+) -> std::result::Result<Vec<Entry>, tokio_postgres::Error> {
+    let rows = tx.query(&sql.queue, &[&lock]).await?;
+    rows.iter()
+        .map(|r| {
+            Ok(Entry {
+                seq: r.try_get(0)?,
+                contender: r.try_get(1)?,
+                session: r.try_get(2)?,
+                kind: layout::kind_of(r.try_get(3)?, r.try_get(4)?),
+                token: r.try_get(5)?,
+                created: r.try_get(6)?,
+                value: r.try_get(7)?,
+                life_ms: r.try_get(9)?,
+            })
+        })
+        .collect()
+}
+
+/// Grants every entry of the (purged) queue that holds and has no token
+/// yet, and wakes its session, except for `quiet` (the contender of the
+/// transaction's own caller, who reads its standing from the answer).
+/// The queue as it is after.
+pub(crate) async fn grant(
+    tx: &Transaction<'_>,
+    sql: &Sql,
+    lock: &str,
+    quiet: Option<Uuid>,
+) -> std::result::Result<Vec<Entry>, tokio_postgres::Error> {
+    let mut entries = read(tx, sql, lock).await?;
+    let kinds: Vec<LockKind> = entries.iter().map(|e| e.kind).collect();
+    let (mut sessions, mut messages) = (Vec::new(), Vec::new());
+    for (i, e) in entries.iter_mut().enumerate() {
+        if e.token.is_some() || !holds(&kinds, i) {
+            continue;
+        }
+        let row = tx.query_one(&sql.grant, &[&e.contender]).await?;
+        e.token = Some(row.try_get(0)?);
+        if Some(e.contender) != quiet {
+            sessions.push(e.session);
+            messages.push(format!("g {}", e.contender.simple()));
+        }
+    }
+    notify(tx, sql, sessions, messages).await?;
+    Ok(entries)
+}
+
+/// Sends each of `messages` to the matching session's channel (at
+/// commit).
+pub(crate) async fn notify(
+    tx: &Transaction<'_>,
+    sql: &Sql,
+    sessions: Vec<Uuid>,
+    messages: Vec<String>,
+) -> std::result::Result<(), tokio_postgres::Error> {
+    if !sessions.is_empty() {
+        tx.execute(&sql.notify, &[&sessions, &messages]).await?;
+    }
+    Ok(())
+}
+
+/// [`purge`], then [`grant`].
+pub(crate) async fn settle(
+    tx: &Transaction<'_>,
+    sql: &Sql,
+    lock: &str,
+    quiet: Option<Uuid>,
+) -> std::result::Result<Vec<Entry>, tokio_postgres::Error> {
+    purge(tx, sql, lock).await?;
+    grant(tx, sql, lock, quiet).await
+}
+
+/// Where `contender` stands in `entries` (a queue after [`grant`]).
+pub(crate) fn standing(entries: &[Entry], contender: Uuid) -> Standing {
+    let Some(i) = entries.iter().position(|e| e.contender == contender) else {
+        return Standing::Gone;
+    };
+    if let Some(t) = entries[i].token {
+        return Standing::Held { token: t as u64 };
+    }
+    let kinds: Vec<LockKind> = entries.iter().map(|e| e.kind).collect();
+    let ahead_ms = waits_for(&kinds, i).map_or(0, |j| entries[j].life_ms.max(0) as u64);
+    Standing::Wait { ahead_ms }
+}
+
+/// Settles the queue of `lock` in a transaction of its own (after entries
+/// of it were removed elsewhere: a session's end).
+pub(crate) async fn settle_alone(core: &std::sync::Arc<PostgresCore>, lock: String) -> Result<()> {
+    let c = core.clone();
+    let work: Work<()> = Box::new(move |client| {
+        Box::pin(async move {
+            let tx = client.transaction().await?;
+            lock_queue(&tx, &c.sql, &lock).await?;
+            settle(&tx, &c.sql, &lock, None).await?;
+            tx.commit().await?;
+            Ok(())
+        })
+    });
+    core.run("settle queue", work).await
+}
+
+/// Ends session `id` on the server: its row, fences and entries go in one
+/// transaction (with `notify`, its own client is told: a kill), then each
+/// queue it was in is settled, its next waiters granted. Whether the
+/// session was there.
+pub(crate) async fn end_session(
+    core: &std::sync::Arc<PostgresCore>,
+    id: Uuid,
+    notify_it: bool,
+) -> Result<bool> {
+    let c = core.clone();
+    let work: Work<(bool, Vec<String>)> = Box::new(move |client| {
+        Box::pin(async move {
+            let tx = client.transaction().await?;
+            let sql = &c.sql;
+            let existed = tx.execute(&sql.end_session, &[&id]).await? > 0;
+            tx.execute(&sql.end_fences, &[&id]).await?;
+            let mut locks: Vec<String> = tx
+                .query(&sql.end_entries, &[&id])
+                .await?
+                .iter()
+                .map(|r| r.try_get(0))
+                .collect::<std::result::Result<_, _>>()?;
+            locks.sort();
+            locks.dedup();
+            if notify_it {
+                notify(&tx, sql, vec![id], vec!["x".to_string()]).await?;
+            }
+            tx.commit().await?;
+            Ok((existed, locks))
+        })
+    });
+    let (existed, locks) = core.run("end session", work).await?;
+    for lock in locks {
+        settle_alone(core, lock).await?;
+    }
+    Ok(existed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(kind: LockKind, token: Option<i64>, life_ms: i64) -> Entry {
+        Entry {
+            seq: 0,
+            contender: Uuid::new_v4(),
+            session: Uuid::new_v4(),
+            kind,
+            token,
+            created: SystemTime::now(),
+            value: Vec::new(),
+            life_ms,
+        }
+    }
+
+    #[test]
+    fn standing_follows_the_queue_rule() {
+        let q = vec![
+            entry(LockKind::Read, Some(5), 900),
+            entry(LockKind::Write, None, 800),
+            entry(LockKind::Read, None, 700),
+        ];
+        assert_eq!(standing(&q, q[0].contender), Standing::Held { token: 5 });
+        // The writer waits for the reader ahead, the reader behind for
+        // the writer: each is told when that one's session would expire.
+        assert_eq!(
+            standing(&q, q[1].contender),
+            Standing::Wait { ahead_ms: 900 }
+        );
+        assert_eq!(
+            standing(&q, q[2].contender),
+            Standing::Wait { ahead_ms: 800 }
+        );
+        assert_eq!(standing(&q, Uuid::new_v4()), Standing::Gone);
+    }
+}

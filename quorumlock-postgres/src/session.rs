@@ -1,0 +1,326 @@
+//! [`PostgresSession`]: one session row per client session, and the lock
+//! protocol on it: enqueue (one transaction that purges, checks for a
+//! clash, inserts the entry and grants what holds), wait for the one
+//! message that grants it (or for the session ahead to expire), release
+//! and abandon (one transaction each, which grants the next).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use quorumlock_core::backend::{AcquireRequest, Acquired, Backoff, SessionLiveness, StoreSession};
+use quorumlock_core::{Error, ErrorKind, Result};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+use uuid::Uuid;
+
+use crate::core::{quit, PostgresCore, SessionState, Work};
+use crate::layout;
+use crate::monitor::{keepalive, listen, supervise};
+use crate::queue::{self, Standing};
+
+/// One session row, shared by every lock of one client.
+pub(crate) struct PostgresSession {
+    /// What the keepalive and the listener share with us.
+    state: Arc<SessionState>,
+}
+
+impl fmt::Debug for PostgresSession {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresSession")
+            .field("id", &self.state.id.simple())
+            .finish()
+    }
+}
+
+/// What an enqueue's transaction answers.
+#[derive(Debug)]
+enum Enqueued {
+    Standing(Standing),
+    WouldBlock,
+}
+
+impl PostgresSession {
+    /// Listens on the session's channel, inserts its row (confirming it
+    /// with the insert's send time: the server set its expiry to its own
+    /// clock at the insert plus the TTL), and starts the keepalive and the
+    /// listener's supervisor.
+    pub(crate) async fn open(
+        core: Arc<PostgresCore>,
+        liveness: Arc<SessionLiveness>,
+    ) -> Result<Self> {
+        let id = Uuid::new_v4();
+        let ttl = core.config.ttl;
+        let state = Arc::new(SessionState {
+            core: core.clone(),
+            id,
+            liveness,
+            stop: CancellationToken::new(),
+            routes: Mutex::new(HashMap::new()),
+        });
+        let listener = listen(&state).await?;
+        let prefix = core.prefix.clone();
+        let ttl_ms = ttl.as_millis() as i64;
+        let c = core.clone();
+        let work: Work<()> = Box::new(move |client| {
+            Box::pin(async move {
+                client
+                    .execute(&c.sql.open_session, &[&id, &prefix, &ttl_ms])
+                    .await?;
+                // Sessions that crashed without entries go now.
+                client.execute(&c.sql.sweep, &[]).await?;
+                Ok(())
+            })
+        });
+        let sent = Instant::now();
+        if let Err(e) = core.run("open session", work).await {
+            listener.1.abort();
+            return Err(e);
+        }
+        core.record_session(id);
+        state.liveness.confirm(sent, ttl);
+        let span = tracing::debug_span!("postgres_session", id = %id.simple());
+        tokio::spawn(keepalive(state.clone()).instrument(span.clone()));
+        tokio::spawn(supervise(state.clone(), listener).instrument(span));
+        tracing::debug!(id = %id.simple(), ?ttl, "postgres session opened");
+        Ok(PostgresSession { state })
+    }
+
+    fn lost(&self, why: &str) -> Error {
+        Error::new(ErrorKind::SessionLost, why.to_string())
+    }
+
+    /// The enqueue transaction: idempotent (a retry of an attempt whose
+    /// entry exists only reads where it stands), refused on a dead session
+    /// or a fenced-off attempt, `Conflict` on a clashing kind, and on
+    /// `wait == false` the entry removed again unless it holds.
+    async fn enqueue(&self, req: &AcquireRequest, lock: &str) -> Result<Enqueued> {
+        let c = self.state.core.clone();
+        let (lock, sid, me) = (lock.to_string(), self.state.id, req.contender);
+        let (kind, wait, value) = (req.kind, req.wait, req.value.clone());
+        let name = req.name.clone();
+        let work: Work<Enqueued> = Box::new(move |client| {
+            Box::pin(async move {
+                let sql = &c.sql;
+                let tx = client.transaction().await?;
+                queue::lock_queue(&tx, sql, &lock).await?;
+                if tx.query_opt(&sql.session_alive, &[&sid]).await?.is_none() {
+                    return quit(ErrorKind::SessionLost, "our PostgreSQL session is gone");
+                }
+                if tx.query_opt(&sql.fenced, &[&me]).await?.is_some() {
+                    return quit(ErrorKind::Internal, "this attempt was already abandoned");
+                }
+                queue::purge(&tx, sql, &lock).await?;
+                let entries = queue::read(&tx, sql, &lock).await?;
+                if !entries.iter().any(|e| e.contender == me) {
+                    if let Some(e) = entries.iter().find(|e| kind.conflicts_with(e.kind)) {
+                        return quit(
+                            ErrorKind::Conflict,
+                            format!("{name} is in use as {:?}, not {kind:?}", e.kind),
+                        );
+                    }
+                    let (code, permits) = layout::kind_code(kind);
+                    tx.execute(&sql.insert, &[&lock, &me, &sid, &code, &permits, &value])
+                        .await?;
+                }
+                let entries = queue::grant(&tx, sql, &lock, Some(me)).await?;
+                let standing = queue::standing(&entries, me);
+                let out = match standing {
+                    Standing::Wait { .. } if !wait => {
+                        tx.execute(&sql.delete_contender, &[&me]).await?;
+                        Enqueued::WouldBlock
+                    }
+                    s => Enqueued::Standing(s),
+                };
+                tx.commit().await?;
+                Ok(out)
+            })
+        });
+        let core = self.state.core.clone();
+        req.writes
+            .run_judged(async move { core.run("enqueue", work).await }, |r| {
+                r.as_ref().is_err_and(|e| e.kind() == ErrorKind::Connection)
+            })
+            .await
+    }
+
+    /// Where our entry stands now: one transaction that purges and grants
+    /// first.
+    async fn check(&self, lock: &str, me: Uuid) -> Result<Standing> {
+        let c = self.state.core.clone();
+        let lock = lock.to_string();
+        let work: Work<Standing> = Box::new(move |client| {
+            Box::pin(async move {
+                let tx = client.transaction().await?;
+                queue::lock_queue(&tx, &c.sql, &lock).await?;
+                let entries = queue::settle(&tx, &c.sql, &lock, Some(me)).await?;
+                tx.commit().await?;
+                Ok(queue::standing(&entries, me))
+            })
+        });
+        self.state.core.run("check entry", work).await
+    }
+
+    /// Removes `me`'s entry (fencing the attempt off first when `fence`)
+    /// and grants the next, in one transaction.
+    async fn remove(&self, what: &str, lock: String, me: Uuid, fence: bool) -> Result<()> {
+        let c = self.state.core.clone();
+        let sid = self.state.id;
+        let work: Work<()> = Box::new(move |client| {
+            Box::pin(async move {
+                let sql = &c.sql;
+                let tx = client.transaction().await?;
+                queue::lock_queue(&tx, sql, &lock).await?;
+                if fence {
+                    tx.execute(&sql.fence, &[&me, &sid]).await?;
+                }
+                tx.execute(&sql.delete_contender, &[&me]).await?;
+                queue::settle(&tx, sql, &lock, None).await?;
+                tx.commit().await?;
+                Ok(())
+            })
+        });
+        self.state.core.run(what, work).await
+    }
+
+    /// Enqueues (retrying transport trouble while the session lives: the
+    /// enqueue is idempotent) and waits until the entry holds.
+    ///
+    /// # Cancel safety
+    /// May be dropped at any await point: the client layer then calls
+    /// `abandon`, which removes the entry (and fences the attempt off if
+    /// an enqueue's outcome is unknown).
+    async fn enqueue_and_wait(&self, req: &AcquireRequest, lock: &str) -> Result<Acquired> {
+        let me = req.contender;
+        let wake = self.state.route(me, req.signals.clone());
+        let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
+        let mut now = loop {
+            match self.enqueue(req, lock).await {
+                Err(e) if e.kind() == ErrorKind::Connection && self.state.liveness.is_alive() => {
+                    tracing::debug!(error = %e, "enqueue failed; retrying");
+                    backoff.wait().await;
+                }
+                Err(e) => return Err(e),
+                Ok(Enqueued::WouldBlock) => {
+                    return Err(Error::new(
+                        ErrorKind::WouldBlock,
+                        format!("lock {} is held", req.name),
+                    ))
+                }
+                Ok(Enqueued::Standing(s)) => break s,
+            }
+        };
+        let ttl = self.state.core.config.ttl;
+        loop {
+            match now {
+                Standing::Held { token } => {
+                    self.state.mark_held(&me);
+                    return Ok(Acquired {
+                        token,
+                        entry: layout::entry_name(lock, &me),
+                    });
+                }
+                Standing::Gone => {
+                    return Err(self.lost(
+                        "our PostgreSQL entry is gone (session expired or killed, entry broken)",
+                    ))
+                }
+                Standing::Wait { ahead_ms } => {
+                    // Woken by the grant's message; also read again when
+                    // the session ahead would expire unrenewed (nothing
+                    // runs on the server when a session expires).
+                    let look = Duration::from_millis(ahead_ms + 20).min(ttl);
+                    tokio::select! {
+                        _ = wake.notified() => {}
+                        _ = tokio::time::sleep(look) => {}
+                        _ = self.state.liveness.lost() => {
+                            return Err(self.lost("session lost while waiting"));
+                        }
+                    }
+                    backoff.reset();
+                    now = loop {
+                        match self.check(lock, me).await {
+                            Err(e)
+                                if e.kind() == ErrorKind::Connection
+                                    && self.state.liveness.is_alive() =>
+                            {
+                                tracing::debug!(error = %e, "checking our entry failed; again");
+                                backoff.wait().await;
+                            }
+                            r => break r?,
+                        }
+                    };
+                }
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl StoreSession for PostgresSession {
+    fn id(&self) -> String {
+        self.state.id.simple().to_string()
+    }
+
+    async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired> {
+        if !self.state.liveness.is_alive() {
+            return Err(self.lost("the PostgreSQL session is lost"));
+        }
+        let lock = self.state.core.lock_key(&req.name);
+        let r = self.enqueue_and_wait(req, &lock).await;
+        if r.as_ref()
+            .is_err_and(|e| matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Conflict))
+        {
+            self.state.unroute(&req.contender);
+        }
+        r
+    }
+
+    async fn release(&self, req: &AcquireRequest, _held: &Acquired) -> Result<()> {
+        self.state.unroute(&req.contender);
+        let lock = self.state.core.lock_key(&req.name);
+        let fence = req.writes.outcome_unknown();
+        self.remove("release", lock, req.contender, fence).await
+    }
+
+    async fn abandon(&self, req: &AcquireRequest) -> Result<()> {
+        self.state.unroute(&req.contender);
+        let lock = self.state.core.lock_key(&req.name);
+        let fence = req.writes.outcome_unknown();
+        self.remove("abandon", lock, req.contender, fence).await
+    }
+
+    async fn set_value(&self, req: &AcquireRequest, held: &Acquired, value: &[u8]) -> Result<()> {
+        let c = self.state.core.clone();
+        let (me, token, value) = (req.contender, held.token as i64, value.to_vec());
+        let work: Work<u64> = Box::new(move |client| {
+            Box::pin(async move {
+                Ok(client
+                    .execute(&c.sql.set_value, &[&me, &token, &value])
+                    .await?)
+            })
+        });
+        match self.state.core.run("set value", work).await? {
+            1 => Ok(()),
+            _ => Err(Error::new(
+                ErrorKind::LockLost,
+                format!("{}: our entry is gone", req.name),
+            )),
+        }
+    }
+
+    async fn close(&self) -> Result<()> {
+        self.state.stop.cancel();
+        queue::end_session(&self.state.core, self.state.id, false).await?;
+        Ok(())
+    }
+}
+
+impl Drop for PostgresSession {
+    fn drop(&mut self) {
+        self.state.stop.cancel();
+    }
+}
