@@ -15,7 +15,7 @@ use quorumlock_core::backend::{
 use quorumlock_core::{Error, ErrorKind, LockName, LockState, Result};
 
 use crate::config::EtcdConfig;
-use crate::core::EtcdCore;
+use crate::core::{EtcdCore, LazyAuth};
 use crate::error;
 use crate::session::EtcdSession;
 use crate::watch::WatchHub;
@@ -54,12 +54,14 @@ impl EtcdBackend {
     /// config breaking the URL's rules is [`ErrorKind::InvalidArgument`],
     /// nothing read or sent; then the TLS files are read).
     ///
-    /// Unless [`EtcdConfig::lazy`], one status request must be answered
-    /// within [`EtcdConfig::connect_timeout`]: every attempt refused is
+    /// Unless [`EtcdConfig::lazy`], one status request (after the
+    /// `Authenticate` of credentials) must be answered within
+    /// [`EtcdConfig::connect_timeout`]: every attempt refused is
     /// [`ErrorKind::Unavailable`], no answer at all is
     /// [`ErrorKind::Timeout`], bad credentials are
-    /// [`ErrorKind::Unauthenticated`] at once (etcd-client authenticates
-    /// while connecting, so credentials are checked even when lazy).
+    /// [`ErrorKind::Unauthenticated`] at once. Lazy sends nothing, not
+    /// even the credentials: they go before the first request, which
+    /// fails with what a connect would have met.
     ///
     /// # Cancel Safety
     /// Writes nothing; safe to drop at any point.
@@ -70,9 +72,21 @@ impl EtcdBackend {
             .with_keep_alive(Duration::from_secs(10), config.timeout)
             .with_auto_token_refresh(true);
         let mut authenticates = false;
+        let mut lazy_auth = None;
         if let (Some(user), Some(pw)) = (&config.user, &config.password) {
-            opts = opts.with_user(user.clone(), pw.expose().to_string());
-            authenticates = true;
+            if config.lazy {
+                // etcd-client authenticates inside Client::connect; a lazy
+                // backend builds its client without the credentials and
+                // sends them with its first request (EtcdCore::call).
+                lazy_auth = Some(LazyAuth {
+                    user: user.clone(),
+                    password: pw.clone(),
+                    done: Default::default(),
+                });
+            } else {
+                opts = opts.with_user(user.clone(), pw.expose().to_string());
+                authenticates = true;
+            }
         }
         if config.tls {
             let mut tls = TlsOptions::new();
@@ -116,7 +130,7 @@ impl EtcdBackend {
         };
         check_connect(&config.describe(), config.connect_timeout, connect).await?;
         let client = slot.into_inner().expect("poisoned").expect("connected");
-        Ok(Self::assemble(config, client, requests))
+        Ok(Self::assemble(config, client, requests, lazy_auth))
     }
 
     /// A backend over an `etcd_client::Client` the caller built (its
@@ -142,10 +156,15 @@ impl EtcdBackend {
             })
             .await?;
         }
-        Ok(Self::assemble(config, client, requests))
+        Ok(Self::assemble(config, client, requests, None))
     }
 
-    fn assemble(config: EtcdConfig, client: Client, requests: Arc<AtomicU64>) -> EtcdBackend {
+    fn assemble(
+        config: EtcdConfig,
+        client: Client,
+        requests: Arc<AtomicU64>,
+        lazy_auth: Option<LazyAuth>,
+    ) -> EtcdBackend {
         let hub = WatchHub::new(client.watch_client(), requests.clone(), config.timeout);
         tracing::debug!(url = %config.describe(), "etcd backend ready");
         EtcdBackend {
@@ -155,6 +174,7 @@ impl EtcdBackend {
                 requests,
                 hub,
                 opened: Mutex::new(Vec::new()),
+                lazy_auth,
             }),
         }
     }

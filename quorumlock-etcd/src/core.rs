@@ -1,7 +1,8 @@
 //! The state: [`EtcdCore`], what the backend and its sessions share (the
-//! client, the request counter, the watch stream, one request: counted,
-//! bounded by the timeout, errors mapped), and [`SessionState`], what one
-//! session shares with its tasks.
+//! client, the request counter, the watch stream, a lazy backend's
+//! credentials until they are sent, one request: counted, bounded by the
+//! timeout, errors mapped), and [`SessionState`], what one session shares
+//! with its tasks.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,7 +12,9 @@ use etcd_client::{
     Client, GetOptions, GetResponse, SortOrder, SortTarget, Txn, TxnOpResponse, TxnResponse,
 };
 use quorumlock_core::backend::SessionLiveness;
+use quorumlock_core::url::Secret;
 use quorumlock_core::{Error, ErrorKind, LockName, Result};
+use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::EtcdConfig;
@@ -29,6 +32,21 @@ pub(crate) struct EtcdCore {
     pub(crate) hub: WatchHub,
     /// Leases this instance granted, for `leftovers`.
     pub(crate) opened: Mutex<Vec<i64>>,
+    /// A lazy backend's credentials: its client was built without them
+    /// (etcd-client authenticates inside `Client::connect`, which would
+    /// send a request at connect), and they are sent before the first
+    /// request instead. `None` when the client authenticated at connect,
+    /// has no credentials, or is the caller's.
+    pub(crate) lazy_auth: Option<LazyAuth>,
+}
+
+/// The credentials a lazy backend sends before its first request.
+pub(crate) struct LazyAuth {
+    pub(crate) user: String,
+    pub(crate) password: Secret,
+    /// Set once etcd accepted them; a failed attempt leaves it unset, and
+    /// the next request tries again.
+    pub(crate) done: OnceCell<()>,
 }
 
 /// One session's state, shared by its tasks: the session's acquires,
@@ -81,7 +99,40 @@ impl EtcdCore {
     /// maps its error. A request that could not even connect (an endpoint
     /// of several is down, and the balanced channel picked it) never
     /// reached etcd, so it is sent again at once, up to once per endpoint.
-    pub(crate) async fn call<T, F, Fut>(&self, what: &str, mut f: F) -> Result<T>
+    /// A lazy backend authenticates first, once.
+    pub(crate) async fn call<T, F, Fut>(&self, what: &str, f: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        self.authenticate().await?;
+        self.send(what, f).await
+    }
+
+    /// Sends a lazy backend's credentials (one `Authenticate`, as a
+    /// non-lazy connect sends), unless etcd accepted them already; the
+    /// token goes to every request of the client from then on (and is
+    /// refreshed on expiry, as after a non-lazy connect). Refused
+    /// credentials are [`ErrorKind::Unauthenticated`]; an unreachable etcd
+    /// [`ErrorKind::Connection`], as for any request.
+    async fn authenticate(&self) -> Result<()> {
+        let Some(auth) = &self.lazy_auth else {
+            return Ok(());
+        };
+        auth.done
+            .get_or_try_init(|| {
+                self.send("authenticating with etcd", || {
+                    let mut client = self.client.clone();
+                    let creds = (auth.user.clone(), auth.password.expose().to_string());
+                    async move { client.update_user(Some(creds)).await }
+                })
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// [`EtcdCore::call`] without the authentication.
+    async fn send<T, F, Fut>(&self, what: &str, mut f: F) -> Result<T>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,

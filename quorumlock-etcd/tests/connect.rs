@@ -8,9 +8,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::FutureExt;
 use quorumlock_conformance::support::{env_or_skip as env, free_port, unique_namespace};
 use quorumlock_core::backend::{Backend, Namespace};
-use quorumlock_core::{ErrorKind, LockClient};
+use quorumlock_core::{ClientOptions, ErrorKind, LockClient};
 use quorumlock_etcd::{EtcdBackend, EtcdConfig};
 use tokio::process::{Child, Command};
 
@@ -146,4 +147,98 @@ async fn from_the_callers_client_and_from_setters() {
     let b = EtcdBackend::from_config(config).await.unwrap();
     assert!(b.describe().contains("127.0.0.1"), "{}", b.describe());
     round_trip(&LockClient::new(Arc::new(b))).await;
+}
+
+/// A port where nothing listens.
+fn dead_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port()
+}
+
+/// `lazy=true` with credentials sends nothing at connect, by URL and by
+/// typed config: `connect()` returns at once (it used to authenticate
+/// inside etcd-client's connect, waiting out `connect_timeout` and failing
+/// `Unavailable` on a dead port), and the first acquire then gives up with
+/// `Unavailable` as a non-lazy connect does (issue 45).
+#[tokio::test]
+async fn lazy_with_credentials_sends_nothing_at_connect() {
+    let port = dead_port();
+    let url = format!("etcd://root:pw@127.0.0.1:{port}/ns?lazy=true&connect_timeout=3s");
+    let typed = EtcdConfig::default()
+        .with_endpoints(vec![format!("http://127.0.0.1:{port}")])
+        .with_user(Some("root".into()))
+        .with_password(Some(quorumlock_core::url::Secret::new("pw")))
+        .with_connect_timeout(Duration::from_secs(3))
+        .with_lazy(true);
+    for (how, connect) in [
+        ("url", EtcdBackend::connect(url.clone()).boxed()),
+        ("typed config", EtcdBackend::from_config(typed).boxed()),
+    ] {
+        let start = Instant::now();
+        let b = tokio::time::timeout(Duration::from_secs(5), connect)
+            .await
+            .unwrap_or_else(|_| panic!("{how}: a lazy connect still waits"))
+            .unwrap_or_else(|e| panic!("{how}: a lazy connect failed: {e}"));
+        let took = start.elapsed();
+        assert!(
+            took < Duration::from_secs(1),
+            "{how}: a lazy connect took {took:?}"
+        );
+        assert_eq!(b.requests_sent(), 0, "{how}: a lazy connect sent something");
+        let client = LockClient::with_options(
+            Arc::new(b),
+            ClientOptions::default().with_unavailable_after(Some(Duration::from_secs(1))),
+        );
+        let e = tokio::time::timeout(Duration::from_secs(10), client.lock("c").unwrap().acquire())
+            .await
+            .unwrap_or_else(|_| panic!("{how}: the first acquire never gave up"))
+            .expect_err("acquired on a dead port");
+        assert_eq!(e.kind(), ErrorKind::Unavailable, "{how}: {e}");
+        assert!(!format!("{e} {e:?}").contains(":pw"), "{e:?}");
+        client.close().await;
+    }
+    // Not lazy: the connect itself fails so.
+    let e =
+        EtcdBackend::connect(url.replace("lazy=true&connect_timeout=3s", "connect_timeout=500ms"))
+            .await
+            .expect_err("connected to a dead port");
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+}
+
+/// On an etcd with auth: a lazy backend authenticates with its first
+/// request, not at connect; right credentials take locks, wrong ones fail
+/// the first acquire with `Unauthenticated`, at once (issue 45).
+#[tokio::test]
+async fn lazy_credentials_are_checked_on_first_use() {
+    let Some(etcdctl) = env("QUORUMLOCK_ETCDCTL") else {
+        return;
+    };
+    let etcd = start_auth_etcd(&etcdctl).await;
+    let at = |pw: &str| {
+        format!(
+            "etcd://root:{pw}@127.0.0.1:{}/{}?lazy=true",
+            etcd.port,
+            unique_namespace("qlconn")
+        )
+    };
+    let b = EtcdBackend::connect(at("right-pw")).await.unwrap();
+    assert_eq!(b.requests_sent(), 0, "a lazy connect sent something");
+    round_trip(&LockClient::new(Arc::new(b))).await;
+
+    let b = EtcdBackend::connect(at("wrong-pw")).await.unwrap();
+    assert_eq!(b.requests_sent(), 0, "a lazy connect sent something");
+    let client = LockClient::new(Arc::new(b));
+    let start = Instant::now();
+    let e = client
+        .lock("c")
+        .unwrap()
+        .acquire()
+        .await
+        .expect_err("a wrong password was accepted");
+    assert_eq!(e.kind(), ErrorKind::Unauthenticated, "{e}");
+    assert!(!format!("{e} {e:?}").contains("wrong-pw"), "{e:?}");
+    assert!(start.elapsed() < Duration::from_secs(3), "retried");
+    client.close().await;
 }
