@@ -156,6 +156,27 @@ impl Error {
         ))
     }
 
+    /// [`Error::tls_failure`] for a store client that keeps only the kind
+    /// and text of some I/O errors: h2 (under tonic, so etcd-client) does
+    /// so for an error on an established connection, such as the alert of
+    /// a server that refuses our certificate after the handshake. Where
+    /// the chain holds no rustls error at all, an [`std::io::Error`] of
+    /// kind [`InvalidData`](std::io::ErrorKind::InvalidData) is taken for
+    /// a TLS failure too: tokio-rustls gives every rustls error that
+    /// kind, a TCP socket none. Its hint names every TLS option.
+    pub fn tls_failure_or_invalid_data(e: &(dyn StdError + 'static), store: &str) -> Option<Error> {
+        if find_rustls_error(e).is_some() {
+            return Error::tls_failure(e, store);
+        }
+        let io = chain(e)
+            .filter_map(|err| err.downcast_ref::<std::io::Error>())
+            .find(|io| io.kind() == std::io::ErrorKind::InvalidData)?;
+        Some(Error::new(
+            ErrorKind::Tls,
+            format!("{store}: TLS handshake failed: {io} (check ca=, cert= and key=)"),
+        ))
+    }
+
     /// Whether the same call may succeed if tried again later: connection
     /// trouble and lost sessions are, bad input and bad credentials are not.
     pub fn is_retryable(&self) -> bool {
@@ -203,13 +224,18 @@ impl StdError for Error {
 
 /// The first [`rustls::Error`] in `e`'s chain (see [`Error::tls_failure`]).
 fn find_rustls_error<'e>(e: &'e (dyn StdError + 'static)) -> Option<&'e rustls::Error> {
+    chain(e).find_map(|err| err.downcast_ref::<rustls::Error>())
+}
+
+/// `e` and the errors under it: its `source()`s, and also the error
+/// inside an [`std::io::Error`] (whose `source()` skips it), inside an
+/// `Arc<dyn Error + Send + Sync>` and inside an [`Error`]'s cause.
+fn chain<'e>(
+    e: &'e (dyn StdError + 'static),
+) -> impl Iterator<Item = &'e (dyn StdError + 'static)> {
     type Shared = std::sync::Arc<dyn StdError + Send + Sync>;
-    let mut cur = Some(e);
-    while let Some(err) = cur {
-        if let Some(tls) = err.downcast_ref::<rustls::Error>() {
-            return Some(tls);
-        }
-        cur = if let Some(io) = err.downcast_ref::<std::io::Error>() {
+    std::iter::successors(Some(e), |&err: &&'e (dyn StdError + 'static)| {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
             io.get_ref().map(|inner| inner as &(dyn StdError + 'static))
         } else if let Some(shared) = err.downcast_ref::<Shared>() {
             Some(&**shared as &(dyn StdError + 'static))
@@ -217,9 +243,8 @@ fn find_rustls_error<'e>(e: &'e (dyn StdError + 'static)) -> Option<&'e rustls::
             ours.cause().map(|c| c as &(dyn StdError + 'static))
         } else {
             err.source()
-        };
-    }
-    None
+        }
+    })
 }
 
 /// What to check for a rustls handshake error, or `None` if it is not a
@@ -334,6 +359,39 @@ mod tests {
         }
         let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
         assert!(Error::tls_failure(&refused, "etcd").is_none());
+    }
+
+    /// h2 keeps only the kind and text of an I/O error: InvalidData
+    /// without rustls' error is a TLS failure there, but a rustls error
+    /// that is no verdict on the certificates stays what it is.
+    #[test]
+    fn invalid_data_without_a_rustls_error_is_tls_where_asked() {
+        let lossy = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "received fatal alert: BadCertificate",
+        );
+        let outer = Error::new(ErrorKind::Connection, "transport error").with_source(lossy);
+        assert!(Error::tls_failure(&outer, "etcd").is_none());
+        let e = Error::tls_failure_or_invalid_data(&outer, "etcd").expect("a TLS failure");
+        assert_eq!(e.kind(), ErrorKind::Tls);
+        assert!(e.to_string().contains("BadCertificate"), "{e}");
+        assert!(e.to_string().contains("cert= and key="), "{e}");
+
+        let typed = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+        );
+        let e = Error::tls_failure_or_invalid_data(&typed, "etcd").unwrap();
+        assert!(e.to_string().contains("check ca="), "{e}");
+        // A TLS client at a port without TLS: rustls' own verdict (not
+        // one on the certificates) stays a connection error.
+        let corrupt = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType),
+        );
+        assert!(Error::tls_failure_or_invalid_data(&corrupt, "etcd").is_none());
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        assert!(Error::tls_failure_or_invalid_data(&reset, "etcd").is_none());
     }
 
     #[test]
