@@ -20,15 +20,8 @@ use tonic::Code;
 /// - malformed endpoints: [`ErrorKind::InvalidUrl`];
 /// - anything else the server says: [`ErrorKind::Store`].
 pub(crate) fn map(e: EtcdError, what: &str) -> Error {
-    if let Some(tls) = Error::tls_failure(&e, &format!("etcd: {what}")) {
+    if let Some(tls) = tls_failure(&e, what) {
         return tls.with_source(e);
-    }
-    if let Some(reason) = tls_rejection(&e) {
-        return Error::new(
-            ErrorKind::Tls,
-            format!("etcd: {what}: TLS handshake failed: {reason} (check ca=, cert= and key=)"),
-        )
-        .with_source(e);
     }
     let kind = kind_of(&e);
     let msg = match kind {
@@ -46,22 +39,20 @@ pub(crate) fn map(e: EtcdError, what: &str) -> Error {
 }
 
 /// A certificate the client or the server did not accept: a setup error
-/// that retrying cannot fix. tonic reports it as a transport error, with
-/// the rustls reason in the source chain (or, in some versions, only in
-/// its `Debug` text, which is searched here). Returns the reason.
-fn tls_rejection(e: &EtcdError) -> Option<&'static str> {
-    let text = format!("{e:?}");
-    [
-        "UnknownIssuer",
-        "NotValidForName",
-        "CertificateRequired",
-        "BadCertificate",
-        "UnknownCA",
-        "InvalidCertificate",
-        "invalid peer certificate",
-    ]
-    .into_iter()
-    .find(|m| text.contains(m))
+/// that retrying cannot fix. Found by type in the error etcd-client wraps
+/// (its own `source()` gives none): rustls' error in the chain of the
+/// status, transport or I/O error; or, where h2 kept only an I/O error's
+/// kind and text (a server refusing our certificate after the
+/// handshake), an I/O error of kind `InvalidData`
+/// ([`Error::tls_failure_or_invalid_data`]).
+fn tls_failure(e: &EtcdError, what: &str) -> Option<Error> {
+    let inner: &(dyn std::error::Error + 'static) = match e {
+        EtcdError::GRpcStatus(s) => s,
+        EtcdError::TransportError(t) => t,
+        EtcdError::IoError(io) => io,
+        _ => return None,
+    };
+    Error::tls_failure_or_invalid_data(inner, &format!("etcd: {what}"))
 }
 
 /// The request failed before it reached etcd: the connection to the
@@ -132,6 +123,32 @@ mod tests {
 
     fn k(s: Status) -> ErrorKind {
         map(EtcdError::GRpcStatus(s), "test").kind()
+    }
+
+    /// TLS failures are found by type where etcd-client keeps them: the
+    /// status, transport or io error it wraps (its own `source()` gives
+    /// none). A message that only reads like one is not one.
+    #[test]
+    fn tls_failures_by_type_not_text() {
+        use std::io::{Error as IoError, ErrorKind as IoKind};
+        // rustls' own error, as a wrong CA gives it: quorumlock-core's
+        // tests and tests/tls.rs. h2 keeps an I/O error's kind and text
+        // only: a server refusing our certificate after the handshake.
+        let alert = IoError::new(IoKind::InvalidData, "received fatal alert: BadCertificate");
+        let e = map(
+            EtcdError::GRpcStatus(Status::from_error(Box::new(alert))),
+            "status",
+        );
+        assert_eq!(e.kind(), ErrorKind::Tls, "{e}");
+        assert!(e.message().contains("cert= and key="), "{e}");
+        // A lock name in a server message is not a certificate problem.
+        let e = map(
+            EtcdError::GRpcStatus(Status::permission_denied(
+                "etcdserver: permission denied on jobs/UnknownCA",
+            )),
+            "acquire",
+        );
+        assert_eq!(e.kind(), ErrorKind::PermissionDenied, "{e}");
     }
 
     #[test]
