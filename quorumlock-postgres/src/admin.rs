@@ -2,6 +2,7 @@
 //! revoke, kill a session, and what of ours is left on the server.
 
 use std::sync::Arc;
+use tokio_postgres::types::Type;
 
 use quorumlock_core::{Contender, LockName, LockState, Result};
 use uuid::Uuid;
@@ -60,7 +61,9 @@ impl PostgresCore {
         let c = self.clone();
         let work: Work<Vec<String>> = Box::new(move |client| {
             Box::pin(async move {
-                let rows = client.query(&c.sql.locks_like, &[&pattern]).await?;
+                let rows = client
+                    .query_typed(&c.sql.locks_like, &[(&pattern, Type::TEXT)])
+                    .await?;
                 Ok(rows
                     .iter()
                     .map(|r| r.try_get(0))
@@ -110,7 +113,7 @@ impl PostgresCore {
                 } else {
                     (&sql.revoke_holders, "r")
                 };
-                let rows = tx.query(stmt, &[&lock]).await?;
+                let rows = tx.query_typed(stmt, &[(&lock, Type::TEXT)]).await?;
                 let (mut sessions, mut messages) = (Vec::new(), Vec::new());
                 for r in &rows {
                     let (s, e): (Uuid, Uuid) = (r.try_get(0)?, r.try_get(1)?);
@@ -153,12 +156,18 @@ impl PostgresCore {
         let work: Work<(Vec<String>, Vec<Uuid>)> = Box::new(move |client| {
             Box::pin(async move {
                 let mut out = Vec::new();
-                for r in client.query(&c.sql.entries_like, &[&pattern]).await? {
+                for r in client
+                    .query_typed(&c.sql.entries_like, &[(&pattern, Type::TEXT)])
+                    .await?
+                {
                     let (lock, e): (String, Uuid) = (r.try_get(0)?, r.try_get(1)?);
                     out.push(format!("entry {}", layout::entry_name(&lock, &e)));
                 }
                 let mut live = Vec::new();
-                for r in client.query(&c.sql.sessions_left, &[&opened]).await? {
+                for r in client
+                    .query_typed(&c.sql.sessions_left, &[(&opened, Type::UUID_ARRAY)])
+                    .await?
+                {
                     live.push(r.try_get(0)?);
                 }
                 Ok((out, live))

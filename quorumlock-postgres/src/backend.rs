@@ -89,7 +89,7 @@ impl PostgresBackend {
                 let work: Work<()> = Box::new(move |client| {
                     Box::pin(async move {
                         let _ = &core;
-                        client.execute("SELECT 1", &[]).await?;
+                        client.execute_typed("SELECT 1", &[]).await?;
                         Ok(())
                     })
                 });
@@ -142,7 +142,7 @@ async fn backend_pid(core: &PostgresCore, c: &tokio_postgres::Client) -> Result<
     let what = "asking for the backend pid";
     match tokio::time::timeout(
         core.config.timeout,
-        c.query_one("SELECT pg_backend_pid()", &[]),
+        c.query_typed_one("SELECT pg_backend_pid()", &[]),
     )
     .await
     {

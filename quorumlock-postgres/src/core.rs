@@ -57,6 +57,13 @@ pub(crate) struct SessionState {
     pub(crate) stop: CancellationToken,
     /// The session's unfinished and held entries, by contender.
     pub(crate) routes: Mutex<HashMap<Uuid, Route>>,
+    /// The connection listening on the session's channel, which the
+    /// keepalive's renewals use too (one statement each, never a
+    /// transaction): a renewal needs no pooled connection, nor a new one
+    /// opened under load or latency. With the way to end its reader, so
+    /// that a renewal that gets no answer on it makes the listener
+    /// reconnect.
+    pub(crate) listener: Mutex<Option<(Arc<Client>, tokio::task::AbortHandle)>>,
 }
 
 /// One entry of a session: how to wake its waiter, where to report its
@@ -154,7 +161,19 @@ pub(crate) type Work<T> =
     Box<dyn for<'c> FnOnce(&'c mut Client) -> BoxFuture<'c, std::result::Result<T, Fail>> + Send>;
 
 impl PostgresCore {
-    pub(crate) fn new(config: PostgresConfig, pg: tokio_postgres::Config) -> PostgresCore {
+    pub(crate) fn new(config: PostgresConfig, mut pg: tokio_postgres::Config) -> PostgresCore {
+        // A transaction whose client went silent (a partition, a proxy
+        // that keeps the connection open, a paused process) must not keep
+        // its queue's advisory lock and row locks: the server ends it
+        // after the request timeout, as the client has given up on it by
+        // then; a statement that waits twice that long is given up too.
+        let ms = config.timeout.as_millis();
+        let options = format!(
+            "{} -c idle_in_transaction_session_timeout={ms} -c statement_timeout={}",
+            pg.get_options().unwrap_or(""),
+            ms * 2
+        );
+        pg.options(options.trim_start());
         let prefix = config.namespace.prefix();
         let sql = Sql::new(&config.schema);
         PostgresCore {
@@ -213,7 +232,7 @@ impl PostgresCore {
                 self.count();
                 let create = async {
                     let tx = c.transaction().await?;
-                    tx.execute(
+                    tx.execute_typed(
                         &format!(
                             "SELECT pg_advisory_xact_lock({}, 0)",
                             layout::ADVISORY_CLASS

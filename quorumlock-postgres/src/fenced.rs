@@ -6,6 +6,7 @@
 
 use quorumlock_core::backend::{check_kinds, refused, HeldEntry, KeyWrite};
 use quorumlock_core::{Error, ErrorKind, LockGuard, Result};
+use tokio_postgres::types::Type;
 use tokio_postgres::Transaction;
 use uuid::Uuid;
 
@@ -39,15 +40,24 @@ pub(crate) async fn fenced_write(
             let sql = &c.sql;
             let tx = client.transaction().await?;
             let found: i32 = tx
-                .query_one(&sql.check_held, &[&cs, &ts])
+                .query_typed_one(
+                    &sql.check_held,
+                    &[(&cs, Type::UUID_ARRAY), (&ts, Type::INT8_ARRAY)],
+                )
                 .await?
                 .try_get(0)?;
             if found != n {
                 return Err(crate::core::Fail::Quit(refused(&w, &h)));
             }
             match &w {
-                KeyWrite::Put { key, value } => tx.execute(&sql.kv_put, &[key, value]).await?,
-                KeyWrite::Delete { key } => tx.execute(&sql.kv_delete, &[key]).await?,
+                KeyWrite::Put { key, value } => {
+                    tx.execute_typed(&sql.kv_put, &[(key, Type::TEXT), (value, Type::BYTEA)])
+                        .await?
+                }
+                KeyWrite::Delete { key } => {
+                    tx.execute_typed(&sql.kv_delete, &[(key, Type::TEXT)])
+                        .await?
+                }
             };
             tx.commit().await?;
             Ok(())
@@ -64,7 +74,10 @@ pub(crate) async fn read_key(
     let (c, key) = (core.clone(), key.to_string());
     let work: Work<Option<Vec<u8>>> = Box::new(move |client| {
         Box::pin(async move {
-            match client.query_opt(&c.sql.kv_get, &[&key]).await? {
+            match client
+                .query_typed_opt(&c.sql.kv_get, &[(&key, Type::TEXT)])
+                .await?
+            {
                 Some(r) => Ok(Some(r.try_get(0)?)),
                 None => Ok(None),
             }
@@ -80,9 +93,15 @@ pub(crate) async fn write_key(core: &std::sync::Arc<PostgresCore>, write: &KeyWr
         Box::pin(async move {
             match &w {
                 KeyWrite::Put { key, value } => {
-                    client.execute(&c.sql.kv_put, &[key, value]).await?
+                    client
+                        .execute_typed(&c.sql.kv_put, &[(key, Type::TEXT), (value, Type::BYTEA)])
+                        .await?
                 }
-                KeyWrite::Delete { key } => client.execute(&c.sql.kv_delete, &[key]).await?,
+                KeyWrite::Delete { key } => {
+                    client
+                        .execute_typed(&c.sql.kv_delete, &[(key, Type::TEXT)])
+                        .await?
+                }
             };
             Ok(())
         })
@@ -148,7 +167,10 @@ pub async fn check_held<'a>(
     layout::check_schema(schema)?;
     let sql = layout::Sql::new(schema);
     let found: i32 = tx
-        .query_one(&sql.check_held, &[&cs, &ts])
+        .query_typed_one(
+            &sql.check_held,
+            &[(&cs, Type::UUID_ARRAY), (&ts, Type::INT8_ARRAY)],
+        )
         .await
         .and_then(|r| r.try_get(0))
         .map_err(|e| error::map(e, "checking the guards"))?;

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 use std::time::Duration;
+use tokio_postgres::types::{ToSql, Type};
 
 use futures::StreamExt;
 use quorumlock_core::backend::Backoff;
@@ -33,15 +34,8 @@ pub(crate) async fn keepalive(state: Arc<SessionState>) {
             _ = tokio::time::sleep(pause) => {}
         }
         let held = state.held();
-        let (core, id) = (state.core.clone(), state.id);
-        let work: Work<(i32, Vec<Uuid>, Vec<Uuid>)> = Box::new(move |client| {
-            Box::pin(async move {
-                let row = client.query_one(&core.sql.renew, &[&id, &held]).await?;
-                Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))
-            })
-        });
         let sent = Instant::now();
-        match state.core.run("renew session", work).await {
+        match renew(&state, held).await {
             Ok((1, gone, revoked)) => {
                 state.liveness.confirm(sent, ttl);
                 for c in &gone {
@@ -65,10 +59,49 @@ pub(crate) async fn keepalive(state: Arc<SessionState>) {
     }
 }
 
+/// One renewal: on the listener's connection while there is one (a
+/// renewal that gets no answer there makes the listener reconnect), else
+/// on a pooled one. Whether the session lives, its held entries that are
+/// gone, and those with a revoke request.
+async fn renew(state: &Arc<SessionState>, held: Vec<Uuid>) -> Result<(i32, Vec<Uuid>, Vec<Uuid>)> {
+    let what = "renew session";
+    let core = &state.core;
+    let listener = state.listener.lock().expect("poisoned").clone();
+    if let Some((client, reader)) = listener.filter(|(c, _)| !c.is_closed()) {
+        core.count();
+        let params: [(&(dyn ToSql + Sync), Type); 2] =
+            [(&state.id, Type::UUID), (&held, Type::UUID_ARRAY)];
+        let q = client.query_typed_one(&core.sql.renew, &params);
+        let r = match tokio::time::timeout(core.config.timeout, q).await {
+            Ok(Ok(row)) => (|| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))()
+                .map_err(|e| error::map(e, what)),
+            Ok(Err(e)) => Err(error::map(e, what)),
+            Err(_) => Err(error::timed_out(what, core.config.timeout)),
+        };
+        if r.is_err() {
+            reader.abort();
+        }
+        return r;
+    }
+    let (c, id) = (core.clone(), state.id);
+    let work: Work<(i32, Vec<Uuid>, Vec<Uuid>)> = Box::new(move |client| {
+        Box::pin(async move {
+            let row = client
+                .query_typed_one(
+                    &c.sql.renew,
+                    &[(&id, Type::UUID), (&held, Type::UUID_ARRAY)],
+                )
+                .await?;
+            Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))
+        })
+    });
+    core.run(what, work).await
+}
+
 /// A connection that listens on the session's channel: the client, and
 /// the task that reads its messages and delivers them (it ends with the
 /// connection).
-pub(crate) async fn listen(state: &Arc<SessionState>) -> Result<(Client, JoinHandle<()>)> {
+pub(crate) async fn listen(state: &Arc<SessionState>) -> Result<(Arc<Client>, JoinHandle<()>)> {
     let core = &state.core;
     core.count();
     let what = "connecting the session's listener";
@@ -94,7 +127,12 @@ pub(crate) async fn listen(state: &Arc<SessionState>) -> Result<(Client, JoinHan
     core.count();
     let sql = format!("LISTEN \"{}\"", layout::channel(&state.id));
     match tokio::time::timeout(core.config.timeout, client.batch_execute(&sql)).await {
-        Ok(Ok(())) => Ok((client, reader)),
+        Ok(Ok(())) => {
+            let client = Arc::new(client);
+            *state.listener.lock().expect("poisoned") =
+                Some((client.clone(), reader.abort_handle()));
+            Ok((client, reader))
+        }
         Ok(Err(e)) => {
             reader.abort();
             Err(error::map(e, "LISTEN"))
@@ -110,7 +148,10 @@ pub(crate) async fn listen(state: &Arc<SessionState>) -> Result<(Client, JoinHan
 /// (backing off from 100 ms to 2 s), and wakes every waiter of the session
 /// to read its standing again (a grant's message may have been missed;
 /// held entries are checked by the next renewal).
-pub(crate) async fn supervise(state: Arc<SessionState>, mut current: (Client, JoinHandle<()>)) {
+pub(crate) async fn supervise(
+    state: Arc<SessionState>,
+    mut current: (Arc<Client>, JoinHandle<()>),
+) {
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
     loop {
         let ended = tokio::select! {
@@ -120,8 +161,10 @@ pub(crate) async fn supervise(state: Arc<SessionState>, mut current: (Client, Jo
         };
         if !ended {
             current.1.abort();
+            *state.listener.lock().expect("poisoned") = None;
             return;
         }
+        *state.listener.lock().expect("poisoned") = None;
         current = loop {
             tokio::select! {
                 _ = state.stop.cancelled() => return,

@@ -5,6 +5,7 @@
 //! that can go next, with one `NOTIFY` (sent by the server at commit).
 
 use std::time::SystemTime;
+use tokio_postgres::types::Type;
 
 use quorumlock_core::backend::{holds, waits_for};
 use quorumlock_core::{LockKind, Result};
@@ -48,7 +49,9 @@ pub(crate) async fn lock_queue(
     sql: &Sql,
     lock: &str,
 ) -> std::result::Result<(), tokio_postgres::Error> {
-    tx.execute(&sql.lock_queue, &[&lock]).await.map(drop)
+    tx.execute_typed(&sql.lock_queue, &[(&lock, Type::TEXT)])
+        .await
+        .map(drop)
 }
 
 /// Removes the entries of `lock` whose session is dead; if there were
@@ -60,10 +63,10 @@ pub(crate) async fn purge(
     sql: &Sql,
     lock: &str,
 ) -> std::result::Result<(), tokio_postgres::Error> {
-    let dead = tx.execute(&sql.purge, &[&lock]).await?;
+    let dead = tx.execute_typed(&sql.purge, &[(&lock, Type::TEXT)]).await?;
     if dead > 0 {
         tracing::debug!(lock, dead, "purged entries of dead sessions");
-        tx.execute(&sql.sweep, &[]).await?;
+        tx.execute_typed(&sql.sweep, &[]).await?;
     }
     Ok(())
 }
@@ -74,7 +77,7 @@ pub(crate) async fn read(
     sql: &Sql,
     lock: &str,
 ) -> std::result::Result<Vec<Entry>, tokio_postgres::Error> {
-    let rows = tx.query(&sql.queue, &[&lock]).await?;
+    let rows = tx.query_typed(&sql.queue, &[(&lock, Type::TEXT)]).await?;
     rows.iter()
         .map(|r| {
             Ok(Entry {
@@ -108,7 +111,9 @@ pub(crate) async fn grant(
         if e.token.is_some() || !holds(&kinds, i) {
             continue;
         }
-        let row = tx.query_one(&sql.grant, &[&e.contender]).await?;
+        let row = tx
+            .query_typed_one(&sql.grant, &[(&e.contender, Type::UUID)])
+            .await?;
         e.token = Some(row.try_get(0)?);
         if Some(e.contender) != quiet {
             sessions.push(e.session);
@@ -128,7 +133,11 @@ pub(crate) async fn notify(
     messages: Vec<String>,
 ) -> std::result::Result<(), tokio_postgres::Error> {
     if !sessions.is_empty() {
-        tx.execute(&sql.notify, &[&sessions, &messages]).await?;
+        tx.execute_typed(
+            &sql.notify,
+            &[(&sessions, Type::UUID_ARRAY), (&messages, Type::TEXT_ARRAY)],
+        )
+        .await?;
     }
     Ok(())
 }
@@ -187,10 +196,14 @@ pub(crate) async fn end_session(
         Box::pin(async move {
             let tx = client.transaction().await?;
             let sql = &c.sql;
-            let existed = tx.execute(&sql.end_session, &[&id]).await? > 0;
-            tx.execute(&sql.end_fences, &[&id]).await?;
+            let existed = tx
+                .execute_typed(&sql.end_session, &[(&id, Type::UUID)])
+                .await?
+                > 0;
+            tx.execute_typed(&sql.end_fences, &[(&id, Type::UUID)])
+                .await?;
             let mut locks: Vec<String> = tx
-                .query(&sql.end_entries, &[&id])
+                .query_typed(&sql.end_entries, &[(&id, Type::UUID)])
                 .await?
                 .iter()
                 .map(|r| r.try_get(0))

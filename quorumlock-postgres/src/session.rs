@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio_postgres::types::Type;
 
 use async_trait::async_trait;
 use quorumlock_core::backend::{AcquireRequest, Acquired, Backoff, SessionLiveness, StoreSession};
@@ -60,6 +61,7 @@ impl PostgresSession {
             liveness,
             stop: CancellationToken::new(),
             routes: Mutex::new(HashMap::new()),
+            listener: Mutex::new(None),
         });
         let listener = listen(&state).await?;
         let prefix = core.prefix.clone();
@@ -68,10 +70,17 @@ impl PostgresSession {
         let work: Work<()> = Box::new(move |client| {
             Box::pin(async move {
                 client
-                    .execute(&c.sql.open_session, &[&id, &prefix, &ttl_ms])
+                    .execute_typed(
+                        &c.sql.open_session,
+                        &[
+                            (&id, Type::UUID),
+                            (&prefix, Type::TEXT),
+                            (&ttl_ms, Type::INT8),
+                        ],
+                    )
                     .await?;
                 // Sessions that crashed without entries go now.
-                client.execute(&c.sql.sweep, &[]).await?;
+                client.execute_typed(&c.sql.sweep, &[]).await?;
                 Ok(())
             })
         });
@@ -107,10 +116,18 @@ impl PostgresSession {
                 let sql = &c.sql;
                 let tx = client.transaction().await?;
                 queue::lock_queue(&tx, sql, &lock).await?;
-                if tx.query_opt(&sql.session_alive, &[&sid]).await?.is_none() {
+                if tx
+                    .query_typed_opt(&sql.session_alive, &[(&sid, Type::UUID)])
+                    .await?
+                    .is_none()
+                {
                     return quit(ErrorKind::SessionLost, "our PostgreSQL session is gone");
                 }
-                if tx.query_opt(&sql.fenced, &[&me]).await?.is_some() {
+                if tx
+                    .query_typed_opt(&sql.fenced, &[(&me, Type::UUID)])
+                    .await?
+                    .is_some()
+                {
                     return quit(ErrorKind::Internal, "this attempt was already abandoned");
                 }
                 queue::purge(&tx, sql, &lock).await?;
@@ -123,14 +140,25 @@ impl PostgresSession {
                         );
                     }
                     let (code, permits) = layout::kind_code(kind);
-                    tx.execute(&sql.insert, &[&lock, &me, &sid, &code, &permits, &value])
-                        .await?;
+                    tx.execute_typed(
+                        &sql.insert,
+                        &[
+                            (&lock, Type::TEXT),
+                            (&me, Type::UUID),
+                            (&sid, Type::UUID),
+                            (&code, Type::TEXT),
+                            (&permits, Type::INT4),
+                            (&value, Type::BYTEA),
+                        ],
+                    )
+                    .await?;
                 }
                 let entries = queue::grant(&tx, sql, &lock, Some(me)).await?;
                 let standing = queue::standing(&entries, me);
                 let out = match standing {
                     Standing::Wait { .. } if !wait => {
-                        tx.execute(&sql.delete_contender, &[&me]).await?;
+                        tx.execute_typed(&sql.delete_contender, &[(&me, Type::UUID)])
+                            .await?;
                         Enqueued::WouldBlock
                     }
                     s => Enqueued::Standing(s),
@@ -175,9 +203,11 @@ impl PostgresSession {
                 let tx = client.transaction().await?;
                 queue::lock_queue(&tx, sql, &lock).await?;
                 if fence {
-                    tx.execute(&sql.fence, &[&me, &sid]).await?;
+                    tx.execute_typed(&sql.fence, &[(&me, Type::UUID), (&sid, Type::UUID)])
+                        .await?;
                 }
-                tx.execute(&sql.delete_contender, &[&me]).await?;
+                tx.execute_typed(&sql.delete_contender, &[(&me, Type::UUID)])
+                    .await?;
                 queue::settle(&tx, sql, &lock, None).await?;
                 tx.commit().await?;
                 Ok(())
@@ -299,7 +329,14 @@ impl StoreSession for PostgresSession {
         let work: Work<u64> = Box::new(move |client| {
             Box::pin(async move {
                 Ok(client
-                    .execute(&c.sql.set_value, &[&me, &token, &value])
+                    .execute_typed(
+                        &c.sql.set_value,
+                        &[
+                            (&me, Type::UUID),
+                            (&token, Type::INT8),
+                            (&value, Type::BYTEA),
+                        ],
+                    )
                     .await?)
             })
         });
