@@ -18,7 +18,7 @@
 #                 then passes of the scripted scenarios (at least one),
 #                 each repeating its rounds for QUORUMLOCK_CHAOS_SECONDS,
 #                 while they fit.
-#   --backend B   mem, etcd, zk, consul or redis (repeatable; default: all).
+#   --backend B   mem, etcd, zk, consul, redis or postgres (repeatable; default: all).
 #   --keep-results FILE   append the raw rows (TSV) to FILE.
 #   --no-clusters  skip the three-node cluster scenarios.
 #
@@ -27,7 +27,7 @@
 # kills the leader, pauses the whole cluster past the TTL or kills a
 # follower under 12 schedules, QUORUMLOCK_EXPLORE_CLUSTER_AT_ONCE) once (clusters on
 # 127.0.0.2-4, started and stopped by the tests; about 20 s for etcd, 2-3
-# min for ZooKeeper and Consul), through backend-<B>/tests/fault_cluster.rs
+# min for ZooKeeper and Consul), through quorumlock-<B>/tests/fault_cluster.rs
 # (one `cluster_fault_suite!(...)`); this time is not part of --minutes.
 #
 # The real stores come from `scripts/stores.sh up` unless the
@@ -38,6 +38,7 @@
 #   zk       quorumlock-zk/tests/fault_suite.rs
 #   consul   quorumlock-consul/tests/fault_suite.rs
 #   redis    quorumlock-redis/tests/fault_suite.rs
+#   postgres quorumlock-postgres/tests/fault_suite.rs
 # (each of those is one `quorumlock_conformance::fault_suite!(...)` line).
 # QUORUMLOCK_CHAOS_SUITE_<B> / QUORUMLOCK_CHAOS_CLUSTER_<B> (B upper-case)
 # replace the cargo arguments that select a suite, e.g.
@@ -62,7 +63,7 @@ while [ $# -gt 0 ]; do
     *) echo "chaos.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-[ ${#backends[@]} -gt 0 ] || backends=(mem etcd zk consul redis)
+[ ${#backends[@]} -gt 0 ] || backends=(mem etcd zk consul redis postgres)
 case "$minutes" in ''|*[!0-9.]*) echo "chaos.sh: --minutes takes a number" >&2; exit 2 ;; esac
 
 SCENARIOS=12   # scripted scenarios in quorumlock_conformance::fault_suite!
@@ -76,7 +77,8 @@ for b in "${backends[@]}"; do
     zk) [ -n "${QUORUMLOCK_TEST_ZK_URL:-}" ] || need_stores=1 ;;
     consul) [ -n "${QUORUMLOCK_TEST_CONSUL_URL:-}" ] || need_stores=1 ;;
     redis) [ -n "${QUORUMLOCK_TEST_REDIS_URL:-}" ] || need_stores=1 ;;
-    *) echo "chaos.sh: unknown backend $b (mem, etcd, zk, consul, redis)" >&2; exit 2 ;;
+    postgres) [ -n "${QUORUMLOCK_TEST_POSTGRES_URL:-}" ] || need_stores=1 ;;
+    *) echo "chaos.sh: unknown backend $b (mem, etcd, zk, consul, redis, postgres)" >&2; exit 2 ;;
   esac
 done
 if [ "$need_stores" = 1 ]; then
@@ -123,9 +125,9 @@ failed_tests=0
 for b in "${backends[@]}"; do
   case "$b" in
     mem) file=quorumlock-conformance/tests/faults_mem.rs; suite=(-p quorumlock-conformance --test faults_mem) ;;
-    *) file=backend-$b/tests/fault_suite.rs; suite=(-p "quorumlock-$b" --test fault_suite) ;;
+    *) file=quorumlock-$b/tests/fault_suite.rs; suite=(-p "quorumlock-$b" --test fault_suite) ;;
   esac
-  cfile=backend-$b/tests/fault_cluster.rs
+  cfile=quorumlock-$b/tests/fault_cluster.rs
   cluster=(-p "quorumlock-$b" --test fault_cluster)
   B=$(printf '%s' "$b" | tr '[:lower:]' '[:upper:]')
   o=QUORUMLOCK_CHAOS_SUITE_$B; if [ -n "${!o:-}" ]; then read -ra suite <<<"${!o}"; file=/dev/null; fi

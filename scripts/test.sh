@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test.sh — the whole test run, on a fresh machine or a used one:
 # installs what is missing (stores, protoc, Curator, a JDK), starts real ZooKeeper,
-# etcd 3.4, etcd 3.5, Consul and Redis on loopback, runs formatting, lints, every
+# etcd 3.4, etcd 3.5, Consul, Redis and PostgreSQL on loopback, runs formatting, lints, every
 # test of the workspace against them (skipping is an error), the docs and
 # the quickstart on every store, checks the packaging (MSRV, `cargo package`,
 # a project outside the workspace on the packaged crates), and stops the
@@ -81,7 +81,7 @@ step "cargo doc, as docs.rs builds it (--cfg docsrs: each backend module names i
 # differ only in the cfg_attr(docsrs) lines).
 RUSTC_BOOTSTRAP=1 RUSTDOCFLAGS="--cfg docsrs -D warnings" cargo doc --workspace --all-features --no-deps
 doc=${CARGO_TARGET_DIR:-target}/doc/quorumlock
-for feature in mem etcd zk consul redis; do
+for feature in mem etcd zk consul redis postgres; do
   grep -q "Available on <strong>crate feature <code>$feature</code></strong> only" "$doc/$feature/index.html" ||
     { echo "test.sh: $doc/$feature/index.html does not name the feature $feature" >&2; exit 1; }
 done
@@ -91,7 +91,7 @@ scripts/docs-check.sh
 
 step "examples on every store"
 out=$(mktemp)
-for url in "mem:///examples" "$QUORUMLOCK_TEST_ETCD_URL/examples" "$QUORUMLOCK_TEST_ZK_URL/examples" "$QUORUMLOCK_TEST_CONSUL_URL/examples" "$QUORUMLOCK_TEST_REDIS_URL/examples"; do
+for url in "mem:///examples" "$QUORUMLOCK_TEST_ETCD_URL/examples" "$QUORUMLOCK_TEST_ZK_URL/examples" "$QUORUMLOCK_TEST_CONSUL_URL/examples" "$QUORUMLOCK_TEST_REDIS_URL/examples" "$QUORUMLOCK_TEST_POSTGRES_URL/examples"; do
   for example in quickstart worker_pool swap_store rwlock transfer; do
     echo "--- $example on $url" >&2
     if ! QUORUMLOCK_URL=$url cargo run -q -p quorumlock --all-features --example "$example" >"$out" 2>&1; then

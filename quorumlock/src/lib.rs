@@ -45,6 +45,10 @@ pub use quorumlock_consul as consul;
 #[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
 #[doc(inline)]
 pub use quorumlock_etcd as etcd;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+#[doc(inline)]
+pub use quorumlock_postgres as postgres;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 #[doc(inline)]
@@ -155,6 +159,8 @@ stores! {
     "consul" => Consul(quorumlock_consul { ConsulConfig, ConsulBackend });
     /// Redis.
     "redis" => Redis(quorumlock_redis { RedisConfig, RedisBackend });
+    /// PostgreSQL.
+    "postgres" => Postgres(quorumlock_postgres { PostgresConfig, PostgresBackend });
 }
 
 impl StoreConfig {
@@ -272,6 +278,7 @@ impl ClientBuilder {
 /// | `zk` | `zk` | `zk://127.0.0.1:2181,127.0.0.2:2181/namespace` |
 /// | `consul`, `consuls` | `consul` | `consul://127.0.0.1:8500/namespace?token=...` |
 /// | `redis`, `rediss` | `redis` | `redis://:password@127.0.0.1:6379/namespace?ttl=10s` (not CP: see the backend's README) |
+/// | `postgres`, `postgresql` | `postgres` | `postgres://user:pass@127.0.0.1:5432/database/namespace?ttl=10s` (the path's first segment is the database; CP only on one primary or with synchronous standbys: see the backend's README) |
 ///
 /// The URL path is the namespace; query parameters are the backend's
 /// options (see each backend's README). Every network store (not `mem://`) takes
