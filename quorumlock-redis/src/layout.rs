@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | `P.session/<sid>` | string, PX ttl | the session (lease) |
 //! | `P.session/<sid>/.mail` | list | the session's mailbox: grants, losses, revokes |
-//! | `P.session/<sid>/.locks` | set | the session's entries, by [`entry_name`] |
+//! | `P.session/<sid>/.locks` | set, a TTL past the session | the session's entries, by [`entry_name`] (the session's end settles their queues, also once the session key expired) |
 //! | `P.session/<sid>/.stray` | hash | entries of the session its client no longer owns -> the renewal that found them (removed by the next) |
 //! | `P.session/<sid>/.fenced` | zset | contenders of attempts abandoned with a write of unknown outcome: a late copy of their enqueue writes nothing |
 //! | `L/.q` | zset | the queue: contender id by arrival number |

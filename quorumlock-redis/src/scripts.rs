@@ -187,7 +187,9 @@ fn script(body: &str) -> Script {
 }
 
 /// Enqueue. ARGV: P, L, sid, contender, kind, permits, wait (0/1),
-/// created (ms), the holder's value. `{'gone'}`, `{'fenced'}`, `{'conflict', kind, permits}`,
+/// created (ms), the holder's value, the TTL (ms). A new entry joins its
+/// session's entry set, which is kept a TTL longer than the session key
+/// (see [`KILL`]). `{'gone'}`, `{'fenced'}`, `{'conflict', kind, permits}`,
 /// `{'wouldblock'}`, `{'held', token, seq}` or `{'wait', seq, ahead_ms}`.
 pub(crate) static ENQUEUE: LazyLock<Script> = LazyLock::new(|| {
     script(
@@ -231,7 +233,7 @@ if not mine and not seq then
   if ARGV[9] ~= '' then redis.call('HSET', L .. '/.v', id, ARGV[9]) end
   local locks = skey(sid) .. '/.locks'
   redis.call('SADD', locks, member(L, id))
-  redis.call('PEXPIRE', locks, redis.call('PTTL', skey(sid)))
+  redis.call('PEXPIRE', locks, redis.call('PTTL', skey(sid)) + tonumber(ARGV[10]))
   if whole then
     live[#live + 1] = e
     mine = #live
@@ -381,6 +383,13 @@ return n
 /// granted), its fences and marks go. With notify = 1 its mailbox gets
 /// `x` (kept `ttl` ms) so its own client learns at once; else the mailbox
 /// goes too. ARGV: P, sid, notify, ttl. 1 if the session existed.
+///
+/// The entry set outlives the session key by a TTL ([`ENQUEUE`] and
+/// [`RENEW`] set its expiry so), so this script still removes the entries
+/// of a session whose key has already expired: a client whose link was
+/// down when its session ended sends it again once the link is back
+/// (Redis expires keys, never the members of a queue, so nothing else
+/// would remove them but a later reader of each queue).
 pub(crate) static KILL: LazyLock<Script> = LazyLock::new(|| {
     script(
         r#"
@@ -409,7 +418,8 @@ return existed
     )
 });
 
-/// Renews a session and what lives as long as it; checks that the
+/// Renews a session and what lives as long as it (its entry set a TTL
+/// longer, see [`KILL`]); checks that the
 /// session's held entries are still there (a failover to a replica that
 /// never got a grant keeps the session key but not the entry); and
 /// reconciles the session's entries with what its client owns.
@@ -441,7 +451,8 @@ local sid, ttl, n, confirmed = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local last = 6 + 3 * tonumber(ARGV[6])
 local s = skey(sid)
 if redis.call('PEXPIRE', s, ttl) == 0 then return {0} end
-redis.call('PEXPIRE', s .. '/.locks', ttl)
+-- The entry set, a TTL past the session key: see KILL.
+redis.call('PEXPIRE', s .. '/.locks', 2 * tonumber(ttl))
 redis.call('PEXPIRE', s .. '/.fenced', ttl)
 redis.call('PEXPIRE', mkey(sid), ttl)
 local missing = {}

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use quorumlock_core::backend::{
-    AcquireRequest, Acquired, EntrySignals, SessionLiveness, StoreSession,
+    AcquireRequest, Acquired, Backoff, EntrySignals, SessionLiveness, StoreSession,
 };
 use quorumlock_core::{Error, ErrorKind, LossReason, Result};
 use redis::aio::ConnectionManager;
@@ -38,6 +38,10 @@ pub(crate) struct RedisSession {
     liveness: Arc<SessionLiveness>,
     stop: CancellationToken,
     routes: Arc<Routes>,
+    /// When the last renewal (or the open) that Redis confirmed was sent:
+    /// the session's entry set lives on the server at least until two
+    /// TTLs after it (see [`RedisSession::close`]).
+    confirmed: Arc<Mutex<Instant>>,
 }
 
 /// Where the mailbox reader delivers messages for one of our entries:
@@ -218,6 +222,7 @@ impl RedisSession {
         }
         inner.record_session(&sid);
         liveness.confirm(sent, ttl);
+        let confirmed = Arc::new(Mutex::new(sent));
         let stop = CancellationToken::new();
         let routes = Arc::new(Routes::default());
         let span = tracing::debug_span!("redis_session", sid = %sid);
@@ -227,6 +232,7 @@ impl RedisSession {
                 sid.clone(),
                 routes.clone(),
                 liveness.clone(),
+                confirmed.clone(),
                 stop.clone(),
             )
             .instrument(span.clone()),
@@ -249,6 +255,7 @@ impl RedisSession {
             liveness,
             stop,
             routes,
+            confirmed,
         })
     }
 
@@ -283,6 +290,7 @@ async fn renew(
     sid: String,
     routes: Arc<Routes>,
     liveness: Arc<SessionLiveness>,
+    confirmed_at: Arc<Mutex<Instant>>,
     stop: CancellationToken,
 ) {
     let ttl = inner.config.ttl;
@@ -314,6 +322,7 @@ async fn renew(
         match inner.script::<Vec<Value>>("renew session", &inv).await {
             Ok(reply) if reply.first() == Some(&Value::Int(1)) => {
                 liveness.confirm(sent, ttl);
+                *confirmed_at.lock().expect("poisoned") = sent;
                 confirmed = n;
                 if let Some(Value::Int(removed @ 1..)) = reply.get(1) {
                     tracing::warn!(
@@ -400,7 +409,8 @@ impl StoreSession for RedisSession {
             .arg(permits)
             .arg(if req.wait { "1" } else { "0" })
             .arg(now_ms())
-            .arg(&req.value[..]);
+            .arg(&req.value[..])
+            .arg(self.inner.config.ttl.as_millis() as u64);
         let inner = self.inner.clone();
         let reply = req
             .writes
@@ -511,10 +521,43 @@ impl StoreSession for RedisSession {
         Ok(())
     }
 
+    /// Ends the session with the session-end script, which removes its
+    /// entries and settles their queues. Redis removes no entry by itself
+    /// (an expired session key leaves its entries until a script reads
+    /// their queue, maybe never), so a try that fails retryably (a broken
+    /// connection, `BUSY`, ...) is made again, with backoff, for as long
+    /// as the script can still find the entries: until the session's
+    /// entry set expires on the server, a TTL after the session key, so
+    /// at least two TTLs after the send of the last renewal confirmed.
+    /// On a link that stays down, `close` so returns after up to about
+    /// two TTLs.
     async fn close(&self) -> Result<()> {
         self.stop.cancel();
-        self.inner.end_session(&self.sid, false).await?;
-        Ok(())
+        let ttl = self.inner.config.ttl;
+        let until = *self.confirmed.lock().expect("poisoned") + ttl * 2;
+        let mut backoff = Backoff::new(
+            Duration::from_millis(50),
+            (ttl / 10).max(Duration::from_millis(50)),
+        );
+        loop {
+            match self.inner.end_session(&self.sid, false).await {
+                Ok(_) => return Ok(()),
+                Err(e) if e.kind() == ErrorKind::Connection => {
+                    let delay = backoff.next_delay();
+                    if Instant::now() + delay >= until {
+                        tracing::warn!(
+                            error = %e,
+                            "could not end the session on Redis before its entry set expires: \
+                             its entries stay until another client reads their queues"
+                        );
+                        return Err(e);
+                    }
+                    tracing::debug!(error = %e, "ending the session failed; trying again");
+                    tokio::time::sleep(delay).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 }
 
