@@ -23,7 +23,9 @@
 //!   had been granted (an election's leaders and a multi-lock's names are
 //!   holds as any other);
 //! - once the faults stop, every task finishes its calls within their
-//!   bounds (no hang), and after the clients close nothing of ours is left.
+//!   bounds (no hang), and after the clients close nothing of ours is left
+//!   (the closes meet faults of their own: a lock kept through a close, a
+//!   link cut while the clients close, see `closing_faults`).
 //!
 //! A failing run panics with its seed; `QUORUMLOCK_EXPLORE_SEED=<seed>`
 //! replays that schedule (the choices, not the exact timing).
@@ -97,6 +99,9 @@ pub struct FaultCounts {
     pub operator_reads: u64,
     /// One client saturated with waiting acquires while a lock is broken.
     pub saturations: u64,
+    /// One client's link cut while the clients close (healed within a
+    /// TTL): the end of a session that does not get through at once.
+    pub closing_cuts: u64,
 }
 
 /// The operations of a schedule beyond plain acquires, by kind.
@@ -108,6 +113,8 @@ pub struct OpCounts {
     pub multi_locks: u64,
     /// Fenced writes sent to the store.
     pub fenced_writes: u64,
+    /// Locks still held by a client when it closed.
+    pub held_at_close: u64,
 }
 
 /// The outcome of one schedule.
@@ -396,11 +403,13 @@ pub async fn explore(
             violations.push(format!("removing {key} after the schedule: {e}"));
         }
     }
+    let mut faults = faults;
+    let closing = closing_faults(seed, &clients, &nets, ttl, &mut faults).await;
     for c in clients.iter().chain([&admin, &operator]) {
         c.close().await;
     }
+    let held_at_close = closing.finish().await;
     violations.extend(left_behind(t, &ns, ttl).await);
-    let mut faults = faults;
     faults.drops = shared.drops.load(Ordering::Relaxed);
     let holds = shared.log.holds.lock().unwrap().len();
     let fenced_writes = shared.log.fenced.lock().unwrap().len() as u64;
@@ -413,6 +422,7 @@ pub async fn explore(
             elections: shared.elections.load(Ordering::Relaxed),
             multi_locks: shared.multi_locks.load(Ordering::Relaxed),
             fenced_writes,
+            held_at_close,
         },
         violations,
     }
@@ -492,6 +502,78 @@ async fn not_takeable(
     fresh.close().await;
 
     out
+}
+
+/// What the closes of a schedule meet (see [`closing_faults`]).
+struct Closing {
+    /// A guard its client still held when it closed.
+    held: Option<LockGuard>,
+    /// Heals the link cut for the closes.
+    heal: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Closing {
+    /// Once every client closed: waits for the heal, drops the guard, and
+    /// returns how many locks were held at a close.
+    async fn finish(self) -> u64 {
+        if let Some(h) = self.heal {
+            let _ = h.await;
+        }
+        u64::from(self.held.is_some())
+    }
+}
+
+/// Faults of the closes, drawn from the schedule's seed (apart from the
+/// nemesis's draws, so the workload's replay is unchanged): maybe one
+/// client takes a lock and keeps it through its close (what its close
+/// must remove), and maybe one client's link is cut as the clients start
+/// closing (the holder's, if one holds) and healed within a TTL (a
+/// session's end that fails at first; the store must not keep what the
+/// session had, whether the client sends the end again or the session
+/// expires).
+async fn closing_faults(
+    seed: u64,
+    clients: &[LockClient],
+    nets: &[Arc<dyn NetControl>],
+    ttl: Duration,
+    faults: &mut FaultCounts,
+) -> Closing {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x636c_6f73_696e_6721);
+    let mut held = None;
+    let mut ci = rng.gen_range(0..clients.len());
+    if rng.gen_bool(0.5) {
+        let c = &clients[ci];
+        let which = rng.gen_range(0..4);
+        let acquire = async {
+            match which {
+                0 => c.rwlock(RWLOCK)?.write_timeout(MAX_WAIT).await,
+                1 => {
+                    c.semaphore(SEMAPHORE.0, SEMAPHORE.1)?
+                        .acquire_timeout(MAX_WAIT)
+                        .await
+                }
+                i => c.lock(MUTEXES[i - 2])?.acquire_timeout(MAX_WAIT).await,
+            }
+        };
+        held = acquire.await.ok();
+    }
+    if held.is_none() {
+        ci = rng.gen_range(0..clients.len());
+    }
+    let mut heal = None;
+    if rng.gen_bool(0.5) {
+        faults.closing_cuts += 1;
+        // The holder's link, if a client holds: its close has something
+        // to remove.
+        let net = nets[ci].clone();
+        let after = Duration::from_millis(rng.gen_range(50..=(ttl.as_millis() as u64).max(100)));
+        net.set_mode(NetMode::Cut);
+        heal = Some(tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            net.set_mode(NetMode::Pass);
+        }));
+    }
+    Closing { held, heal }
 }
 
 /// What of ours is still on the store after every client closed, once a

@@ -43,6 +43,7 @@ impl FaultCounts {
         self.refusals += o.refusals;
         self.operator_reads += o.operator_reads;
         self.saturations += o.saturations;
+        self.closing_cuts += o.closing_cuts;
     }
 
     fn total(&self) -> u64 {
@@ -61,6 +62,7 @@ impl FaultCounts {
             + self.refusals
             + self.operator_reads
             + self.saturations
+            + self.closing_cuts
     }
 }
 
@@ -69,6 +71,7 @@ impl OpCounts {
         self.elections += o.elections;
         self.multi_locks += o.multi_locks;
         self.fenced_writes += o.fenced_writes;
+        self.held_at_close += o.held_at_close;
     }
 }
 
@@ -76,8 +79,8 @@ impl std::fmt::Display for OpCounts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "elections {} multi-locks {} fenced-writes {}",
-            self.elections, self.multi_locks, self.fenced_writes
+            "elections {} multi-locks {} fenced-writes {} held-at-close {}",
+            self.elections, self.multi_locks, self.fenced_writes, self.held_at_close
         )
     }
 }
@@ -86,7 +89,7 @@ impl std::fmt::Display for FaultCounts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "delay {} blackhole {} cut {} reset {} break {} revoke {} kill {} drop {} lost-answer {} lost-request {} delayed-message {} cluster {} refused-removals {} operator-reads {} saturated-breaks {}",
+            "delay {} blackhole {} cut {} reset {} break {} revoke {} kill {} drop {} lost-answer {} lost-request {} delayed-message {} cluster {} refused-removals {} operator-reads {} saturated-breaks {} closing-cuts {}",
             self.delay,
             self.blackhole,
             self.cut,
@@ -101,7 +104,8 @@ impl std::fmt::Display for FaultCounts {
             self.cluster,
             self.refusals,
             self.operator_reads,
-            self.saturations
+            self.saturations,
+            self.closing_cuts
         )
     }
 }
