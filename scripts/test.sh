@@ -108,6 +108,10 @@ for url in "mem:///examples" "$QUORUMLOCK_TEST_ETCD_URL/examples" "$QUORUMLOCK_T
     esac
   done
 done
+echo "--- transfer_sql on $QUORUMLOCK_TEST_POSTGRES_URL/examples" >&2
+if ! QUORUMLOCK_URL=$QUORUMLOCK_TEST_POSTGRES_URL/examples cargo run -q -p quorumlock --all-features --example transfer_sql >"$out" 2>&1; then
+  cat "$out"; echo "example transfer_sql failed on PostgreSQL" >&2; exit 1
+fi
 rm -f "$out"
 
 step "cargo package --workspace (builds every published crate from its .crate file)"
