@@ -14,7 +14,7 @@ use quorumlock_core::backend::{
 use quorumlock_core::{Contender, Error, ErrorKind, LockName, LockState, Result};
 
 use crate::config::RedisConfig;
-use crate::core::{lazy_manager, Inner};
+use crate::core::{lazy_manager, RedisCore};
 use crate::error;
 use crate::layout;
 use crate::scripts;
@@ -25,13 +25,13 @@ use crate::session::RedisSession;
 /// connection per session for its mailbox. Cheap to clone.
 #[derive(Clone)]
 pub struct RedisBackend {
-    pub(crate) inner: Arc<Inner>,
+    pub(crate) core: Arc<RedisCore>,
 }
 
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBackend")
-            .field("url", &self.inner.config.describe())
+            .field("url", &self.core.config.describe())
             .finish()
     }
 }
@@ -46,14 +46,6 @@ impl RedisBackend {
     pub async fn connect(url: impl AsRef<str>) -> Result<RedisBackend> {
         let url = quorumlock_core::url::parse(url.as_ref())?;
         Self::from_config(RedisConfig::from_url(&url)?).await
-    }
-
-    /// The same as [`RedisBackend::from_config`].
-    ///
-    /// # Cancel Safety
-    /// Writes nothing; safe to drop at any point.
-    pub async fn new(config: RedisConfig) -> Result<RedisBackend> {
-        Self::from_config(config).await
     }
 
     /// Connects with a configuration. Unless [`RedisConfig::lazy`], a
@@ -86,7 +78,7 @@ impl RedisBackend {
         let conn = lazy_manager(&client, &config, Some(config.timeout))?;
         let prefix = config.namespace.prefix();
         let b = RedisBackend {
-            inner: Arc::new(Inner {
+            core: Arc::new(RedisCore {
                 config,
                 client,
                 conn,
@@ -96,15 +88,15 @@ impl RedisBackend {
                 waits: Mutex::new(Vec::new()),
             }),
         };
-        let c = &b.inner.config;
+        let c = &b.core.config;
         if !c.lazy {
             // A connection of its own, not the manager's: the manager
             // tries a refused handshake three times, and bad credentials
             // must be refused once.
             check_connect(&c.describe(), c.connect_timeout, || async {
-                b.inner.requests.fetch_add(1, Ordering::Relaxed);
+                b.core.requests.fetch_add(1, Ordering::Relaxed);
                 let mut conn = b
-                    .inner
+                    .core
                     .client
                     .get_multiplexed_async_connection()
                     .await
@@ -123,7 +115,7 @@ impl RedisBackend {
 
     /// The configuration.
     pub fn config(&self) -> &RedisConfig {
-        &self.inner.config
+        &self.core.config
     }
 }
 
@@ -169,26 +161,26 @@ impl Backend for RedisBackend {
             kill_session: true,
             rwlock: true,
             semaphore: true,
-            session_ttl: self.inner.config.ttl,
+            session_ttl: self.core.config.ttl,
             proclaim: true,
         }
     }
 
     fn describe(&self) -> String {
-        self.inner.config.describe()
+        self.core.config.describe()
     }
 
     async fn open_session(&self, liveness: Arc<SessionLiveness>) -> Result<Arc<dyn StoreSession>> {
         Ok(Arc::new(
-            RedisSession::open(self.inner.clone(), liveness).await?,
+            RedisSession::open(self.core.clone(), liveness).await?,
         ))
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
-        let key = self.inner.lock_key(name);
+        let key = self.core.lock_key(name);
         let mut inv = scripts::INSPECT.prepare_invoke();
-        inv.arg(&self.inner.prefix).arg(&key);
-        let flat: Vec<Vec<u8>> = self.inner.script("inspect", &inv).await?;
+        inv.arg(&self.core.prefix).arg(&key);
+        let flat: Vec<Vec<u8>> = self.core.script("inspect", &inv).await?;
         let mut state = LockState::free(name.clone());
         for r in rows(flat)? {
             let c = Contender {
@@ -211,16 +203,16 @@ impl Backend for RedisBackend {
     async fn list(&self, prefix: Option<&LockName>) -> Result<Vec<LockState>> {
         // Every lock with a queue has its `L/.q` key: scan for those under
         // the prefix, then read each as `inspect` does.
-        let ns = self.inner.prefix.clone();
+        let ns = self.core.prefix.clone();
         let under = match prefix {
-            Some(p) => format!("{}/", self.inner.lock_key(p)),
+            Some(p) => format!("{}/", self.core.lock_key(p)),
             None => ns.clone(),
         };
         let mut names = std::collections::BTreeSet::new();
         let mut cursor: u64 = 0;
         loop {
             let (next, keys): (u64, Vec<String>) = self
-                .inner
+                .core
                 .cmd(
                     "scan locks",
                     redis::cmd("SCAN")
@@ -235,7 +227,7 @@ impl Backend for RedisBackend {
                 let Some(lock) = k.strip_suffix("/.q") else {
                     continue;
                 };
-                let exact = prefix.is_some_and(|p| lock == self.inner.lock_key(p));
+                let exact = prefix.is_some_and(|p| lock == self.core.lock_key(p));
                 if !(exact || lock.starts_with(under.as_str())) {
                     continue;
                 }
@@ -260,8 +252,8 @@ impl Backend for RedisBackend {
 
     async fn break_lock(&self, name: &LockName) -> Result<bool> {
         let mut inv = scripts::BREAK.prepare_invoke();
-        inv.arg(&self.inner.prefix).arg(self.inner.lock_key(name));
-        let n: i64 = self.inner.script("break lock", &inv).await?;
+        inv.arg(&self.core.prefix).arg(self.core.lock_key(name));
+        let n: i64 = self.core.script("break lock", &inv).await?;
         if n > 0 {
             tracing::info!(lock = %name, holders = n, "lock broken");
         }
@@ -270,24 +262,24 @@ impl Backend for RedisBackend {
 
     async fn request_revoke(&self, name: &LockName) -> Result<bool> {
         let mut inv = scripts::REVOKE.prepare_invoke();
-        inv.arg(&self.inner.prefix).arg(self.inner.lock_key(name));
-        let n: i64 = self.inner.script("request revoke", &inv).await?;
+        inv.arg(&self.core.prefix).arg(self.core.lock_key(name));
+        let n: i64 = self.core.script("request revoke", &inv).await?;
         Ok(n > 0)
     }
 
     async fn kill_session(&self, session: &str) -> Result<()> {
         layout::check_session_id(session)?;
-        self.inner.end_session(session, true).await?;
+        self.core.end_session(session, true).await?;
         Ok(())
     }
 
     async fn leftovers(&self) -> Result<Vec<String>> {
-        let prefix = self.inner.prefix.clone();
+        let prefix = self.core.prefix.clone();
         let mut out = Vec::new();
         let mut cursor: u64 = 0;
         loop {
             let (next, keys): (u64, Vec<String>) = self
-                .inner
+                .core
                 .cmd(
                     "scan namespace",
                     redis::cmd("SCAN")
@@ -308,12 +300,12 @@ impl Backend for RedisBackend {
             }
             cursor = next;
         }
-        let sessions: Vec<String> = self.inner.opened.lock().expect("poisoned").clone();
+        let sessions: Vec<String> = self.core.opened.lock().expect("poisoned").clone();
         let mut dead = Vec::new();
         for sid in sessions {
             let key = layout::session_key(&prefix, &sid);
             let n: i64 = self
-                .inner
+                .core
                 .cmd("session exists", redis::cmd("EXISTS").arg(&key))
                 .await?;
             if n == 1 {
@@ -322,7 +314,7 @@ impl Backend for RedisBackend {
                 dead.push(sid);
             }
         }
-        self.inner
+        self.core
             .opened
             .lock()
             .expect("poisoned")
@@ -332,14 +324,14 @@ impl Backend for RedisBackend {
     }
 
     fn requests_sent(&self) -> u64 {
-        self.inner.requests.load(Ordering::Relaxed)
+        self.core.requests.load(Ordering::Relaxed)
     }
 
     async fn fenced_write(&self, held: &[HeldEntry], write: &KeyWrite) -> Result<()> {
-        write.validate(&self.inner.prefix)?;
+        write.validate(&self.core.prefix)?;
         check_kinds(held)?;
         let mut inv = scripts::FENCED.prepare_invoke();
-        inv.arg(&self.inner.prefix);
+        inv.arg(&self.core.prefix);
         match write {
             KeyWrite::Put { key, value } => inv.arg("put").arg(key).arg(value.as_slice()),
             KeyWrite::Delete { key } => inv.arg("del").arg(key).arg(""),
@@ -353,7 +345,7 @@ impl Backend for RedisBackend {
             };
             inv.arg(lock).arg(contender).arg(h.token);
         }
-        let applied: i64 = self.inner.script("fenced write", &inv).await?;
+        let applied: i64 = self.core.script("fenced write", &inv).await?;
         if applied == 1 {
             Ok(())
         } else {
@@ -362,15 +354,15 @@ impl Backend for RedisBackend {
     }
 
     async fn read_key(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        KeyWrite::Delete { key: key.into() }.validate(&self.inner.prefix)?;
-        self.inner.cmd("read key", redis::cmd("GET").arg(key)).await
+        KeyWrite::Delete { key: key.into() }.validate(&self.core.prefix)?;
+        self.core.cmd("read key", redis::cmd("GET").arg(key)).await
     }
 
     async fn write_key(&self, write: &KeyWrite) -> Result<()> {
-        write.validate(&self.inner.prefix)?;
+        write.validate(&self.core.prefix)?;
         match write {
             KeyWrite::Put { key, value } => {
-                self.inner
+                self.core
                     .cmd::<()>(
                         "unfenced write",
                         redis::cmd("SET").arg(key).arg(value.as_slice()),
@@ -378,7 +370,7 @@ impl Backend for RedisBackend {
                     .await
             }
             KeyWrite::Delete { key } => {
-                self.inner
+                self.core
                     .cmd::<()>("unfenced write", redis::cmd("DEL").arg(key))
                     .await
             }

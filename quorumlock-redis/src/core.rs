@@ -15,8 +15,9 @@ use crate::error;
 use crate::layout;
 use crate::scripts;
 
-/// What a backend and its sessions share.
-pub(crate) struct Inner {
+/// The backend-wide state of a [`crate::RedisBackend`] (its clones share
+/// it through an `Arc`), held by every session it opened.
+pub(crate) struct RedisCore {
     pub(crate) config: RedisConfig,
     pub(crate) client: redis::Client,
     pub(crate) conn: ConnectionManager,
@@ -81,7 +82,7 @@ pub(crate) fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-impl Inner {
+impl RedisCore {
     /// Sends one command: counts it, bounds it by the timeout, maps its
     /// error.
     pub(crate) async fn cmd<T: FromRedisValue>(&self, what: &str, cmd: &redis::Cmd) -> Result<T> {

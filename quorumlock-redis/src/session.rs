@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::core::{manager, now_ms, Inner};
+use crate::core::{manager, now_ms, RedisCore};
 use crate::layout;
 use crate::scripts;
 
@@ -33,7 +33,7 @@ fn mailbox_block(ttl: Duration) -> Duration {
 
 /// One session key, shared by every lock of one client.
 pub(crate) struct RedisSession {
-    inner: Arc<Inner>,
+    core: Arc<RedisCore>,
     sid: String,
     liveness: Arc<SessionLiveness>,
     stop: CancellationToken,
@@ -197,13 +197,13 @@ impl RedisSession {
     /// Writes the session key (confirming it with the write's send time),
     /// opens the mailbox connection and starts the renewal and mailbox
     /// tasks.
-    pub(crate) async fn open(inner: Arc<Inner>, liveness: Arc<SessionLiveness>) -> Result<Self> {
+    pub(crate) async fn open(core: Arc<RedisCore>, liveness: Arc<SessionLiveness>) -> Result<Self> {
         let sid = uuid::Uuid::new_v4().simple().to_string();
-        let ttl = inner.config.ttl;
-        let mailbox = manager(&inner.client, &inner.config, None).await?;
-        let key = layout::session_key(&inner.prefix, &sid);
+        let ttl = core.config.ttl;
+        let mailbox = manager(&core.client, &core.config, None).await?;
+        let key = layout::session_key(&core.prefix, &sid);
         let sent = Instant::now();
-        let ok: Option<String> = inner
+        let ok: Option<String> = core
             .cmd(
                 "open session",
                 redis::cmd("SET")
@@ -220,7 +220,7 @@ impl RedisSession {
                 "a fresh random Redis session id was taken",
             ));
         }
-        inner.record_session(&sid);
+        core.record_session(&sid);
         liveness.confirm(sent, ttl);
         let confirmed = Arc::new(Mutex::new(sent));
         let stop = CancellationToken::new();
@@ -228,7 +228,7 @@ impl RedisSession {
         let span = tracing::debug_span!("redis_session", sid = %sid);
         tokio::spawn(
             renew(
-                inner.clone(),
+                core.clone(),
                 sid.clone(),
                 routes.clone(),
                 liveness.clone(),
@@ -239,7 +239,7 @@ impl RedisSession {
         );
         tokio::spawn(
             read_mailbox(
-                inner.clone(),
+                core.clone(),
                 mailbox,
                 sid.clone(),
                 routes.clone(),
@@ -250,7 +250,7 @@ impl RedisSession {
         );
         tracing::debug!(sid = %sid, ?ttl, "redis session opened");
         Ok(RedisSession {
-            inner,
+            core,
             sid,
             liveness,
             stop,
@@ -262,7 +262,7 @@ impl RedisSession {
     /// A grant: in WAIT mode, counted only once the replicas acknowledged
     /// it.
     async fn granted(&self, key: &str, id: &str, token: u64) -> Result<Acquired> {
-        self.inner.replicated(key, id, token).await?;
+        self.core.replicated(key, id, token).await?;
         self.routes.granted(id, key, token);
         Ok(Acquired {
             token,
@@ -272,8 +272,8 @@ impl RedisSession {
 
     async fn check(&self, key: &str, id: &str) -> Result<Standing> {
         let mut inv = scripts::CHECK.prepare_invoke();
-        inv.arg(&self.inner.prefix).arg(key).arg(id);
-        standing(self.inner.script("check entry", &inv).await?)
+        inv.arg(&self.core.prefix).arg(key).arg(id);
+        standing(self.core.script("check entry", &inv).await?)
     }
 }
 
@@ -286,14 +286,14 @@ impl RedisSession {
 /// script removes the session's entries the client no longer owns (see
 /// [`scripts::RENEW`]).
 async fn renew(
-    inner: Arc<Inner>,
+    core: Arc<RedisCore>,
     sid: String,
     routes: Arc<Routes>,
     liveness: Arc<SessionLiveness>,
     confirmed_at: Arc<Mutex<Instant>>,
     stop: CancellationToken,
 ) {
-    let ttl = inner.config.ttl;
+    let ttl = core.config.ttl;
     let mut pause = ttl / 3;
     // This renewal's number, and the last one answered (0: none yet).
     let (mut n, mut confirmed) = (0u64, 0u64);
@@ -306,7 +306,7 @@ async fn renew(
         n += 1;
         let held = routes.held();
         let mut inv = scripts::RENEW.prepare_invoke();
-        inv.arg(&inner.prefix)
+        inv.arg(&core.prefix)
             .arg(&sid)
             .arg(ttl.as_millis() as u64)
             .arg(n)
@@ -319,7 +319,7 @@ async fn renew(
             inv.arg(id);
         }
         let sent = Instant::now();
-        match inner.script::<Vec<Value>>("renew session", &inv).await {
+        match core.script::<Vec<Value>>("renew session", &inv).await {
             Ok(reply) if reply.first() == Some(&Value::Int(1)) => {
                 liveness.confirm(sent, ttl);
                 *confirmed_at.lock().expect("poisoned") = sent;
@@ -353,18 +353,18 @@ async fn renew(
 /// each message: the herd-free wake-up of one waiter, a forced break, a
 /// revoke request, or the end of the session.
 async fn read_mailbox(
-    inner: Arc<Inner>,
+    core: Arc<RedisCore>,
     mut conn: ConnectionManager,
     sid: String,
     routes: Arc<Routes>,
     liveness: Arc<SessionLiveness>,
     stop: CancellationToken,
 ) {
-    let key = format!("{}/.mail", layout::session_key(&inner.prefix, &sid));
-    let block = mailbox_block(inner.config.ttl);
-    let bound = block + inner.config.timeout;
+    let key = format!("{}/.mail", layout::session_key(&core.prefix, &sid));
+    let block = mailbox_block(core.config.ttl);
+    let bound = block + core.config.timeout;
     loop {
-        inner.requests.fetch_add(1, Ordering::Relaxed);
+        core.requests.fetch_add(1, Ordering::Relaxed);
         let mut cmd = redis::cmd("BLPOP");
         cmd.arg(&key).arg(block.as_secs_f64());
         let read = tokio::time::timeout(
@@ -395,13 +395,13 @@ impl StoreSession for RedisSession {
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired> {
-        let key = self.inner.lock_key(&req.name);
+        let key = self.core.lock_key(&req.name);
         let id = req.contender.simple().to_string();
         // Routed before the entry exists, so no message for it is missed.
         let wake = self.routes.add(&id, req.signals.clone());
         let (kind, permits) = layout::kind_code(req.kind);
         let mut inv = scripts::ENQUEUE.prepare_invoke();
-        inv.arg(&self.inner.prefix)
+        inv.arg(&self.core.prefix)
             .arg(&key)
             .arg(&self.sid)
             .arg(&id)
@@ -410,12 +410,12 @@ impl StoreSession for RedisSession {
             .arg(if req.wait { "1" } else { "0" })
             .arg(now_ms())
             .arg(&req.value[..])
-            .arg(self.inner.config.ttl.as_millis() as u64);
-        let inner = self.inner.clone();
+            .arg(self.core.config.ttl.as_millis() as u64);
+        let core = self.core.clone();
         let reply = req
             .writes
             .run_judged(
-                async move { inner.script::<Vec<Value>>("enqueue", &inv).await },
+                async move { core.script::<Vec<Value>>("enqueue", &inv).await },
                 |r| matches!(r, Err(e) if e.kind() == ErrorKind::Connection),
             )
             .await?;
@@ -453,7 +453,7 @@ impl StoreSession for RedisSession {
                     // Woken by the grant's message; also look again when a
                     // session ahead would expire unrenewed (Redis runs no
                     // script when a key expires).
-                    let ttl = self.inner.config.ttl;
+                    let ttl = self.core.config.ttl;
                     let look = ahead_ms
                         .map_or(ttl, |ms| Duration::from_millis(ms + 20))
                         .min(ttl);
@@ -482,23 +482,23 @@ impl StoreSession for RedisSession {
         let id = req.contender.simple().to_string();
         self.routes.remove(&id);
         let mut inv = scripts::RELEASE.prepare_invoke();
-        inv.arg(&self.inner.prefix)
-            .arg(self.inner.lock_key(&req.name))
+        inv.arg(&self.core.prefix)
+            .arg(self.core.lock_key(&req.name))
             .arg(&id)
             .arg(held.token);
-        self.inner.script::<i64>("release", &inv).await?;
+        self.core.script::<i64>("release", &inv).await?;
         Ok(())
     }
 
     async fn set_value(&self, req: &AcquireRequest, held: &Acquired, value: &[u8]) -> Result<()> {
         let id = req.contender.simple().to_string();
         let mut inv = scripts::SET_VALUE.prepare_invoke();
-        inv.arg(&self.inner.prefix)
-            .arg(self.inner.lock_key(&req.name))
+        inv.arg(&self.core.prefix)
+            .arg(self.core.lock_key(&req.name))
             .arg(&id)
             .arg(held.token)
             .arg(value);
-        match self.inner.script::<i64>("set value", &inv).await? {
+        match self.core.script::<i64>("set value", &inv).await? {
             1 => Ok(()),
             _ => Err(Error::new(
                 ErrorKind::LockLost,
@@ -512,12 +512,12 @@ impl StoreSession for RedisSession {
         self.routes.remove(&id);
         let fence = req.writes.outcome_unknown();
         let mut inv = scripts::ABANDON.prepare_invoke();
-        inv.arg(&self.inner.prefix)
-            .arg(self.inner.lock_key(&req.name))
+        inv.arg(&self.core.prefix)
+            .arg(self.core.lock_key(&req.name))
             .arg(&id)
             .arg(if fence { "1" } else { "0" })
             .arg(&self.sid);
-        self.inner.script::<i64>("abandon", &inv).await?;
+        self.core.script::<i64>("abandon", &inv).await?;
         Ok(())
     }
 
@@ -533,14 +533,14 @@ impl StoreSession for RedisSession {
     /// two TTLs.
     async fn close(&self) -> Result<()> {
         self.stop.cancel();
-        let ttl = self.inner.config.ttl;
+        let ttl = self.core.config.ttl;
         let until = *self.confirmed.lock().expect("poisoned") + ttl * 2;
         let mut backoff = Backoff::new(
             Duration::from_millis(50),
             (ttl / 10).max(Duration::from_millis(50)),
         );
         loop {
-            match self.inner.end_session(&self.sid, false).await {
+            match self.core.end_session(&self.sid, false).await {
                 Ok(_) => return Ok(()),
                 Err(e) if e.kind() == ErrorKind::Connection => {
                     let delay = backoff.next_delay();
