@@ -2,10 +2,12 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod admin;
 mod backend;
 mod config;
 mod core;
 mod error;
+mod fenced;
 mod layout;
 mod scripts;
 mod session;
