@@ -1,14 +1,20 @@
-//! The connection and the request helpers every other module uses: one
-//! place that counts requests, bounds them by the timeout and maps their
-//! errors.
+//! The state: [`RedisCore`], what the backend and its sessions share (the
+//! client, the connections, the request counter; one request: counted,
+//! bounded by the timeout, its errors mapped), and [`SessionState`], what
+//! one session shares with its tasks.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use quorumlock_core::{Error, ErrorKind, LockName, Result};
+use quorumlock_core::backend::{EntrySignals, SessionLiveness};
+use quorumlock_core::{Error, ErrorKind, LockName, LossReason, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
-use redis::{FromRedisValue, ScriptInvocation};
+use redis::{FromRedisValue, ScriptInvocation, Value};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::RedisConfig;
 use crate::error;
@@ -32,6 +38,105 @@ pub(crate) struct RedisCore {
     /// [`conn`](Self::conn), which the renewals and releases share; and
     /// one grant's WAIT at a time on each of these.
     pub(crate) waits: Mutex<Vec<MultiplexedConnection>>,
+}
+
+/// One session's state (one session key's), shared by its tasks: the
+/// session's acquires, releases and removals (`RedisSession`, in
+/// `session.rs`), its keepalive and its mailbox reader (`monitor.rs`).
+/// Held in an `Arc`.
+pub(crate) struct SessionState {
+    pub(crate) core: Arc<RedisCore>,
+    /// The session id: its key is `P.session/<sid>`.
+    pub(crate) sid: String,
+    pub(crate) liveness: Arc<SessionLiveness>,
+    /// Ends the keepalive and the mailbox reader when the session is
+    /// closed or dropped.
+    pub(crate) stop: CancellationToken,
+    pub(crate) routes: Routes,
+    /// When the last renewal (or the open) that Redis confirmed was sent:
+    /// the session's entry set lives on the server at least until two
+    /// TTLs after it (see `RedisSession::close`).
+    pub(crate) confirmed: Mutex<Instant>,
+}
+
+/// Where the mailbox reader delivers messages for one of our entries:
+/// grants wake its waiter, losses and revokes go to its signals.
+#[derive(Default)]
+pub(crate) struct Routes(Mutex<HashMap<String, Route>>);
+
+/// One of our entries, from its enqueue until it is released or
+/// abandoned.
+pub(crate) struct Route {
+    pub(crate) signals: EntrySignals,
+    pub(crate) wake: Arc<Notify>,
+    /// Once granted: the lock key and token, for the renewal's check.
+    held: Option<(String, u64)>,
+}
+
+impl Routes {
+    pub(crate) fn add(&self, id: &str, signals: EntrySignals) -> Arc<Notify> {
+        let wake = Arc::new(Notify::new());
+        let route = Route {
+            signals,
+            wake: wake.clone(),
+            held: None,
+        };
+        self.0
+            .lock()
+            .expect("poisoned")
+            .insert(id.to_string(), route);
+        wake
+    }
+
+    pub(crate) fn remove(&self, id: &str) {
+        self.0.lock().expect("poisoned").remove(id);
+    }
+
+    pub(crate) fn granted(&self, id: &str, key: &str, token: u64) {
+        if let Some(r) = self.0.lock().expect("poisoned").get_mut(id) {
+            r.held = Some((key.to_string(), token));
+        }
+    }
+
+    /// (lock key, contender, token) of every held entry not finished with.
+    pub(crate) fn held(&self) -> Vec<(String, String, u64)> {
+        let routes = self.0.lock().expect("poisoned");
+        routes
+            .iter()
+            .filter(|(_, r)| !r.signals.is_finished())
+            .filter_map(|(id, r)| {
+                let (key, token) = r.held.as_ref()?;
+                Some((key.clone(), id.clone(), *token))
+            })
+            .collect()
+    }
+
+    /// Every contender this client owns: attempts not released or
+    /// abandoned, waiting or held (the renewal removes the session's
+    /// other entries).
+    pub(crate) fn owned(&self) -> Vec<String> {
+        self.0.lock().expect("poisoned").keys().cloned().collect()
+    }
+
+    /// The renewal found these held entries gone from the store.
+    pub(crate) fn missing(&self, ids: &[String]) {
+        let routes = self.0.lock().expect("poisoned");
+        for id in ids {
+            if let Some(r) = routes.get(id).filter(|r| !r.signals.is_finished()) {
+                tracing::warn!(
+                    contender = %id,
+                    "a held entry is gone from Redis (a failover to a replica without it?)"
+                );
+                r.signals.lose(LossReason::EntryDeleted);
+            }
+        }
+    }
+
+    /// Runs `f` on the route of entry `id`, if it is still routed (not
+    /// released or abandoned).
+    pub(crate) fn with<R>(&self, id: &str, f: impl FnOnce(&Route) -> R) -> Option<R> {
+        self.0.lock().expect("poisoned").get(id).map(f)
+    }
 }
 
 /// How many idle WAIT connections a client keeps (more are opened while
@@ -73,6 +178,16 @@ fn manager_config(config: &RedisConfig, response: Option<Duration>) -> Connectio
         .set_response_timeout(response)
         .set_number_of_retries(2)
         .set_max_delay(config.timeout)
+}
+
+/// A script's answer element as text.
+pub(crate) fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::Int(i) => Some(i.to_string()),
+        _ => None,
+    }
 }
 
 /// Milliseconds since the Unix epoch, for an entry's creation time.

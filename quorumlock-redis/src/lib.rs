@@ -9,6 +9,7 @@ mod core;
 mod error;
 mod fenced;
 mod layout;
+mod monitor;
 mod scripts;
 mod session;
 
