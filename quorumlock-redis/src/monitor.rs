@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use quorumlock_core::backend::Backoff;
 use quorumlock_core::LossReason;
 use redis::aio::ConnectionManager;
 use redis::Value;
@@ -100,6 +101,9 @@ pub(crate) async fn read_mailbox(session: Arc<SessionState>, mut conn: Connectio
     let key = format!("{}/.mail", layout::session_key(&core.prefix, &session.sid));
     let block = mailbox_block(core.config.ttl);
     let bound = block + core.config.timeout;
+    // After a failed read; from the shortest delay again once one is
+    // answered.
+    let mut retry = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
     loop {
         core.requests.fetch_add(1, Ordering::Relaxed);
         let mut cmd = redis::cmd("BLPOP");
@@ -114,11 +118,15 @@ pub(crate) async fn read_mailbox(session: Arc<SessionState>, mut conn: Connectio
             r = read => r,
         };
         match r {
-            Ok(Ok(Some((_, msg)))) => deliver(&session, &msg),
-            Ok(Ok(None)) => {}
+            Ok(Ok(answer)) => {
+                retry.reset();
+                if let Some((_, msg)) = answer {
+                    deliver(&session, &msg);
+                }
+            }
             Ok(Err(e)) => {
                 tracing::debug!(error = %e, "mailbox read failed; reading again");
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                retry.wait().await;
             }
             Err(_) => tracing::debug!("mailbox read got no answer; reading again"),
         }

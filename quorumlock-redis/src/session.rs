@@ -209,11 +209,13 @@ impl StoreSession for RedisSession {
                             return Err(Error::new(ErrorKind::SessionLost, "session lost while waiting"));
                         }
                     }
+                    let mut retry =
+                        Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
                     now = loop {
                         match self.check(&key, &id).await {
                             Err(e) if e.kind() == ErrorKind::Connection => {
                                 tracing::debug!(error = %e, "checking our entry failed; again");
-                                tokio::time::sleep(Duration::from_millis(200)).await;
+                                retry.wait().await;
                             }
                             r => break r?,
                         }
