@@ -11,7 +11,7 @@ use quorumlock_core::backend::connect::check_connect;
 use quorumlock_core::backend::{
     Backend, Capabilities, HeldEntry, KeyWrite, SessionLiveness, StoreSession,
 };
-use quorumlock_core::{LockName, LockState, Result};
+use quorumlock_core::{Error, ErrorKind, LockName, LockState, Result};
 
 use crate::config::RedisConfig;
 use crate::core::{lazy_manager, RedisCore};
@@ -191,8 +191,8 @@ fn client(config: &RedisConfig) -> Result<redis::Client> {
     }
     let read = |opt: &str, p: &std::path::Path| {
         std::fs::read(p).map_err(|e| {
-            quorumlock_core::Error::new(
-                quorumlock_core::ErrorKind::InvalidUrl,
+            Error::new(
+                ErrorKind::InvalidUrl,
                 format!("URL option {opt}={}: cannot read it", p.display()),
             )
             .with_source(e)
@@ -217,8 +217,8 @@ fn client(config: &RedisConfig) -> Result<redis::Client> {
         },
     )
     .map_err(|e| {
-        quorumlock_core::Error::new(
-            quorumlock_core::ErrorKind::InvalidUrl,
+        Error::new(
+            ErrorKind::InvalidUrl,
             "URL options ca=, cert=, key=: not PEM certificates and a private key",
         )
         .with_source(e)
