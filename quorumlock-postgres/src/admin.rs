@@ -148,9 +148,27 @@ impl PostgresCore {
     }
 
     /// Entries under the namespace, and this instance's sessions that are
-    /// still alive or still have fences.
+    /// still alive or still have fences. The queues that hold entries of
+    /// dead sessions (a client that could not end its session, a crashed
+    /// one) are settled first, as their next grant would: such entries
+    /// are garbage the next transaction on their queue removes, not ours.
     pub(crate) async fn leftovers(self: &Arc<Self>) -> Result<Vec<String>> {
         let pattern = layout::like_prefix(&self.prefix);
+        let (c, p) = (self.clone(), pattern.clone());
+        let work: Work<Vec<String>> = Box::new(move |client| {
+            Box::pin(async move {
+                let rows = client
+                    .query_typed(&c.sql.dead_like, &[(&p, Type::TEXT)])
+                    .await?;
+                Ok(rows
+                    .iter()
+                    .map(|r| r.try_get(0))
+                    .collect::<std::result::Result<_, _>>()?)
+            })
+        });
+        for lock in self.run("dead entries", work).await? {
+            queue::settle_alone(self, lock).await?;
+        }
         let opened: Vec<Uuid> = self.opened.lock().expect("poisoned").clone();
         let c = self.clone();
         let work: Work<(Vec<String>, Vec<Uuid>)> = Box::new(move |client| {

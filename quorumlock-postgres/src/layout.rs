@@ -118,6 +118,9 @@ pub(crate) struct Sql {
     pub(crate) locks_like: String,
     /// `$1`: prefix of lock keys (LIKE pattern).
     pub(crate) entries_like: String,
+    /// `$1`: prefix of lock keys (LIKE pattern). The locks with an entry
+    /// of a dead session.
+    pub(crate) dead_like: String,
     /// `$1`: sessions.
     pub(crate) sessions_left: String,
 }
@@ -183,6 +186,9 @@ impl Sql {
                  WHERE lock = $1 AND token IS NOT NULL RETURNING session, contender"),
             locks_like: f("SELECT DISTINCT lock FROM {s}.entries WHERE lock LIKE $1 ORDER BY lock"),
             entries_like: f("SELECT lock, contender FROM {s}.entries WHERE lock LIKE $1"),
+            dead_like: f("SELECT DISTINCT e.lock FROM {s}.entries e WHERE e.lock LIKE $1 \
+                 AND NOT EXISTS (SELECT 1 FROM {s}.sessions s WHERE s.id = e.session \
+                   AND s.expires > clock_timestamp())"),
             sessions_left: f("SELECT id FROM {s}.sessions WHERE id = ANY($1) \
                  AND expires > clock_timestamp() \
                  UNION SELECT session FROM {s}.fences WHERE session = ANY($1)"),

@@ -72,11 +72,15 @@ async fn renew(state: &Arc<SessionState>, held: Vec<Uuid>) -> Result<(i32, Vec<U
         let params: [(&(dyn ToSql + Sync), Type); 2] =
             [(&state.id, Type::UUID), (&held, Type::UUID_ARRAY)];
         let q = client.query_typed_one(&core.sql.renew, &params);
-        let r = match tokio::time::timeout(core.config.timeout, q).await {
+        // Up to half the TTL, not just the request timeout: the deadline
+        // rests on the send time, so a slow answer is as good, and a slow
+        // link (latency, a loaded host) must not fail every renewal.
+        let bound = core.config.timeout.max(core.config.ttl / 2);
+        let r = match tokio::time::timeout(bound, q).await {
             Ok(Ok(row)) => (|| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))()
                 .map_err(|e| error::map(e, what)),
             Ok(Err(e)) => Err(error::map(e, what)),
-            Err(_) => Err(error::timed_out(what, core.config.timeout)),
+            Err(_) => Err(error::timed_out(what, bound)),
         };
         if r.is_err() {
             reader.abort();
