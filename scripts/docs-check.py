@@ -15,7 +15,7 @@ READMEs, docker/, quorumlock-conformance/src/faults/), and checks:
   break there, so they must go to the repository URL;
 - paths in backticks and in code blocks that look like the repository's
   own (`scripts/chaos.sh`, `quorumlock-etcd/tests/interop.rs`,
-  `quorumlock-conformance/src/faults`, `backend-*/README.md`): the first
+  `quorumlock-conformance/src/faults`, `quorumlock-*/README.md`): the first
   segment is a top-level entry of the repository; in a crate's README,
   `src/...`, `tests/...`, `examples/...` are taken from that crate, and
   elsewhere they must exist in at least one crate ("each backend's

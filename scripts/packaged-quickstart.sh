@@ -31,7 +31,7 @@ bad = [(p["name"], t["name"]) for p in json.load(sys.stdin)["packages"]
 if bad:
     sys.exit("packaged-quickstart.sh: libraries not named after their package: %r" % bad)
 '
-crates=(quorumlock quorumlock-core quorumlock-etcd quorumlock-zk quorumlock-consul quorumlock-redis)
+crates=(quorumlock quorumlock-core quorumlock-etcd quorumlock-zk quorumlock-consul quorumlock-redis quorumlock-postgres)
 
 # The .crate files, as `cargo publish` would upload them (no build here:
 # `cargo package --workspace` in scripts/test.sh builds each one).
