@@ -7,15 +7,18 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::exit;
 
-const ABOUT: &str = "Distributed locks over ZooKeeper, etcd, Consul and Redis, from the shell.";
+const ABOUT: &str =
+    "Distributed locks over ZooKeeper, etcd, Consul, Redis and PostgreSQL, from the shell.";
 
 const LONG_ABOUT: &str = "\
-Distributed locks over ZooKeeper, etcd, Consul and Redis, from the shell.
+Distributed locks over ZooKeeper, etcd, Consul, Redis and PostgreSQL,
+from the shell.
 
 The store is named by a URL (--url or QUORUMLOCK_URL); there is no
 default, so a forgotten variable is an error, not a private lock:
   etcd://127.0.0.1:2379/NAMESPACE      zk://127.0.0.1:2181/NAMESPACE
   consul://127.0.0.1:8500/NAMESPACE    redis://127.0.0.1:6379/NAMESPACE
+  postgres://USER@127.0.0.1:5432/DATABASE/NAMESPACE
   mem:// (in this process only)
 Query options are the backend's, e.g. ?ttl=10s (see --ttl).
 
@@ -182,7 +185,8 @@ pub struct LockArgs {
     /// Session TTL: how long the store keeps the lock after this process
     /// stops renewing it. Sets the URL's `ttl` option (replacing a
     /// `session_timeout` on zk://). Ranges: etcd 2s..24h, Consul
-    /// 10s..24h, Redis 500ms..24h, ZooKeeper at least 5 server ticks (over 20 clamped).
+    /// 10s..24h, Redis and PostgreSQL 500ms..24h, ZooKeeper at least 5
+    /// server ticks (over 20 clamped).
     #[arg(long, value_name = "D", value_parser = parse_duration)]
     pub ttl: Option<Duration>,
 
