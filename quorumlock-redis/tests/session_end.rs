@@ -24,12 +24,12 @@ mod common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use quorumlock_redis::RedisBackend;
 use common::{client, raw, url_with};
 use quorumlock_conformance::faults::{NetControl, NetMode, TcpProxy};
 use quorumlock_conformance::support::{env_or_skip as env, unique_namespace};
 use quorumlock_core::backend::Backend;
 use quorumlock_core::LockClient;
+use quorumlock_redis::RedisBackend;
 
 const TTL: Duration = Duration::from_secs(2);
 
