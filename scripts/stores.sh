@@ -23,7 +23,9 @@
 #           (the failover test starts its own pair with QUORUMLOCK_REDIS_SERVER)
 #   postgres PostgreSQL 15 (bookworm)            5432, database quorumlock, user
 #           postgres without a password (trust on loopback), fsync off; run as
-#           the Debian package's `postgres` user (it refuses to run as root)
+#           the Debian package's `postgres` user (it refuses to run as root);
+#           pgbouncer (bookworm) installed, not started: the pooler test
+#           starts its own, and the failover test its own primary + standby
 #   The same servers with TLS, every one requiring a client certificate
 #   (mutual TLS), certificates made by scripts/certs.sh into $STATE/certs:
 #   zk-tls     ZooKeeper, Netty, secureClientPort 2281 (plain 2182: probes only)
@@ -74,8 +76,10 @@ ALL_STORES=(zk etcd etcd35 consul redis zk-tls etcd-tls consul-tls redis-tls pos
 
 # Debian packages from the machine's own suite (bookworm).
 # openssl makes the TLS stores' certificates (scripts/certs.sh); the TLS
-# ZooKeeper runs Netty's connection factory (libnetty-java).
-APT_PACKAGES=(zookeeper etcd-server etcd-client protobuf-compiler libprotobuf-dev libcurator-recipes-java redis-server openssl libnetty-java postgresql-15)
+# ZooKeeper runs Netty's connection factory (libnetty-java). pgbouncer: the
+# PostgreSQL tests start their own (tests/pooler.rs, as the postgres user);
+# the package's service is never started (policy-rc.d below).
+APT_PACKAGES=(zookeeper etcd-server etcd-client protobuf-compiler libprotobuf-dev libcurator-recipes-java redis-server openssl libnetty-java postgresql-15 pgbouncer)
 # The Curator interop test compiles its Java peer: a JDK, unless one is there
 # (zookeeper pulls in only a JRE).
 command -v javac >/dev/null || APT_PACKAGES+=(default-jdk-headless)
@@ -93,6 +97,7 @@ REDIS_BIN=/usr/bin/redis-server
 REDIS_CLI=/usr/bin/redis-cli
 PG_BIN_DIR=/usr/lib/postgresql/15/bin
 PSQL=/usr/bin/psql
+PGBOUNCER_BIN=/usr/sbin/pgbouncer
 JAVA_DIR=/usr/share/java
 
 log() { printf 'stores.sh: %s\n' "$*" >&2; }
@@ -239,7 +244,8 @@ install_stores() {
       etcd35) [ -x "$ETCD35_BIN" ] || die "$ETCD35_BIN missing (rm -rf $TRIXIE_DIR and retry)" ;;
       consul|consul-tls) [ -x "$CONSUL_BIN" ] || die "$CONSUL_BIN missing (rm -rf $BULLSEYE_DIR and retry)" ;;
       redis|redis-tls) if [ ! -x "$REDIS_BIN" ] || [ ! -x "$REDIS_CLI" ]; then die "$REDIS_BIN or $REDIS_CLI missing"; fi ;;
-      postgres) if [ ! -x "$PG_BIN_DIR/postgres" ] || [ ! -x "$PSQL" ]; then die "$PG_BIN_DIR/postgres or $PSQL missing"; fi
+      postgres) if [ ! -x "$PG_BIN_DIR/postgres" ] || [ ! -x "$PSQL" ] || [ ! -x "$PGBOUNCER_BIN" ]; then
+                  die "$PG_BIN_DIR/postgres, $PSQL or $PGBOUNCER_BIN missing"; fi
                 id -u postgres >/dev/null 2>&1 || die "no user postgres (the postgresql-common package creates it)" ;;
     esac
   done
@@ -648,7 +654,10 @@ emit_env() {
   fi
   [ "$has_consul" = 1 ] && printf 'export QUORUMLOCK_CONSUL_BIN=%q\n' "$CONSUL_BIN"
   [ "$has_redis" = 1 ] && printf 'export QUORUMLOCK_REDIS_SERVER=%q\n' "$REDIS_BIN"
-  [ "$has_postgres" = 1 ] && printf 'export QUORUMLOCK_PG_BIN_DIR=%q\n' "$PG_BIN_DIR"
+  if [ "$has_postgres" = 1 ]; then
+    printf 'export QUORUMLOCK_PG_BIN_DIR=%q\n' "$PG_BIN_DIR"
+    printf 'export QUORUMLOCK_PGBOUNCER=%q\n' "$PGBOUNCER_BIN"
+  fi
   [ "$has_zk" = 1 ] && printf 'export QUORUMLOCK_CURATOR_CP=%q\n' "$(curator_classpath)"
   if [ "$has_tls" = 1 ]; then
     # The TLS servers' certificates (scripts/certs.sh): the CA, a client

@@ -36,6 +36,9 @@ pub(crate) struct PostgresCore {
     pub(crate) prefix: String,
     /// Every statement, with the schema filled in.
     pub(crate) sql: Sql,
+    /// Sent on every new connection before anything else: the server's
+    /// timeouts of our transactions and statements.
+    pub(crate) settings: String,
     /// Idle connections, each one transaction at a time.
     idle: Mutex<Vec<Client>>,
     /// Set once the tables exist (created on first use).
@@ -161,19 +164,21 @@ pub(crate) type Work<T> =
     Box<dyn for<'c> FnOnce(&'c mut Client) -> BoxFuture<'c, std::result::Result<T, Fail>> + Send>;
 
 impl PostgresCore {
-    pub(crate) fn new(config: PostgresConfig, mut pg: tokio_postgres::Config) -> PostgresCore {
+    pub(crate) fn new(config: PostgresConfig, pg: tokio_postgres::Config) -> PostgresCore {
         // A transaction whose client went silent (a partition, a proxy
         // that keeps the connection open, a paused process) must not keep
         // its queue's advisory lock and row locks: the server ends it
         // after the request timeout, as the client has given up on it by
         // then; a statement that waits twice that long is given up too.
+        // Set by a statement on each new connection, not by the startup
+        // packet's `options`, which poolers refuse (pgbouncer: "unsupported
+        // startup parameter: options"); in session mode the pooler's
+        // `DISCARD ALL` drops them with the client.
         let ms = config.timeout.as_millis();
-        let options = format!(
-            "{} -c idle_in_transaction_session_timeout={ms} -c statement_timeout={}",
-            pg.get_options().unwrap_or(""),
+        let settings = format!(
+            "SET idle_in_transaction_session_timeout = {ms}; SET statement_timeout = {}",
             ms * 2
         );
-        pg.options(options.trim_start());
         let prefix = config.namespace.prefix();
         let sql = Sql::new(&config.schema);
         PostgresCore {
@@ -182,6 +187,7 @@ impl PostgresCore {
             requests: AtomicU64::new(0),
             prefix,
             sql,
+            settings,
             idle: Mutex::new(Vec::new()),
             schema: OnceCell::new(),
             opened: Mutex::new(Vec::new()),
@@ -212,6 +218,11 @@ impl PostgresCore {
                 tracing::debug!(error = %e, "PostgreSQL connection ended");
             }
         });
+        match tokio::time::timeout(self.config.timeout, client.batch_execute(&self.settings)).await
+        {
+            Ok(r) => r.map_err(|e| error::map(e, what))?,
+            Err(_) => return Err(error::timed_out(what, self.config.timeout)),
+        }
         Ok(client)
     }
 

@@ -129,7 +129,12 @@ pub(crate) async fn listen(state: &Arc<SessionState>) -> Result<(Arc<Client>, Jo
         }
     });
     core.count();
-    let sql = format!("LISTEN \"{}\"", layout::channel(&state.id));
+    // The connection's settings and the LISTEN in one round trip.
+    let sql = format!(
+        "{}; LISTEN \"{}\"",
+        core.settings,
+        layout::channel(&state.id)
+    );
     match tokio::time::timeout(core.config.timeout, client.batch_execute(&sql)).await {
         Ok(Ok(())) => {
             let client = Arc::new(client);
