@@ -103,6 +103,66 @@ async fn remove_sem(s: &Arc<SessionState>, keys: &Keys) -> Result<()> {
     ))
 }
 
+/// Takes the sessions `ended` (ours, destroyed by a close: their
+/// contender keys and revoke markers went with them) out of `P/.lock`,
+/// which no session locks and which would otherwise name them until
+/// the next writer of the semaphore prunes them: the `cas` of `.lock`
+/// at the index read, without them and without any other dead holder
+/// (Go's rule, as every writer applies it), or its `delete-cas` when
+/// no live holder is left, as a release does. Called only after the
+/// destroys were answered, so no write of theirs can land later (every
+/// write that adds a holder checks its session's contender key) and
+/// the `?consistent` read sees the last of them. Nothing to do (no
+/// `.lock`, not a semaphore's, none of them named): no write.
+pub(crate) async fn prune_ended(
+    s: &Arc<SessionState>,
+    keys: &Keys,
+    ended: &std::collections::BTreeSet<String>,
+) -> Result<()> {
+    for _ in 0..MAX_ACQUIRE_RETRIES {
+        let v = read_sem(s, keys, 0).await?;
+        let (Some(l), Some(st)) = (&v.lock, &v.state) else {
+            return Ok(());
+        };
+        if l.flags != SEMAPHORE_FLAGS || !st.holders.keys().any(|h| ended.contains(h)) {
+            return Ok(());
+        }
+        let rest: std::collections::BTreeMap<String, bool> = st
+            .holders
+            .keys()
+            .filter(|h| v.alive.contains(*h) && !ended.contains(*h))
+            .map(|h| (h.clone(), true))
+            .collect();
+        let op = if rest.is_empty() {
+            op::delete_cas(&keys.sem.lock, l.modify_index)
+        } else {
+            let new = SemLock {
+                limit: st.limit,
+                holders: rest,
+            };
+            op::cas(
+                &keys.sem.lock,
+                l.modify_index,
+                SEMAPHORE_FLAGS,
+                &new.encode(),
+            )
+        };
+        match s
+            .write(keys, vec![op], "pruning a semaphore's ended holders")
+            .await?
+        {
+            Txn::Done(_) => return Ok(()),
+            Txn::Failed(errs) => {
+                tracing::debug!(?errs, "the semaphore changed while pruning it; re-reading");
+            }
+        }
+    }
+    Err(Error::new(
+        ErrorKind::Timeout,
+        format!("semaphore {} kept changing while pruning it", keys.sem.lock),
+    ))
+}
+
 /// A permit of a `consul lock -n N` semaphore (layout in `layout.rs`).
 /// Our contenders queue by CreateIndex: one with `permits` or more of
 /// ours ahead waits for one of the `permits` nearest to go; one

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use quorumlock_core::backend::{AcquireRequest, Acquired, SessionLiveness, StoreSession};
+use quorumlock_core::backend::{AcquireRequest, Acquired, Backoff, SessionLiveness, StoreSession};
 use quorumlock_core::{Error, ErrorKind, LockKind, Result};
 use serde_json::json;
 use tokio::time::Instant;
@@ -49,13 +49,15 @@ struct PermitSessions {
     /// Every permit session still alive, oldest first.
     all: StdMutex<Vec<Arc<SessionState>>>,
     /// Semaphore requests in flight or held: contender -> (semaphore
-    /// prefix, the session it uses, its signals).
+    /// keys, the session it uses, its signals). A request is forgotten
+    /// only once removed (or removed by its acquire), so `close` finds
+    /// here every semaphore whose `.lock` may name a session of ours.
     used: StdMutex<HashMap<uuid::Uuid, Use>>,
 }
 
 #[derive(Clone)]
 struct Use {
-    prefix: String,
+    keys: Keys,
     session: Arc<SessionState>,
     signals: quorumlock_core::backend::EntrySignals,
 }
@@ -93,11 +95,12 @@ impl ConsulSession {
     /// The session a semaphore request uses: the main one unless another
     /// request of ours on the same semaphore uses it, else a permit
     /// session that no request on it uses (a new one if none is free).
-    async fn session_for(&self, req: &AcquireRequest, prefix: &str) -> Result<Arc<SessionState>> {
+    async fn session_for(&self, req: &AcquireRequest, keys: &Keys) -> Result<Arc<SessionState>> {
+        let prefix = keys.sem.prefix.as_str();
         let pick = |used: &HashMap<uuid::Uuid, Use>| -> Option<Arc<SessionState>> {
             let busy: Vec<&str> = used
                 .values()
-                .filter(|u| u.prefix == prefix)
+                .filter(|u| u.keys.sem.prefix == prefix)
                 .map(|u| u.session.id.as_str())
                 .collect();
             if !busy.contains(&self.s.id.as_str()) {
@@ -109,7 +112,7 @@ impl ConsulSession {
                 .cloned()
         };
         let record = |session: Arc<SessionState>| Use {
-            prefix: prefix.to_string(),
+            keys: keys.clone(),
             session,
             signals: req.signals.clone(),
         };
@@ -259,7 +262,7 @@ impl StoreSession for ConsulSession {
             LockKind::Read | LockKind::Write => rw::acquire_rw(&self.s, req).await,
             LockKind::Semaphore { permits } => {
                 let keys = Keys::new(&self.s.core.config, &req.name);
-                let s = self.session_for(req, &keys.sem.prefix).await?;
+                let s = self.session_for(req, &keys).await?;
                 let r = semaphore::acquire_sem(&s, req, permits).await;
                 if r.as_ref().is_err_and(|e| e.kind() == ErrorKind::WouldBlock) {
                     // Removed already; no abandon follows.
@@ -314,21 +317,97 @@ impl StoreSession for ConsulSession {
         }
     }
 
+    /// Ends the client's sessions (the permit sessions, then the main
+    /// one), then takes them out of the `.lock` of every semaphore a
+    /// request of ours used and did not remove (a guard still held at
+    /// the close, an acquire cut off by it): that key is locked by no
+    /// session, so without this it would name the dead sessions until
+    /// the semaphore's next writer prunes them ([`semaphore::prune_ended`],
+    /// after the destroys, so no late write of ours can land after it).
+    /// While such a semaphore is left, a retryable failure (a cut link,
+    /// no leader) is tried again, with backoff, for up to two TTLs; on a
+    /// link that stays down, `close` so returns after about two TTLs,
+    /// the sessions expire by their TTL, and their semaphores' `.lock`
+    /// names them until next used. With none left, a failed destroy is
+    /// not retried (as before): whatever the sessions locked goes with
+    /// them when they expire.
     async fn close(&self) -> Result<()> {
-        let permit_sessions = std::mem::take(&mut *self.permits.all.lock().expect("poisoned"));
-        for p in permit_sessions {
-            p.stop.cancel();
-            if let Err(e) = p.core.api.session_destroy(&p.id).await {
-                tracing::debug!(session = %p.id, error = %e, "destroying a permit session failed; it ends by its TTL");
+        let ttl = self.s.core.config.ttl;
+        let give_up = Instant::now() + ttl * 2;
+        let mut sessions = std::mem::take(&mut *self.permits.all.lock().expect("poisoned"));
+        let mut semaphores: Vec<Keys> = Vec::new();
+        for u in self.permits.used.lock().expect("poisoned").values() {
+            // A permit session lost by itself left `all` but may still
+            // be named in `.lock`: ended (again) and pruned too.
+            if !sessions.iter().any(|p| p.id == u.session.id) && u.session.id != self.s.id {
+                sessions.push(u.session.clone());
+            }
+            if !semaphores.iter().any(|k| k.sem.prefix == u.keys.sem.prefix) {
+                semaphores.push(u.keys.clone());
             }
         }
-        self.s.stop.cancel();
-        self.s
-            .core
-            .api
-            .session_destroy(&self.s.id)
-            .await
-            .map_err(|e| map(e, "destroying the session"))
+        sessions.push(self.s.clone());
+        for p in &sessions {
+            p.stop.cancel();
+        }
+        let mut ended = std::collections::BTreeSet::new();
+        let mut backoff = Backoff::new(
+            Duration::from_millis(50),
+            (ttl / 10).max(Duration::from_millis(50)),
+        );
+        loop {
+            let mut failure = None;
+            for p in &sessions {
+                if ended.contains(&p.id) {
+                    continue;
+                }
+                match p.core.api.session_destroy(&p.id).await {
+                    Ok(()) => {
+                        ended.insert(p.id.clone());
+                    }
+                    Err(e) => {
+                        tracing::debug!(session = %p.id, error = %e, "destroying a session failed");
+                        failure.get_or_insert(map(e, "destroying the session"));
+                    }
+                }
+            }
+            if !ended.is_empty() {
+                let all_ended = ended.len() == sessions.len();
+                let mut left = Vec::new();
+                for keys in semaphores.drain(..) {
+                    match semaphore::prune_ended(&self.s, &keys, &ended).await {
+                        Ok(()) if all_ended => {}
+                        Ok(()) => left.push(keys),
+                        Err(e) => {
+                            failure.get_or_insert(e);
+                            left.push(keys);
+                        }
+                    }
+                }
+                semaphores = left;
+            }
+            let Some(e) = failure else {
+                return Ok(());
+            };
+            if semaphores.is_empty() {
+                // Nothing that outlives the sessions: what they locked
+                // goes with them when they expire, if not destroyed.
+                tracing::debug!(error = %e, "ending the Consul sessions failed; they end by their TTL");
+                return Err(e);
+            }
+            let delay = backoff.next_delay();
+            if !e.is_retryable() || Instant::now() + delay >= give_up {
+                tracing::warn!(
+                    error = %e,
+                    "could not end the Consul sessions and clear them from their semaphores: \
+                     the sessions expire by their TTL, and a semaphore's .lock names them \
+                     until the semaphore is used again"
+                );
+                return Err(e);
+            }
+            tracing::debug!(error = %e, "closing the session failed; trying again");
+            tokio::time::sleep(delay).await;
+        }
     }
 }
 
