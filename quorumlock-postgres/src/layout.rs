@@ -11,6 +11,28 @@ use uuid::Uuid;
 /// `pg_advisory_lock(bigint)` never meet it): "qlk".
 pub(crate) const ADVISORY_CLASS: i32 = 0x71_6c_6b;
 
+/// The bits of a fencing token below the timeline: the sequence's value
+/// (below 2^40). A token is `timeline << 40 | value`.
+pub(crate) const SEQ_BITS: u32 = 40;
+
+/// The largest timeline a token can carry: its bits end below the sign
+/// bit of a `bigint`.
+pub(crate) const MAX_TIMELINE: i64 = (1 << (63 - SEQ_BITS)) - 1;
+
+/// An enqueue whose arrival value (from the same sequence as the tokens)
+/// reaches this is refused: the 2^32 values left are for the grants of
+/// the entries already queued, so that a release (which grants the next)
+/// never fails for want of a token.
+pub(crate) const ENQUEUE_LIMIT: i64 = (1 << SEQ_BITS) - (1 << 32);
+
+/// The server's current WAL insert timeline, from the name of the WAL
+/// file it writes (its first 8 hex digits). Right after a promotion it is
+/// already the new timeline (`pg_control_checkpoint()`'s is not until the
+/// end-of-recovery checkpoint); on a standby it is an error (as a write
+/// would be).
+pub(crate) const TIMELINE: &str =
+    "('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint";
+
 /// The tables, created on first use (one transaction, under the advisory
 /// lock `(ADVISORY_CLASS, 0)` so that clients starting together do not
 /// race on the catalog). `{s}` is the quoted schema.
@@ -20,9 +42,11 @@ pub(crate) const ADVISORY_CLASS: i32 = 0x71_6c_6b;
 ///   alive while `expires > clock_timestamp()`; a missing row is a dead
 ///   session.
 /// - `entries`: one row per contender of a lock, in arrival order by
-///   `seq` (from the sequence `seq`); `token` is null while it waits and
-///   the sequence's next value when it is granted, so tokens grow across
-///   every kind on a name (and across names).
+///   `seq` (from the sequence `seq`); `token` is null while it waits and,
+///   once granted, the server's timeline above the sequence's next value
+///   ([`token`]), so tokens grow across every kind on a name (and across
+///   names) within a timeline, and a promotion (a new, larger timeline)
+///   puts every later token above every token of the old one.
 /// - `fences`: attempts given up while their enqueue's outcome was
 ///   unknown; an enqueue that finds its contender here writes nothing.
 ///   They go with their session.
@@ -78,7 +102,9 @@ pub(crate) struct Sql {
     /// `$1`: lock. The queue in arrival order, each entry with the
     /// remaining life of its session in ms.
     pub(crate) queue: String,
-    /// `$1`: contender. Grants it: its token from the sequence.
+    /// `$1`: contender. Grants it: its token, the timeline shifted above
+    /// the sequence's next value; answers the token and the timeline
+    /// ([`token`] checks them).
     pub(crate) grant: String,
     /// `$1`: sessions, `$2`: messages. One notification each.
     pub(crate) notify: String,
@@ -86,7 +112,8 @@ pub(crate) struct Sql {
     pub(crate) session_alive: String,
     /// `$1`: contender.
     pub(crate) fenced: String,
-    /// `$1..$7`: lock, contender, session, kind, permits, value.
+    /// `$1..$6`: lock, contender, session, kind, permits, value; answers
+    /// the arrival value and the timeline ([`check_enqueue`]).
     pub(crate) insert: String,
     /// `$1`: contender.
     pub(crate) delete_contender: String,
@@ -143,8 +170,9 @@ impl Sql {
                    COALESCE((extract(epoch FROM (s.expires - clock_timestamp())) * 1000)::bigint, 0) \
                  FROM {s}.entries e LEFT JOIN {s}.sessions s ON s.id = e.session \
                  WHERE e.lock = $1 ORDER BY e.seq"),
-            grant: f("UPDATE {s}.entries SET token = nextval('{s}.seq') \
-                 WHERE contender = $1 AND token IS NULL RETURNING token"),
+            grant: f(&format!("WITH t AS (SELECT {TIMELINE} AS tl) \
+                 UPDATE {{s}}.entries e SET token = (t.tl << {SEQ_BITS}) + nextval('{{s}}.seq') \
+                 FROM t WHERE e.contender = $1 AND e.token IS NULL RETURNING e.token, t.tl")),
             notify: "SELECT pg_notify('ql_' || replace(t.s::text, '-', ''), t.m) \
                  FROM unnest($1::uuid[], $2::text[]) AS t(s, m)"
                 .to_string(),
@@ -152,7 +180,8 @@ impl Sql {
                  AND expires > clock_timestamp() FOR KEY SHARE"),
             fenced: f("SELECT 1 FROM {s}.fences WHERE contender = $1"),
             insert: f("INSERT INTO {s}.entries (lock, seq, contender, session, kind, permits, value) \
-                 VALUES ($1, nextval('{s}.seq'), $2, $3, $4, $5, $6)"),
+                 VALUES ($1, nextval('{s}.seq'), $2, $3, $4, $5, $6) RETURNING seq, {TIMELINE}")
+                .replace("{TIMELINE}", TIMELINE),
             delete_contender: f("DELETE FROM {s}.entries WHERE contender = $1"),
             fence: f("INSERT INTO {s}.fences (contender, session) VALUES ($1, $2) \
                  ON CONFLICT DO NOTHING"),
@@ -194,6 +223,58 @@ impl Sql {
                  UNION SELECT session FROM {s}.fences WHERE session = ANY($1)"),
         }
     }
+}
+
+/// The fencing token of a grant whose statement answered `token` and
+/// `timeline`: refused (the transaction rolls back, nothing granted) if
+/// the timeline does not fit above the sequence (beyond
+/// [`MAX_TIMELINE`]), or the sequence's value reached 2^40 (it would run
+/// into the timeline's bits: tokens would no longer grow), rather than
+/// wrap.
+pub(crate) fn token(token: i64, timeline: i64) -> Result<u64> {
+    check_timeline(timeline)?;
+    if token >> SEQ_BITS != timeline {
+        return Err(exhausted(token - (timeline << SEQ_BITS)));
+    }
+    Ok(token as u64)
+}
+
+/// Checks an enqueue's arrival value `seq` and the server's `timeline`:
+/// refused once the sequence reached [`ENQUEUE_LIMIT`] (the rest is for
+/// the grants of entries already queued) or the timeline is beyond
+/// [`MAX_TIMELINE`].
+pub(crate) fn check_enqueue(seq: i64, timeline: i64) -> Result<()> {
+    check_timeline(timeline)?;
+    if !(0..ENQUEUE_LIMIT).contains(&seq) {
+        return Err(exhausted(seq));
+    }
+    Ok(())
+}
+
+fn check_timeline(timeline: i64) -> Result<()> {
+    if (1..=MAX_TIMELINE).contains(&timeline) {
+        return Ok(());
+    }
+    Err(Error::new(
+        ErrorKind::Store,
+        format!(
+            "the server's timeline {timeline} does not fit in a fencing token \
+             (timeline << {SEQ_BITS} | sequence, timelines 1 to {MAX_TIMELINE}): \
+             refused rather than giving a token that does not grow"
+        ),
+    ))
+}
+
+fn exhausted(value: i64) -> Error {
+    Error::new(
+        ErrorKind::Store,
+        format!(
+            "the lock tables' sequence is at {value}, near or past 2^{SEQ_BITS}, where fencing \
+             tokens (timeline << {SEQ_BITS} | sequence) would stop growing: refused rather \
+             than wrapped. New tokens need a new timeline (a promotion or a point-in-time \
+             recovery) and then the sequence restarted (ALTER SEQUENCE <schema>.seq RESTART)"
+        ),
+    )
 }
 
 /// Checks a schema name: 1 to 40 of `a-z`, `0-9` and `_`, not starting
@@ -315,5 +396,30 @@ mod tests {
         assert_eq!(parse_session_id(&s.simple().to_string()).unwrap(), s);
         assert!(parse_session_id(&s.to_string()).is_err());
         assert_eq!(channel(&s).len(), 35);
+    }
+
+    #[test]
+    fn tokens_carry_the_timeline_and_refuse_to_wrap() {
+        let t = 1 << SEQ_BITS;
+        assert_eq!(token(t + 7, 1).unwrap(), (t + 7) as u64);
+        assert_eq!(token(2 * t + 1, 2).unwrap(), (2 * t + 1) as u64);
+        // A later timeline's token is above every token of the ones before.
+        assert!(token(2 * t + 1, 2).unwrap() > token(2 * t - 1, 1).unwrap());
+        // The sequence at 2^40: the sum went into the timeline's bits.
+        let e = token(2 * t, 1).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Store);
+        assert!(e.to_string().contains("refused rather than wrapped"), "{e}");
+        // Timelines that do not fit.
+        assert!(token(5, 0).is_err());
+        assert!(token(5, MAX_TIMELINE + 1).is_err());
+        assert_eq!(
+            token((MAX_TIMELINE << SEQ_BITS) + 3, MAX_TIMELINE).unwrap(),
+            ((MAX_TIMELINE << SEQ_BITS) + 3) as u64
+        );
+        // Enqueues stop 2^32 values early.
+        assert!(check_enqueue(1, 1).is_ok());
+        assert!(check_enqueue(ENQUEUE_LIMIT - 1, 1).is_ok());
+        assert!(check_enqueue(ENQUEUE_LIMIT, 1).is_err());
+        assert!(check_enqueue(1, MAX_TIMELINE + 1).is_err());
     }
 }

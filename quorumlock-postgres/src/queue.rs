@@ -12,7 +12,7 @@ use quorumlock_core::{LockKind, Result};
 use tokio_postgres::Transaction;
 use uuid::Uuid;
 
-use crate::core::{PostgresCore, Work};
+use crate::core::{Fail, PostgresCore, Work};
 use crate::layout::{self, Sql};
 
 /// One entry of a queue as read in a transaction.
@@ -97,13 +97,14 @@ pub(crate) async fn read(
 /// Grants every entry of the (purged) queue that holds and has no token
 /// yet, and wakes its session, except for `quiet` (the contender of the
 /// transaction's own caller, who reads its standing from the answer).
-/// The queue as it is after.
+/// The queue as it is after. Refused (`Fail::Quit`, the transaction
+/// rolls back) if a token would not fit ([`layout::token`]).
 pub(crate) async fn grant(
     tx: &Transaction<'_>,
     sql: &Sql,
     lock: &str,
     quiet: Option<Uuid>,
-) -> std::result::Result<Vec<Entry>, tokio_postgres::Error> {
+) -> std::result::Result<Vec<Entry>, Fail> {
     let mut entries = read(tx, sql, lock).await?;
     let kinds: Vec<LockKind> = entries.iter().map(|e| e.kind).collect();
     let (mut sessions, mut messages) = (Vec::new(), Vec::new());
@@ -114,7 +115,8 @@ pub(crate) async fn grant(
         let row = tx
             .query_typed_one(&sql.grant, &[(&e.contender, Type::UUID)])
             .await?;
-        e.token = Some(row.try_get(0)?);
+        let token = layout::token(row.try_get(0)?, row.try_get(1)?).map_err(Fail::Quit)?;
+        e.token = Some(token as i64);
         if Some(e.contender) != quiet {
             sessions.push(e.session);
             messages.push(format!("g {}", e.contender.simple()));
@@ -148,7 +150,7 @@ pub(crate) async fn settle(
     sql: &Sql,
     lock: &str,
     quiet: Option<Uuid>,
-) -> std::result::Result<Vec<Entry>, tokio_postgres::Error> {
+) -> std::result::Result<Vec<Entry>, Fail> {
     purge(tx, sql, lock).await?;
     grant(tx, sql, lock, quiet).await
 }

@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use crate::core::{quit, PostgresCore, SessionState, Work};
+use crate::core::{quit, Fail, PostgresCore, SessionState, Work};
 use crate::layout;
 use crate::monitor::{keepalive, listen, supervise};
 use crate::queue::{self, Standing};
@@ -140,18 +140,20 @@ impl PostgresSession {
                         );
                     }
                     let (code, permits) = layout::kind_code(kind);
-                    tx.execute_typed(
-                        &sql.insert,
-                        &[
-                            (&lock, Type::TEXT),
-                            (&me, Type::UUID),
-                            (&sid, Type::UUID),
-                            (&code, Type::TEXT),
-                            (&permits, Type::INT4),
-                            (&value, Type::BYTEA),
-                        ],
-                    )
-                    .await?;
+                    let row = tx
+                        .query_typed_one(
+                            &sql.insert,
+                            &[
+                                (&lock, Type::TEXT),
+                                (&me, Type::UUID),
+                                (&sid, Type::UUID),
+                                (&code, Type::TEXT),
+                                (&permits, Type::INT4),
+                                (&value, Type::BYTEA),
+                            ],
+                        )
+                        .await?;
+                    layout::check_enqueue(row.try_get(0)?, row.try_get(1)?).map_err(Fail::Quit)?;
                 }
                 let entries = queue::grant(&tx, sql, &lock, Some(me)).await?;
                 let standing = queue::standing(&entries, me);
