@@ -59,7 +59,7 @@ impl PostgresBackend {
     /// # Cancel safety
     /// As [`PostgresBackend::connect`].
     pub async fn from_config(config: PostgresConfig) -> Result<PostgresBackend> {
-        config.check()?;
+        config.validate()?;
         let pg = config.client_config();
         Self::from_client(pg, config).await
     }
@@ -78,7 +78,7 @@ impl PostgresBackend {
         pg: tokio_postgres::Config,
         config: PostgresConfig,
     ) -> Result<PostgresBackend> {
-        config.check()?;
+        config.validate()?;
         let b = PostgresBackend {
             core: Arc::new(PostgresCore::new(config, pg)),
         };

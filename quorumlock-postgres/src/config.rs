@@ -6,9 +6,7 @@
 
 use std::time::Duration;
 
-use quorumlock_core::backend::connect::{
-    DEFAULT_CONNECT_TIMEOUT, MAX_CONNECT_TIMEOUT, MIN_CONNECT_TIMEOUT,
-};
+use quorumlock_core::backend::connect::DEFAULT_CONNECT_TIMEOUT;
 use quorumlock_core::backend::Namespace;
 use quorumlock_core::url::{self, Env, Options, Secret, Url};
 use quorumlock_core::{Error, ErrorKind, Result};
@@ -187,13 +185,11 @@ impl PostgresConfig {
                 )));
             }
         }
-        let connect_timeout = opts.duration(
-            "connect_timeout",
-            DEFAULT_CONNECT_TIMEOUT,
-            MIN_CONNECT_TIMEOUT,
-            MAX_CONNECT_TIMEOUT,
-        )?;
-        let lazy = opts.flag("lazy", false)?;
+        let url::ConnectOptions {
+            connect_timeout,
+            lazy,
+            ..
+        } = opts.connect_options(DEFAULT_CONNECT_TIMEOUT)?;
         opts.finish(KNOWN)?;
         let c = PostgresConfig {
             host: host
@@ -218,13 +214,14 @@ impl PostgresConfig {
             lazy,
             display: url::redact(u),
         };
-        c.check().map_err(|e| invalid(e.message().to_string()))?;
+        c.validate().map_err(|e| invalid(e.message().to_string()))?;
         Ok(c)
     }
 
     /// Checks what the URL parser checks, for a configuration built in
-    /// code.
-    pub(crate) fn check(&self) -> Result<()> {
+    /// code (`InvalidArgument` naming the field), as every store's config
+    /// does; `from_config` and `from_client` call it first.
+    pub fn validate(&self) -> Result<()> {
         url::check_duration("ttl", self.ttl, MIN_TTL, MAX_TTL)?;
         url::check_connect_timeout(self.connect_timeout)?;
         if self.timeout >= self.ttl {
