@@ -24,6 +24,9 @@
 #   postgres PostgreSQL 15 (bookworm)            5432, database quorumlock, user
 #           postgres without a password (trust on loopback), fsync off; run as
 #           the Debian package's `postgres` user (it refuses to run as root);
+#           TLS on the same port (scripts/certs.sh's certificates): the user
+#           quorumlock-test, the client certificate's CN, logs in only over
+#           TLS with that certificate (pg_hba `cert`);
 #           pgbouncer (bookworm) installed, not started: the pooler test
 #           starts its own, and the failover test its own primary + standby
 #   The same servers with TLS, every one requiring a client certificate
@@ -535,17 +538,28 @@ EOF
 # made here, by a single-user run before the start).
 start_postgres() {
   local dir=$1
-  mkdir -p "$dir/data"
+  mkdir -p "$dir/data" "$dir/tls"
+  # TLS on the same port (scripts/certs.sh's server certificate): the
+  # user quorumlock-test (the client certificate's CN) logs in only over
+  # TLS with that certificate; postgres is trusted on loopback as before.
+  cp "$CERTS/server.pem" "$CERTS/server-key.pem" "$CERTS/ca.pem" "$dir/tls/"
   chown -R postgres:postgres "$dir"
+  chmod 600 "$dir/tls/server-key.pem"
   local as=(setpriv --reuid=postgres --regid=postgres --init-groups)
   "${as[@]}" "$PG_BIN_DIR/initdb" -D "$dir/data" -U postgres --auth=trust \
     --no-sync -E UTF8 --locale=C >>"$dir/log" 2>&1 || fail_store postgres "initdb failed"
-  echo 'CREATE DATABASE quorumlock' | "${as[@]}" "$PG_BIN_DIR/postgres" --single \
-    -D "$dir/data" postgres >>"$dir/log" 2>&1 || fail_store postgres "creating the database failed"
+  printf 'CREATE DATABASE quorumlock\nCREATE ROLE "quorumlock-test" LOGIN SUPERUSER\n' |
+    "${as[@]}" "$PG_BIN_DIR/postgres" --single -D "$dir/data" postgres >>"$dir/log" 2>&1 ||
+    fail_store postgres "creating the database failed"
+  { printf 'hostssl all quorumlock-test %s/32 cert\nhost all quorumlock-test %s/32 reject\n' "$HOST" "$HOST"
+    cat "$dir/data/pg_hba.conf"; } >"$dir/pg_hba.conf"
+  chown postgres:postgres "$dir/pg_hba.conf"
   launch postgres "${as[@]}" "$PG_BIN_DIR/postgres" -D "$dir/data" \
     -c listen_addresses="$HOST" -p "$POSTGRES_PORT" -c unix_socket_directories="$dir" \
     -c fsync=off -c synchronous_commit=off -c full_page_writes=off \
-    -c max_connections=500 -c shared_buffers=64MB
+    -c max_connections=500 -c shared_buffers=64MB -c hba_file="$dir/pg_hba.conf" \
+    -c ssl=on -c ssl_cert_file="$dir/tls/server.pem" -c ssl_key_file="$dir/tls/server-key.pem" \
+    -c ssl_ca_file="$dir/tls/ca.pem"
 }
 
 start_store() { # STORE; sets STARTED=1 if it started it, 0 if already running
@@ -645,7 +659,9 @@ emit_env() {
       etcd35) has_etcd=1; echo "export QUORUMLOCK_TEST_ETCD35_URL=etcd://$HOST:$ETCD35_PORT" ;;
       consul) has_consul=1; echo "export QUORUMLOCK_TEST_CONSUL_URL=consul://$HOST:$CONSUL_HTTP_PORT" ;;
       redis) has_redis=1; echo "export QUORUMLOCK_TEST_REDIS_URL=redis://$HOST:$REDIS_PORT" ;;
-      postgres) has_postgres=1; echo "export QUORUMLOCK_TEST_POSTGRES_URL=postgres://postgres@$HOST:$POSTGRES_PORT/quorumlock" ;;
+      postgres) has_postgres=1; has_tls=1
+                echo "export QUORUMLOCK_TEST_POSTGRES_URL=postgres://postgres@$HOST:$POSTGRES_PORT/quorumlock"
+                echo "export QUORUMLOCK_TEST_POSTGRES_TLS_URL=postgres://quorumlock-test@$HOST:$POSTGRES_PORT/quorumlock" ;;
     esac
   done
   if [ "$has_etcd" = 1 ]; then
@@ -695,7 +711,7 @@ cmd_up() {
   mkdir -p "$STATE"
   local s started=()
   case " $* " in
-    *-tls\ *) "$(dirname "$0")/certs.sh" "$CERTS" || die "making the test certificates failed" ;;
+    *-tls\ *|*\ postgres\ *) "$(dirname "$0")/certs.sh" "$CERTS" || die "making the test certificates failed" ;;
   esac
   for s in "$@"; do
     start_store "$s"

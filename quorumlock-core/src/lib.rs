@@ -17,6 +17,7 @@ mod rw;
 mod scoped;
 mod signal;
 mod telemetry;
+pub mod tls;
 pub mod url;
 
 pub use availability::{default_value, ClientOptions, DEFAULT_UNAVAILABLE_AFTER};

@@ -79,8 +79,10 @@ impl PostgresBackend {
         config: PostgresConfig,
     ) -> Result<PostgresBackend> {
         config.validate()?;
+        let tls =
+            config.tls_connector(pg.get_ssl_mode() != tokio_postgres::config::SslMode::Disable)?;
         let b = PostgresBackend {
-            core: Arc::new(PostgresCore::new(config, pg)),
+            core: Arc::new(PostgresCore::new(config, pg, tls)),
         };
         let c = &b.core.config;
         if !c.lazy {

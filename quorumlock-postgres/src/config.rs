@@ -4,6 +4,7 @@
 //! `PGPASSWORD` and the user from `PGUSER` (libpq's variables) when the
 //! URL has none. The one place this crate reads the environment.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use quorumlock_core::backend::connect::DEFAULT_CONNECT_TIMEOUT;
@@ -32,7 +33,56 @@ const KNOWN: &[&str] = &[
     "connect_timeout",
     "lazy",
     "sslmode",
+    "ca",
+    "cert",
+    "key",
 ];
+
+/// Whether and how the connections use TLS (`sslmode=`, libpq's words).
+///
+/// Stricter than libpq in two places: the modes that use TLS always check
+/// the server's certificate chain (against `ca=`, else the system's
+/// roots; libpq's `require` checks nothing without a root file), and
+/// `prefer` and `allow` connect without TLS (libpq tries TLS first,
+/// unchecked): this backend never sends a session over TLS it has not
+/// checked, nor falls back from TLS silently.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum SslMode {
+    /// No TLS (`disable`, `allow`, `prefer`, or no `sslmode=`).
+    #[default]
+    Disable,
+    /// TLS; the chain is checked, not the host name (`require`, as
+    /// libpq's `require` with a root file).
+    Require,
+    /// TLS; the chain is checked, not the host name (`verify-ca`).
+    VerifyCa,
+    /// TLS; the chain and the host name are checked (`verify-full`).
+    VerifyFull,
+}
+
+impl SslMode {
+    /// Whether connections use TLS.
+    pub fn uses_tls(self) -> bool {
+        self != SslMode::Disable
+    }
+
+    fn parse(v: Option<&str>) -> Result<SslMode> {
+        match v {
+            None | Some("disable" | "allow" | "prefer") => Ok(SslMode::Disable),
+            Some("require") => Ok(SslMode::Require),
+            Some("verify-ca") => Ok(SslMode::VerifyCa),
+            Some("verify-full") => Ok(SslMode::VerifyFull),
+            Some(other) => Err(invalid(format!(
+                "sslmode={other:?} is not one of disable, allow, prefer, require, \
+                 verify-ca, verify-full"
+            ))),
+        }
+    }
+}
+
+/// Why TLS files are refused without a TLS `sslmode=`.
+const NEEDS_TLS: &str = "needs sslmode=require, verify-ca or verify-full";
 
 /// The configuration of a [`crate::PostgresBackend`]: every URL part and
 /// option as a field, with a `with_<field>` setter each.
@@ -61,6 +111,14 @@ pub struct PostgresConfig {
     pub connect_timeout: Duration,
     /// `lazy=true`: `connect()` sends nothing.
     pub lazy: bool,
+    /// TLS (`sslmode=`).
+    pub sslmode: SslMode,
+    /// PEM file of the CA to trust (`ca=`); the system's roots without it.
+    pub ca_file: Option<PathBuf>,
+    /// PEM file of the client certificate (`cert=`), with `key=`.
+    pub client_cert_file: Option<PathBuf>,
+    /// PEM file of the client certificate's key (`key=`).
+    pub client_key_file: Option<PathBuf>,
     /// The URL as shown (credentials redacted); empty: made from the fields.
     pub display: String,
 }
@@ -79,6 +137,10 @@ impl Default for PostgresConfig {
             timeout: DEFAULT_TIMEOUT.min(DEFAULT_TTL / 3),
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             lazy: false,
+            sslmode: SslMode::Disable,
+            ca_file: None,
+            client_cert_file: None,
+            client_key_file: None,
             display: String::new(),
         }
     }
@@ -96,6 +158,10 @@ quorumlock_core::config_setters!(PostgresConfig {
     with_timeout => timeout: Duration,
     with_connect_timeout => connect_timeout: Duration,
     with_lazy => lazy: bool,
+    with_sslmode => sslmode: SslMode,
+    with_ca_file => ca_file: Option<PathBuf>,
+    with_client_cert_file => client_cert_file: Option<PathBuf>,
+    with_client_key_file => client_key_file: Option<PathBuf>,
     with_display => display: String,
 });
 
@@ -112,6 +178,10 @@ impl std::fmt::Debug for PostgresConfig {
             .field("timeout", &self.timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("lazy", &self.lazy)
+            .field("sslmode", &self.sslmode)
+            .field("ca_file", &self.ca_file)
+            .field("client_cert_file", &self.client_cert_file)
+            .field("client_key_file", &self.client_key_file)
             .finish()
     }
 }
@@ -168,23 +238,9 @@ impl PostgresConfig {
         let schema = opts
             .take("schema")
             .unwrap_or_else(|| DEFAULT_SCHEMA.to_string());
-        match opts.take("sslmode").as_deref() {
-            None | Some("disable") | Some("prefer") | Some("allow") => {}
-            Some(mode) => {
-                return Err(invalid(format!(
-                    "sslmode={mode}: this backend does not speak TLS to PostgreSQL yet \
-                     (sslmode=disable, prefer and allow connect without it); reach the \
-                     server over a trusted network or a local TLS tunnel"
-                )))
-            }
-        }
-        for tls in ["ca", "cert", "key"] {
-            if opts.has(tls) {
-                return Err(invalid(format!(
-                    "URL option {tls}=: this backend does not speak TLS to PostgreSQL yet"
-                )));
-            }
-        }
+        let sslmode = SslMode::parse(opts.take("sslmode").as_deref())?;
+        let (ca_file, client_cert_file, client_key_file) =
+            opts.tls_files((!sslmode.uses_tls()).then_some(NEEDS_TLS))?;
         let url::ConnectOptions {
             connect_timeout,
             lazy,
@@ -212,6 +268,10 @@ impl PostgresConfig {
             timeout,
             connect_timeout,
             lazy,
+            sslmode,
+            ca_file,
+            client_cert_file,
+            client_key_file,
             display: url::redact(u),
         };
         c.validate().map_err(|e| invalid(e.message().to_string()))?;
@@ -234,6 +294,14 @@ impl PostgresConfig {
                 ),
             ));
         }
+        url::check_tls_files(
+            [
+                ("ca_file", self.ca_file.as_deref()),
+                ("client_cert_file", self.client_cert_file.as_deref()),
+                ("client_key_file", self.client_key_file.as_deref()),
+            ],
+            (!self.sslmode.uses_tls()).then_some("needs sslmode (SslMode::Require or stricter)"),
+        )?;
         crate::layout::check_schema(&self.schema)?;
         Ok(())
     }
@@ -260,12 +328,69 @@ impl PostgresConfig {
             .application_name("quorumlock")
             .connect_timeout(self.timeout.max(Duration::from_secs(1)))
             .keepalives(true)
-            .keepalives_idle(Duration::from_secs(10));
+            .keepalives_idle(Duration::from_secs(10))
+            .ssl_mode(if self.sslmode.uses_tls() {
+                tokio_postgres::config::SslMode::Require
+            } else {
+                tokio_postgres::config::SslMode::Disable
+            });
         if let Some(pw) = &self.password {
             c.password(pw.expose());
         }
         c
     }
+}
+
+impl PostgresConfig {
+    /// The TLS side of every connection: trusting `ca=` (else the system's
+    /// roots), with the client certificate if given, checking the host
+    /// name under [`SslMode::VerifyFull`]. `pg_uses_tls`: whether the
+    /// connection settings ask for TLS (they may be the caller's own,
+    /// [`crate::PostgresBackend::from_client`]); when neither does, no
+    /// file is read and the connector is never used.
+    pub(crate) fn tls_connector(
+        &self,
+        pg_uses_tls: bool,
+    ) -> Result<tokio_postgres_rustls::MakeRustlsConnect> {
+        use quorumlock_core::tls;
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let check = match self.sslmode {
+            SslMode::VerifyFull => tls::HostCheck::ChainAndName,
+            _ if !self.sslmode.uses_tls() => tls::HostCheck::ChainAndName,
+            _ => tls::HostCheck::ChainOnly,
+        };
+        let roots = match &self.ca_file {
+            _ if !self.sslmode.uses_tls() && !pg_uses_tls => rustls::RootCertStore::empty(),
+            Some(ca) => tls::pem_roots(&tls::read_pem("ca", ca)?)?,
+            None => system_roots()?,
+        };
+        let identity = match (&self.client_cert_file, &self.client_key_file) {
+            (Some(c), Some(k)) => Some((tls::read_pem("cert", c)?, tls::read_pem("key", k)?)),
+            _ => None,
+        };
+        let config = tls::client_config(
+            provider,
+            roots,
+            identity.as_ref().map(|(c, k)| (c.as_str(), k.as_str())),
+            check,
+        )?;
+        Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
+    }
+}
+
+/// The system's trust roots, for TLS without `ca=`.
+fn system_roots() -> Result<rustls::RootCertStore> {
+    let found = rustls_native_certs::load_native_certs();
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add_parsable_certificates(found.certs);
+    if roots.is_empty() {
+        return Err(Error::new(
+            ErrorKind::Tls,
+            "PostgreSQL TLS without ca=: no trusted root certificate found on this system \
+             (give the server's CA with ca=)",
+        ));
+    }
+    Ok(roots)
 }
 
 #[cfg(test)]
@@ -319,8 +444,11 @@ mod tests {
             "postgres://h/",
             "postgres://h/db?ttl=1ms",
             "postgres://h/db?schema=Bad-Name",
-            "postgres://h/db?sslmode=require",
+            "postgres://h/db?sslmode=on",
             "postgres://h/db?ca=/x.pem",
+            "postgres://h/db?sslmode=prefer&ca=/x.pem",
+            "postgres://h/db?sslmode=verify-full&cert=/c.pem",
+            "postgres://h/db?sslmode=verify-full&ca=",
             "postgres://h/db?nope=1",
             "postgres://h/db?ttl=3s&timeout=3s",
             "postgres://h/db/a//b",
@@ -328,7 +456,50 @@ mod tests {
             let e = parse(u).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::InvalidUrl, "{u}: {e}");
         }
-        let e = parse("postgres://h/db?sslmode=verify-full").unwrap_err();
-        assert!(e.message().contains("TLS"), "{e}");
+        let e = parse("postgres://h/db?ca=/x.pem").unwrap_err();
+        assert!(e.message().contains("sslmode=require"), "{e}");
+    }
+
+    #[test]
+    fn sslmode_and_tls_files() {
+        for (mode, want) in [
+            ("", SslMode::Disable),
+            ("?sslmode=disable", SslMode::Disable),
+            ("?sslmode=prefer", SslMode::Disable),
+            ("?sslmode=allow", SslMode::Disable),
+            ("?sslmode=require", SslMode::Require),
+            ("?sslmode=verify-ca", SslMode::VerifyCa),
+            ("?sslmode=verify-full", SslMode::VerifyFull),
+        ] {
+            let c = parse(&format!("postgres://h/db{mode}")).unwrap();
+            assert_eq!(c.sslmode, want, "{mode}");
+            let pg = c.client_config();
+            assert_eq!(
+                pg.get_ssl_mode() == tokio_postgres::config::SslMode::Require,
+                want.uses_tls(),
+                "{mode}"
+            );
+        }
+        let c =
+            parse("postgres://h/db?sslmode=verify-full&ca=/ca.pem&cert=/c.pem&key=/k.pem").unwrap();
+        assert_eq!(c.ca_file.as_deref(), Some(std::path::Path::new("/ca.pem")));
+        assert_eq!(
+            c.client_cert_file.as_deref(),
+            Some(std::path::Path::new("/c.pem"))
+        );
+        assert_eq!(
+            c.client_key_file.as_deref(),
+            Some(std::path::Path::new("/k.pem"))
+        );
+        let e = PostgresConfig::default()
+            .with_ca_file(Some("/ca.pem".into()))
+            .validate()
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+        PostgresConfig::default()
+            .with_sslmode(SslMode::VerifyCa)
+            .with_ca_file(Some("/ca.pem".into()))
+            .validate()
+            .unwrap();
     }
 }

@@ -12,7 +12,8 @@ use futures::future::BoxFuture;
 use quorumlock_core::backend::{EntrySignals, SessionLiveness};
 use quorumlock_core::{Error, ErrorKind, LockName, LossReason, Result};
 use tokio::sync::{Notify, OnceCell};
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
+use tokio_postgres_rustls::MakeRustlsConnect;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -30,6 +31,8 @@ pub(crate) struct PostgresCore {
     pub(crate) config: PostgresConfig,
     /// How to open a connection (from the URL, or the caller's own).
     pub(crate) pg: tokio_postgres::Config,
+    /// Its TLS side (unused without `sslmode=`).
+    pub(crate) tls: MakeRustlsConnect,
     /// Requests sent, for `requests_sent` (the sessions' tasks count too).
     pub(crate) requests: AtomicU64,
     /// `<ns>/` or empty.
@@ -164,7 +167,11 @@ pub(crate) type Work<T> =
     Box<dyn for<'c> FnOnce(&'c mut Client) -> BoxFuture<'c, std::result::Result<T, Fail>> + Send>;
 
 impl PostgresCore {
-    pub(crate) fn new(config: PostgresConfig, pg: tokio_postgres::Config) -> PostgresCore {
+    pub(crate) fn new(
+        config: PostgresConfig,
+        pg: tokio_postgres::Config,
+        tls: MakeRustlsConnect,
+    ) -> PostgresCore {
         // A transaction whose client went silent (a partition, a proxy
         // that keeps the connection open, a paused process) must not keep
         // its queue's advisory lock and row locks: the server ends it
@@ -184,6 +191,7 @@ impl PostgresCore {
         PostgresCore {
             config,
             pg,
+            tls,
             requests: AtomicU64::new(0),
             prefix,
             sql,
@@ -208,11 +216,15 @@ impl PostgresCore {
     pub(crate) async fn connect(&self) -> Result<Client> {
         self.count();
         let what = "connecting to PostgreSQL";
-        let (client, connection) =
-            match tokio::time::timeout(self.config.timeout, self.pg.connect(NoTls)).await {
-                Ok(r) => r.map_err(|e| error::map(e, what))?,
-                Err(_) => return Err(error::timed_out(what, self.config.timeout)),
-            };
+        let (client, connection) = match tokio::time::timeout(
+            self.config.timeout,
+            self.pg.connect(self.tls.clone()),
+        )
+        .await
+        {
+            Ok(r) => r.map_err(|e| error::map(e, what))?,
+            Err(_) => return Err(error::timed_out(what, self.config.timeout)),
+        };
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "PostgreSQL connection ended");

@@ -13,16 +13,27 @@ use tokio_postgres::error::SqlState;
 ///   deadlock the server broke (the transaction was rolled back, nothing
 ///   of it applied), a read-only server (a standby, or a primary during a
 ///   failover): [`ErrorKind::Connection`] (retryable);
-/// - a refused password or user: [`ErrorKind::Unauthenticated`];
+/// - a TLS handshake that failed (an untrusted certificate, a refused
+///   client certificate): [`ErrorKind::Tls`];
+/// - a refused password, user or client certificate:
+///   [`ErrorKind::Unauthenticated`];
 /// - a missing privilege: [`ErrorKind::PermissionDenied`];
 /// - a database that does not exist: [`ErrorKind::InvalidArgument`];
 /// - anything else the server says: [`ErrorKind::Store`].
 pub(crate) fn map(e: tokio_postgres::Error, what: &str) -> Error {
+    if let Some(tls) = Error::tls_failure(&e, &format!("{what}: PostgreSQL")) {
+        return tls.with_source(e);
+    }
     let kind = kind_of(&e);
     let msg = match kind {
-        ErrorKind::Unauthenticated => {
-            format!("{what}: PostgreSQL rejected the credentials (check user and password)")
-        }
+        ErrorKind::Unauthenticated => match e.as_db_error() {
+            Some(db) => format!(
+                "{what}: PostgreSQL refused the login: {} (check the user, the password \
+                 or the client certificate)",
+                db.message()
+            ),
+            None => format!("{what}: PostgreSQL refused the login ({e})"),
+        },
         ErrorKind::PermissionDenied => {
             format!("{what}: the PostgreSQL user lacks a privilege the lock tables need")
         }

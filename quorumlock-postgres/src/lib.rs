@@ -15,7 +15,8 @@ mod session;
 
 pub use backend::PostgresBackend;
 pub use config::{
-    PostgresConfig, DEFAULT_PORT, DEFAULT_SCHEMA, DEFAULT_TIMEOUT, DEFAULT_TTL, MAX_TTL, MIN_TTL,
+    PostgresConfig, SslMode, DEFAULT_PORT, DEFAULT_SCHEMA, DEFAULT_TIMEOUT, DEFAULT_TTL, MAX_TTL,
+    MIN_TTL,
 };
 pub use fenced::check_held;
 /// The client crate of [`check_held`]'s transaction and of

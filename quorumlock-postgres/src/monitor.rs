@@ -12,7 +12,7 @@ use quorumlock_core::backend::Backoff;
 use quorumlock_core::{LossReason, Result};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tokio_postgres::{AsyncMessage, Client, NoTls};
+use tokio_postgres::{AsyncMessage, Client};
 use uuid::Uuid;
 
 use crate::core::{SessionState, Work};
@@ -110,7 +110,7 @@ pub(crate) async fn listen(state: &Arc<SessionState>) -> Result<(Arc<Client>, Jo
     core.count();
     let what = "connecting the session's listener";
     let (client, mut connection) =
-        match tokio::time::timeout(core.config.timeout, core.pg.connect(NoTls)).await {
+        match tokio::time::timeout(core.config.timeout, core.pg.connect(core.tls.clone())).await {
             Ok(r) => r.map_err(|e| error::map(e, what))?,
             Err(_) => return Err(error::timed_out(what, core.config.timeout)),
         };

@@ -8,13 +8,12 @@
 //! unreachable server. The probe runs beside the library's own connect and
 //! only its TLS verdict is used.
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use quorumlock_core::tls::{self, bad_pem, read_pem};
 use quorumlock_core::{Error, ErrorKind, Result};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::ServerName;
 use tokio::io::AsyncReadExt;
 use zookeeper_client as zk;
 
@@ -27,20 +26,6 @@ pub(crate) struct TlsFiles {
     identity: Option<(String, String)>,
 }
 
-fn read(opt: &str, p: &Path) -> Result<String> {
-    std::fs::read_to_string(p).map_err(|e| {
-        Error::new(
-            ErrorKind::InvalidUrl,
-            format!("URL option {opt}={}: cannot read it", p.display()),
-        )
-        .with_source(e)
-    })
-}
-
-fn bad_pem(what: &str, e: impl std::error::Error + Send + Sync + 'static) -> Error {
-    Error::new(ErrorKind::InvalidUrl, format!("{what}: not usable PEM")).with_source(e)
-}
-
 impl TlsFiles {
     /// `None` without `ca=` (plain TCP).
     pub(crate) fn load(config: &ZkConfig) -> Result<Option<TlsFiles>> {
@@ -48,11 +33,11 @@ impl TlsFiles {
             return Ok(None);
         };
         let identity = match (&config.client_cert_file, &config.client_key_file) {
-            (Some(c), Some(k)) => Some((read("cert", c)?, read("key", k)?)),
+            (Some(c), Some(k)) => Some((read_pem("cert", c)?, read_pem("key", k)?)),
             _ => None,
         };
         Ok(Some(TlsFiles {
-            ca: read("ca", ca)?,
+            ca: read_pem("ca", ca)?,
             identity,
         }))
     }
@@ -71,28 +56,14 @@ impl TlsFiles {
     }
 
     fn rustls_config(&self) -> Result<rustls::ClientConfig> {
-        let mut roots = rustls::RootCertStore::empty();
-        for c in CertificateDer::pem_slice_iter(self.ca.as_bytes()) {
-            let c = c.map_err(|e| bad_pem("URL option ca=", e))?;
-            roots.add(c).map_err(|e| bad_pem("URL option ca=", e))?;
-        }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let b = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| Error::new(ErrorKind::Internal, "rustls setup").with_source(e))?
-            .with_root_certificates(roots);
-        Ok(match &self.identity {
-            None => b.with_no_client_auth(),
-            Some((cert, key)) => {
-                let chain = CertificateDer::pem_slice_iter(cert.as_bytes())
-                    .collect::<std::result::Result<Vec<_>, _>>()
-                    .map_err(|e| bad_pem("URL option cert=", e))?;
-                let key = PrivateKeyDer::from_pem_slice(key.as_bytes())
-                    .map_err(|e| bad_pem("URL option key=", e))?;
-                b.with_client_auth_cert(chain, key)
-                    .map_err(|e| bad_pem("URL options cert= and key=", e))?
-            }
-        })
+        tls::client_config(
+            Arc::new(rustls::crypto::ring::default_provider()),
+            tls::pem_roots(&self.ca)?,
+            self.identity
+                .as_ref()
+                .map(|(c, k)| (c.as_str(), k.as_str())),
+            tls::HostCheck::ChainAndName,
+        )
     }
 
     /// A TLS handshake with the first server that accepts a connection,
