@@ -41,7 +41,8 @@ for pair in "mem:mem://bench?ttl=10s" \
             "etcd35:$QUORUMLOCK_TEST_ETCD35_URL/bench?ttl=10s" \
             "zk:$QUORUMLOCK_TEST_ZK_URL/bench" \
             "consul:$QUORUMLOCK_TEST_CONSUL_URL/bench?ttl=15s" \
-            "redis:$QUORUMLOCK_TEST_REDIS_URL/bench?ttl=10s"; do
+            "redis:$QUORUMLOCK_TEST_REDIS_URL/bench?ttl=10s" \
+            "postgres:$QUORUMLOCK_TEST_POSTGRES_URL/bench?ttl=10s"; do
   name=${pair%%:*}; url=${pair#*:}
   echo "bench.sh: $name" >&2
   "${CARGO_TARGET_DIR:-target}/release/bench" --url "$url" --json "$out/$name.json" "${args[@]}" \

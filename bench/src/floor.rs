@@ -12,6 +12,7 @@ pub fn describe(scheme: &str) -> &'static str {
         "zk" => "create(ephemeral sequential) + delete",
         "consul" | "consuls" => "txn lock + txn unlock, one session",
         "redis" | "rediss" => "SET key PX NX + DEL key (the naive Redis lock)",
+        "postgres" | "postgresql" => "INSERT row + DELETE row (autocommit, one connection)",
         _ => "none (in-process)",
     }
 }
@@ -33,7 +34,14 @@ pub enum Floor {
         conn: redis::aio::MultiplexedConnection,
         key: String,
     },
+    Postgres {
+        client: tokio_postgres::Client,
+        key: String,
+    },
 }
+
+/// The floor's own table (dropped by nobody: one row per lock while held).
+const PG_TABLE: &str = "qlbench_floor";
 
 /// A Consul agent, a session of the floor's own, and its `.lock` key.
 pub struct ConsulFloor {
@@ -104,6 +112,17 @@ impl Floor {
                 let key = format!("qlbench-floor/{}", std::process::id());
                 Ok(Some(Floor::Redis { conn, key }))
             }
+            "postgres" | "postgresql" => {
+                let client = pg_connect(url).await?;
+                client
+                    .batch_execute(&format!(
+                        "CREATE TABLE IF NOT EXISTS {PG_TABLE} (name text PRIMARY KEY)"
+                    ))
+                    .await
+                    .map_err(text)?;
+                let key = format!("qlbench-floor/{}", std::process::id());
+                Ok(Some(Floor::Postgres { client, key }))
+            }
             _ => Ok(None),
         }
     }
@@ -136,6 +155,10 @@ impl Floor {
             Floor::Redis { conn, key } => {
                 redis_op(conn, key, true).await?;
                 redis_op(conn, key, false).await?;
+            }
+            Floor::Postgres { client, key } => {
+                pg_op(client, key, true).await?;
+                pg_op(client, key, false).await?;
             }
         }
         Ok(())
@@ -190,6 +213,9 @@ impl Floor {
             Floor::Redis { conn, key } => {
                 redis_op(&mut conn.clone(), &format!("{key}/s{i}"), take).await?;
             }
+            Floor::Postgres { client, key } => {
+                pg_op(client, &format!("{key}/s{i}"), take).await?;
+            }
         }
         Ok(())
     }
@@ -215,9 +241,41 @@ impl Floor {
                     .send()
                     .await;
             }
-            Floor::Redis { .. } => {} // every key was deleted by its cycle
+            Floor::Redis { .. } | Floor::Postgres { .. } => {} // every key was deleted by its cycle
         }
     }
+}
+
+/// A raw connection to the server of a `postgres://` URL (its host, port,
+/// user, password and database), driven by a task of its own.
+async fn pg_connect(url: &Url) -> Result<tokio_postgres::Client> {
+    let c = quorumlock::postgres::PostgresConfig::from_url(url).map_err(text)?;
+    let mut pg = tokio_postgres::Config::new();
+    pg.host(&c.host)
+        .port(c.port)
+        .user(&c.user)
+        .dbname(&c.database);
+    if let Some(pw) = &c.password {
+        pg.password(pw.expose());
+    }
+    let (client, connection) = pg.connect(tokio_postgres::NoTls).await.map_err(text)?;
+    tokio::spawn(connection);
+    Ok(client)
+}
+
+/// `INSERT` the lock's row (take) or `DELETE` it (give back), each its
+/// own autocommit statement.
+async fn pg_op(client: &tokio_postgres::Client, key: &str, take: bool) -> Result<()> {
+    let sql = if take {
+        format!("INSERT INTO {PG_TABLE} (name) VALUES ($1)")
+    } else {
+        format!("DELETE FROM {PG_TABLE} WHERE name = $1")
+    };
+    let n = client.execute(&sql, &[&key]).await.map_err(text)?;
+    if n != 1 {
+        return Err(format!("{sql}: {n} rows"));
+    }
+    Ok(())
 }
 
 /// `SET key 1 PX 30000 NX` (take) or `DEL key` (give back).
@@ -245,6 +303,7 @@ pub fn describe_handoff(scheme: &str) -> Option<&'static str> {
         "etcd" | "etcds" => Some("delete seen by a watcher, then its put(key, lease)"),
         "zk" => Some("delete seen by an exists watch, then its create(ephemeral)"),
         "consul" | "consuls" => Some("txn unlock seen by a blocking read, then its txn lock"),
+        "postgres" | "postgresql" => Some("DELETE + NOTIFY seen by a LISTEN, then its INSERT"),
         _ => None,
     }
 }
@@ -264,6 +323,7 @@ pub async fn handoffs(url: &Url, count: usize) -> Result<Option<crate::Histogram
         "etcd" => etcd_handoffs(address, key, count).await.map(Some),
         "zk" => zk_handoffs(address, count).await.map(Some),
         "consul" => consul_handoffs(address, key, count).await.map(Some),
+        "postgres" | "postgresql" => pg_handoffs(url, key, count).await.map(Some),
         _ => Ok(None),
     }
 }
@@ -279,6 +339,7 @@ fn raw_address(url: &Url) -> Option<String> {
         "zk" => format!("{host}:{}", port.unwrap_or(2181)),
         "consul" => format!("http://{host}:{}", port.unwrap_or(8500)),
         "redis" => format!("redis://{host}:{}", port.unwrap_or(6379)),
+        "postgres" | "postgresql" => format!("{host}:{}", port.unwrap_or(5432)),
         _ => return None,
     })
 }
@@ -473,6 +534,71 @@ async fn consul_handoffs(base: String, key: String, count: usize) -> Result<crat
             .await;
     }
     let _ = http.delete(format!("{base}/v1/kv/{key}")).send().await;
+    h
+}
+
+/// One side of the PostgreSQL handoff floor: a connection, and the
+/// notifications of the channel it listens on.
+struct PgParty {
+    client: tokio_postgres::Client,
+    notified: tokio::sync::mpsc::UnboundedReceiver<()>,
+}
+
+async fn pg_handoffs(url: &Url, key: String, count: usize) -> Result<crate::Histogram> {
+    use futures::StreamExt;
+    let channel = format!("qlbench_{}", std::process::id());
+    let c = quorumlock::postgres::PostgresConfig::from_url(url).map_err(text)?;
+    let mut parties = Vec::new();
+    for _ in 0..2 {
+        let mut pg = tokio_postgres::Config::new();
+        pg.host(&c.host)
+            .port(c.port)
+            .user(&c.user)
+            .dbname(&c.database);
+        if let Some(pw) = &c.password {
+            pg.password(pw.expose());
+        }
+        let (client, mut connection) = pg.connect(tokio_postgres::NoTls).await.map_err(text)?;
+        let (tx, notified) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+            while let Some(Ok(m)) = messages.next().await {
+                if let tokio_postgres::AsyncMessage::Notification(_) = m {
+                    let _ = tx.send(());
+                }
+            }
+        });
+        client
+            .batch_execute(&format!(
+                "CREATE TABLE IF NOT EXISTS {PG_TABLE} (name text PRIMARY KEY); LISTEN {channel}"
+            ))
+            .await
+            .map_err(text)?;
+        parties.push(PgParty { client, notified });
+    }
+    let mut parties: [PgParty; 2] = parties.try_into().map_err(|_| "two parties")?;
+    pg_op(&parties[0].client, &key, true).await?;
+    let release = format!("DELETE FROM {PG_TABLE} WHERE name = '{key}'; NOTIFY {channel}");
+    let key2 = key.clone();
+    let h = ping_pong(&mut parties, count, move |holder, waiter| {
+        let (key, release) = (key2.clone(), release.clone());
+        Box::pin(async move {
+            // Both listen: drop what the holder's own release will echo.
+            while waiter.notified.try_recv().is_ok() {}
+            let t = std::time::Instant::now();
+            let give = async { holder.client.batch_execute(&release).await.map_err(text) };
+            let take = async {
+                waiter.notified.recv().await.ok_or("the listener ended")?;
+                pg_op(&waiter.client, &key, true).await?;
+                Ok::<_, String>(t.elapsed())
+            };
+            let (_, gap) = tokio::try_join!(give, take)?;
+            while holder.notified.try_recv().is_ok() {}
+            Ok(gap)
+        })
+    })
+    .await;
+    let _ = pg_op(&parties[0].client, &key, false).await;
     h
 }
 
