@@ -177,6 +177,20 @@ impl Options {
         }
     }
 
+    /// A whole-number option in `min..=max`, `default` when absent.
+    pub fn number(&mut self, key: &str, default: u32, min: u32, max: u32) -> Result<u32> {
+        let Some(v) = self.take(key) else {
+            return Ok(default);
+        };
+        match v.parse::<u32>() {
+            Ok(n) if (min..=max).contains(&n) => Ok(n),
+            _ => Err(Error::new(
+                ErrorKind::InvalidUrl,
+                format!("URL option {key}={v:?} is not a whole number in {min}..={max}"),
+            )),
+        }
+    }
+
     /// The TLS file options `ca=`, `cert=` and `key=`, as `(ca, cert, key)`:
     /// each absent or a non-empty path, `cert=` and `key=` together.
     /// `plain`: why they are refused when the URL's scheme does not use TLS

@@ -13,6 +13,8 @@ use quorumlock_core::backend::{
 };
 use quorumlock_core::{Error, ErrorKind, LockName, LockState, Result};
 
+use tokio_postgres::config::SslMode;
+
 use crate::config::PostgresConfig;
 use crate::core::{PostgresCore, Work};
 use crate::error;
@@ -66,7 +68,11 @@ impl PostgresBackend {
 
     /// A backend over a `tokio_postgres::Config` the caller built (its
     /// hosts, credentials and options are used; those of `config` are
-    /// not; `config` gives the namespace, schema, TTL and timeouts).
+    /// not; `config` gives the namespace, schema, TTL and timeouts, and
+    /// how TLS is checked: its `ca_file`, client certificate and
+    /// `sslmode`'s name check). TLS is used when `pg`'s `ssl_mode` is
+    /// `Require`; `Prefer`, its default, connects without TLS, as the
+    /// URL's `sslmode=prefer` does.
     /// A `tokio_postgres::Client` alone is not enough: it is one
     /// connection, and the backend needs one per concurrent transaction
     /// plus one per session for `LISTEN`. Checked as
@@ -79,8 +85,13 @@ impl PostgresBackend {
         config: PostgresConfig,
     ) -> Result<PostgresBackend> {
         config.validate()?;
-        let tls =
-            config.tls_connector(pg.get_ssl_mode() != tokio_postgres::config::SslMode::Disable)?;
+        let mut pg = pg;
+        // `Prefer` (tokio-postgres's default) means what the URL's
+        // `sslmode=prefer` means here: no TLS, rather than TLS unchecked.
+        if pg.get_ssl_mode() == SslMode::Prefer {
+            pg.ssl_mode(SslMode::Disable);
+        }
+        let tls = config.tls_connector(pg.get_ssl_mode() != SslMode::Disable)?;
         let b = PostgresBackend {
             core: Arc::new(PostgresCore::new(config, pg, tls)),
         };

@@ -23,6 +23,11 @@ pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 /// The request timeout when the URL gives no `timeout=` (or a third of
 /// the TTL, if shorter).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Most connections a backend opens for its transactions when the URL
+/// gives no `connections=` (each session has one more, for `LISTEN`).
+pub const DEFAULT_CONNECTIONS: u32 = 4;
+/// The largest `connections=`.
+pub const MAX_CONNECTIONS: u32 = 256;
 /// The schema of the lock tables when the URL gives no `schema=`.
 pub const DEFAULT_SCHEMA: &str = "quorumlock";
 
@@ -32,6 +37,7 @@ const KNOWN: &[&str] = &[
     "schema",
     "connect_timeout",
     "lazy",
+    "connections",
     "sslmode",
     "ca",
     "cert",
@@ -111,6 +117,10 @@ pub struct PostgresConfig {
     pub connect_timeout: Duration,
     /// `lazy=true`: `connect()` sends nothing.
     pub lazy: bool,
+    /// Most connections open at once for transactions (`connections=`);
+    /// a request that finds them all busy waits for one, within its
+    /// timeout. Each session has one more, for `LISTEN` and renewals.
+    pub connections: u32,
     /// TLS (`sslmode=`).
     pub sslmode: SslMode,
     /// PEM file of the CA to trust (`ca=`); the system's roots without it.
@@ -137,6 +147,7 @@ impl Default for PostgresConfig {
             timeout: DEFAULT_TIMEOUT.min(DEFAULT_TTL / 3),
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             lazy: false,
+            connections: DEFAULT_CONNECTIONS,
             sslmode: SslMode::Disable,
             ca_file: None,
             client_cert_file: None,
@@ -158,6 +169,7 @@ quorumlock_core::config_setters!(PostgresConfig {
     with_timeout => timeout: Duration,
     with_connect_timeout => connect_timeout: Duration,
     with_lazy => lazy: bool,
+    with_connections => connections: u32,
     with_sslmode => sslmode: SslMode,
     with_ca_file => ca_file: Option<PathBuf>,
     with_client_cert_file => client_cert_file: Option<PathBuf>,
@@ -178,6 +190,7 @@ impl std::fmt::Debug for PostgresConfig {
             .field("timeout", &self.timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("lazy", &self.lazy)
+            .field("connections", &self.connections)
             .field("sslmode", &self.sslmode)
             .field("ca_file", &self.ca_file)
             .field("client_cert_file", &self.client_cert_file)
@@ -238,6 +251,7 @@ impl PostgresConfig {
         let schema = opts
             .take("schema")
             .unwrap_or_else(|| DEFAULT_SCHEMA.to_string());
+        let connections = opts.number("connections", DEFAULT_CONNECTIONS, 1, MAX_CONNECTIONS)?;
         let sslmode = SslMode::parse(opts.take("sslmode").as_deref())?;
         let (ca_file, client_cert_file, client_key_file) =
             opts.tls_files((!sslmode.uses_tls()).then_some(NEEDS_TLS))?;
@@ -268,6 +282,7 @@ impl PostgresConfig {
             timeout,
             connect_timeout,
             lazy,
+            connections,
             sslmode,
             ca_file,
             client_cert_file,
@@ -293,6 +308,12 @@ impl PostgresConfig {
                     self.timeout, self.ttl
                 ),
             ));
+        }
+        if !(1..=MAX_CONNECTIONS).contains(&self.connections) {
+            return Err(url::invalid_config(format!(
+                "connections={} is not in 1..={MAX_CONNECTIONS}",
+                self.connections
+            )));
         }
         url::check_tls_files(
             [
@@ -412,6 +433,11 @@ mod tests {
         assert_eq!(c.ttl, Duration::from_secs(3));
         assert_eq!(c.timeout, Duration::from_secs(1), "a third of a short TTL");
         assert!(c.lazy);
+        assert_eq!(c.connections, DEFAULT_CONNECTIONS);
+        assert_eq!(
+            parse("postgres://h/db?connections=16").unwrap().connections,
+            16
+        );
         assert_eq!(c.password.as_ref().map(Secret::expose), Some("s@cret"));
         assert!(!format!("{c:?} {}", c.describe()).contains("cret"), "{c:?}");
         let c = parse("postgresql://h/db").unwrap();
@@ -445,6 +471,8 @@ mod tests {
             "postgres://h/db?ttl=1ms",
             "postgres://h/db?schema=Bad-Name",
             "postgres://h/db?sslmode=on",
+            "postgres://h/db?connections=0",
+            "postgres://h/db?connections=many",
             "postgres://h/db?ca=/x.pem",
             "postgres://h/db?sslmode=prefer&ca=/x.pem",
             "postgres://h/db?sslmode=verify-full&cert=/c.pem",

@@ -21,10 +21,6 @@ use crate::config::PostgresConfig;
 use crate::error;
 use crate::layout::{self, Sql};
 
-/// How many idle connections a backend keeps for its transactions (more
-/// are opened while more transactions run at once, and closed after).
-const IDLE_CONNECTIONS: usize = 8;
-
 /// The backend-wide state of a [`crate::PostgresBackend`] (its clones
 /// share it), held by every session it opened.
 pub(crate) struct PostgresCore {
@@ -44,6 +40,10 @@ pub(crate) struct PostgresCore {
     pub(crate) settings: String,
     /// Idle connections, each one transaction at a time.
     idle: Mutex<Vec<Client>>,
+    /// One permit per connection that may be open for transactions
+    /// ([`PostgresConfig::connections`]): a request holds one from
+    /// taking a connection to giving it back.
+    slots: tokio::sync::Semaphore,
     /// Set once the tables exist (created on first use).
     schema: OnceCell<()>,
     /// Sessions this instance opened, for `leftovers`.
@@ -188,6 +188,7 @@ impl PostgresCore {
         );
         let prefix = config.namespace.prefix();
         let sql = Sql::new(&config.schema);
+        let slots = config.connections as usize;
         PostgresCore {
             config,
             pg,
@@ -197,6 +198,7 @@ impl PostgresCore {
             sql,
             settings,
             idle: Mutex::new(Vec::new()),
+            slots: tokio::sync::Semaphore::new(slots),
             schema: OnceCell::new(),
             opened: Mutex::new(Vec::new()),
         }
@@ -288,7 +290,7 @@ impl PostgresCore {
             return;
         }
         let mut idle = self.idle.lock().expect("poisoned");
-        if idle.len() < IDLE_CONNECTIONS {
+        if idle.len() < self.config.connections as usize {
             idle.push(client);
         }
     }
@@ -298,7 +300,24 @@ impl PostgresCore {
     /// for the next request unless the work failed on it or ran out of
     /// time (a transaction then left unfinished is rolled back by the
     /// server when the connection closes).
+    ///
+    /// At most [`PostgresConfig::connections`] run at once; one that finds
+    /// them all busy waits for one within the timeout, then fails
+    /// retryable ([`ErrorKind::Connection`]) having sent nothing.
     pub(crate) async fn run<T: Send + 'static>(&self, what: &str, work: Work<T>) -> Result<T> {
+        let _slot = match tokio::time::timeout(self.config.timeout, self.slots.acquire()).await {
+            Ok(slot) => slot.expect("never closed"),
+            Err(_) => {
+                return Err(Error::new(
+                    ErrorKind::Connection,
+                    format!(
+                        "{what}: all {} connections of this client stayed busy for {:?} \
+                         (connections= in the URL)",
+                        self.config.connections, self.config.timeout
+                    ),
+                ))
+            }
+        };
         let mut client = self.take().await?;
         self.count();
         let r = tokio::time::timeout(self.config.timeout, work(&mut client)).await;

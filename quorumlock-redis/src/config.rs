@@ -204,8 +204,8 @@ impl RedisConfig {
             MIN_TIMEOUT,
             MAX_TIMEOUT,
         )?;
-        let db = number(&mut opts, "db", 0, MAX_DB)?;
-        let wait_replicas = number(&mut opts, "wait_replicas", 0, MAX_WAIT_REPLICAS)?;
+        let db = opts.number("db", 0, 0, MAX_DB)?;
+        let wait_replicas = opts.number("wait_replicas", 0, 0, MAX_WAIT_REPLICAS)?;
         let (ca_file, client_cert_file, client_key_file) =
             opts.tls_files((!tls).then_some("needs rediss:// (plain redis:// does not use TLS)"))?;
         let connect = opts.connect_options(DEFAULT_CONNECT_TIMEOUT)?;
@@ -334,18 +334,6 @@ impl RedisConfig {
             Error::new(ErrorKind::InvalidUrl, "the Redis address is invalid").with_source(e)
         })?;
         Ok(info.set_redis_settings(redis))
-    }
-}
-
-fn number(opts: &mut Options, key: &str, default: u32, max: u32) -> Result<u32> {
-    let Some(v) = opts.take(key) else {
-        return Ok(default);
-    };
-    match v.parse::<u32>() {
-        Ok(n) if n <= max => Ok(n),
-        _ => Err(invalid(format!(
-            "URL option {key}={v:?} is not a whole number in 0..={max}"
-        ))),
     }
 }
 
