@@ -431,7 +431,8 @@ tickTime=$ZK_TICK_MS
 dataDir=$dir/data
 clientPort=$port
 clientPortAddress=$HOST
-maxClientCnxns=0
+# maxClientCnxns left at its default (60 per client address), as users run
+# it: a client holds one connection (quorumlock-zk/tests/connections.rs).
 # Long sessions for tests that count requests (keepalives out of the window).
 maxSessionTimeout=600000
 admin.enableServer=false

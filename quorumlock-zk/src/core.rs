@@ -38,8 +38,15 @@ pub(crate) struct ZkCore {
     /// Lock sessions opened by this instance, for `leftovers()`.
     pub(crate) opened: Mutex<Vec<(zk::SessionId, zk::StateWatcher)>>,
     /// A lazily opened session for admin reads and writes (inspect,
-    /// break, revoke, leftovers); it never creates nodes of its own.
+    /// break, revoke, leftovers, fenced writes) while no lock session is
+    /// open; it never creates nodes of its own. The next lock session
+    /// takes it over instead of connecting ([`ZkCore::take_admin`]).
     pub(crate) admin: tokio::sync::Mutex<Option<zk::Client>>,
+    /// The newest lock session: admin work runs on its connection while
+    /// it is open, so that a backend holds one ZooKeeper connection, not
+    /// two (a server takes 60 per client address by default,
+    /// `maxClientCnxns`).
+    pub(crate) current: Mutex<Weak<SessionState>>,
     /// Lock nodes seen to exist, a hint only (a container may be reaped
     /// since): the first acquire of a node not in it creates the node and
     /// the contender in one transaction.
@@ -148,6 +155,7 @@ impl ZkCore {
             negotiated_ms: AtomicU64::new(0),
             opened: Mutex::new(Vec::new()),
             admin: tokio::sync::Mutex::new(None),
+            current: Mutex::new(Weak::new()),
             known_dirs: Mutex::new(HashSet::new()),
             versions: Mutex::new(HashMap::new()),
             ticks_checked: AtomicBool::new(false),
@@ -389,7 +397,12 @@ impl ZkCore {
         register_session(client, liveness);
     }
 
+    /// The client admin work runs on: the open lock session's, else the
+    /// admin session (opened if needed).
     pub(crate) async fn admin(&self) -> Result<zk::Client> {
+        if let Some(c) = self.current_client() {
+            return Ok(c);
+        }
         let mut slot = self.admin.lock().await;
         if let Some(c) = slot.as_ref() {
             if !c.state().is_terminated() {
@@ -399,6 +412,25 @@ impl ZkCore {
         let (c, _) = self.connect(None).await?;
         *slot = Some(c.clone());
         Ok(c)
+    }
+
+    /// The newest lock session's client, while that session is open.
+    fn current_client(&self) -> Option<zk::Client> {
+        let state = self.current.lock().expect("poisoned").upgrade()?;
+        let client = state.client.lock().expect("poisoned").clone()?;
+        (!client.state().is_terminated()).then_some(client)
+    }
+
+    /// Makes `state` the session admin work runs on.
+    pub(crate) fn set_current(&self, state: &Arc<SessionState>) {
+        *self.current.lock().expect("poisoned") = Arc::downgrade(state);
+    }
+
+    /// The admin session, taken out of its slot to become a lock session
+    /// (one connection instead of two); `None` if there is none open.
+    pub(crate) async fn take_admin(&self) -> Option<zk::Client> {
+        let client = self.admin.lock().await.take()?;
+        (!client.state().is_terminated()).then_some(client)
     }
 
     /// Runs an admin operation on the admin session; if that session

@@ -47,7 +47,24 @@ impl ZkSession {
     /// through the leader, recorded for `leftovers` and `kill_session`,
     /// with its tasks started.
     pub(crate) async fn open(core: &Arc<ZkCore>, liveness: Arc<SessionLiveness>) -> Result<Self> {
-        let (client, started) = core.connect(None).await?;
+        let (client, started) = match core.take_admin().await {
+            // The admin session becomes the lock session: it has no nodes
+            // and no watches, as a new one; confirmed by a round trip
+            // through the leader before it counts as alive.
+            Some(admin) => {
+                core.count(1);
+                let sent = Instant::now();
+                match admin.sync("/").await {
+                    Ok(_) => (admin, sent),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "the admin session could not become a lock session");
+                        drop(admin);
+                        core.connect(None).await?
+                    }
+                }
+            }
+            None => core.connect(None).await?,
+        };
         let timeout = client.session_timeout();
         // Done at `connect()` unless the backend is lazy: then here, once.
         core.check_ticks(timeout).await?;
@@ -67,6 +84,7 @@ impl ZkSession {
         tracing::debug!(session = %client.session_id(), timeout = ?client.session_timeout(), "ZooKeeper session opened");
         let id = client.session_id();
         let session = ZkSession::start(core.clone(), client, liveness);
+        core.set_current(&session.state);
         core::set_shutdown(id, session.shutdown_handle());
         Ok(session)
     }

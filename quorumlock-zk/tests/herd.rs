@@ -143,9 +143,8 @@ async fn release_cost(h: &Harness, n: usize, kind: Kind) -> Cost {
     cost
 }
 
-// One test, kinds in turn: each run opens 2 connections per client
-// (lock and admin session), and ZooKeeper allows 60 per client address
-// by default (`maxClientCnxns`).
+// One test, kinds in turn: ZooKeeper allows 60 connections per client
+// address by default (`maxClientCnxns`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_release_wakes_one_waiter() {
     let Some(h) = harness() else { return };
