@@ -251,11 +251,17 @@ impl PostgresCore {
             return Ok(client);
         }
         let sql = self.sql.schema.clone();
+        let exists = self.sql.schema_exists.clone();
         let c = &mut client;
         self.schema
             .get_or_try_init(|| async move {
                 self.count();
                 let create = async {
+                    // Found complete: nothing to create, and no table lock
+                    // taken (see `layout::SCHEMA_EXISTS`).
+                    if c.query_typed(&exists, &[]).await?[0].get::<_, bool>(0) {
+                        return Ok(());
+                    }
                     let tx = c.transaction().await?;
                     tx.execute_typed(
                         &format!(

@@ -87,10 +87,23 @@ CREATE TABLE IF NOT EXISTS {s}.kv (
 );
 "#;
 
+/// Whether every object of [`SCHEMA`] exists, from the catalog alone:
+/// no lock on the tables. Checked before [`SCHEMA`] runs, because its
+/// `CREATE INDEX IF NOT EXISTS` takes a SHARE lock on an existing table
+/// before it finds the index there: a client starting while another
+/// transaction wrote the table waited behind it, and every later writer
+/// behind the new client.
+pub(crate) const SCHEMA_EXISTS: &str = "SELECT \
+    to_regclass('{s}.seq') IS NOT NULL AND to_regclass('{s}.sessions') IS NOT NULL \
+    AND to_regclass('{s}.sessions_expires') IS NOT NULL AND to_regclass('{s}.entries') IS NOT NULL \
+    AND to_regclass('{s}.entries_session') IS NOT NULL AND to_regclass('{s}.fences') IS NOT NULL \
+    AND to_regclass('{s}.fences_session') IS NOT NULL AND to_regclass('{s}.kv') IS NOT NULL";
+
 /// The statements, with the schema filled in.
 #[derive(Debug)]
 pub(crate) struct Sql {
     pub(crate) schema: String,
+    pub(crate) schema_exists: String,
     /// `$1`: the lock key. Serialises every transaction that reads and
     /// changes one queue.
     pub(crate) lock_queue: String,
@@ -158,6 +171,7 @@ impl Sql {
         let f = |t: &str| t.replace("{s}", &s);
         Sql {
             schema: f(SCHEMA),
+            schema_exists: f(SCHEMA_EXISTS),
             lock_queue: format!("SELECT pg_advisory_xact_lock({ADVISORY_CLASS}, hashtext($1))"),
             purge: f("DELETE FROM {s}.entries e WHERE e.lock = $1 AND NOT EXISTS \
                  (SELECT 1 FROM {s}.sessions s WHERE s.id = e.session AND s.expires > clock_timestamp())"),
