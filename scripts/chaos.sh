@@ -12,11 +12,11 @@
 #                 fault explorer (random schedules under random faults,
 #                 checked by the history checker) for nineteen twentieths
 #                 of it, QUORUMLOCK_EXPLORE_AT_ONCE schedules in flight
-#                 (default here 20; PostgreSQL 4: twenty schedules'
-#                 clients, each with its pool and its LISTEN connection,
-#                 ran the test server out of its 500 connections (issue
-#                 42's note); Consul 36: its schedules are the
-#                 slowest, with session TTLs of 10 s), each
+#                 (default here 20; ZooKeeper 10: the test server keeps
+#                 its default of 60 connections per client address, and
+#                 twenty schedules' clients and operators need more;
+#                 Consul 36: its schedules are the slowest, with session
+#                 TTLs of 10 s), each
 #                 QUORUMLOCK_EXPLORE_RUN_SECONDS long (default here 3);
 #                 then passes of the scripted scenarios (at least one),
 #                 each repeating its rounds for QUORUMLOCK_CHAOS_SECONDS,
@@ -102,13 +102,13 @@ weight() { if [ "$1" = mem ]; then echo 1; else echo 4; fi; }
 weights=0
 for b in "${backends[@]}"; do weights=$((weights + $(weight "$b"))); done
 slice_of() { awk -v m="$minutes" -v w="$(weight "$1")" -v t="$weights" 'BEGIN { printf "%d", m * 60 * w / t }'; }
-# Schedules in flight: given, or 20 (PostgreSQL 4, Consul 36). The given value is read
+# Schedules in flight: given, or 20 (ZooKeeper 10, Consul 36). The given value is read
 # once, here: the loop below exports a value per backend.
 given_at_once=${QUORUMLOCK_EXPLORE_AT_ONCE:-}
 at_once_of() {
   if [ -n "$given_at_once" ]; then echo "$given_at_once"
   elif [ "$1" = consul ]; then echo 36
-  elif [ "$1" = postgres ]; then echo 4; else echo 20; fi
+  elif [ "$1" = zk ]; then echo 10; else echo 20; fi
 }
 cluster_at_once=${QUORUMLOCK_EXPLORE_CLUSTER_AT_ONCE:-12}
 export QUORUMLOCK_EXPLORE_RUN_SECONDS=${QUORUMLOCK_EXPLORE_RUN_SECONDS:-3}
