@@ -728,8 +728,8 @@ cmd_up() {
 cmd_down() {
   local i
   for ((i = $# ; i >= 1; i--)); do stop_store "${!i}"; done
-  # The certificates go with the last TLS server.
-  compgen -G "$STATE/*-tls" >/dev/null || rm -rf "$CERTS"
+  # The certificates go with the last TLS server (PostgreSQL takes TLS too).
+  compgen -G "$STATE/*-tls" >/dev/null || [ -d "$STATE/postgres" ] || rm -rf "$CERTS"
   rmdir "$STATE" 2>/dev/null || true
 }
 
