@@ -20,7 +20,6 @@ impl PostgresCore {
         let work: Work<Vec<Entry>> = Box::new(move |client| {
             Box::pin(async move {
                 let tx = client.transaction().await?;
-                queue::lock_queue(&tx, &c.sql, &l).await?;
                 let entries = queue::settle(&tx, &c.sql, &l, None).await?;
                 tx.commit().await?;
                 Ok(entries)
@@ -107,7 +106,7 @@ impl PostgresCore {
                 let sql = &c.sql;
                 let tx = client.transaction().await?;
                 queue::lock_queue(&tx, sql, &lock).await?;
-                queue::purge(&tx, sql, &lock).await?;
+                let dead = queue::purge(&tx, sql, &lock).await?;
                 let (stmt, msg) = if delete {
                     (&sql.break_holders, "l")
                 } else {
@@ -121,9 +120,9 @@ impl PostgresCore {
                     messages.push(format!("{msg} {}", e.simple()));
                 }
                 queue::notify(&tx, sql, sessions, messages).await?;
-                if delete {
-                    queue::grant(&tx, sql, &lock, None).await?;
-                }
+                // What the purge or the break let go next is granted.
+                let entries = queue::read(&tx, sql, &lock).await?;
+                queue::grant(&tx, sql, dead, entries, None).await?;
                 tx.commit().await?;
                 Ok(rows.len())
             })

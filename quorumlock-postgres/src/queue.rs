@@ -5,7 +5,7 @@
 //! that can go next, with one `NOTIFY` (sent by the server at commit).
 
 use std::time::SystemTime;
-use tokio_postgres::types::Type;
+use tokio_postgres::types::{ToSql, Type};
 
 use quorumlock_core::backend::{holds, waits_for};
 use quorumlock_core::{LockKind, Result};
@@ -54,21 +54,50 @@ pub(crate) async fn lock_queue(
         .map(drop)
 }
 
-/// Removes the entries of `lock` whose session is dead; if there were
-/// any, also the dead sessions that own nothing any more (and their
-/// fences): after a crashed client's entries are purged, nothing of it
-/// is left.
+/// Removes the entries of `lock` whose session is dead: how many. Their
+/// sessions, once they own nothing, go by [`grant`]'s sweep.
 pub(crate) async fn purge(
     tx: &Transaction<'_>,
     sql: &Sql,
     lock: &str,
-) -> std::result::Result<(), tokio_postgres::Error> {
-    let dead = tx.execute_typed(&sql.purge, &[(&lock, Type::TEXT)]).await?;
+) -> std::result::Result<u64, tokio_postgres::Error> {
+    tx.execute_typed(&sql.purge, &[(&lock, Type::TEXT)]).await
+}
+
+/// What the first flight of a queue step read: the caller's own
+/// statements' answers, how many dead entries the purge removed, and the
+/// queue after the purge.
+pub(crate) struct Step<T> {
+    pub(crate) own: T,
+    pub(crate) dead: u64,
+    pub(crate) entries: Vec<Entry>,
+}
+
+/// The first flight of every step on `lock`'s queue, one round trip: the
+/// queue's lock, then `own` (the caller's statements, each of which must
+/// send its request on its first poll, as every `tokio_postgres` call
+/// does), the purge of dead entries, and the queue as it is after. All
+/// are sent before any answer is awaited; the server runs them in that
+/// order, in this transaction, so everything after the lock runs under
+/// it and the read sees the caller's changes and the purge.
+pub(crate) async fn step<T>(
+    tx: &Transaction<'_>,
+    sql: &Sql,
+    lock: &str,
+    own: impl std::future::Future<Output = std::result::Result<T, tokio_postgres::Error>>,
+) -> std::result::Result<Step<T>, tokio_postgres::Error> {
+    // `futures::try_join!` polls its futures in the order given (each
+    // sends its request when first polled).
+    let ((), own, dead, entries) = futures::try_join!(
+        lock_queue(tx, sql, lock),
+        own,
+        purge(tx, sql, lock),
+        read(tx, sql, lock)
+    )?;
     if dead > 0 {
         tracing::debug!(lock, dead, "purged entries of dead sessions");
-        tx.execute_typed(&sql.sweep, &[]).await?;
     }
-    Ok(())
+    Ok(Step { own, dead, entries })
 }
 
 /// The queue of `lock`, in arrival order.
@@ -94,36 +123,82 @@ pub(crate) async fn read(
         .collect()
 }
 
-/// Grants every entry of the (purged) queue that holds and has no token
-/// yet, and wakes its session, except for `quiet` (the contender of the
-/// transaction's own caller, who reads its standing from the answer).
-/// The queue as it is after. Refused (`Fail::Quit`, the transaction
-/// rolls back) if a token would not fit ([`layout::token`]).
+/// Grants every entry of `entries` (a queue read after its purge, under
+/// its lock) that holds and has no token yet, and wakes its session,
+/// except for `quiet` (the contender of the transaction's own caller, who
+/// reads its standing from the answer); first, if the purge removed
+/// `dead` entries, sweeps the dead sessions that own nothing any more
+/// (and their fences), so that nothing of a crashed client is left. The
+/// statements go in one flight, the grants in queue order (tokens grow
+/// along the queue). The queue as it is after. Refused (`Fail::Quit`, the
+/// transaction rolls back) if a token would not fit ([`layout::token`]).
 pub(crate) async fn grant(
     tx: &Transaction<'_>,
     sql: &Sql,
-    lock: &str,
+    dead: u64,
+    mut entries: Vec<Entry>,
     quiet: Option<Uuid>,
 ) -> std::result::Result<Vec<Entry>, Fail> {
-    let mut entries = read(tx, sql, lock).await?;
     let kinds: Vec<LockKind> = entries.iter().map(|e| e.kind).collect();
+    let granted: Vec<usize> = (0..entries.len())
+        .filter(|&i| entries[i].token.is_none() && holds(&kinds, i))
+        .collect();
     let (mut sessions, mut messages) = (Vec::new(), Vec::new());
-    for (i, e) in entries.iter_mut().enumerate() {
-        if e.token.is_some() || !holds(&kinds, i) {
-            continue;
-        }
-        let row = tx
-            .query_typed_one(&sql.grant, &[(&e.contender, Type::UUID)])
-            .await?;
-        let token = layout::token(row.try_get(0)?, row.try_get(1)?).map_err(Fail::Quit)?;
-        e.token = Some(token as i64);
+    for &i in &granted {
+        let e = &entries[i];
         if Some(e.contender) != quiet {
             sessions.push(e.session);
             messages.push(format!("g {}", e.contender.simple()));
         }
     }
-    notify(tx, sql, sessions, messages).await?;
+    let sweep = async {
+        if dead > 0 {
+            tx.execute_typed(&sql.sweep, &[]).await?;
+        }
+        Ok(())
+    };
+    let params: Vec<[(&(dyn ToSql + Sync), Type); 1]> = granted
+        .iter()
+        .map(|&i| [(&entries[i].contender as &(dyn ToSql + Sync), Type::UUID)])
+        .collect();
+    let grants = params
+        .iter()
+        .map(|p| tx.query_typed_one(&sql.grant, p))
+        .collect();
+    let ((), rows, ()) =
+        futures::try_join!(sweep, in_order(grants), notify(tx, sql, sessions, messages))?;
+    for (&i, row) in granted.iter().zip(rows) {
+        let token = layout::token(row.try_get(0)?, row.try_get(1)?).map_err(Fail::Quit)?;
+        entries[i].token = Some(token as i64);
+    }
     Ok(entries)
+}
+
+/// Awaits `statements` as one flight: each is polled once, in order (so
+/// each sends its request, and the server runs them in that order),
+/// before any answer is awaited. Their answers in the same order; the
+/// first error (the server answers in order, so that of the first
+/// statement that failed).
+async fn in_order<F, T>(statements: Vec<F>) -> std::result::Result<Vec<T>, tokio_postgres::Error>
+where
+    F: std::future::Future<Output = std::result::Result<T, tokio_postgres::Error>>,
+{
+    let mut pending: Vec<std::pin::Pin<Box<F>>> = statements.into_iter().map(Box::pin).collect();
+    let mut early = Vec::with_capacity(pending.len());
+    for f in &mut pending {
+        early.push(match futures::poll!(f.as_mut()) {
+            std::task::Poll::Ready(r) => Some(r),
+            std::task::Poll::Pending => None,
+        });
+    }
+    let mut out = Vec::with_capacity(pending.len());
+    for (f, early) in pending.into_iter().zip(early) {
+        out.push(match early {
+            Some(r) => r?,
+            None => f.await?,
+        });
+    }
+    Ok(out)
 }
 
 /// Sends each of `messages` to the matching session's channel (at
@@ -144,15 +219,16 @@ pub(crate) async fn notify(
     Ok(())
 }
 
-/// [`purge`], then [`grant`].
+/// A whole step with nothing of the caller's own: [`step`], then
+/// [`grant`].
 pub(crate) async fn settle(
     tx: &Transaction<'_>,
     sql: &Sql,
     lock: &str,
     quiet: Option<Uuid>,
 ) -> std::result::Result<Vec<Entry>, Fail> {
-    purge(tx, sql, lock).await?;
-    grant(tx, sql, lock, quiet).await
+    let s = step(tx, sql, lock, async { Ok(()) }).await?;
+    grant(tx, sql, s.dead, s.entries, quiet).await
 }
 
 /// Where `contender` stands in `entries` (a queue after [`grant`]).
@@ -175,7 +251,6 @@ pub(crate) async fn settle_alone(core: &std::sync::Arc<PostgresCore>, lock: Stri
     let work: Work<()> = Box::new(move |client| {
         Box::pin(async move {
             let tx = client.transaction().await?;
-            lock_queue(&tx, &c.sql, &lock).await?;
             settle(&tx, &c.sql, &lock, None).await?;
             tx.commit().await?;
             Ok(())

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio_postgres::types::Type;
+use tokio_postgres::types::{ToSql, Type};
 
 use async_trait::async_trait;
 use quorumlock_core::backend::{AcquireRequest, Acquired, Backoff, SessionLiveness, StoreSession};
@@ -115,23 +115,25 @@ impl PostgresSession {
             Box::pin(async move {
                 let sql = &c.sql;
                 let tx = client.transaction().await?;
-                queue::lock_queue(&tx, sql, &lock).await?;
-                if tx
-                    .query_typed_opt(&sql.session_alive, &[(&sid, Type::UUID)])
-                    .await?
-                    .is_none()
-                {
+                // One flight: the queue's lock, whether our session lives
+                // and this attempt was fenced off, the purge, the queue.
+                let by_session = [(&sid as &(dyn ToSql + Sync), Type::UUID)];
+                let by_attempt = [(&me as &(dyn ToSql + Sync), Type::UUID)];
+                let checks = async {
+                    futures::try_join!(
+                        tx.query_typed_opt(&sql.session_alive, &by_session),
+                        tx.query_typed_opt(&sql.fenced, &by_attempt)
+                    )
+                };
+                let step = queue::step(&tx, sql, &lock, checks).await?;
+                let (alive, fenced) = step.own;
+                if alive.is_none() {
                     return quit(ErrorKind::SessionLost, "our PostgreSQL session is gone");
                 }
-                if tx
-                    .query_typed_opt(&sql.fenced, &[(&me, Type::UUID)])
-                    .await?
-                    .is_some()
-                {
+                if fenced.is_some() {
                     return quit(ErrorKind::Internal, "this attempt was already abandoned");
                 }
-                queue::purge(&tx, sql, &lock).await?;
-                let entries = queue::read(&tx, sql, &lock).await?;
+                let mut entries = step.entries;
                 if !entries.iter().any(|e| e.contender == me) {
                     if let Some(e) = entries.iter().find(|e| kind.conflicts_with(e.kind)) {
                         return quit(
@@ -140,22 +142,23 @@ impl PostgresSession {
                         );
                     }
                     let (code, permits) = layout::kind_code(kind);
-                    let row = tx
-                        .query_typed_one(
-                            &sql.insert,
-                            &[
-                                (&lock, Type::TEXT),
-                                (&me, Type::UUID),
-                                (&sid, Type::UUID),
-                                (&code, Type::TEXT),
-                                (&permits, Type::INT4),
-                                (&value, Type::BYTEA),
-                            ],
-                        )
-                        .await?;
+                    let row: [(&(dyn ToSql + Sync), Type); 6] = [
+                        (&lock, Type::TEXT),
+                        (&me, Type::UUID),
+                        (&sid, Type::UUID),
+                        (&code, Type::TEXT),
+                        (&permits, Type::INT4),
+                        (&value, Type::BYTEA),
+                    ];
+                    // The insert and the queue with it, one flight.
+                    let (row, after) = futures::try_join!(
+                        tx.query_typed_one(&sql.insert, &row),
+                        queue::read(&tx, sql, &lock)
+                    )?;
                     layout::check_enqueue(row.try_get(0)?, row.try_get(1)?).map_err(Fail::Quit)?;
+                    entries = after;
                 }
-                let entries = queue::grant(&tx, sql, &lock, Some(me)).await?;
+                let entries = queue::grant(&tx, sql, step.dead, entries, Some(me)).await?;
                 let standing = queue::standing(&entries, me);
                 let out = match standing {
                     Standing::Wait { .. } if !wait => {
@@ -185,7 +188,6 @@ impl PostgresSession {
         let work: Work<Standing> = Box::new(move |client| {
             Box::pin(async move {
                 let tx = client.transaction().await?;
-                queue::lock_queue(&tx, &c.sql, &lock).await?;
                 let entries = queue::settle(&tx, &c.sql, &lock, Some(me)).await?;
                 tx.commit().await?;
                 Ok(queue::standing(&entries, me))
@@ -203,14 +205,23 @@ impl PostgresSession {
             Box::pin(async move {
                 let sql = &c.sql;
                 let tx = client.transaction().await?;
-                queue::lock_queue(&tx, sql, &lock).await?;
-                if fence {
-                    tx.execute_typed(&sql.fence, &[(&me, Type::UUID), (&sid, Type::UUID)])
-                        .await?;
-                }
-                tx.execute_typed(&sql.delete_contender, &[(&me, Type::UUID)])
-                    .await?;
-                queue::settle(&tx, sql, &lock, None).await?;
+                // One flight: the queue's lock, the fence, the removal,
+                // the purge and the queue after them.
+                let fence_row = [(&me as &(dyn ToSql + Sync), Type::UUID), (&sid, Type::UUID)];
+                let attempt = [(&me as &(dyn ToSql + Sync), Type::UUID)];
+                let own = async {
+                    futures::try_join!(
+                        async {
+                            if fence {
+                                tx.execute_typed(&sql.fence, &fence_row).await?;
+                            }
+                            Ok(())
+                        },
+                        tx.execute_typed(&sql.delete_contender, &attempt)
+                    )
+                };
+                let step = queue::step(&tx, sql, &lock, own).await?;
+                queue::grant(&tx, sql, step.dead, step.entries, None).await?;
                 tx.commit().await?;
                 Ok(())
             })
