@@ -1,29 +1,69 @@
 #!/usr/bin/env python3
-"""Prints the README's benchmark summary from bench-results/*.json (one run
-of scripts/bench.sh): one row per store, ratios to that store's floor."""
+"""Prints the benchmark summary from bench-results/*.json (one run of
+scripts/bench.sh): one row per store, each figure as a ratio to that
+store's own floor measured in the same run, beside the targets of the
+performance issue (cycle <= 1.10x its floor; handoff p99 <= 1.5x the
+handoff floor's p99 with 4 to 64 waiters; 32 clients >= 0.9x the
+handoffs/s of 8; 10,000 locks on one client <= 1.5x the floor)."""
 import json
 import pathlib
 import sys
 
 out = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "bench-results")
-order = ["mem", "etcd34", "etcd35", "zk", "consul"]
-print("| store | floor p50 ms | cycle p50 ms | cycle / floor | requests per handoff, N = 1 / 4 / 16 / 64 | 10,000 held: acquire all | keepalives per TTL, 1 vs 10,000 held | client bytes per held lock | loss seen after break / session kill of a lock held 100 ms, p50 ms |")
-print("|---|---|---|---|---|---|---|---|---|")
-for name in order:
+order = ["mem", "etcd34", "etcd35", "zk", "consul", "redis", "postgres"]
+
+
+def load(name):
     f = out / f"{name}.json"
-    if not f.exists():
-        continue
-    r = json.loads(f.read_text())
+    return json.loads(f.read_text()) if f.exists() else None
+
+
+def num(x, fmt="{:.2f}"):
+    return "—" if x is None else fmt.format(x)
+
+
+def ratio(a, b):
+    return None if a is None or not b else a / b
+
+
+runs = [(n, r) for n in order if (r := load(n)) is not None]
+
+print("| store | floor p50 ms | cycle p50 ms | cycle / floor (target <= 1.10) | requests per handoff, N = 1 / 4 / 16 / 64 | 10,000 held: acquire all s (floor s) | ours / floor (target <= 1.5) | loss seen after break / session kill, p50 ms |")
+print("|---|---|---|---|---|---|---|---|")
+for name, r in runs:
     floor = r["floor"]["p50_ms"] if r["floor"] else None
-    ratio = r["cycle_over_floor_p50"]
     hand = " / ".join(f"{h['requests_per_handoff']:.1f}" for h in r["handoff"])
-    s, l = r["scale"], r["loss_detection"]
+    s, l = r["scale"] or {}, r["loss_detection"] or {}
+    took, floor_took = s.get("acquire_all_s"), s.get("floor_acquire_all_s")
     print(
-        f"| {name} | {floor:.2f} | {r['cycle']['p50_ms']:.2f} | {ratio:.2f} | {hand} | "
-        f"{s['acquire_all_s']:.1f} s | {s['requests_per_ttl_one_lock']} vs {s['requests_per_ttl_all_locks']} | "
-        f"{s['client_bytes_per_lock']:.0f} | {l['break']['p50_ms']:.1f} / {l['session_kill']['p50_ms']:.1f} |"
-        if floor is not None else
-        f"| {name} | — | {r['cycle']['p50_ms']:.3f} | — | {hand} | "
-        f"{s['acquire_all_s']:.2f} s | {s['requests_per_ttl_one_lock']} vs {s['requests_per_ttl_all_locks']} | "
-        f"{s['client_bytes_per_lock']:.0f} | {l['break']['p50_ms']:.3f} / {l['session_kill']['p50_ms']:.3f} |"
+        f"| {name} | {num(floor)} | {num(r['cycle']['p50_ms'], '{:.3f}')} | {num(r['cycle_over_floor_p50'])} | {hand} | "
+        f"{num(took)} ({num(floor_took)}) | {num(ratio(took, floor_took))} | "
+        f"{num(l.get('break', {}).get('p50_ms'), '{:.1f}')} / {num(l.get('session_kill', {}).get('p50_ms'), '{:.1f}')} |"
+    )
+
+print()
+print("| store | handoff floor p50 / p99 ms | ours p99 ms at 4 / 16 / 64 waiters | ours p99 / floor p99 (target <= 1.5) |")
+print("|---|---|---|---|")
+for name, r in runs:
+    hf = r.get("handoff_floor")
+    by_waiters = {h["waiters"]: h["gap"]["p99_ms"] for h in r["handoff"]}
+    p99s = [by_waiters.get(w) for w in (4, 16, 64)]
+    floor_p99 = hf["p99_ms"] if hf else None
+    print(
+        f"| {name} | {num(hf and hf['p50_ms'])} / {num(floor_p99)} | {' / '.join(num(p) for p in p99s)} | "
+        f"{' / '.join(num(ratio(p, floor_p99)) for p in p99s)} |"
+    )
+
+print()
+print("| store | handoffs/s, 8 clients | 32 clients | 32 / 8 (target >= 0.9) | requests per handoff, 8 / 32 |")
+print("|---|---|---|---|---|")
+for name, r in runs:
+    by_clients = {c["clients"]: c for c in r["contended"]}
+    a, b = by_clients.get(8), by_clients.get(32)
+    if not a or not b:
+        continue
+    print(
+        f"| {name} | {a['handoffs_per_s']:.0f} | {b['handoffs_per_s']:.0f} | "
+        f"{b['handoffs_per_s'] / a['handoffs_per_s']:.2f} | "
+        f"{a['requests_per_handoff']:.1f} / {b['requests_per_handoff']:.1f} |"
     )
