@@ -11,7 +11,7 @@ pub fn describe(scheme: &str) -> &'static str {
         "etcd" | "etcds" => "put(key, lease) + delete(key)",
         "zk" => "create(ephemeral sequential) + delete",
         "consul" | "consuls" => "txn lock + txn unlock, one session",
-        "redis" | "rediss" => "SET key PX NX + DEL key (the naive Redis lock)",
+        "redis" | "rediss" => "the same queue work raw: one script each way (session check, queue, entry, token, session's set; removal and head read)",
         "postgres" | "postgresql" => "INSERT row + DELETE row (autocommit, one connection)",
         _ => "none (in-process)",
     }
@@ -33,6 +33,7 @@ pub enum Floor {
     Redis {
         conn: redis::aio::MultiplexedConnection,
         key: String,
+        session: String,
     },
     Postgres {
         client: tokio_postgres::Client,
@@ -110,7 +111,17 @@ impl Floor {
                     .await
                     .map_err(text)?;
                 let key = format!("qlbench-floor/{}", std::process::id());
-                Ok(Some(Floor::Redis { conn, key }))
+                // The floor's session key, as a client's (its TTL outlives the run).
+                let session = format!("{key}/.session");
+                redis::cmd("SET")
+                    .arg(&session)
+                    .arg("1")
+                    .arg("PX")
+                    .arg(600_000)
+                    .query_async::<()>(&mut conn.clone())
+                    .await
+                    .map_err(text)?;
+                Ok(Some(Floor::Redis { conn, key, session }))
             }
             "postgres" | "postgresql" => {
                 let client = pg_connect(url).await?;
@@ -152,9 +163,9 @@ impl Floor {
                     consul_txn(&c.http, &c.base, verb, &c.key, &c.session).await?;
                 }
             }
-            Floor::Redis { conn, key } => {
-                redis_op(conn, key, true).await?;
-                redis_op(conn, key, false).await?;
+            Floor::Redis { conn, key, session } => {
+                redis_queue_op(conn, key, session, "c", true).await?;
+                redis_queue_op(conn, key, session, "c", false).await?;
             }
             Floor::Postgres { client, key } => {
                 pg_op(client, key, true).await?;
@@ -210,8 +221,9 @@ impl Floor {
                 let key = format!("{}/s{i}", c.key);
                 consul_txn(&c.http, &c.base, verb, &key, &c.session).await?;
             }
-            Floor::Redis { conn, key } => {
-                redis_op(&mut conn.clone(), &format!("{key}/s{i}"), take).await?;
+            Floor::Redis { conn, key, session } => {
+                let lock = format!("{key}/s{i}");
+                redis_queue_op(&mut conn.clone(), &lock, session, "c", take).await?;
             }
             Floor::Postgres { client, key } => {
                 pg_op(client, &format!("{key}/s{i}"), take).await?;
@@ -241,7 +253,22 @@ impl Floor {
                     .send()
                     .await;
             }
-            Floor::Redis { .. } | Floor::Postgres { .. } => {} // every key was deleted by its cycle
+            Floor::Redis {
+                mut conn,
+                key,
+                session,
+            } => {
+                // Every queue was emptied by its cycle; the counters, the
+                // session and its set are left.
+                let mut keys: Vec<String> = redis::cmd("KEYS")
+                    .arg(format!("{key}*"))
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap_or_default();
+                keys.push(session);
+                let _ = redis::cmd("DEL").arg(keys).query_async::<()>(&mut conn).await;
+            }
+            Floor::Postgres { .. } => {} // every row was deleted by its cycle
         }
     }
 }
@@ -278,7 +305,89 @@ async fn pg_op(client: &tokio_postgres::Client, key: &str, take: bool) -> Result
     Ok(())
 }
 
-/// `SET key 1 PX 30000 NX` (take) or `DEL key` (give back).
+/// The work of an uncontended grant and of its release on Redis, raw: one
+/// script each way, with the commands a queue lock needs and nothing of
+/// quorumlock's (written here from that list, not taken from its
+/// scripts). Take: the session key checked, the attempt's fence looked
+/// up, the queue's head read, a sequence number, the entry queued and
+/// recorded, the session's set of entries and its expiry, the token.
+/// Give back: the entry read, removed from the queue, the record and the
+/// session's set, the new head read.
+const REDIS_TAKE: &str = r"
+local L, s, id = KEYS[1], KEYS[2], ARGV[1]
+if redis.call('EXISTS', s) == 0 then return redis.error_reply('no session') end
+redis.call('ZSCORE', s .. '/.fenced', id)
+redis.call('ZRANGE', L .. '/.q', 0, 0)
+local seq = redis.call('INCR', L .. '/.n')
+redis.call('ZADD', L .. '/.q', seq, id)
+redis.call('HSET', L .. '/.e', id, seq)
+redis.call('SADD', s .. '/.locks', L .. '/.q/' .. id)
+redis.call('PEXPIRE', s .. '/.locks', redis.call('PTTL', s) + 10000)
+local token = redis.call('INCR', L .. '/.t')
+redis.call('HSET', L .. '/.e', id, token)
+return token
+";
+const REDIS_GIVE: &str = r"
+local L, s, id = KEYS[1], KEYS[2], ARGV[1]
+redis.call('HGET', L .. '/.e', id)
+redis.call('ZREM', L .. '/.q', id)
+redis.call('HDEL', L .. '/.e', id)
+redis.call('SREM', s .. '/.locks', L .. '/.q/' .. id)
+redis.call('ZRANGE', L .. '/.q', 0, 0)
+return 1
+";
+
+/// One take or give back of the same-work floor (by EVALSHA).
+async fn redis_queue_op(
+    conn: &mut redis::aio::MultiplexedConnection,
+    lock: &str,
+    session: &str,
+    id: &str,
+    take: bool,
+) -> Result<()> {
+    static SCRIPTS: std::sync::LazyLock<[redis::Script; 2]> =
+        std::sync::LazyLock::new(|| [redis::Script::new(REDIS_TAKE), redis::Script::new(REDIS_GIVE)]);
+    let script = &SCRIPTS[usize::from(!take)];
+    script
+        .key(lock)
+        .key(session)
+        .arg(id)
+        .invoke_async::<redis::Value>(conn)
+        .await
+        .map_err(text)?;
+    Ok(())
+}
+
+/// The naive Redis lock's cycle (`SET key PX NX` + `DEL key`), timed
+/// `cycles` times after a warm-up: the second floor of a Redis run,
+/// beside the same-work one. `None` for other stores.
+pub async fn naive_redis(url: &Url, cycles: usize) -> Result<Option<crate::Histogram>> {
+    if url.scheme() != "redis" {
+        return Ok(None);
+    }
+    let Some(address) = raw_address(url) else {
+        return Ok(None);
+    };
+    let client = redis::Client::open(address).map_err(text)?;
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(text)?;
+    let key = format!("qlbench-floor/naive-{}", std::process::id());
+    let mut h = crate::histogram();
+    for i in 0..cycles + crate::WARMUP {
+        let t = std::time::Instant::now();
+        redis_op(&mut conn, &key, true).await?;
+        redis_op(&mut conn, &key, false).await?;
+        if i >= crate::WARMUP {
+            h.record(t.elapsed().as_micros().max(1) as u64).map_err(text)?;
+        }
+    }
+    Ok(Some(h))
+}
+
+/// `SET key 1 PX 30000 NX` (take) or `DEL key` (give back): the naive
+/// Redis lock.
 async fn redis_op(
     conn: &mut redis::aio::MultiplexedConnection,
     key: &str,

@@ -408,7 +408,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
 
     let runs = |part: &str| args.only.is_empty() || args.only.iter().any(|p| p == part);
-    let (mut cycle, mut floor, mut ratio) = (None, None, None);
+    let (mut cycle, mut floor, mut ratio, mut naive_floor) = (None, None, None, None);
     if runs("cycle") {
         eprintln!("bench: uncontended cycle and the floor, interleaved");
         let floor_conn = floor::Floor::connect(&parsed).await?;
@@ -418,6 +418,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .map(|f| c.value_at_quantile(0.5) as f64 / f.value_at_quantile(0.5) as f64);
         cycle = Some(c);
         floor = f;
+        naive_floor = floor::naive_redis(&parsed, args.cycles).await?;
     }
     let mut handoffs = Vec::new();
     let mut handoff_floor = None;
@@ -464,6 +465,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "floor": floor.as_ref().map(summary),
         "cycle": cycle.as_ref().map(summary),
         "cycle_over_floor_p50": ratio,
+        "naive_floor_is": naive_floor.as_ref().map(|_| "SET key PX NX + DEL key (the naive Redis lock)"),
+        "naive_floor": naive_floor.as_ref().map(summary),
         "handoff_floor_is": floor::describe_handoff(&scheme),
         "handoff_floor": handoff_floor.as_ref().map(summary),
         "handoff": handoffs,
@@ -491,6 +494,13 @@ fn print_markdown(r: &Value) {
         f(&r["floor"]["p50_ms"]),
         f(&r["floor"]["p99_ms"])
     );
+    if let Some(is) = r["naive_floor_is"].as_str() {
+        println!(
+            "| second floor: {is} | {} | {} | |",
+            f(&r["naive_floor"]["p50_ms"]),
+            f(&r["naive_floor"]["p99_ms"])
+        );
+    }
     println!(
         "| acquire + release, uncontended | {} | {} | {} x floor (p50) |",
         f(&r["cycle"]["p50_ms"]),
