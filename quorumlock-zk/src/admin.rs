@@ -1,7 +1,9 @@
 //! The operator's operations on [`ZkCore`]: `inspect`, `list`,
 //! `break_lock`, `request_revoke`, `kill_session`, `leftovers`. All but
-//! `kill_session` run on the admin session ([`ZkCore::with_admin`]), which
-//! never creates nodes of its own.
+//! `kill_session` run through [`ZkCore::with_admin`]: `inspect`, `list`
+//! and `request_revoke` on the open lock session's connection, the break
+//! and `leftovers` (which wait) on the admin session; neither creates
+//! nodes of its own.
 
 use std::time::{Duration, SystemTime};
 
@@ -11,7 +13,9 @@ use quorumlock_core::{
 };
 use zookeeper_client as zk;
 
-use crate::core::{registry, session_text, unregister_session, wait_terminal, Registered, ZkCore};
+use crate::core::{
+    registry, session_text, unregister_session, wait_terminal, AdminUse, Registered, ZkCore,
+};
 use crate::error::map;
 use crate::layout::*;
 
@@ -26,7 +30,8 @@ impl ZkCore {
     /// Holders and waiters of `name`, a break's marked nodes hidden.
     pub(crate) async fn inspect(&self, name: &LockName) -> Result<LockState> {
         self.lock_dir(name)?; // checked before anything is sent
-        self.with_admin(|c| self.inspect_once(c, name)).await
+        self.with_admin(AdminUse::Brief, |c| self.inspect_once(c, name))
+            .await
     }
 
     /// Every lock under `prefix` (or the namespace) that someone holds or
@@ -35,25 +40,29 @@ impl ZkCore {
         if let Some(p) = prefix {
             self.lock_dir(p)?; // checked before anything is sent
         }
-        self.with_admin(|c| self.list_once(c, prefix)).await
+        self.with_admin(AdminUse::Brief, |c| self.list_once(c, prefix))
+            .await
     }
 
     /// Marks every holder's node `__BREAK__`, then deletes it; whether a
     /// holder was broken.
     pub(crate) async fn break_lock(&self, name: &LockName) -> Result<bool> {
         self.lock_dir(name)?; // checked before anything is sent
-        self.with_admin(|c| self.break_once(c, name)).await
+        self.with_admin(AdminUse::Waits, |c| self.break_once(c, name))
+            .await
     }
 
     /// Writes a revoke request for every holder; whether one was written.
     pub(crate) async fn request_revoke(&self, name: &LockName) -> Result<bool> {
         self.lock_dir(name)?; // checked before anything is sent
-        self.with_admin(|c| self.revoke_once(c, name)).await
+        self.with_admin(AdminUse::Brief, |c| self.revoke_once(c, name))
+            .await
     }
 
     /// Nodes under the namespace and sessions of this backend still open.
     pub(crate) async fn leftovers(&self) -> Result<Vec<String>> {
-        self.with_admin(|c| self.leftovers_once(c)).await
+        self.with_admin(AdminUse::Waits, |c| self.leftovers_once(c))
+            .await
     }
 
     /// Ends a session opened in this process: ZooKeeper ends a session

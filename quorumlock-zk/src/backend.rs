@@ -16,7 +16,7 @@ use quorumlock_core::{Error, ErrorKind, LockName, LockState, Result};
 use zookeeper_client as zk;
 
 use crate::config::ZkConfig;
-use crate::core::ZkCore;
+use crate::core::{AdminUse, ZkCore};
 use crate::fenced;
 use crate::session::ZkSession;
 
@@ -123,7 +123,11 @@ impl ZkBackend {
                 // session timeout and then says "timeout", the word for a
                 // silent one too; a TCP connect tells the two apart.
                 reachable(&b.core.config.servers).await?;
-                let admin = b.core.admin().await.map_err(silent_as_timeout)?;
+                let admin = b
+                    .core
+                    .admin(AdminUse::Waits)
+                    .await
+                    .map_err(silent_as_timeout)?;
                 // A timeout under 5 of the server's ticks is refused.
                 b.core
                     .check_ticks(admin.session_timeout())

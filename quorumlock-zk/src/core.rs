@@ -397,11 +397,14 @@ impl ZkCore {
         register_session(client, liveness);
     }
 
-    /// The client admin work runs on: the open lock session's, else the
-    /// admin session (opened if needed).
-    pub(crate) async fn admin(&self) -> Result<zk::Client> {
-        if let Some(c) = self.current_client() {
-            return Ok(c);
+    /// The client admin work runs on: with [`AdminUse::Brief`], the open
+    /// lock session's; else (or with none open) the admin session, opened
+    /// if needed.
+    pub(crate) async fn admin(&self, use_: AdminUse) -> Result<zk::Client> {
+        if use_ == AdminUse::Brief {
+            if let Some(c) = self.current_client() {
+                return Ok(c);
+            }
         }
         let mut slot = self.admin.lock().await;
         if let Some(c) = slot.as_ref() {
@@ -424,6 +427,12 @@ impl ZkCore {
     /// Makes `state` the session admin work runs on.
     pub(crate) fn set_current(&self, state: &Arc<SessionState>) {
         *self.current.lock().expect("poisoned") = Arc::downgrade(state);
+        // An admin session opened while this one was opening is not
+        // needed any more (if its slot is busy, the next admin call
+        // closes it).
+        if let Ok(mut slot) = self.admin.try_lock() {
+            slot.take();
+        }
     }
 
     /// The admin session, taken out of its slot to become a lock session
@@ -433,24 +442,45 @@ impl ZkCore {
         (!client.state().is_terminated()).then_some(client)
     }
 
-    /// Runs an admin operation on the admin session; if that session
+    /// Runs an admin operation (see [`ZkCore::admin`]); if its session
     /// turns out to be gone (expired while the server was away), once
-    /// more on a new one.
-    pub(crate) async fn with_admin<'a, T, F, Fut>(&'a self, op: F) -> Result<T>
+    /// more on a new one. Then, while a lock session is open, the admin
+    /// session is closed: one connection per backend.
+    pub(crate) async fn with_admin<'a, T, F, Fut>(&'a self, use_: AdminUse, op: F) -> Result<T>
     where
         F: Fn(zk::Client) -> Fut,
         Fut: Future<Output = Result<T>> + 'a,
     {
-        let c = self.admin().await?;
-        match op(c).await {
+        let c = self.admin(use_).await?;
+        let r = match op(c).await {
             Err(e) if e.kind() == ErrorKind::SessionLost => {
                 tracing::debug!(error = %e, "admin session lost; retrying on a new one");
                 self.admin.lock().await.take();
-                op(self.admin().await?).await
+                match self.admin(use_).await {
+                    Ok(c) => op(c).await,
+                    Err(e) => Err(e),
+                }
             }
             r => r,
+        };
+        if self.current_client().is_some() {
+            self.admin.lock().await.take();
         }
+        r
     }
+}
+
+/// Which session an admin operation may run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AdminUse {
+    /// A few requests (inspect, list, revoke, fenced writes): on the open
+    /// lock session's connection, so that a backend holds one.
+    Brief,
+    /// An operation that waits (a break gives the holder time to read
+    /// its mark; `leftovers` waits for sessions to end): on the admin
+    /// session, as a clone of the lock session's client held that long
+    /// would keep that session open past its `close()` or its loss.
+    Waits,
 }
 
 /// One lock session's state: its ZooKeeper client and what its tasks (the

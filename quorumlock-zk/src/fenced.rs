@@ -10,7 +10,7 @@ use quorumlock_core::backend::{check_kinds, refused, HeldEntry, KeyForm, KeyWrit
 use quorumlock_core::{Error, ErrorKind, Result};
 use zookeeper_client as zk;
 
-use crate::core::ZkCore;
+use crate::core::{AdminUse, ZkCore};
 use crate::error::map;
 use crate::layout::is_broken;
 
@@ -39,8 +39,26 @@ fn check_path<'w>(write: &'w KeyWrite, root: &str) -> Result<Cow<'w, KeyWrite>> 
     if rest == "zookeeper" || rest.starts_with("zookeeper/") {
         return bad("the server's own tree");
     }
+    if let KeyWrite::Put { value, .. } = write.as_ref() {
+        if value.len() > MAX_VALUE_LEN {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "ZooKeeper node {path:?}: a value of {} bytes is over {MAX_VALUE_LEN}: \
+                     the server closes the connection of a request over its jute.maxbuffer \
+                     (1 MiB by default), and that connection is the lock session's",
+                    value.len()
+                ),
+            ));
+        }
+    }
     Ok(write)
 }
+
+/// The largest value a write here sends: ZooKeeper's default
+/// `jute.maxbuffer` (0xfffff bytes) less room for the path and the
+/// checks of the same request.
+pub const MAX_VALUE_LEN: usize = 1_000_000;
 
 fn checks<'c>(
     c: &'c zk::Client,
@@ -216,8 +234,10 @@ pub(crate) async fn fenced_write(
     let write = check_path(write, &core.root())?;
     let write = write.as_ref();
     core.count(1);
-    core.with_admin(|c| async move { checked_write(&c, core, held, write).await })
-        .await
+    core.with_admin(AdminUse::Brief, |c| async move {
+        checked_write(&c, core, held, write).await
+    })
+    .await
 }
 
 /// `Backend::read_key`, on the admin session.
@@ -226,7 +246,7 @@ pub(crate) async fn read_key(core: &ZkCore, key: &str) -> Result<Option<Vec<u8>>
     let probe = check_path(&probe, &core.root())?;
     let key = probe.key();
     core.count(1);
-    core.with_admin(|c| async move {
+    core.with_admin(AdminUse::Brief, |c| async move {
         match c.get_data(key).await {
             Ok((data, _)) => Ok(Some(data)),
             Err(zk::Error::NoNode) => Ok(None),
@@ -241,6 +261,8 @@ pub(crate) async fn write_key(core: &ZkCore, write: &KeyWrite) -> Result<()> {
     let write = check_path(write, &core.root())?;
     let write = write.as_ref();
     core.count(1);
-    core.with_admin(|c| async move { checked_write(&c, core, &[], write).await })
-        .await
+    core.with_admin(AdminUse::Brief, |c| async move {
+        checked_write(&c, core, &[], write).await
+    })
+    .await
 }

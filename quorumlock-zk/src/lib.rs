@@ -16,6 +16,7 @@ mod tls;
 
 pub use backend::ZkBackend;
 pub use config::{ZkConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PORT, DEFAULT_SESSION_TIMEOUT};
+pub use fenced::MAX_VALUE_LEN;
 
 /// URL schemes this backend serves.
 pub const SCHEMES: &[&str] = quorumlock_core::backend::schemes::ZK;

@@ -10,6 +10,10 @@ use std::time::Duration;
 
 use quorumlock_core::LockClient;
 
+/// The tests of this file run one at a time: the first counts the
+/// server's connections.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn base_url() -> Option<String> {
     match std::env::var("QUORUMLOCK_TEST_ZK_URL") {
         Ok(u) if !u.is_empty() => Some(u),
@@ -48,6 +52,7 @@ async fn forty_clients_on_one_host_each_hold_one_connection() {
     let Some(base) = base_url() else {
         return;
     };
+    let _serial = SERIAL.lock().await;
     let ns = format!("qlcnx-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     let url = format!("{base}/{ns}");
     let before = alive_connections(&base).await;
@@ -72,7 +77,7 @@ async fn forty_clients_on_one_host_each_hold_one_connection() {
     let state = clients[0].inspect("l1").await.unwrap();
     assert_eq!(state.holders.len(), 1, "{state:?}");
     let during = alive_connections(&base).await;
-    // Other test binaries do not run at once; this file's one test does.
+    // Other test binaries do not run at once, nor this file's other test.
     assert!(
         during <= before + 40,
         "40 clients holding a lock each: {during} connections open, {before} before"
@@ -83,4 +88,35 @@ async fn forty_clients_on_one_host_each_hold_one_connection() {
     for c in &clients {
         c.close().await;
     }
+}
+
+/// A value over the server's `jute.maxbuffer` would make ZooKeeper close
+/// the connection, which is the lock session's: refused before anything
+/// is sent, and the lock stays held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_fenced_value_is_refused_and_the_hold_survives() {
+    let Some(base) = base_url() else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    let ns = format!("qlcnx-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let backend = quorumlock_zk::ZkBackend::connect(format!("{base}/{ns}"))
+        .await
+        .unwrap();
+    let client = LockClient::new(Arc::new(backend));
+    let guard = client.lock("big").unwrap().acquire().await.unwrap();
+    let key = format!("{ns}-data/big");
+    let e = guard
+        .fenced_put(&key, vec![7u8; 1_100_000]) // over the default jute.maxbuffer (1 MiB)
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), quorumlock_core::ErrorKind::InvalidArgument, "{e}");
+    guard
+        .fenced_put(&key, vec![7u8; 1000])
+        .await
+        .unwrap_or_else(|e| panic!("a small write after the refused one: {e}"));
+    assert!(guard.is_held());
+    guard.fenced_delete(&key).await.unwrap();
+    guard.release().await.unwrap();
+    client.close().await;
 }
