@@ -266,16 +266,19 @@ impl Floor {
                     .await
                     .unwrap_or_default();
                 keys.push(session);
-                let _ = redis::cmd("DEL").arg(keys).query_async::<()>(&mut conn).await;
+                let _ = redis::cmd("DEL")
+                    .arg(keys)
+                    .query_async::<()>(&mut conn)
+                    .await;
             }
             Floor::Postgres { .. } => {} // every row was deleted by its cycle
         }
     }
 }
 
-/// A raw connection to the server of a `postgres://` URL (its host, port,
-/// user, password and database), driven by a task of its own.
-async fn pg_connect(url: &Url) -> Result<tokio_postgres::Client> {
+/// The raw connection settings of a `postgres://` URL: its host, port,
+/// user, password and database.
+fn pg_config(url: &Url) -> Result<tokio_postgres::Config> {
     let c = quorumlock::postgres::PostgresConfig::from_url(url).map_err(text)?;
     let mut pg = tokio_postgres::Config::new();
     pg.host(&c.host)
@@ -285,6 +288,13 @@ async fn pg_connect(url: &Url) -> Result<tokio_postgres::Client> {
     if let Some(pw) = &c.password {
         pg.password(pw.expose());
     }
+    Ok(pg)
+}
+
+/// A raw connection to the server of a `postgres://` URL, driven by a
+/// task of its own.
+async fn pg_connect(url: &Url) -> Result<tokio_postgres::Client> {
+    let pg = pg_config(url)?;
     let (client, connection) = pg.connect(tokio_postgres::NoTls).await.map_err(text)?;
     tokio::spawn(connection);
     Ok(client)
@@ -345,8 +355,12 @@ async fn redis_queue_op(
     id: &str,
     take: bool,
 ) -> Result<()> {
-    static SCRIPTS: std::sync::LazyLock<[redis::Script; 2]> =
-        std::sync::LazyLock::new(|| [redis::Script::new(REDIS_TAKE), redis::Script::new(REDIS_GIVE)]);
+    static SCRIPTS: std::sync::LazyLock<[redis::Script; 2]> = std::sync::LazyLock::new(|| {
+        [
+            redis::Script::new(REDIS_TAKE),
+            redis::Script::new(REDIS_GIVE),
+        ]
+    });
     let script = &SCRIPTS[usize::from(!take)];
     script
         .key(lock)
@@ -380,7 +394,8 @@ pub async fn naive_redis(url: &Url, cycles: usize) -> Result<Option<crate::Histo
         redis_op(&mut conn, &key, true).await?;
         redis_op(&mut conn, &key, false).await?;
         if i >= crate::WARMUP {
-            h.record(t.elapsed().as_micros().max(1) as u64).map_err(text)?;
+            h.record(t.elapsed().as_micros().max(1) as u64)
+                .map_err(text)?;
         }
     }
     Ok(Some(h))
@@ -656,17 +671,9 @@ struct PgParty {
 async fn pg_handoffs(url: &Url, key: String, count: usize) -> Result<crate::Histogram> {
     use futures::StreamExt;
     let channel = format!("qlbench_{}", std::process::id());
-    let c = quorumlock::postgres::PostgresConfig::from_url(url).map_err(text)?;
+    let pg = pg_config(url)?;
     let mut parties = Vec::new();
     for _ in 0..2 {
-        let mut pg = tokio_postgres::Config::new();
-        pg.host(&c.host)
-            .port(c.port)
-            .user(&c.user)
-            .dbname(&c.database);
-        if let Some(pw) = &c.password {
-            pg.password(pw.expose());
-        }
         let (client, mut connection) = pg.connect(tokio_postgres::NoTls).await.map_err(text)?;
         let (tx, notified) = tokio::sync::mpsc::unbounded_channel();
         tokio::spawn(async move {
