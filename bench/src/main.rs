@@ -52,6 +52,9 @@ struct Args {
     /// Locks held at once by one client for the scale measurement.
     #[arg(long, default_value_t = 10_000)]
     scale_locks: usize,
+    /// A smaller count measured the same way first (0: none).
+    #[arg(long, default_value_t = 1_000)]
+    scale_small: usize,
     /// Client counts (each its own session) for the contended measurement.
     #[arg(long, value_delimiter = ',', default_values_t = [8, 32])]
     contended: Vec<usize>,
@@ -345,6 +348,23 @@ async fn scale(url: &str, count: usize) -> quorumlock::Result<Value> {
     }))
 }
 
+/// [`scale`], then its floor: the same number of raw writes, as many in
+/// flight.
+async fn scale_with_floor(
+    url: &str,
+    parsed: &quorumlock::url::Url,
+    count: usize,
+) -> Result<Value, Box<dyn std::error::Error>> {
+    let mut v = scale(url, count).await?;
+    if let Some(f) = floor::Floor::connect(parsed).await? {
+        let (take, give) = f.scale(count - 1, SCALE_CONCURRENCY).await?;
+        v["floor_acquire_all_s"] = json!(take);
+        v["floor_release_all_s"] = json!(give);
+        f.close().await;
+    }
+    Ok(v)
+}
+
 /// How long the holder has held before the break or kill: past
 /// [`quorumlock::backend::HELD_WATCH_DELAY`], as most holds that anyone would break
 /// are (a grant younger than that learns of a break up to that much later).
@@ -437,20 +457,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             contention.push(contended(&url, n, args.contended_secs).await?);
         }
     }
-    let scale = if runs("scale") {
-        eprintln!("bench: scale ({} locks)", args.scale_locks);
-        let mut v = scale(&url, args.scale_locks).await?;
-        // Its floor: the same number of raw writes, as many in flight.
-        if let Some(f) = floor::Floor::connect(&parsed).await? {
-            let (take, give) = f.scale(args.scale_locks - 1, SCALE_CONCURRENCY).await?;
-            v["floor_acquire_all_s"] = json!(take);
-            v["floor_release_all_s"] = json!(give);
-            f.close().await;
+    let (mut scale_small, mut scale) = (Value::Null, Value::Null);
+    if runs("scale") {
+        for (count, out) in [
+            (args.scale_small, &mut scale_small),
+            (args.scale_locks, &mut scale),
+        ] {
+            if count < 2 {
+                continue;
+            }
+            eprintln!("bench: scale ({count} locks)");
+            *out = scale_with_floor(&url, &parsed, count).await?;
         }
-        v
-    } else {
-        Value::Null
-    };
+    }
     let loss = if runs("loss") {
         eprintln!("bench: loss detection");
         loss_detection(&url, args.loss_rounds).await?
@@ -471,6 +490,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "handoff_floor": handoff_floor.as_ref().map(summary),
         "handoff": handoffs,
         "contended": contention,
+        "scale_small": scale_small,
         "scale": scale,
         "loss_detection": loss,
     });
@@ -534,11 +554,15 @@ fn print_markdown(r: &Value) {
             f(&h["requests_per_handoff"])
         );
     }
-    let s = &r["scale"];
-    println!(
-        "| {} locks held by one client ({} session) | | | acquire all {} s (floor {} s, {} requests per lock), release all {} s (floor {} s, {} requests per lock); keepalive requests per TTL: {} with 1 lock, {} with all; {} bytes per lock |",
-        s["locks"], s["sessions"], f(&s["acquire_all_s"]), f(&s["floor_acquire_all_s"]), f(&s["acquire_requests_per_lock"]), f(&s["release_all_s"]), f(&s["floor_release_all_s"]), f(&s["release_requests_per_lock"]), s["requests_per_ttl_one_lock"], s["requests_per_ttl_all_locks"], f(&s["client_bytes_per_lock"])
-    );
+    for s in [&r["scale_small"], &r["scale"]] {
+        if s.is_null() {
+            continue;
+        }
+        println!(
+            "| {} locks held by one client ({} session) | | | acquire all {} s (floor {} s, {} requests per lock), release all {} s (floor {} s, {} requests per lock); keepalive requests per TTL: {} with 1 lock, {} with all; {} bytes per lock |",
+            s["locks"], s["sessions"], f(&s["acquire_all_s"]), f(&s["floor_acquire_all_s"]), f(&s["acquire_requests_per_lock"]), f(&s["release_all_s"]), f(&s["floor_release_all_s"]), f(&s["release_requests_per_lock"]), s["requests_per_ttl_one_lock"], s["requests_per_ttl_all_locks"], f(&s["client_bytes_per_lock"])
+        );
+    }
     let l = &r["loss_detection"];
     println!(
         "| loss detection after forced break (held {} ms) | {} | {} | |",
