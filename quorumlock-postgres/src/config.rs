@@ -360,9 +360,7 @@ impl PostgresConfig {
         }
         c
     }
-}
 
-impl PostgresConfig {
     /// The TLS side of every connection: trusting `ca=` (else the system's
     /// roots), with the client certificate if given, checking the host
     /// name under [`SslMode::VerifyFull`]. `pg_uses_tls`: whether the
@@ -375,10 +373,11 @@ impl PostgresConfig {
     ) -> Result<tokio_postgres_rustls::MakeRustlsConnect> {
         use quorumlock_core::tls;
         let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        // The name is checked unless the mode says not to (also when the
+        // caller's own settings ask for TLS and `sslmode` is off).
         let check = match self.sslmode {
-            SslMode::VerifyFull => tls::HostCheck::ChainAndName,
-            _ if !self.sslmode.uses_tls() => tls::HostCheck::ChainAndName,
-            _ => tls::HostCheck::ChainOnly,
+            SslMode::Require | SslMode::VerifyCa => tls::HostCheck::ChainOnly,
+            _ => tls::HostCheck::ChainAndName,
         };
         let roots = match &self.ca_file {
             _ if !self.sslmode.uses_tls() && !pg_uses_tls => rustls::RootCertStore::empty(),

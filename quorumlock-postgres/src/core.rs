@@ -21,6 +21,12 @@ use crate::config::PostgresConfig;
 use crate::error;
 use crate::layout::{self, Sql};
 
+/// A connection to the server, TLS or not: its messages.
+pub(crate) type Connection = tokio_postgres::Connection<
+    tokio_postgres::Socket,
+    <MakeRustlsConnect as tokio_postgres::tls::MakeTlsConnect<tokio_postgres::Socket>>::Stream,
+>;
+
 /// The backend-wide state of a [`crate::PostgresBackend`] (its clones
 /// share it), held by every session it opened.
 pub(crate) struct PostgresCore {
@@ -213,20 +219,22 @@ impl PostgresCore {
         self.requests.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Opens a connection (counted, within the request timeout, TLS as
+    /// configured): the client and the connection, whose messages the
+    /// caller drives.
+    pub(crate) async fn open(&self, what: &str) -> Result<(Client, Connection)> {
+        self.count();
+        match tokio::time::timeout(self.config.timeout, self.pg.connect(self.tls.clone())).await {
+            Ok(r) => r.map_err(|e| error::map(e, what)),
+            Err(_) => Err(error::timed_out(what, self.config.timeout)),
+        }
+    }
+
     /// A new connection, its messages driven by a task of its own (which
     /// ends with the connection).
     pub(crate) async fn connect(&self) -> Result<Client> {
-        self.count();
         let what = "connecting to PostgreSQL";
-        let (client, connection) = match tokio::time::timeout(
-            self.config.timeout,
-            self.pg.connect(self.tls.clone()),
-        )
-        .await
-        {
-            Ok(r) => r.map_err(|e| error::map(e, what))?,
-            Err(_) => return Err(error::timed_out(what, self.config.timeout)),
-        };
+        let (client, connection) = self.open(what).await?;
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "PostgreSQL connection ended");
@@ -258,7 +266,7 @@ impl PostgresCore {
                 self.count();
                 let create = async {
                     // Found complete: nothing to create, and no table lock
-                    // taken (see `layout::SCHEMA_EXISTS`).
+                    // taken (see `layout::schema_exists`).
                     if c.query_typed(&exists, &[]).await?[0].get::<_, bool>(0) {
                         return Ok(());
                     }

@@ -92,12 +92,31 @@ CREATE TABLE IF NOT EXISTS {s}.kv (
 /// `CREATE INDEX IF NOT EXISTS` takes a SHARE lock on an existing table
 /// before it finds the index there: a client starting while another
 /// transaction wrote the table waited behind it, and every later writer
-/// behind the new client.
-pub(crate) const SCHEMA_EXISTS: &str = "SELECT \
-    to_regclass('{s}.seq') IS NOT NULL AND to_regclass('{s}.sessions') IS NOT NULL \
-    AND to_regclass('{s}.sessions_expires') IS NOT NULL AND to_regclass('{s}.entries') IS NOT NULL \
-    AND to_regclass('{s}.entries_session') IS NOT NULL AND to_regclass('{s}.fences') IS NOT NULL \
-    AND to_regclass('{s}.fences_session') IS NOT NULL AND to_regclass('{s}.kv') IS NOT NULL";
+/// behind the new client. The objects are read off [`SCHEMA`] itself.
+fn schema_exists() -> String {
+    let checks: Vec<String> = schema_objects()
+        .iter()
+        .map(|o| format!("to_regclass('{o}') IS NOT NULL"))
+        .collect();
+    format!("SELECT {}", checks.join(" AND "))
+}
+
+/// The sequence, tables and indexes [`SCHEMA`] creates, as `{s}.name`
+/// (an index lives in its table's schema).
+fn schema_objects() -> Vec<String> {
+    SCHEMA
+        .split("IF NOT EXISTS ")
+        .skip(1)
+        .filter_map(|rest| {
+            let name = rest.split([' ', ';', '\n', '(']).next()?;
+            match name {
+                "{s}" => None,
+                n if n.starts_with("{s}.") => Some(n.to_string()),
+                n => Some(format!("{{s}}.{n}")),
+            }
+        })
+        .collect()
+}
 
 /// The statements, with the schema filled in.
 #[derive(Debug)]
@@ -171,7 +190,7 @@ impl Sql {
         let f = |t: &str| t.replace("{s}", &s);
         Sql {
             schema: f(SCHEMA),
-            schema_exists: f(SCHEMA_EXISTS),
+            schema_exists: f(&schema_exists()),
             lock_queue: format!("SELECT pg_advisory_xact_lock({ADVISORY_CLASS}, hashtext($1))"),
             purge: f("DELETE FROM {s}.entries e WHERE e.lock = $1 AND NOT EXISTS \
                  (SELECT 1 FROM {s}.sessions s WHERE s.id = e.session AND s.expires > clock_timestamp())"),
@@ -388,6 +407,24 @@ pub(crate) fn parse_session_id(id: &str) -> Result<Uuid> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The existence check names every object the schema creates.
+    #[test]
+    fn the_existence_check_covers_the_schema() {
+        assert_eq!(
+            schema_objects(),
+            [
+                "{s}.seq",
+                "{s}.sessions",
+                "{s}.sessions_expires",
+                "{s}.entries",
+                "{s}.entries_session",
+                "{s}.fences",
+                "{s}.fences_session",
+                "{s}.kv"
+            ]
+        );
+    }
 
     #[test]
     fn names_round_trip() {

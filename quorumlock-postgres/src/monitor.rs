@@ -107,13 +107,8 @@ async fn renew(state: &Arc<SessionState>, held: Vec<Uuid>) -> Result<(i32, Vec<U
 /// connection).
 pub(crate) async fn listen(state: &Arc<SessionState>) -> Result<(Arc<Client>, JoinHandle<()>)> {
     let core = &state.core;
-    core.count();
     let what = "connecting the session's listener";
-    let (client, mut connection) =
-        match tokio::time::timeout(core.config.timeout, core.pg.connect(core.tls.clone())).await {
-            Ok(r) => r.map_err(|e| error::map(e, what))?,
-            Err(_) => return Err(error::timed_out(what, core.config.timeout)),
-        };
+    let (client, mut connection) = core.open(what).await?;
     let s = state.clone();
     let reader = tokio::spawn(async move {
         let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
