@@ -120,3 +120,38 @@ async fn an_oversized_fenced_value_is_refused_and_the_hold_survives() {
     guard.release().await.unwrap();
     client.close().await;
 }
+
+/// An admin call that waits (`leftovers` waits for the backend's sessions
+/// to end) runs on an admin session of its own: run on the lock
+/// session's connection, its clone of the client kept that session open
+/// through the client's `close()`, which then waited, and `leftovers`
+/// reported the session it was holding open itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_admin_call_does_not_hold_the_lock_session_open() {
+    let Some(base) = base_url() else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    let ns = format!("qlcnx-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let backend = Arc::new(
+        quorumlock_zk::ZkBackend::connect(format!("{base}/{ns}"))
+            .await
+            .unwrap(),
+    );
+    let client = LockClient::new(backend.clone());
+    let guard = client.lock("x").unwrap().acquire().await.unwrap();
+    guard.release().await.unwrap();
+    // `leftovers` finds no node, then waits for the open lock session
+    // to end; the client closes meanwhile.
+    let leftovers = {
+        let b = backend.clone();
+        tokio::spawn(async move { quorumlock_core::backend::Backend::leftovers(b.as_ref()).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = tokio::time::Instant::now();
+    client.close().await;
+    let took = started.elapsed();
+    let left = leftovers.await.unwrap().unwrap();
+    assert!(left.is_empty(), "left after close: {left:?}");
+    assert!(took < Duration::from_secs(2), "close took {took:?}");
+}
