@@ -306,20 +306,15 @@ pub struct StatusArgs {
     #[arg(long)]
     pub json: bool,
 
-    /// Keep going: print a line each time the holders change (polling
-    /// every --interval) until interrupted (then exit 0).
+    /// Keep going: print a line each time the holders change, following
+    /// the store's change notifications, until interrupted (then exit 0).
     #[arg(short = 'w', long)]
     pub watch: bool,
 
-    /// How often --watch reads the lock.
-    #[arg(
-        long,
-        value_name = "D",
-        value_parser = parse_duration,
-        default_value = "500ms",
-        requires = "watch"
-    )]
-    pub interval: Duration,
+    /// With --watch: read the lock every D instead of following the
+    /// store's notifications (a change shorter than D can be missed).
+    #[arg(long, value_name = "D", value_parser = parse_duration, requires = "watch")]
+    pub interval: Option<Duration>,
 
     /// The lock's name.
     pub name: String,

@@ -1,7 +1,5 @@
 //! `quorumlock elect`: run a command while leader, or print the leaders.
 
-use std::time::Duration;
-
 use futures::StreamExt;
 use quorumlock::{ErrorKind, LockClient};
 
@@ -77,10 +75,7 @@ pub async fn run(client: &LockClient, args: &ElectArgs) -> Result<u8, Failure> {
 /// Prints the leader now and at each change (`VALUE<TAB>TOKEN`, an empty
 /// line when nobody leads) until a signal ends it with 0.
 async fn listen(election: &quorumlock::Election, signals: &mut Signals) -> Result<u8, Failure> {
-    let stream = election
-        .clone()
-        .with_observe_interval(Duration::from_millis(200))
-        .observe();
+    let stream = election.observe();
     tokio::pin!(stream);
     loop {
         tokio::select! {

@@ -3,7 +3,8 @@
 use std::fmt::Write as _;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use quorumlock::{Contender, LockClient, LockKind, LockState};
+use futures::StreamExt;
+use quorumlock::{Contender, Follow, LockClient, LockKind, LockState};
 use serde_json::{json, Value};
 
 use super::exit::{self, Failure};
@@ -30,9 +31,10 @@ pub async fn status(client: &LockClient, args: &StatusArgs) -> Result<u8, Failur
     Ok(exit::OK)
 }
 
-/// Runs `quorumlock status --watch`: reads the lock every `--interval` and
-/// prints a line when its holders change (the first read too), until a
-/// signal ends it with 0.
+/// Runs `quorumlock status --watch`: reads the lock after each change the
+/// store notifies (or every `--interval`) and prints a line when its
+/// holders change (the first read too), until a signal ends it with 0. A
+/// failed read is logged and the watch goes on.
 ///
 /// # Cancel safety
 /// Read-only; safe to drop.
@@ -41,13 +43,29 @@ async fn watch(
     args: &StatusArgs,
     signals: &mut super::lock::Signals,
 ) -> Result<u8, Failure> {
-    let mut last: Option<Vec<(String, u64)>> = None;
+    let follow = args.interval.map_or(Follow::Notifications, Follow::Poll);
+    let states = client.watch(&args.name, follow)?;
+    tokio::pin!(states);
+    let mut last: Option<Vec<(String, u64, Vec<u8>)>> = None;
     loop {
-        let state = client.inspect(&args.name).await?;
-        let holders: Vec<(String, u64)> = state
+        let state = tokio::select! {
+            next = states.next() => match next {
+                Some(Ok(state)) => state,
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "reading the lock failed");
+                    continue;
+                }
+                None => return Ok(exit::OK),
+            },
+            sig = signals.recv() => {
+                tracing::info!(signal = sig, "watch stopped");
+                return Ok(exit::OK);
+            }
+        };
+        let holders: Vec<(String, u64, Vec<u8>)> = state
             .holders
             .iter()
-            .map(|h| (h.session.clone(), h.token))
+            .map(|h| (h.session.clone(), h.token, h.value.clone()))
             .collect();
         if last.as_ref() != Some(&holders) {
             let now = SystemTime::now();
@@ -60,13 +78,6 @@ async fn watch(
             };
             out(&line);
             last = Some(holders);
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(args.interval) => {}
-            sig = signals.recv() => {
-                tracing::info!(signal = sig, "watch stopped");
-                return Ok(exit::OK);
-            }
         }
     }
 }

@@ -176,6 +176,8 @@ pub enum Needs {
     Semaphore,
     /// [`Capabilities::kill_session`].
     KillSession,
+    /// [`Capabilities::changes`].
+    Changes,
 }
 
 impl Needs {
@@ -184,6 +186,7 @@ impl Needs {
             Needs::RwLock => caps.rwlock,
             Needs::Semaphore => caps.semaphore,
             Needs::KillSession => caps.kill_session,
+            Needs::Changes => caps.changes,
         }
     }
 }

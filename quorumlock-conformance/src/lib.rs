@@ -80,6 +80,10 @@ macro_rules! suite {
         $crate::__quorumlock_conformance_expand!($harness; [KillSession];
             election_leader_lost_with_its_session
         );
+        $crate::__quorumlock_conformance_expand!($harness; [Changes];
+            election_observe_sees_every_short_leadership,
+            watch_sends_nothing_while_nothing_changes
+        );
         $crate::__quorumlock_conformance_expand!($harness; [KillSession];
             session_expiry_fires_loss_and_waiter_gets_larger_token,
             new_session_after_loss

@@ -56,6 +56,9 @@ impl Backend for Mutant {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
+    fn changes(&self, name: &LockName) -> Option<quorumlock_core::backend::ChangeFeed> {
+        self.inner.changes(name)
+    }
     fn describe(&self) -> String {
         format!("mutant {:?} of {}", self.mutation, self.inner.describe())
     }

@@ -146,6 +146,7 @@ impl Backend for ConsulBackend {
             semaphore: true,
             session_ttl: self.core.config.ttl,
             proclaim: true,
+            changes: false,
         }
     }
 

@@ -9,20 +9,17 @@
 use std::future::Future;
 use std::time::Duration;
 
-use futures::Stream;
+use futures::{Stream, StreamExt};
 
 use crate::client::Mode;
-use crate::{LockClient, LockGuard, LockKind, LockName, LossReason, Result};
-
-/// How often [`Election::observe`] reads the election by default.
-pub const DEFAULT_OBSERVE_INTERVAL: Duration = Duration::from_millis(250);
+use crate::{Follow, LockClient, LockGuard, LockKind, LockName, LossReason, Result};
 
 /// A named election on a client; see [`LockClient::election`].
 #[derive(Clone, Debug)]
 pub struct Election {
     client: LockClient,
     name: LockName,
-    interval: Duration,
+    follow: Follow,
 }
 
 /// The current leader of an election, as the store shows it.
@@ -50,7 +47,7 @@ impl Election {
         Election {
             client,
             name,
-            interval: DEFAULT_OBSERVE_INTERVAL,
+            follow: Follow::Notifications,
         }
     }
 
@@ -59,10 +56,17 @@ impl Election {
         &self.name
     }
 
-    /// How often [`observe`](Self::observe) reads the leader (default
-    /// [`DEFAULT_OBSERVE_INTERVAL`]).
-    pub fn with_observe_interval(mut self, interval: Duration) -> Self {
-        self.interval = interval.max(Duration::from_millis(10));
+    /// Makes [`observe`](Self::observe) read the leader every `interval`
+    /// instead of following the store's change notifications (the
+    /// default): a leadership shorter than `interval` can then be missed.
+    pub fn with_observe_interval(self, interval: Duration) -> Self {
+        self.with_follow(Follow::Poll(interval.max(Duration::from_millis(10))))
+    }
+
+    /// How [`observe`](Self::observe) learns of changes (default
+    /// [`Follow::Notifications`]).
+    pub fn with_follow(mut self, follow: Follow) -> Self {
+        self.follow = follow;
         self
     }
 
@@ -105,42 +109,49 @@ impl Election {
     /// # Cancel Safety
     /// Read-only; safe to drop.
     pub async fn leader(&self) -> Result<Option<Leader>> {
-        let state = self.client.backend().inspect(&self.name).await?;
-        Ok(state.holders.into_iter().next().map(|h| Leader {
-            value: h.value,
-            token: h.token,
-            session: h.session,
-        }))
+        Ok(leader_of(self.client.backend().inspect(&self.name).await?))
     }
 
     /// The leader now, then every change of leader or of its value
-    /// (`None`: nobody leads). It reads the store every
-    /// [`with_observe_interval`](Self::with_observe_interval), so a change
-    /// shorter than that may be missed; an error is yielded and the stream
-    /// goes on.
+    /// (`None`: nobody leads), in order. By default a read follows each
+    /// change the store notifies ([`Follow::Notifications`]): nothing is
+    /// read while nothing changes, and a leadership is seen as long as
+    /// it lasts longer than one read of the store (about a round trip).
+    /// After a broken watch, the first read reports what changed
+    /// meanwhile (the leadership in between, if any, is not seen). An
+    /// error is yielded and the stream goes on.
     ///
     /// # Cancel Safety
     /// Read-only; drop the stream at any point.
     pub fn observe(&self) -> impl Stream<Item = Result<Option<Leader>>> + Send + 'static {
-        let election = self.clone();
-        futures::stream::unfold(
-            (election, None::<Option<Leader>>, true),
-            |(e, last, first)| async move {
-                if !first {
-                    tokio::time::sleep(e.interval).await;
-                }
-                loop {
-                    match e.leader().await {
-                        Ok(now) if last.as_ref() == Some(&now) => {
-                            tokio::time::sleep(e.interval).await;
+        let states = crate::watch::states(self.client.clone(), self.name.clone(), self.follow);
+        states
+            .scan(None::<Option<Leader>>, |last, state| {
+                let item = match state {
+                    Ok(state) => {
+                        let now = leader_of(state);
+                        if last.as_ref() == Some(&now) {
+                            None
+                        } else {
+                            *last = Some(now.clone());
+                            Some(Ok(now))
                         }
-                        Ok(now) => return Some((Ok(now.clone()), (e, Some(now), false))),
-                        Err(err) => return Some((Err(err), (e, last, false))),
                     }
-                }
-            },
-        )
+                    Err(e) => Some(Err(e)),
+                };
+                futures::future::ready(Some(item))
+            })
+            .filter_map(futures::future::ready)
     }
+}
+
+/// The leader a lock's state shows: its first holder.
+fn leader_of(state: crate::LockState) -> Option<Leader> {
+    state.holders.into_iter().next().map(|h| Leader {
+        value: h.value,
+        token: h.token,
+        session: h.session,
+    })
 }
 
 /// Leadership: held until [`resign`](Self::resign), drop, or loss.

@@ -19,13 +19,15 @@ mod signal;
 mod telemetry;
 pub mod tls;
 pub mod url;
+mod watch;
 
 pub use availability::{default_value, ClientOptions, DEFAULT_UNAVAILABLE_AFTER};
 pub use client::{Lock, LockClient, LockGuard, Reentry};
-pub use election::{Election, Leader, LeaderGuard, DEFAULT_OBSERVE_INTERVAL};
+pub use election::{Election, Leader, LeaderGuard};
 pub use error::{Error, ErrorKind, Result};
 pub use multi::{MultiGuard, MultiLock};
 pub use name::{LockName, MAX_NAME_LEN, MAX_SEGMENT_LEN, RESERVED_NESTED_SEGMENTS};
 pub use queue::{Contender, LockKind, LockState};
 pub use rw::{RwLock, Semaphore};
 pub use signal::LossReason;
+pub use watch::{Follow, DEFAULT_POLL_INTERVAL};

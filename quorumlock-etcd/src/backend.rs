@@ -204,6 +204,7 @@ impl Backend for EtcdBackend {
             semaphore: true,
             session_ttl: self.core.config.ttl,
             proclaim: true,
+            changes: false,
         }
     }
 

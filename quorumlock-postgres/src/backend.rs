@@ -175,6 +175,7 @@ impl Backend for PostgresBackend {
             semaphore: true,
             session_ttl: self.core.config.ttl,
             proclaim: true,
+            changes: false,
         }
     }
 

@@ -126,6 +126,7 @@ impl Backend for RedisBackend {
             semaphore: true,
             session_ttl: self.core.config.ttl,
             proclaim: true,
+            changes: false,
         }
     }
 

@@ -178,6 +178,7 @@ impl Backend for ZkBackend {
                 .negotiated_session_timeout()
                 .unwrap_or(self.core.config.session_timeout),
             proclaim: true,
+            changes: false,
         }
     }
 

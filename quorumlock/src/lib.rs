@@ -15,9 +15,9 @@ use quorumlock_core::backend::Backend;
 pub use quorumlock_core::backend;
 pub use quorumlock_core::url;
 pub use quorumlock_core::{
-    default_value, ClientOptions, Contender, Election, Error, ErrorKind, Leader, LeaderGuard, Lock,
-    LockClient, LockGuard, LockKind, LockName, LockState, LossReason, MultiGuard, MultiLock,
-    Reentry, Result, RwLock, Semaphore,
+    default_value, ClientOptions, Contender, Election, Error, ErrorKind, Follow, Leader,
+    LeaderGuard, Lock, LockClient, LockGuard, LockKind, LockName, LockState, LossReason,
+    MultiGuard, MultiLock, Reentry, Result, RwLock, Semaphore,
 };
 // Every public constant of quorumlock-core's root (the limits the docs of
 // `LockName`, `ErrorKind`, `Election` and `ClientOptions` name), so that
@@ -29,7 +29,7 @@ pub use quorumlock_core::backend::connect::{
     DEFAULT_CONNECT_TIMEOUT, MAX_CONNECT_TIMEOUT, MIN_CONNECT_TIMEOUT,
 };
 pub use quorumlock_core::{
-    DEFAULT_OBSERVE_INTERVAL, DEFAULT_UNAVAILABLE_AFTER, MAX_NAME_LEN, MAX_SEGMENT_LEN,
+    DEFAULT_POLL_INTERVAL, DEFAULT_UNAVAILABLE_AFTER, MAX_NAME_LEN, MAX_SEGMENT_LEN,
     RESERVED_NESTED_SEGMENTS,
 };
 
@@ -347,7 +347,7 @@ mod tests {
     fn core_constants() {
         use std::time::Duration;
         let durations: [Duration; 6] = [
-            DEFAULT_OBSERVE_INTERVAL,
+            DEFAULT_POLL_INTERVAL,
             DEFAULT_UNAVAILABLE_AFTER,
             backend::HELD_WATCH_DELAY,
             DEFAULT_CONNECT_TIMEOUT,

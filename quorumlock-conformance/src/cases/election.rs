@@ -103,11 +103,7 @@ pub async fn election_observe_sees_changes(h: &Harness) {
         case.client().await,
         case.client().await,
     );
-    let stream = o
-        .election("watched")
-        .unwrap()
-        .with_observe_interval(Duration::from_millis(20))
-        .observe();
+    let stream = o.election("watched").unwrap().observe();
     let mut stream = Box::pin(stream);
     macro_rules! next {
         () => {
@@ -142,6 +138,205 @@ pub async fn election_observe_sees_changes(h: &Harness) {
         .unwrap();
     assert_eq!(next!().as_deref(), Some(&b"two"[..]));
     g.resign().await.unwrap();
+    case.finish().await;
+}
+
+/// Leadership changes every 20 ms for 10 s among three candidates:
+/// `observe` reports every leader, in token order, exactly as the
+/// candidates themselves record winning (a `None` in between is allowed:
+/// some stores show no holder while one hands over). An observer that
+/// polls every 250 ms (the previous `observe`) misses most of them.
+pub async fn election_observe_sees_every_short_leadership(h: &Harness) {
+    const HOLD: Duration = Duration::from_millis(20);
+    const RUN: Duration = Duration::from_secs(10);
+    let case = h.case();
+    let candidates = case.clients(3).await;
+    let (o, p) = (case.client().await, case.client().await);
+    let followed = Box::pin(o.election("short").unwrap().observe());
+    let polled = Box::pin(
+        p.election("short")
+            .unwrap()
+            .with_observe_interval(quorumlock_core::DEFAULT_POLL_INTERVAL)
+            .observe(),
+    );
+    let history: Arc<Mutex<Vec<(u64, Vec<u8>)>>> = Arc::default();
+    let seen = |mut s: std::pin::Pin<
+        Box<dyn futures::Stream<Item = quorumlock_core::Result<Option<Leader>>> + Send>,
+    >| {
+        tokio::spawn(async move {
+            let mut seen = Vec::new();
+            // Ends at the `None` after the last leader (see below).
+            while let Some(next) = s.next().await {
+                match next {
+                    Ok(Some(l)) => seen.push((l.token, l.value)),
+                    Ok(None) if seen.last().is_some_and(|(_, v)| v == b"last") => break,
+                    Ok(None) => {}
+                    Err(e) => panic!("observe failed: {e}"),
+                }
+            }
+            seen
+        })
+    };
+    // The first item (nobody leads) is in before anyone campaigns.
+    let mut followed = followed;
+    assert_eq!(
+        tokio::time::timeout(SOON, followed.next())
+            .await
+            .expect("first item")
+            .expect("stream")
+            .expect("observe"),
+        None
+    );
+    let followed = seen(followed);
+    let polled = seen(polled);
+    let deadline = Instant::now() + RUN;
+    let runs = candidates.iter().enumerate().map(|(i, c)| {
+        let (c, history) = (c.clone(), history.clone());
+        async move {
+            let e = c.election("short").unwrap();
+            let mut n = 0;
+            while Instant::now() < deadline {
+                let value = format!("c{i}-{n}");
+                let g = e.campaign(value.clone()).await.expect("campaign");
+                history
+                    .lock()
+                    .unwrap()
+                    .push((g.token(), value.into_bytes()));
+                tokio::time::sleep(HOLD).await;
+                g.resign().await.expect("resign");
+                n += 1;
+            }
+        }
+    });
+    futures::future::join_all(runs).await;
+    // One last leader, then nobody: both observers end at that `None`.
+    let c = &candidates[0];
+    let g = c.election("short").unwrap().campaign("last").await.unwrap();
+    history.lock().unwrap().push((g.token(), b"last".to_vec()));
+    tokio::time::sleep(quorumlock_core::DEFAULT_POLL_INTERVAL * 3).await;
+    g.resign().await.unwrap();
+    let mut history = history.lock().unwrap().clone();
+    history.sort();
+    let followed = tokio::time::timeout(SOON, followed)
+        .await
+        .expect("the observer to see the end")
+        .unwrap();
+    let polled = tokio::time::timeout(SOON, polled)
+        .await
+        .expect("the poller to see the end")
+        .unwrap();
+    assert!(
+        history.len() > 100,
+        "only {} leaderships in {RUN:?}",
+        history.len()
+    );
+    let missed: Vec<_> = history.iter().filter(|l| !followed.contains(l)).collect();
+    assert!(
+        missed.is_empty(),
+        "observe missed {} of {} leaderships, first {:?}",
+        missed.len(),
+        history.len(),
+        missed.first()
+    );
+    assert_eq!(
+        followed, history,
+        "observe reported leaders out of order or ones nobody held"
+    );
+    eprintln!(
+        "{} leaderships: observe saw all; polling every {:?} saw {}",
+        history.len(),
+        quorumlock_core::DEFAULT_POLL_INTERVAL,
+        polled.len()
+    );
+    assert!(
+        polled.len() * 2 < history.len(),
+        "polling saw {} of {}: the leaderships were not short",
+        polled.len(),
+        history.len()
+    );
+    case.finish().await;
+}
+
+/// While nothing changes, a watch sends nothing beyond its watch: an
+/// observer of a held election and a `watch` of a held lock cost no more
+/// requests over two idle seconds than a client that watches nothing (its
+/// session's keepalives); a poller costs a read per interval.
+pub async fn watch_sends_nothing_while_nothing_changes(h: &Harness) {
+    const IDLE: Duration = Duration::from_secs(2);
+    let case = h.case();
+    let holder = case.client().await;
+    let _leader = holder
+        .election("idle")
+        .unwrap()
+        .campaign("here")
+        .await
+        .unwrap();
+    let _held = holder.lock("idle-lock").unwrap().acquire().await.unwrap();
+    let (o, w, p, idle) = (
+        case.client().await,
+        case.client().await,
+        case.client().await,
+        case.client().await,
+    );
+    // Every client reads once, so each has what a first request opens.
+    for c in [&o, &w, &p, &idle] {
+        c.inspect("idle").await.unwrap();
+    }
+    let mut observed = Box::pin(o.election("idle").unwrap().observe());
+    let mut watched = Box::pin(
+        w.watch("idle-lock", quorumlock_core::Follow::Notifications)
+            .unwrap(),
+    );
+    let mut polled = Box::pin(
+        p.watch(
+            "idle-lock",
+            quorumlock_core::Follow::Poll(Duration::from_millis(100)),
+        )
+        .unwrap(),
+    );
+    let first = tokio::time::timeout(SOON, observed.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.map(|l| l.value), Some(b"here".to_vec()));
+    let state = tokio::time::timeout(SOON, watched.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(state.holders.len(), 1);
+    tokio::time::timeout(SOON, polled.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let sent = |c: &LockClient| c.backend().requests_sent();
+    let before = [sent(&o), sent(&w), sent(&p), sent(&idle)];
+    let quiet = tokio::time::timeout(IDLE, async {
+        tokio::select! {
+            l = observed.next() => panic!("the observer reported {l:?} while nothing changed"),
+            s = watched.next() => panic!("the watch reported {s:?} while nothing changed"),
+            _ = async { loop { polled.next().await; } } => unreachable!(),
+        }
+    })
+    .await;
+    assert!(quiet.is_err());
+    let after = [sent(&o), sent(&w), sent(&p), sent(&idle)];
+    let d: Vec<u64> = before.iter().zip(after).map(|(b, a)| a - b).collect();
+    assert!(
+        d[0] <= d[3] && d[1] <= d[3],
+        "over {IDLE:?} with nothing changing: observer {} requests, watch {}, an idle client {}",
+        d[0],
+        d[1],
+        d[3]
+    );
+    assert!(
+        d[2] >= d[3] + 10,
+        "the poller sent {} requests, the idle client {}",
+        d[2],
+        d[3]
+    );
     case.finish().await;
 }
 

@@ -85,6 +85,9 @@ impl Backend for RefusingBackend {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
+    fn changes(&self, name: &LockName) -> Option<quorumlock_core::backend::ChangeFeed> {
+        self.inner.changes(name)
+    }
     fn describe(&self) -> String {
         self.inner.describe()
     }

@@ -195,6 +195,9 @@ impl Backend for SimBackend {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
+    fn changes(&self, name: &LockName) -> Option<quorumlock_core::backend::ChangeFeed> {
+        self.inner.changes(name)
+    }
     fn describe(&self) -> String {
         format!("simnet {}", self.inner.describe())
     }

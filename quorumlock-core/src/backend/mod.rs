@@ -67,6 +67,9 @@ pub struct Capabilities {
     /// [`StoreSession::set_value`] works: an election leader can
     /// `proclaim` a new value.
     pub proclaim: bool,
+    /// [`Backend::changes`] follows the store's own change notification
+    /// (else watchers poll).
+    pub changes: bool,
 }
 
 impl Default for Capabilities {
@@ -77,6 +80,7 @@ impl Default for Capabilities {
             semaphore: false,
             session_ttl: Duration::from_secs(10),
             proclaim: false,
+            changes: false,
         }
     }
 }
@@ -130,6 +134,9 @@ impl AcquireRequest {
         self
     }
 }
+
+/// A lock's changes as the store notifies them: see [`Backend::changes`].
+pub type ChangeFeed = futures::stream::BoxStream<'static, Result<()>>;
 
 /// A granted entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -243,6 +250,26 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// would do. For tools and for tests that show what a fence prevents.
     /// Same key rules and mapping as [`Backend::fenced_write`].
     async fn write_key(&self, write: &KeyWrite) -> Result<()>;
+
+    /// The changes of `name`'s entries (added, removed, value rewritten),
+    /// from the store's own notification; `None` where the store has none
+    /// (the default; watchers then poll).
+    ///
+    /// # Contract
+    /// - The first item comes once the watch is in place: a read started
+    ///   after an item sees every change made before it, and each later
+    ///   change brings another item. Changes close together may bring one
+    ///   item; an item may come for no change.
+    /// - While nothing changes, no request goes to the store beyond the
+    ///   watch itself (a blocking query renewed, a stream kept open).
+    /// - A watch that broke and was set up again yields an item (the
+    ///   reader re-reads what changed meanwhile); one that cannot go on
+    ///   yields `Err` and ends.
+    /// - Dropping the stream ends the watch.
+    fn changes(&self, name: &LockName) -> Option<ChangeFeed> {
+        let _ = name;
+        None
+    }
 }
 
 /// One store session (ZooKeeper session, etcd lease, Consul session).

@@ -7,7 +7,9 @@ use super::config::MemConfig;
 use super::core::MemCore;
 use super::session::MemSession;
 use super::store;
-use crate::backend::{Backend, Capabilities, HeldEntry, KeyWrite, SessionLiveness, StoreSession};
+use crate::backend::{
+    Backend, Capabilities, ChangeFeed, HeldEntry, KeyWrite, SessionLiveness, StoreSession,
+};
 use crate::url;
 use crate::{LockName, LockState, Result};
 
@@ -72,6 +74,7 @@ impl Backend for MemBackend {
             semaphore: true,
             session_ttl: self.core.config.ttl,
             proclaim: true,
+            changes: true,
         }
     }
 
@@ -127,5 +130,9 @@ impl Backend for MemBackend {
 
     async fn write_key(&self, write: &KeyWrite) -> Result<()> {
         self.core.write_key(write)
+    }
+
+    fn changes(&self, name: &LockName) -> Option<ChangeFeed> {
+        Some(self.core.changes(name))
     }
 }

@@ -40,6 +40,9 @@ pub(super) struct State {
     queues: BTreeMap<String, Vec<Entry>>,
     /// The store's own key space, for fenced writes.
     kv: BTreeMap<String, Vec<u8>>,
+    /// Change counters of the queues someone follows
+    /// ([`crate::backend::Backend::changes`]), by key.
+    followed: HashMap<String, tokio::sync::watch::Sender<u64>>,
 }
 
 #[derive(Debug)]
@@ -178,6 +181,7 @@ impl State {
             created: SystemTime::now(),
             value,
         });
+        self.changed(key);
         Ok((self.last_index, wake))
     }
 
@@ -224,6 +228,12 @@ impl State {
                 true
             }
         });
+        if removed > 0 {
+            self.changed(key);
+        }
+        let Some(q) = self.queues.get_mut(key) else {
+            return removed;
+        };
         if q.is_empty() {
             self.queues.remove(key);
             return removed;
@@ -254,13 +264,44 @@ impl State {
         match entry {
             Some(e) => {
                 e.value = value.to_vec();
+                self.changed(key);
                 true
             }
             None => false,
         }
     }
 
-    /// Breaks the lock: the holders' entries go and their guards are told.
+    /// Follows the queue of `key`: the receiver sees a new count at each
+    /// change from now on.
+    pub(super) fn follow(&mut self, key: &str) -> tokio::sync::watch::Receiver<u64> {
+        self.followed
+            .entry(key.to_string())
+            .or_insert_with(|| tokio::sync::watch::channel(0).0)
+            .subscribe()
+    }
+
+    /// When the first session owning an entry of `key` expires unless
+    /// renewed: the store expires sessions when it is next touched, so a
+    /// follower touches it then.
+    pub(super) fn next_expiry(&self, key: &str) -> Option<Instant> {
+        self.queues
+            .get(key)?
+            .iter()
+            .filter_map(|e| self.sessions.get(&e.session).map(|s| s.expires))
+            .min()
+    }
+
+    /// Tells the followers of `key` that its queue changed.
+    fn changed(&mut self, key: &str) {
+        if let Some(tx) = self.followed.get(key) {
+            if tx.receiver_count() == 0 {
+                self.followed.remove(key);
+            } else {
+                tx.send_modify(|n| *n += 1);
+            }
+        }
+    }
+
     /// Whether the entry `index` of the lock `key` is still in its queue.
     pub(super) fn entry_exists(&self, key: &str, index: u64) -> bool {
         self.queues
@@ -283,6 +324,7 @@ impl State {
         }
     }
 
+    /// Breaks the lock: the holders' entries go and their guards are told.
     pub(super) fn break_holders(&mut self, key: &str) -> bool {
         let holders = self
             .queues
