@@ -1,15 +1,19 @@
-//! The operator's operations on [`EtcdCore`]: inspect, list, break a lock,
-//! request a revoke, kill a session (revoke its lease), leftovers.
+//! The operator's operations on [`EtcdCore`]: inspect, follow a lock's
+//! changes, list, break a lock, request a revoke, kill a session (revoke
+//! its lease), leftovers.
 
 use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
 };
+use futures::StreamExt;
 #[cfg(doc)]
 use quorumlock_core::backend::Backend;
+use quorumlock_core::backend::ChangeFeed;
 use quorumlock_core::{Contender, Error, ErrorKind, LockKind, LockName, LockState, Result};
 
 use crate::core::{first_created, EtcdCore};
 use crate::layout;
+use crate::watch::WatchEvent;
 
 /// The session id of a key: its lease in hex, or the key's last segment for
 /// keys without a lease.
@@ -78,6 +82,45 @@ impl EtcdCore {
             holders: holders.iter().map(contender).collect(),
             waiters: waiters.iter().map(contender).collect(),
         })
+    }
+
+    /// [`Backend::changes`]: a watch on the lock's prefix, on the
+    /// backend's one watch stream. An item when etcd has created the watch
+    /// (again after a new stream: what changed while it was down is read,
+    /// not replayed), and one per response's events.
+    pub(crate) fn changes(&self, name: &LockName) -> ChangeFeed {
+        let watch = self
+            .hub
+            .watch_prefix(format!("{}/", self.lock_prefix(name)));
+        let name = name.clone();
+        futures::stream::unfold(Some(watch), move |watch| {
+            let name = name.clone();
+            async move {
+                let mut watch = watch?;
+                let mut event = watch.next().await;
+                // Events that came already: one item (the read after it
+                // sees them all), unless the watch ended.
+                while !matches!(event, WatchEvent::Lost | WatchEvent::Refused) {
+                    match watch.ready() {
+                        Some(more) => event = more,
+                        None => break,
+                    }
+                }
+                match event {
+                    WatchEvent::Created(_) | WatchEvent::Put(_) | WatchEvent::Delete => {
+                        Some((Ok(()), Some(watch)))
+                    }
+                    WatchEvent::Lost | WatchEvent::Refused => Some((
+                        Err(Error::new(
+                            ErrorKind::Unavailable,
+                            format!("etcd ended or refused the watch on {name}'s changes"),
+                        )),
+                        None,
+                    )),
+                }
+            }
+        })
+        .boxed()
     }
 
     /// [`Backend::list`]: one range read of the namespace (or of a

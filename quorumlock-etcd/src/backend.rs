@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
 use quorumlock_core::backend::connect::check_connect;
 use quorumlock_core::backend::{
-    Backend, Capabilities, HeldEntry, KeyWrite, SessionLiveness, StoreSession,
+    Backend, Capabilities, ChangeFeed, HeldEntry, KeyWrite, SessionLiveness, StoreSession,
 };
 use quorumlock_core::{Error, ErrorKind, LockName, LockState, Result};
 
@@ -204,7 +204,7 @@ impl Backend for EtcdBackend {
             semaphore: true,
             session_ttl: self.core.config.ttl,
             proclaim: true,
-            changes: false,
+            changes: true,
         }
     }
 
@@ -255,5 +255,9 @@ impl Backend for EtcdBackend {
 
     async fn write_key(&self, write: &KeyWrite) -> Result<()> {
         crate::fenced::write_key(&self.core, write).await
+    }
+
+    fn changes(&self, name: &LockName) -> Option<ChangeFeed> {
+        Some(self.core.changes(name))
     }
 }

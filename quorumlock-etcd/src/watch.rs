@@ -96,6 +96,11 @@ impl Watch {
     pub(crate) async fn next(&mut self) -> WatchEvent {
         self.rx.recv().await.unwrap_or(WatchEvent::Lost)
     }
+
+    /// An event that came already, if any (without waiting).
+    pub(crate) fn ready(&mut self) -> Option<WatchEvent> {
+        self.rx.try_recv().ok()
+    }
 }
 
 impl Drop for Watch {
@@ -134,6 +139,24 @@ impl WatchHub {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::unbounded_channel();
         let sub = Sub::new(key.into(), start_revision, Some(filter), Arc::new(tx));
+        self.create(id, sub, false);
+        Watch {
+            id,
+            rx,
+            cmd: self.cmd.clone(),
+        }
+    }
+
+    /// Watches every key under `prefix` (every event) from now, and on a
+    /// new stream from the revision etcd has then: what changed while the
+    /// stream was down is not replayed, so the subscriber re-reads on each
+    /// [`WatchEvent::Created`] (a follower of a lock's changes, which
+    /// wants to know that something changed, not every event).
+    pub(crate) fn watch_prefix(&self, prefix: impl Into<Vec<u8>>) -> Watch {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut sub = Sub::new(prefix.into(), 0, None, Arc::new(tx));
+        sub.prefix = true;
         self.create(id, sub, false);
         Watch {
             id,
@@ -198,6 +221,9 @@ struct Sub {
     sink: Arc<dyn Sink>,
     /// Its create was sent on the current stream (a cancel must be too).
     sent: bool,
+    /// Every key under `key`, always from now (never pinned to a start
+    /// revision): see [`WatchHub::watch_prefix`].
+    prefix: bool,
 }
 
 impl Sub {
@@ -213,6 +239,7 @@ impl Sub {
             filter,
             sink,
             sent: false,
+            prefix: false,
         }
     }
 
@@ -220,6 +247,7 @@ impl Sub {
         let o = WatchOptions::new()
             .with_start_revision(self.start_revision)
             .with_watch_id(id);
+        let o = if self.prefix { o.with_prefix() } else { o };
         match self.filter {
             Some(f) => o.with_filters([f]),
             None => o,
@@ -476,7 +504,7 @@ fn dispatch(
                 // created at, so a new stream creates it again from there
                 // and misses nothing in between.
                 let at = resp.header().map_or(0, |h| h.revision());
-                if sub.start_revision == 0 && at > 0 {
+                if sub.start_revision == 0 && at > 0 && !sub.prefix {
                     sub.start_revision = at + 1;
                 }
                 if !sub.sink.event(WatchEvent::Created(at)) {

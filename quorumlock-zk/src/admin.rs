@@ -1,13 +1,16 @@
-//! The operator's operations on [`ZkCore`]: `inspect`, `list`,
+//! The operator's operations on [`ZkCore`]: `inspect`, `changes`, `list`,
 //! `break_lock`, `request_revoke`, `kill_session`, `leftovers`. All but
-//! `kill_session` run through [`ZkCore::with_admin`]: `inspect`, `list`
-//! and `request_revoke` on the open lock session's connection, the break
-//! and `leftovers` (which wait) on the admin session; neither creates
-//! nodes of its own.
+//! `kill_session` and `changes` run through [`ZkCore::with_admin`]:
+//! `inspect`, `list` and `request_revoke` on the open lock session's
+//! connection, the break and `leftovers` (which wait) on the admin
+//! session; `changes` on a session of its own. None creates nodes of its
+//! own.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use quorumlock_core::backend::{holds, Backoff};
+use futures::StreamExt;
+use quorumlock_core::backend::{holds, Backoff, ChangeFeed};
 use quorumlock_core::{
     Contender, Error, ErrorKind, LockKind, LockName, LockState, LossReason, Result,
 };
@@ -32,6 +35,66 @@ impl ZkCore {
         self.lock_dir(name)?; // checked before anything is sent
         self.with_admin(AdminUse::Brief, |c| self.inspect_once(c, name))
             .await
+    }
+
+    /// [`Backend::changes`](quorumlock_core::backend::Backend::changes):
+    /// a persistent recursive watch on the lock's node (ZooKeeper >= 3.6),
+    /// so every event under it is an item: a contender created or
+    /// deleted, a value rewritten, a break's mark, a semaphore's leases.
+    /// It runs on a session of its own, opened by the stream and closed
+    /// when the stream is dropped: held that long, the lock session's
+    /// client would keep that session open past its close. After a lost
+    /// connection one item, as the server does not replay what happened
+    /// meanwhile (ZOOKEEPER-4698); an expired session ends the stream.
+    pub(crate) fn changes(self: &Arc<Self>, name: &LockName) -> ChangeFeed {
+        let (core, dir) = (self.clone(), self.lock_dir(name));
+        let feed = async move {
+            let dir = dir?;
+            let (client, _) = core.connect(None).await?;
+            core.remember(&client);
+            core.count(1); // addWatch
+            let watcher = client
+                .watch(&dir, zk::AddWatchMode::PersistentRecursive)
+                .await
+                .map_err(|e| map(e, "watching a lock"))?;
+            Ok::<_, Error>((client, watcher))
+        };
+        futures::stream::once(feed)
+            .flat_map(|opened| match opened {
+                Err(e) => futures::stream::once(futures::future::ready(Err(e))).boxed(),
+                Ok((client, watcher)) => futures::stream::once(futures::future::ready(Ok(())))
+                    .chain(futures::stream::unfold(
+                        (client, Some(watcher), false),
+                        |(client, watcher, mut disconnected)| async move {
+                            let mut watcher = watcher?;
+                            loop {
+                                let ev = watcher.changed().await;
+                                if ev.event_type != zk::EventType::Session {
+                                    return Some((Ok(()), (client, Some(watcher), disconnected)));
+                                }
+                                match ev.session_state {
+                                    zk::SessionState::Disconnected => disconnected = true,
+                                    zk::SessionState::SyncConnected
+                                    | zk::SessionState::ConnectedReadOnly
+                                        if disconnected =>
+                                    {
+                                        return Some((Ok(()), (client, Some(watcher), false)));
+                                    }
+                                    s if s.is_terminated() => {
+                                        // No event comes after this one.
+                                        let e = crate::core::lost_session(&format!(
+                                            "the session watching the lock ended ({s})"
+                                        ));
+                                        return Some((Err(e), (client, None, false)));
+                                    }
+                                    _ => {}
+                                }
+                            }
+                        },
+                    ))
+                    .boxed(),
+            })
+            .boxed()
     }
 
     /// Every lock under `prefix` (or the namespace) that someone holds or

@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use quorumlock_core::backend::connect::check_connect;
 use quorumlock_core::backend::{
-    Backend, Capabilities, HeldEntry, KeyWrite, SessionLiveness, StoreSession,
+    Backend, Capabilities, ChangeFeed, HeldEntry, KeyWrite, SessionLiveness, StoreSession,
 };
 use quorumlock_core::{Error, ErrorKind, LockName, LockState, Result};
 use zookeeper_client as zk;
@@ -178,7 +178,7 @@ impl Backend for ZkBackend {
                 .negotiated_session_timeout()
                 .unwrap_or(self.core.config.session_timeout),
             proclaim: true,
-            changes: false,
+            changes: true,
         }
     }
 
@@ -228,6 +228,10 @@ impl Backend for ZkBackend {
 
     async fn write_key(&self, write: &KeyWrite) -> Result<()> {
         fenced::write_key(&self.core, write).await
+    }
+
+    fn changes(&self, name: &LockName) -> Option<ChangeFeed> {
+        Some(self.core.changes(name))
     }
 }
 

@@ -389,12 +389,17 @@ impl ZkCore {
     /// the sessions still open (and, in the process-wide registry, those
     /// whose owner still cares), not every session ever opened.
     pub(crate) fn record_opened(&self, client: &zk::Client, liveness: &Arc<SessionLiveness>) {
+        self.remember(client);
+        register_session(client, liveness);
+    }
+
+    /// Remembers a session of this backend for `leftovers()`, without
+    /// making it a lock session.
+    pub(crate) fn remember(&self, client: &zk::Client) {
         let mut opened = self.opened.lock().expect("poisoned");
         // An ended session is never a leftover (`leftovers_once` skips it).
         opened.retain(|(_, state)| !state.peek_state().is_terminated());
         opened.push((client.session_id(), client.state_watcher()));
-        drop(opened);
-        register_session(client, liveness);
     }
 
     /// The client admin work runs on: with [`AdminUse::Brief`], the open

@@ -138,6 +138,7 @@ pub async fn election_observe_sees_changes(h: &Harness) {
         .unwrap();
     assert_eq!(next!().as_deref(), Some(&b"two"[..]));
     g.resign().await.unwrap();
+    drop(stream); // its watch ends with it (on ZooKeeper, a session)
     case.finish().await;
 }
 
@@ -337,6 +338,7 @@ pub async fn watch_sends_nothing_while_nothing_changes(h: &Harness) {
         d[2],
         d[3]
     );
+    drop((observed, watched, polled)); // their watches end with them
     case.finish().await;
 }
 
