@@ -1,16 +1,18 @@
 //! The operator's operations on a Consul backend, as methods of
-//! [`ConsulCore`]: `inspect`, `list`, `break_lock`, `request_revoke`,
+//! [`ConsulCore`]: `inspect`, `changes`, `list`, `break_lock`, `request_revoke`,
 //! `kill_session`, `leftovers` (the backend's `impl Backend` delegates to
 //! them). They read with `?consistent` and write with check-and-set txns,
 //! and re-read when the lock changed under them.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use quorumlock_core::backend::holds;
+use futures::StreamExt;
+use quorumlock_core::backend::{holds, ChangeFeed};
 use quorumlock_core::{Contender, Error, ErrorKind, LockKind, LockName, LockState, Result};
 
 use crate::api::{op, Block, KvEntry, Record, Txn};
-use crate::core::{now_ms, read_view, ConsulCore};
+use crate::core::{now_ms, read_view, ConsulCore, LONG_POLL};
 use crate::error::map;
 use crate::layout::{line_kinds, rw_revoke, Keys, SemView, View, REVOKE_FLAGS, SEMAPHORE_FLAGS};
 
@@ -22,6 +24,28 @@ const ADMIN_RETRIES: usize = 8;
 fn since(e: &KvEntry) -> Option<SystemTime> {
     let ms = e.record()?.since_ms?;
     Some(UNIX_EPOCH + Duration::from_millis(ms))
+}
+
+/// Whether `.lock` (`l`, held by session `holder`) is a grant of ours
+/// that its taker is giving back: taken while contenders were in line
+/// ahead of the taker (the fast path's optimistic take, a late grant), so
+/// by the taker's own rule (`mutex::Attempt::own_grant`) it is not held
+/// and will go at once. Shown as held, an observer would report a leader
+/// that never led. A `.lock` another recipe wrote (`consul lock`) holds
+/// whatever the line says.
+fn given_back(keys: &Keys, line: &[(LockKind, KvEntry)], l: &KvEntry, holder: &str) -> bool {
+    if l.record().is_none() || l.is_broken() {
+        return false;
+    }
+    let own = keys.queue(holder);
+    let since = line
+        .iter()
+        .find(|(_, e)| e.key == own)
+        .map_or(l.grant_token(), |(_, e)| {
+            l.grant_token().min(e.create_index)
+        });
+    line.iter()
+        .any(|(_, e)| e.key != own && e.create_index < since)
 }
 
 impl ConsulCore {
@@ -175,6 +199,42 @@ impl ConsulCore {
 
     /// Holders and waiters of lock `name`, as one listing of its keys
     /// shows them (a broken entry is shown neither holding nor waiting).
+    /// [`Backend::changes`](quorumlock_core::backend::Backend::changes):
+    /// blocking queries on the lock's prefix `P/` (our tree and the
+    /// semaphore's keys; a nested lock's change brings an item for
+    /// nothing), `?consistent` as every read here. The first query does
+    /// not block: its index is where the watch starts. Then each answer
+    /// with a new index is an item; one with the same index (the wait ran
+    /// out) is the watch renewed, once per [`LONG_POLL`]. An index that
+    /// went back (a restored snapshot) starts over, as Consul's docs say.
+    pub(crate) fn changes(self: &Arc<Self>, name: &LockName) -> ChangeFeed {
+        let prefix = Keys::new(&self.config, name).sem.prefix;
+        let start = Some((self.clone(), prefix, 0));
+        futures::stream::unfold(start, |state| async move {
+            let (core, prefix, index) = state?;
+            let mut index: u64 = index;
+            loop {
+                let block = Block {
+                    index,
+                    wait: LONG_POLL,
+                    consistent: true,
+                };
+                match core.api.kv_list(&prefix, block).await {
+                    Ok((now, _)) if index > 0 && now == index => continue,
+                    Ok((now, _)) => {
+                        // 0 (no index): a non-blocking query again, and
+                        // an item each time; never a busy loop.
+                        let next = if now < index { 0 } else { now.max(1) };
+                        index = next;
+                        return Some((Ok(()), Some((core, prefix, index))));
+                    }
+                    Err(e) => return Some((Err(map(e, "watching a lock")), None)),
+                }
+            }
+        })
+        .boxed()
+    }
+
     pub(crate) async fn inspect(&self, name: &LockName) -> Result<LockState> {
         let keys = Keys::new(&self.config, name);
         // One listing of `P/` covers our lock tree `P/.` and the
@@ -183,7 +243,15 @@ impl ConsulCore {
         let sv = SemView::from_entries(&keys.sem, idx, entries.clone());
         let v = View::from_entries(&keys, entries);
         let mut state = LockState::free(name.clone());
-        let holder = v.holder().map(str::to_string);
+        let line = v.line(&keys);
+        let holder = v
+            .holder()
+            .filter(|h| {
+                !v.lock
+                    .as_ref()
+                    .is_some_and(|l| given_back(&keys, &line, l, h))
+            })
+            .map(str::to_string);
         // A broken entry stays until the break's grace ends, still locked
         // by its holder's session, but its holder has been told of the
         // loss: it is shown neither as holding nor as waiting. It still
@@ -198,7 +266,6 @@ impl ConsulCore {
                 value: l.holder_value(),
             });
         }
-        let line = v.line(&keys);
         let kinds = line_kinds(&line);
         for (i, (kind, q)) in line.iter().enumerate() {
             let c = |token| Contender {

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use quorumlock_core::backend::{
-    Backend, Capabilities, HeldEntry, KeyWrite, SessionLiveness, StoreSession,
+    Backend, Capabilities, ChangeFeed, HeldEntry, KeyWrite, SessionLiveness, StoreSession,
 };
 use quorumlock_core::{LockName, LockState, Result};
 
@@ -146,7 +146,7 @@ impl Backend for ConsulBackend {
             semaphore: true,
             session_ttl: self.core.config.ttl,
             proclaim: true,
-            changes: false,
+            changes: true,
         }
     }
 
@@ -202,5 +202,9 @@ impl Backend for ConsulBackend {
 
     async fn write_key(&self, write: &KeyWrite) -> Result<()> {
         fenced::write_key(&self.core, write).await
+    }
+
+    fn changes(&self, name: &LockName) -> Option<ChangeFeed> {
+        Some(self.core.changes(name))
     }
 }
