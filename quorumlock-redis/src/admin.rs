@@ -1,14 +1,22 @@
-//! The operator's operations on [`RedisCore`]: inspect, list, break a
-//! lock, request a revoke, kill a session, leftovers. Which entry holds
+//! The operator's operations on [`RedisCore`]: inspect, follow a lock's
+//! changes, list, break a lock, request a revoke, kill a session,
+//! leftovers. Which entry holds
 //! is decided by the scripts, on the server (`holds` in
 //! [`scripts`](crate::scripts), checked against
 //! `quorumlock_core::backend::holds`).
 
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
+
+use futures::{FutureExt, StreamExt};
+use quorumlock_core::backend::ChangeFeed;
+use tokio::time::Instant;
 
 use quorumlock_core::{Contender, Error, ErrorKind, LockName, LockState, Result};
 
 use crate::core::RedisCore;
+use crate::error;
 use crate::layout;
 use crate::scripts;
 
@@ -70,6 +78,87 @@ impl RedisCore {
             }
         }
         Ok(state)
+    }
+
+    /// [`Backend::changes`](quorumlock_core::backend::Backend::changes):
+    /// a subscription (a connection of its own) to the lock's channel,
+    /// where every script that changes its queue publishes. A session
+    /// that expires changes nothing until a script next loads the queue,
+    /// so the stream also wakes when the first session owning an entry is
+    /// due to expire ([`scripts::SOONEST_EXPIRY`], read after each
+    /// change): an item if one did, else it sleeps until the next. While
+    /// nothing changes that is one read per renewal period of the
+    /// sessions' TTL, none while the lock has no entry.
+    pub(crate) fn changes(self: &Arc<Self>, name: &LockName) -> ChangeFeed {
+        let (core, key) = (self.clone(), self.lock_key(name));
+        let open = async move {
+            core.requests.fetch_add(2, Ordering::Relaxed); // connect, SUBSCRIBE
+            let timeout = core.config.timeout;
+            let subscribe = async {
+                let mut ps = core.client.get_async_pubsub().await?;
+                ps.subscribe(format!("{key}/.changes")).await?;
+                Ok::<_, redis::RedisError>(ps)
+            };
+            let ps = tokio::time::timeout(timeout, subscribe)
+                .await
+                .map_err(|_| error::timed_out("subscribing to a lock's changes", timeout))?
+                .map_err(|e| error::map(e, "subscribing to a lock's changes"))?;
+            let due = core.soonest_expiry(&key).await?;
+            Ok::<_, Error>((core, key, ps.into_on_message(), due))
+        };
+        futures::stream::once(open)
+            .flat_map(|opened| match opened {
+                Err(e) => futures::stream::once(futures::future::ready(Err(e))).boxed(),
+                Ok(following) => futures::stream::once(futures::future::ready(Ok(())))
+                    .chain(futures::stream::unfold(
+                        Some(following),
+                        |following| async move {
+                            let (core, key, mut messages, mut due) = following?;
+                            loop {
+                                tokio::select! {
+                                    msg = messages.next() => {
+                                        if msg.is_none() {
+                                            let e = Error::new(
+                                                ErrorKind::Connection,
+                                                "the subscription to the lock's changes ended",
+                                            );
+                                            return Some((Err(e), None));
+                                        }
+                                        // Messages that came already: one item.
+                                        while let Some(Some(_)) = messages.next().now_or_never() {}
+                                    }
+                                    _ = tokio::time::sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => {
+                                        match core.soonest_expiry(&key).await {
+                                            Ok(Some(at)) if at > Instant::now() => {
+                                                due = Some(at);
+                                                continue;
+                                            }
+                                            Ok(_) => {}
+                                            Err(e) => return Some((Err(e), None)),
+                                        }
+                                    }
+                                }
+                                return match core.soonest_expiry(&key).await {
+                                    Ok(at) => Some((Ok(()), Some((core, key, messages, at)))),
+                                    Err(e) => Some((Err(e), None)),
+                                };
+                            }
+                        },
+                    ))
+                    .boxed(),
+            })
+            .boxed()
+    }
+
+    /// When the first session owning an entry of the lock `key` expires
+    /// unless renewed (now if one is gone); `None` if it has no entry.
+    async fn soonest_expiry(&self, key: &str) -> Result<Option<Instant>> {
+        let mut inv = scripts::SOONEST_EXPIRY.prepare_invoke();
+        inv.arg(&self.prefix).arg(key);
+        let ms: i64 = self.script("reading when sessions expire", &inv).await?;
+        Ok(u64::try_from(ms)
+            .ok()
+            .map(|ms| Instant::now() + Duration::from_millis(ms)))
     }
 
     pub(crate) async fn list(&self, prefix: Option<&LockName>) -> Result<Vec<LockState>> {

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use quorumlock_core::backend::connect::check_connect;
 use quorumlock_core::backend::{
-    Backend, Capabilities, HeldEntry, KeyWrite, SessionLiveness, StoreSession,
+    Backend, Capabilities, ChangeFeed, HeldEntry, KeyWrite, SessionLiveness, StoreSession,
 };
 use quorumlock_core::{Error, ErrorKind, LockName, LockState, Result};
 
@@ -126,7 +126,7 @@ impl Backend for RedisBackend {
             semaphore: true,
             session_ttl: self.core.config.ttl,
             proclaim: true,
-            changes: false,
+            changes: true,
         }
     }
 
@@ -178,6 +178,9 @@ impl Backend for RedisBackend {
 
     async fn write_key(&self, write: &KeyWrite) -> Result<()> {
         crate::fenced::write_key(&self.core, write).await
+    }
+    fn changes(&self, name: &LockName) -> Option<ChangeFeed> {
+        Some(self.core.changes(name))
     }
 }
 

@@ -49,6 +49,9 @@ local function ekey(e) return e.p .. '.session/' .. e.sid end
 -- The member of its session's `.locks` set that stands for entry `id`
 -- of L (the entry's name, as the Rust side writes it).
 local function member(L, id) return L .. '/.q/' .. id end
+-- Tells the followers of L (`Backend::changes`) that its queue changed:
+-- a message on its channel, which costs nothing when nobody listens.
+local function changed(L) redis.call('PUBLISH', L .. '/.changes', '') end
 -- A message to entry e's session's mailbox if that session lives, kept
 -- as long as the session.
 local function tell(e, msg)
@@ -73,6 +76,7 @@ local function live_entry(L, id, seq)
   redis.call('ZREM', L .. '/.q', id)
   if v then redis.call('HDEL', h, id) end
   redis.call('HDEL', L .. '/.v', id)
+  changed(L)
   return nil
 end
 -- The queue of L in order, without (and purged of) entries whose session
@@ -144,6 +148,7 @@ local function settle(L, live, skip)
     if e.token == 0 and holds(live, i) then
       e.token = next_token(L)
       redis.call('HSET', L .. '/.e', e.id, fmt(e))
+      changed(L)
       if e.id ~= skip then tell(e, 'g ' .. e.id) end
     end
   end
@@ -160,6 +165,7 @@ local function remove(L, id, e)
   redis.call('HDEL', L .. '/.e', id)
   redis.call('HDEL', L .. '/.v', id)
   if e then redis.call('SREM', ekey(e) .. '/.locks', member(L, id)) end
+  changed(L)
 end
 -- A waiting entry's answer: its seq, and the shortest time to live of
 -- the sessions of live[1..n] (ahead of it; when to look again if nobody
@@ -230,6 +236,7 @@ if not mine and not seq then
              token = 0, id = id, seq = seq, p = P}
   redis.call('ZADD', L .. '/.q', seq, id)
   redis.call('HSET', L .. '/.e', id, fmt(e))
+  changed(L)
   if ARGV[9] ~= '' then redis.call('HSET', L .. '/.v', id, ARGV[9]) end
   local locks = skey(sid) .. '/.locks'
   redis.call('SADD', locks, member(L, id))
@@ -536,7 +543,31 @@ if value == '' then
 else
   redis.call('HSET', L .. '/.v', id, value)
 end
+changed(L)
 return 1
+"#,
+    )
+});
+
+/// When the first session owning an entry of a lock expires unless
+/// renewed, in ms from now: 0 if one is gone already, -1 if the lock has
+/// no entry. ARGV: P, L. Nothing else tells a follower of the lock that
+/// an entry's session expired (its entries go when a script next loads
+/// the queue).
+pub(crate) static SOONEST_EXPIRY: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local L = ARGV[2]
+local soonest = -1
+for _, id in ipairs(redis.call('ZRANGE', L .. '/.q', 0, -1)) do
+  local v = redis.call('HGET', L .. '/.e', id)
+  local e = v and parse(v)
+  if not e then return 0 end
+  local pttl = redis.call('PTTL', ekey(e))
+  if pttl < 0 then return 0 end
+  if soonest < 0 or pttl < soonest then soonest = pttl end
+end
+return soonest
 "#,
     )
 });

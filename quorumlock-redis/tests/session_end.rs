@@ -169,3 +169,36 @@ async fn a_session_end_after_the_session_expired_still_removes_its_entries() {
         "left on the store after A closed (its session expired while its link was cut): {now:?}"
     );
 }
+
+/// A leader's link goes silent and its session key expires on the
+/// server; no script runs on the election after that (nobody else
+/// campaigns or reads it). An observer still reports that nobody leads,
+/// within about the TTL: Redis publishes nothing when a key expires, so
+/// the observer wakes when the first session of the election's entries
+/// is due to expire (before, it waited for a message that never came).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_sees_a_leader_whose_session_expired() {
+    use futures::StreamExt;
+    let Some(Behind { base, ns, proxy, a }) = behind_proxy("qlobs").await else {
+        return;
+    };
+    let leader = a.election("e").unwrap().campaign("a").await.unwrap();
+    let o = client(&url_with(&base, &ns, None)).await;
+    let mut seen = Box::pin(o.election("e").unwrap().observe());
+    let first = tokio::time::timeout(TTL * 5, seen.next()).await.unwrap();
+    assert_eq!(
+        first.unwrap().unwrap().map(|l| l.value),
+        Some(b"a".to_vec())
+    );
+    proxy.set_mode(NetMode::Blackhole);
+    let next = tokio::time::timeout(TTL * 5, seen.next())
+        .await
+        .expect("the observer never saw the leader's session expire");
+    assert_eq!(next.unwrap().unwrap(), None);
+    drop(seen);
+    proxy.set_mode(NetMode::Pass);
+    drop(leader);
+    a.close().await;
+    o.close().await;
+    assert!(left(&base, &ns).await.is_empty());
+}
