@@ -1,13 +1,21 @@
-//! The operator's operations on [`PostgresCore`]: inspect, list, break,
-//! revoke, kill a session, and what of ours is left on the server.
+//! The operator's operations on [`PostgresCore`]: inspect, follow a
+//! lock's changes, list, break, revoke, kill a session, and what of ours
+//! is left on the server.
 
 use std::sync::Arc;
-use tokio_postgres::types::Type;
+use std::time::Duration;
 
-use quorumlock_core::{Contender, LockName, LockState, Result};
+use futures::{FutureExt, StreamExt};
+use quorumlock_core::backend::ChangeFeed;
+use tokio::time::Instant;
+use tokio_postgres::types::Type;
+use tokio_postgres::AsyncMessage;
+
+use quorumlock_core::{Contender, Error, ErrorKind, LockName, LockState, Result};
 use uuid::Uuid;
 
 use crate::core::{PostgresCore, Work};
+use crate::error;
 use crate::layout;
 use crate::queue::{self, Entry};
 
@@ -16,16 +24,7 @@ impl PostgresCore {
     /// purges dead sessions' entries and grants what then holds.
     pub(crate) async fn inspect(self: &Arc<Self>, name: &LockName) -> Result<LockState> {
         let lock = self.lock_key(name);
-        let (c, l) = (self.clone(), lock.clone());
-        let work: Work<Vec<Entry>> = Box::new(move |client| {
-            Box::pin(async move {
-                let tx = client.transaction().await?;
-                let entries = queue::settle(&tx, &c.sql, &l, None).await?;
-                tx.commit().await?;
-                Ok(entries)
-            })
-        });
-        let entries = self.run("inspect", work).await?;
+        let entries = self.inspect_key(&lock).await?;
         let mut state = LockState::free(name.clone());
         for e in entries {
             let c = Contender {
@@ -43,6 +42,136 @@ impl PostgresCore {
             }
         }
         Ok(state)
+    }
+
+    /// The entries of the lock `lock` (its key), after the purge and the
+    /// grants.
+    async fn inspect_key(self: &Arc<Self>, lock: &str) -> Result<Vec<Entry>> {
+        let (c, l) = (self.clone(), lock.to_string());
+        let work: Work<Vec<Entry>> = Box::new(move |client| {
+            Box::pin(async move {
+                let tx = client.transaction().await?;
+                let entries = queue::settle(&tx, &c.sql, &l, None).await?;
+                tx.commit().await?;
+                Ok(entries)
+            })
+        });
+        self.run("inspect", work).await
+    }
+
+    /// [`Backend::changes`](quorumlock_core::backend::Backend::changes):
+    /// `LISTEN` on the lock's channel, on a connection of its own (closed
+    /// with the stream), where the `entries_changed` trigger notifies
+    /// every entry added, removed, granted or given a new value. A session
+    /// that expires changes no row until a transaction next reads the
+    /// queue, so the stream also wakes when the first session owning an
+    /// entry is due to expire ([`layout::Sql::soonest_expiry`], read on
+    /// the same connection after each change): an item if one did, else
+    /// it sleeps until the next.
+    pub(crate) fn changes(self: &Arc<Self>, name: &LockName) -> ChangeFeed {
+        let (core, lock) = (self.clone(), self.lock_key(name));
+        let open = async move {
+            // The tables (and the trigger) exist before anyone listens.
+            core.inspect_key(&lock).await?;
+            let what = "listening to a lock's changes";
+            let (client, mut connection) = core.open(what).await?;
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            tokio::spawn(async move {
+                let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+                while let Some(m) = messages.next().await {
+                    match m {
+                        Ok(AsyncMessage::Notification(_)) => {
+                            if tx.send(()).is_err() {
+                                break;
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            tracing::debug!(error = %e, "a lock follower's connection failed");
+                            break;
+                        }
+                    }
+                }
+            });
+            let listen = async {
+                let channel: String = client
+                    .query_one(&core.sql.follow_channel, &[&lock])
+                    .await?
+                    .get(0);
+                client
+                    .batch_execute(&format!("{}; LISTEN \"{channel}\"", core.settings))
+                    .await
+            };
+            core.count();
+            core.count();
+            match tokio::time::timeout(core.config.timeout, listen).await {
+                Ok(r) => r.map_err(|e| error::map(e, what))?,
+                Err(_) => return Err(error::timed_out(what, core.config.timeout)),
+            }
+            let due = core.soonest_expiry(&client, &lock).await?;
+            Ok::<_, Error>((core, lock, client, rx, due))
+        };
+        futures::stream::once(open)
+            .flat_map(|opened| match opened {
+                Err(e) => futures::stream::once(futures::future::ready(Err(e))).boxed(),
+                Ok(following) => futures::stream::once(futures::future::ready(Ok(())))
+                    .chain(futures::stream::unfold(
+                        Some(following),
+                        |following| async move {
+                            let (core, lock, client, mut rx, mut due) = following?;
+                            loop {
+                                tokio::select! {
+                                    msg = rx.recv() => {
+                                        if msg.is_none() {
+                                            let e = Error::new(
+                                                ErrorKind::Connection,
+                                                "the connection listening to the lock's changes ended",
+                                            );
+                                            return Some((Err(e), None));
+                                        }
+                                        // Notifications that came already: one item.
+                                        while let Some(Some(())) = rx.recv().now_or_never() {}
+                                    }
+                                    _ = tokio::time::sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => {
+                                        match core.soonest_expiry(&client, &lock).await {
+                                            Ok(Some(at)) if at > Instant::now() => {
+                                                due = Some(at);
+                                                continue;
+                                            }
+                                            Ok(_) => {}
+                                            Err(e) => return Some((Err(e), None)),
+                                        }
+                                    }
+                                }
+                                return match core.soonest_expiry(&client, &lock).await {
+                                    Ok(at) => Some((Ok(()), Some((core, lock, client, rx, at)))),
+                                    Err(e) => Some((Err(e), None)),
+                                };
+                            }
+                        },
+                    ))
+                    .boxed(),
+            })
+            .boxed()
+    }
+
+    /// When the first session owning an entry of `lock` expires unless
+    /// renewed (now if one is dead); `None` if it has no entry. On the
+    /// follower's own connection.
+    async fn soonest_expiry(
+        &self,
+        client: &tokio_postgres::Client,
+        lock: &str,
+    ) -> Result<Option<Instant>> {
+        let what = "reading when sessions expire";
+        self.count();
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&lock];
+        let read = client.query_one(&self.sql.soonest_expiry, &params);
+        let ms: Option<i64> = match tokio::time::timeout(self.config.timeout, read).await {
+            Ok(r) => r.map_err(|e| error::map(e, what))?.get(0),
+            Err(_) => return Err(error::timed_out(what, self.config.timeout)),
+        };
+        Ok(ms.map(|ms| Instant::now() + Duration::from_millis(ms.max(0) as u64)))
     }
 
     /// Every lock under `prefix` (or the namespace) that someone holds or

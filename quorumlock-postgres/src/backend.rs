@@ -9,7 +9,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use quorumlock_core::backend::connect::check_connect;
 use quorumlock_core::backend::{
-    Backend, Capabilities, HeldEntry, KeyWrite, SessionLiveness, StoreSession,
+    Backend, Capabilities, ChangeFeed, HeldEntry, KeyWrite, SessionLiveness, StoreSession,
 };
 use quorumlock_core::{Error, ErrorKind, LockName, LockState, Result};
 
@@ -175,7 +175,7 @@ impl Backend for PostgresBackend {
             semaphore: true,
             session_ttl: self.core.config.ttl,
             proclaim: true,
-            changes: false,
+            changes: true,
         }
     }
 
@@ -227,5 +227,8 @@ impl Backend for PostgresBackend {
 
     async fn write_key(&self, write: &KeyWrite) -> Result<()> {
         crate::fenced::write_key(&self.core, write).await
+    }
+    fn changes(&self, name: &LockName) -> Option<ChangeFeed> {
+        Some(self.core.changes(name))
     }
 }

@@ -51,6 +51,11 @@ pub(crate) const TIMELINE: &str =
 ///   unknown; an enqueue that finds its contender here writes nothing.
 ///   They go with their session.
 /// - `kv`: the key space of fenced writes.
+/// - the trigger `entries_changed`: a notification on the lock's channel
+///   ([`Sql::follow_channel`]) for every entry added, removed, granted or
+///   given a new value, for `Backend::changes`. PostgreSQL folds the
+///   copies one transaction sends on one channel into one, and delivers
+///   them at commit.
 pub(crate) const SCHEMA: &str = r#"
 CREATE SCHEMA IF NOT EXISTS {s};
 CREATE SEQUENCE IF NOT EXISTS {s}.seq;
@@ -85,6 +90,14 @@ CREATE TABLE IF NOT EXISTS {s}.kv (
     key text PRIMARY KEY,
     value bytea NOT NULL
 );
+CREATE OR REPLACE FUNCTION {s}.entries_changed() RETURNS trigger LANGUAGE plpgsql AS $f$
+BEGIN
+    PERFORM pg_notify('qlc_' || md5(COALESCE(NEW.lock, OLD.lock)), '');
+    RETURN NULL;
+END $f$;
+CREATE OR REPLACE TRIGGER entries_changed
+    AFTER INSERT OR DELETE OR UPDATE OF token, value ON {s}.entries
+    FOR EACH ROW EXECUTE FUNCTION {s}.entries_changed();
 "#;
 
 /// Whether every object of [`SCHEMA`] exists, from the catalog alone:
@@ -94,10 +107,17 @@ CREATE TABLE IF NOT EXISTS {s}.kv (
 /// transaction wrote the table waited behind it, and every later writer
 /// behind the new client. The objects are read off [`SCHEMA`] itself.
 fn schema_exists() -> String {
-    let checks: Vec<String> = schema_objects()
+    let mut checks: Vec<String> = schema_objects()
         .iter()
         .map(|o| format!("to_regclass('{o}') IS NOT NULL"))
         .collect();
+    // The trigger is no relation: read from `pg_trigger` (a schema made
+    // before it existed gets it then).
+    checks.push(
+        "EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'entries_changed' \
+         AND tgrelid = to_regclass('{s}.entries'))"
+            .to_string(),
+    );
     format!("SELECT {}", checks.join(" AND "))
 }
 
@@ -182,6 +202,12 @@ pub(crate) struct Sql {
     pub(crate) dead_like: String,
     /// `$1`: sessions.
     pub(crate) sessions_left: String,
+    /// `$1`: lock. The channel its changes are notified on.
+    pub(crate) follow_channel: String,
+    /// `$1`: lock. In ms, when the first session owning one of its
+    /// entries expires unless renewed: 0 if one is dead already, NULL if
+    /// it has no entry.
+    pub(crate) soonest_expiry: String,
 }
 
 impl Sql {
@@ -251,6 +277,10 @@ impl Sql {
             dead_like: f("SELECT DISTINCT e.lock FROM {s}.entries e WHERE e.lock LIKE $1 \
                  AND NOT EXISTS (SELECT 1 FROM {s}.sessions s WHERE s.id = e.session \
                    AND s.expires > clock_timestamp())"),
+            follow_channel: "SELECT 'qlc_' || md5($1::text)".to_string(),
+            soonest_expiry: f("SELECT min(GREATEST(COALESCE( \
+                   (extract(epoch FROM (s.expires - clock_timestamp())) * 1000)::bigint, 0), 0)) \
+                 FROM {s}.entries e LEFT JOIN {s}.sessions s ON s.id = e.session WHERE e.lock = $1"),
             sessions_left: f("SELECT id FROM {s}.sessions WHERE id = ANY($1) \
                  AND expires > clock_timestamp() \
                  UNION SELECT session FROM {s}.fences WHERE session = ANY($1)"),

@@ -142,6 +142,9 @@ pub async fn election_observe_sees_changes(h: &Harness) {
     case.finish().await;
 }
 
+/// One leadership: its token and value.
+type Leadership = (u64, Vec<u8>);
+
 /// Leadership changes every 20 ms for 10 s among three candidates:
 /// `observe` reports every leader, in token order, exactly as the
 /// candidates themselves record winning (a `None` in between is allowed:
@@ -160,7 +163,7 @@ pub async fn election_observe_sees_every_short_leadership(h: &Harness) {
             .with_observe_interval(quorumlock_core::DEFAULT_POLL_INTERVAL)
             .observe(),
     );
-    let history: Arc<Mutex<Vec<(u64, Vec<u8>)>>> = Arc::default();
+    let history: Arc<Mutex<Vec<Leadership>>> = Arc::default();
     let seen = |mut s: std::pin::Pin<
         Box<dyn futures::Stream<Item = quorumlock_core::Result<Option<Leader>>> + Send>,
     >| {
@@ -239,10 +242,22 @@ pub async fn election_observe_sees_every_short_leadership(h: &Harness) {
         history.len(),
         missed.first()
     );
-    assert_eq!(
-        followed, history,
-        "observe reported leaders out of order or ones nobody held"
-    );
+    if let Some(i) =
+        (0..followed.len().max(history.len())).find(|&i| followed.get(i) != history.get(i))
+    {
+        let around = |v: &[(u64, Vec<u8>)]| {
+            v[i.saturating_sub(2).min(v.len())..(i + 3).min(v.len())]
+                .iter()
+                .map(|(t, v)| format!("{t}:{}", String::from_utf8_lossy(v)))
+                .collect::<Vec<_>>()
+        };
+        panic!(
+            "observe reported leaders out of order or ones nobody held, at {i}: \
+             observed {:?}, held {:?}",
+            around(&followed),
+            around(&history)
+        );
+    }
     eprintln!(
         "{} leaderships: observe saw all; polling every {:?} saw {}",
         history.len(),
@@ -260,10 +275,11 @@ pub async fn election_observe_sees_every_short_leadership(h: &Harness) {
 
 /// While nothing changes, a watch sends nothing beyond its watch: an
 /// observer of a held election and a `watch` of a held lock cost no more
-/// requests over two idle seconds than a client that watches nothing (its
-/// session's keepalives); a poller costs a read per interval.
+/// requests over three idle seconds than a client that watches nothing
+/// (its session's keepalives), but for the watch's own request; a poller
+/// costs a read per interval.
 pub async fn watch_sends_nothing_while_nothing_changes(h: &Harness) {
-    const IDLE: Duration = Duration::from_secs(2);
+    const IDLE: Duration = Duration::from_secs(3);
     let case = h.case();
     let holder = case.client().await;
     let _leader = holder
@@ -325,8 +341,11 @@ pub async fn watch_sends_nothing_while_nothing_changes(h: &Harness) {
     assert!(quiet.is_err());
     let after = [sent(&o), sent(&w), sent(&p), sent(&idle)];
     let d: Vec<u64> = before.iter().zip(after).map(|(b, a)| a - b).collect();
+    // The watch itself may be one request in the window: a blocking
+    // query (Consul) is sent once the first read is done, and renewed
+    // every 5 minutes.
     assert!(
-        d[0] <= d[3] && d[1] <= d[3],
+        d[0] <= d[3] + 1 && d[1] <= d[3] + 1,
         "over {IDLE:?} with nothing changing: observer {} requests, watch {}, an idle client {}",
         d[0],
         d[1],
