@@ -5,13 +5,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{FutureExt, StreamExt};
-use quorumlock_core::backend::ChangeFeed;
+use futures::StreamExt;
+use quorumlock_core::backend::{notified_feed, ChangeFeed, SoonestExpiry};
 use tokio::time::Instant;
 use tokio_postgres::types::Type;
 use tokio_postgres::AsyncMessage;
 
-use quorumlock_core::{Contender, Error, ErrorKind, LockName, LockState, Result};
+use quorumlock_core::{Contender, LockName, LockState, Result};
 use uuid::Uuid;
 
 use crate::core::{PostgresCore, Work};
@@ -70,7 +70,7 @@ impl PostgresCore {
     /// it sleeps until the next.
     pub(crate) fn changes(self: &Arc<Self>, name: &LockName) -> ChangeFeed {
         let (core, lock) = (self.clone(), self.lock_key(name));
-        let open = async move {
+        notified_feed(async move {
             // The tables (and the trigger) exist before anyone listens.
             core.inspect_key(&lock).await?;
             let what = "listening to a lock's changes";
@@ -108,51 +108,18 @@ impl PostgresCore {
                 Ok(r) => r.map_err(|e| error::map(e, what))?,
                 Err(_) => return Err(error::timed_out(what, core.config.timeout)),
             }
-            let due = core.soonest_expiry(&client, &lock).await?;
-            Ok::<_, Error>((core, lock, client, rx, due))
-        };
-        futures::stream::once(open)
-            .flat_map(|opened| match opened {
-                Err(e) => futures::stream::once(futures::future::ready(Err(e))).boxed(),
-                Ok(following) => futures::stream::once(futures::future::ready(Ok(())))
-                    .chain(futures::stream::unfold(
-                        Some(following),
-                        |following| async move {
-                            let (core, lock, client, mut rx, mut due) = following?;
-                            loop {
-                                tokio::select! {
-                                    msg = rx.recv() => {
-                                        if msg.is_none() {
-                                            let e = Error::new(
-                                                ErrorKind::Connection,
-                                                "the connection listening to the lock's changes ended",
-                                            );
-                                            return Some((Err(e), None));
-                                        }
-                                        // Notifications that came already: one item.
-                                        while let Some(Some(())) = rx.recv().now_or_never() {}
-                                    }
-                                    _ = tokio::time::sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => {
-                                        match core.soonest_expiry(&client, &lock).await {
-                                            Ok(Some(at)) if at > Instant::now() => {
-                                                due = Some(at);
-                                                continue;
-                                            }
-                                            Ok(_) => {}
-                                            Err(e) => return Some((Err(e), None)),
-                                        }
-                                    }
-                                }
-                                return match core.soonest_expiry(&client, &lock).await {
-                                    Ok(at) => Some((Ok(()), Some((core, lock, client, rx, at)))),
-                                    Err(e) => Some((Err(e), None)),
-                                };
-                            }
-                        },
-                    ))
-                    .boxed(),
-            })
-            .boxed()
+            let client = Arc::new(client);
+            let soonest: SoonestExpiry = Box::new(move || {
+                let (core, client, lock) = (core.clone(), client.clone(), lock.clone());
+                Box::pin(async move { core.soonest_expiry(&client, &lock).await })
+            });
+            let notified =
+                futures::stream::unfold(
+                    rx,
+                    |mut rx| async move { rx.recv().await.map(|()| ((), rx)) },
+                );
+            Ok((Box::pin(notified), soonest))
+        })
     }
 
     /// When the first session owning an entry of `lock` expires unless

@@ -9,8 +9,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
-use futures::{FutureExt, StreamExt};
-use quorumlock_core::backend::ChangeFeed;
+use futures::StreamExt;
+use quorumlock_core::backend::{notified_feed, ChangeFeed, SoonestExpiry};
 use tokio::time::Instant;
 
 use quorumlock_core::{Contender, Error, ErrorKind, LockName, LockState, Result};
@@ -91,7 +91,7 @@ impl RedisCore {
     /// sessions' TTL, none while the lock has no entry.
     pub(crate) fn changes(self: &Arc<Self>, name: &LockName) -> ChangeFeed {
         let (core, key) = (self.clone(), self.lock_key(name));
-        let open = async move {
+        notified_feed(async move {
             core.requests.fetch_add(2, Ordering::Relaxed); // connect, SUBSCRIBE
             let timeout = core.config.timeout;
             let subscribe = async {
@@ -103,51 +103,12 @@ impl RedisCore {
                 .await
                 .map_err(|_| error::timed_out("subscribing to a lock's changes", timeout))?
                 .map_err(|e| error::map(e, "subscribing to a lock's changes"))?;
-            let due = core.soonest_expiry(&key).await?;
-            Ok::<_, Error>((core, key, ps.into_on_message(), due))
-        };
-        futures::stream::once(open)
-            .flat_map(|opened| match opened {
-                Err(e) => futures::stream::once(futures::future::ready(Err(e))).boxed(),
-                Ok(following) => futures::stream::once(futures::future::ready(Ok(())))
-                    .chain(futures::stream::unfold(
-                        Some(following),
-                        |following| async move {
-                            let (core, key, mut messages, mut due) = following?;
-                            loop {
-                                tokio::select! {
-                                    msg = messages.next() => {
-                                        if msg.is_none() {
-                                            let e = Error::new(
-                                                ErrorKind::Connection,
-                                                "the subscription to the lock's changes ended",
-                                            );
-                                            return Some((Err(e), None));
-                                        }
-                                        // Messages that came already: one item.
-                                        while let Some(Some(_)) = messages.next().now_or_never() {}
-                                    }
-                                    _ = tokio::time::sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => {
-                                        match core.soonest_expiry(&key).await {
-                                            Ok(Some(at)) if at > Instant::now() => {
-                                                due = Some(at);
-                                                continue;
-                                            }
-                                            Ok(_) => {}
-                                            Err(e) => return Some((Err(e), None)),
-                                        }
-                                    }
-                                }
-                                return match core.soonest_expiry(&key).await {
-                                    Ok(at) => Some((Ok(()), Some((core, key, messages, at)))),
-                                    Err(e) => Some((Err(e), None)),
-                                };
-                            }
-                        },
-                    ))
-                    .boxed(),
-            })
-            .boxed()
+            let soonest: SoonestExpiry = Box::new(move || {
+                let (core, key) = (core.clone(), key.clone());
+                Box::pin(async move { core.soonest_expiry(&key).await })
+            });
+            Ok((ps.into_on_message().map(|_| ()), soonest))
+        })
     }
 
     /// When the first session owning an entry of the lock `key` expires

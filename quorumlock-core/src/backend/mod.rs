@@ -31,6 +31,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+mod changes;
 pub mod connect;
 mod delay;
 mod fenced;
@@ -42,6 +43,7 @@ pub mod schemes;
 pub use crate::inflight::{finish_on_drop, InFlightWrites};
 pub use crate::queue::{holds, waits_for};
 pub use crate::signal::{EntrySignals, SessionLiveness};
+pub use changes::{notified_feed, SoonestExpiry};
 pub use delay::{DelayQueue, HELD_WATCH_DELAY};
 pub use fenced::{check_kinds, refused, HeldEntry, KeyForm, KeyWrite, MAX_KEY_LEN};
 pub use grants::{GrantMemory, LastGrant, QuietGrants};
