@@ -439,7 +439,10 @@ async fn wait_mode_keeps_renewing_while_the_replica_does_not_answer() {
     // The replica stops answering; A keeps acquiring other names, from
     // four tasks (each grant is refused: not acknowledged).
     link.set_mode(NetMode::Blackhole);
-    let stop = Arc::new(tokio::sync::Notify::new());
+    // A token, not a `Notify`: `notify_waiters` reaches only the tasks
+    // waiting at that moment, and a task between two tries missed it and
+    // tried forever (the test hung in a full run).
+    let stop = tokio_util::sync::CancellationToken::new();
     let refused = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let mut busy = JoinSet::new();
     for i in 0..4 {
@@ -450,7 +453,7 @@ async fn wait_mode_keeps_renewing_while_the_replica_does_not_answer() {
                 // still be on its way.
                 let lock = a.lock(format!("busy{i}-{k}")).unwrap();
                 tokio::select! {
-                    _ = stop.notified() => return,
+                    _ = stop.cancelled() => return,
                     r = lock.try_acquire() => {
                         let e = r.expect_err("granted without the replica's acknowledgement");
                         if e.kind() == ErrorKind::Connection {
@@ -480,7 +483,7 @@ async fn wait_mode_keeps_renewing_while_the_replica_does_not_answer() {
     let started = Instant::now();
     let lost = tokio::time::timeout(ttl * 3, g.lost()).await;
     pings.abort();
-    stop.notify_waiters();
+    stop.cancel();
     let n = refused.load(Ordering::Relaxed);
     if let Ok(reason) = lost {
         panic!(
