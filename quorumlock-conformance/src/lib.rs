@@ -68,7 +68,8 @@ macro_rules! suite {
             holder_values_seen_by_another_client
         );
         $crate::__quorumlock_conformance_expand!($harness; [RwLock, Semaphore];
-            holder_values_on_every_kind
+            holder_values_on_every_kind,
+            multi_lock_of_kinds_shares_excludes_and_never_deadlocks
         );
         $crate::__quorumlock_conformance_expand!($harness; [];
             election_campaign_resign_and_proclaim,

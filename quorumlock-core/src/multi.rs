@@ -3,7 +3,9 @@
 //! Two programs that each hold one lock and wait for the other's deadlock
 //! forever. [`MultiLock`] takes its names in one order (sorted by name,
 //! duplicates removed) whatever order the caller gave, so two multi-locks
-//! over overlapping sets never wait for each other in a cycle.
+//! over overlapping sets never wait for each other in a cycle. A set may
+//! mix kinds (mutexes, either side of a read-write lock, semaphore
+//! permits): each name is taken once, as its kind, in the same order.
 
 use std::fmt;
 use std::future::Future;
@@ -12,20 +14,22 @@ use std::time::Duration;
 use futures::future::{select_all, FutureExt};
 use tokio::time::Instant;
 
-use crate::client::abandon_bound;
-use crate::{Error, ErrorKind, Lock, LockClient, LockGuard, LockName, LossReason, Result};
+use crate::client::{abandon_bound, Mode};
+use crate::{Error, ErrorKind, LockClient, LockGuard, LockKind, LockName, LossReason, Result};
 
-/// A set of named mutexes acquired together ([`LockClient::multi_lock`]).
+/// A set of named locks acquired together ([`LockClient::multi_lock`],
+/// [`LockClient::multi_lock_of`]).
 #[derive(Clone)]
 pub struct MultiLock {
+    client: LockClient,
     /// In canonical order: sorted by name, no duplicates.
-    locks: Vec<Lock>,
+    members: Vec<(LockName, LockKind)>,
 }
 
 impl fmt::Debug for MultiLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_list()
-            .entries(self.locks.iter().map(Lock::name))
+        f.debug_map()
+            .entries(self.members.iter().map(|(n, k)| (n, k)))
             .finish()
     }
 }
@@ -50,26 +54,83 @@ impl LockClient {
         I: IntoIterator,
         I::Item: AsRef<str>,
     {
-        let mut locks = names
+        self.multi_lock_of(names.into_iter().map(|n| (n, LockKind::Exclusive)))
+    }
+
+    /// A handle to a set of locks of any kinds, to be held all at once:
+    /// each name with what to take on it, a mutex
+    /// ([`LockKind::Exclusive`]), the read or the write side of a
+    /// read-write lock ([`LockKind::Read`], [`LockKind::Write`]), or a
+    /// permit of a semaphore ([`LockKind::Semaphore`]).
+    ///
+    /// As [`multi_lock`](Self::multi_lock): taken in sorted order of the
+    /// names, so sets over the same names in any order, of any kinds,
+    /// cannot deadlock. A name given twice with one kind counts once;
+    /// with two kinds it is [`ErrorKind::InvalidArgument`] (a read and a
+    /// write of one lock would wait for each other), as is an election or
+    /// an empty set or a semaphore of no permit; [`ErrorKind::InvalidName`]
+    /// for a bad name. Nothing is written for a refused set. Fenced writes
+    /// over the set ([`MultiGuard::fenced_put`]) need every member to
+    /// be a mutex.
+    pub fn multi_lock_of<I, S>(&self, members: I) -> Result<MultiLock>
+    where
+        I: IntoIterator<Item = (S, LockKind)>,
+        S: AsRef<str>,
+    {
+        let mut members = members
             .into_iter()
-            .map(|n| self.lock(n))
+            .map(|(n, kind)| Ok((LockName::new(n.as_ref())?, kind)))
             .collect::<Result<Vec<_>>>()?;
-        if locks.is_empty() {
+        if members.is_empty() {
             return Err(Error::new(
                 ErrorKind::InvalidArgument,
                 "a multi-lock needs at least one name",
             ));
         }
-        locks.sort_by(|a, b| a.name().as_str().cmp(b.name().as_str()));
-        locks.dedup_by(|a, b| a.name() == b.name());
-        Ok(MultiLock { locks })
+        for (name, kind) in &members {
+            match kind {
+                LockKind::Election => {
+                    return Err(Error::new(
+                        ErrorKind::InvalidArgument,
+                        format!("a multi-lock cannot campaign in an election ({name})"),
+                    ))
+                }
+                LockKind::Semaphore { permits: 0 } => {
+                    return Err(Error::new(
+                        ErrorKind::InvalidArgument,
+                        format!("semaphore {name} needs at least one permit"),
+                    ))
+                }
+                _ => {}
+            }
+        }
+        members.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+        members.dedup();
+        if let Some(w) = members.windows(2).find(|w| w[0].0 == w[1].0) {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "a multi-lock takes {} once, not as {:?} and as {:?}",
+                    w[0].0, w[0].1, w[1].1
+                ),
+            ));
+        }
+        Ok(MultiLock {
+            client: self.clone(),
+            members,
+        })
     }
 }
 
 impl MultiLock {
     /// The names, in the order they are taken.
     pub fn names(&self) -> impl Iterator<Item = &LockName> {
-        self.locks.iter().map(Lock::name)
+        self.members.iter().map(|(n, _)| n)
+    }
+
+    /// Each name with what is taken on it, in the order they are taken.
+    pub fn members(&self) -> impl Iterator<Item = (&LockName, LockKind)> {
+        self.members.iter().map(|(n, k)| (n, *k))
     }
 
     /// Waits until every lock of the set is held.
@@ -118,15 +179,14 @@ impl MultiLock {
             Wait::No => Some(abandon_bound(None)),
         };
         'attempt: loop {
-            let mut guards: Vec<LockGuard> = Vec::with_capacity(self.locks.len());
-            for lock in &self.locks {
-                let next = match wait {
-                    Wait::Forever => lock.acquire().boxed(),
-                    Wait::No => lock.try_acquire().boxed(),
-                    Wait::Until(deadline) => lock
-                        .acquire_timeout(deadline.saturating_duration_since(Instant::now()))
-                        .boxed(),
+            let mut guards: Vec<LockGuard> = Vec::with_capacity(self.members.len());
+            for (name, kind) in &self.members {
+                let mode = match wait {
+                    Wait::Forever => Mode::Wait,
+                    Wait::No => Mode::Try,
+                    Wait::Until(deadline) => Mode::Until(deadline),
                 };
+                let next = self.client.acquire(name, *kind, mode, None).boxed();
                 // A lock taken earlier may be lost while we wait: then the
                 // set cannot be held, give all back and start over. The
                 // wait's own error ends the acquire, whatever else happens

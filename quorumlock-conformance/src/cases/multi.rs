@@ -192,3 +192,143 @@ impl Drop for DropFlag {
         self.0.store(true, Ordering::SeqCst);
     }
 }
+
+/// A set of mixed kinds: a bad set is refused before anything is written;
+/// readers and permits of two sets share while a writer's set waits (and
+/// gives back what it took on the way); three clients taking a mutex, a
+/// write side and a permit in different orders never deadlock and never
+/// overlap on a name.
+pub async fn multi_lock_of_kinds_shares_excludes_and_never_deadlocks(h: &Harness) {
+    use quorumlock_core::LockKind::{Exclusive, Read, Semaphore, Write};
+    let case = h.case();
+    let clients = case.clients(3).await;
+    let (a, b, c) = (&clients[0], &clients[1], &clients[2]);
+    for bad in [
+        vec![("mk/x", Read), ("mk/x", Write)],
+        vec![("mk/e", quorumlock_core::LockKind::Election)],
+        vec![("mk/s", Semaphore { permits: 0 })],
+    ] {
+        let e = a.multi_lock_of(bad.clone()).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{bad:?}: {e}");
+    }
+    let set = a
+        .multi_lock_of([("mk/r", Read), ("mk/m", Exclusive), ("mk/r", Read)])
+        .unwrap();
+    assert_eq!(
+        set.members()
+            .map(|(n, k)| (n.as_str(), k))
+            .collect::<Vec<_>>(),
+        [("mk/m", Exclusive), ("mk/r", Read)],
+        "not canonical order without duplicates"
+    );
+
+    // Readers and permits share across sets.
+    let ga = set.acquire_timeout(SOON).await.unwrap();
+    let gb = b
+        .multi_lock_of([
+            ("mk/r", Read),
+            ("mk/n", Exclusive),
+            ("mk/p", Semaphore { permits: 2 }),
+        ])
+        .unwrap()
+        .try_acquire()
+        .await
+        .expect("a second reader's set while the first holds");
+    let gp = a
+        .multi_lock_of([("mk/p", Semaphore { permits: 2 })])
+        .unwrap()
+        .try_acquire()
+        .await
+        .expect("the second permit");
+    // A writer's set waits, and gives back the names it took on the way.
+    let writer = c
+        .multi_lock_of([("mk/a-free", Exclusive), ("mk/r", Write)])
+        .unwrap();
+    assert_eq!(
+        writer.try_acquire().await.unwrap_err().kind(),
+        ErrorKind::WouldBlock
+    );
+    let third = c
+        .multi_lock_of([("mk/p", Semaphore { permits: 2 })])
+        .unwrap()
+        .try_acquire()
+        .await;
+    assert_eq!(
+        third.unwrap_err().kind(),
+        ErrorKind::WouldBlock,
+        "a third permit of two"
+    );
+    c.wait_idle().await;
+    assert!(
+        c.inspect("mk/a-free").await.unwrap().is_free(),
+        "kept a name of a set that could not be held"
+    );
+    let waiting = tokio::spawn({
+        let writer = writer.clone();
+        async move { writer.acquire_timeout(SOON).await }
+    });
+    eventually("the writer to queue", || async {
+        waiters(a, "mk/r").await == 1
+    })
+    .await;
+    assert!(!waiting.is_finished(), "a writer's set beside readers");
+    ga.release().await.unwrap();
+    gb.release().await.unwrap();
+    gp.release().await.unwrap();
+    let gw = waiting
+        .await
+        .unwrap()
+        .expect("the writer's set once readers left");
+    assert!(gw.token("mk/r").is_some() && gw.token("mk/a-free").is_some());
+    gw.release().await.unwrap();
+
+    // Opposite orders, three kinds: no deadlock (it would end in the
+    // timeout), one holder per name.
+    let occupancy = Arc::new([
+        Occupancy::default(),
+        Occupancy::default(),
+        Occupancy::default(),
+    ]);
+    let orders = [
+        vec![
+            ("mx/a", Exclusive),
+            ("mx/b", Write),
+            ("mx/s", Semaphore { permits: 1 }),
+        ],
+        vec![
+            ("mx/s", Semaphore { permits: 1 }),
+            ("mx/b", Write),
+            ("mx/a", Exclusive),
+        ],
+        vec![
+            ("mx/b", Write),
+            ("mx/s", Semaphore { permits: 1 }),
+            ("mx/a", Exclusive),
+        ],
+    ];
+    let mut tasks = Vec::new();
+    for (i, (c, order)) in clients.iter().zip(orders).enumerate() {
+        let set = c.multi_lock_of(order).unwrap();
+        let occupancy = occupancy.clone();
+        tasks.push(tokio::spawn(async move {
+            for round in 0..8 {
+                let g = set
+                    .acquire_timeout(SOON)
+                    .await
+                    .unwrap_or_else(|e| panic!("client {i} round {round}: {e}"));
+                for (o, name) in occupancy.iter().zip(["mx/a", "mx/b", "mx/s"]) {
+                    o.enter(name);
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                for o in occupancy.iter() {
+                    o.leave();
+                }
+                g.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    case.finish().await;
+}
