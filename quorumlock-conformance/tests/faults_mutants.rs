@@ -38,6 +38,10 @@ enum Mutation {
     /// A campaign is granted at once while another candidate leads, with
     /// the leader's token: two leaders (elections only).
     EagerLeader,
+    /// A lock's change feed says that its watch is in place, then nothing
+    /// more: an observer never learns of a change (a watch that went deaf,
+    /// a reconnect that does not read again).
+    DeafFeed,
 }
 
 #[derive(Debug)]
@@ -78,7 +82,12 @@ impl Backend for Mutant {
         self.inner.capabilities()
     }
     fn changes(&self, name: &LockName) -> Option<quorumlock_core::backend::ChangeFeed> {
-        self.inner.changes(name)
+        use futures::StreamExt;
+        let feed = self.inner.changes(name)?;
+        match self.mutation {
+            Mutation::DeafFeed => Some(feed.take(1).chain(futures::stream::pending()).boxed()),
+            _ => Some(feed),
+        }
     }
     fn describe(&self) -> String {
         format!("mutant {:?} of {}", self.mutation, self.inner.describe())
@@ -329,6 +338,12 @@ async fn explorer_catches_a_lost_reply_orphan() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explorer_catches_two_leaders() {
     explorer_catches(Mutation::EagerLeader).await;
+}
+
+/// Only the explorer's observer of the election meets this mutant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explorer_catches_a_deaf_change_feed() {
+    explorer_catches(Mutation::DeafFeed).await;
 }
 
 /// Only the explorer's fenced writes to the store meet this mutant.

@@ -22,6 +22,11 @@
 //!   store accepted no fenced write sent after a hold with a larger token
 //!   had been granted (an election's leaders and a multi-lock's names are
 //!   holds as any other);
+//! - an observer of the election (on a faulty link from the start)
+//!   reports leaders whose tokens never go back, and follows the store
+//!   once the faults stop: the checker's own leadership, then nobody, each
+//!   reported within a bound (a watch that went deaf, or a reconnect that
+//!   did not read again, never gets there);
 //! - once the faults stop, every task finishes its calls within their
 //!   bounds (no hang), and after the clients close nothing of ours is left
 //!   (the closes meet faults of their own: a lock kept through a close, a
@@ -47,6 +52,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::StreamExt;
 use quorumlock_core::{ClientOptions, ErrorKind, LockClient, LockGuard};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -115,6 +121,8 @@ pub struct OpCounts {
     pub fenced_writes: u64,
     /// Locks still held by a client when it closed.
     pub held_at_close: u64,
+    /// Leaders (and nobodies) the election's observer reported.
+    pub observed: u64,
 }
 
 /// The outcome of one schedule.
@@ -341,6 +349,20 @@ pub async fn explore(
             )));
         }
     }
+    // The election's observer, on client 0's faulty link from the start.
+    let observed: Arc<Reports> = Arc::default();
+    let observer = tokio::spawn({
+        let (c, seen) = (clients[0].clone(), observed.clone());
+        async move {
+            let Ok(e) = c.election(ELECTION) else { return };
+            let mut reports = Box::pin(e.observe());
+            while let Some(r) = reports.next().await {
+                if let Ok(l) = r {
+                    seen.lock().unwrap().push(l.map(|l| (l.token, l.value)));
+                }
+            }
+        }
+    });
     let faults = nemesis(
         StdRng::seed_from_u64(seed),
         Sides {
@@ -387,6 +409,8 @@ pub async fn explore(
     violations.extend(overruns(&shared));
     violations.extend(shared.errors.lock().unwrap().drain(..));
     violations.extend(check(&shared));
+    violations.extend(observer_follows(&admin, &observed, bound).await);
+    observer.abort();
     violations.extend(not_takeable(t, &ns, &names, ttl).await);
 
     // The fenced keys, then (ZooKeeper paths) the node they share.
@@ -412,6 +436,7 @@ pub async fn explore(
     violations.extend(left_behind(t, &ns, ttl).await);
     faults.drops = shared.drops.load(Ordering::Relaxed);
     let holds = shared.log.holds.lock().unwrap().len();
+    let observed_count = observed.lock().unwrap().len() as u64;
     let fenced_writes = shared.log.fenced.lock().unwrap().len() as u64;
     Outcome {
         seed,
@@ -423,9 +448,67 @@ pub async fn explore(
             multi_locks: shared.multi_locks.load(Ordering::Relaxed),
             fenced_writes,
             held_at_close,
+            observed: observed_count,
         },
         violations,
     }
+}
+
+/// What the election's observer reported, in order: a leader's token
+/// and value, or nobody.
+type Reports = Mutex<Vec<Option<(u64, Vec<u8>)>>>;
+
+/// What the election's observer reported (`seen`): tokens never going
+/// back, and, the faults over, the checker's own leadership and then
+/// nobody, each within `bound`.
+async fn observer_follows(admin: &LockClient, seen: &Reports, bound: Duration) -> Vec<String> {
+    let mut violations = Vec::new();
+    {
+        let seen = seen.lock().unwrap();
+        let tokens: Vec<u64> = seen.iter().flatten().map(|(t, _)| *t).collect();
+        if let Some(w) = tokens.windows(2).find(|w| w[1] < w[0]) {
+            violations.push(format!(
+                "the election's observer reported token {} after {}",
+                w[1], w[0]
+            ));
+        }
+    }
+    let reported = |want: Option<(u64, Vec<u8>)>| async move {
+        let give_up = Instant::now() + bound;
+        loop {
+            if seen.lock().unwrap().last() == Some(&want) {
+                return Ok(());
+            }
+            if Instant::now() >= give_up {
+                return Err(seen.lock().unwrap().last().cloned());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let election = admin.election(ELECTION).expect("a valid name");
+    let leader = match election.campaign_timeout("checker", bound).await {
+        Ok(g) => g,
+        Err(e) => {
+            violations.push(format!("the checker could not lead the election: {e}"));
+            return violations;
+        }
+    };
+    let token = leader.token();
+    if let Err(last) = reported(Some((token, b"checker".to_vec()))).await {
+        violations.push(format!(
+            "the election's observer did not report the checker's leadership (token {token}) \
+             within {bound:?}; its last report: {last:?}"
+        ));
+    }
+    if let Err(e) = leader.resign().await {
+        violations.push(format!("the checker's resignation failed: {e}"));
+    } else if let Err(last) = reported(None).await {
+        violations.push(format!(
+            "the election's observer did not report that nobody leads within {bound:?} \
+             after the checker resigned; its last report: {last:?}"
+        ));
+    }
+    violations
 }
 
 /// The timed acquires that returned later than their timeout, the slack

@@ -72,6 +72,7 @@ impl OpCounts {
         self.multi_locks += o.multi_locks;
         self.fenced_writes += o.fenced_writes;
         self.held_at_close += o.held_at_close;
+        self.observed += o.observed;
     }
 }
 
@@ -79,8 +80,8 @@ impl std::fmt::Display for OpCounts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "elections {} multi-locks {} fenced-writes {} held-at-close {}",
-            self.elections, self.multi_locks, self.fenced_writes, self.held_at_close
+            "elections {} multi-locks {} fenced-writes {} held-at-close {} observed-leaders {}",
+            self.elections, self.multi_locks, self.fenced_writes, self.held_at_close, self.observed
         )
     }
 }
