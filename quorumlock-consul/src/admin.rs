@@ -197,8 +197,6 @@ impl ConsulCore {
         Ok(true)
     }
 
-    /// Holders and waiters of lock `name`, as one listing of its keys
-    /// shows them (a broken entry is shown neither holding nor waiting).
     /// [`Backend::changes`](quorumlock_core::backend::Backend::changes):
     /// blocking queries on the lock's prefix `P/` (our tree and the
     /// semaphore's keys; a nested lock's change brings an item for
@@ -235,6 +233,9 @@ impl ConsulCore {
         .boxed()
     }
 
+    /// Holders and waiters of lock `name`, as one listing of its keys
+    /// shows them (a broken entry is shown neither holding nor waiting, a
+    /// `.lock` being given back neither: see [`given_back`]).
     pub(crate) async fn inspect(&self, name: &LockName) -> Result<LockState> {
         let keys = Keys::new(&self.config, name);
         // One listing of `P/` covers our lock tree `P/.` and the

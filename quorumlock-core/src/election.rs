@@ -60,7 +60,7 @@ impl Election {
     /// instead of following the store's change notifications (the
     /// default): a leadership shorter than `interval` can then be missed.
     pub fn with_observe_interval(self, interval: Duration) -> Self {
-        self.with_follow(Follow::Poll(interval.max(Duration::from_millis(10))))
+        self.with_follow(Follow::Poll(interval))
     }
 
     /// How [`observe`](Self::observe) learns of changes (default

@@ -30,4 +30,4 @@ pub use name::{LockName, MAX_NAME_LEN, MAX_SEGMENT_LEN, RESERVED_NESTED_SEGMENTS
 pub use queue::{Contender, LockKind, LockState};
 pub use rw::{RwLock, Semaphore};
 pub use signal::LossReason;
-pub use watch::{Follow, DEFAULT_POLL_INTERVAL};
+pub use watch::{Follow, DEFAULT_POLL_INTERVAL, MIN_POLL_INTERVAL};

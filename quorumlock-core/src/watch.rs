@@ -14,6 +14,10 @@ use crate::{LockClient, LockName, LockState, Result};
 /// when [`Follow::Poll`] asks for it without an interval of its own.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(250);
 
+/// The shortest interval [`Follow::Poll`] reads at (a shorter one is
+/// raised to it).
+pub const MIN_POLL_INTERVAL: Duration = Duration::from_millis(10);
+
 /// How a watch learns that a lock changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Follow {
@@ -24,8 +28,8 @@ pub enum Follow {
     /// [`DEFAULT_POLL_INTERVAL`] instead.
     #[default]
     Notifications,
-    /// A read every interval, whatever the store: a change shorter than
-    /// the interval can be missed.
+    /// A read every interval (at least [`MIN_POLL_INTERVAL`]), whatever
+    /// the store: a change shorter than the interval can be missed.
     Poll(Duration),
 }
 
@@ -57,6 +61,10 @@ pub(crate) fn states(
     name: LockName,
     follow: Follow,
 ) -> impl Stream<Item = Result<LockState>> + Send + 'static {
+    let follow = match follow {
+        Follow::Poll(every) => Follow::Poll(every.max(MIN_POLL_INTERVAL)),
+        f => f,
+    };
     let watcher = Watcher {
         client,
         name,
@@ -136,14 +144,21 @@ impl Watcher {
                 // The watch is in place (the first item) or something
                 // changed: read.
                 Some(Ok(())) => self.read_due = true,
+                // The feed broke, or could not be set up (no connection or
+                // session to spare, a trigger missing): read anyway after
+                // the pause, and try a new feed after that, so that the
+                // caller gets states (every pause, at most 2 s) while no
+                // feed can be had.
                 Some(Err(e)) => {
                     tracing::debug!(lock = %self.name, error = %e, "the store's change feed broke");
                     self.feed = None;
+                    self.read_due = true;
                     self.retry = Some(self.backoff.next_delay());
                     return Err(e);
                 }
                 None => {
                     self.feed = None;
+                    self.read_due = true;
                     self.retry = Some(self.backoff.next_delay());
                 }
             }

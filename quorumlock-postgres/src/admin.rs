@@ -94,19 +94,38 @@ impl PostgresCore {
                 }
             });
             let listen = async {
+                let trigger: bool = client
+                    .query_one(&core.sql.trigger_exists, &[])
+                    .await?
+                    .get(0);
+                if !trigger {
+                    return Ok(false);
+                }
                 let channel: String = client
                     .query_one(&core.sql.follow_channel, &[&lock])
                     .await?
                     .get(0);
                 client
                     .batch_execute(&format!("{}; LISTEN \"{channel}\"", core.settings))
-                    .await
+                    .await?;
+                Ok::<_, tokio_postgres::Error>(true)
             };
             core.count();
             core.count();
-            match tokio::time::timeout(core.config.timeout, listen).await {
+            core.count();
+            let listening = match tokio::time::timeout(core.config.timeout, listen).await {
                 Ok(r) => r.map_err(|e| error::map(e, what))?,
                 Err(_) => return Err(error::timed_out(what, core.config.timeout)),
+            };
+            if !listening {
+                return Err(quorumlock_core::Error::new(
+                    quorumlock_core::ErrorKind::Unavailable,
+                    format!(
+                        "{what}: the trigger {}.entries_changed is missing (the user may not \
+                         create triggers?): nothing notifies a change",
+                        core.config.schema
+                    ),
+                ));
             }
             let client = Arc::new(client);
             let soonest: SoonestExpiry = Box::new(move || {

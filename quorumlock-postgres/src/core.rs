@@ -258,29 +258,47 @@ impl PostgresCore {
         if self.schema.initialized() {
             return Ok(client);
         }
-        let sql = self.sql.schema.clone();
-        let exists = self.sql.schema_exists.clone();
+        let sql = &self.sql;
         let c = &mut client;
         self.schema
             .get_or_try_init(|| async move {
                 self.count();
+                let serialised = format!(
+                    "SELECT pg_advisory_xact_lock({}, 0)",
+                    layout::ADVISORY_CLASS
+                );
                 let create = async {
                     // Found complete: nothing to create, and no table lock
                     // taken (see `layout::schema_exists`).
-                    if c.query_typed(&exists, &[]).await?[0].get::<_, bool>(0) {
-                        return Ok(());
+                    let found = c.query_typed(&sql.schema_exists, &[]).await?;
+                    let (tables, trigger) =
+                        (found[0].get::<_, bool>(0), found[0].get::<_, bool>(1));
+                    if !tables {
+                        let tx = c.transaction().await?;
+                        tx.execute_typed(&serialised, &[]).await?;
+                        tx.batch_execute(&sql.schema).await?;
+                        tx.commit().await?;
                     }
-                    let tx = c.transaction().await?;
-                    tx.execute_typed(
-                        &format!(
-                            "SELECT pg_advisory_xact_lock({}, 0)",
-                            layout::ADVISORY_CLASS
-                        ),
-                        &[],
-                    )
-                    .await?;
-                    tx.batch_execute(&sql).await?;
-                    tx.commit().await
+                    if !trigger {
+                        // Its own transaction: without the right to create
+                        // it, locks still work (followers read every few
+                        // seconds instead, see `changes`).
+                        let tx = c.transaction().await?;
+                        tx.execute_typed(&serialised, &[]).await?;
+                        match tx.batch_execute(&sql.trigger).await {
+                            Ok(()) => tx.commit().await?,
+                            Err(e) => {
+                                tracing::warn!(
+                                    error = %e,
+                                    "could not create the trigger that notifies followers \
+                                     of a lock (observe, status --watch): they will read \
+                                     every few seconds instead"
+                                );
+                                tx.rollback().await?;
+                            }
+                        }
+                    }
+                    Ok::<_, tokio_postgres::Error>(())
                 };
                 match tokio::time::timeout(
                     self.config.timeout.max(self.config.connect_timeout),

@@ -51,11 +51,6 @@ pub(crate) const TIMELINE: &str =
 ///   unknown; an enqueue that finds its contender here writes nothing.
 ///   They go with their session.
 /// - `kv`: the key space of fenced writes.
-/// - the trigger `entries_changed`: a notification on the lock's channel
-///   ([`Sql::follow_channel`]) for every entry added, removed, granted or
-///   given a new value, for `Backend::changes`. PostgreSQL folds the
-///   copies one transaction sends on one channel into one, and delivers
-///   them at commit.
 pub(crate) const SCHEMA: &str = r#"
 CREATE SCHEMA IF NOT EXISTS {s};
 CREATE SEQUENCE IF NOT EXISTS {s}.seq;
@@ -90,12 +85,25 @@ CREATE TABLE IF NOT EXISTS {s}.kv (
     key text PRIMARY KEY,
     value bytea NOT NULL
 );
+"#;
+
+/// The trigger that notifies a lock's followers ([`Sql::follow_channel`]):
+/// a `NOTIFY` for every entry added, removed, granted or given a new
+/// value (PostgreSQL folds the copies one transaction sends on one channel
+/// into one, and delivers them at commit). Created apart from [`SCHEMA`],
+/// in a transaction of its own: a schema made before it existed gets it
+/// without the tables' statements, and a user who may not create
+/// triggers keeps working, without notifications (followers then read
+/// every few seconds). `DROP` and `CREATE` rather than `CREATE OR
+/// REPLACE TRIGGER`, which PostgreSQL 13 and older lack.
+pub(crate) const TRIGGER: &str = r#"
 CREATE OR REPLACE FUNCTION {s}.entries_changed() RETURNS trigger LANGUAGE plpgsql AS $f$
 BEGIN
     PERFORM pg_notify('qlc_' || md5(COALESCE(NEW.lock, OLD.lock)), '');
     RETURN NULL;
 END $f$;
-CREATE OR REPLACE TRIGGER entries_changed
+DROP TRIGGER IF EXISTS entries_changed ON {s}.entries;
+CREATE TRIGGER entries_changed
     AFTER INSERT OR DELETE OR UPDATE OF token, value ON {s}.entries
     FOR EACH ROW EXECUTE FUNCTION {s}.entries_changed();
 "#;
@@ -106,20 +114,19 @@ CREATE OR REPLACE TRIGGER entries_changed
 /// before it finds the index there: a client starting while another
 /// transaction wrote the table waited behind it, and every later writer
 /// behind the new client. The objects are read off [`SCHEMA`] itself.
+/// Answers two booleans: the tables, and the [`TRIGGER`] (no relation:
+/// read from `pg_trigger`).
 fn schema_exists() -> String {
-    let mut checks: Vec<String> = schema_objects()
+    let checks: Vec<String> = schema_objects()
         .iter()
         .map(|o| format!("to_regclass('{o}') IS NOT NULL"))
         .collect();
-    // The trigger is no relation: read from `pg_trigger` (a schema made
-    // before it existed gets it then).
-    checks.push(
-        "EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'entries_changed' \
-         AND tgrelid = to_regclass('{s}.entries'))"
-            .to_string(),
-    );
-    format!("SELECT {}", checks.join(" AND "))
+    format!("SELECT {}, {TRIGGER_EXISTS}", checks.join(" AND "))
 }
+
+/// Whether the [`TRIGGER`] is on the entries table.
+const TRIGGER_EXISTS: &str = "EXISTS (SELECT 1 FROM pg_trigger \
+     WHERE tgname = 'entries_changed' AND tgrelid = to_regclass('{s}.entries'))";
 
 /// The sequence, tables and indexes [`SCHEMA`] creates, as `{s}.name`
 /// (an index lives in its table's schema).
@@ -142,7 +149,9 @@ fn schema_objects() -> Vec<String> {
 #[derive(Debug)]
 pub(crate) struct Sql {
     pub(crate) schema: String,
+    pub(crate) trigger: String,
     pub(crate) schema_exists: String,
+    pub(crate) trigger_exists: String,
     /// `$1`: the lock key. Serialises every transaction that reads and
     /// changes one queue.
     pub(crate) lock_queue: String,
@@ -216,7 +225,9 @@ impl Sql {
         let f = |t: &str| t.replace("{s}", &s);
         Sql {
             schema: f(SCHEMA),
+            trigger: f(TRIGGER),
             schema_exists: f(&schema_exists()),
+            trigger_exists: f(&format!("SELECT {TRIGGER_EXISTS}")),
             lock_queue: format!("SELECT pg_advisory_xact_lock({ADVISORY_CLASS}, hashtext($1))"),
             purge: f("DELETE FROM {s}.entries e WHERE e.lock = $1 AND NOT EXISTS \
                  (SELECT 1 FROM {s}.sessions s WHERE s.id = e.session AND s.expires > clock_timestamp())"),

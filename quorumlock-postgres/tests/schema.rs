@@ -63,3 +63,87 @@ async fn a_client_connects_while_another_transaction_writes_the_tables() {
         .await
         .unwrap();
 }
+
+/// A schema made before the trigger that notifies followers existed: the
+/// next client adds the trigger alone (the tables' statements, with their
+/// table locks, do not run again), and a follower then hears a change; a
+/// follower of a schema without the trigger gets an error from its feed
+/// (and reads every few seconds instead), never silence.
+#[tokio::test]
+async fn a_schema_without_the_trigger_gets_it() {
+    use futures::StreamExt;
+    let Some(base) = common::base_url() else {
+        return;
+    };
+    let schema = format!(
+        "qlschema_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    );
+    let url = format!("{base}/app?schema={schema}&ttl=3s&connect_timeout=5s");
+    let count_query = format!(
+        "SELECT count(*) FROM pg_trigger WHERE tgname = 'entries_changed' \
+         AND tgrelid = to_regclass('\"{schema}\".entries')"
+    );
+    let db = common::sql(&base).await;
+    let first = LockClient::new(Arc::new(PostgresBackend::connect(&url).await.unwrap()));
+    first.inspect("x").await.unwrap(); // the tables and the trigger
+    assert_eq!(
+        db.query_one(&count_query, &[])
+            .await
+            .unwrap()
+            .get::<_, i64>(0),
+        1
+    );
+    db.batch_execute(&format!(
+        "DROP TRIGGER entries_changed ON \"{schema}\".entries"
+    ))
+    .await
+    .unwrap();
+
+    // A follower on a client that found the schema complete before: its
+    // feed says that nothing notifies (the watch reads anyway).
+    let feed = first
+        .backend()
+        .changes(&quorumlock_core::LockName::new("x").unwrap())
+        .expect("postgres follows changes");
+    let first_item = tokio::time::timeout(Duration::from_secs(10), Box::pin(feed).next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        first_item.is_err(),
+        "a feed without the trigger: {first_item:?}"
+    );
+
+    // A new client adds it back.
+    let second = LockClient::new(Arc::new(PostgresBackend::connect(&url).await.unwrap()));
+    second.inspect("x").await.unwrap();
+    assert_eq!(
+        db.query_one(&count_query, &[])
+            .await
+            .unwrap()
+            .get::<_, i64>(0),
+        1
+    );
+    let mut watch = Box::pin(
+        second
+            .watch("x", quorumlock_core::Follow::Notifications)
+            .unwrap(),
+    );
+    let free = tokio::time::timeout(Duration::from_secs(10), watch.next())
+        .await
+        .unwrap();
+    assert!(free.unwrap().unwrap().is_free());
+    let g = first.lock("x").unwrap().acquire().await.unwrap();
+    let held = tokio::time::timeout(Duration::from_secs(10), watch.next())
+        .await
+        .expect("the follower heard nothing of the acquire");
+    assert_eq!(held.unwrap().unwrap().holders.len(), 1);
+    drop(watch);
+    g.release().await.unwrap();
+    first.close().await;
+    second.close().await;
+    db.batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .await
+        .unwrap();
+}

@@ -103,11 +103,25 @@ impl RedisCore {
                 .await
                 .map_err(|_| error::timed_out("subscribing to a lock's changes", timeout))?
                 .map_err(|e| error::map(e, "subscribing to a lock's changes"))?;
+            let (sink, messages) = ps.split();
+            // The heartbeat pings the subscription's own connection: the
+            // expiry read goes over another one.
             let soonest: SoonestExpiry = Box::new(move || {
-                let (core, key) = (core.clone(), key.clone());
-                Box::pin(async move { core.soonest_expiry(&key).await })
+                let (core, key, mut sink) = (core.clone(), key.clone(), sink.clone());
+                Box::pin(async move {
+                    let timeout = core.config.timeout;
+                    core.requests.fetch_add(1, Ordering::Relaxed);
+                    match tokio::time::timeout(timeout, sink.ping::<redis::Value>()).await {
+                        Ok(Ok(_)) => {}
+                        Ok(Err(e)) => return Err(error::map(e, "pinging a lock's subscription")),
+                        Err(_) => {
+                            return Err(error::timed_out("pinging a lock's subscription", timeout))
+                        }
+                    }
+                    core.soonest_expiry(&key).await
+                })
             });
-            Ok((ps.into_on_message().map(|_| ()), soonest))
+            Ok((messages.map(|_| ()), soonest))
         })
     }
 

@@ -51,7 +51,9 @@ local function ekey(e) return e.p .. '.session/' .. e.sid end
 local function member(L, id) return L .. '/.q/' .. id end
 -- Tells the followers of L (`Backend::changes`) that its queue changed:
 -- a message on its channel, which costs nothing when nobody listens.
-local function changed(L) redis.call('PUBLISH', L .. '/.changes', '') end
+-- Best effort (`pcall`): a user whose ACL refuses the channel must not
+-- see a script abort halfway through its writes.
+local function changed(L) redis.pcall('PUBLISH', L .. '/.changes', '') end
 -- A message to entry e's session's mailbox if that session lives, kept
 -- as long as the session.
 local function tell(e, msg)
@@ -564,8 +566,9 @@ for _, id in ipairs(redis.call('ZRANGE', L .. '/.q', 0, -1)) do
   local e = v and parse(v)
   if not e then return 0 end
   local pttl = redis.call('PTTL', ekey(e))
-  if pttl < 0 then return 0 end
-  if soonest < 0 or pttl < soonest then soonest = pttl end
+  -- -2: gone (its entries go at the next load); -1: no TTL (never expires).
+  if pttl == -2 then return 0 end
+  if pttl >= 0 and (soonest < 0 or pttl < soonest) then soonest = pttl end
 end
 return soonest
 "#,

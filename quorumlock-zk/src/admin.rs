@@ -211,7 +211,17 @@ impl ZkCore {
         ))
     }
 
+    /// A `sync` first: the server our session reads from then has every
+    /// write the leader had when it answered, so a read after a change
+    /// [`changes`](Self::changes) saw on another session (maybe another
+    /// server) never shows the state before it.
     async fn inspect_once(&self, c: zk::Client, name: &LockName) -> Result<LockState> {
+        let dir = self.lock_dir(name)?;
+        self.count(1);
+        match c.sync(&dir).await {
+            Ok(()) | Err(zk::Error::NoNode) => {}
+            Err(e) => return Err(map(e, "syncing with the leader")),
+        }
         self.read_state(c, name, Marked::Hide).await
     }
 

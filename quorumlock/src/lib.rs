@@ -30,7 +30,7 @@ pub use quorumlock_core::backend::connect::{
 };
 pub use quorumlock_core::{
     DEFAULT_POLL_INTERVAL, DEFAULT_UNAVAILABLE_AFTER, MAX_NAME_LEN, MAX_SEGMENT_LEN,
-    RESERVED_NESTED_SEGMENTS,
+    MIN_POLL_INTERVAL, RESERVED_NESTED_SEGMENTS,
 };
 
 #[cfg(feature = "mem")]
@@ -346,8 +346,9 @@ mod tests {
     #[allow(clippy::assertions_on_constants)]
     fn core_constants() {
         use std::time::Duration;
-        let durations: [Duration; 6] = [
+        let durations: [Duration; 7] = [
             DEFAULT_POLL_INTERVAL,
+            MIN_POLL_INTERVAL,
             DEFAULT_UNAVAILABLE_AFTER,
             backend::HELD_WATCH_DELAY,
             DEFAULT_CONNECT_TIMEOUT,

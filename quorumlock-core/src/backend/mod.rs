@@ -43,7 +43,7 @@ pub mod schemes;
 pub use crate::inflight::{finish_on_drop, InFlightWrites};
 pub use crate::queue::{holds, waits_for};
 pub use crate::signal::{EntrySignals, SessionLiveness};
-pub use changes::{notified_feed, SoonestExpiry};
+pub use changes::{notified_feed, SoonestExpiry, FEED_HEARTBEAT};
 pub use delay::{DelayQueue, HELD_WATCH_DELAY};
 pub use fenced::{check_kinds, refused, HeldEntry, KeyForm, KeyWrite, MAX_KEY_LEN};
 pub use grants::{GrantMemory, LastGrant, QuietGrants};
