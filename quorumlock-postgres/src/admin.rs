@@ -74,7 +74,7 @@ impl PostgresCore {
             // The tables (and the trigger) exist before anyone listens.
             core.inspect_key(&lock).await?;
             let what = "listening to a lock's changes";
-            let (client, mut connection) = core.open(what).await?;
+            let (mut client, mut connection) = core.open(what).await?;
             let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
             tokio::spawn(async move {
                 let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
@@ -108,11 +108,21 @@ impl PostgresCore {
                 client
                     .batch_execute(&format!("{}; LISTEN \"{channel}\"", core.settings))
                     .await?;
+                // Listening, then a follower: the trigger notifies only
+                // locks with one. Under the lock's queue lock, which
+                // every step of its queue takes first: a step that began
+                // before this row was there has committed before it, so
+                // the first read (after the first item) sees what it
+                // did; a later one sees the row.
+                let tx = client.transaction().await?;
+                tx.execute(&core.sql.lock_queue, &[&lock]).await?;
+                tx.execute(&core.sql.follow, &[&lock]).await?;
+                tx.commit().await?;
                 Ok::<_, tokio_postgres::Error>(true)
             };
-            core.count();
-            core.count();
-            core.count();
+            for _ in 0..4 {
+                core.count();
+            }
             let listening = match tokio::time::timeout(core.config.timeout, listen).await {
                 Ok(r) => r.map_err(|e| error::map(e, what))?,
                 Err(_) => return Err(error::timed_out(what, core.config.timeout)),
