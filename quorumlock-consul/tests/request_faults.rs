@@ -131,13 +131,7 @@ fn spawn_acquire(c: &LockClient, name: &str) -> tokio::task::JoinHandle<Result<L
 /// shows a broken entry as nobody's.
 async fn broken_index(env: &Env, key: &str) -> Option<u64> {
     use base64::Engine as _;
-    let url = format!("http://{}/v1/kv/{key}", env.agent());
-    let rsp = reqwest::get(&url).await.unwrap();
-    if rsp.status() == reqwest::StatusCode::NOT_FOUND {
-        return None;
-    }
-    let entries: serde_json::Value = rsp.error_for_status().unwrap().json().await.unwrap();
-    let e = &entries[0];
+    let e = raw_entry(env, key).await?;
     let value = base64::engine::general_purpose::STANDARD
         .decode(e["Value"].as_str()?)
         .ok()?;
@@ -145,16 +139,21 @@ async fn broken_index(env: &Env, key: &str) -> Option<u64> {
     (record["broken"] == true).then(|| e["ModifyIndex"].as_u64().unwrap())
 }
 
-/// The `ModifyIndex` of `key`, read straight from the agent (`inspect`
-/// does not show a `.lock` that its taker is giving back as held).
-async fn raw_index(env: &Env, key: &str) -> Option<u64> {
+/// The entry `key` as the agent answers it (JSON), or `None` if absent.
+async fn raw_entry(env: &Env, key: &str) -> Option<serde_json::Value> {
     let url = format!("http://{}/v1/kv/{key}", env.agent());
     let rsp = reqwest::get(&url).await.unwrap();
     if rsp.status() == reqwest::StatusCode::NOT_FOUND {
         return None;
     }
     let entries: serde_json::Value = rsp.error_for_status().unwrap().json().await.unwrap();
-    entries[0]["ModifyIndex"].as_u64()
+    Some(entries[0].clone())
+}
+
+/// The `ModifyIndex` of `key`, read straight from the agent (`inspect`
+/// does not show a `.lock` that its taker is giving back as held).
+async fn raw_index(env: &Env, key: &str) -> Option<u64> {
+    raw_entry(env, key).await?["ModifyIndex"].as_u64()
 }
 
 async fn waiters(c: &LockClient, name: &str) -> usize {

@@ -14,16 +14,22 @@ use std::time::Duration;
 use quorumlock_core::LockClient;
 use quorumlock_postgres::PostgresBackend;
 
-#[tokio::test]
-async fn a_client_connects_while_another_transaction_writes_the_tables() {
-    let Some(base) = common::base_url() else {
-        return;
-    };
+/// A schema of its own for one test, and the URL of a namespace in it.
+fn fresh_schema(base: &str) -> (String, String) {
     let schema = format!(
         "qlschema_{}",
         &uuid::Uuid::new_v4().simple().to_string()[..12]
     );
     let url = format!("{base}/app?schema={schema}&ttl=3s&connect_timeout=5s");
+    (schema, url)
+}
+
+#[tokio::test]
+async fn a_client_connects_while_another_transaction_writes_the_tables() {
+    let Some(base) = common::base_url() else {
+        return;
+    };
+    let (schema, url) = fresh_schema(&base);
     // The first client creates the tables.
     let first = PostgresBackend::connect(&url).await.unwrap();
 
@@ -75,11 +81,7 @@ async fn a_schema_without_the_trigger_gets_it() {
     let Some(base) = common::base_url() else {
         return;
     };
-    let schema = format!(
-        "qlschema_{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..12]
-    );
-    let url = format!("{base}/app?schema={schema}&ttl=3s&connect_timeout=5s");
+    let (schema, url) = fresh_schema(&base);
     let count_query = format!(
         "SELECT count(*) FROM pg_trigger WHERE tgname = 'entries_changed' \
          AND tgrelid = to_regclass('\"{schema}\".entries')"
