@@ -43,9 +43,11 @@ impl ZkCore {
     /// deleted, a value rewritten, a break's mark, a semaphore's leases.
     /// It runs on a session of its own, opened by the stream and closed
     /// when the stream is dropped: held that long, the lock session's
-    /// client would keep that session open past its close. After a lost
-    /// connection one item, as the server does not replay what happened
-    /// meanwhile (ZOOKEEPER-4698); an expired session ends the stream.
+    /// client would keep that session open past its close. A lost
+    /// connection ends the stream (with an error): the library does not
+    /// set a persistent watch again after a reconnect, and the server
+    /// does not replay what happened meanwhile (ZOOKEEPER-4698); the
+    /// watcher then opens a new session and watch and reads again.
     pub(crate) fn changes(self: &Arc<Self>, name: &LockName) -> ChangeFeed {
         let (core, dir) = (self.clone(), self.lock_dir(name));
         let feed = async move {
@@ -64,28 +66,35 @@ impl ZkCore {
                 Err(e) => futures::stream::once(futures::future::ready(Err(e))).boxed(),
                 Ok((client, watcher)) => futures::stream::once(futures::future::ready(Ok(())))
                     .chain(futures::stream::unfold(
-                        (client, Some(watcher), false),
-                        |(client, watcher, mut disconnected)| async move {
+                        (client, Some(watcher)),
+                        |(client, watcher)| async move {
                             let mut watcher = watcher?;
                             loop {
                                 let ev = watcher.changed().await;
                                 if ev.event_type != zk::EventType::Session {
-                                    return Some((Ok(()), (client, Some(watcher), disconnected)));
+                                    return Some((Ok(()), (client, Some(watcher))));
                                 }
                                 match ev.session_state {
-                                    zk::SessionState::Disconnected => disconnected = true,
-                                    zk::SessionState::SyncConnected
-                                    | zk::SessionState::ConnectedReadOnly
-                                        if disconnected =>
-                                    {
-                                        return Some((Ok(()), (client, Some(watcher), false)));
+                                    // The library does not set a persistent
+                                    // watch again after a reconnect (found by
+                                    // the explorer: no event after
+                                    // `SyncConnected`), and events in between
+                                    // are lost anyway (ZOOKEEPER-4698): end
+                                    // here, the watcher opens a new session
+                                    // and watch and reads again.
+                                    zk::SessionState::Disconnected => {
+                                        let e = Error::new(
+                                            ErrorKind::Connection,
+                                            "the session watching the lock was disconnected",
+                                        );
+                                        return Some((Err(e), (client, None)));
                                     }
                                     s if s.is_terminated() => {
                                         // No event comes after this one.
                                         let e = crate::core::lost_session(&format!(
                                             "the session watching the lock ended ({s})"
                                         ));
-                                        return Some((Err(e), (client, None, false)));
+                                        return Some((Err(e), (client, None)));
                                     }
                                     _ => {}
                                 }
