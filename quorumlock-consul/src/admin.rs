@@ -14,7 +14,9 @@ use quorumlock_core::{Contender, Error, ErrorKind, LockKind, LockName, LockState
 use crate::api::{op, Block, KvEntry, Record, Txn};
 use crate::core::{now_ms, read_view, ConsulCore, LONG_POLL};
 use crate::error::map;
-use crate::layout::{line_kinds, rw_revoke, Keys, SemView, View, REVOKE_FLAGS, SEMAPHORE_FLAGS};
+use crate::layout::{
+    line_kinds, others_ahead, rw_revoke, Keys, SemView, View, REVOKE_FLAGS, SEMAPHORE_FLAGS,
+};
 
 /// How many times an admin operation re-reads and retries when the lock
 /// changed under it.
@@ -37,15 +39,7 @@ fn given_back(keys: &Keys, line: &[(LockKind, KvEntry)], l: &KvEntry, holder: &s
     if l.record().is_none() || l.is_broken() {
         return false;
     }
-    let own = keys.queue(holder);
-    let since = line
-        .iter()
-        .find(|(_, e)| e.key == own)
-        .map_or(l.grant_token(), |(_, e)| {
-            l.grant_token().min(e.create_index)
-        });
-    line.iter()
-        .any(|(_, e)| e.key != own && e.create_index < since)
+    others_ahead(line, &keys.queue(holder), l.grant_token())
 }
 
 impl ConsulCore {

@@ -96,6 +96,20 @@ impl Keys {
 }
 
 /// The revoke marker of a read-write entry.
+/// Whether a `.lock` grant at `token`, taken by the session whose queue
+/// key is `own`, had contenders ahead of it in `line`: entries older than
+/// the grant (or than that queue key, if the taker has one), other than
+/// that key. Its taker gives such a grant back and never reports it
+/// (`mutex::Attempt::own_grant`), so it is not held (`inspect`).
+pub(crate) fn others_ahead(line: &[(LockKind, KvEntry)], own: &str, token: u64) -> bool {
+    let since = line
+        .iter()
+        .find(|(_, e)| e.key == own)
+        .map_or(token, |(_, e)| token.min(e.create_index));
+    line.iter()
+        .any(|(_, e)| e.key != own && e.create_index < since)
+}
+
 pub(crate) fn rw_revoke(entry: &str) -> String {
     format!("{entry}.revoke")
 }

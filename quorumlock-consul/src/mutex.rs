@@ -14,7 +14,7 @@ use crate::core::{
     failed, now_ms, read_after_lock, read_view, session_gone, session_lost, would_block,
     SessionState, Transient, CONTENDED_MEMORY, MAX_ACQUIRE_RETRIES,
 };
-use crate::layout::{line_kinds, Keys, View, LOCK_FLAGS, QUEUE_FLAGS};
+use crate::layout::{line_kinds, others_ahead, Keys, View, LOCK_FLAGS, QUEUE_FLAGS};
 
 /// What [`ConsulSession::try_fast`] found when it took the lock.
 struct FastTry {
@@ -275,7 +275,7 @@ impl<'a> Attempt<'a> {
             let line = view.line(&self.keys);
             let pos = line.iter().position(|(_, e)| self.is_our_entry(e));
             let next = if let Some(l) = view.lock.clone().filter(|l| self.mine(l)) {
-                self.own_grant(&line, pos, &l, transient).await?
+                self.own_grant(&line, &l, transient).await?
             } else {
                 let Some(pos) = pos else {
                     return Err(session_lost(
@@ -303,22 +303,17 @@ impl<'a> Attempt<'a> {
     }
 
     /// Our own `.lock` (a grant whose answer was lost, in step 4 or on the
-    /// fast path), at whatever place `pos` our queue key has: held by us
-    /// unless contenders of ours were in line before that grant, then
-    /// given back (at our token only).
+    /// fast path), wherever our queue key stands: held by us unless
+    /// contenders of ours were in line before that grant
+    /// ([`others_ahead`]), then given back (at our token only).
     async fn own_grant(
         &self,
         line: &[(LockKind, KvEntry)],
-        pos: Option<usize>,
         l: &KvEntry,
         transient: &mut Transient<'_>,
     ) -> Result<Next> {
         let token = l.modify_index;
-        let since = pos.map_or(token, |p| token.min(line[p].1.create_index));
-        let ahead = line
-            .iter()
-            .any(|(_, e)| e.key != self.qkey && e.create_index < since);
-        if !ahead {
+        if !others_ahead(line, &self.qkey, token) {
             return Ok(Next::Granted(self.granted(token)));
         }
         if let Some(v) = give_back(self.s, self.req, &self.keys, token, None, transient).await? {
@@ -442,9 +437,7 @@ impl<'a> Attempt<'a> {
                 // `check-session` and `check-index` answer with our entry
                 // before the tree.
                 let v = View::from_entries(keys, results.split_off(2.min(results.len())));
-                let line = v.line(keys);
-                let pos = line.iter().position(|(_, e)| self.is_our_entry(e));
-                return self.own_grant(&line, pos, &lock, transient).await;
+                return self.own_grant(&v.line(keys), &lock, transient).await;
             }
             Ok(Txn::Failed(errs)) => errs,
             Err(e) => {

@@ -136,9 +136,14 @@ impl WatchHub {
         start_revision: i64,
         filter: WatchFilterType,
     ) -> Watch {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::unbounded_channel();
         let sub = Sub::new(key.into(), start_revision, Some(filter), Arc::new(tx));
+        self.channel_watch(sub, rx)
+    }
+
+    /// Creates `sub` (its sink the sender of `rx`) as a [`Watch`].
+    fn channel_watch(&self, sub: Sub, rx: mpsc::UnboundedReceiver<WatchEvent>) -> Watch {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         self.create(id, sub, false);
         Watch {
             id,
@@ -153,16 +158,10 @@ impl WatchHub {
     /// [`WatchEvent::Created`] (a follower of a lock's changes, which
     /// wants to know that something changed, not every event).
     pub(crate) fn watch_prefix(&self, prefix: impl Into<Vec<u8>>) -> Watch {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::unbounded_channel();
         let mut sub = Sub::new(prefix.into(), 0, None, Arc::new(tx));
         sub.prefix = true;
-        self.create(id, sub, false);
-        Watch {
-            id,
-            rx,
-            cmd: self.cmd.clone(),
-        }
+        self.channel_watch(sub, rx)
     }
 
     /// Watches `key` (every event) from `start_revision`, delivering to

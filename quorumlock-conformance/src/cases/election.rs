@@ -164,33 +164,28 @@ pub async fn election_observe_sees_every_short_leadership(h: &Harness) {
             .observe(),
     );
     let history: Arc<Mutex<Vec<Leadership>>> = Arc::default();
+    // Each observer's reports, shared so that the end can wait for them.
     let seen = |mut s: std::pin::Pin<
         Box<dyn futures::Stream<Item = quorumlock_core::Result<Option<Leader>>> + Send>,
     >| {
-        tokio::spawn(async move {
-            let mut seen = Vec::new();
-            // Ends at the `None` after the last leader (see below).
-            while let Some(next) = s.next().await {
-                match next {
-                    Ok(Some(l)) => seen.push((l.token, l.value)),
-                    Ok(None) if seen.last().is_some_and(|(_, v)| v == b"last") => break,
-                    Ok(None) => {}
-                    Err(e) => panic!("observe failed: {e}"),
+        let seen: Arc<Mutex<Vec<Leadership>>> = Arc::default();
+        let task = tokio::spawn({
+            let seen = seen.clone();
+            async move {
+                // Ends at the `None` after the last leader (see below).
+                while let Some(next) = s.next().await {
+                    let mut seen = seen.lock().unwrap();
+                    match next {
+                        Ok(Some(l)) => seen.push((l.token, l.value)),
+                        Ok(None) if seen.last().is_some_and(|(_, v)| v == b"last") => break,
+                        Ok(None) => {}
+                        Err(e) => panic!("observe failed: {e}"),
+                    }
                 }
             }
-            seen
-        })
+        });
+        (seen, task)
     };
-    // The first item (nobody leads) is in before anyone campaigns.
-    let mut followed = followed;
-    assert_eq!(
-        tokio::time::timeout(SOON, followed.next())
-            .await
-            .expect("first item")
-            .expect("stream")
-            .expect("observe"),
-        None
-    );
     let followed = seen(followed);
     let polled = seen(polled);
     let deadline = Instant::now() + RUN;
@@ -217,18 +212,29 @@ pub async fn election_observe_sees_every_short_leadership(h: &Harness) {
     let c = &candidates[0];
     let g = c.election("short").unwrap().campaign("last").await.unwrap();
     history.lock().unwrap().push((g.token(), b"last".to_vec()));
-    tokio::time::sleep(quorumlock_core::DEFAULT_POLL_INTERVAL * 3).await;
+    let saw_last = |seen: &Mutex<Vec<Leadership>>| {
+        seen.lock()
+            .unwrap()
+            .last()
+            .is_some_and(|(_, v)| v == b"last")
+    };
+    eventually("both observers to see the last leader", || {
+        futures::future::ready(saw_last(&followed.0) && saw_last(&polled.0))
+    })
+    .await;
     g.resign().await.unwrap();
     let mut history = history.lock().unwrap().clone();
     history.sort();
-    let followed = tokio::time::timeout(SOON, followed)
+    tokio::time::timeout(SOON, followed.1)
         .await
         .expect("the observer to see the end")
         .unwrap();
-    let polled = tokio::time::timeout(SOON, polled)
+    tokio::time::timeout(SOON, polled.1)
         .await
         .expect("the poller to see the end")
         .unwrap();
+    let followed = followed.0.lock().unwrap().clone();
+    let polled = polled.0.lock().unwrap().clone();
     assert!(
         history.len() > 100,
         "only {} leaderships in {RUN:?}",
