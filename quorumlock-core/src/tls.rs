@@ -1,10 +1,12 @@
 //! TLS client settings from the URL's PEM files (`ca=`, `cert=`, `key=`),
 //! for the backends whose store client takes a `rustls` configuration
-//! (ZooKeeper's handshake probe, PostgreSQL). The crypto provider is the
-//! backend's: this crate links none.
+//! (PostgreSQL) and for the handshake [`probe`] of those whose client
+//! hides why a handshake failed (ZooKeeper, etcd). The crypto provider is
+//! the backend's: this crate links none.
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
@@ -12,6 +14,7 @@ use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use tokio::io::AsyncReadExt;
 
 use crate::{Error, ErrorKind, Result};
 
@@ -96,6 +99,70 @@ pub fn client_config(
     })
 }
 
+/// A TLS handshake with the first of `servers` that accepts a TCP
+/// connection, then a short read for the alert a server sends after the
+/// handshake when it refuses our certificate (TLS 1.3). `Err` only for an
+/// [`ErrorKind::Tls`] verdict; anything else (unreachable, silence, a
+/// handshake that works) is `Ok`: the store client's to report. `store`
+/// names the store in the message (`"etcd"`).
+///
+/// Why: a store client that sends its first request as soon as its own
+/// handshake ends can meet the server's close before the alert that
+/// explains it (the close resets the socket, and the reset discards the
+/// alert unread), and reports connection trouble, which is retried until
+/// the connect timeout. The probe writes nothing after its handshake, so
+/// the alert is read.
+///
+/// # Cancel Safety
+/// Sends nothing but a handshake; safe to drop.
+pub async fn probe(
+    config: Arc<rustls::ClientConfig>,
+    servers: &[(String, u16)],
+    store: &str,
+) -> Result<()> {
+    let connector = tokio_rustls::TlsConnector::from(config);
+    for (host, port) in servers {
+        let Ok(name) = ServerName::try_from(host.clone()) else {
+            continue;
+        };
+        let tcp = match tokio::time::timeout(
+            Duration::from_secs(3),
+            tokio::net::TcpStream::connect((host.as_str(), *port)),
+        )
+        .await
+        {
+            Ok(Ok(s)) => s,
+            _ => continue,
+        };
+        let what = format!("{store} {host}:{port}");
+        let mut tls = match tokio::time::timeout(
+            Duration::from_secs(3),
+            connector.connect(name, tcp),
+        )
+        .await
+        {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return Err(probe_error(e, &what)),
+            Err(_) => return Ok(()),
+        };
+        let mut byte = [0u8; 1];
+        return match tokio::time::timeout(Duration::from_secs(1), tls.read(&mut byte)).await {
+            Ok(Err(e)) => Err(probe_error(e, &what)),
+            _ => Ok(()),
+        };
+    }
+    Ok(())
+}
+
+/// The [`ErrorKind::Tls`] error of a handshake or post-handshake read, or
+/// an [`ErrorKind::Connection`] error when it is not about TLS.
+fn probe_error(e: std::io::Error, what: &str) -> Error {
+    match Error::tls_failure(&e, what) {
+        Some(t) => t.with_source(e),
+        None => Error::new(ErrorKind::Connection, format!("{what}: TLS probe")).with_source(e),
+    }
+}
+
 /// The WebPKI check without the name check: every other verdict (an
 /// unknown issuer, an expired certificate, a bad signature) stands.
 #[derive(Debug)]
@@ -141,5 +208,39 @@ impl ServerCertVerifier for ChainOnly {
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.0.supported_verify_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn io(e: rustls::Error) -> std::io::Error {
+        std::io::Error::new(std::io::ErrorKind::InvalidData, e)
+    }
+
+    /// The probe's verdict goes by rustls' error, as tokio-rustls hands
+    /// it over (inside an io::Error), not by the error's text.
+    #[test]
+    fn the_probe_classifies_by_type() {
+        let untrusted = io(rustls::Error::InvalidCertificate(
+            rustls::CertificateError::UnknownIssuer,
+        ));
+        let e = probe_error(untrusted, "ZooKeeper h:2281");
+        assert_eq!(e.kind(), ErrorKind::Tls, "{e}");
+        assert!(e.message().contains("check ca="), "{e}");
+        let refused = io(rustls::Error::AlertReceived(
+            rustls::AlertDescription::BadCertificate,
+        ));
+        let e = probe_error(refused, "ZooKeeper h:2281");
+        assert_eq!(e.kind(), ErrorKind::Tls, "{e}");
+        assert!(e.message().contains("cert= and key="), "{e}");
+        // Words alone (a reset with a TLS-like message) are not a verdict.
+        let text = std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "received fatal alert: BadCertificate",
+        );
+        let e = probe_error(text, "ZooKeeper h:2281");
+        assert_eq!(e.kind(), ErrorKind::Connection, "{e}");
     }
 }

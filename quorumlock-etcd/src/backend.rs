@@ -12,7 +12,7 @@ use quorumlock_core::backend::connect::check_connect;
 use quorumlock_core::backend::{
     Backend, Capabilities, ChangeFeed, HeldEntry, KeyWrite, SessionLiveness, StoreSession,
 };
-use quorumlock_core::{Error, ErrorKind, LockName, LockState, Result};
+use quorumlock_core::{tls, Error, ErrorKind, LockName, LockState, Result};
 
 use crate::config::EtcdConfig;
 use crate::core::{EtcdCore, LazyAuth};
@@ -128,7 +128,19 @@ impl EtcdBackend {
             }
             Ok(())
         };
-        check_connect(&config.describe(), config.connect_timeout, connect).await?;
+        let probe = tls_probe(&config)?;
+        // Connection trouble over TLS may be a refused certificate whose
+        // alert the client never read: the probe reads it.
+        let attempt = || async {
+            let outcome: Result<()> = connect().await;
+            if let (Err(e), Some((tls_config, servers))) = (&outcome, &probe) {
+                if e.kind() == ErrorKind::Connection {
+                    tls::probe(tls_config.clone(), servers, "etcd").await?;
+                }
+            }
+            outcome
+        };
+        check_connect(&config.describe(), config.connect_timeout, attempt).await?;
         let client = slot.into_inner().expect("poisoned").expect("connected");
         Ok(Self::assemble(config, client, requests, lazy_auth))
     }
@@ -183,6 +195,36 @@ impl EtcdBackend {
     pub fn config(&self) -> &EtcdConfig {
         &self.core.config
     }
+}
+
+/// For `etcds://` with `ca=`: the rustls configuration of the URL's TLS
+/// files and the endpoints' hosts and ports, for [`tls::probe`].
+#[allow(clippy::type_complexity)]
+fn tls_probe(
+    config: &EtcdConfig,
+) -> Result<Option<(Arc<rustls::ClientConfig>, Vec<(String, u16)>)>> {
+    let (true, Some(ca)) = (config.tls, &config.ca) else {
+        return Ok(None);
+    };
+    let identity = match &config.client_cert {
+        Some((cert, key)) => Some((tls::read_pem("cert", cert)?, tls::read_pem("key", key)?)),
+        None => None,
+    };
+    let tls_config = tls::client_config(
+        Arc::new(rustls::crypto::ring::default_provider()),
+        tls::pem_roots(&tls::read_pem("ca", ca)?)?,
+        identity.as_ref().map(|(c, k)| (c.as_str(), k.as_str())),
+        tls::HostCheck::ChainAndName,
+    )?;
+    let servers = config
+        .endpoints
+        .iter()
+        .filter_map(|e| {
+            let u = url::Url::parse(e).ok()?;
+            Some((u.host_str()?.to_string(), u.port_or_known_default()?))
+        })
+        .collect();
+    Ok(Some((Arc::new(tls_config), servers)))
 }
 
 fn read_file(p: &std::path::Path, what: &str) -> Result<Vec<u8>> {

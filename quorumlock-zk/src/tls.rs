@@ -9,12 +9,9 @@
 //! only its TLS verdict is used.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use quorumlock_core::tls::{self, bad_pem, read_pem};
-use quorumlock_core::{Error, ErrorKind, Result};
-use rustls::pki_types::ServerName;
-use tokio::io::AsyncReadExt;
+use quorumlock_core::Result;
 use zookeeper_client as zk;
 
 use crate::config::ZkConfig;
@@ -66,88 +63,11 @@ impl TlsFiles {
         )
     }
 
-    /// A TLS handshake with the first server that accepts a connection,
-    /// then a short read for the alert a server sends after the handshake
-    /// when it refuses our certificate (TLS 1.3). `Err` only for an
-    /// [`ErrorKind::Tls`] verdict; anything else (unreachable, silence) is
-    /// the library's to report.
+    /// [`tls::probe`] with this configuration.
     ///
-    /// # Cancel safety
+    /// # Cancel Safety
     /// Sends nothing but a handshake; safe to drop.
     pub(crate) async fn probe(&self, servers: &[(String, u16)]) -> Result<()> {
-        let config = Arc::new(self.rustls_config()?);
-        let connector = tokio_rustls::TlsConnector::from(config);
-        for (host, port) in servers {
-            let Ok(name) = ServerName::try_from(host.clone()) else {
-                continue;
-            };
-            let tcp = match tokio::time::timeout(
-                Duration::from_secs(3),
-                tokio::net::TcpStream::connect((host.as_str(), *port)),
-            )
-            .await
-            {
-                Ok(Ok(s)) => s,
-                _ => continue,
-            };
-            let what = format!("ZooKeeper {host}:{port}");
-            let mut tls =
-                match tokio::time::timeout(Duration::from_secs(3), connector.connect(name, tcp))
-                    .await
-                {
-                    Ok(Ok(s)) => s,
-                    Ok(Err(e)) => return Err(tls_error(e, &what)),
-                    Err(_) => return Ok(()),
-                };
-            let mut byte = [0u8; 1];
-            return match tokio::time::timeout(Duration::from_secs(1), tls.read(&mut byte)).await {
-                Ok(Err(e)) => Err(tls_error(e, &what)),
-                _ => Ok(()),
-            };
-        }
-        Ok(())
-    }
-}
-
-/// The [`ErrorKind::Tls`] error of a handshake or post-handshake read, or
-/// `Ok`-like silence (`Connection`) when it is not about TLS.
-fn tls_error(e: std::io::Error, what: &str) -> Error {
-    match Error::tls_failure(&e, what) {
-        Some(t) => t.with_source(e),
-        None => Error::new(ErrorKind::Connection, format!("{what}: TLS probe")).with_source(e),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn io(e: rustls::Error) -> std::io::Error {
-        std::io::Error::new(std::io::ErrorKind::InvalidData, e)
-    }
-
-    /// The probe's verdict goes by rustls' error, as tokio-rustls hands
-    /// it over (inside an io::Error), not by the error's text.
-    #[test]
-    fn the_probe_classifies_by_type() {
-        let untrusted = io(rustls::Error::InvalidCertificate(
-            rustls::CertificateError::UnknownIssuer,
-        ));
-        let e = tls_error(untrusted, "ZooKeeper h:2281");
-        assert_eq!(e.kind(), ErrorKind::Tls, "{e}");
-        assert!(e.message().contains("check ca="), "{e}");
-        let refused = io(rustls::Error::AlertReceived(
-            rustls::AlertDescription::BadCertificate,
-        ));
-        let e = tls_error(refused, "ZooKeeper h:2281");
-        assert_eq!(e.kind(), ErrorKind::Tls, "{e}");
-        assert!(e.message().contains("cert= and key="), "{e}");
-        // Words alone (a reset with a TLS-like message) are not a verdict.
-        let text = std::io::Error::new(
-            std::io::ErrorKind::ConnectionReset,
-            "received fatal alert: BadCertificate",
-        );
-        let e = tls_error(text, "ZooKeeper h:2281");
-        assert_eq!(e.kind(), ErrorKind::Connection, "{e}");
+        tls::probe(Arc::new(self.rustls_config()?), servers, "ZooKeeper").await
     }
 }
