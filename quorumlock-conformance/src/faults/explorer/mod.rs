@@ -5,7 +5,9 @@
 //! several clients, each with several tasks that acquire, try, time out,
 //! release, drop a future at a random await, read, write and take permits
 //! on a few names, campaign in an election (and proclaim), take multi-locks
-//! over both mutexes, and make fenced writes to the store; and a nemesis
+//! over two to four of those locks, each as its kind (a mutex, a side of
+//! the read-write lock, a permit), and make fenced writes to the store;
+//! and a nemesis
 //! that delays, blackholes, cuts and resets each client's link, breaks
 //! locks, asks holders to let go, kills sessions, makes one client's store
 //! refuse every removal for a while (as a busy or read-only server does),
@@ -53,7 +55,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use quorumlock_core::{ClientOptions, ErrorKind, LockClient, LockGuard};
+use quorumlock_core::{ClientOptions, ErrorKind, LockClient, LockGuard, LockKind};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
@@ -713,15 +715,15 @@ async fn worker(c: LockClient, ci: usize, mut rng: StdRng, sh: Arc<Shared>, ttl:
             // A multi-lock over both mutexes, or a campaign.
             let started = Instant::now();
             let r = if choice >= 95 {
-                take_set(&c, wait).await
+                take_set(&c, &mut rng, wait).await
             } else {
                 campaign(&c, ci, wait).await
             };
             sh.ops.fetch_add(1, Ordering::Relaxed);
             match r {
-                Ok(Taken::Set(set)) => {
+                Ok(Taken::Set(set, members)) => {
                     sh.multi_locks.fetch_add(1, Ordering::Relaxed);
-                    hold_set(set, ci, started, &mut rng, &sh, ttl).await;
+                    hold_set(set, &members, ci, started, &mut rng, &sh, ttl).await;
                 }
                 Ok(Taken::Leader(g)) => {
                     sh.elections.fetch_add(1, Ordering::Relaxed);
@@ -737,7 +739,7 @@ async fn worker(c: LockClient, ci: usize, mut rng: StdRng, sh: Arc<Shared>, ttl:
                     )
                     .await;
                 }
-                Err(e) => unexpected(&sh, ci, if choice >= 95 { "m0+m1" } else { ELECTION }, &e),
+                Err(e) => unexpected(&sh, ci, if choice >= 95 { "a multi-lock" } else { ELECTION }, &e),
             }
             continue;
         }
@@ -1016,15 +1018,45 @@ fn unexpected(sh: &Shared, ci: usize, name: &str, e: &quorumlock_core::Error) {
     }
 }
 
-/// What a multi-lock or a campaign gave.
+/// What a multi-lock (with its members and how each is held) or a
+/// campaign gave.
 enum Taken {
-    Set(quorumlock_core::MultiGuard),
+    Set(quorumlock_core::MultiGuard, Vec<(&'static str, Held)>),
     Leader(LockGuard),
 }
 
-async fn take_set(c: &LockClient, wait: Duration) -> quorumlock_core::Result<Taken> {
-    let set = c.multi_lock(MUTEXES)?;
-    Ok(Taken::Set(set.acquire_timeout(wait).await?))
+/// A multi-lock over two to four of the schedule's locks, each as its
+/// kind: the mutexes, the read or the write side of the read-write lock,
+/// a permit of the semaphore.
+async fn take_set(
+    c: &LockClient,
+    rng: &mut StdRng,
+    wait: Duration,
+) -> quorumlock_core::Result<Taken> {
+    let rw = if rng.gen_bool(0.5) {
+        (LockKind::Read, Held::Read)
+    } else {
+        (LockKind::Write, Held::Exclusive)
+    };
+    let all = [
+        (MUTEXES[0], LockKind::Exclusive, Held::Exclusive),
+        (MUTEXES[1], LockKind::Exclusive, Held::Exclusive),
+        (RWLOCK, rw.0, rw.1),
+        (
+            SEMAPHORE.0,
+            LockKind::Semaphore {
+                permits: SEMAPHORE.1,
+            },
+            Held::Permit(SEMAPHORE.1),
+        ),
+    ];
+    let mut chosen: Vec<_> = all.iter().filter(|_| rng.gen_bool(0.5)).collect();
+    if chosen.len() < 2 {
+        chosen = all[..2].iter().collect();
+    }
+    let set = c.multi_lock_of(chosen.iter().map(|(n, k, _)| (*n, *k)))?;
+    let members = chosen.iter().map(|(n, _, h)| (*n, *h)).collect();
+    Ok(Taken::Set(set.acquire_timeout(wait).await?, members))
 }
 
 /// A campaign; the leader proclaims a new value once where the store can.
@@ -1042,20 +1074,28 @@ async fn campaign(c: &LockClient, ci: usize, wait: Duration) -> quorumlock_core:
 
 /// Holds every name of a multi-lock at once: one hold per name, with its
 /// own token; a loss of any one ends them all.
+#[allow(clippy::too_many_arguments)]
 async fn hold_set(
     set: quorumlock_core::MultiGuard,
+    members: &[(&'static str, Held)],
     ci: usize,
     started: Instant,
     rng: &mut StdRng,
     sh: &Arc<Shared>,
     ttl: Duration,
 ) {
+    let member = |g: &LockGuard| {
+        *members
+            .iter()
+            .find(|(n, _)| *n == g.name().as_str())
+            .expect("a multi-lock's guard is one of its members")
+    };
     let ids: Vec<usize> = set
         .guards()
         .iter()
         .map(|g| {
-            sh.log
-                .begin(mutex_name(g), ci, Held::Exclusive, g.token(), started)
+            let (name, kind) = member(g);
+            sh.log.begin(name, ci, kind, g.token(), started)
         })
         .collect();
     let lost = set.lost();
@@ -1070,16 +1110,21 @@ async fn hold_set(
         })
     };
     for g in set.guards() {
-        if g.is_held() {
-            let _ = sh.registers[mutex_name(g)].write(&format!("c{ci}"), g.token());
+        let (name, kind) = member(g);
+        if kind == Held::Exclusive && g.is_held() {
+            let _ = sh.registers[name].write(&format!("c{ci}"), g.token());
         }
     }
     let dwell =
         Duration::from_millis(rng.gen_range(0..=(ttl.as_millis() as u64 / 4).clamp(1, 300)));
     tokio::time::sleep(dwell).await;
     if rng.gen_bool(0.5) {
+        // Fenced writes need a mutex: the set's mutexes write.
         for g in set.guards() {
-            fenced_write(sh, g, mutex_name(g), ci).await;
+            let (name, kind) = member(g);
+            if kind == Held::Exclusive && MUTEXES.contains(&name) {
+                fenced_write(sh, g, name, ci).await;
+            }
         }
     }
     let at = Instant::now();
@@ -1097,15 +1142,6 @@ async fn hold_set(
     } else {
         drop(set);
     }
-}
-
-/// The mutex of a multi-lock's guard, as the name the log keeps.
-fn mutex_name(g: &LockGuard) -> &'static str {
-    MUTEXES
-        .iter()
-        .copied()
-        .find(|n| *n == g.name().as_str())
-        .expect("a multi-lock's name is one of the mutexes")
 }
 
 /// A fenced write of the hold's token to the store key of `name`; the
