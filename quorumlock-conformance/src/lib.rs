@@ -69,7 +69,8 @@ macro_rules! suite {
         );
         $crate::__quorumlock_conformance_expand!($harness; [RwLock, Semaphore];
             holder_values_on_every_kind,
-            multi_lock_of_kinds_shares_excludes_and_never_deadlocks
+            multi_lock_of_kinds_shares_excludes_and_never_deadlocks,
+            fenced_writes_over_a_set_of_kinds
         );
         $crate::__quorumlock_conformance_expand!($harness; [];
             election_campaign_resign_and_proclaim,

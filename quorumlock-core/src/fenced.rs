@@ -22,7 +22,8 @@ impl LockGuard {
     /// (ZooKeeper adds the `/` a key lacks, Consul drops it, etcd, Redis
     /// and mem use the key as written: [`KeyForm`](crate::backend::KeyForm));
     /// a bad key is [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument). Mutex
-    /// guards and an election leader's guard only.
+    /// guards, write guards of a read-write lock and an election leader's
+    /// guard only (a reader or a permit is `InvalidArgument`).
     ///
     /// ```no_run
     /// # async fn f(client: quorumlock_core::LockClient) -> quorumlock_core::Result<()> {
@@ -62,7 +63,9 @@ impl LockGuard {
 impl MultiGuard {
     /// Sets `key` to `value` only while every lock of the set is still
     /// held on the store (one transaction checks them all); as
-    /// [`LockGuard::fenced_put`].
+    /// [`LockGuard::fenced_put`]. The set needs a mutex or a write side
+    /// among its members and no semaphore permit; its read sides are
+    /// checked as the others.
     ///
     /// # Cancel safety
     /// As [`LockGuard::fenced_put`].

@@ -70,8 +70,10 @@ impl LockClient {
     /// write of one lock would wait for each other), as is an election or
     /// an empty set or a semaphore of no permit; [`ErrorKind::InvalidName`]
     /// for a bad name. Nothing is written for a refused set. Fenced writes
-    /// over the set ([`MultiGuard::fenced_put`]) need every member to
-    /// be a mutex.
+    /// over the set ([`MultiGuard::fenced_put`]) need a mutex or a write
+    /// side among its members and no semaphore permit (read sides are
+    /// checked as the others: the write applies only while every member
+    /// is still held).
     pub fn multi_lock_of<I, S>(&self, members: I) -> Result<MultiLock>
     where
         I: IntoIterator<Item = (S, LockKind)>,

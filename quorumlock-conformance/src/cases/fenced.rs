@@ -174,3 +174,81 @@ pub async fn fenced_keys_with_or_without_a_leading_slash(h: &Harness) {
     }
     case.finish().await;
 }
+
+/// Fenced writes over a set of kinds: a mutex or a write side among the
+/// members makes a set able to write; its read sides are checked as the
+/// rest (a break of the read side alone fences the set's writes, by the
+/// store: the guard's own belief is not asked); a lone reader, a set of
+/// readers and a set with a permit are refused and write nothing.
+pub async fn fenced_writes_over_a_set_of_kinds(h: &Harness) {
+    use quorumlock_core::LockKind::{Exclusive, Read, Semaphore, Write};
+    let case = h.case();
+    let (a, b) = (case.client().await, case.client().await);
+    let key = scratch_key(a.backend().as_ref(), case.namespace(), "k");
+
+    // A writer alone may write.
+    let w = a.rwlock("fk/w").unwrap().write().await.unwrap();
+    w.fenced_put(key.as_str(), b"w".to_vec()).await.unwrap();
+    assert_eq!(value(&b, &key).await.as_deref(), Some(&b"w"[..]));
+    w.release().await.unwrap();
+
+    let refused = [
+        vec![("fk/r", Read)],
+        vec![("fk/r", Read), ("fk/r2", Read)],
+        vec![("fk/m", Exclusive), ("fk/s", Semaphore { permits: 2 })],
+    ];
+    for members in refused {
+        let set = a
+            .multi_lock_of(members.clone())
+            .unwrap()
+            .acquire_timeout(SOON)
+            .await
+            .unwrap();
+        let e = set
+            .fenced_put(key.as_str(), b"x".to_vec())
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{members:?}: {e}");
+        set.release().await.unwrap();
+    }
+    assert_eq!(value(&b, &key).await.as_deref(), Some(&b"w"[..]));
+
+    // Another reader shares the read side meanwhile.
+    let other_reader = b.rwlock("fk/r").unwrap().read().await.unwrap();
+    let set = a
+        .multi_lock_of([("fk/m", Exclusive), ("fk/r", Read), ("fk/w", Write)])
+        .unwrap()
+        .acquire_timeout(SOON)
+        .await
+        .unwrap();
+    set.fenced_put(key.as_str(), b"1".to_vec()).await.unwrap();
+    assert_eq!(value(&b, &key).await.as_deref(), Some(&b"1"[..]));
+    other_reader.release().await.unwrap();
+
+    // The read side alone is broken: the store refuses the set's write
+    // at once (a fenced write asks the store, not the guards' belief).
+    let lost = set.lost();
+    assert!(b.break_lock("fk/r").await.unwrap());
+    let e = set
+        .fenced_put(key.as_str(), b"2".to_vec())
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::LockLost, "{e}");
+    tokio::time::timeout(SOON, lost)
+        .await
+        .expect("loss of the read side not reported for the set");
+    let e = set
+        .fenced_put(key.as_str(), b"3".to_vec())
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::LockLost, "{e}");
+    assert_eq!(
+        value(&b, &key).await.as_deref(),
+        Some(&b"1"[..]),
+        "a refused write changed the key"
+    );
+    let _ = set.release().await;
+
+    remove_scratch(&b, &key).await;
+    case.finish().await;
+}

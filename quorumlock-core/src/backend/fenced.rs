@@ -190,29 +190,80 @@ pub fn refused(write: &KeyWrite, held: &[HeldEntry]) -> Error {
     )
 }
 
-/// Fenced writes are for exclusive holds (a mutex, or a set of them) and
-/// an election's leader: only there does "our entry still exists" mean
-/// "nobody else holds it" (candidates queue behind the leader as mutex
-/// contenders do, and only the leader has a guard).
+/// Fenced writes need an exclusive hold among the entries they check (a
+/// mutex, the write side of a read-write lock, an election's leadership):
+/// only there does "our entry still exists" mean "nobody else may write".
+/// A set may add read sides: in a queue whose entries are granted in
+/// order, an entry that still exists is still held as it was granted, so
+/// the write also proves that no writer holds those. Semaphore permits are
+/// refused: Consul's native layout records a permit in its `.lock`'s
+/// holder list, not in an entry a transaction could check. No holds at
+/// all is a plain write (the backends' `write_key` on the fenced path).
 pub fn check_kinds(held: &[HeldEntry]) -> Result<()> {
-    match held
+    let refuse = |why: String| Err(Error::new(ErrorKind::InvalidArgument, why));
+    if let Some(h) = held
         .iter()
-        .find(|h| !matches!(h.kind, LockKind::Exclusive | LockKind::Election))
+        .find(|h| matches!(h.kind, LockKind::Semaphore { .. }))
     {
-        None => Ok(()),
-        Some(h) => Err(Error::new(
-            ErrorKind::InvalidArgument,
-            format!(
-                "fenced writes need a mutex hold or an election's leadership; {} is held as {:?}",
-                h.name, h.kind
-            ),
-        )),
+        return refuse(format!(
+            "fenced writes cannot check a semaphore permit; {} is held as {:?}",
+            h.name, h.kind
+        ));
     }
+    let exclusive = |k: LockKind| {
+        matches!(
+            k,
+            LockKind::Exclusive | LockKind::Write | LockKind::Election
+        )
+    };
+    if !held.is_empty() && !held.iter().any(|h| exclusive(h.kind)) {
+        let names: Vec<&str> = held.iter().map(|h| h.name.as_str()).collect();
+        return refuse(format!(
+            "fenced writes need a mutex, a write side or an election's leadership \
+             among the holds they check; {} held to read only",
+            names.join(", ")
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn held(kinds: &[LockKind]) -> Vec<HeldEntry> {
+        kinds
+            .iter()
+            .enumerate()
+            .map(|(i, k)| HeldEntry {
+                name: LockName::new(format!("l{i}")).unwrap(),
+                kind: *k,
+                entry: format!("e{i}"),
+                token: i as u64,
+                session: "s".into(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn fenced_writes_need_an_exclusive_hold_and_no_permit() {
+        use LockKind::*;
+        let sem = Semaphore { permits: 2 };
+        for ok in [
+            &[Exclusive][..],
+            &[Write],
+            &[Election],
+            &[Exclusive, Read],
+            &[Read, Write, Read],
+            &[],
+        ] {
+            assert!(check_kinds(&held(ok)).is_ok(), "{ok:?}");
+        }
+        for bad in [&[Read][..], &[Read, Read], &[sem], &[Exclusive, sem]] {
+            let e = check_kinds(&held(bad)).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{bad:?}");
+        }
+    }
 
     fn put(key: &str) -> KeyWrite {
         KeyWrite::Put {

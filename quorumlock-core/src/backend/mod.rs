@@ -237,8 +237,11 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     ///   the store's own key rules): [`crate::ErrorKind::InvalidArgument`]
     ///   and nothing written. A key with and one without a leading `/`
     ///   are both accepted on every store.
-    /// - Holds other than [`crate::LockKind::Exclusive`] are refused with
-    ///   `InvalidArgument` ([`check_kinds`]).
+    /// - Holds of kinds [`check_kinds`] refuses (a semaphore permit; read
+    ///   sides without an exclusive hold beside them) are refused with
+    ///   `InvalidArgument`, nothing sent. Every entry of `held` of any
+    ///   other kind is checked the same way: still on the store as
+    ///   granted.
     /// - Idempotent to retry only if the transaction did not apply; a
     ///   transport error after sending is returned as is.
     async fn fenced_write(&self, held: &[HeldEntry], write: &KeyWrite) -> Result<()>;

@@ -739,7 +739,16 @@ async fn worker(c: LockClient, ci: usize, mut rng: StdRng, sh: Arc<Shared>, ttl:
                     )
                     .await;
                 }
-                Err(e) => unexpected(&sh, ci, if choice >= 95 { "a multi-lock" } else { ELECTION }, &e),
+                Err(e) => unexpected(
+                    &sh,
+                    ci,
+                    if choice >= 95 {
+                        "a multi-lock"
+                    } else {
+                        ELECTION
+                    },
+                    &e,
+                ),
             }
             continue;
         }
