@@ -190,6 +190,14 @@ pub struct LockArgs {
     #[arg(long, value_name = "D", value_parser = parse_duration)]
     pub ttl: Option<Duration>,
 
+    /// End the hold after this long even if CMD still runs (then as for a
+    /// lost lock: SIGTERM, --grace, SIGKILL, exit 76): a hung command
+    /// cannot keep the lock for ever. Kept by this process, which removes
+    /// its entry at the limit; the store frees the lock then, or within
+    /// the TTL if it refuses the removal.
+    #[arg(long, value_name = "D", value_parser = parse_duration)]
+    pub max_hold: Option<Duration>,
+
     /// After the lock is lost (or a realtime signal came), how long the
     /// command has between SIGTERM and SIGKILL.
     #[arg(long, value_name = "D", value_parser = parse_duration, default_value = "5s")]

@@ -52,6 +52,7 @@ pub async fn run(client: &LockClient, args: &ElectArgs) -> Result<u8, Failure> {
         conflict_exit_code: exit::NOT_ACQUIRED,
         lost_exit_code: args.lost_exit_code,
         ttl: None,
+        max_hold: None,
         grace: args.grace,
         shell_command: None,
         ignore_revoke: false,

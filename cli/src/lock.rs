@@ -109,7 +109,7 @@ impl Signals {
 }
 
 /// `handle` with `value` set by `set`, if one was given.
-fn with<T>(handle: T, value: Option<String>, set: impl FnOnce(T, String) -> T) -> T {
+fn with<T, V>(handle: T, value: Option<V>, set: impl FnOnce(T, V) -> T) -> T {
     match value {
         Some(v) => set(handle, v),
         None => handle,
@@ -129,20 +129,23 @@ impl Target {
     fn new(client: &LockClient, args: &LockArgs) -> quorumlock::Result<Target> {
         // The holder's value: --value, else the client's (<hostname>:<pid>).
         let v = args.value.clone();
+        let m = args.max_hold;
         Ok(match (args.shared, args.write, args.permits) {
             (true, _, _) => {
-                Target::Read(with(client.rwlock(&args.name)?, v, |l, v| l.with_value(v)))
+                let rw = with(client.rwlock(&args.name)?, v, |l, v| l.with_value(v));
+                Target::Read(with(rw, m, |l, d| l.hold_at_most(d)))
             }
             (false, true, _) => {
-                Target::Write(with(client.rwlock(&args.name)?, v, |l, v| l.with_value(v)))
+                let rw = with(client.rwlock(&args.name)?, v, |l, v| l.with_value(v));
+                Target::Write(with(rw, m, |l, d| l.hold_at_most(d)))
             }
             (false, false, Some(n)) => {
-                Target::Permit(with(client.semaphore(&args.name, n)?, v, |s, v| {
-                    s.with_value(v)
-                }))
+                let s = with(client.semaphore(&args.name, n)?, v, |s, v| s.with_value(v));
+                Target::Permit(with(s, m, |s, d| s.hold_at_most(d)))
             }
             (false, false, None) => {
-                Target::Mutex(with(client.lock(&args.name)?, v, |l, v| l.with_value(v)))
+                let l = with(client.lock(&args.name)?, v, |l, v| l.with_value(v));
+                Target::Mutex(with(l, m, |l, d| l.hold_at_most(d)))
             }
         })
     }
@@ -472,6 +475,7 @@ mod tests {
             conflict_exit_code: exit::NOT_ACQUIRED,
             lost_exit_code: exit::LOCK_LOST,
             ttl: None,
+            max_hold: None,
             grace: Duration::from_millis(300),
             shell_command: None,
             ignore_revoke: false,
@@ -557,6 +561,42 @@ mod tests {
         assert_eq!(r.unwrap_err().code, exit::LOCK_LOST);
         assert!(took < Duration::from_secs(10), "{took:?}");
         admin.close().await;
+    }
+
+    #[tokio::test]
+    async fn max_hold_stops_a_command_that_runs_on_with_76() {
+        let holder = client("lock-max-hold").await;
+        let other = client("lock-max-hold").await;
+        let mut s = Signals::install().unwrap();
+        let mut a = args("h", &["sleep", "30"]);
+        a.max_hold = Some(Duration::from_millis(500));
+        let task = tokio::spawn(async move {
+            let started = Instant::now();
+            let r = run_with(&holder, &a, &mut s).await;
+            (r, started.elapsed())
+        });
+        // The next holder gets the lock once the limit ended the hold,
+        // with a larger token, while the command may still be stopping.
+        let t0 = Instant::now();
+        let first = loop {
+            if let Some(h) = other.inspect("h").await.unwrap().holders.first() {
+                break h.token;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(5), "never held");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let g = other
+            .lock("h")
+            .unwrap()
+            .acquire_timeout(Duration::from_secs(10))
+            .await
+            .unwrap();
+        assert!(g.token() > first, "{} after {first}", g.token());
+        let (r, took) = task.await.unwrap();
+        assert_eq!(r.unwrap_err().code, exit::LOCK_LOST);
+        assert!(took < Duration::from_secs(10), "{took:?}");
+        g.release().await.unwrap();
+        other.close().await;
     }
 
     #[tokio::test]

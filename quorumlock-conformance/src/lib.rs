@@ -65,7 +65,8 @@ macro_rules! suite {
             another_namespace_never_purges_live_entries,
             list_reports_locks_under_a_prefix,
             kill_session_refuses_a_malformed_id,
-            holder_values_seen_by_another_client
+            holder_values_seen_by_another_client,
+            hold_limit_ends_a_hold_its_holder_keeps
         );
         $crate::__quorumlock_conformance_expand!($harness; [RwLock, Semaphore];
             holder_values_on_every_kind,

@@ -40,7 +40,7 @@ impl LockGuard {
         key: impl Into<String>,
         value: impl Into<Vec<u8>>,
     ) -> Result<()> {
-        let (backend, entry) = self.fence();
+        let (backend, entry) = self.fence()?;
         let write = KeyWrite::Put {
             key: key.into(),
             value: value.into(),
@@ -54,7 +54,7 @@ impl LockGuard {
     /// # Cancel safety
     /// As [`fenced_put`](Self::fenced_put).
     pub async fn fenced_delete(&self, key: impl Into<String>) -> Result<()> {
-        let (backend, entry) = self.fence();
+        let (backend, entry) = self.fence()?;
         let write = KeyWrite::Delete { key: key.into() };
         backend.fenced_write(&[entry], &write).await
     }
@@ -94,7 +94,7 @@ impl MultiGuard {
         let mut backend = None;
         let mut entries = Vec::new();
         for g in self.guards() {
-            let (b, e) = g.fence();
+            let (b, e) = g.fence()?;
             backend.get_or_insert(b);
             entries.push(e);
         }

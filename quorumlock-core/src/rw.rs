@@ -20,6 +20,7 @@ pub struct RwLock {
     client: LockClient,
     name: LockName,
     value: Option<Vec<u8>>,
+    hold_limit: Option<Duration>,
 }
 
 impl RwLock {
@@ -28,6 +29,7 @@ impl RwLock {
             client,
             name,
             value: None,
+            hold_limit: None,
         }
     }
 
@@ -35,6 +37,15 @@ impl RwLock {
     /// [`ClientOptions::value`](crate::ClientOptions::value).
     pub fn with_value(mut self, value: impl Into<Vec<u8>>) -> Self {
         self.value = Some(value.into());
+        self
+    }
+
+    /// Every hold taken through this handle ends after `limit` at the
+    /// latest, counted from its grant, even if its holder never releases
+    /// and its process keeps the session alive: see
+    /// [`Lock::hold_at_most`](crate::Lock::hold_at_most).
+    pub fn hold_at_most(mut self, limit: Duration) -> Self {
+        self.hold_limit = Some(limit);
         self
     }
 
@@ -50,11 +61,12 @@ impl RwLock {
     /// once the background cleanup has run.
     pub async fn read(&self) -> Result<LockGuard> {
         self.client
-            .acquire(
+            .acquire_limited(
                 &self.name,
                 LockKind::Read,
                 Mode::Wait,
                 self.value.as_deref(),
+                self.hold_limit,
             )
             .await
     }
@@ -65,7 +77,13 @@ impl RwLock {
     /// As [`read`](Self::read).
     pub async fn try_read(&self) -> Result<LockGuard> {
         self.client
-            .acquire(&self.name, LockKind::Read, Mode::Try, self.value.as_deref())
+            .acquire_limited(
+                &self.name,
+                LockKind::Read,
+                Mode::Try,
+                self.value.as_deref(),
+                self.hold_limit,
+            )
             .await
     }
 
@@ -76,7 +94,13 @@ impl RwLock {
     pub async fn read_timeout(&self, timeout: Duration) -> Result<LockGuard> {
         let mode = Mode::within(timeout);
         self.client
-            .acquire(&self.name, LockKind::Read, mode, self.value.as_deref())
+            .acquire_limited(
+                &self.name,
+                LockKind::Read,
+                mode,
+                self.value.as_deref(),
+                self.hold_limit,
+            )
             .await
     }
 
@@ -86,11 +110,12 @@ impl RwLock {
     /// As [`read`](Self::read).
     pub async fn write(&self) -> Result<LockGuard> {
         self.client
-            .acquire(
+            .acquire_limited(
                 &self.name,
                 LockKind::Write,
                 Mode::Wait,
                 self.value.as_deref(),
+                self.hold_limit,
             )
             .await
     }
@@ -101,11 +126,12 @@ impl RwLock {
     /// As [`read`](Self::read).
     pub async fn try_write(&self) -> Result<LockGuard> {
         self.client
-            .acquire(
+            .acquire_limited(
                 &self.name,
                 LockKind::Write,
                 Mode::Try,
                 self.value.as_deref(),
+                self.hold_limit,
             )
             .await
     }
@@ -117,7 +143,13 @@ impl RwLock {
     pub async fn write_timeout(&self, timeout: Duration) -> Result<LockGuard> {
         let mode = Mode::within(timeout);
         self.client
-            .acquire(&self.name, LockKind::Write, mode, self.value.as_deref())
+            .acquire_limited(
+                &self.name,
+                LockKind::Write,
+                mode,
+                self.value.as_deref(),
+                self.hold_limit,
+            )
             .await
     }
 
@@ -137,6 +169,7 @@ pub struct Semaphore {
     name: LockName,
     permits: u32,
     value: Option<Vec<u8>>,
+    hold_limit: Option<Duration>,
 }
 
 impl Semaphore {
@@ -146,6 +179,7 @@ impl Semaphore {
             name,
             permits,
             value: None,
+            hold_limit: None,
         }
     }
 
@@ -153,6 +187,15 @@ impl Semaphore {
     /// [`ClientOptions::value`](crate::ClientOptions::value).
     pub fn with_value(mut self, value: impl Into<Vec<u8>>) -> Self {
         self.value = Some(value.into());
+        self
+    }
+
+    /// Every hold taken through this handle ends after `limit` at the
+    /// latest, counted from its grant, even if its holder never releases
+    /// and its process keeps the session alive: see
+    /// [`Lock::hold_at_most`](crate::Lock::hold_at_most).
+    pub fn hold_at_most(mut self, limit: Duration) -> Self {
+        self.hold_limit = Some(limit);
         self
     }
 
@@ -179,7 +222,13 @@ impl Semaphore {
     /// once the background cleanup has run.
     pub async fn acquire(&self) -> Result<LockGuard> {
         self.client
-            .acquire(&self.name, self.kind(), Mode::Wait, self.value.as_deref())
+            .acquire_limited(
+                &self.name,
+                self.kind(),
+                Mode::Wait,
+                self.value.as_deref(),
+                self.hold_limit,
+            )
             .await
     }
 
@@ -189,7 +238,13 @@ impl Semaphore {
     /// As [`acquire`](Self::acquire).
     pub async fn try_acquire(&self) -> Result<LockGuard> {
         self.client
-            .acquire(&self.name, self.kind(), Mode::Try, self.value.as_deref())
+            .acquire_limited(
+                &self.name,
+                self.kind(),
+                Mode::Try,
+                self.value.as_deref(),
+                self.hold_limit,
+            )
             .await
     }
 
@@ -200,7 +255,13 @@ impl Semaphore {
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<LockGuard> {
         let mode = Mode::within(timeout);
         self.client
-            .acquire(&self.name, self.kind(), mode, self.value.as_deref())
+            .acquire_limited(
+                &self.name,
+                self.kind(),
+                mode,
+                self.value.as_deref(),
+                self.hold_limit,
+            )
             .await
     }
 

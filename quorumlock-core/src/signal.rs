@@ -27,6 +27,9 @@ pub enum LossReason {
     /// session, the one way left to make the store drop that entry, and
     /// with it every lock the session held.
     SessionEnded,
+    /// The hold reached the limit it was taken with
+    /// ([`crate::Lock::hold_at_most`]): the client removes the entry.
+    HoldLimitReached,
 }
 
 impl std::fmt::Display for LossReason {
@@ -39,6 +42,7 @@ impl std::fmt::Display for LossReason {
             LossReason::SessionEnded => {
                 "session ended: the store refused to remove one of its entries"
             }
+            LossReason::HoldLimitReached => "hold limit reached",
         })
     }
 }
@@ -225,6 +229,7 @@ fn loss_code(r: LossReason) -> u8 {
         LossReason::EntryDeleted => 3,
         LossReason::ClientClosed => 4,
         LossReason::SessionEnded => 5,
+        LossReason::HoldLimitReached => 6,
     }
 }
 
@@ -235,6 +240,7 @@ fn loss_of(code: u8) -> Option<LossReason> {
         3 => LossReason::EntryDeleted,
         4 => LossReason::ClientClosed,
         5 => LossReason::SessionEnded,
+        6 => LossReason::HoldLimitReached,
         _ => return None,
     })
 }

@@ -23,6 +23,7 @@ fn reason_label(reason: LossReason) -> &'static str {
         LossReason::EntryDeleted => "entry_deleted",
         LossReason::ClientClosed => "client_closed",
         LossReason::SessionEnded => "session_ended",
+        LossReason::HoldLimitReached => "hold_limit",
     }
 }
 

@@ -52,10 +52,72 @@ impl LockGuard {
                 acquired,
                 ticket,
                 since: Instant::now(),
+                hold_until: None,
+                removal: Default::default(),
             }),
             depth: 1,
         }
     }
+
+    /// This guard, ending its hold `limit` after its grant
+    /// ([`crate::Lock::hold_at_most`]): a task reports the loss at the
+    /// limit and then removes the entry, unless the guard was let go or
+    /// lost first.
+    pub(super) fn limited(mut self, limit: Option<std::time::Duration>) -> Self {
+        let Some(limit) = limit else {
+            return self;
+        };
+        let h = self.held.as_mut().expect("a fresh guard");
+        let at = h.since + limit;
+        h.hold_until = Some(at);
+        let h = self.held();
+        let client = h.client.clone();
+        let session = h.session.clone();
+        let req = h.req.clone();
+        let acquired = h.acquired.clone();
+        let removal = h.removal.clone();
+        h.client.runtime.spawn(async move {
+            tokio::select! {
+                _ = tokio::time::sleep_until(at) => {}
+                _ = req.signals.finished() => return,
+                _ = session.liveness.lost() => return,
+            }
+            if req.signals.loss().is_some() || !session.liveness.is_alive() {
+                return;
+            }
+            // The loss first: from here on the guard says lost and its
+            // fenced writes are refused, before the entry goes.
+            req.signals.lose(LossReason::HoldLimitReached);
+            req.signals.finish();
+            tracing::debug!(lock = %req.name, token = acquired.token, "hold limit reached; removing the entry");
+            let lock = req.name.clone();
+            spawn_cleanup(&client, &lock, async move {
+                // An error was logged, and the session ended so that the
+                // store drops the entry.
+                let _ = remove_once(&session, &req, &acquired, &removal).await;
+            });
+        });
+        self
+    }
+}
+
+/// Removes a held entry unless that was done already (by the hold limit's
+/// task, or a release): the one removal of both.
+async fn remove_once(
+    session: &SessionSlot,
+    req: &AcquireRequest,
+    acquired: &Acquired,
+    removal: &tokio::sync::Mutex<bool>,
+) -> Result<()> {
+    let mut done = removal.lock().await;
+    if *done {
+        return Ok(());
+    }
+    let r = remove_entry(session, req, Some(acquired))
+        .instrument(tracing::debug_span!("release", lock = %req.name, token = acquired.token))
+        .await;
+    *done = true;
+    r
 }
 
 struct Held {
@@ -64,17 +126,28 @@ struct Held {
     req: AcquireRequest,
     acquired: Acquired,
     ticket: LocalTicket,
-    /// When the grant was handed out, for the hold-time metric.
+    /// When the grant was handed out, for the hold-time metric and the
+    /// hold limit.
     since: Instant,
+    /// The end of the hold's limit ([`crate::Lock::hold_at_most`]).
+    hold_until: Option<Instant>,
+    /// Whether the entry was removed (by a release or the hold limit).
+    removal: Arc<tokio::sync::Mutex<bool>>,
 }
 
 impl Held {
-    /// Why the lock was lost, if it was: the entry's or the session's.
+    /// Why the lock was lost, if it was: the entry's or the session's, or
+    /// the hold limit's (from its instant on, before its task has run).
     fn loss(&self) -> Option<LossReason> {
         self.req
             .signals
             .loss()
             .or_else(|| self.session.liveness.loss())
+            .or_else(|| {
+                self.hold_until
+                    .filter(|t| Instant::now() >= *t)
+                    .map(|_| LossReason::HoldLimitReached)
+            })
     }
 }
 
@@ -95,9 +168,16 @@ impl LockGuard {
         self.held.as_ref().expect("guard used after release")
     }
 
-    /// The store and our entry, for a fenced write.
-    pub(crate) fn fence(&self) -> (Arc<dyn Backend>, crate::backend::HeldEntry) {
+    /// The store and our entry, for a fenced write; `LockLost` once the
+    /// hold limit was reached (the entry may not be gone yet).
+    pub(crate) fn fence(&self) -> Result<(Arc<dyn Backend>, crate::backend::HeldEntry)> {
         let h = self.held();
+        if h.loss() == Some(LossReason::HoldLimitReached) {
+            return Err(Error::new(
+                ErrorKind::LockLost,
+                format!("{}: {}", h.req.name, LossReason::HoldLimitReached),
+            ));
+        }
         let entry = crate::backend::HeldEntry {
             name: h.req.name.clone(),
             kind: h.req.kind,
@@ -105,7 +185,7 @@ impl LockGuard {
             token: h.acquired.token,
             session: h.session.store.id(),
         };
-        (h.client.backend.clone(), entry)
+        Ok((h.client.backend.clone(), entry))
     }
 
     /// Rewrites our entry's value, only while the entry is ours (an
@@ -151,15 +231,20 @@ impl LockGuard {
     /// the session's local deadline not passed. No I/O.
     pub fn is_held(&self) -> bool {
         let h = self.held();
-        h.session.liveness.is_alive() && h.req.signals.loss().is_none()
+        h.session.liveness.is_alive() && h.loss().is_none()
     }
 
     /// The local deadline: the lock is assumed lost at this instant unless
     /// a keepalive confirms the session before it (`None`: never confirmed).
     /// Once the session was declared lost earlier, the instant of that
-    /// declaration.
+    /// declaration. A hold with a limit ([`crate::Lock::hold_at_most`])
+    /// ends at the limit's instant at the latest.
     pub fn deadline(&self) -> Option<Instant> {
-        self.held().session.liveness.deadline()
+        let h = self.held();
+        match (h.session.liveness.deadline(), h.hold_until) {
+            (Some(d), Some(t)) => Some(d.min(t)),
+            (d, t) => d.or(t),
+        }
     }
 
     /// Why the lock was lost, if it was.
@@ -177,10 +262,18 @@ impl LockGuard {
         let h = self.held();
         let liveness = h.session.liveness.clone();
         let signals = h.req.signals.clone();
+        let hold_until = h.hold_until;
         async move {
+            let limit = async {
+                match hold_until {
+                    Some(t) => tokio::time::sleep_until(t).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 r = liveness.lost() => r,
                 r = signals.lost() => r,
+                () = limit => LossReason::HoldLimitReached,
             }
         }
     }
@@ -259,11 +352,7 @@ impl LockGuard {
         held.req.signals.finish();
         let finish = ReleaseOnDrop(Some(held));
         let h = finish.0.as_ref().expect("set above");
-        let removed = remove_entry(&h.session, &h.req, Some(&h.acquired))
-            .instrument(
-                tracing::debug_span!("release", lock = %h.req.name, token = h.acquired.token),
-            )
-            .await;
+        let removed = remove_once(&h.session, &h.req, &h.acquired, &h.removal).await;
         let held = finish.defuse();
         drop(held.ticket);
         match lost {
@@ -301,11 +390,7 @@ fn queue_release(held: Held) {
     spawn_cleanup(&client, &lock, async move {
         // An error was logged, and the session ended so that the store
         // drops the entry.
-        let _ = remove_entry(&held.session, &held.req, Some(&held.acquired))
-            .instrument(
-                tracing::debug_span!("release", lock = %held.req.name, token = held.acquired.token),
-            )
-            .await;
+        let _ = remove_once(&held.session, &held.req, &held.acquired, &held.removal).await;
         drop(held.ticket);
     });
 }

@@ -83,6 +83,7 @@ impl LockClient {
             client: self.clone(),
             name: LockName::new(name.as_ref())?,
             value: None,
+            hold_limit: None,
         })
     }
 
@@ -307,9 +308,39 @@ impl LockClient {
         mode: Mode,
         value: Option<&[u8]>,
     ) -> Result<LockGuard> {
+        self.acquire_limited(name, kind, mode, value, None).await
+    }
+
+    /// [`acquire`](Self::acquire) of a hold that ends after `hold_limit`
+    /// ([`Lock::hold_at_most`]).
+    pub(crate) async fn acquire_limited(
+        &self,
+        name: &LockName,
+        kind: LockKind,
+        mode: Mode,
+        value: Option<&[u8]>,
+        hold_limit: Option<Duration>,
+    ) -> Result<LockGuard> {
+        if let Some(limit) = hold_limit {
+            let fits = limit
+                .checked_mul(2)
+                .and_then(|l| Instant::now().checked_add(l))
+                .is_some();
+            if limit.is_zero() || !fits {
+                return Err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!("hold limit {limit:?} of {name}: zero, or too long for the clock"),
+                ));
+            }
+        }
         let start = Instant::now();
         let value = value.unwrap_or(&self.inner.options.value);
-        let r = match (self.acquire_once(name, kind, mode, value).await, mode) {
+        let r = match (
+            self.acquire_once(name, kind, mode, value)
+                .await
+                .map(|g| g.limited(hold_limit)),
+            mode,
+        ) {
             // Only within the grace the contract allows past the deadline
             // (the abandon may have used it up: then the plain timeout).
             (Err(e), Mode::Until(d)) if e.kind() == ErrorKind::Timeout => {
@@ -478,6 +509,7 @@ pub struct Lock {
     client: LockClient,
     name: LockName,
     value: Option<Vec<u8>>,
+    hold_limit: Option<Duration>,
 }
 
 impl Lock {
@@ -485,6 +517,30 @@ impl Lock {
     /// `status`) instead of the client's [`ClientOptions::value`].
     pub fn with_value(mut self, value: impl Into<Vec<u8>>) -> Self {
         self.value = Some(value.into());
+        self
+    }
+
+    /// Every hold taken through this handle ends after `limit` at the
+    /// latest, counted from its grant: a holder that hangs (a deadlocked
+    /// task, a lost callback) while its process keeps the session alive
+    /// cannot keep the lock for ever (Redisson's `leaseTime`, ShedLock's
+    /// `lockAtMostFor`).
+    ///
+    /// At the limit the guard reports the loss first
+    /// ([`LossReason::HoldLimitReached`](crate::LossReason::HoldLimitReached)
+    /// from [`LockGuard::lost`], `is_held()` false, fenced writes refused),
+    /// and then removes its entry; the next holder's token is larger. The
+    /// limit is kept by this library, not by the store's clock (etcd and
+    /// ZooKeeper have none an entry could use): the store frees the lock
+    /// one removal after the limit, or, if the store refuses the removal
+    /// or cannot be reached, when the session's TTL runs out (the session
+    /// is then ended, as for any release the store refuses). A process
+    /// that stops altogether stops its keepalives too, so the store frees
+    /// the lock within the TTL then as well. A limit of zero, or one too
+    /// long for the clock, is [`ErrorKind::InvalidArgument`] at acquire,
+    /// nothing written.
+    pub fn hold_at_most(mut self, limit: Duration) -> Self {
+        self.hold_limit = Some(limit);
         self
     }
 
@@ -507,11 +563,12 @@ impl Lock {
     /// once the background cleanup has run ([`LockClient::wait_idle`]).
     pub async fn acquire(&self) -> Result<LockGuard> {
         self.client
-            .acquire(
+            .acquire_limited(
                 &self.name,
                 LockKind::Exclusive,
                 Mode::Wait,
                 self.value.as_deref(),
+                self.hold_limit,
             )
             .await
     }
@@ -523,11 +580,12 @@ impl Lock {
     /// As [`acquire`](Self::acquire).
     pub async fn try_acquire(&self) -> Result<LockGuard> {
         self.client
-            .acquire(
+            .acquire_limited(
                 &self.name,
                 LockKind::Exclusive,
                 Mode::Try,
                 self.value.as_deref(),
+                self.hold_limit,
             )
             .await
     }
@@ -548,11 +606,12 @@ impl Lock {
     /// As [`acquire`](Self::acquire).
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<LockGuard> {
         self.client
-            .acquire(
+            .acquire_limited(
                 &self.name,
                 LockKind::Exclusive,
                 Mode::within(timeout),
                 self.value.as_deref(),
+                self.hold_limit,
             )
             .await
     }

@@ -6,7 +6,9 @@
 //! release, drop a future at a random await, read, write and take permits
 //! on a few names, campaign in an election (and proclaim), take multi-locks
 //! over two to four of those locks, each as its kind (a mutex, a side of
-//! the read-write lock, a permit), and make fenced writes to the store;
+//! the read-write lock, a permit), take holds that end at a limit
+//! (`hold_at_most`, the checker ends such a hold when `lost()` says so),
+//! and make fenced writes to the store;
 //! and a nemesis
 //! that delays, blackholes, cuts and resets each client's link, breaks
 //! locks, asks holders to let go, kills sessions, makes one client's store
@@ -119,6 +121,8 @@ pub struct OpCounts {
     pub elections: u64,
     /// Multi-locks granted.
     pub multi_locks: u64,
+    /// Holds that ended at their hold limit ([`quorumlock_core::Lock::hold_at_most`]).
+    pub hold_limits: u64,
     /// Fenced writes sent to the store.
     pub fenced_writes: u64,
     /// Locks still held by a client when it closed.
@@ -179,6 +183,7 @@ struct Shared {
     fenced_keys: HashMap<&'static str, String>,
     elections: AtomicU64,
     multi_locks: AtomicU64,
+    hold_limits: AtomicU64,
     /// The rest of the clients' refusal switches, by client.
     refusals: Vec<Arc<Refusals>>,
 }
@@ -329,6 +334,7 @@ pub async fn explore(
         fenced_keys,
         elections: AtomicU64::new(0),
         multi_locks: AtomicU64::new(0),
+        hold_limits: AtomicU64::new(0),
         refusals,
     });
     let lag_probe = tokio::spawn({
@@ -448,6 +454,7 @@ pub async fn explore(
         kinds: OpCounts {
             elections: shared.elections.load(Ordering::Relaxed),
             multi_locks: shared.multi_locks.load(Ordering::Relaxed),
+            hold_limits: shared.hold_limits.load(Ordering::Relaxed),
             fenced_writes,
             held_at_close,
             observed: observed_count,
@@ -759,13 +766,28 @@ async fn worker(c: LockClient, ci: usize, mut rng: StdRng, sh: Arc<Shared>, ttl:
             _ => (SEMAPHORE.0, Held::Permit(SEMAPHORE.1)),
         };
         let how = rng.gen_range(0..10);
+        // Some holds end at a limit, often inside the hold's dwell.
+        let limit = (how == 2).then(|| {
+            Duration::from_millis(rng.gen_range(20..=(ttl.as_millis() as u64 / 4).clamp(21, 300)))
+        });
         let started = Instant::now();
         let acquire = async {
-            match (name, kind) {
-                (RWLOCK, Held::Read) => c.rwlock(name)?.read_timeout(wait).await,
-                (RWLOCK, _) => c.rwlock(name)?.write_timeout(wait).await,
-                (_, Held::Permit(n)) => c.semaphore(name, n)?.acquire_timeout(wait).await,
+            match (name, kind, limit) {
+                (RWLOCK, Held::Read, Some(l)) => {
+                    c.rwlock(name)?.hold_at_most(l).read_timeout(wait).await
+                }
+                (RWLOCK, Held::Read, None) => c.rwlock(name)?.read_timeout(wait).await,
+                (RWLOCK, _, Some(l)) => c.rwlock(name)?.hold_at_most(l).write_timeout(wait).await,
+                (RWLOCK, _, None) => c.rwlock(name)?.write_timeout(wait).await,
+                (_, Held::Permit(n), Some(l)) => {
+                    c.semaphore(name, n)?
+                        .hold_at_most(l)
+                        .acquire_timeout(wait)
+                        .await
+                }
+                (_, Held::Permit(n), None) => c.semaphore(name, n)?.acquire_timeout(wait).await,
                 _ if how == 0 => c.lock(name)?.try_acquire().await,
+                (_, _, Some(l)) => c.lock(name)?.hold_at_most(l).acquire_timeout(wait).await,
                 _ => c.lock(name)?.acquire_timeout(wait).await,
             }
         };
@@ -840,6 +862,9 @@ async fn hold(
         fenced_write(sh, &g, name, ci).await;
     }
     sh.log.end(id, Instant::now(), "let go");
+    if g.loss() == Some(quorumlock_core::LossReason::HoldLimitReached) {
+        sh.hold_limits.fetch_add(1, Ordering::Relaxed);
+    }
     // `is_held()` says false from the local deadline on, whatever the
     // reason the loss was later reported with and however late the task
     // that fires `lost()` ran (on a loaded machine the store's own expiry

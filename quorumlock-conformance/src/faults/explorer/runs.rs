@@ -70,6 +70,7 @@ impl OpCounts {
     fn add(&mut self, o: &OpCounts) {
         self.elections += o.elections;
         self.multi_locks += o.multi_locks;
+        self.hold_limits += o.hold_limits;
         self.fenced_writes += o.fenced_writes;
         self.held_at_close += o.held_at_close;
         self.observed += o.observed;
@@ -80,8 +81,13 @@ impl std::fmt::Display for OpCounts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "elections {} multi-locks {} fenced-writes {} held-at-close {} observed-leaders {}",
-            self.elections, self.multi_locks, self.fenced_writes, self.held_at_close, self.observed
+            "elections {} multi-locks {} hold-limits {} fenced-writes {} held-at-close {} observed-leaders {}",
+            self.elections,
+            self.multi_locks,
+            self.hold_limits,
+            self.fenced_writes,
+            self.held_at_close,
+            self.observed
         )
     }
 }
