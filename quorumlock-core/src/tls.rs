@@ -102,9 +102,10 @@ pub fn client_config(
 /// A TLS handshake with the first of `servers` that accepts a TCP
 /// connection, then a short read for the alert a server sends after the
 /// handshake when it refuses our certificate (TLS 1.3). `Err` only for an
-/// [`ErrorKind::Tls`] verdict; anything else (unreachable, silence, a
-/// handshake that works) is `Ok`: the store client's to report. `store`
-/// names the store in the message (`"etcd"`).
+/// [`ErrorKind::Tls`] verdict; anything else is `Ok`, the store client's
+/// to report: `Ok(true)` when a server was reached (its handshake worked
+/// and no alert came within a second, or it stayed silent), `Ok(false)`
+/// when none accepted a connection (the verdict is still to come). `store` names the store in the message (`"etcd"`).
 ///
 /// Why: a store client that sends its first request as soon as its own
 /// handshake ends can meet the server's close before the alert that
@@ -119,7 +120,7 @@ pub async fn probe(
     config: Arc<rustls::ClientConfig>,
     servers: &[(String, u16)],
     store: &str,
-) -> Result<()> {
+) -> Result<bool> {
     let connector = tokio_rustls::TlsConnector::from(config);
     for (host, port) in servers {
         let Ok(name) = ServerName::try_from(host.clone()) else {
@@ -143,15 +144,17 @@ pub async fn probe(
         {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => return Err(probe_error(e, &what)),
-            Err(_) => return Ok(()),
+            // A server that accepts TCP and stays silent: nothing to say
+            // about TLS, and no use asking it again.
+            Err(_) => return Ok(true),
         };
         let mut byte = [0u8; 1];
         return match tokio::time::timeout(Duration::from_secs(1), tls.read(&mut byte)).await {
             Ok(Err(e)) => Err(probe_error(e, &what)),
-            _ => Ok(()),
+            _ => Ok(true),
         };
     }
-    Ok(())
+    Ok(false)
 }
 
 /// The [`ErrorKind::Tls`] error of a handshake or post-handshake read, or

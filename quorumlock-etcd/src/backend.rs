@@ -130,12 +130,16 @@ impl EtcdBackend {
         };
         let probe = tls_probe(&config)?;
         // Connection trouble over TLS may be a refused certificate whose
-        // alert the client never read: the probe reads it.
+        // alert the client never read: the probe reads it, until it has
+        // once reached a server (each probe of a server that accepts us
+        // waits a second for an alert that does not come).
+        let probed = std::sync::atomic::AtomicBool::new(false);
         let attempt = || async {
             let outcome: Result<()> = connect().await;
             if let (Err(e), Some((tls_config, servers))) = (&outcome, &probe) {
-                if e.kind() == ErrorKind::Connection {
-                    tls::probe(tls_config.clone(), servers, "etcd").await?;
+                if e.kind() == ErrorKind::Connection && !probed.load(Ordering::Relaxed) {
+                    let reached = tls::probe(tls_config.clone(), servers, "etcd").await?;
+                    probed.store(reached, Ordering::Relaxed);
                 }
             }
             outcome

@@ -67,7 +67,7 @@ impl TlsFiles {
     ///
     /// # Cancel Safety
     /// Sends nothing but a handshake; safe to drop.
-    pub(crate) async fn probe(&self, servers: &[(String, u16)]) -> Result<()> {
+    pub(crate) async fn probe(&self, servers: &[(String, u16)]) -> Result<bool> {
         tls::probe(Arc::new(self.rustls_config()?), servers, "ZooKeeper").await
     }
 }
