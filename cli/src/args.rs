@@ -190,11 +190,11 @@ pub struct LockArgs {
     #[arg(long, value_name = "D", value_parser = parse_duration)]
     pub ttl: Option<Duration>,
 
-    /// End the hold after this long even if CMD still runs (then as for a
-    /// lost lock: SIGTERM, --grace, SIGKILL, exit 76): a hung command
-    /// cannot keep the lock for ever. Kept by this process, which removes
-    /// its entry at the limit; the store frees the lock then, or within
-    /// the TTL if it refuses the removal.
+    /// End the hold after this long even if CMD still runs: a hung command
+    /// cannot keep the lock for ever. CMD is stopped first (SIGTERM,
+    /// SIGKILL after --grace), then the lock is released and the exit
+    /// status is 76. Should CMD outlive SIGKILL, the hold ends 5s after
+    /// the grace anyway.
     #[arg(long, value_name = "D", value_parser = parse_duration)]
     pub max_hold: Option<Duration>,
 

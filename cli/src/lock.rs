@@ -108,6 +108,10 @@ impl Signals {
     }
 }
 
+/// How long after `--max-hold` and `--grace` the hold limit ends the hold
+/// if the command was not stopped and the lock released by then.
+const MAX_HOLD_BACKSTOP: Duration = Duration::from_secs(5);
+
 /// `handle` with `value` set by `set`, if one was given.
 fn with<T, V>(handle: T, value: Option<V>, set: impl FnOnce(T, V) -> T) -> T {
     match value {
@@ -129,7 +133,10 @@ impl Target {
     fn new(client: &LockClient, args: &LockArgs) -> quorumlock::Result<Target> {
         // The holder's value: --value, else the client's (<hostname>:<pid>).
         let v = args.value.clone();
-        let m = args.max_hold;
+        // `supervise` stops the command at --max-hold and then releases;
+        // the hold limit is the backstop should that not happen (a
+        // command that SIGKILL does not end, a stalled quorumlock).
+        let m = args.max_hold.map(|d| d + args.grace + MAX_HOLD_BACKSTOP);
         Ok(match (args.shared, args.write, args.permits) {
             (true, _, _) => {
                 let rw = with(client.rwlock(&args.name)?, v, |l, v| l.with_value(v));
@@ -331,6 +338,8 @@ pub(super) async fn supervise(
     let mut lost_reason: Option<String> = None;
     let mut revoked = args.ignore_revoke;
     let mut kill_at: Option<Instant> = None;
+    // --max-hold: the command is stopped first, the lock released after.
+    let mut hold_end = args.max_hold.map(|d| Instant::now() + d);
     // A realtime signal that stopped the command.
     let mut stopped_by: Option<i32> = None;
     let outcome = loop {
@@ -373,6 +382,19 @@ pub(super) async fn supervise(
                 send(Sig::SIGTERM);
                 kill_at = Some(Instant::now() + args.grace);
                 lost_reason = Some(reason.to_string());
+            }
+            _ = sleep_until(hold_end), if hold_end.is_some() => {
+                hold_end = None;
+                if lost_reason.is_none() {
+                    eprintln!(
+                        "quorumlock: --max-hold reached for {}; sending SIGTERM to the command, SIGKILL in {}",
+                        args.name,
+                        super::human(args.grace)
+                    );
+                    send(Sig::SIGTERM);
+                    kill_at = Some(Instant::now() + args.grace);
+                    lost_reason = Some("hold limit reached (--max-hold)".to_string());
+                }
             }
             _ = &mut revoke, if !revoked => {
                 eprintln!("quorumlock: release of {} requested; sending SIGTERM to the command", args.name);
@@ -575,8 +597,8 @@ mod tests {
             let r = run_with(&holder, &a, &mut s).await;
             (r, started.elapsed())
         });
-        // The next holder gets the lock once the limit ended the hold,
-        // with a larger token, while the command may still be stopping.
+        // The next holder gets the lock once the command was stopped at
+        // the limit and the lock released, with a larger token.
         let t0 = Instant::now();
         let first = loop {
             if let Some(h) = other.inspect("h").await.unwrap().holders.first() {

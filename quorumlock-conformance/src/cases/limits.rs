@@ -11,8 +11,10 @@ use crate::scratch::{remove_scratch, scratch_key};
 /// waiter granted next finds the loss already reported), its fenced
 /// writes are refused from then on, the waiter gets the lock within the
 /// limit plus one TTL with a larger token, and the session's other lock
-/// stays held. The same for a semaphore permit. A limit of zero or one
-/// too long for the clock is refused and writes nothing.
+/// stays held; the expired guard, kept on, blocks neither its client's
+/// next owner nor removes that owner's entry when released late. The
+/// same for a semaphore permit. A limit of zero or one too long for the
+/// clock is refused and writes nothing.
 pub async fn hold_limit_ends_a_hold_its_holder_keeps(h: &Harness) {
     let case = h.case();
     let (a, b) = (case.client().await, case.client().await);
@@ -96,9 +98,24 @@ pub async fn hold_limit_ends_a_hold_its_holder_keeps(h: &Harness) {
         Some(&b"1"[..]),
         "a write after the limit changed the key"
     );
+    next.release().await.unwrap();
+    // The expired guard, still kept, blocks neither its client's next
+    // owner nor, released late, removes that owner's entry (on etcd and
+    // Consul a mutex entry's key is the session's).
+    let again = a
+        .lock("hl")
+        .unwrap()
+        .acquire_timeout(SOON)
+        .await
+        .expect("the client's next owner waits for the expired guard");
     let e = g.release().await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::LockLost, "{e}");
-    next.release().await.unwrap();
+    let state = b.inspect("hl").await.unwrap();
+    assert!(
+        again.is_held() && state.holders.iter().any(|h| h.token == again.token()),
+        "the expired guard's release removed the next owner's entry: {state:?}"
+    );
+    again.release().await.unwrap();
 
     if a.backend().capabilities().semaphore {
         let permit = a

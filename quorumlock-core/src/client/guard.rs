@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::backend::{AcquireRequest, Acquired, Backend};
-use crate::signal::LossReason;
+use crate::signal::{LossReason, SessionLiveness};
 use crate::telemetry;
 use crate::LockKind;
 use crate::{Error, ErrorKind, LockName, Result};
@@ -50,7 +50,7 @@ impl LockGuard {
                 session,
                 req,
                 acquired,
-                ticket,
+                ticket: Arc::new(std::sync::Mutex::new(Some(ticket))),
                 since: Instant::now(),
                 hold_until: None,
                 removal: Default::default(),
@@ -76,48 +76,66 @@ impl LockGuard {
         let req = h.req.clone();
         let acquired = h.acquired.clone();
         let removal = h.removal.clone();
+        let ticket = h.ticket.clone();
+        // As between a session's local deadline and its expiry: the time
+        // a holder that stops on `lost()` has before the next one starts.
+        let margin = SessionLiveness::margin(client.backend.capabilities().session_ttl);
         h.client.runtime.spawn(async move {
             tokio::select! {
                 _ = tokio::time::sleep_until(at) => {}
                 _ = req.signals.finished() => return,
                 _ = session.liveness.lost() => return,
             }
-            if req.signals.loss().is_some() || !session.liveness.is_alive() {
+            if req.signals.is_finished()
+                || req.signals.loss().is_some()
+                || !session.liveness.is_alive()
+            {
                 return;
             }
             // The loss first: from here on the guard says lost and its
-            // fenced writes are refused, before the entry goes.
+            // fenced writes are refused; the entry goes a margin later.
             req.signals.lose(LossReason::HoldLimitReached);
             req.signals.finish();
             tracing::debug!(lock = %req.name, token = acquired.token, "hold limit reached; removing the entry");
             let lock = req.name.clone();
             spawn_cleanup(&client, &lock, async move {
+                tokio::select! {
+                    _ = tokio::time::sleep(margin) => {}
+                    _ = session.liveness.lost() => {}
+                }
                 // An error was logged, and the session ended so that the
                 // store drops the entry.
                 let _ = remove_once(&session, &req, &acquired, &removal).await;
+                drop(ticket.lock().expect("ticket poisoned").take());
             });
         });
         self
     }
 }
 
+/// The outcome of a removal: `None` when it was confirmed, else the
+/// kind and text of its error.
+type Removed = Option<(ErrorKind, String)>;
+
 /// Removes a held entry unless that was done already (by the hold limit's
-/// task, or a release): the one removal of both.
+/// task, or a release): the one removal of both, whose outcome both get.
 async fn remove_once(
     session: &SessionSlot,
     req: &AcquireRequest,
     acquired: &Acquired,
-    removal: &tokio::sync::Mutex<bool>,
+    removal: &tokio::sync::Mutex<Option<Removed>>,
 ) -> Result<()> {
     let mut done = removal.lock().await;
-    if *done {
-        return Ok(());
+    if done.is_none() {
+        let r = remove_entry(session, req, Some(acquired))
+            .instrument(tracing::debug_span!("release", lock = %req.name, token = acquired.token))
+            .await;
+        *done = Some(r.err().map(|e| (e.kind(), e.message().to_string())));
     }
-    let r = remove_entry(session, req, Some(acquired))
-        .instrument(tracing::debug_span!("release", lock = %req.name, token = acquired.token))
-        .await;
-    *done = true;
-    r
+    match done.as_ref().expect("set above") {
+        None => Ok(()),
+        Some((kind, message)) => Err(Error::new(*kind, message.clone())),
+    }
 }
 
 struct Held {
@@ -125,14 +143,18 @@ struct Held {
     session: Arc<SessionSlot>,
     req: AcquireRequest,
     acquired: Acquired,
-    ticket: LocalTicket,
+    /// The local queue slot, freed once the entry is removed: by the
+    /// release, or by the hold limit's task (a guard kept past its limit
+    /// does not block the client's next owner).
+    ticket: Arc<std::sync::Mutex<Option<LocalTicket>>>,
     /// When the grant was handed out, for the hold-time metric and the
     /// hold limit.
     since: Instant,
     /// The end of the hold's limit ([`crate::Lock::hold_at_most`]).
     hold_until: Option<Instant>,
-    /// Whether the entry was removed (by a release or the hold limit).
-    removal: Arc<tokio::sync::Mutex<bool>>,
+    /// The removal of the entry (by a release or the hold limit), once
+    /// done: its outcome, for whichever of both asks second.
+    removal: Arc<tokio::sync::Mutex<Option<Removed>>>,
 }
 
 impl Held {
@@ -172,7 +194,7 @@ impl LockGuard {
     /// hold limit was reached (the entry may not be gone yet).
     pub(crate) fn fence(&self) -> Result<(Arc<dyn Backend>, crate::backend::HeldEntry)> {
         let h = self.held();
-        if h.loss() == Some(LossReason::HoldLimitReached) {
+        if h.hold_until.is_some_and(|t| Instant::now() >= t) {
             return Err(Error::new(
                 ErrorKind::LockLost,
                 format!("{}: {}", h.req.name, LossReason::HoldLimitReached),
@@ -264,9 +286,15 @@ impl LockGuard {
         let signals = h.req.signals.clone();
         let hold_until = h.hold_until;
         async move {
+            // A hold released before its limit is not lost at the limit.
             let limit = async {
                 match hold_until {
-                    Some(t) => tokio::time::sleep_until(t).await,
+                    Some(t) => {
+                        tokio::time::sleep_until(t).await;
+                        if signals.is_finished() && signals.loss().is_none() {
+                            std::future::pending::<()>().await;
+                        }
+                    }
                     None => std::future::pending().await,
                 }
             };
@@ -354,7 +382,7 @@ impl LockGuard {
         let h = finish.0.as_ref().expect("set above");
         let removed = remove_once(&h.session, &h.req, &h.acquired, &h.removal).await;
         let held = finish.defuse();
-        drop(held.ticket);
+        drop(held.ticket.lock().expect("ticket poisoned").take());
         match lost {
             None => removed,
             Some(reason) => Err(Error::new(
@@ -391,7 +419,7 @@ fn queue_release(held: Held) {
         // An error was logged, and the session ended so that the store
         // drops the entry.
         let _ = remove_once(&held.session, &held.req, &held.acquired, &held.removal).await;
-        drop(held.ticket);
+        drop(held.ticket.lock().expect("ticket poisoned").take());
     });
 }
 
