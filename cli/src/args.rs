@@ -236,6 +236,11 @@ pub struct LockArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub permits: Option<u32>,
 
+    /// With --permits N: take K of the N permits at once (never some of
+    /// them, in arrival order with every other request).
+    #[arg(long, value_name = "K", requires = "permits", value_parser = clap::value_parser!(u32).range(1..))]
+    pub count: Option<u32>,
+
     /// The value our entry carries, shown by `status` and `list` as who
     /// holds the lock (on ZooKeeper the node's data, on etcd the key's
     /// value). Default: <hostname>:<pid>.

@@ -59,6 +59,7 @@ pub async fn run(client: &LockClient, args: &ElectArgs) -> Result<u8, Failure> {
         shared: false,
         write: false,
         permits: None,
+        count: None,
         value: None,
         name: args.name.clone(),
         argv: args.argv.clone(),

@@ -126,7 +126,8 @@ enum Target {
     Mutex(quorumlock::Lock),
     Read(quorumlock::RwLock),
     Write(quorumlock::RwLock),
-    Permit(quorumlock::Semaphore),
+    /// A semaphore and how many of its permits (`--count`).
+    Permit(quorumlock::Semaphore, u32),
 }
 
 impl Target {
@@ -148,7 +149,10 @@ impl Target {
             }
             (false, false, Some(n)) => {
                 let s = with(client.semaphore(&args.name, n)?, v, |s, v| s.with_value(v));
-                Target::Permit(with(s, m, |s, d| s.hold_at_most(d)))
+                Target::Permit(
+                    with(s, m, |s, d| s.hold_at_most(d)),
+                    args.count.unwrap_or(1),
+                )
             }
             (false, false, None) => {
                 let l = with(client.lock(&args.name)?, v, |l, v| l.with_value(v));
@@ -169,9 +173,9 @@ impl Target {
             (Target::Write(rw), None) => rw.write().await,
             (Target::Write(rw), Some(d)) if d.is_zero() => rw.try_write().await,
             (Target::Write(rw), Some(d)) => rw.write_timeout(d).await,
-            (Target::Permit(s), None) => s.acquire().await,
-            (Target::Permit(s), Some(d)) if d.is_zero() => s.try_acquire().await,
-            (Target::Permit(s), Some(d)) => s.acquire_timeout(d).await,
+            (Target::Permit(s, k), None) => s.acquire_many(*k).await,
+            (Target::Permit(s, k), Some(d)) if d.is_zero() => s.try_acquire_many(*k).await,
+            (Target::Permit(s, k), Some(d)) => s.acquire_many_timeout(*k, d).await,
         }
     }
 }
@@ -504,6 +508,7 @@ mod tests {
             shared: false,
             write: false,
             permits: None,
+            count: None,
             value: None,
             name: name.into(),
             argv: cmd.iter().map(OsString::from).collect(),
@@ -618,6 +623,31 @@ mod tests {
         assert_eq!(r.unwrap_err().code, exit::LOCK_LOST);
         assert!(took < Duration::from_secs(10), "{took:?}");
         g.release().await.unwrap();
+        other.close().await;
+    }
+
+    #[tokio::test]
+    async fn count_takes_several_permits_at_once() {
+        let holder = client("lock-count").await;
+        let other = client("lock-count").await;
+        let g = holder.semaphore("s", 3).unwrap().acquire().await.unwrap();
+        let mut s = Signals::install().unwrap();
+        let mut a = args("s", &["true"]);
+        a.permits = Some(3);
+        a.count = Some(3);
+        a.timeout = Some(Duration::ZERO);
+        assert_eq!(
+            run_with(&other, &a, &mut s).await.unwrap_err().code,
+            exit::NOT_ACQUIRED,
+            "3 of 3 permits taken while one is held"
+        );
+        a.count = Some(2);
+        a.argv = ["sh", "-c", "exit 4"].iter().map(OsString::from).collect();
+        assert_eq!(run_with(&other, &a, &mut s).await.unwrap(), 4);
+        other.wait_idle().await;
+        assert_eq!(other.inspect("s").await.unwrap().holders.len(), 1);
+        g.release().await.unwrap();
+        holder.close().await;
         other.close().await;
     }
 

@@ -118,7 +118,8 @@ macro_rules! suite {
                 semaphore_never_exceeds_permits,
                 semaphore_permit_count_conflict,
                 semaphore_fifo,
-                semaphore_permits_per_client
+                semaphore_permits_per_client,
+                semaphore_acquire_many_is_atomic_and_in_order
             );
             mod one_permit {
                 use super::*;

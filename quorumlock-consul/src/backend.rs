@@ -147,6 +147,7 @@ impl Backend for ConsulBackend {
             session_ttl: self.core.config.ttl,
             proclaim: true,
             changes: true,
+            acquire_many: false,
         }
     }
 

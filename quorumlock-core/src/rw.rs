@@ -67,6 +67,7 @@ impl RwLock {
                 Mode::Wait,
                 self.value.as_deref(),
                 self.hold_limit,
+                1,
             )
             .await
     }
@@ -83,6 +84,7 @@ impl RwLock {
                 Mode::Try,
                 self.value.as_deref(),
                 self.hold_limit,
+                1,
             )
             .await
     }
@@ -100,6 +102,7 @@ impl RwLock {
                 mode,
                 self.value.as_deref(),
                 self.hold_limit,
+                1,
             )
             .await
     }
@@ -116,6 +119,7 @@ impl RwLock {
                 Mode::Wait,
                 self.value.as_deref(),
                 self.hold_limit,
+                1,
             )
             .await
     }
@@ -132,6 +136,7 @@ impl RwLock {
                 Mode::Try,
                 self.value.as_deref(),
                 self.hold_limit,
+                1,
             )
             .await
     }
@@ -149,6 +154,7 @@ impl RwLock {
                 mode,
                 self.value.as_deref(),
                 self.hold_limit,
+                1,
             )
             .await
     }
@@ -228,6 +234,7 @@ impl Semaphore {
                 Mode::Wait,
                 self.value.as_deref(),
                 self.hold_limit,
+                1,
             )
             .await
     }
@@ -244,6 +251,7 @@ impl Semaphore {
                 Mode::Try,
                 self.value.as_deref(),
                 self.hold_limit,
+                1,
             )
             .await
     }
@@ -261,6 +269,53 @@ impl Semaphore {
                 mode,
                 self.value.as_deref(),
                 self.hold_limit,
+                1,
+            )
+            .await
+    }
+
+    /// Waits for `count` permits, taken at once: never some of them, and
+    /// in arrival order with every other request (a large request is not
+    /// overtaken by smaller ones that came later; they wait behind it).
+    /// The guard holds all of them ([`LockGuard::count`]) and releases all
+    /// of them. `count` must be 1 to [`permits`](Self::permits), on a store
+    /// with [`Capabilities::acquire_many`](crate::backend::Capabilities::acquire_many):
+    /// else [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument)
+    /// and nothing written.
+    ///
+    /// # Cancel safety
+    /// As [`acquire`](Self::acquire).
+    pub async fn acquire_many(&self, count: u32) -> Result<LockGuard> {
+        self.many(count, Mode::Wait).await
+    }
+
+    /// Takes `count` permits only if that many are free now and nobody
+    /// waits ahead; as [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Cancel safety
+    /// As [`acquire`](Self::acquire).
+    pub async fn try_acquire_many(&self, count: u32) -> Result<LockGuard> {
+        self.many(count, Mode::Try).await
+    }
+
+    /// Waits at most `timeout` for `count` permits; as
+    /// [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Cancel safety
+    /// As [`acquire`](Self::acquire).
+    pub async fn acquire_many_timeout(&self, count: u32, timeout: Duration) -> Result<LockGuard> {
+        self.many(count, Mode::within(timeout)).await
+    }
+
+    async fn many(&self, count: u32, mode: Mode) -> Result<LockGuard> {
+        self.client
+            .acquire_limited(
+                &self.name,
+                self.kind(),
+                mode,
+                self.value.as_deref(),
+                self.hold_limit,
+                count,
             )
             .await
     }

@@ -193,3 +193,119 @@ pub async fn semaphore_permits_per_client(h: &Harness) {
     assert_eq!(most, N, "never {N} holders at once");
     case.finish().await;
 }
+
+/// Several permits at once ([`quorumlock_core::Semaphore::acquire_many`]):
+/// never part of them (a request for 3 of 3 waits while one is held, and
+/// `inspect` shows none of its permits held meanwhile), in arrival order
+/// (a single permit asked after it waits behind it, even while permits
+/// are free), released together; a count of 0 or above the permits is
+/// refused and writes nothing; a timed-out or tried request leaves
+/// nothing. On a store that cannot take several permits at once, a
+/// request for 2 is `InvalidArgument` and writes nothing.
+pub async fn semaphore_acquire_many_is_atomic_and_in_order(h: &Harness) {
+    let case = h.case();
+    let clients = case.clients(3).await;
+    let (a, b, c) = (&clients[0], &clients[1], &clients[2]);
+    let sem = |x: &LockClient| x.semaphore("many", 3).unwrap();
+    if !a.backend().capabilities().acquire_many {
+        assert_kind(
+            sem(a).acquire_many(2).await,
+            ErrorKind::InvalidArgument,
+            "2 permits where the store cannot",
+        );
+        assert!(
+            c.inspect("many").await.unwrap().is_free(),
+            "a refusal wrote"
+        );
+        case.finish().await;
+        return;
+    }
+    for bad in [0, 4] {
+        assert_kind(
+            sem(a).acquire_many(bad).await,
+            ErrorKind::InvalidArgument,
+            &format!("{bad} of 3 permits"),
+        );
+    }
+    assert!(
+        c.inspect("many").await.unwrap().is_free(),
+        "a refusal wrote"
+    );
+
+    let one = sem(a).acquire().await.unwrap();
+    assert_kind(
+        sem(b).try_acquire_many(3).await,
+        ErrorKind::WouldBlock,
+        "3 of 3 tried while one is held",
+    );
+    assert_kind(
+        sem(b)
+            .acquire_many_timeout(3, Duration::from_millis(300))
+            .await,
+        ErrorKind::Timeout,
+        "3 of 3 while one is held",
+    );
+    b.wait_idle().await;
+    let state = c.inspect("many").await.unwrap();
+    assert_eq!(
+        (state.holders.len(), state.waiters.len()),
+        (1, 0),
+        "a failed request left entries: {state:?}"
+    );
+
+    let big = {
+        let s = sem(b);
+        tokio::spawn(async move { s.acquire_many(3).await })
+    };
+    // Wait until the request is on the store (3 waiting entries).
+    let t0 = Instant::now();
+    loop {
+        let state = c.inspect("many").await.unwrap();
+        assert_eq!(
+            state.holders.len(),
+            1,
+            "part of a 3-permit request held while it waits: {state:?}"
+        );
+        if state.waiters.len() == 3 {
+            break;
+        }
+        assert!(t0.elapsed() < SOON, "the request never queued: {state:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Two permits are free, but a single one asked now waits behind it.
+    assert_kind(
+        sem(c).try_acquire().await,
+        ErrorKind::WouldBlock,
+        "a permit taken ahead of an earlier 3-permit request",
+    );
+    let small = {
+        let s = sem(c);
+        tokio::spawn(async move { s.acquire().await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !small.is_finished(),
+        "a later single permit overtook the request for 3"
+    );
+    one.release().await.unwrap();
+    let g = tokio::time::timeout(SOON, big)
+        .await
+        .expect("3 permits not granted")
+        .unwrap()
+        .unwrap();
+    assert_eq!(g.count(), 3);
+    let state = c.inspect("many").await.unwrap();
+    assert_eq!(state.holders.len(), 3, "{state:?}");
+    assert!(state.holders.iter().all(|h| h.session == g.session_id()));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!small.is_finished(), "a permit granted beside 3 of 3");
+    g.release().await.unwrap();
+    let s = tokio::time::timeout(SOON, small)
+        .await
+        .expect("the single permit waited on after the release")
+        .unwrap()
+        .unwrap();
+    assert_eq!(s.count(), 1);
+    s.release().await.unwrap();
+    case.finish().await;
+}

@@ -72,6 +72,9 @@ pub struct Capabilities {
     /// [`Backend::changes`] follows the store's own change notification
     /// (else watchers poll).
     pub changes: bool,
+    /// A semaphore request may take several permits at once
+    /// ([`AcquireRequest::count`] above 1).
+    pub acquire_many: bool,
 }
 
 impl Default for Capabilities {
@@ -83,6 +86,7 @@ impl Default for Capabilities {
             session_ttl: Duration::from_secs(10),
             proclaim: false,
             changes: false,
+            acquire_many: false,
         }
     }
 }
@@ -114,6 +118,14 @@ pub struct AcquireRequest {
     /// Consul key's value) and reported back by `inspect` as
     /// [`crate::Contender::value`].
     pub value: Vec<u8>,
+    /// How many permits of a semaphore this attempt takes, at least 1;
+    /// above 1 only for a backend with [`Capabilities::acquire_many`].
+    /// The backend then places `count` entries of this contender in one
+    /// atomic step, next to each other in the queue, and grants when the
+    /// last of them holds (so all of them do): never part of them, and in
+    /// arrival order with every other request. [`Acquired`] names the
+    /// last entry; `release` and `abandon` remove all of them.
+    pub count: u32,
 }
 
 impl AcquireRequest {
@@ -127,7 +139,14 @@ impl AcquireRequest {
             signals: EntrySignals::new(),
             writes: InFlightWrites::default(),
             value: Vec::new(),
+            count: 1,
         }
+    }
+
+    /// The same request taking `count` permits at once.
+    pub fn with_count(mut self, count: u32) -> Self {
+        self.count = count;
+        self
     }
 
     /// The same request with the holder's value `value`.

@@ -354,6 +354,12 @@ impl LockGuard {
         self.held().req.kind
     }
 
+    /// How many semaphore permits this guard holds: 1, or the count of
+    /// [`Semaphore::acquire_many`](crate::Semaphore::acquire_many).
+    pub fn count(&self) -> u32 {
+        self.held().req.count
+    }
+
     /// How many holds this owner has (1 + live reentries).
     pub fn hold_count(&self) -> usize {
         self.depth

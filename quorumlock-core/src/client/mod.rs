@@ -267,6 +267,7 @@ impl LockClient {
         name: &LockName,
         kind: LockKind,
         mode: Mode,
+        count: u32,
     ) -> Result<LocalTicket> {
         if matches!(kind, LockKind::Read | LockKind::Write) {
             return Ok(LocalTicket {
@@ -287,9 +288,11 @@ impl LockClient {
                 .clone()
         };
         let permit = match mode {
-            Mode::Try => queue.try_acquire_owned().map_err(|_| would_block(name))?,
-            Mode::Wait => queue.acquire_owned().await.expect("never closed"),
-            Mode::Until(d) => tokio::time::timeout_at(d, queue.acquire_owned())
+            Mode::Try => queue
+                .try_acquire_many_owned(count)
+                .map_err(|_| would_block(name))?,
+            Mode::Wait => queue.acquire_many_owned(count).await.expect("never closed"),
+            Mode::Until(d) => tokio::time::timeout_at(d, queue.acquire_many_owned(count))
                 .await
                 .map_err(|_| timed_out(name))?
                 .expect("never closed"),
@@ -308,11 +311,12 @@ impl LockClient {
         mode: Mode,
         value: Option<&[u8]>,
     ) -> Result<LockGuard> {
-        self.acquire_limited(name, kind, mode, value, None).await
+        self.acquire_limited(name, kind, mode, value, None, 1).await
     }
 
     /// [`acquire`](Self::acquire) of a hold that ends after `hold_limit`
-    /// ([`Lock::hold_at_most`]).
+    /// ([`Lock::hold_at_most`]), of `count` permits of a semaphore
+    /// ([`crate::Semaphore::acquire_many`]; 1 for every other kind).
     pub(crate) async fn acquire_limited(
         &self,
         name: &LockName,
@@ -320,7 +324,11 @@ impl LockClient {
         mode: Mode,
         value: Option<&[u8]>,
         hold_limit: Option<Duration>,
+        count: u32,
     ) -> Result<LockGuard> {
+        if count != 1 {
+            self.check_count(name, kind, count)?;
+        }
         if let Some(limit) = hold_limit {
             let fits = limit
                 .checked_mul(2)
@@ -336,7 +344,7 @@ impl LockClient {
         let start = Instant::now();
         let value = value.unwrap_or(&self.inner.options.value);
         let r = match (
-            self.acquire_once(name, kind, mode, value)
+            self.acquire_once(name, kind, mode, value, count)
                 .await
                 .map(|g| g.limited(hold_limit)),
             mode,
@@ -390,12 +398,33 @@ impl LockClient {
         Ok(Some(session))
     }
 
+    /// Why `count` permits of `kind` cannot be asked for at once, if so.
+    fn check_count(&self, name: &LockName, kind: LockKind, count: u32) -> Result<()> {
+        let refuse = |why: String| Err(Error::new(ErrorKind::InvalidArgument, why));
+        let LockKind::Semaphore { permits } = kind else {
+            return refuse(format!("{name}: only a semaphore takes several permits"));
+        };
+        if count == 0 || count > permits {
+            return refuse(format!(
+                "{name}: {count} permits at once of a semaphore of {permits} can never be granted"
+            ));
+        }
+        if !self.inner.backend.capabilities().acquire_many {
+            return refuse(format!(
+                "{name}: the store {} does not take several permits at once",
+                self.inner.backend.describe()
+            ));
+        }
+        Ok(())
+    }
+
     async fn acquire_once(
         &self,
         name: &LockName,
         kind: LockKind,
         mode: Mode,
         value: &[u8],
+        count: u32,
     ) -> Result<LockGuard> {
         let span = tracing::debug_span!("acquire", lock = %name, ?kind, ?mode);
         async move {
@@ -403,14 +432,15 @@ impl LockClient {
                 Mode::Until(d) => Some(d),
                 _ => None,
             };
-            let mut ticket = self.local_ticket(name, kind, mode).await?;
+            let mut ticket = self.local_ticket(name, kind, mode, count).await?;
             let mut retry = Retry::new(name, &self.inner.options, self.inner.backend.clone());
             loop {
                 let Some(session) = self.session_for_attempt(mode, deadline, &mut retry).await? else {
                     continue;
                 };
                 let req = AcquireRequest::new(name.clone(), kind, mode != Mode::Try)
-                    .with_value(value);
+                    .with_value(value)
+                    .with_count(count);
                 let pending = PendingAcquire {
                     client: self.inner.clone(),
                     session: session.clone(),
@@ -569,6 +599,7 @@ impl Lock {
                 Mode::Wait,
                 self.value.as_deref(),
                 self.hold_limit,
+                1,
             )
             .await
     }
@@ -586,6 +617,7 @@ impl Lock {
                 Mode::Try,
                 self.value.as_deref(),
                 self.hold_limit,
+                1,
             )
             .await
     }
@@ -612,6 +644,7 @@ impl Lock {
                 Mode::within(timeout),
                 self.value.as_deref(),
                 self.hold_limit,
+                1,
             )
             .await
     }

@@ -54,6 +54,7 @@ impl StoreSession for MemSession {
             req.kind,
             req.signals.clone(),
             req.value.clone(),
+            req.count,
         )?;
         loop {
             let standing = self.backend.store().state().standing(&key, index);
@@ -71,7 +72,10 @@ impl StoreSession for MemSession {
                     })
                 }
                 Standing::Waits { .. } if !req.wait => {
-                    self.backend.store().state().remove_index(&key, index);
+                    self.backend
+                        .store()
+                        .state()
+                        .remove_contender(&key, req.contender);
                     return Err(Error::new(
                         ErrorKind::WouldBlock,
                         format!("lock {} is held", req.name),
@@ -93,7 +97,12 @@ impl StoreSession for MemSession {
     async fn release(&self, req: &AcquireRequest, held: &Acquired) -> Result<()> {
         let key = self.backend.key(&req.name);
         self.backend.count_request();
-        self.backend.store().state().remove_index(&key, held.token);
+        let mut st = self.backend.store().state();
+        if req.count > 1 {
+            st.remove_contender(&key, req.contender);
+        } else {
+            st.remove_index(&key, held.token);
+        }
         Ok(())
     }
 

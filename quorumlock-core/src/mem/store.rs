@@ -142,7 +142,8 @@ impl State {
         }
     }
 
-    /// Appends an entry, or says why not: the session is gone
+    /// Appends `count` entries of one contender (the permits of one
+    /// request, side by side), or says why not: the session is gone
     /// (`SessionLost`), or the queue holds entries of an incompatible kind
     /// (`Conflict`: a semaphore with another permit count, or a semaphore
     /// mixed with locks).
@@ -154,6 +155,7 @@ impl State {
         kind: LockKind,
         signals: EntrySignals,
         value: Vec<u8>,
+        count: u32,
     ) -> crate::Result<(u64, Arc<Notify>)> {
         if !self.sessions.contains_key(&session) {
             return Err(crate::Error::new(
@@ -169,18 +171,21 @@ impl State {
                 ));
             }
         }
-        self.last_index += 1;
         let wake = Arc::new(Notify::new());
-        self.queues.entry(key.to_string()).or_default().push(Entry {
-            index: self.last_index,
-            session,
-            contender,
-            kind,
-            signals,
-            wake: wake.clone(),
-            created: SystemTime::now(),
-            value,
-        });
+        let q = self.queues.entry(key.to_string()).or_default();
+        for _ in 0..count.max(1) {
+            self.last_index += 1;
+            q.push(Entry {
+                index: self.last_index,
+                session,
+                contender,
+                kind,
+                signals: signals.clone(),
+                wake: wake.clone(),
+                created: SystemTime::now(),
+                value: value.clone(),
+            });
+        }
         self.changed(key);
         Ok((self.last_index, wake))
     }
@@ -403,10 +408,16 @@ impl State {
     }
 }
 
-/// Whether entry `i` of a queue holds, by [`crate::queue::holds`].
+/// Whether entry `i` of a queue holds, by [`crate::queue::holds`]; the
+/// entries of one contender (the permits of one request, side by side)
+/// hold together, when the last of them does.
 fn holds(q: &[Entry], i: usize) -> bool {
-    let kinds: Vec<LockKind> = q[..=i].iter().map(|e| e.kind).collect();
-    queue::holds(&kinds, i)
+    let last = (i..q.len())
+        .take_while(|&j| q[j].contender == q[i].contender)
+        .last()
+        .unwrap_or(i);
+    let kinds: Vec<LockKind> = q[..=last].iter().map(|e| e.kind).collect();
+    queue::holds(&kinds, last)
 }
 
 fn holder_indexes(q: &[Entry]) -> Vec<u64> {
