@@ -47,15 +47,7 @@ impl StoreSession for MemSession {
     async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired> {
         let key = self.backend.key(&req.name);
         self.backend.count_request();
-        let (index, wake) = self.backend.store().state().enqueue(
-            &key,
-            self.id,
-            req.contender,
-            req.kind,
-            req.signals.clone(),
-            req.value.clone(),
-            req.count,
-        )?;
+        let (index, wake) = self.backend.store().state().enqueue(&key, self.id, req)?;
         loop {
             let standing = self.backend.store().state().standing(&key, index);
             match standing {

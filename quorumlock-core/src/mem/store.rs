@@ -142,8 +142,8 @@ impl State {
         }
     }
 
-    /// Appends `count` entries of one contender (the permits of one
-    /// request, side by side), or says why not: the session is gone
+    /// Appends the entries of `req` (`req.count` of them: the permits of
+    /// one request, side by side), or says why not: the session is gone
     /// (`SessionLost`), or the queue holds entries of an incompatible kind
     /// (`Conflict`: a semaphore with another permit count, or a semaphore
     /// mixed with locks).
@@ -151,12 +151,9 @@ impl State {
         &mut self,
         key: &str,
         session: u64,
-        contender: uuid::Uuid,
-        kind: LockKind,
-        signals: EntrySignals,
-        value: Vec<u8>,
-        count: u32,
+        req: &crate::backend::AcquireRequest,
     ) -> crate::Result<(u64, Arc<Notify>)> {
+        let kind = req.kind;
         if !self.sessions.contains_key(&session) {
             return Err(crate::Error::new(
                 crate::ErrorKind::SessionLost,
@@ -173,17 +170,17 @@ impl State {
         }
         let wake = Arc::new(Notify::new());
         let q = self.queues.entry(key.to_string()).or_default();
-        for _ in 0..count.max(1) {
+        for _ in 0..req.count.max(1) {
             self.last_index += 1;
             q.push(Entry {
                 index: self.last_index,
                 session,
-                contender,
+                contender: req.contender,
                 kind,
-                signals: signals.clone(),
+                signals: req.signals.clone(),
                 wake: wake.clone(),
                 created: SystemTime::now(),
-                value: value.clone(),
+                value: req.value.clone(),
             });
         }
         self.changed(key);
