@@ -99,6 +99,26 @@ pub fn holds(kinds: &[LockKind], i: usize) -> bool {
     waits_for(kinds, i).is_none()
 }
 
+/// Whether entry `i` holds when the entries of one request hold together
+/// (the permits of [`crate::Semaphore::acquire_many`], side by side in the
+/// queue): by [`holds`] at the last entry of the run of entries from `i`
+/// on that `same_request(i, j)` says belong to `i`'s request. Every store
+/// decides a group's grant, and shows its entries in `inspect`, by this.
+///
+/// # Panics
+/// If `i` is out of bounds.
+pub fn holds_together(
+    kinds: &[LockKind],
+    i: usize,
+    same_request: impl Fn(usize, usize) -> bool,
+) -> bool {
+    let last = (i..kinds.len())
+        .take_while(|&j| same_request(i, j))
+        .last()
+        .unwrap_or(i);
+    holds(kinds, last)
+}
+
 /// One contender as seen on the store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Contender {
@@ -191,6 +211,21 @@ mod tests {
         for (a, b) in [(SEM2, SEM3), (SEM2, Exclusive), (Read, SEM3), (Write, SEM2)] {
             assert!(a.conflicts_with(b) && b.conflicts_with(a), "{a:?} {b:?}");
         }
+    }
+
+    #[test]
+    fn a_requests_entries_hold_together() {
+        // Permits of 3: one single, then a request for 3 (entries 1-3).
+        const SEM3: LockKind = LockKind::Semaphore { permits: 3 };
+        let q = [SEM3; 4];
+        let request = [0, 1, 1, 1];
+        let same = |i: usize, j: usize| request[i] == request[j];
+        let held: Vec<bool> = (0..4).map(|i| holds_together(&q, i, same)).collect();
+        assert_eq!(held, [true, false, false, false]);
+        let held: Vec<bool> = (1..4)
+            .map(|i| holds_together(&q[1..], i - 1, |a, b| request[a + 1] == request[b + 1]))
+            .collect();
+        assert_eq!(held, [true, true, true], "the single one gone");
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use futures::StreamExt;
-use quorumlock_core::backend::{holds, Backoff, ChangeFeed};
+use quorumlock_core::backend::{holds, holds_together, Backoff, ChangeFeed};
 use quorumlock_core::{
     Contender, Error, ErrorKind, LockKind, LockName, LockState, LossReason, Result,
 };
@@ -345,6 +345,11 @@ impl ZkCore {
         let kind = LockKind::Semaphore { permits };
         // The leases in sequence order are the semaphore's queue.
         let kinds = vec![kind; found.len()];
+        // The leases of one request of several permits (one GUID, side
+        // by side) hold together.
+        let lease_guids: Vec<_> = found.iter().map(|(c, _, _)| guid_prefix(c)).collect();
+        let same =
+            |a: usize, b: usize| lease_guids[a].is_some() && lease_guids[a] == lease_guids[b];
         let mut guids = Vec::new();
         let mut waiting_lease_owner = None;
         for (i, (child, st, data)) in found.iter().enumerate() {
@@ -354,7 +359,7 @@ impl ZkCore {
             if crate::layout::is_broken(data) && marked == Marked::Hide {
                 continue; // as a broken node above: in the count, not shown
             }
-            if holds(&kinds, i) {
+            if holds_together(&kinds, i, same) {
                 state.holders.push(cont);
             } else {
                 waiting_lease_owner = Some(st.ephemeral_owner);

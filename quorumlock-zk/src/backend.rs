@@ -179,7 +179,7 @@ impl Backend for ZkBackend {
                 .unwrap_or(self.core.config.session_timeout),
             proclaim: true,
             changes: true,
-            acquire_many: false,
+            acquire_many: true,
         }
     }
 

@@ -346,4 +346,106 @@ impl SessionState {
             }
         }
     }
+
+    /// The `count` leases of one request of several permits
+    /// (`Semaphore::acquire_many`), in one transaction: side by side in
+    /// the semaphore's queue, all or none. Each is named with the
+    /// attempt's GUID, so that after a connection loss a listing (after a
+    /// `sync`) tells whether the transaction was applied: all of them
+    /// there, or none. Returns their paths in sequence order and the last
+    /// one's stat (its czxid is the grant's token).
+    pub(crate) async fn create_leases(
+        &self,
+        c: &zk::Client,
+        dir: &str,
+        marker: &str,
+        data: &[u8],
+        req: &AcquireRequest,
+    ) -> Result<(Vec<String>, zk::Stat)> {
+        let count = req.count.max(1) as usize;
+        let guid_prefix = format!("_c_{}-", req.contender.hyphenated());
+        let prefix = format!("{dir}/{guid_prefix}{marker}");
+        let opts = create_options();
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            if !self.liveness.is_alive() {
+                return Err(lost_session("session lost while creating our leases"));
+            }
+            let sent = self.send(count as u64);
+            let mut multi = c.new_multi_writer();
+            for _ in 0..count {
+                multi
+                    .add_create(&prefix, data, &opts)
+                    .map_err(|e| map(e, "creating our leases"))?;
+            }
+            let committed = multi.commit().await;
+            let paths = match committed {
+                Ok(results) => {
+                    self.heard(sent, &Ok::<(), zk::Error>(()));
+                    results
+                        .into_iter()
+                        .filter_map(|r| match r {
+                            zk::MultiWriteResult::Create { path, .. } => Some(path),
+                            _ => None,
+                        })
+                        .collect::<Vec<_>>()
+                }
+                Err(zk::MultiWriteError::OperationFailed { source, .. })
+                    if source == zk::Error::NoNode && attempts < 8 =>
+                {
+                    self.heard(sent, &Err::<(), _>(source));
+                    self.make_parents(c, dir).await?;
+                    continue;
+                }
+                Err(e) => {
+                    let e: zk::Error = e.into();
+                    if !(is_connection_trouble(&e) && attempts < 8) {
+                        return Err(map(e, "creating our leases"));
+                    }
+                    // Applied or not: all of them are there, or none.
+                    self.sync_dir(c, dir).await?;
+                    let mut mine: Vec<String> = self
+                        .list(c, dir)
+                        .await?
+                        .unwrap_or_default()
+                        .into_iter()
+                        .filter(|n| n.starts_with(&guid_prefix))
+                        .map(|n| format!("{dir}/{n}"))
+                        .collect();
+                    match mine.len() {
+                        0 => continue,
+                        n if n == count => {
+                            mine.sort_by_key(|n| sequence_of(n));
+                            mine
+                        }
+                        n => {
+                            return Err(quorumlock_core::Error::new(
+                                ErrorKind::Internal,
+                                format!("{n} of the {count} leases of one transaction found"),
+                            ))
+                        }
+                    }
+                }
+            };
+            let Some(last) = paths.last().filter(|_| paths.len() == count) else {
+                return Err(quorumlock_core::Error::new(
+                    ErrorKind::Internal,
+                    format!("a transaction of {count} creates answered {}", paths.len()),
+                ));
+            };
+            // The server may answer a create in a multi without its stat
+            // (ZOOKEEPER-4026): read it.
+            self.send(1);
+            let r = c.check_stat(last).await;
+            self.heard_read(&r);
+            return match r {
+                Ok(Some(stat)) => Ok((paths, stat)),
+                Ok(None) => Err(lost_session(
+                    "our leases are gone (session expired or broken)",
+                )),
+                Err(e) => Err(map(e, "reading our last lease")),
+            };
+        }
+    }
 }

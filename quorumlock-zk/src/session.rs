@@ -314,22 +314,33 @@ impl SessionState {
             self.delete(&c, &lock_node).await?;
             return Err(e);
         }
-        let Created {
-            node: lease_node,
-            stat,
-            mut listed,
-            ..
-        } = self
-            .create_contender(
-                &c,
-                &leases_dir,
-                layout::LEASE_MARKER,
-                &data,
-                req,
-                Listing::Behind,
-            )
-            .await?;
-        let our_lease = lease_node.rsplit('/').next().expect("a path").to_string();
+        // One lease per permit; the leases of a request of several (in
+        // one transaction) are the newest, side by side.
+        let (ours, stat, mut listed) = if req.count > 1 {
+            let (paths, stat) = self
+                .create_leases(&c, &leases_dir, layout::LEASE_MARKER, &data, req)
+                .await?;
+            (paths, stat, None)
+        } else {
+            let Created {
+                node, stat, listed, ..
+            } = self
+                .create_contender(
+                    &c,
+                    &leases_dir,
+                    layout::LEASE_MARKER,
+                    &data,
+                    req,
+                    Listing::Behind,
+                )
+                .await?;
+            (vec![node], stat, listed)
+        };
+        let lease_node = ours.last().expect("at least one lease").clone();
+        let names: Vec<String> = ours
+            .iter()
+            .map(|p| p.rsplit('/').next().expect("a path").to_string())
+            .collect();
         // 3. Wait (the only waiter on the leases, herd-free) until our
         // lease is among at most `permits`.
         loop {
@@ -349,16 +360,18 @@ impl SessionState {
                     }
                 }
             };
-            if !children.contains(&our_lease) {
+            if !names.iter().all(|n| children.contains(n)) {
                 return Err(lost_session(
                     "our lease node is gone (session expired or node deleted)",
                 ));
             }
             // Curator's rule, by the count and not by a place in a queue:
             // held once at most `permits` leases exist. Ours, created
-            // under the internal mutex, is the newest lease, so this is
-            // `holds` at our place among leases created so; Curator's
-            // clients count, and so do we, for one semaphore between both.
+            // under the internal mutex, are the newest leases, so this is
+            // `holds` at the place of our last among leases created so;
+            // Curator's clients count, and so do we, for one semaphore
+            // between both (Curator's `acquire(qty)` takes its leases one
+            // by one under the same mutex, and ends as we do).
             if children.len() <= permits as usize {
                 // Leave the internal mutex: the next waiter may take a lease.
                 self.delete(&c, &lock_node).await?;
@@ -369,7 +382,9 @@ impl SessionState {
                 });
             }
             if !req.wait {
-                self.delete(&c, &lease_node).await?;
+                for lease in &ours {
+                    self.delete(&c, lease).await?;
+                }
                 self.delete(&c, &lock_node).await?;
                 return Err(Error::new(
                     ErrorKind::WouldBlock,
@@ -526,6 +541,11 @@ impl StoreSession for ZkSession {
     }
 
     async fn release(&self, req: &AcquireRequest, held: &Acquired) -> Result<()> {
+        if req.count > 1 {
+            // Every lease of the request: found by its GUID.
+            self.state.core.forget_version(&held.entry);
+            return self.abandon(req).await;
+        }
         self.state.mark_released(&req.contender);
         self.state.core.forget_version(&held.entry);
         let c = self.state.client()?;

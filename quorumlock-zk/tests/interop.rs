@@ -701,6 +701,57 @@ async fn one_clients_permits_count_against_curator() {
     s.case.finish().await;
 }
 
+/// Several permits at once against Curator's `acquire(qty)` on one
+/// `InterProcessSemaphoreV2` of 3: while Curator holds 2, our request for
+/// 2 waits (never 1 of them held); once Curator returns its leases ours
+/// holds both, and then Curator's request for 2 waits until ours are
+/// released. Both count leases one by one, under the same internal mutex.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_permits_at_once_count_against_curator_acquire_qty() {
+    let Some(mut s) = setup().await else { return };
+    let a = s.case.client().await;
+    for c in ["q1", "q2"] {
+        s.peer
+            .send(&format!("semaphore {c} {}/qpool 3", s.ns_path))
+            .await;
+        s.peer.expect("ok").await;
+    }
+    s.peer.send("acquire-many q1 2").await;
+    s.peer.expect("acquired q1").await;
+    let sem = a.semaphore("qpool", 3).unwrap();
+    let e = sem.try_acquire_many(2).await.unwrap_err();
+    assert_eq!(e.kind(), quorumlock_core::ErrorKind::WouldBlock, "{e}");
+    let ours = {
+        let sem = sem.clone();
+        tokio::spawn(async move { sem.acquire_many(2).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!ours.is_finished(), "2 permits granted beside Curator's 2 of 3");
+    let st = a.inspect("qpool").await.unwrap();
+    assert_eq!(st.holders.len(), 2, "one of our 2 permits held early: {st:?}");
+    s.peer.send("release q1").await;
+    s.peer.expect("released q1").await;
+    let g = tokio::time::timeout(SOON, ours)
+        .await
+        .expect("our 2 permits after Curator's release")
+        .unwrap()
+        .unwrap();
+    assert_eq!(g.count(), 2);
+    s.peer.send("acquire-many q2 2").await;
+    assert!(
+        !s.peer
+            .says_within("acquired q2", Duration::from_millis(500))
+            .await,
+        "Curator took 2 leases beside our 2 of 3"
+    );
+    g.release().await.unwrap();
+    s.peer.expect("acquired q2").await;
+    s.peer.send("release q2").await;
+    s.peer.expect("released q2").await;
+    s.peer.quit().await;
+    s.case.finish().await;
+}
+
 /// Curator's `LeaderLatch` (tests/java/LatchPeer.java) and our elections
 /// on one path are one election: never two leaders at once, leadership
 /// passes both ways on close/resign, and each side reads the other's

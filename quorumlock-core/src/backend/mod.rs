@@ -41,7 +41,7 @@ mod retry;
 pub mod schemes;
 
 pub use crate::inflight::{finish_on_drop, InFlightWrites};
-pub use crate::queue::{holds, waits_for};
+pub use crate::queue::{holds, holds_together, waits_for};
 pub use crate::signal::{EntrySignals, SessionLiveness};
 pub use changes::{notified_feed, SoonestExpiry, FEED_HEARTBEAT};
 pub use delay::{DelayQueue, HELD_WATCH_DELAY};

@@ -409,12 +409,8 @@ impl State {
 /// entries of one contender (the permits of one request, side by side)
 /// hold together, when the last of them does.
 fn holds(q: &[Entry], i: usize) -> bool {
-    let last = (i..q.len())
-        .take_while(|&j| q[j].contender == q[i].contender)
-        .last()
-        .unwrap_or(i);
-    let kinds: Vec<LockKind> = q[..=last].iter().map(|e| e.kind).collect();
-    queue::holds(&kinds, last)
+    let kinds: Vec<LockKind> = q.iter().map(|e| e.kind).collect();
+    queue::holds_together(&kinds, i, |a, b| q[a].contender == q[b].contender)
 }
 
 fn holder_indexes(q: &[Entry]) -> Vec<u64> {

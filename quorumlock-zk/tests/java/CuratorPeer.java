@@ -12,6 +12,8 @@
 //                             "release <id>" returns it
 //   acquire <id>              -> "acquired <id> <nodePath>" once held ("-" for
 //                             the node of a read-write lock side)
+//   acquire-many <id> <qty>   semaphore only: acquire(qty) -> "acquired <id>"
+//                             once all qty leases are held
 //   release <id>              -> "released <id>"
 //   revoke <nodePath>         Revoker.attemptRevoke -> "revoked"
 //   rounds <path> <n> <file>  n times: acquire, append "start curator <i>",
@@ -67,6 +69,7 @@ public class CuratorPeer {
         Map<String, ExecutorService> threads = new ConcurrentHashMap<>();
         Map<String, InterProcessSemaphoreV2> semaphores = new ConcurrentHashMap<>();
         Map<String, Lease> leases = new ConcurrentHashMap<>();
+        Map<String, java.util.Collection<Lease>> leaseSets = new ConcurrentHashMap<>();
         ExecutorService background = Executors.newCachedThreadPool();
         say("ready");
         BufferedReader in = new BufferedReader(new InputStreamReader(System.in));
@@ -97,6 +100,19 @@ public class CuratorPeer {
                         semaphores.put(id, new InterProcessSemaphoreV2(client, w[2], Integer.parseInt(w[3])));
                         threads.put(id, Executors.newSingleThreadExecutor());
                         say("ok");
+                        break;
+                    }
+                    case "acquire-many": {
+                        String id = w[1];
+                        int qty = Integer.parseInt(w[2]);
+                        threads.get(id).submit(() -> {
+                            try {
+                                leaseSets.put(id, semaphores.get(id).acquire(qty));
+                                say("acquired " + id);
+                            } catch (Exception e) {
+                                say("error " + e);
+                            }
+                        });
                         break;
                     }
                     case "acquire": {
@@ -130,7 +146,11 @@ public class CuratorPeer {
                         if (semaphores.containsKey(id)) {
                             threads.get(id).submit(() -> {
                                 try {
-                                    leases.remove(id).close();
+                                    if (leaseSets.containsKey(id)) {
+                                        semaphores.get(id).returnAll(leaseSets.remove(id));
+                                    } else {
+                                        leases.remove(id).close();
+                                    }
                                     say("released " + id);
                                 } catch (Exception e) {
                                     say("error " + e);
