@@ -42,6 +42,9 @@ enum Mutation {
     /// more: an observer never learns of a change (a watch that went deaf,
     /// a reconnect that does not read again).
     DeafFeed,
+    /// A request for several permits at once takes one: its holder
+    /// believes it holds all of them.
+    ManyAsOne,
 }
 
 #[derive(Debug)]
@@ -195,6 +198,11 @@ impl StoreSession for MutantSession {
                 r => return r,
             }
         }
+        if matches!(self.mutation, Mutation::ManyAsOne) && req.count > 1 {
+            let mut one = req.clone();
+            one.count = 1;
+            return self.inner.acquire(&one).await;
+        }
         let mut a = self.inner.acquire(req).await?;
         if let Mutation::ConstantToken = self.mutation {
             a.token = 1;
@@ -344,6 +352,13 @@ async fn explorer_catches_two_leaders() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explorer_catches_a_deaf_change_feed() {
     explorer_catches(Mutation::DeafFeed).await;
+}
+
+/// Only the explorer's requests for several permits at once meet this
+/// mutant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explorer_catches_permits_taken_one_for_many() {
+    explorer_catches(Mutation::ManyAsOne).await;
 }
 
 /// Only the explorer's fenced writes to the store meet this mutant.

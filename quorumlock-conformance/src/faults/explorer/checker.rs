@@ -15,6 +15,8 @@ pub(super) struct Hold {
     pub(super) name: &'static str,
     pub(super) client: usize,
     pub(super) kind: Held,
+    /// Permits held at once (`acquire_many`); 1 for any other hold.
+    pub(super) count: u32,
     pub(super) token: u64,
     /// When the acquire was called.
     pub(super) started: Instant,
@@ -75,6 +77,7 @@ impl Log {
             name,
             client,
             kind,
+            count: 1,
             token,
             started,
             acquired: Instant::now(),
@@ -83,6 +86,11 @@ impl Log {
             forced: false,
         });
         h.len() - 1
+    }
+
+    /// Records that hold `id` holds `count` permits at once.
+    pub(super) fn set_count(&self, id: usize, count: u32) {
+        self.holds.lock().unwrap()[id].count = count;
     }
 
     /// Records a fenced write of `token` to the store key of `name`.
@@ -189,15 +197,16 @@ pub(super) fn check(sh: &Shared) -> Vec<String> {
                     )),
                 }
             }
-            // Permit holders at the moment `a` began, `a` included.
+            // Permits held at the moment `a` began, `a`'s included.
             if let Held::Permit(n) = a.kind {
-                let at_once = hs[..=i]
+                let at_once: usize = hs[..=i]
                     .iter()
                     .filter(|h| matches!(h.kind, Held::Permit(_)) && a.acquired < end(h))
-                    .count();
+                    .map(|h| h.count as usize)
+                    .sum();
                 if at_once > n as usize {
                     out.push(format!(
-                        "{name}: {at_once} permit holders at once, more than {n} (token {} among them)",
+                        "{name}: {at_once} permits held at once, more than {n} (token {} among them)",
                         a.token
                     ));
                 }
@@ -301,6 +310,7 @@ mod tests {
             name: "m1",
             client,
             kind: Held::Exclusive,
+            count: 1,
             token: 1,
             started,
             acquired,

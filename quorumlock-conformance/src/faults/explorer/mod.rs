@@ -8,6 +8,8 @@
 //! over two to four of those locks, each as its kind (a mutex, a side of
 //! the read-write lock, a permit), take holds that end at a limit
 //! (`hold_at_most`, the checker ends such a hold when `lost()` says so),
+//! take all the semaphore's permits at once where the store can
+//! (`acquire_many`, counted as that many permit holders),
 //! and make fenced writes to the store;
 //! and a nemesis
 //! that delays, blackholes, cuts and resets each client's link, breaks
@@ -123,6 +125,8 @@ pub struct OpCounts {
     pub multi_locks: u64,
     /// Holds that ended at their hold limit ([`quorumlock_core::Lock::hold_at_most`]).
     pub hold_limits: u64,
+    /// Grants of several permits at once ([`quorumlock_core::Semaphore::acquire_many`]).
+    pub many_permits: u64,
     /// Fenced writes sent to the store.
     pub fenced_writes: u64,
     /// Locks still held by a client when it closed.
@@ -184,6 +188,7 @@ struct Shared {
     elections: AtomicU64,
     multi_locks: AtomicU64,
     hold_limits: AtomicU64,
+    many_permits: AtomicU64,
     /// The rest of the clients' refusal switches, by client.
     refusals: Vec<Arc<Refusals>>,
 }
@@ -335,6 +340,7 @@ pub async fn explore(
         elections: AtomicU64::new(0),
         multi_locks: AtomicU64::new(0),
         hold_limits: AtomicU64::new(0),
+        many_permits: AtomicU64::new(0),
         refusals,
     });
     let lag_probe = tokio::spawn({
@@ -455,6 +461,7 @@ pub async fn explore(
             elections: shared.elections.load(Ordering::Relaxed),
             multi_locks: shared.multi_locks.load(Ordering::Relaxed),
             hold_limits: shared.hold_limits.load(Ordering::Relaxed),
+            many_permits: shared.many_permits.load(Ordering::Relaxed),
             fenced_writes,
             held_at_close,
             observed: observed_count,
@@ -785,6 +792,12 @@ async fn worker(c: LockClient, ci: usize, mut rng: StdRng, sh: Arc<Shared>, ttl:
                         .acquire_timeout(wait)
                         .await
                 }
+                // All the permits at once, where the store takes several.
+                (_, Held::Permit(n), None)
+                    if how == 3 && c.backend().capabilities().acquire_many =>
+                {
+                    c.semaphore(name, n)?.acquire_many_timeout(n, wait).await
+                }
                 (_, Held::Permit(n), None) => c.semaphore(name, n)?.acquire_timeout(wait).await,
                 _ if how == 0 => c.lock(name)?.try_acquire().await,
                 (_, _, Some(l)) => c.lock(name)?.hold_at_most(l).acquire_timeout(wait).await,
@@ -840,6 +853,10 @@ async fn hold(
     ttl: Duration,
 ) {
     let id = sh.log.begin(name, ci, kind, g.token(), started);
+    if g.count() > 1 {
+        sh.log.set_count(id, g.count());
+        sh.many_permits.fetch_add(1, Ordering::Relaxed);
+    }
     let lost = g.lost();
     let watcher = {
         let sh = sh.clone();
