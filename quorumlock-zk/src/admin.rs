@@ -452,25 +452,32 @@ impl ZkCore {
                 return Ok(false);
             }
             let mut broke = false;
+            // Mark every holder first: each of ours watches its own node
+            // (a request of several permits only its last lease) and
+            // reports the loss on this write, before any delete below
+            // can let a waiter in.
+            let mut marked = Vec::new();
             for h in &state.holders {
-                // Mark first: our holder watches its own node and reports the
-                // loss on this write, before the delete below lets a waiter in.
                 self.count(1);
                 match c.set_data(&h.entry, BREAK_MESSAGE, None).await {
-                    Ok(_) => {}
+                    Ok(_) => marked.push(&h.entry),
                     Err(zk::Error::NoNode) => continue, // released meanwhile
                     Err(e) => return Err(map(e, "marking the holder's node")),
                 }
+            }
+            if !marked.is_empty() {
                 // A holder of the last few milliseconds may not watch its
                 // node yet (it starts HELD_WATCH_DELAY after the grant, and
                 // then reads the mark): give it that long before the
-                // delete can let a waiter in.
+                // deletes can let a waiter in.
                 tokio::time::sleep(2 * quorumlock_core::backend::HELD_WATCH_DELAY).await;
+            }
+            for entry in marked {
                 self.count(1);
-                match c.delete(&h.entry, None).await {
+                match c.delete(entry, None).await {
                     // Gone already: our holder saw the mark and let go.
                     Ok(()) | Err(zk::Error::NoNode) => {
-                        tracing::info!(lock = %name, node = %h.entry, "lock broken");
+                        tracing::info!(lock = %name, node = %entry, "lock broken");
                         broke = true;
                     }
                     Err(e) => return Err(map(e, "deleting the holder's node")),

@@ -370,8 +370,11 @@ impl SessionState {
             // under the internal mutex, are the newest leases, so this is
             // `holds` at the place of our last among leases created so;
             // Curator's clients count, and so do we, for one semaphore
-            // between both (Curator's `acquire(qty)` takes its leases one
-            // by one under the same mutex, and ends as we do).
+            // between both. (Curator's `acquire(qty)` takes its leases one
+            // by one, leaving the mutex between them: it holds part of its
+            // request while it waits, so two requests for several permits
+            // of which one is Curator's can wait for each other for good,
+            // as two of Curator's own can. Ours never holds part.)
             if children.len() <= permits as usize {
                 // Leave the internal mutex: the next waiter may take a lease.
                 self.delete(&c, &lock_node).await?;
@@ -517,7 +520,10 @@ impl SessionState {
                 Err(e) => return Err(map(e, "reading a lease")),
             }
         }
-        if refuse.is_none() && !req.wait && leases.len() >= permits as usize {
+        if refuse.is_none()
+            && !req.wait
+            && leases.len() + req.count.max(1) as usize > permits as usize
+        {
             refuse = Some(Error::new(
                 ErrorKind::WouldBlock,
                 format!("semaphore {} has no free permit", req.name),

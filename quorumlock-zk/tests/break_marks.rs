@@ -608,3 +608,48 @@ async fn stale_election_revoke_marks_are_cleared_and_no_leftover() {
     a.wait_idle().await;
     case.finish().await;
 }
+
+/// A break of a request of several permits (`acquire_many`): every lease
+/// is marked before any is deleted, so the holder (which watches its last
+/// lease) reports the loss before a waiter gets a permit. Marking and
+/// deleting lease by lease let a waiter in after the first delete while
+/// the holder still believed it held all three (4 permits of 3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_break_of_several_permits_tells_before_a_waiter_gets_one() {
+    let Some(h) = harness() else { return };
+    let case = h.case();
+    let (a, b, admin) = (
+        case.client().await,
+        case.client().await,
+        case.client().await,
+    );
+    let g = a
+        .semaphore("many", 3)
+        .unwrap()
+        .acquire_many(3)
+        .await
+        .unwrap();
+    tokio::time::sleep(SETTLE).await;
+    let waiter = {
+        let (sem, probe) = (b.semaphore("many", 3).unwrap(), g.lost());
+        tokio::spawn(async move {
+            let r = sem.acquire_timeout(SOON).await;
+            (r, probe.now_or_never())
+        })
+    };
+    let t0 = std::time::Instant::now();
+    while admin.inspect("many").await.unwrap().waiters.is_empty() {
+        assert!(t0.elapsed() < SOON, "the waiter never queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(admin.break_lock("many").await.unwrap());
+    let (r, told) = waiter.await.unwrap();
+    let w = r.expect("the waiter never got a permit after the break");
+    assert!(
+        told.is_some(),
+        "a waiter got a permit before the broken holder of 3 was told"
+    );
+    w.release().await.unwrap();
+    drop(g);
+    case.finish().await;
+}

@@ -726,9 +726,16 @@ async fn several_permits_at_once_count_against_curator_acquire_qty() {
         tokio::spawn(async move { sem.acquire_many(2).await })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!ours.is_finished(), "2 permits granted beside Curator's 2 of 3");
+    assert!(
+        !ours.is_finished(),
+        "2 permits granted beside Curator's 2 of 3"
+    );
     let st = a.inspect("qpool").await.unwrap();
-    assert_eq!(st.holders.len(), 2, "one of our 2 permits held early: {st:?}");
+    assert_eq!(
+        st.holders.len(),
+        2,
+        "one of our 2 permits held early: {st:?}"
+    );
     s.peer.send("release q1").await;
     s.peer.expect("released q1").await;
     let g = tokio::time::timeout(SOON, ours)

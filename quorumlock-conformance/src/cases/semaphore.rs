@@ -307,5 +307,36 @@ pub async fn semaphore_acquire_many_is_atomic_and_in_order(h: &Harness) {
         .unwrap();
     assert_eq!(s.count(), 1);
     s.release().await.unwrap();
+
+    // A break of a request of several permits: all of its entries go, its
+    // guard learns of the loss, a waiter gets a permit.
+    let g = sem(b).acquire_many(3).await.unwrap();
+    let lost = g.lost();
+    let waiter = {
+        let s = sem(c);
+        tokio::spawn(async move { s.acquire_timeout(SOON).await })
+    };
+    let t0 = Instant::now();
+    while c.inspect("many").await.unwrap().waiters.is_empty() {
+        assert!(t0.elapsed() < SOON, "the waiter never queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(a.break_lock("many").await.unwrap());
+    let w = waiter
+        .await
+        .unwrap()
+        .expect("the waiter never got a permit after the break");
+    tokio::time::timeout(SOON, lost)
+        .await
+        .expect("the broken holder of 3 was not told");
+    assert!(!g.is_held());
+    let state = c.inspect("many").await.unwrap();
+    assert_eq!(
+        state.holders.len(),
+        1,
+        "a broken request left entries: {state:?}"
+    );
+    w.release().await.unwrap();
+    drop(g);
     case.finish().await;
 }
