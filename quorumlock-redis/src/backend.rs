@@ -127,7 +127,7 @@ impl Backend for RedisBackend {
             session_ttl: self.core.config.ttl,
             proclaim: true,
             changes: true,
-            acquire_many: false,
+            acquire_many: true,
         }
     }
 

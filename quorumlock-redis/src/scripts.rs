@@ -92,8 +92,19 @@ local function load(L)
   end
   return live
 end
+-- How many entries of its request follow entry `id`: a request for
+-- several permits at once is k entries side by side, `<contender>.<j>.<k>`
+-- for its j-th (j < k) and `<contender>` for its last.
+local function after(id)
+  local j, k = string.match(id or '', '%.(%d+)%.(%d+)$')
+  if j then return tonumber(k) - tonumber(j) end
+  return 0
+end
+-- The contender of entry `id` (its request's last entry's id).
+local function base(id) return string.match(id, '^[^.]*') end
 -- Whether live[i] holds: a mutex or writer when first, a reader with no
--- writer ahead, a permit with fewer than `permits` entries ahead. Once an
+-- writer ahead, a permit with fewer than `permits` entries ahead (the
+-- entries of one request hold together, when its last does). Once an
 -- entry does not hold, none behind it does.
 local function holds(live, i)
   local e = live[i]
@@ -103,7 +114,7 @@ local function holds(live, i)
     end
     return true
   elseif e.kind == 's' then
-    return i <= e.permits
+    return i + after(e.id) <= e.permits
   end
   return i == 1
 end
@@ -151,7 +162,8 @@ local function settle(L, live, skip)
       e.token = next_token(L)
       redis.call('HSET', L .. '/.e', e.id, fmt(e))
       changed(L)
-      if e.id ~= skip then tell(e, 'g ' .. e.id) end
+      -- A request of several permits is told once, by its last entry.
+      if e.id ~= skip and after(e.id) == 0 then tell(e, 'g ' .. e.id) end
     end
   end
 end
@@ -168,6 +180,11 @@ local function remove(L, id, e)
   redis.call('HDEL', L .. '/.v', id)
   if e then redis.call('SREM', ekey(e) .. '/.locks', member(L, id)) end
   changed(L)
+end
+-- Removes the `count` entries of request `id` of L (its last is `id`).
+local function remove_request(L, id, count)
+  for j = 1, count - 1 do remove(L, id .. '.' .. j .. '.' .. count) end
+  remove(L, id)
 end
 -- A waiting entry's answer: its seq, and the shortest time to live of
 -- the sessions of live[1..n] (ahead of it; when to look again if nobody
@@ -195,7 +212,8 @@ fn script(body: &str) -> Script {
 }
 
 /// Enqueue. ARGV: P, L, sid, contender, kind, permits, wait (0/1),
-/// created (ms), the holder's value, the TTL (ms). A new entry joins its
+/// created (ms), the holder's value, the TTL (ms), the count of permits
+/// (entries side by side, the last named by the contender). A new entry joins its
 /// session's entry set, which is kept a TTL longer than the session key
 /// (see [`KILL`]). `{'gone'}`, `{'fenced'}`, `{'conflict', kind, permits}`,
 /// `{'wouldblock'}`, `{'held', token, seq}` or `{'wait', seq, ahead_ms}`.
@@ -204,6 +222,7 @@ pub(crate) static ENQUEUE: LazyLock<Script> = LazyLock::new(|| {
         r#"
 local L, sid, id = ARGV[2], ARGV[3], ARGV[4]
 local kind, permits, wait, created = ARGV[5], tonumber(ARGV[6]), ARGV[7], ARGV[8]
+local count = tonumber(ARGV[11])
 if redis.call('EXISTS', skey(sid)) == 0 then return {'gone'} end
 if redis.call('ZSCORE', skey(sid) .. '/.fenced', id) then return {'fenced'} end
 local live, whole = head(L)
@@ -233,35 +252,36 @@ if not mine and not seq then
     settle(L, live, '')
     return {'wouldblock'}
   end
-  seq = redis.call('INCR', L .. '/.n')
-  local e = {kind = kind, permits = permits, sid = sid, created = created,
-             token = 0, id = id, seq = seq, p = P}
-  redis.call('ZADD', L .. '/.q', seq, id)
-  redis.call('HSET', L .. '/.e', id, fmt(e))
-  changed(L)
-  if ARGV[9] ~= '' then redis.call('HSET', L .. '/.v', id, ARGV[9]) end
   local locks = skey(sid) .. '/.locks'
-  redis.call('SADD', locks, member(L, id))
-  redis.call('PEXPIRE', locks, redis.call('PTTL', skey(sid)) + tonumber(ARGV[10]))
-  if whole then
-    live[#live + 1] = e
-    mine = #live
+  for j = 1, count do
+    local eid = id
+    if j < count then eid = id .. '.' .. j .. '.' .. count end
+    seq = redis.call('INCR', L .. '/.n')
+    local e = {kind = kind, permits = permits, sid = sid, created = created,
+               token = 0, id = eid, seq = seq, p = P}
+    redis.call('ZADD', L .. '/.q', seq, eid)
+    redis.call('HSET', L .. '/.e', eid, fmt(e))
+    if ARGV[9] ~= '' then redis.call('HSET', L .. '/.v', eid, ARGV[9]) end
+    redis.call('SADD', locks, member(L, eid))
+    if whole then live[#live + 1] = e end
   end
+  changed(L)
+  redis.call('PEXPIRE', locks, redis.call('PTTL', skey(sid)) + tonumber(ARGV[10]))
+  if whole then mine = #live end
 end
 settle(L, live, id)
 if not mine then
   -- Queued (by now) behind the part of the queue that `head` read, with
   -- our session alive: waiting.
   if wait == '0' then
-    remove(L, id)
+    remove_request(L, id, count)
     return {'wouldblock'}
   end
   return waiting(tonumber(seq), live, #live)
 end
 if live[mine].token == 0 and wait == '0' then
-  remove(L, id)
-  table.remove(live, mine)
-  settle(L, live, '')
+  remove_request(L, id, count)
+  settle(L, head(L), '')
   return {'wouldblock'}
 end
 return standing(L, live, mine)
@@ -291,17 +311,18 @@ return waiting(e.seq, live, #live)
     )
 });
 
-/// Release a held entry (only the grant `token` of it). ARGV: P, L,
-/// contender, token. 1 if it was there.
+/// Release a held entry (only the grant `token` of it), and the other
+/// entries of its request. ARGV: P, L, contender, token, count. 1 if it
+/// was there.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     script(
         r#"
-local L, id, token = ARGV[2], ARGV[3], tonumber(ARGV[4])
+local L, id, token, count = ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
 local v = redis.call('HGET', L .. '/.e', id)
 local e = v and parse(v)
 local found = 0
 if e and e.token == token then
-  remove(L, id, e)
+  remove_request(L, id, count)
   found = 1
 end
 settle(L, head(L), '')
@@ -314,12 +335,13 @@ return found
 /// copy of its enqueue for as long as its session `sid` lives: the
 /// contender joins the session's fences (`P.session/<sid>/.fenced`, a
 /// sorted set by server time, kept as long as the session and ended with
-/// it; the newest [`FENCES`] are kept). ARGV: P, L, contender, fence, sid.
+/// it; the newest [`FENCES`] are kept). ARGV: P, L, contender, fence, sid,
+/// count (the entries of the request).
 pub(crate) static ABANDON: LazyLock<Script> = LazyLock::new(|| {
     script(&format!(
         r#"
 local L, id, fence, sid = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-remove(L, id)
+remove_request(L, id, tonumber(ARGV[6]))
 if fence == '1' then
   -- A session already gone needs no fence: the enqueue checks it first.
   local pttl = redis.call('PTTL', skey(sid))
@@ -482,7 +504,7 @@ redis.call('DEL', stray)
 local removed, queues, seen = 0, {}, {}
 for _, m in ipairs(redis.call('SMEMBERS', s .. '/.locks')) do
   local L, id = string.match(m, '^(.*)/%.q/([^/]*)$')
-  if L and not owned[id] then
+  if L and not owned[base(id)] then
     if marks[m] == confirmed then
       local v = redis.call('HGET', L .. '/.e', id)
       local e = v and parse(v)

@@ -155,7 +155,8 @@ impl StoreSession for RedisSession {
             .arg(if req.wait { "1" } else { "0" })
             .arg(now_ms())
             .arg(&req.value[..])
-            .arg(self.state.core.config.ttl.as_millis() as u64);
+            .arg(self.state.core.config.ttl.as_millis() as u64)
+            .arg(req.count.max(1));
         let core = self.state.core.clone();
         let reply = req
             .writes
@@ -232,7 +233,8 @@ impl StoreSession for RedisSession {
         inv.arg(&self.state.core.prefix)
             .arg(self.state.core.lock_key(&req.name))
             .arg(&id)
-            .arg(held.token);
+            .arg(held.token)
+            .arg(req.count.max(1));
         self.state.core.script::<i64>("release", &inv).await?;
         Ok(())
     }
@@ -263,7 +265,8 @@ impl StoreSession for RedisSession {
             .arg(self.state.core.lock_key(&req.name))
             .arg(&id)
             .arg(if fence { "1" } else { "0" })
-            .arg(&self.state.sid);
+            .arg(&self.state.sid)
+            .arg(req.count.max(1));
         self.state.core.script::<i64>("abandon", &inv).await?;
         Ok(())
     }

@@ -5,7 +5,7 @@
 //! Redis and by the shared function, must agree entry by entry. A mutant
 //! of the script's rule must disagree somewhere (so this test can fail).
 
-use quorumlock_core::backend::holds;
+use quorumlock_core::backend::{holds, holds_together};
 use quorumlock_core::LockKind;
 
 use super::LIB;
@@ -15,8 +15,8 @@ use crate::layout::kind_code;
 /// each entry's answer.
 const PROBE: &str = r#"
 local live = {}
-for i = 2, #ARGV, 2 do
-  live[#live + 1] = {kind = ARGV[i], permits = tonumber(ARGV[i + 1])}
+for i = 2, #ARGV, 3 do
+  live[#live + 1] = {kind = ARGV[i], permits = tonumber(ARGV[i + 1]), id = ARGV[i + 2]}
 end
 local out = {}
 for i = 1, #live do
@@ -59,22 +59,81 @@ fn queues() -> Vec<Vec<LockKind>> {
     out
 }
 
+/// Semaphore queues of requests for several permits at once: every
+/// sequence of request sizes (1 to `permits`) of up to 5 entries, for 1 to
+/// 3 permits; each entry with the request it belongs to.
+fn grouped_queues() -> Vec<(Vec<LockKind>, Vec<usize>)> {
+    let mut out = Vec::new();
+    for permits in 1..=3u32 {
+        let mut level: Vec<Vec<u32>> = vec![Vec::new()];
+        for _ in 0..5 {
+            level = level
+                .iter()
+                .flat_map(|sizes| {
+                    (1..=permits).map(move |k| {
+                        let mut s = sizes.clone();
+                        s.push(k);
+                        s
+                    })
+                })
+                .filter(|s| s.iter().sum::<u32>() <= 5)
+                .collect();
+            for sizes in &level {
+                let request: Vec<usize> = sizes
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(r, k)| std::iter::repeat_n(r, *k as usize))
+                    .collect();
+                out.push((
+                    vec![LockKind::Semaphore { permits }; request.len()],
+                    request,
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// Entry `i`'s id as the scripts name it: `r<n>` for the last entry of
+/// request `n`, `r<n>.<j>.<k>` for its j-th of k before.
+fn entry_id(request: &[usize], i: usize) -> String {
+    let r = request[i];
+    let k = request.iter().filter(|&&x| x == r).count();
+    let j = request[..=i].iter().filter(|&&x| x == r).count();
+    if j == k {
+        format!("r{r}")
+    } else {
+        format!("r{r}.{j}.{k}")
+    }
+}
+
 /// Where the script with `lib` and the shared rule disagree.
 fn disagreements(con: &mut redis::Connection, lib: &str) -> Vec<String> {
     let script = redis::Script::new(&format!("{lib}\n{PROBE}"));
     let mut out = Vec::new();
-    for q in queues() {
+    let plain = queues().into_iter().map(|q| {
+        let request = (0..q.len()).collect::<Vec<_>>();
+        (q, request)
+    });
+    for (q, request) in plain.chain(grouped_queues()) {
         let mut inv = script.prepare_invoke();
         inv.arg("");
-        for k in &q {
+        for (i, k) in q.iter().enumerate() {
             let (code, permits) = kind_code(*k);
-            inv.arg(code).arg(permits);
+            inv.arg(code).arg(permits).arg(entry_id(&request, i));
         }
         let by_script: Vec<i64> = inv.invoke(con).expect("the probe script runs");
         for (i, got) in by_script.iter().enumerate() {
-            let want = holds(&q, i);
+            let want = holds_together(&q, i, |a, b| request[a] == request[b]);
+            assert_eq!(
+                holds_together(&q, i, |a, b| a == b),
+                holds(&q, i),
+                "one entry per request is the plain rule"
+            );
             if (*got == 1) != want {
-                out.push(format!("{q:?} entry {i}: script {got}, rule {want}"));
+                out.push(format!(
+                    "{q:?} requests {request:?} entry {i}: script {got}, rule {want}"
+                ));
             }
         }
     }
@@ -104,14 +163,21 @@ fn the_scripts_queue_rule_is_the_shared_one() {
     assert!(wrong.is_empty(), "the script's rule differs: {wrong:#?}");
 }
 
-/// Each mutant of the script's rule is caught: a permit one short, a
-/// reader that waits only for writers (not for a mutex ahead), a mutex
-/// that holds second.
+/// Each mutant of the script's rule is caught: a permit one short, the
+/// entries of a request that hold one by one, a reader that waits only
+/// for writers (not for a mutex ahead), a mutex that holds second.
 #[test]
 fn a_mutant_of_the_scripts_rule_is_caught() {
     let Some(mut con) = redis() else { return };
     for (from, to) in [
-        ("return i <= e.permits", "return i < e.permits"),
+        (
+            "return i + after(e.id) <= e.permits",
+            "return i + after(e.id) < e.permits",
+        ),
+        (
+            "return i + after(e.id) <= e.permits",
+            "return i <= e.permits",
+        ),
         (
             "if live[j].kind ~= 'r' then return false end",
             "if live[j].kind == 'w' then return false end",
