@@ -10,7 +10,7 @@
 //! | `P.session/<sid>/.locks` | set, a TTL past the session | the session's entries, by [`entry_name`] (the session's end settles their queues, also once the session key expired) |
 //! | `P.session/<sid>/.stray` | hash | entries of the session its client no longer owns -> the renewal that found them (removed by the next) |
 //! | `P.session/<sid>/.fenced` | zset | contenders of attempts abandoned with a write of unknown outcome: a late copy of their enqueue writes nothing |
-//! | `L/.q` | zset | the queue: contender id by arrival number |
+//! | `L/.q` | zset | the queue: contender id by arrival number (a request for k permits at once: `<id>.<j>.<k>` for its first k-1 entries, side by side, then `<id>`) |
 //! | `L/.e` | hash | contender id -> `kind permits sid created_ms token P` |
 //!
 //! An entry's session is `P.session/<sid>` with the `P` the entry names
