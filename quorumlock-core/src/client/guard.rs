@@ -126,16 +126,19 @@ async fn remove_once(
     removal: &tokio::sync::Mutex<Option<Removed>>,
 ) -> Result<()> {
     let mut done = removal.lock().await;
-    if done.is_none() {
-        let r = remove_entry(session, req, Some(acquired))
-            .instrument(tracing::debug_span!("release", lock = %req.name, token = acquired.token))
-            .await;
-        *done = Some(r.err().map(|e| (e.kind(), e.message().to_string())));
+    if let Some(outcome) = done.as_ref() {
+        return match outcome {
+            None => Ok(()),
+            Some((kind, message)) => Err(Error::new(*kind, message.clone())),
+        };
     }
-    match done.as_ref().expect("set above") {
-        None => Ok(()),
-        Some((kind, message)) => Err(Error::new(*kind, message.clone())),
-    }
+    let r = remove_entry(session, req, Some(acquired))
+        .instrument(tracing::debug_span!("release", lock = %req.name, token = acquired.token))
+        .await;
+    // The second asker gets the kind and the whole text (sources
+    // included); the first, the error itself.
+    *done = Some(r.as_ref().err().map(|e| (e.kind(), e.to_string())));
+    r
 }
 
 struct Held {
