@@ -176,7 +176,7 @@ impl Backend for PostgresBackend {
             session_ttl: self.core.config.ttl,
             proclaim: true,
             changes: true,
-            acquire_many: false,
+            acquire_many: true,
         }
     }
 

@@ -440,12 +440,31 @@ pub(crate) fn kind_code(kind: LockKind) -> (&'static str, i32) {
     }
 }
 
+/// The stored kind of a permit entry that more entries of its request
+/// follow (a request for several permits at once is its entries side by
+/// side: `s+` for each but the last, `s` for the last).
+pub(crate) const MORE_PERMITS: &str = "s+";
+
+/// The contender of the `j`-th entry (1-based, before the last) of a
+/// request for several permits whose last entry is `contender`'s.
+pub(crate) fn permit_contender(contender: Uuid, j: u32) -> Uuid {
+    Uuid::from_u128(contender.as_u128() ^ u128::from(j))
+}
+
+/// Every contender of a request for `count` permits (its last `contender`).
+pub(crate) fn request_contenders(contender: Uuid, count: u32) -> Vec<Uuid> {
+    (1..count)
+        .map(|j| permit_contender(contender, j))
+        .chain([contender])
+        .collect()
+}
+
 /// The lock kind of a stored `(kind, permits)`.
 pub(crate) fn kind_of(code: &str, permits: i32) -> LockKind {
     match code {
         "r" => LockKind::Read,
         "w" => LockKind::Write,
-        "s" => LockKind::Semaphore {
+        "s" | MORE_PERMITS => LockKind::Semaphore {
             permits: permits.max(0) as u32,
         },
         "e" => LockKind::Election,

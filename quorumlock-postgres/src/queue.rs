@@ -7,7 +7,7 @@
 use std::time::SystemTime;
 use tokio_postgres::types::{ToSql, Type};
 
-use quorumlock_core::backend::{holds, waits_for};
+use quorumlock_core::backend::{holds_together, waits_for};
 use quorumlock_core::{LockKind, Result};
 use tokio_postgres::Transaction;
 use uuid::Uuid;
@@ -22,6 +22,9 @@ pub(crate) struct Entry {
     pub(crate) contender: Uuid,
     pub(crate) session: Uuid,
     pub(crate) kind: LockKind,
+    /// More entries of its request follow it (a request for several
+    /// permits at once; [`layout::MORE_PERMITS`]).
+    pub(crate) more: bool,
     pub(crate) token: Option<i64>,
     pub(crate) created: SystemTime,
     pub(crate) value: Vec<u8>,
@@ -114,6 +117,7 @@ pub(crate) async fn read(
                 contender: r.try_get(1)?,
                 session: r.try_get(2)?,
                 kind: layout::kind_of(r.try_get(3)?, r.try_get(4)?),
+                more: r.try_get::<_, &str>(3)? == layout::MORE_PERMITS,
                 token: r.try_get(5)?,
                 created: r.try_get(6)?,
                 value: r.try_get(7)?,
@@ -140,13 +144,19 @@ pub(crate) async fn grant(
     quiet: Option<Uuid>,
 ) -> std::result::Result<Vec<Entry>, Fail> {
     let kinds: Vec<LockKind> = entries.iter().map(|e| e.kind).collect();
+    // A request's entries hold together: the run of `more` entries and
+    // the one after it.
     let granted: Vec<usize> = (0..entries.len())
-        .filter(|&i| entries[i].token.is_none() && holds(&kinds, i))
+        .filter(|&i| {
+            entries[i].token.is_none()
+                && holds_together(&kinds, i, |a, b| (a..b).all(|x| entries[x].more))
+        })
         .collect();
     let (mut sessions, mut messages) = (Vec::new(), Vec::new());
     for &i in &granted {
         let e = &entries[i];
-        if Some(e.contender) != quiet {
+        // A request of several permits is told once, by its last entry.
+        if Some(e.contender) != quiet && !e.more {
             sessions.push(e.session);
             messages.push(format!("g {}", e.contender.simple()));
         }
@@ -311,6 +321,7 @@ mod tests {
             contender: Uuid::new_v4(),
             session: Uuid::new_v4(),
             kind,
+            more: false,
             token,
             created: SystemTime::now(),
             value: Vec::new(),

@@ -110,6 +110,7 @@ impl PostgresSession {
         let c = self.state.core.clone();
         let (lock, sid, me) = (lock.to_string(), self.state.id, req.contender);
         let (kind, wait, value) = (req.kind, req.wait, req.value.clone());
+        let contenders = layout::request_contenders(me, req.count.max(1));
         let name = req.name.clone();
         let work: Work<Enqueued> = Box::new(move |client| {
             Box::pin(async move {
@@ -142,28 +143,36 @@ impl PostgresSession {
                         );
                     }
                     let (code, permits) = layout::kind_code(kind);
-                    let row: [(&(dyn ToSql + Sync), Type); 6] = [
-                        (&lock, Type::TEXT),
-                        (&me, Type::UUID),
-                        (&sid, Type::UUID),
-                        (&code, Type::TEXT),
-                        (&permits, Type::INT4),
-                        (&value, Type::BYTEA),
-                    ];
-                    // The insert and the queue with it, one flight.
-                    let (row, after) = futures::try_join!(
-                        tx.query_typed_one(&sql.insert, &row),
-                        queue::read(&tx, sql, &lock)
-                    )?;
-                    layout::check_enqueue(row.try_get(0)?, row.try_get(1)?).map_err(Fail::Quit)?;
-                    entries = after;
+                    // A request for several permits: its entries side by
+                    // side, each but the last marked as followed by more.
+                    for (j, c) in contenders.iter().enumerate() {
+                        let code = if j + 1 < contenders.len() {
+                            layout::MORE_PERMITS
+                        } else {
+                            code
+                        };
+                        let row: [(&(dyn ToSql + Sync), Type); 6] = [
+                            (&lock, Type::TEXT),
+                            (c, Type::UUID),
+                            (&sid, Type::UUID),
+                            (&code, Type::TEXT),
+                            (&permits, Type::INT4),
+                            (&value, Type::BYTEA),
+                        ];
+                        let row = tx.query_typed_one(&sql.insert, &row).await?;
+                        layout::check_enqueue(row.try_get(0)?, row.try_get(1)?)
+                            .map_err(Fail::Quit)?;
+                    }
+                    entries = queue::read(&tx, sql, &lock).await?;
                 }
                 let entries = queue::grant(&tx, sql, step.dead, entries, Some(me)).await?;
                 let standing = queue::standing(&entries, me);
                 let out = match standing {
                     Standing::Wait { .. } if !wait => {
-                        tx.execute_typed(&sql.delete_contender, &[(&me, Type::UUID)])
-                            .await?;
+                        for c in &contenders {
+                            tx.execute_typed(&sql.delete_contender, &[(c, Type::UUID)])
+                                .await?;
+                        }
                         Enqueued::WouldBlock
                     }
                     s => Enqueued::Standing(s),
@@ -196,9 +205,17 @@ impl PostgresSession {
         self.state.core.run("check entry", work).await
     }
 
-    /// Removes `me`'s entry (fencing the attempt off first when `fence`)
-    /// and grants the next, in one transaction.
-    async fn remove(&self, what: &str, lock: String, me: Uuid, fence: bool) -> Result<()> {
+    /// Removes `me`'s entry, and the others of its request of `count`
+    /// permits (fencing the attempt off first when `fence`), and grants
+    /// the next, in one transaction.
+    async fn remove(
+        &self,
+        what: &str,
+        lock: String,
+        me: Uuid,
+        count: u32,
+        fence: bool,
+    ) -> Result<()> {
         let c = self.state.core.clone();
         let sid = self.state.id;
         let work: Work<()> = Box::new(move |client| {
@@ -208,6 +225,8 @@ impl PostgresSession {
                 // One flight: the queue's lock, the fence, the removal,
                 // the purge and the queue after them.
                 let fence_row = [(&me as &(dyn ToSql + Sync), Type::UUID), (&sid, Type::UUID)];
+                let others = layout::request_contenders(me, count);
+                let others = &others[..others.len() - 1];
                 let attempt = [(&me as &(dyn ToSql + Sync), Type::UUID)];
                 let own = async {
                     futures::try_join!(
@@ -221,7 +240,15 @@ impl PostgresSession {
                     )
                 };
                 let step = queue::step(&tx, sql, &lock, own).await?;
-                queue::grant(&tx, sql, step.dead, step.entries, None).await?;
+                let mut entries = step.entries;
+                if !others.is_empty() {
+                    for c in others {
+                        tx.execute_typed(&sql.delete_contender, &[(c, Type::UUID)])
+                            .await?;
+                    }
+                    entries.retain(|e| !others.contains(&e.contender));
+                }
+                queue::grant(&tx, sql, step.dead, entries, None).await?;
                 tx.commit().await?;
                 Ok(())
             })
@@ -326,14 +353,16 @@ impl StoreSession for PostgresSession {
         self.state.unroute(&req.contender);
         let lock = self.state.core.lock_key(&req.name);
         let fence = req.writes.outcome_unknown();
-        self.remove("release", lock, req.contender, fence).await
+        self.remove("release", lock, req.contender, req.count.max(1), fence)
+            .await
     }
 
     async fn abandon(&self, req: &AcquireRequest) -> Result<()> {
         self.state.unroute(&req.contender);
         let lock = self.state.core.lock_key(&req.name);
         let fence = req.writes.outcome_unknown();
-        self.remove("abandon", lock, req.contender, fence).await
+        self.remove("abandon", lock, req.contender, req.count.max(1), fence)
+            .await
     }
 
     async fn set_value(&self, req: &AcquireRequest, held: &Acquired, value: &[u8]) -> Result<()> {
