@@ -64,10 +64,9 @@ impl EtcdCore {
     async fn holders(&self, name: &LockName) -> Result<(Vec<KeyValue>, Vec<KeyValue>)> {
         let all = self.contenders(name).await?;
         let kinds: Vec<LockKind> = all.iter().map(layout::kind_of).collect();
-        let (holders, waiters): (Vec<_>, Vec<_>) = all
-            .into_iter()
-            .enumerate()
-            .partition(|(i, _)| quorumlock_core::backend::holds(&kinds, *i));
+        let held: Vec<bool> = (0..all.len()).map(|i| holds(&all, &kinds, i)).collect();
+        let (holders, waiters): (Vec<_>, Vec<_>) =
+            all.into_iter().enumerate().partition(|(i, _)| held[*i]);
         Ok((
             holders.into_iter().map(|(_, kv)| kv).collect(),
             waiters.into_iter().map(|(_, kv)| kv).collect(),
@@ -163,7 +162,7 @@ impl EtcdCore {
                 let kinds: Vec<LockKind> = all.iter().map(layout::kind_of).collect();
                 let mut state = LockState::free(name);
                 for (i, kv) in all.iter().enumerate() {
-                    if quorumlock_core::backend::holds(&kinds, i) {
+                    if holds(&all, &kinds, i) {
                         state.holders.push(contender(kv));
                     } else {
                         state.waiters.push(contender(kv));
@@ -280,4 +279,13 @@ impl EtcdCore {
             .retain(|id| !dead.contains(id));
         Ok(out)
     }
+}
+
+/// Whether entry `i` of a lock's line (`all`, oldest first, and their
+/// kinds) holds: by the shared rule, the keys of one request for several
+/// permits (one txn, one create revision) holding together.
+fn holds(all: &[KeyValue], kinds: &[LockKind], i: usize) -> bool {
+    quorumlock_core::backend::holds_together(kinds, i, |a, b| {
+        all[a].create_revision() == all[b].create_revision()
+    })
 }

@@ -251,7 +251,7 @@ impl Backend for EtcdBackend {
             session_ttl: self.core.config.ttl,
             proclaim: true,
             changes: true,
-            acquire_many: false,
+            acquire_many: true,
         }
     }
 

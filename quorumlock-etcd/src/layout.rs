@@ -12,6 +12,7 @@
 //! | write | `<pfx>/<lease hex>-w-<uuid>` | `ql:w:<unix ms>:<holder value>` |
 //! | read | `<pfx>/.r-<lease hex>-<uuid>` | `ql:r:<unix ms>:<holder value>` |
 //! | semaphore | `<pfx>/<lease hex>-s-<uuid>` | `ql:s<permits>:<unix ms>:<holder value>` |
+//! | semaphore, k permits at once | the above, and `<it>.<j>` for j in 1..k, in one txn | as above |
 //!
 //! Go's `Mutex` (`etcdctl lock`) writes an empty value; any value that does
 //! not start with `ql:` is a mutex entry whose whole value is the holder's.
@@ -128,6 +129,14 @@ pub(crate) fn key(pfx: &str, kind: LockKind, lease: i64, contender: &uuid::Uuid)
         LockKind::Semaphore { .. } => format!("{pfx}/{lease:x}-s-{}", contender.simple()),
         _ => format!("{pfx}/{lease:x}"),
     }
+}
+
+/// The other keys of a request for `count` permits at once whose key is
+/// `key`: `<key>.<j>` for j in 1..count, written in the same txn (so with
+/// the same create revision: one request's keys are the entries of one
+/// revision, which hold together).
+pub(crate) fn sibling_keys(key: &str, count: u32) -> Vec<String> {
+    (1..count).map(|j| format!("{key}.{j}")).collect()
 }
 
 /// Start and end of the writers' key range of a lock (everything but the

@@ -125,11 +125,12 @@ impl EtcdSession {
         Error::new(ErrorKind::SessionLost, why.to_string())
     }
 
-    /// Deletes our key if it is still the one created at `rev`.
-    async fn delete_if(&self, key: &str, rev: i64) -> Result<()> {
+    /// Deletes our key if it is still the one created at `rev`, and the
+    /// other keys of its request of `count` permits.
+    async fn delete_if(&self, key: &str, rev: i64, count: u32) -> Result<()> {
         let txn = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, rev)])
-            .and_then([TxnOp::delete(key, None)]);
+            .and_then(deletes(key, count));
         self.state
             .core
             .txn("delete contender", txn)
@@ -169,9 +170,11 @@ impl EtcdSession {
         );
         let mut rev = rev;
         for _ in 0..8 {
+            let mut then = deletes(key, req.count);
+            then.push(fence.clone());
             let txn = Txn::new()
                 .when([Compare::create_revision(key, CompareOp::Equal, rev)])
-                .and_then([TxnOp::delete(key, None), fence.clone()])
+                .and_then(then)
                 .or_else([TxnOp::get(key, None)]);
             let resp = self.state.core.txn("fence contender", txn).await?;
             if resp.succeeded() {
@@ -364,7 +367,7 @@ impl EtcdSession {
         let value = layout::value(req.kind, SystemTime::now(), &req.value);
         let fence = self.fence_key(req);
         let last = self.lone_grants.take(&pfx);
-        if last.is_some_and(|l| l.quiet) {
+        if req.count <= 1 && last.is_some_and(|l| l.quiet) {
             if let Some(granted) = self
                 .quiet_put(req, &pfx, &key, &value, &fence, last)
                 .await?
@@ -374,7 +377,7 @@ impl EtcdSession {
         }
         let mut q = self.enqueue(req, &pfx, &key, value, fence).await?;
         self.wait_turn(req, &pfx, &key, &mut q).await?;
-        if q.oldest.is_none() {
+        if q.oldest.is_none() && req.count <= 1 {
             self.lone_grants.keep(&pfx, last, q.my_rev as u64);
         }
         Ok(self.granted(req, key, q.my_rev, q.rev, q.revoked))
@@ -448,7 +451,7 @@ impl EtcdSession {
         let mut then = vec![
             TxnOp::put(
                 key.clone(),
-                value,
+                value.clone(),
                 Some(PutOptions::new().with_lease(self.state.lease)),
             ),
             TxnOp::get(pfx_slash.clone(), Some(first_created().with_limit(1))),
@@ -456,6 +459,16 @@ impl EtcdSession {
         if !first_is_enough {
             then.push(self.ahead_op(pfx, kind, None));
         }
+        // A request for several permits: its other keys in the same txn
+        // (one create revision), after the reads (which so show only ours
+        // of them).
+        then.extend(layout::sibling_keys(&key, req.count).into_iter().map(|k| {
+            TxnOp::put(
+                k,
+                value.clone(),
+                Some(PutOptions::new().with_lease(self.state.lease)),
+            )
+        }));
         let txn = Txn::new()
             .when([
                 Compare::create_revision(key.clone(), CompareOp::Equal, 0),
@@ -520,7 +533,7 @@ impl EtcdSession {
                 // Conflict is the answer even if this delete fails: the
                 // client layer abandons (deletes) the attempt after any
                 // error but WouldBlock.
-                if let Err(e) = self.delete_if(&key, my_rev).await {
+                if let Err(e) = self.delete_if(&key, my_rev, req.count).await {
                     tracing::debug!(error = %e, "removing a conflicting entry failed");
                 }
                 return Err(Error::new(
@@ -597,15 +610,20 @@ impl EtcdSession {
                     .iter()
                     .map(|kv| layout::line_kind(kv.key(), kv.value()))
                     .collect();
-                match layout::waited(kind, &kinds) {
+                // Our other keys of a request for several permits are
+                // the nearest entries ahead of ours (one revision).
+                let siblings = req.count.max(1) as usize - 1;
+                let line: Vec<LockKind> =
+                    std::iter::repeat_n(kind, siblings).chain(kinds).collect();
+                match layout::waited(kind, &line) {
                     None => break,
-                    Some(n) => ahead[..n].to_vec(),
+                    Some(n) => ahead[..n.saturating_sub(siblings).min(ahead.len())].to_vec(),
                 }
             } else {
                 foreign
             };
             if !req.wait {
-                self.delete_if(key, my_rev).await?;
+                self.delete_if(key, my_rev, req.count).await?;
                 return Err(Error::new(
                     ErrorKind::WouldBlock,
                     format!("lock {} is held", req.name),
@@ -741,6 +759,16 @@ async fn next_change(ws: &mut [crate::watch::Watch]) -> Option<Duration> {
     }
 }
 
+/// The deletes of our key `key` and of the other keys of its request of
+/// `count` permits ([`layout::sibling_keys`]).
+fn deletes(key: &str, count: u32) -> Vec<TxnOp> {
+    layout::sibling_keys(key, count)
+        .into_iter()
+        .chain([key.to_string()])
+        .map(|k| TxnOp::delete(k, None))
+        .collect()
+}
+
 /// Whether a write ended without etcd's answer (a request timeout or a
 /// transport error): it may have been applied, or be applied later.
 fn unanswered<T>(r: &Result<T>) -> bool {
@@ -783,7 +811,7 @@ impl StoreSession for EtcdSession {
                 CompareOp::Equal,
                 held.token as i64,
             )])
-            .and_then([TxnOp::delete(held.entry.clone(), None)]);
+            .and_then(deletes(&held.entry, req.count));
         let released = self.state.core.txn("release", txn).await;
         // A release that lands later than one past the grant had writes
         // during the hold: the next acquire would miss, forget the grant.
@@ -878,7 +906,7 @@ impl StoreSession for EtcdSession {
                 }
             }
         };
-        self.delete_if(&key, rev).await?;
+        self.delete_if(&key, rev, req.count).await?;
         self.attempt_done(req);
         Ok(())
     }
