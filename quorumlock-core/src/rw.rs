@@ -227,16 +227,7 @@ impl Semaphore {
     /// Dropping the future at any await point leaves nothing on the store
     /// once the background cleanup has run.
     pub async fn acquire(&self) -> Result<LockGuard> {
-        self.client
-            .acquire_limited(
-                &self.name,
-                self.kind(),
-                Mode::Wait,
-                self.value.as_deref(),
-                self.hold_limit,
-                1,
-            )
-            .await
+        self.many(1, Mode::Wait).await
     }
 
     /// Takes a permit only if one is free now.
@@ -244,16 +235,7 @@ impl Semaphore {
     /// # Cancel safety
     /// As [`acquire`](Self::acquire).
     pub async fn try_acquire(&self) -> Result<LockGuard> {
-        self.client
-            .acquire_limited(
-                &self.name,
-                self.kind(),
-                Mode::Try,
-                self.value.as_deref(),
-                self.hold_limit,
-                1,
-            )
-            .await
+        self.many(1, Mode::Try).await
     }
 
     /// Waits at most `timeout` for a permit.
@@ -262,16 +244,7 @@ impl Semaphore {
     /// As [`acquire`](Self::acquire).
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<LockGuard> {
         let mode = Mode::within(timeout);
-        self.client
-            .acquire_limited(
-                &self.name,
-                self.kind(),
-                mode,
-                self.value.as_deref(),
-                self.hold_limit,
-                1,
-            )
-            .await
+        self.many(1, mode).await
     }
 
     /// Waits for `count` permits, taken at once: never some of them, and

@@ -51,6 +51,14 @@ fn create_options() -> zk::CreateOptions<'static> {
     zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all())
 }
 
+/// The GUID prefix of `req`'s nodes (`_c_<guid>-`) and the path its
+/// nodes in `dir` are created with (the server appends the sequence).
+fn node_prefix(dir: &str, marker: &str, req: &AcquireRequest) -> (String, String) {
+    let guid_prefix = format!("_c_{}-", req.contender.hyphenated());
+    let prefix = format!("{dir}/{guid_prefix}{marker}");
+    (guid_prefix, prefix)
+}
+
 /// Errors the library makes up for requests in flight when a connection
 /// breaks: the request may or may not have been applied.
 fn is_connection_trouble(e: &zk::Error) -> bool {
@@ -173,8 +181,7 @@ impl SessionState {
         listing: Listing,
     ) -> Result<Created> {
         let list = listing != Listing::Skip;
-        let guid_prefix = format!("_c_{}-", req.contender.hyphenated());
-        let prefix = format!("{dir}/{guid_prefix}{marker}");
+        let (guid_prefix, prefix) = node_prefix(dir, marker, req);
         let opts = create_options();
         let mut attempts = 0;
         loop {
@@ -363,8 +370,7 @@ impl SessionState {
         req: &AcquireRequest,
     ) -> Result<(Vec<String>, zk::Stat)> {
         let count = req.count.max(1) as usize;
-        let guid_prefix = format!("_c_{}-", req.contender.hyphenated());
-        let prefix = format!("{dir}/{guid_prefix}{marker}");
+        let (guid_prefix, prefix) = node_prefix(dir, marker, req);
         let opts = create_options();
         let mut attempts = 0;
         loop {
