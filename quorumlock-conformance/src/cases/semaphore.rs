@@ -308,6 +308,43 @@ pub async fn semaphore_acquire_many_is_atomic_and_in_order(h: &Harness) {
     assert_eq!(s.count(), 1);
     s.release().await.unwrap();
 
+    // Requests for fewer than all of them, between single ones: 1 + 2 of
+    // 3 hold at once; a second request for 2 waits, and a single one
+    // asked after it waits behind it.
+    let one = sem(a).acquire().await.unwrap();
+    let two = tokio::time::timeout(SOON, sem(b).acquire_many(2))
+        .await
+        .expect("2 of 3 beside 1")
+        .unwrap();
+    let other_two = {
+        let s = sem(c);
+        tokio::spawn(async move { s.acquire_many(2).await })
+    };
+    let t0 = Instant::now();
+    while c.inspect("many").await.unwrap().waiters.len() < 2 {
+        assert!(t0.elapsed() < SOON, "the second request for 2 never queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_kind(
+        sem(a).try_acquire().await,
+        ErrorKind::WouldBlock,
+        "a permit taken ahead of an earlier request for 2",
+    );
+    two.release().await.unwrap();
+    let g2 = tokio::time::timeout(SOON, other_two)
+        .await
+        .expect("the second request for 2 after the first's release")
+        .unwrap()
+        .unwrap();
+    let state = c.inspect("many").await.unwrap();
+    assert_eq!(
+        (state.holders.len(), state.waiters.len()),
+        (3, 0),
+        "{state:?}"
+    );
+    g2.release().await.unwrap();
+    one.release().await.unwrap();
+
     // A break of a request of several permits: all of its entries go, its
     // guard learns of the loss, a waiter gets a permit.
     let g = sem(b).acquire_many(3).await.unwrap();
