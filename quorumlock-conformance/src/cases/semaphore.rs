@@ -258,20 +258,16 @@ pub async fn semaphore_acquire_many_is_atomic_and_in_order(h: &Harness) {
         tokio::spawn(async move { s.acquire_many(3).await })
     };
     // Wait until the request is on the store (3 waiting entries).
-    let t0 = Instant::now();
-    loop {
+    eventually("the request for 3 to queue", || async {
         let state = c.inspect("many").await.unwrap();
         assert_eq!(
             state.holders.len(),
             1,
             "part of a 3-permit request held while it waits: {state:?}"
         );
-        if state.waiters.len() == 3 {
-            break;
-        }
-        assert!(t0.elapsed() < SOON, "the request never queued: {state:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        state.waiters.len() == 3
+    })
+    .await;
     // Two permits are free, but a single one asked now waits behind it.
     assert_kind(
         sem(c).try_acquire().await,
@@ -282,7 +278,11 @@ pub async fn semaphore_acquire_many_is_atomic_and_in_order(h: &Harness) {
         let s = sem(c);
         tokio::spawn(async move { s.acquire().await })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Its entry queued behind the request's three: not granted.
+    eventually("the single permit to queue", || async {
+        waiters(c, "many").await == 4
+    })
+    .await;
     assert!(
         !small.is_finished(),
         "a later single permit overtook the request for 3"
@@ -297,7 +297,11 @@ pub async fn semaphore_acquire_many_is_atomic_and_in_order(h: &Harness) {
     let state = c.inspect("many").await.unwrap();
     assert_eq!(state.holders.len(), 3, "{state:?}");
     assert!(state.holders.iter().all(|h| h.session == g.session_id()));
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        state.waiters.len(),
+        1,
+        "a permit granted beside 3 of 3: {state:?}"
+    );
     assert!(!small.is_finished(), "a permit granted beside 3 of 3");
     g.release().await.unwrap();
     let s = tokio::time::timeout(SOON, small)
@@ -320,11 +324,10 @@ pub async fn semaphore_acquire_many_is_atomic_and_in_order(h: &Harness) {
         let s = sem(c);
         tokio::spawn(async move { s.acquire_many(2).await })
     };
-    let t0 = Instant::now();
-    while c.inspect("many").await.unwrap().waiters.len() < 2 {
-        assert!(t0.elapsed() < SOON, "the second request for 2 never queued");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually("the second request for 2 to queue", || async {
+        waiters(c, "many").await == 2
+    })
+    .await;
     assert_kind(
         sem(a).try_acquire().await,
         ErrorKind::WouldBlock,
@@ -353,11 +356,10 @@ pub async fn semaphore_acquire_many_is_atomic_and_in_order(h: &Harness) {
         let s = sem(c);
         tokio::spawn(async move { s.acquire_timeout(SOON).await })
     };
-    let t0 = Instant::now();
-    while c.inspect("many").await.unwrap().waiters.is_empty() {
-        assert!(t0.elapsed() < SOON, "the waiter never queued");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually("the waiter to queue", || async {
+        waiters(c, "many").await > 0
+    })
+    .await;
     assert!(a.break_lock("many").await.unwrap());
     let w = waiter
         .await
