@@ -22,7 +22,7 @@ pub mod url;
 mod watch;
 
 pub use availability::{default_value, ClientOptions, DEFAULT_UNAVAILABLE_AFTER};
-pub use client::{Lock, LockClient, LockGuard, Reentry};
+pub use client::{Lock, LockClient, LockGuard, Reentry, Upgraded};
 pub use election::{Election, Leader, LeaderGuard};
 pub use error::{Error, ErrorKind, Result};
 pub use multi::{MultiGuard, MultiLock};

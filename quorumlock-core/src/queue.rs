@@ -11,7 +11,10 @@ use crate::LockName;
 /// Entries of one name form one queue in arrival order. An entry holds
 /// when:
 /// - `Exclusive` or `Write`: it is first;
-/// - `Read`: no `Exclusive` or `Write` entry is ahead of it;
+/// - `Read`: no `Exclusive`, `Write` or `Upgrade` entry is ahead of it;
+/// - `Upgradeable`: no entry but readers is ahead of it;
+/// - `Upgrade`: no entry ahead of it holds but the upgradeable entry it
+///   upgrades;
 /// - `Semaphore { permits }`: fewer than `permits` entries are ahead of it.
 ///
 /// A waiter watches only what it waits for (herd-free): a writer its
@@ -37,6 +40,18 @@ pub enum LockKind {
     Read,
     /// The write side of a read-write lock.
     Write,
+    /// The upgradeable read side of a read-write lock
+    /// ([`crate::RwLock::upgradeable_read`]): it shares with readers and
+    /// excludes writers and other upgradeable readers, so its holder can
+    /// upgrade without deadlock.
+    Upgradeable,
+    /// The write of an upgrade ([`crate::LockGuard::upgrade`]): the entry
+    /// an upgradeable holder appends to the queue, beside its upgradeable
+    /// entry. It holds once nothing ahead of it holds but that entry, so
+    /// readers granted before it drain, readers after it wait, and writers
+    /// that queued behind the upgradeable entry still wait for it (the
+    /// upgrade keeps its place).
+    Upgrade,
     /// A counting semaphore with this many permits.
     Semaphore {
         /// Holders allowed at once.
@@ -71,8 +86,13 @@ impl LockKind {
 /// queue rule of every store, written once:
 /// - a mutex or writer holds when first, else waits for the entry just
 ///   ahead;
-/// - a reader holds when no mutex or writer is ahead, else waits for the
-///   nearest mutex or writer ahead;
+/// - a reader holds when no mutex, writer or upgrade is ahead, else waits
+///   for the nearest one;
+/// - an upgradeable reader holds when only readers are ahead, else waits
+///   for the nearest other entry;
+/// - an upgrade holds when no entry ahead holds but the upgradeable entry
+///   it upgrades, else waits for the nearest other holder ahead; without
+///   a link ([`waits_for_linked`]) it waits for every holder;
 /// - a permit of a semaphore of `permits` holds when fewer than `permits`
 ///   entries are ahead, else waits for the entry `permits` places ahead
 ///   (when it goes, this one is inside the window).
@@ -83,8 +103,35 @@ impl LockKind {
 /// # Panics
 /// If `i` is out of bounds.
 pub fn waits_for(kinds: &[LockKind], i: usize) -> Option<usize> {
+    waits_for_linked(kinds, i, |_, _| false)
+}
+
+/// [`waits_for`], where `upgrades(i, j)` says whether entry `i` (an
+/// [`LockKind::Upgrade`]) upgrades entry `j` (its holder's
+/// [`LockKind::Upgradeable`] entry): the one holder ahead an upgrade does
+/// not wait for. A store that cannot tell says `false`: the upgrade then
+/// waits for its own entry, which is safe and never grants.
+///
+/// An upgrade never waits for an entry that waits (only for holders):
+/// those wait, directly or not, for its own upgradeable entry, so waiting
+/// for them would be a deadlock.
+///
+/// # Panics
+/// If `i` is out of bounds.
+pub fn waits_for_linked(
+    kinds: &[LockKind],
+    i: usize,
+    upgrades: impl Fn(usize, usize) -> bool + Copy,
+) -> Option<usize> {
+    use LockKind::{Read, Upgrade, Upgradeable};
     match kinds[i] {
-        LockKind::Read => (0..i).rev().find(|&j| kinds[j] != LockKind::Read),
+        Read => (0..i)
+            .rev()
+            .find(|&j| !matches!(kinds[j], Read | Upgradeable)),
+        Upgradeable => (0..i).rev().find(|&j| kinds[j] != Read),
+        Upgrade => (0..i)
+            .rev()
+            .find(|&j| !upgrades(i, j) && waits_for_linked(kinds, j, upgrades).is_none()),
         LockKind::Semaphore { permits } => i.checked_sub(permits.max(1) as usize),
         _ => i.checked_sub(1),
     }
@@ -112,11 +159,24 @@ pub fn holds_together(
     i: usize,
     same_request: impl Fn(usize, usize) -> bool,
 ) -> bool {
+    holds_linked(kinds, i, same_request, |_, _| false)
+}
+
+/// [`holds_together`] with the links of upgrades ([`waits_for_linked`]).
+///
+/// # Panics
+/// If `i` is out of bounds.
+pub fn holds_linked(
+    kinds: &[LockKind],
+    i: usize,
+    same_request: impl Fn(usize, usize) -> bool,
+    upgrades: impl Fn(usize, usize) -> bool + Copy,
+) -> bool {
     let last = (i..kinds.len())
         .take_while(|&j| same_request(i, j))
         .last()
         .unwrap_or(i);
-    holds(kinds, last)
+    waits_for_linked(kinds, last, upgrades).is_none()
 }
 
 /// One contender as seen on the store.
@@ -226,6 +286,128 @@ mod tests {
             .map(|i| holds_together(&q[1..], i - 1, |a, b| request[a + 1] == request[b + 1]))
             .collect();
         assert_eq!(held, [true, true, true], "the single one gone");
+    }
+
+    #[test]
+    fn an_upgrade_waits_for_holders_only_and_keeps_its_place() {
+        use LockKind::*;
+        // R U W R R' upgrade: the reader ahead (0) holds, the writer
+        // behind the upgradeable entry waits for it, the reader behind the
+        // writer too; the upgrade waits for the reader ahead and for the
+        // reader granted behind it (3), never for the waiting ones.
+        let q = [Read, Upgradeable, Write, Read, Upgrade];
+        let link = |i: usize, j: usize| (i, j) == (4, 1);
+        let w: Vec<Option<usize>> = (0..q.len())
+            .map(|i| waits_for_linked(&q, i, link))
+            .collect();
+        assert_eq!(w, [None, None, Some(1), Some(2), Some(0)]);
+        let q = [Upgradeable, Read, Upgrade, Read];
+        let link = |i: usize, j: usize| (i, j) == (2, 0);
+        let w: Vec<Option<usize>> = (0..q.len())
+            .map(|i| waits_for_linked(&q, i, link))
+            .collect();
+        assert_eq!(w, [None, None, Some(1), Some(2)], "readers after it wait");
+        let q = [Upgradeable, Upgradeable, Upgrade];
+        let link = |i: usize, j: usize| (i, j) == (2, 0);
+        assert_eq!(
+            waits_for_linked(&q, 1, link),
+            Some(0),
+            "one upgradeable holder"
+        );
+        assert_eq!(waits_for_linked(&q, 2, link), None, "upgraded");
+        // Unlinked (a store that cannot tell), it waits for its own entry.
+        assert_eq!(waits_for(&q, 2), Some(0));
+    }
+
+    /// Random histories of one read-write queue with upgrades: whatever
+    /// arrives and leaves, the holders never clash, a holder keeps holding
+    /// until it leaves (grants are decided once), and some entry always
+    /// holds (no deadlock).
+    #[test]
+    fn upgrades_never_clash_deadlock_or_take_back_a_grant() {
+        use LockKind::*;
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move |n: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % n as u64) as usize
+        };
+        for _ in 0..2_000 {
+            // (id, kind, the id it upgrades)
+            let mut q: Vec<(u32, LockKind, Option<u32>)> = Vec::new();
+            let mut id = 0;
+            let mut held_before: Vec<u32> = Vec::new();
+            for _ in 0..40 {
+                let kinds: Vec<LockKind> = q.iter().map(|e| e.1).collect();
+                let link = |i: usize, j: usize| q[i].2 == Some(q[j].0);
+                let holders: Vec<usize> = (0..q.len())
+                    .filter(|&i| holds_linked(&kinds, i, |a, b| a == b, link))
+                    .collect();
+                let ids: Vec<u32> = holders.iter().map(|&i| q[i].0).collect();
+                assert!(q.is_empty() || !holders.is_empty(), "nobody holds: {q:?}");
+                for h in &held_before {
+                    if q.iter().any(|e| e.0 == *h) {
+                        assert!(ids.contains(h), "{h} held, then not: {q:?}");
+                    }
+                }
+                let exclusive = holders
+                    .iter()
+                    .filter(|&&i| matches!(q[i].1, Exclusive | Write | Upgrade))
+                    .count();
+                let upgradeable = holders.iter().filter(|&&i| q[i].1 == Upgradeable).count();
+                assert!(upgradeable <= 1, "two upgradeable holders: {q:?}");
+                if exclusive > 0 {
+                    let alone = holders.iter().all(|&i| match q[i].1 {
+                        Upgrade => true,
+                        Upgradeable => holders.iter().any(|&k| q[k].2 == Some(q[i].0)),
+                        _ => holders.len() == 1,
+                    });
+                    assert!(exclusive == 1 && alone, "clashing holders {ids:?}: {q:?}");
+                }
+                // An upgrade that waits, waits for some other holder (its
+                // holder cannot release while it waits for it).
+                for (i, e) in q.iter().enumerate() {
+                    if e.1 == Upgrade && !holders.contains(&i) {
+                        assert!(
+                            holders.iter().any(|&h| Some(q[h].0) != e.2),
+                            "upgrade {} waits for its own holder: {q:?}",
+                            e.0
+                        );
+                    }
+                }
+                held_before = ids;
+                match next(5) {
+                    0 | 1 => {
+                        id += 1;
+                        let kind = [Read, Write, Upgradeable, Exclusive][next(4)];
+                        q.push((id, kind, None));
+                    }
+                    2 => {
+                        // A holding upgradeable entry without an upgrade
+                        // upgrades.
+                        let up = holders.iter().map(|&i| q[i].0).find(|&u| {
+                            q.iter().any(|e| e.0 == u && e.1 == Upgradeable)
+                                && !q.iter().any(|e| e.2 == Some(u))
+                        });
+                        if let Some(u) = up {
+                            id += 1;
+                            q.push((id, Upgrade, Some(u)));
+                        }
+                    }
+                    _ => {
+                        // A holder leaves: an upgraded one with its
+                        // upgrade, or its upgrade alone (a downgrade).
+                        if !holders.is_empty() {
+                            let gone = q[holders[next(holders.len())]].0;
+                            let upgraded = q.iter().any(|x| x.2 == Some(gone));
+                            let downgrade = upgraded && next(2) == 0;
+                            q.retain(|e| e.2 != Some(gone) && (downgrade || e.0 != gone));
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]

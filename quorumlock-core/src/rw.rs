@@ -107,6 +107,64 @@ impl RwLock {
             .await
     }
 
+    /// Waits until held for reading, upgradeable: beside readers, but
+    /// never beside a writer or another upgradeable reader, so that its
+    /// holder can [`upgrade`](LockGuard::upgrade) to write without
+    /// deadlock and without queueing again. A second upgradeable reader
+    /// waits, as a writer does.
+    ///
+    /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument)
+    /// on a store without
+    /// [`Capabilities::upgradeable_read`](crate::backend::Capabilities::upgradeable_read),
+    /// before anything is written.
+    ///
+    /// # Cancel safety
+    /// As [`read`](Self::read).
+    pub async fn upgradeable_read(&self) -> Result<LockGuard> {
+        self.upgradeable_in(Mode::Wait).await
+    }
+
+    /// Takes an upgradeable read hold only if no writer or upgradeable
+    /// reader holds or waits ahead.
+    ///
+    /// # Cancel safety
+    /// As [`read`](Self::read).
+    pub async fn try_upgradeable_read(&self) -> Result<LockGuard> {
+        self.upgradeable_in(Mode::Try).await
+    }
+
+    /// Waits at most `timeout` for an upgradeable read hold.
+    ///
+    /// # Cancel safety
+    /// As [`read`](Self::read).
+    pub async fn upgradeable_read_timeout(&self, timeout: Duration) -> Result<LockGuard> {
+        self.upgradeable_in(Mode::within(timeout)).await
+    }
+
+    async fn upgradeable_in(&self, mode: Mode) -> Result<LockGuard> {
+        let backend = self.client.backend();
+        if !backend.capabilities().upgradeable_read {
+            return Err(crate::Error::new(
+                crate::ErrorKind::InvalidArgument,
+                format!(
+                    "{}: the store {} has no upgradeable read locks",
+                    self.name,
+                    backend.describe()
+                ),
+            ));
+        }
+        self.client
+            .acquire_limited(
+                &self.name,
+                LockKind::Upgradeable,
+                mode,
+                self.value.as_deref(),
+                self.hold_limit,
+                1,
+            )
+            .await
+    }
+
     /// Waits until held for writing (alone).
     ///
     /// # Cancel safety

@@ -11,6 +11,8 @@ fn kind_label(kind: LockKind) -> &'static str {
         LockKind::Exclusive => "mutex",
         LockKind::Read => "read",
         LockKind::Write => "write",
+        LockKind::Upgradeable => "upgradeable",
+        LockKind::Upgrade => "upgrade",
         LockKind::Semaphore { .. } => "semaphore",
         LockKind::Election => "election",
     }

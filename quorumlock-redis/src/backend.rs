@@ -128,6 +128,7 @@ impl Backend for RedisBackend {
             proclaim: true,
             changes: true,
             acquire_many: true,
+            upgradeable_read: false,
         }
     }
 

@@ -180,6 +180,7 @@ impl Backend for ZkBackend {
             proclaim: true,
             changes: true,
             acquire_many: true,
+            upgradeable_read: false,
         }
     }
 

@@ -264,3 +264,227 @@ pub async fn rw_mutex_and_readers_exclude(h: &Harness) {
         .unwrap();
     case.finish().await;
 }
+
+/// The upgradeable read lock ([`quorumlock_core::RwLock::upgradeable_read`]):
+/// it shares with readers and excludes writers and a second upgradeable
+/// reader (which waits: two upgrades never wait for each other); its
+/// upgrade waits for the readers granted before it, and only for them,
+/// with a larger token; readers and writers that asked later wait, a
+/// writer queued behind the upgradeable hold still comes after the
+/// upgrade; a failed or tried upgrade leaves the read hold as it was and
+/// nothing on the store; a downgrade lets readers in again. On a store
+/// without upgradeable read locks, the request is `InvalidArgument` and
+/// writes nothing.
+pub async fn rw_upgradeable_read_upgrades_after_readers_drain(h: &Harness) {
+    use quorumlock_core::LockKind;
+    let case = h.case();
+    let clients = case.clients(3).await;
+    let (a, b, c) = (&clients[0], &clients[1], &clients[2]);
+    let rw = |x: &LockClient| x.rwlock("up").unwrap();
+    if !a.backend().capabilities().upgradeable_read {
+        assert_kind(
+            rw(a).upgradeable_read().await,
+            ErrorKind::InvalidArgument,
+            "an upgradeable read where the store has none",
+        );
+        assert!(c.inspect("up").await.unwrap().is_free(), "a refusal wrote");
+        case.finish().await;
+        return;
+    }
+    let r1 = read(b, "up").await;
+    let mut u = tokio::time::timeout(SOON, rw(a).upgradeable_read())
+        .await
+        .expect("an upgradeable read beside a reader waited")
+        .unwrap();
+    assert_eq!(u.kind(), LockKind::Upgradeable);
+    assert_kind(
+        rw(c).try_upgradeable_read().await,
+        ErrorKind::WouldBlock,
+        "a second upgradeable reader beside the first",
+    );
+    assert_kind(
+        rw(c)
+            .upgradeable_read_timeout(Duration::from_millis(300))
+            .await,
+        ErrorKind::Timeout,
+        "a second upgradeable reader beside the first",
+    );
+    assert_kind(
+        rw(c).try_write().await,
+        ErrorKind::WouldBlock,
+        "a writer beside an upgradeable reader",
+    );
+    let r2 = read(c, "up").await;
+    assert_kind(
+        u.reenter_write().map(|_| ()),
+        ErrorKind::UpgradeRefused,
+        "re-entering an upgradeable read hold to write",
+    );
+    let mut plain = read(b, "up").await;
+    assert_kind(
+        plain.upgrade().await.map(|_| ()),
+        ErrorKind::UpgradeRefused,
+        "upgrading a plain read hold",
+    );
+    plain.release().await.unwrap();
+    let key = crate::scratch::scratch_key(a.backend().as_ref(), case.namespace(), "up");
+    assert_kind(
+        u.fenced_put(key.as_str(), b"r".to_vec()).await,
+        ErrorKind::InvalidArgument,
+        "a fenced write of an upgradeable read hold",
+    );
+
+    // A writer queues behind the upgradeable hold.
+    let writer = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            let w = c.rwlock("up").unwrap().write().await.unwrap();
+            let t = w.token();
+            w.release().await.unwrap();
+            t
+        })
+    };
+    eventually("the writer to queue", || async {
+        waiters(a, "up").await == 1
+    })
+    .await;
+
+    // Tried and timed-out upgrades change nothing.
+    assert_kind(
+        u.try_upgrade().await.map(|_| ()),
+        ErrorKind::WouldBlock,
+        "an upgrade beside readers, tried",
+    );
+    assert_kind(
+        u.upgrade_timeout(Duration::from_millis(300))
+            .await
+            .map(|_| ()),
+        ErrorKind::Timeout,
+        "an upgrade beside readers",
+    );
+    assert!(u.is_held(), "a failed upgrade lost the read hold");
+    a.wait_idle().await;
+    let state = c.inspect("up").await.unwrap();
+    assert_eq!(
+        (state.holders.len(), state.waiters.len()),
+        (3, 1),
+        "a failed upgrade left entries, or the read hold went: {state:?}"
+    );
+
+    let read_token = u.token();
+    let (granted_tx, mut granted) = tokio::sync::oneshot::channel();
+    let (done_tx, done) = tokio::sync::oneshot::channel::<()>();
+    let upgrader = {
+        let key = key.clone();
+        tokio::spawn(async move {
+            {
+                let up = u.upgrade().await.unwrap();
+                up.fenced_put(key.as_str(), b"w".to_vec()).await.unwrap();
+                granted_tx.send(up.token()).unwrap();
+                done.await.unwrap();
+                up.downgrade().await.unwrap();
+            }
+            assert!(u.is_held(), "the downgrade lost the read hold");
+            u.release().await.unwrap();
+        })
+    };
+    eventually("the upgrade to queue", || async {
+        waiters(a, "up").await == 2
+    })
+    .await;
+    assert_kind(
+        rw(b).try_read().await,
+        ErrorKind::WouldBlock,
+        "a reader beside a waiting upgrade",
+    );
+    let late_reader = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            let r = read(&b, "up").await;
+            let t = r.token();
+            r.release().await.unwrap();
+            t
+        })
+    };
+    eventually("the late reader to queue", || async {
+        waiters(a, "up").await == 3
+    })
+    .await;
+    r1.release().await.unwrap();
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut granted)
+            .await
+            .is_err(),
+        "upgraded while a reader granted after the upgradeable hold still held"
+    );
+    r2.release().await.unwrap();
+    let up_token = tokio::time::timeout(SOON, granted)
+        .await
+        .expect("the upgrade was not granted once the readers had gone")
+        .unwrap();
+    assert_eq!(
+        up_token, read_token,
+        "the upgrade keeps its place and token"
+    );
+    assert_eq!(
+        c.read_key(&key).await.unwrap().as_deref(),
+        Some(&b"w"[..]),
+        "the upgraded hold's fenced write"
+    );
+    let state = c.inspect("up").await.unwrap();
+    let kinds: Vec<LockKind> = state.holders.iter().map(|h| h.kind).collect();
+    assert_eq!(
+        kinds,
+        [LockKind::Upgradeable, LockKind::Upgrade],
+        "holders while upgraded: {state:?}"
+    );
+    assert_eq!(state.waiters.len(), 2, "{state:?}");
+    done_tx.send(()).unwrap();
+    tokio::time::timeout(SOON, upgrader)
+        .await
+        .expect("the upgrader did not finish")
+        .unwrap();
+    let writer_token = tokio::time::timeout(SOON, writer)
+        .await
+        .expect("the writer was not granted")
+        .unwrap();
+    let reader_token = tokio::time::timeout(SOON, late_reader)
+        .await
+        .expect("the late reader was not granted")
+        .unwrap();
+    assert!(
+        up_token < writer_token && writer_token < reader_token,
+        "upgrade {up_token}, writer {writer_token}, late reader {reader_token}"
+    );
+
+    // A downgrade lets readers in again; an upgrade with no reader is at
+    // once.
+    let mut u = rw(a).upgradeable_read().await.unwrap();
+    {
+        let up = tokio::time::timeout(SOON, u.try_upgrade())
+            .await
+            .expect("an upgrade of a lone hold waited")
+            .unwrap();
+        assert_kind(
+            rw(b).try_read().await,
+            ErrorKind::WouldBlock,
+            "a reader beside an upgraded hold",
+        );
+        up.downgrade().await.unwrap();
+    }
+    let r = rw(b).try_read().await.expect("a reader after a downgrade");
+    assert_kind(
+        u.try_upgrade().await.map(|_| ()),
+        ErrorKind::WouldBlock,
+        "an upgrade beside a reader, tried",
+    );
+    r.release().await.unwrap();
+    drop(
+        u.try_upgrade()
+            .await
+            .expect("an upgrade once the reader left"),
+    );
+    u.release().await.unwrap();
+    crate::scratch::remove_scratch(c, &key).await;
+    case.finish().await;
+}

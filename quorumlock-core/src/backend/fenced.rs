@@ -213,14 +213,14 @@ pub fn check_kinds(held: &[HeldEntry]) -> Result<()> {
     let exclusive = |k: LockKind| {
         matches!(
             k,
-            LockKind::Exclusive | LockKind::Write | LockKind::Election
+            LockKind::Exclusive | LockKind::Write | LockKind::Upgrade | LockKind::Election
         )
     };
     if !held.is_empty() && !held.iter().any(|h| exclusive(h.kind)) {
         let names: Vec<&str> = held.iter().map(|h| h.name.as_str()).collect();
         return refuse(format!(
-            "fenced writes need a mutex, a write side or an election's leadership \
-             among the holds they check; {} held to read only",
+            "fenced writes need a mutex, a write side (an upgrade too) or an \
+             election's leadership among the holds they check; {} held to read only",
             names.join(", ")
         ));
     }

@@ -41,7 +41,7 @@ mod retry;
 pub mod schemes;
 
 pub use crate::inflight::{finish_on_drop, InFlightWrites};
-pub use crate::queue::{holds, holds_together, waits_for};
+pub use crate::queue::{holds, holds_linked, holds_together, waits_for, waits_for_linked};
 pub use crate::signal::{EntrySignals, SessionLiveness};
 pub use changes::{notified_feed, SoonestExpiry, FEED_HEARTBEAT};
 pub use delay::{DelayQueue, HELD_WATCH_DELAY};
@@ -75,6 +75,10 @@ pub struct Capabilities {
     /// A semaphore request may take several permits at once
     /// ([`AcquireRequest::count`] above 1).
     pub acquire_many: bool,
+    /// Upgradeable read holds ([`LockKind::Upgradeable`]) and their
+    /// upgrades ([`LockKind::Upgrade`], linked by
+    /// [`AcquireRequest::upgrades`]).
+    pub upgradeable_read: bool,
 }
 
 impl Default for Capabilities {
@@ -87,6 +91,7 @@ impl Default for Capabilities {
             proclaim: false,
             changes: false,
             acquire_many: false,
+            upgradeable_read: false,
         }
     }
 }
@@ -126,6 +131,12 @@ pub struct AcquireRequest {
     /// arrival order with every other request. [`Acquired`] names the
     /// last entry; `release` and `abandon` remove all of them.
     pub count: u32,
+    /// For an [`LockKind::Upgrade`]: the contender id of the upgradeable
+    /// hold it upgrades, on the same session. The backend writes it into
+    /// the entry, so that the queue rule
+    /// ([`waits_for_linked`](crate::queue::waits_for_linked)) lets the
+    /// upgrade hold beside that entry alone.
+    pub upgrades: Option<uuid::Uuid>,
 }
 
 impl AcquireRequest {
@@ -140,6 +151,7 @@ impl AcquireRequest {
             writes: InFlightWrites::default(),
             value: Vec::new(),
             count: 1,
+            upgrades: None,
         }
     }
 

@@ -48,6 +48,7 @@ impl LockGuard {
             held: Some(Held {
                 client,
                 session,
+                token: acquired.token,
                 req,
                 acquired,
                 ticket: Arc::new(std::sync::Mutex::new(Some(ticket))),
@@ -63,12 +64,17 @@ impl LockGuard {
     /// ([`crate::Lock::hold_at_most`]): a task reports the loss at the
     /// limit and then removes the entry, unless the guard was let go or
     /// lost first.
-    pub(super) fn limited(mut self, limit: Option<std::time::Duration>) -> Self {
+    pub(super) fn limited(self, limit: Option<std::time::Duration>) -> Self {
         let Some(limit) = limit else {
             return self;
         };
+        let at = self.held().since + limit;
+        self.limited_until(at)
+    }
+
+    /// This guard, ending its hold at `at` (as [`Self::limited`]).
+    fn limited_until(mut self, at: Instant) -> Self {
         let h = self.held.as_mut().expect("a fresh guard");
-        let at = h.since + limit;
         h.hold_until = Some(at);
         let h = self.held();
         let client = h.client.clone();
@@ -146,6 +152,10 @@ struct Held {
     session: Arc<SessionSlot>,
     req: AcquireRequest,
     acquired: Acquired,
+    /// The fencing token handed out: the entry's, or for an upgrade the
+    /// upgradeable hold's (the upgrade stands at its place in the queue,
+    /// so writers granted after it have larger tokens).
+    token: u64,
     /// The local queue slot, freed once the entry is removed: by the
     /// release, or by the hold limit's task (a guard kept past its limit
     /// does not block the client's next owner).
@@ -181,7 +191,7 @@ impl fmt::Debug for LockGuard {
         let held = self.held();
         f.debug_struct("LockGuard")
             .field("name", &held.req.name)
-            .field("token", &held.acquired.token)
+            .field("token", &held.token)
             .field("held", &self.is_held())
             .field("depth", &self.depth)
             .finish()
@@ -234,7 +244,7 @@ impl LockGuard {
     /// The fencing token: pass it to the resource you protect and let it
     /// reject writes carrying a lower token than it has seen.
     pub fn token(&self) -> u64 {
-        self.held().acquired.token
+        self.held().token
     }
 
     /// The lock's name.
@@ -339,6 +349,15 @@ impl LockGuard {
     /// [`ErrorKind::UpgradeRefused`] instead of deadlocking: two readers
     /// upgrading would wait for each other forever.
     pub fn reenter_write(&mut self) -> Result<Reentry<'_>> {
+        if self.kind() == LockKind::Upgradeable {
+            return Err(Error::new(
+                ErrorKind::UpgradeRefused,
+                format!(
+                    "{} is held upgradeable for reading; upgrade() it to write",
+                    self.name()
+                ),
+            ));
+        }
         if self.kind() == LockKind::Read {
             return Err(Error::new(
                 ErrorKind::UpgradeRefused,
@@ -349,6 +368,83 @@ impl LockGuard {
             ));
         }
         Ok(self.reenter())
+    }
+
+    /// Upgrades an upgradeable read hold
+    /// ([`RwLock::upgradeable_read`](crate::RwLock::upgradeable_read)) to
+    /// a write hold, without giving up the read hold or its place: waits
+    /// until the readers granted before the upgrade have gone; readers
+    /// that ask after the upgrade, and writers that asked after the read
+    /// hold, wait. The write hold has the read hold's token (its place:
+    /// a writer granted after it has a larger one) and ends when the returned
+    /// [`Upgraded`] is dropped or [`downgraded`](Upgraded::downgrade):
+    /// this guard then holds for reading again. Only one upgradeable
+    /// reader holds at a time, so two upgrades never wait for each other.
+    ///
+    /// [`ErrorKind::UpgradeRefused`] for any other hold;
+    /// [`ErrorKind::LockLost`] if the read hold is lost before or while
+    /// the upgrade waits. A hold limit of this guard also ends the write
+    /// hold.
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves the read hold as it was and nothing of
+    /// the upgrade on the store once the background cleanup has run.
+    pub async fn upgrade(&mut self) -> Result<Upgraded<'_>> {
+        self.upgrade_in(Mode::Wait).await
+    }
+
+    /// Upgrades only if no other reader holds: else
+    /// [`ErrorKind::WouldBlock`], and the read hold stays as it was.
+    ///
+    /// # Cancel safety
+    /// As [`upgrade`](Self::upgrade).
+    pub async fn try_upgrade(&mut self) -> Result<Upgraded<'_>> {
+        self.upgrade_in(Mode::Try).await
+    }
+
+    /// Upgrades, waiting at most `timeout`: else [`ErrorKind::Timeout`],
+    /// and the read hold stays as it was.
+    ///
+    /// # Cancel safety
+    /// As [`upgrade`](Self::upgrade).
+    pub async fn upgrade_timeout(&mut self, timeout: std::time::Duration) -> Result<Upgraded<'_>> {
+        self.upgrade_in(Mode::within(timeout)).await
+    }
+
+    async fn upgrade_in(&mut self, mode: Mode) -> Result<Upgraded<'_>> {
+        let h = self.held();
+        if h.req.kind != LockKind::Upgradeable {
+            return Err(Error::new(
+                ErrorKind::UpgradeRefused,
+                format!(
+                    "{} is held as {:?}; only an upgradeable read hold upgrades",
+                    h.req.name, h.req.kind
+                ),
+            ));
+        }
+        if let Some(reason) = h.loss() {
+            return Err(Error::new(
+                ErrorKind::LockLost,
+                format!("{} was lost: {reason}", h.req.name),
+            ));
+        }
+        let upgrading = Upgrading {
+            session: h.session.clone(),
+            of: h.req.contender,
+            parent: h.req.signals.clone(),
+        };
+        let client = super::LockClient {
+            inner: h.client.clone(),
+        };
+        let write = client
+            .upgrade(&h.req.name, mode, &h.req.value, &upgrading)
+            .await?;
+        let mut write = match h.hold_until {
+            Some(at) => write.limited_until(at),
+            None => write,
+        };
+        write.held.as_mut().expect("a fresh guard").token = h.token;
+        Ok(Upgraded { write, _read: self })
     }
 
     /// What is held: a mutex, the read or write side of a read-write lock,
@@ -469,5 +565,40 @@ impl Drop for Reentry<'_> {
 impl fmt::Debug for Reentry<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_tuple("Reentry").field(&*self.guard).finish()
+    }
+}
+
+/// The write hold of an upgraded read hold; see [`LockGuard::upgrade`].
+/// Derefs to the write entry's guard: its token, loss signal and fenced
+/// writes. Dropping it queues the downgrade; [`downgrade`](Self::downgrade)
+/// does it now and confirms.
+#[must_use = "the write hold ends (downgrades) when it is dropped"]
+pub struct Upgraded<'a> {
+    write: LockGuard,
+    /// The upgradeable hold, which outlives its upgrade.
+    _read: &'a mut LockGuard,
+}
+
+impl Upgraded<'_> {
+    /// Ends the write hold now and confirms that its entry is gone; the
+    /// read hold stays. Errors as [`LockGuard::release`].
+    ///
+    /// # Cancel safety
+    /// If dropped, the downgrade continues in the background.
+    pub async fn downgrade(self) -> Result<()> {
+        self.write.release().await
+    }
+}
+
+impl std::ops::Deref for Upgraded<'_> {
+    type Target = LockGuard;
+    fn deref(&self) -> &LockGuard {
+        &self.write
+    }
+}
+
+impl fmt::Debug for Upgraded<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Upgraded").field(&self.write).finish()
     }
 }

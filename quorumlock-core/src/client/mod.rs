@@ -6,7 +6,7 @@
 mod guard;
 mod shared;
 
-pub use guard::{LockGuard, Reentry};
+pub use guard::{LockGuard, Reentry, Upgraded};
 pub(crate) use shared::Mode;
 
 use std::collections::HashMap;
@@ -269,7 +269,10 @@ impl LockClient {
         mode: Mode,
         count: u32,
     ) -> Result<LocalTicket> {
-        if matches!(kind, LockKind::Read | LockKind::Write) {
+        if matches!(
+            kind,
+            LockKind::Read | LockKind::Write | LockKind::Upgradeable | LockKind::Upgrade
+        ) {
             return Ok(LocalTicket {
                 client: self.inner.clone(),
                 key: (name.clone(), 0),
@@ -344,7 +347,7 @@ impl LockClient {
         let start = Instant::now();
         let value = value.unwrap_or(&self.inner.options.value);
         let r = match (
-            self.acquire_once(name, kind, mode, value, count)
+            self.acquire_once(name, kind, mode, value, count, None)
                 .await
                 .map(|g| g.limited(hold_limit)),
             mode,
@@ -398,6 +401,24 @@ impl LockClient {
         Ok(Some(session))
     }
 
+    /// The write entry of an upgrade ([`LockGuard::upgrade`]), on the
+    /// session of the upgradeable hold, linked to it.
+    async fn upgrade(
+        &self,
+        name: &LockName,
+        mode: Mode,
+        value: &[u8],
+        upgrading: &Upgrading,
+    ) -> Result<LockGuard> {
+        let start = Instant::now();
+        let r = self
+            .acquire_once(name, LockKind::Upgrade, mode, value, 1, Some(upgrading))
+            .await;
+        let outcome = r.as_ref().map(|_| ()).map_err(Error::kind);
+        telemetry::acquire_ended(LockKind::Upgrade, outcome, start.elapsed());
+        r
+    }
+
     /// Why `count` permits of `kind` cannot be asked for at once, if so.
     fn check_count(&self, name: &LockName, kind: LockKind, count: u32) -> Result<()> {
         let refuse = |why: String| Err(Error::new(ErrorKind::InvalidArgument, why));
@@ -425,6 +446,7 @@ impl LockClient {
         mode: Mode,
         value: &[u8],
         count: u32,
+        upgrading: Option<&Upgrading>,
     ) -> Result<LockGuard> {
         let span = tracing::debug_span!("acquire", lock = %name, ?kind, ?mode);
         async move {
@@ -435,12 +457,22 @@ impl LockClient {
             let mut ticket = self.local_ticket(name, kind, mode, count).await?;
             let mut retry = Retry::new(name, &self.inner.options, self.inner.backend.clone());
             loop {
-                let Some(session) = self.session_for_attempt(mode, deadline, &mut retry).await? else {
-                    continue;
+                let session = match upgrading {
+                    // An upgrade's entry goes on its holder's session, or
+                    // nowhere.
+                    Some(u) if u.session.liveness.is_alive() && u.parent.loss().is_none() => {
+                        u.session.clone()
+                    }
+                    Some(_) => return Err(upgrade_lost(name)),
+                    None => match self.session_for_attempt(mode, deadline, &mut retry).await? {
+                        Some(s) => s,
+                        None => continue,
+                    },
                 };
-                let req = AcquireRequest::new(name.clone(), kind, mode != Mode::Try)
+                let mut req = AcquireRequest::new(name.clone(), kind, mode != Mode::Try)
                     .with_value(value)
                     .with_count(count);
+                req.upgrades = upgrading.map(|u| u.of);
                 let pending = PendingAcquire {
                     client: self.inner.clone(),
                     session: session.clone(),
@@ -454,6 +486,7 @@ impl LockClient {
                             ErrorKind::SessionLost,
                             format!("session lost while acquiring: {reason}"),
                         )),
+                        _ = parent_lost(upgrading) => Err(upgrade_lost(name)),
                     }
                 };
                 let outcome = until(deadline, attempt).await;
@@ -470,6 +503,10 @@ impl LockClient {
                         tracing::debug!("granted after the deadline; giving it back");
                         pending.abandon(Some(abandon_bound(deadline))).await;
                         return Err(timed_out(name));
+                    }
+                    Some(Ok(_)) if upgrading.is_some_and(|u| u.parent.loss().is_some()) => {
+                        pending.abandon(Some(abandon_bound(deadline))).await;
+                        return Err(upgrade_lost(name));
                     }
                     Some(Ok(acquired)) if session.liveness.is_alive() => {
                         let ticket = pending.disarm();

@@ -413,3 +413,30 @@ impl Retry {
         }
     }
 }
+
+/// An upgrade in progress ([`super::LockGuard::upgrade`]): the session
+/// and contender id of the upgradeable hold, and its signals (its loss
+/// ends the upgrade).
+pub(super) struct Upgrading {
+    pub(super) session: Arc<SessionSlot>,
+    pub(super) of: uuid::Uuid,
+    pub(super) parent: crate::backend::EntrySignals,
+}
+
+/// Resolves when the upgradeable hold of `upgrading` is lost; never
+/// without one.
+pub(super) async fn parent_lost(upgrading: Option<&Upgrading>) {
+    match upgrading {
+        Some(u) => {
+            u.parent.lost().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+pub(super) fn upgrade_lost(name: &LockName) -> Error {
+    Error::new(
+        ErrorKind::LockLost,
+        format!("{name}: the upgradeable read hold was lost; nothing to upgrade"),
+    )
+}

@@ -76,6 +76,7 @@ impl Backend for MemBackend {
             proclaim: true,
             changes: true,
             acquire_many: true,
+            upgradeable_read: true,
         }
     }
 

@@ -58,6 +58,8 @@ pub(super) struct Entry {
     session: u64,
     contender: uuid::Uuid,
     kind: LockKind,
+    /// The contender whose upgradeable entry this upgrade entry upgrades.
+    upgrades: Option<uuid::Uuid>,
     signals: EntrySignals,
     wake: Arc<Notify>,
     created: SystemTime,
@@ -177,6 +179,7 @@ impl State {
                 session,
                 contender: req.contender,
                 kind,
+                upgrades: req.upgrades,
                 signals: req.signals.clone(),
                 wake: wake.clone(),
                 created: SystemTime::now(),
@@ -407,10 +410,16 @@ impl State {
 
 /// Whether entry `i` of a queue holds, by [`crate::queue::holds`]; the
 /// entries of one contender (the permits of one request, side by side)
-/// hold together, when the last of them does.
+/// hold together, when the last of them does; an upgrade holds beside
+/// the entry it upgrades.
 fn holds(q: &[Entry], i: usize) -> bool {
     let kinds: Vec<LockKind> = q.iter().map(|e| e.kind).collect();
-    queue::holds_together(&kinds, i, |a, b| q[a].contender == q[b].contender)
+    queue::holds_linked(
+        &kinds,
+        i,
+        |a, b| q[a].contender == q[b].contender,
+        |a, b| q[a].upgrades == Some(q[b].contender),
+    )
 }
 
 fn holder_indexes(q: &[Entry]) -> Vec<u64> {
