@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use futures::StreamExt;
-use quorumlock_core::backend::{holds, holds_together, Backoff, ChangeFeed};
+use quorumlock_core::backend::{holds_linked, holds_together, Backoff, ChangeFeed};
 use quorumlock_core::{
     Contender, Error, ErrorKind, LockKind, LockName, LockState, LossReason, Result,
 };
@@ -276,11 +276,22 @@ impl ZkCore {
         // deletes it (nobody behind it holds yet) but is shown neither as
         // holding nor as waiting: its holder has been told of the loss.
         let kinds: Vec<LockKind> = alive.iter().map(|(cont, _)| cont.kind).collect();
+        let names: Vec<String> = alive
+            .iter()
+            .map(|(cont, _)| {
+                cont.entry
+                    .rsplit('/')
+                    .next()
+                    .unwrap_or_default()
+                    .to_string()
+            })
+            .collect();
+        let link = crate::layout::links(&names);
         for (i, (cont, broken)) in alive.into_iter().enumerate() {
             if broken && marked == Marked::Hide {
                 continue;
             }
-            if holds(&kinds, i) {
+            if holds_linked(&kinds, i, |a, b| a == b, link) {
                 state.holders.push(cont);
             } else {
                 state.waiters.push(cont);

@@ -180,7 +180,7 @@ impl Backend for ZkBackend {
             proclaim: true,
             changes: true,
             acquire_many: true,
-            upgradeable_read: false,
+            upgradeable_read: true,
         }
     }
 

@@ -3,6 +3,7 @@
 //! `quorumlock_core::backend::waits_for`), the data of revoke, break and
 //! semaphore nodes.
 
+use quorumlock_core::backend::AcquireRequest;
 use quorumlock_core::LockKind;
 
 /// The data Curator's `Revoker` writes on a holder's node.
@@ -20,6 +21,12 @@ pub(crate) const LATCH_MARKER: &str = "latch-";
 pub(crate) const READ_MARKER: &str = "__READ__";
 /// The marker of a write contender.
 pub(crate) const WRITE_MARKER: &str = "__WRIT__";
+/// Put before the read marker by an upgradeable reader
+/// (`_c_<guid>-up-__READ__<seq>`), and before `<guid>-__WRIT__` by its
+/// upgrade (`_c_<guid>-up-<upgraded contender, 32 hex>-__WRIT__<seq>`):
+/// Curator's read-write lock, which looks only at the markers, takes them
+/// for a reader and a writer, which they exclude as.
+pub(crate) const UPGRADE_TAG: &str = "up-";
 /// The marker of a semaphore lease (Curator's `InterProcessSemaphoreV2`).
 pub(crate) const LEASE_MARKER: &str = "lease-";
 /// The child of a semaphore node holding its internal mutex.
@@ -39,6 +46,10 @@ pub(crate) enum Role {
     /// `-latch-`: an election candidate (Curator's `LeaderLatch`); it
     /// waits like a mutex.
     Latch,
+    /// `-up-__READ__`: an upgradeable reader.
+    Upgradeable,
+    /// `-up-<hex>-__WRIT__`: the upgrade of an upgradeable reader.
+    Upgrade,
 }
 
 impl Role {
@@ -47,15 +58,18 @@ impl Role {
             LockKind::Read => Role::Read,
             LockKind::Write => Role::Write,
             LockKind::Election => Role::Latch,
+            LockKind::Upgradeable => Role::Upgradeable,
+            LockKind::Upgrade => Role::Upgrade,
             _ => Role::Mutex,
         }
     }
 
+    /// The marker that orders the node (Curator's `fixForSorting`).
     pub(crate) fn marker(self) -> &'static str {
         match self {
             Role::Mutex => LOCK_MARKER,
-            Role::Read => READ_MARKER,
-            Role::Write => WRITE_MARKER,
+            Role::Read | Role::Upgradeable => READ_MARKER,
+            Role::Write | Role::Upgrade => WRITE_MARKER,
             Role::Latch => LATCH_MARKER,
         }
     }
@@ -66,7 +80,44 @@ impl Role {
             Role::Read => LockKind::Read,
             Role::Write => LockKind::Write,
             Role::Latch => LockKind::Election,
+            Role::Upgradeable => LockKind::Upgradeable,
+            Role::Upgrade => LockKind::Upgrade,
         }
+    }
+}
+
+/// What a contender node of `req` is named with, after its GUID and
+/// before the sequence number.
+pub(crate) fn create_marker(req: &AcquireRequest) -> String {
+    match (req.kind, req.upgrades) {
+        (LockKind::Upgradeable, _) => format!("{UPGRADE_TAG}{READ_MARKER}"),
+        (LockKind::Upgrade, Some(of)) => format!("{UPGRADE_TAG}{}-{WRITE_MARKER}", of.simple()),
+        (kind, _) => Role::of(kind).marker().to_string(),
+    }
+}
+
+/// The contender (32 hex digits) whose upgradeable entry `child`
+/// upgrades, for an upgrade's node.
+fn upgraded_contender(child: &str) -> Option<&str> {
+    let head = &child[..child.rfind(WRITE_MARKER)?];
+    let hex = head
+        .strip_suffix('-')?
+        .rsplit_once(&format!("-{UPGRADE_TAG}"))?
+        .1;
+    (hex.len() == 32 && hex.bytes().all(|b| b.is_ascii_hexdigit())).then_some(hex)
+}
+
+/// The links of the upgrades in `sorted` (a queue in
+/// [`sort_contenders`]'s order) to the upgradeable entries they upgrade,
+/// for `quorumlock_core::backend::waits_for_linked`: `links(sorted)(i, j)`
+/// says whether entry `i` upgrades entry `j` (same GUID).
+pub(crate) fn links(sorted: &[String]) -> impl Fn(usize, usize) -> bool + Copy + '_ {
+    move |i, j| {
+        let Some(of) = upgraded_contender(&sorted[i]) else {
+            return false;
+        };
+        guid_prefix(&sorted[j]).is_some_and(|g| g[3..g.len() - 1].replace('-', "") == of)
+            && classify(&sorted[j]).is_some_and(|(r, _)| r == Role::Upgradeable)
     }
 }
 
@@ -84,7 +135,15 @@ pub(crate) fn classify(child: &str) -> Option<(Role, &str)> {
             }
         }
     }
-    best.map(|(i, role)| (role, &child[i + role.marker().len()..]))
+    best.map(|(i, role)| {
+        let head = &child[..i];
+        let role = match role {
+            Role::Read if head.ends_with(&format!("-{UPGRADE_TAG}")) => Role::Upgradeable,
+            Role::Write if upgraded_contender(child).is_some() => Role::Upgrade,
+            r => r,
+        };
+        (role, &child[i + role.marker().len()..])
+    })
 }
 
 /// The part of a contender's name that orders it.
@@ -303,6 +362,54 @@ mod tests {
         assert_eq!(
             classify("_c_x-__READ__0000000009"),
             Some((Role::Read, "0000000009"))
+        );
+    }
+
+    #[test]
+    fn upgradeable_readers_and_upgrades_read_as_curator_readers_and_writers() {
+        let u = "_c_0b6a8b5e-1111-4222-8333-944455566677-up-__READ__0000000003";
+        let up = "_c_9f0e0d0c-1111-4222-8333-944455566677-up-0b6a8b5e111142228333944455566677-__WRIT__0000000006";
+        let other = "_c_9f0e0d0c-1111-4222-8333-944455566677-up-ffffffff111142228333944455566677-__WRIT__0000000007";
+        assert_eq!(classify(u), Some((Role::Upgradeable, "0000000003")));
+        assert_eq!(classify(up), Some((Role::Upgrade, "0000000006")));
+        // Curator's reader takes the first for a reader, the second for
+        // a writer (`contains("__WRIT__")`), and sorts both by sequence.
+        assert!(u.contains(READ_MARKER) && !u.contains(WRITE_MARKER));
+        assert!(up.contains(WRITE_MARKER));
+        let sorted = sort_contenders(vec![
+            other.to_string(),
+            up.to_string(),
+            "_c_x-__READ__0000000004".to_string(),
+            u.to_string(),
+        ]);
+        assert_eq!(sort_key(&sorted[0]), "0000000003");
+        let link = links(&sorted);
+        assert!(link(2, 0), "the upgrade links to its upgradeable entry");
+        assert!(!link(3, 0) && !link(2, 1) && !link(0, 0));
+        let kinds = kinds(&sorted);
+        assert_eq!(
+            kinds,
+            [
+                LockKind::Upgradeable,
+                LockKind::Read,
+                LockKind::Upgrade,
+                LockKind::Upgrade
+            ]
+        );
+        use quorumlock_core::backend::waits_for_linked;
+        assert_eq!(
+            waits_for_linked(&kinds, 2, link),
+            Some(1),
+            "waits for the reader"
+        );
+        assert_eq!(waits_for_linked(&kinds[..3], 2, link), Some(1));
+        let without_reader = [sorted[0].clone(), sorted[2].clone()];
+        let k = super::kinds(&without_reader);
+        assert_eq!(waits_for_linked(&k, 1, links(&without_reader)), None);
+        // A writer named like an upgrade of no contender is a writer.
+        assert_eq!(
+            classify("_c_x-up-nothex-__WRIT__0000000001"),
+            Some((Role::Write, "0000000001"))
         );
     }
 

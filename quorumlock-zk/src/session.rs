@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use quorumlock_core::backend::{
-    waits_for, AcquireRequest, Acquired, Backoff, GrantMemory, SessionLiveness, StoreSession,
+    waits_for, waits_for_linked, AcquireRequest, Acquired, Backoff, GrantMemory, SessionLiveness,
+    StoreSession,
 };
 use quorumlock_core::{Error, ErrorKind, LockKind, Result};
 use tokio::sync::mpsc;
@@ -25,7 +26,7 @@ use crate::core::{
     CHAINS_KEPT,
 };
 use crate::error::map;
-use crate::layout::{self, sequence_of, Role, LOCK_MARKER};
+use crate::layout::{self, sequence_of, LOCK_MARKER};
 use crate::monitor::{keepalive, watch_dispatcher};
 
 /// A lock session: one ZooKeeper session, shared by every lock of a client.
@@ -182,7 +183,7 @@ impl SessionState {
     /// A repeat acquire of a lock we last found free sends only the create
     /// (see [`ParentWatch`]).
     async fn acquire_queue(&self, req: &AcquireRequest) -> Result<Acquired> {
-        let role = Role::of(req.kind);
+        let marker = layout::create_marker(req);
         let dir = self.core.lock_dir(&req.name)?;
         let c = self.client()?;
         let mut chain = self.chains.take_released(&dir);
@@ -202,7 +203,7 @@ impl SessionState {
         };
         let data = layout::value_data(&req.value);
         let created = self
-            .create_contender(&c, &dir, role.marker(), &data, req, listing)
+            .create_contender(&c, &dir, &marker, &data, req, listing)
             .await?;
         let armed = match arming {
             Some(f) => f.await,
@@ -254,7 +255,8 @@ impl SessionState {
                     "our contender node is gone (session expired or node deleted)",
                 ));
             };
-            let Some(ahead) = waits_for(&layout::kinds(&sorted), index) else {
+            let kinds = layout::kinds(&sorted);
+            let Some(ahead) = waits_for_linked(&kinds, index, layout::links(&sorted)) else {
                 if alone {
                     self.chains.keep(&dir, created.seq, parent.take());
                 }
@@ -272,7 +274,8 @@ impl SessionState {
                 ));
             }
             // Watch only what we wait for (herd-free): the predecessor, or
-            // for a reader the nearest writer ahead.
+            // for a reader the nearest writer ahead, for an upgrade the
+            // nearest other holder ahead.
             let pred = format!("{dir}/{}", sorted[ahead]);
             self.wait_for(&c, &pred, &mut backoff, |_| Ok(())).await?;
         }

@@ -924,3 +924,85 @@ async fn revoke_on_our_leader_keeps_a_curator_latch_behind_it() {
     assert!(problems.is_empty(), "{}", problems.join("\n"));
     case.finish().await;
 }
+
+/// Our upgradeable reader and its upgrade against Curator's
+/// `InterProcessReadWriteLock`: Curator's reader shares with the
+/// upgradeable hold and keeps the upgrade waiting until it leaves;
+/// Curator's reader and writer that ask after the upgrade wait while it
+/// holds; after the downgrade Curator's reader is let in beside our read
+/// hold, and Curator's writer only once both have gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rw_curator_readers_and_writers_exclude_our_upgrade() {
+    let Some(mut s) = setup().await else { return };
+    let a = s.case.client().await;
+    for (id, side) in [("r1", "read"), ("r2", "read"), ("w1", "write")] {
+        s.peer
+            .send(&format!("rwlock {id} {}/rw {side}", s.ns_path))
+            .await;
+        s.peer.expect("ok").await;
+    }
+    s.peer.send("acquire r1").await;
+    s.peer.expect("acquired r1").await;
+    let mut u = tokio::time::timeout(SOON, a.rwlock("rw").unwrap().upgradeable_read())
+        .await
+        .expect("our upgradeable reader waited for Curator's reader")
+        .unwrap();
+    assert!(u.entry().contains("-up-__READ__"), "{}", u.entry());
+    let (granted_tx, mut granted) = tokio::sync::oneshot::channel();
+    let (downgrade_tx, downgrade) = tokio::sync::oneshot::channel::<()>();
+    let (release_tx, release) = tokio::sync::oneshot::channel::<()>();
+    let upgrader = tokio::spawn(async move {
+        {
+            let up = u.upgrade().await.unwrap();
+            granted_tx.send(up.entry().to_string()).unwrap();
+            downgrade.await.unwrap();
+            up.downgrade().await.unwrap();
+        }
+        release.await.unwrap();
+        u.release().await.unwrap();
+    });
+    wait_waiters(&a, "rw", 1).await;
+    s.peer.send("acquire r2").await;
+    wait_waiters(&a, "rw", 2).await;
+    s.peer.send("acquire w1").await;
+    wait_waiters(&a, "rw", 3).await;
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut granted)
+            .await
+            .is_err(),
+        "our upgrade got in beside Curator's reader"
+    );
+    s.peer.send("release r1").await;
+    s.peer.expect("released r1").await;
+    let node = tokio::time::timeout(SOON, granted)
+        .await
+        .expect("our upgrade was not granted after Curator's reader left")
+        .unwrap();
+    assert!(node.contains("__WRIT__"), "{node}");
+    assert!(
+        !s.peer
+            .says_within("acquired", Duration::from_millis(300))
+            .await,
+        "a Curator reader or writer got in beside our upgrade"
+    );
+    downgrade_tx.send(()).unwrap();
+    s.peer.expect("acquired r2").await;
+    assert!(
+        !s.peer
+            .says_within("acquired w1", Duration::from_millis(300))
+            .await,
+        "Curator's writer got in beside our upgradeable reader"
+    );
+    release_tx.send(()).unwrap();
+    tokio::time::timeout(SOON, upgrader)
+        .await
+        .expect("the upgrader did not finish")
+        .unwrap();
+    s.peer.send("release r2").await;
+    s.peer.expect("released r2").await;
+    s.peer.expect("acquired w1").await;
+    s.peer.send("release w1").await;
+    s.peer.expect("released w1").await;
+    s.peer.quit().await;
+    s.case.finish().await;
+}
