@@ -285,7 +285,10 @@ impl EtcdCore {
 /// kinds) holds: by the shared rule, the keys of one request for several
 /// permits (one txn, one create revision) holding together.
 fn holds(all: &[KeyValue], kinds: &[LockKind], i: usize) -> bool {
-    quorumlock_core::backend::holds_together(kinds, i, |a, b| {
-        all[a].create_revision() == all[b].create_revision()
-    })
+    quorumlock_core::backend::holds_linked(
+        kinds,
+        i,
+        |a, b| all[a].create_revision() == all[b].create_revision(),
+        |a, b| crate::layout::upgrades(all[a].key(), all[b].key()),
+    )
 }

@@ -252,7 +252,7 @@ impl Backend for EtcdBackend {
             proclaim: true,
             changes: true,
             acquire_many: true,
-            upgradeable_read: false,
+            upgradeable_read: true,
         }
     }
 

@@ -12,6 +12,8 @@
 //! | write | `<pfx>/<lease hex>-w-<uuid>` | `ql:w:<unix ms>:<holder value>` |
 //! | read | `<pfx>/.r-<lease hex>-<uuid>` | `ql:r:<unix ms>:<holder value>` |
 //! | semaphore | `<pfx>/<lease hex>-s-<uuid>` | `ql:s<permits>:<unix ms>:<holder value>` |
+//! | upgradeable read | `<pfx>/.u-<lease hex>-<uuid>` | `ql:u:<unix ms>:<holder value>` |
+//! | its upgrade | `<pfx>/<lease hex>-g-<upgradeable's uuid>-<uuid>` | `ql:g:<unix ms>:<holder value>` |
 //! | semaphore, k permits at once | the above, and `<it>.<j>` for j in 1..k, in one txn | as above |
 //!
 //! Go's `Mutex` (`etcdctl lock`) writes an empty value; any value that does
@@ -25,13 +27,18 @@
 //! Readers start with `.`, which sorts before every hex digit and every
 //! letter, so "the writers" (everything that is not a reader) are the key
 //! range `[<pfx>/0, <pfx>0)`: a reader finds its nearest older writer
-//! with one `limit 1` range read. Segments of lock keys never start with `.` (escaped ones start with `~`),
+//! with one `limit 1` range read. Upgradeable readers (`.u-`, which a
+//! reader does not wait for) sort after the readers (`.r-`), so an
+//! upgradeable reader finds the nearest older entry that is not a reader
+//! in `[<pfx>/.u, <pfx>0)`, also with one read. An upgrade is in the
+//! writers' range (readers wait for it) and names the upgradeable entry
+//! it upgrades, which has the same lease. Segments of lock keys never start with `.` (escaped ones start with `~`),
 //! so no nested lock name falls among the readers.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget};
-use quorumlock_core::backend::waits_for;
+use quorumlock_core::backend::{waits_for, waits_for_linked, AcquireRequest};
 use quorumlock_core::LockKind;
 
 /// The prefix of every value this library gives a meaning to.
@@ -66,6 +73,8 @@ pub(crate) fn value(kind: LockKind, now: SystemTime, holder: &[u8]) -> Vec<u8> {
     let k = match kind {
         LockKind::Read => "r".to_string(),
         LockKind::Write => "w".to_string(),
+        LockKind::Upgradeable => "u".to_string(),
+        LockKind::Upgrade => "g".to_string(),
         LockKind::Semaphore { permits } => format!("s{permits}"),
         _ => "x".to_string(),
     };
@@ -102,6 +111,8 @@ pub(crate) fn parse(value: &[u8]) -> (LockKind, Option<SystemTime>, Vec<u8>) {
         "x" => LockKind::Exclusive,
         "r" => LockKind::Read,
         "w" => LockKind::Write,
+        "u" => LockKind::Upgradeable,
+        "g" => LockKind::Upgrade,
         s => match s.strip_prefix('s').and_then(|n| n.parse::<u32>().ok()) {
             Some(permits) if permits > 0 => LockKind::Semaphore { permits },
             _ => return fallback,
@@ -125,10 +136,52 @@ pub(crate) fn kind_of(kv: &KeyValue) -> LockKind {
 pub(crate) fn key(pfx: &str, kind: LockKind, lease: i64, contender: &uuid::Uuid) -> String {
     match kind {
         LockKind::Read => format!("{pfx}/.r-{lease:x}-{}", contender.simple()),
+        LockKind::Upgradeable => format!("{pfx}/.u-{lease:x}-{}", contender.simple()),
         LockKind::Write => format!("{pfx}/{lease:x}-w-{}", contender.simple()),
         LockKind::Semaphore { .. } => format!("{pfx}/{lease:x}-s-{}", contender.simple()),
         _ => format!("{pfx}/{lease:x}"),
     }
+}
+
+/// The key of `req`'s entry by lease `lease`: [`key`], or for an upgrade
+/// [`upgrade_key`].
+pub(crate) fn request_key(pfx: &str, req: &AcquireRequest, lease: i64) -> String {
+    match (req.kind, req.upgrades) {
+        (LockKind::Upgrade, Some(of)) => upgrade_key(pfx, lease, &of, &req.contender),
+        (kind, _) => key(pfx, kind, lease, &req.contender),
+    }
+}
+
+/// The key of an upgrade by lease `lease` (`contender` is the attempt's
+/// uuid) of the upgradeable entry of contender `upgrades`.
+pub(crate) fn upgrade_key(
+    pfx: &str,
+    lease: i64,
+    upgrades: &uuid::Uuid,
+    contender: &uuid::Uuid,
+) -> String {
+    format!(
+        "{pfx}/{lease:x}-g-{}-{}",
+        upgrades.simple(),
+        contender.simple()
+    )
+}
+
+/// The last segment of the upgradeable entry an upgrade's key names
+/// ([`upgrade_key`]): `.u-<lease>-<its uuid>`.
+fn upgraded_entry(key: &[u8]) -> Option<Vec<u8>> {
+    let last = key.rsplit(|b| *b == b'/').next()?;
+    let last = std::str::from_utf8(last).ok()?;
+    let (lease, rest) = last.split_once("-g-")?;
+    let (of, _) = rest.split_once('-')?;
+    Some(format!(".u-{lease}-{of}").into_bytes())
+}
+
+/// Whether the entry keyed `a` upgrades the entry keyed `b` (both direct
+/// children of one lock), for `quorumlock_core::backend::waits_for_linked`.
+pub(crate) fn upgrades(a: &[u8], b: &[u8]) -> bool {
+    let last = |k: &[u8]| k.rsplit(|c| *c == b'/').next().map(<[u8]>::to_vec);
+    upgraded_entry(a).is_some_and(|u| last(b) == Some(u))
 }
 
 /// The other keys of a request for `count` permits at once whose key is
@@ -162,7 +215,9 @@ pub(crate) fn line_kind(key: &[u8], value: &[u8]) -> LockKind {
     let kind = parse(value).0;
     let last = key.rsplit(|b| *b == b'/').next().unwrap_or_default();
     match kind {
-        LockKind::Read if last.first().is_some_and(|b| *b >= b'0') => LockKind::Exclusive,
+        LockKind::Read | LockKind::Upgradeable if last.first().is_some_and(|b| *b >= b'0') => {
+            LockKind::Exclusive
+        }
         k => k,
     }
 }
@@ -174,6 +229,8 @@ pub(crate) fn line_kind(key: &[u8], value: &[u8]) -> LockKind {
 pub(crate) fn ahead_limit(kind: LockKind) -> usize {
     match kind {
         LockKind::Semaphore { permits } => permits as usize,
+        // The nearest holder ahead, wherever it is: the whole line.
+        LockKind::Upgrade => usize::MAX,
         _ => 1,
     }
 }
@@ -192,6 +249,22 @@ pub(crate) fn waited(kind: LockKind, ahead: &[LockKind]) -> Option<usize> {
     waits_for(&line, me).map(|j| me - j)
 }
 
+/// [`waited`] for an upgrade keyed `mine`: `ahead` is the whole line
+/// ahead of it (keys and [`line_kind`]s, newest first), whose keys link
+/// upgrades to the entries they upgrade. `Some(n)`: it waits for the
+/// `n`th nearest entry (a holder; only that one is to be watched).
+pub(crate) fn waited_upgrade(mine: &[u8], ahead: &[(&[u8], LockKind)]) -> Option<usize> {
+    let line: Vec<(&[u8], LockKind)> = ahead
+        .iter()
+        .rev()
+        .copied()
+        .chain([(mine, LockKind::Upgrade)])
+        .collect();
+    let kinds: Vec<LockKind> = line.iter().map(|(_, k)| *k).collect();
+    let me = ahead.len();
+    waits_for_linked(&kinds, me, |i, j| upgrades(line[i].0, line[j].0)).map(|j| me - j)
+}
+
 /// The range read of what an entry of `kind` waits for: for a reader the
 /// writers' key range, for everyone else all of `<pfx>/`; newest first,
 /// [`ahead_limit`] of them.
@@ -201,13 +274,18 @@ pub(crate) fn ahead_query(pfx: &str, kind: LockKind, before: Option<i64>) -> (St
         let (lo, hi) = writer_range(pfx);
         opts = opts.with_range(hi);
         lo
+    } else if kind == LockKind::Upgradeable {
+        let (_, hi) = writer_range(pfx);
+        opts = opts.with_range(hi);
+        format!("{pfx}/.u")
     } else {
         opts = opts.with_prefix();
         format!("{pfx}/")
     };
     // In the enqueue txn our own key is among the answer: one more.
-    let limit = ahead_limit(kind) as i64 + i64::from(before.is_none());
-    opts = opts.with_limit(limit);
+    if let Ok(n) = i64::try_from(ahead_limit(kind)) {
+        opts = opts.with_limit(n + i64::from(before.is_none()));
+    }
     if let Some(rev) = before {
         opts = opts.with_max_create_revision(rev - 1);
     }
@@ -346,6 +424,45 @@ mod tests {
         assert_eq!(line_kind(b"ns/a/694d", b""), Exclusive);
         assert_eq!(line_kind(b"ns/a/694d-s-00", &value(sem2, t, b"")), sem2);
         assert_eq!(waited(Read, &[line_kind(b"ns/a/694d", &r)]), Some(1));
+    }
+
+    #[test]
+    fn upgradeable_readers_sort_between_readers_and_writers() {
+        let (u, c) = (uuid::Uuid::from_u128(1), uuid::Uuid::from_u128(2));
+        let (lo, hi) = writer_range("ns/a");
+        let reader = key("ns/a", LockKind::Read, 0x694d, &c);
+        let upgradeable = key("ns/a", LockKind::Upgradeable, 0x694d, &u);
+        let upgrade = upgrade_key("ns/a", 0x694d, &u, &c);
+        // A reader's read of the writers' range misses the upgradeable
+        // entry and finds the upgrade; an upgradeable reader's read
+        // finds both, never a reader.
+        assert!(upgradeable.as_str() < lo.as_str());
+        assert!(lo.as_str() <= upgrade.as_str() && upgrade.as_str() < hi.as_str());
+        let (from, _) = ahead_query("ns/a", LockKind::Upgradeable, None);
+        assert!(reader < from && from.as_str() <= upgradeable.as_str());
+        assert!(upgrades(upgrade.as_bytes(), upgradeable.as_bytes()));
+        assert!(!upgrades(upgradeable.as_bytes(), upgrade.as_bytes()));
+        let other = key("ns/a", LockKind::Upgradeable, 0x694d, &c);
+        assert!(!upgrades(upgrade.as_bytes(), other.as_bytes()));
+        let t = UNIX_EPOCH;
+        let v = value(LockKind::Upgradeable, t, b"h");
+        assert_eq!(parse(&v).0, LockKind::Upgradeable);
+        assert_eq!(line_kind(upgradeable.as_bytes(), &v), LockKind::Upgradeable);
+        assert_eq!(line_kind(b"ns/a/694d", &v), LockKind::Exclusive);
+        assert_eq!(
+            parse(&value(LockKind::Upgrade, t, b"")).0,
+            LockKind::Upgrade
+        );
+        // The upgrade waits for the reader granted beside its entry, not
+        // for the entry; then holds.
+        let r = reader.as_bytes();
+        let ahead = [
+            (r, LockKind::Read),
+            (upgradeable.as_bytes(), LockKind::Upgradeable),
+        ];
+        assert_eq!(waited_upgrade(upgrade.as_bytes(), &ahead), Some(1));
+        assert_eq!(waited_upgrade(upgrade.as_bytes(), &ahead[1..]), None);
+        assert_eq!(ahead_limit(LockKind::Upgrade), usize::MAX);
     }
 
     #[test]

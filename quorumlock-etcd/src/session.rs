@@ -363,7 +363,7 @@ impl EtcdSession {
             return Err(self.session_lost("the etcd lease is lost"));
         }
         let pfx = self.state.core.lock_prefix(&req.name);
-        let key = layout::key(&pfx, req.kind, self.state.lease, &req.contender);
+        let key = layout::request_key(&pfx, req, self.state.lease);
         let value = layout::value(req.kind, SystemTime::now(), &req.value);
         let fence = self.fence_key(req);
         let last = self.lone_grants.take(&pfx);
@@ -610,14 +610,24 @@ impl EtcdSession {
                     .iter()
                     .map(|kv| layout::line_kind(kv.key(), kv.value()))
                     .collect();
-                // Our other keys of a request for several permits are
-                // the nearest entries ahead of ours (one revision).
-                let siblings = req.count.max(1) as usize - 1;
-                let line: Vec<LockKind> =
-                    std::iter::repeat_n(kind, siblings).chain(kinds).collect();
-                match layout::waited(kind, &line) {
-                    None => break,
-                    Some(n) => ahead[..n.saturating_sub(siblings).min(ahead.len())].to_vec(),
+                if kind == LockKind::Upgrade {
+                    // Only the holder it waits for, wherever it is.
+                    let line: Vec<(&[u8], LockKind)> =
+                        ahead.iter().map(|kv| kv.key()).zip(kinds).collect();
+                    match layout::waited_upgrade(key.as_bytes(), &line) {
+                        None => break,
+                        Some(n) => ahead[n - 1..n].to_vec(),
+                    }
+                } else {
+                    // Our other keys of a request for several permits are
+                    // the nearest entries ahead of ours (one revision).
+                    let siblings = req.count.max(1) as usize - 1;
+                    let line: Vec<LockKind> =
+                        std::iter::repeat_n(kind, siblings).chain(kinds).collect();
+                    match layout::waited(kind, &line) {
+                        None => break,
+                        Some(n) => ahead[..n.saturating_sub(siblings).min(ahead.len())].to_vec(),
+                    }
                 }
             } else {
                 foreign
@@ -870,7 +880,7 @@ impl StoreSession for EtcdSession {
         // created the key again. Guarded by the attempt's create revision,
         // a late copy deletes nothing newer (issue 17, finding 2).
         let pfx = self.state.core.lock_prefix(&req.name);
-        let key = layout::key(&pfx, req.kind, self.state.lease, &req.contender);
+        let key = layout::request_key(&pfx, req, self.state.lease);
         let known = self
             .attempts
             .lock()
