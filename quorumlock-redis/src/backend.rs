@@ -128,7 +128,7 @@ impl Backend for RedisBackend {
             proclaim: true,
             changes: true,
             acquire_many: true,
-            upgradeable_read: false,
+            upgradeable_read: true,
         }
     }
 

@@ -40,6 +40,18 @@ pub(crate) fn entry_name(lock_key: &str, contender: &str) -> String {
     format!("{lock_key}/.q/{contender}")
 }
 
+/// The id of `req`'s entry (the last, for several permits): its
+/// contender, and for an upgrade `g` and the contender of the upgradeable
+/// entry it upgrades (the scripts' `upgraded`).
+pub(crate) fn request_id(req: &quorumlock_core::backend::AcquireRequest) -> String {
+    match (req.kind, req.upgrades) {
+        (LockKind::Upgrade, Some(of)) => {
+            format!("{}g{}", req.contender.simple(), of.simple())
+        }
+        _ => req.contender.simple().to_string(),
+    }
+}
+
 /// The lock key and contender id of an [`entry_name`].
 pub(crate) fn parse_entry_name(entry: &str) -> Option<(&str, &str)> {
     entry.rsplit_once("/.q/")
@@ -62,6 +74,8 @@ pub(crate) fn kind_code(kind: LockKind) -> (&'static str, u32) {
     match kind {
         LockKind::Read => ("r", 0),
         LockKind::Write => ("w", 0),
+        LockKind::Upgradeable => ("u", 0),
+        LockKind::Upgrade => ("g", 0),
         LockKind::Semaphore { permits } => ("s", permits),
         _ => ("x", 0),
     }
@@ -72,6 +86,8 @@ pub(crate) fn kind_of(code: &str, permits: u32) -> LockKind {
     match code {
         "r" => LockKind::Read,
         "w" => LockKind::Write,
+        "u" => LockKind::Upgradeable,
+        "g" => LockKind::Upgrade,
         "s" => LockKind::Semaphore { permits },
         _ => LockKind::Exclusive,
     }

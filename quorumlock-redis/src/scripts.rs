@@ -102,15 +102,32 @@ local function after(id)
 end
 -- The contender of entry `id` (its request's last entry's id).
 local function base(id) return string.match(id, '^[^.]*') end
+-- The id of the upgradeable entry that upgrade `id` upgrades
+-- (`<contender>g<its contender>`).
+local function upgraded(id) return string.match(id, 'g(%x+)$') end
 -- Whether live[i] holds: a mutex or writer when first, a reader with no
--- writer ahead, a permit with fewer than `permits` entries ahead (the
--- entries of one request hold together, when its last does). Once an
--- entry does not hold, none behind it does.
+-- writer (or upgrade) ahead, an upgradeable reader with only readers
+-- ahead, an upgrade with no holder ahead but the entry it upgrades, a
+-- permit with fewer than `permits` entries ahead (the entries of one
+-- request hold together, when its last does). Once an entry does not
+-- hold, none behind it does, but an upgrade (see `head`).
 local function holds(live, i)
   local e = live[i]
   if e.kind == 'r' then
     for j = 1, i - 1 do
+      local k = live[j].kind
+      if k ~= 'r' and k ~= 'u' then return false end
+    end
+    return true
+  elseif e.kind == 'u' then
+    for j = 1, i - 1 do
       if live[j].kind ~= 'r' then return false end
+    end
+    return true
+  elseif e.kind == 'g' then
+    local of = upgraded(e.id)
+    for j = 1, i - 1 do
+      if live[j].id ~= of and holds(live, j) then return false end
     end
     return true
   elseif e.kind == 's' then
@@ -121,10 +138,11 @@ end
 -- The live queue of L from its head up to and including the first entry
 -- that does not hold, purging dead entries met on the way: all that a
 -- grant depends on (entries behind cannot hold, see `holds`), so a
--- handoff costs the same with 4 or 64 waiters. The second value is
--- whether that is the whole queue.
+-- handoff costs the same with 4 or 64 waiters. While an upgradeable
+-- reader holds, its upgrade may be anywhere behind and hold: then all of
+-- it. The second value is whether that is the whole queue.
 local function head(L)
-  local live, start = {}, 0
+  local live, start, upgradeable = {}, 0, false
   while true do
     local ids = redis.call('ZRANGE', L .. '/.q', start, start + 7, 'WITHSCORES')
     for i = 1, #ids, 2 do
@@ -133,7 +151,9 @@ local function head(L)
         live[#live + 1] = e
         -- Purged entries shift the ranks behind them: count only these.
         start = start + 1
-        if not holds(live, #live) then return live, false end
+        local h = holds(live, #live)
+        if h and e.kind == 'u' then upgradeable = true end
+        if not h and not upgradeable then return live, false end
       end
     end
     if #ids < 16 then return live, true end

@@ -141,7 +141,7 @@ impl StoreSession for RedisSession {
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired> {
         let key = self.state.core.lock_key(&req.name);
-        let id = req.contender.simple().to_string();
+        let id = layout::request_id(req);
         // Routed before the entry exists, so no message for it is missed.
         let wake = self.state.routes.add(&id, req.signals.clone());
         let (kind, permits) = layout::kind_code(req.kind);
@@ -227,7 +227,7 @@ impl StoreSession for RedisSession {
     }
 
     async fn release(&self, req: &AcquireRequest, held: &Acquired) -> Result<()> {
-        let id = req.contender.simple().to_string();
+        let id = layout::request_id(req);
         self.state.routes.remove(&id);
         let mut inv = scripts::RELEASE.prepare_invoke();
         inv.arg(&self.state.core.prefix)
@@ -240,7 +240,7 @@ impl StoreSession for RedisSession {
     }
 
     async fn set_value(&self, req: &AcquireRequest, held: &Acquired, value: &[u8]) -> Result<()> {
-        let id = req.contender.simple().to_string();
+        let id = layout::request_id(req);
         let mut inv = scripts::SET_VALUE.prepare_invoke();
         inv.arg(&self.state.core.prefix)
             .arg(self.state.core.lock_key(&req.name))
@@ -257,7 +257,7 @@ impl StoreSession for RedisSession {
     }
 
     async fn abandon(&self, req: &AcquireRequest) -> Result<()> {
-        let id = req.contender.simple().to_string();
+        let id = layout::request_id(req);
         self.state.routes.remove(&id);
         let fence = req.writes.outcome_unknown();
         let mut inv = scripts::ABANDON.prepare_invoke();

@@ -5,7 +5,7 @@
 //! Redis and by the shared function, must agree entry by entry. A mutant
 //! of the script's rule must disagree somewhere (so this test can fail).
 
-use quorumlock_core::backend::{holds, holds_together};
+use quorumlock_core::backend::{holds, holds_linked, holds_together};
 use quorumlock_core::LockKind;
 
 use super::LIB;
@@ -94,6 +94,43 @@ fn grouped_queues() -> Vec<(Vec<LockKind>, Vec<usize>)> {
     out
 }
 
+/// Read-write queues with upgrades: every sequence of up to 4 of reader,
+/// writer, upgradeable reader and mutex, then, where an upgradeable entry
+/// holds, its upgrade, and after it up to 1 more reader or writer; each
+/// entry with the index of the entry it upgrades.
+fn upgrade_queues() -> Vec<(Vec<LockKind>, Vec<Option<usize>>)> {
+    use LockKind::*;
+    let kinds = [Read, Write, Upgradeable, Exclusive];
+    let mut level: Vec<Vec<LockKind>> = vec![Vec::new()];
+    let mut out = Vec::new();
+    for _ in 0..4 {
+        level = level
+            .iter()
+            .flat_map(|q| {
+                kinds.iter().map(move |k| {
+                    let mut q = q.clone();
+                    q.push(*k);
+                    q
+                })
+            })
+            .collect();
+        for q in &level {
+            let Some(u) = (0..q.len()).find(|&i| q[i] == Upgradeable && holds(q, i)) else {
+                continue;
+            };
+            for tail in [None, Some(Read), Some(Write)] {
+                let mut kinds = q.clone();
+                kinds.push(Upgrade);
+                kinds.extend(tail);
+                let mut links = vec![None; kinds.len()];
+                links[q.len()] = Some(u);
+                out.push((kinds, links));
+            }
+        }
+    }
+    out
+}
+
 /// Entry `i`'s id as the scripts name it: `r<n>` for the last entry of
 /// request `n`, `r<n>.<j>.<k>` for its j-th of k before.
 fn entry_id(request: &[usize], i: usize) -> String {
@@ -126,6 +163,11 @@ fn disagreements(con: &mut redis::Connection, lib: &str) -> Vec<String> {
         for (i, got) in by_script.iter().enumerate() {
             let want = holds_together(&q, i, |a, b| request[a] == request[b]);
             assert_eq!(
+                holds_linked(&q, i, |a, b| request[a] == request[b], |_, _| false),
+                want,
+                "without upgrades the linked rule is the plain one"
+            );
+            assert_eq!(
                 holds_together(&q, i, |a, b| a == b),
                 holds(&q, i),
                 "one entry per request is the plain rule"
@@ -133,6 +175,29 @@ fn disagreements(con: &mut redis::Connection, lib: &str) -> Vec<String> {
             if (*got == 1) != want {
                 out.push(format!(
                     "{q:?} requests {request:?} entry {i}: script {got}, rule {want}"
+                ));
+            }
+        }
+    }
+    for (q, links) in upgrade_queues() {
+        // Ids in hex, as the scripts' `upgraded` reads them: `a<i>`, an
+        // upgrade `a<i>ga<j>`.
+        let id = |i: usize| match links[i] {
+            Some(j) => format!("a{i}ga{j}"),
+            None => format!("a{i}"),
+        };
+        let mut inv = script.prepare_invoke();
+        inv.arg("");
+        for (i, k) in q.iter().enumerate() {
+            let (code, permits) = kind_code(*k);
+            inv.arg(code).arg(permits).arg(id(i));
+        }
+        let by_script: Vec<i64> = inv.invoke(con).expect("the probe script runs");
+        for (i, got) in by_script.iter().enumerate() {
+            let want = holds_linked(&q, i, |a, b| a == b, |a, b| links[a] == Some(b));
+            if (*got == 1) != want {
+                out.push(format!(
+                    "{q:?} upgrades {links:?} entry {i}: script {got}, rule {want}"
                 ));
             }
         }
@@ -159,6 +224,7 @@ fn redis() -> Option<redis::Connection> {
 fn the_scripts_queue_rule_is_the_shared_one() {
     let Some(mut con) = redis() else { return };
     assert_eq!(queues().len(), 4 + 16 + 64 + 256 + 1024 + 15);
+    assert!(upgrade_queues().len() > 100, "{}", upgrade_queues().len());
     let wrong = disagreements(&mut con, LIB);
     assert!(wrong.is_empty(), "the script's rule differs: {wrong:#?}");
 }
@@ -183,6 +249,20 @@ fn a_mutant_of_the_scripts_rule_is_caught() {
             "if live[j].kind == 'w' then return false end",
         ),
         ("  return i == 1\nend", "  return i <= 2\nend"),
+        // A reader waits for an upgradeable reader; an upgrade waits only
+        // for writers, or for its own entry too.
+        (
+            "if k ~= 'r' and k ~= 'u' then return false end",
+            "if k ~= 'r' then return false end",
+        ),
+        (
+            "if live[j].id ~= of and holds(live, j) then return false end",
+            "if live[j].id ~= of and live[j].kind ~= 'r' and holds(live, j) then return false end",
+        ),
+        (
+            "if live[j].id ~= of and holds(live, j) then return false end",
+            "if holds(live, j) then return false end",
+        ),
     ] {
         assert!(LIB.contains(from), "the rule's text changed: {from:?}");
         let mutant = LIB.replacen(from, to, 1);
