@@ -177,7 +177,7 @@ impl Backend for PostgresBackend {
             proclaim: true,
             changes: true,
             acquire_many: true,
-            upgradeable_read: false,
+            upgradeable_read: true,
         }
     }
 

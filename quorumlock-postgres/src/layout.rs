@@ -434,10 +434,27 @@ pub(crate) fn kind_code(kind: LockKind) -> (&'static str, i32) {
     match kind {
         LockKind::Read => ("r", 0),
         LockKind::Write => ("w", 0),
+        LockKind::Upgradeable => ("u", 0),
+        LockKind::Upgrade => (UPGRADE, 0),
         LockKind::Semaphore { permits } => ("s", permits.min(i32::MAX as u32) as i32),
         LockKind::Election => ("e", 0),
         _ => ("x", 0),
     }
+}
+
+/// The stored kind of an upgrade: `g`, then the contender (32 hex digits)
+/// of the upgradeable entry it upgrades ([`upgrade_code`]).
+pub(crate) const UPGRADE: &str = "g";
+
+/// The stored kind of an upgrade of the upgradeable entry of `of`.
+pub(crate) fn upgrade_code(of: &Uuid) -> String {
+    format!("{UPGRADE}{}", of.simple())
+}
+
+/// The contender whose upgradeable entry an entry of stored kind `code`
+/// upgrades, if it is an upgrade.
+pub(crate) fn upgraded(code: &str) -> Option<Uuid> {
+    Uuid::try_parse(code.strip_prefix(UPGRADE)?).ok()
 }
 
 /// The stored kind of a permit entry that more entries of its request
@@ -464,6 +481,8 @@ pub(crate) fn kind_of(code: &str, permits: i32) -> LockKind {
     match code {
         "r" => LockKind::Read,
         "w" => LockKind::Write,
+        "u" => LockKind::Upgradeable,
+        c if upgraded(c).is_some() => LockKind::Upgrade,
         "s" | MORE_PERMITS => LockKind::Semaphore {
             permits: permits.max(0) as u32,
         },
@@ -517,11 +536,17 @@ mod tests {
             LockKind::Read,
             LockKind::Write,
             LockKind::Election,
+            LockKind::Upgradeable,
             LockKind::Semaphore { permits: 3 },
         ] {
             let (code, permits) = kind_code(k);
             assert_eq!(kind_of(code, permits), k);
         }
+        let upgrade = upgrade_code(&c);
+        assert_eq!(kind_of(&upgrade, 0), LockKind::Upgrade);
+        assert_eq!(upgraded(&upgrade), Some(c));
+        assert_eq!(upgraded("u"), None);
+        assert_eq!(kind_of("g", 0), LockKind::Exclusive, "an upgrade of nobody");
         assert_eq!(like_prefix("a_b%/"), "a\\_b\\%/%");
         let s = Uuid::new_v4();
         assert_eq!(parse_session_id(&s.simple().to_string()).unwrap(), s);

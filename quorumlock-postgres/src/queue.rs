@@ -7,7 +7,7 @@
 use std::time::SystemTime;
 use tokio_postgres::types::{ToSql, Type};
 
-use quorumlock_core::backend::{holds_together, waits_for};
+use quorumlock_core::backend::{holds_linked, waits_for_linked};
 use quorumlock_core::{LockKind, Result};
 use tokio_postgres::Transaction;
 use uuid::Uuid;
@@ -25,6 +25,8 @@ pub(crate) struct Entry {
     /// More entries of its request follow it (a request for several
     /// permits at once; [`layout::MORE_PERMITS`]).
     pub(crate) more: bool,
+    /// For an upgrade, the contender of the upgradeable entry it upgrades.
+    pub(crate) upgrades: Option<Uuid>,
     pub(crate) token: Option<i64>,
     pub(crate) created: SystemTime,
     pub(crate) value: Vec<u8>,
@@ -118,6 +120,7 @@ pub(crate) async fn read(
                 session: r.try_get(2)?,
                 kind: layout::kind_of(r.try_get(3)?, r.try_get(4)?),
                 more: r.try_get::<_, &str>(3)? == layout::MORE_PERMITS,
+                upgrades: layout::upgraded(r.try_get(3)?),
                 token: r.try_get(5)?,
                 created: r.try_get(6)?,
                 value: r.try_get(7)?,
@@ -149,7 +152,12 @@ pub(crate) async fn grant(
     let granted: Vec<usize> = (0..entries.len())
         .filter(|&i| {
             entries[i].token.is_none()
-                && holds_together(&kinds, i, |a, b| (a..b).all(|x| entries[x].more))
+                && holds_linked(
+                    &kinds,
+                    i,
+                    |a, b| (a..b).all(|x| entries[x].more),
+                    |a, b| upgrades(&entries, a, b),
+                )
         })
         .collect();
     let (mut sessions, mut messages) = (Vec::new(), Vec::new());
@@ -250,8 +258,14 @@ pub(crate) fn standing(entries: &[Entry], contender: Uuid) -> Standing {
         return Standing::Held { token: t as u64 };
     }
     let kinds: Vec<LockKind> = entries.iter().map(|e| e.kind).collect();
-    let ahead_ms = waits_for(&kinds, i).map_or(0, |j| entries[j].life_ms.max(0) as u64);
+    let ahead_ms = waits_for_linked(&kinds, i, |a, b| upgrades(entries, a, b))
+        .map_or(0, |j| entries[j].life_ms.max(0) as u64);
     Standing::Wait { ahead_ms }
+}
+
+/// Whether `entries[a]` upgrades `entries[b]`.
+fn upgrades(entries: &[Entry], a: usize, b: usize) -> bool {
+    entries[a].upgrades == Some(entries[b].contender)
 }
 
 /// Settles the queue of `lock` in a transaction of its own (after entries
@@ -322,6 +336,7 @@ mod tests {
             session: Uuid::new_v4(),
             kind,
             more: false,
+            upgrades: None,
             token,
             created: SystemTime::now(),
             value: Vec::new(),

@@ -110,6 +110,9 @@ impl PostgresSession {
         let c = self.state.core.clone();
         let (lock, sid, me) = (lock.to_string(), self.state.id, req.contender);
         let (kind, wait, value) = (req.kind, req.wait, req.value.clone());
+        let upgrades = req
+            .upgrades
+            .filter(|_| kind == quorumlock_core::LockKind::Upgrade);
         let contenders = layout::request_contenders(me, req.count.max(1));
         let name = req.name.clone();
         let work: Work<Enqueued> = Box::new(move |client| {
@@ -143,6 +146,8 @@ impl PostgresSession {
                         );
                     }
                     let (code, permits) = layout::kind_code(kind);
+                    let upgrade = upgrades.map(|of| layout::upgrade_code(&of));
+                    let code = upgrade.as_deref().unwrap_or(code);
                     // A request for several permits: its entries side by
                     // side, each but the last marked as followed by more.
                     for (j, c) in contenders.iter().enumerate() {
