@@ -8,14 +8,15 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
-use quorumlock_core::backend::{holds, ChangeFeed};
+use quorumlock_core::backend::{holds_linked, ChangeFeed};
 use quorumlock_core::{Contender, Error, ErrorKind, LockKind, LockName, LockState, Result};
 
 use crate::api::{op, Block, KvEntry, Record, Txn};
 use crate::core::{now_ms, read_view, ConsulCore, LONG_POLL};
 use crate::error::map;
 use crate::layout::{
-    line_kinds, others_ahead, rw_revoke, Keys, SemView, View, REVOKE_FLAGS, SEMAPHORE_FLAGS,
+    line_kinds, others_ahead, rw_revoke, upgrades, Keys, SemView, View, REVOKE_FLAGS,
+    SEMAPHORE_FLAGS,
 };
 
 /// How many times an admin operation re-reads and retries when the lock
@@ -278,7 +279,7 @@ impl ConsulCore {
                 if q.holder() != holder.as_deref() {
                     state.waiters.push(c(q.create_index));
                 }
-            } else if holds(&kinds, i) {
+            } else if holds_linked(&kinds, i, |a, b| a == b, |a, b| upgrades(&line, a, b)) {
                 state.holders.push(c(q.modify_index));
             } else {
                 state.waiters.push(c(q.create_index));

@@ -148,7 +148,7 @@ impl Backend for ConsulBackend {
             proclaim: true,
             changes: true,
             acquire_many: false,
-            upgradeable_read: false,
+            upgradeable_read: true,
         }
     }
 

@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use base64::Engine;
-use quorumlock_core::backend::holds;
+use quorumlock_core::backend::{holds_linked, AcquireRequest};
 use quorumlock_core::{LockKind, LockName};
 use serde::{Deserialize, Serialize};
 
@@ -42,6 +42,15 @@ pub const READ_FLAGS: u64 = 0x716c_6f63_6b72_6561; // "qlockrea"
 
 /// The `Flags` of a read-write lock's write entries, `<prefix>/.rw/<session>-<contender>`.
 pub const WRITE_FLAGS: u64 = 0x716c_6f63_6b77_7269; // "qlockwri"
+
+/// The `Flags` of a read-write lock's upgradeable read entries,
+/// `<prefix>/.rw/<session>-<contender>`.
+pub const UPGRADEABLE_FLAGS: u64 = 0x716c_6f63_6b75_7072; // "qlockupr"
+
+/// The `Flags` of an upgrade, `<prefix>/.rw/<session>-<upgraded
+/// contender>.up-<contender>`: its key starts with the key of the
+/// upgradeable entry it upgrades ([`upgraded_entry`]).
+pub const UPGRADE_FLAGS: u64 = 0x716c_6f63_6b75_7077; // "qlockupw"
 
 /// The `Flags` of an acquire attempt's fence, `<ns>/.fence/<session>/<contender>`:
 /// written when a write of the attempt may still land after its removal;
@@ -93,6 +102,19 @@ impl Keys {
     pub fn rw_entry(&self, session: &str, contender: &impl fmt::Display) -> String {
         format!("{}{session}-{contender}", self.rw_prefix)
     }
+
+    /// The entry of `req` by `session`: [`Keys::rw_entry`], or for an
+    /// upgrade the upgradeable entry's key with `.up-<contender>`.
+    pub fn request_entry(&self, session: &str, req: &AcquireRequest) -> String {
+        match (req.kind, req.upgrades) {
+            (LockKind::Upgrade, Some(of)) => format!(
+                "{}{UPGRADE_INFIX}{}",
+                self.rw_entry(session, &of),
+                req.contender
+            ),
+            _ => self.rw_entry(session, &req.contender),
+        }
+    }
 }
 
 /// The revoke marker of a read-write entry.
@@ -114,15 +136,42 @@ pub(crate) fn rw_revoke(entry: &str) -> String {
     format!("{entry}.revoke")
 }
 
+/// What separates an upgrade's key from the key of the upgradeable
+/// entry it upgrades.
+const UPGRADE_INFIX: &str = ".up-";
+
+/// The key of the upgradeable entry that the upgrade keyed `key` upgrades.
+pub(crate) fn upgraded_entry(key: &str) -> Option<&str> {
+    key.rsplit_once(UPGRADE_INFIX).map(|(u, _)| u)
+}
+
 /// The kind of a queue entry of our layout, by its key and flags.
 pub(crate) fn entry_kind(keys: &Keys, e: &KvEntry) -> LockKind {
-    if e.key.starts_with(&keys.rw_prefix) && e.flags == READ_FLAGS {
-        LockKind::Read
-    } else if e.key.starts_with(&keys.rw_prefix) {
-        LockKind::Write
-    } else {
-        LockKind::Exclusive
+    if !e.key.starts_with(&keys.rw_prefix) {
+        return LockKind::Exclusive;
     }
+    match e.flags {
+        READ_FLAGS => LockKind::Read,
+        UPGRADEABLE_FLAGS => LockKind::Upgradeable,
+        UPGRADE_FLAGS if upgraded_entry(&e.key).is_some() => LockKind::Upgrade,
+        _ => LockKind::Write,
+    }
+}
+
+/// The flags of a read-write entry of `kind`.
+pub(crate) fn rw_flags(kind: LockKind) -> u64 {
+    match kind {
+        LockKind::Read => READ_FLAGS,
+        LockKind::Upgradeable => UPGRADEABLE_FLAGS,
+        LockKind::Upgrade => UPGRADE_FLAGS,
+        _ => WRITE_FLAGS,
+    }
+}
+
+/// Whether entry `i` of `line` upgrades entry `j`, for
+/// `quorumlock_core::backend::waits_for_linked`.
+pub(crate) fn upgrades(line: &[(LockKind, KvEntry)], i: usize, j: usize) -> bool {
+    line[i].0 == LockKind::Upgrade && upgraded_entry(&line[i].1.key) == Some(line[j].1.key.as_str())
 }
 
 /// What the store holds for one lock.
@@ -180,7 +229,10 @@ impl View {
         let line = self.line(keys);
         let kinds = line_kinds(&line);
         (0..line.len())
-            .filter(|&i| holds(&kinds, i) && line[i].0 != LockKind::Exclusive)
+            .filter(|&i| {
+                holds_linked(&kinds, i, |a, b| a == b, |a, b| upgrades(&line, a, b))
+                    && line[i].0 != LockKind::Exclusive
+            })
             .map(|i| line[i].clone())
             .collect()
     }
@@ -416,5 +468,33 @@ mod tests {
         assert_eq!(l.limit, 3);
         assert!(l.holders.contains_key("abc"));
         assert_eq!(serde_json::to_string(&l).unwrap(), raw);
+    }
+
+    #[test]
+    fn an_upgrade_is_named_after_the_entry_it_upgrades() {
+        use quorumlock_core::backend::waits_for_linked;
+        let keys = Keys::new(&ConsulConfig::default(), &LockName::new("a").unwrap());
+        let (u, c) = (uuid::Uuid::from_u128(1), uuid::Uuid::from_u128(2));
+        let mut req = AcquireRequest::new(LockName::new("a").unwrap(), LockKind::Upgrade, true);
+        req.upgrades = Some(u);
+        req.contender = c;
+        let up = keys.request_entry("s1", &req);
+        assert_eq!(upgraded_entry(&up), Some(keys.rw_entry("s1", &u).as_str()));
+        let entries = vec![
+            entry(keys.rw_entry("s1", &u), UPGRADEABLE_FLAGS, "s1", 10),
+            entry(keys.rw_entry("s2", &"r"), READ_FLAGS, "s2", 20),
+            entry(up.clone(), UPGRADE_FLAGS, "s1", 30),
+            entry(rw_revoke(&up), REVOKE_FLAGS, "s1", 31),
+        ];
+        let view = View::from_entries(&keys, entries);
+        let line = view.line(&keys);
+        use LockKind::*;
+        assert_eq!(line_kinds(&line), [Upgradeable, Read, Upgrade]);
+        let link = |a, b| upgrades(&line, a, b);
+        assert!(link(2, 0) && !link(2, 1) && !link(0, 2));
+        assert_eq!(waits_for_linked(&line_kinds(&line), 2, link), Some(1));
+        // An upgrade's flags on a key that names no entry: a writer.
+        let odd = entry(keys.rw_entry("s3", &"x"), UPGRADE_FLAGS, "s3", 40);
+        assert_eq!(entry_kind(&keys, &odd), Write);
     }
 }

@@ -24,7 +24,8 @@ pub use reqwest;
 pub use backend::ConsulBackend;
 pub use config::{ConsulConfig, DEFAULT_LOCK_DELAY, DEFAULT_PORT, DEFAULT_TLS_PORT, DEFAULT_TTL};
 pub use layout::{
-    FENCE_FLAGS, LOCK_FLAGS, QUEUE_FLAGS, READ_FLAGS, REVOKE_FLAGS, SEMAPHORE_FLAGS, WRITE_FLAGS,
+    FENCE_FLAGS, LOCK_FLAGS, QUEUE_FLAGS, READ_FLAGS, REVOKE_FLAGS, SEMAPHORE_FLAGS,
+    UPGRADEABLE_FLAGS, UPGRADE_FLAGS, WRITE_FLAGS,
 };
 
 /// URL schemes this backend serves: `consul` (HTTP) and `consuls` (HTTPS).

@@ -4,15 +4,15 @@
 
 use std::sync::Arc;
 
-use quorumlock_core::backend::{waits_for, AcquireRequest, Acquired};
-use quorumlock_core::{Error, ErrorKind, LockKind, Result};
+use quorumlock_core::backend::{waits_for_linked, AcquireRequest, Acquired};
+use quorumlock_core::{Error, ErrorKind, Result};
 
 use crate::api::{op, Record, Txn};
 use crate::core::{
     failed, now_ms, read_after_lock, read_view, session_gone, session_lost, would_block,
     SessionState, Transient, MAX_ACQUIRE_RETRIES,
 };
-use crate::layout::{line_kinds, rw_revoke, Keys, View, LOCK_FLAGS, READ_FLAGS, WRITE_FLAGS};
+use crate::layout::{line_kinds, rw_flags, rw_revoke, upgrades, Keys, View, LOCK_FLAGS};
 
 /// Removes a read-write entry of this session and its revoke marker.
 async fn remove_rw(s: &Arc<SessionState>, keys: &Keys, entry: &str) -> Result<()> {
@@ -47,13 +47,9 @@ pub(crate) async fn acquire_rw(s: &Arc<SessionState>, req: &AcquireRequest) -> R
         return Err(session_lost("the Consul session is lost"));
     }
     let keys = Keys::new(&s.core.config, &req.name);
-    let entry = keys.rw_entry(&s.id, &req.contender);
+    let entry = keys.request_entry(&s.id, req);
     let revoke = rw_revoke(&entry);
-    let flags = if req.kind == LockKind::Read {
-        READ_FLAGS
-    } else {
-        WRITE_FLAGS
-    };
+    let flags = rw_flags(req.kind);
     let record = Record {
         quorumlock: 1,
         contender: Some(req.contender.to_string()),
@@ -96,7 +92,8 @@ pub(crate) async fn acquire_rw(s: &Arc<SessionState>, req: &AcquireRequest) -> R
         // nearest writer or mutex ahead; for a writer, whoever is just
         // ahead (our entry's kind in the line is `req.kind`).
         let kinds = line_kinds(&line);
-        if let Some(b) = waits_for(&kinds, pos).map(|j| line[j].1.clone()) {
+        let waited = waits_for_linked(&kinds, pos, |a, b| upgrades(&line, a, b));
+        if let Some(b) = waited.map(|j| line[j].1.clone()) {
             if !req.wait {
                 return leave().await;
             }
@@ -204,7 +201,7 @@ pub(crate) async fn abandon(
     keys: &Keys,
     req: &AcquireRequest,
 ) -> Result<()> {
-    let entry = keys.rw_entry(&s.id, &req.contender);
+    let entry = keys.request_entry(&s.id, req);
     s.unwatch_key(&entry);
     remove_rw(s, keys, &entry).await
 }

@@ -259,7 +259,9 @@ impl StoreSession for ConsulSession {
             // An election candidate is a `consul lock` contender on
             // `.lock` (the leader holds it; its value is in our record).
             LockKind::Exclusive | LockKind::Election => mutex::acquire(&self.s, req).await,
-            LockKind::Read | LockKind::Write => rw::acquire_rw(&self.s, req).await,
+            LockKind::Read | LockKind::Write | LockKind::Upgradeable | LockKind::Upgrade => {
+                rw::acquire_rw(&self.s, req).await
+            }
             LockKind::Semaphore { permits } => {
                 let keys = Keys::new(&self.s.core.config, &req.name);
                 let s = self.session_for(req, &keys).await?;
@@ -285,7 +287,9 @@ impl StoreSession for ConsulSession {
         // A write of this attempt may still land after the release.
         self.s.fence(&keys, req).await?;
         match req.kind {
-            LockKind::Read | LockKind::Write => rw::release(&self.s, &keys, held).await,
+            LockKind::Read | LockKind::Write | LockKind::Upgradeable | LockKind::Upgrade => {
+                rw::release(&self.s, &keys, held).await
+            }
             _ => mutex::release(&self.s, req, &keys, held).await,
         }
     }
@@ -312,7 +316,9 @@ impl StoreSession for ConsulSession {
         // A write of this attempt may still land after the removal.
         self.s.fence(&keys, req).await?;
         match req.kind {
-            LockKind::Read | LockKind::Write => rw::abandon(&self.s, &keys, req).await,
+            LockKind::Read | LockKind::Write | LockKind::Upgradeable | LockKind::Upgrade => {
+                rw::abandon(&self.s, &keys, req).await
+            }
             _ => mutex::abandon(&self.s, &keys).await,
         }
     }
