@@ -99,6 +99,7 @@ macro_rules! suite {
                 rw_writer_not_starved_by_readers,
                 rw_downgrade_allowed_upgrade_refused,
                 rw_upgradeable_read_upgrades_after_readers_drain,
+                rw_upgrade_refused_while_a_reader_waits_behind_a_writer,
                 rw_owners_in_one_client,
                 rw_mutex_and_readers_exclude,
                 rw_reader_between_repeated_mutex_cycles,

@@ -184,8 +184,11 @@ impl ConsulCore {
             tokio::time::sleep(grace).await;
         }
         // Each holder on its own: one that let go during the grace must
-        // not stop the others' deletes.
-        for (k, i) in at {
+        // not stop the others' deletes. From the back of the line: an
+        // upgrade before the upgradeable entry it upgrades (deleted
+        // first, that entry would let a writer queued between the two
+        // in beside the upgrade, whose key still stands).
+        for (k, i) in at.into_iter().rev() {
             let ops = vec![op::delete_cas(&k, i), op::delete(&rw_revoke(&k))];
             self.txn(ops, "breaking a lock").await?;
         }

@@ -4,7 +4,9 @@
 
 use std::sync::Arc;
 
-use quorumlock_core::backend::{waits_for_linked, AcquireRequest, Acquired};
+use quorumlock_core::backend::{
+    refused_upgrade, upgrade_refused, waits_for_linked, AcquireRequest, Acquired,
+};
 use quorumlock_core::{Error, ErrorKind, Result};
 
 use crate::api::{op, Record, Txn};
@@ -92,6 +94,10 @@ pub(crate) async fn acquire_rw(s: &Arc<SessionState>, req: &AcquireRequest) -> R
         // nearest writer or mutex ahead; for a writer, whoever is just
         // ahead (our entry's kind in the line is `req.kind`).
         let kinds = line_kinds(&line);
+        if upgrade_refused(&kinds, pos, |a, b| upgrades(&line, a, b)) {
+            remove_rw(s, &keys, &entry).await?;
+            return Err(refused_upgrade(&req.name));
+        }
         let waited = waits_for_linked(&kinds, pos, |a, b| upgrades(&line, a, b));
         if let Some(b) = waited.map(|j| line[j].1.clone()) {
             if !req.wait {

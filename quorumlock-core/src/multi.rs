@@ -97,6 +97,15 @@ impl LockClient {
                         format!("a multi-lock cannot campaign in an election ({name})"),
                     ))
                 }
+                LockKind::Upgradeable | LockKind::Upgrade => {
+                    return Err(Error::new(
+                        ErrorKind::InvalidArgument,
+                        format!(
+                            "a multi-lock cannot take an upgradeable read or an upgrade ({name}): \
+                             take the read or write side"
+                        ),
+                    ))
+                }
                 LockKind::Semaphore { permits: 0 } => {
                     return Err(Error::new(
                         ErrorKind::InvalidArgument,

@@ -92,7 +92,8 @@ impl LockKind {
 ///   for the nearest other entry;
 /// - an upgrade holds when no entry ahead holds but the upgradeable entry
 ///   it upgrades, else waits for the nearest other holder ahead; without
-///   a link ([`waits_for_linked`]) it waits for every holder;
+///   a link ([`waits_for_linked`]) it waits for every holder; while a
+///   reader waits between the two, it does not hold ([`upgrade_refused`]);
 /// - a permit of a semaphore of `permits` holds when fewer than `permits`
 ///   entries are ahead, else waits for the entry `permits` places ahead
 ///   (when it goes, this one is inside the window).
@@ -131,10 +132,48 @@ pub fn waits_for_linked(
         Upgradeable => (0..i).rev().find(|&j| kinds[j] != Read),
         Upgrade => (0..i)
             .rev()
-            .find(|&j| !upgrades(i, j) && waits_for_linked(kinds, j, upgrades).is_none()),
+            .find(|&j| !upgrades(i, j) && waits_for_linked(kinds, j, upgrades).is_none())
+            .or_else(|| waiting_reader(kinds, i, upgrades)),
         LockKind::Semaphore { permits } => i.checked_sub(permits.max(1) as usize),
         _ => i.checked_sub(1),
     }
+}
+
+/// The first reader that waits between the upgrade at `i` and the
+/// upgradeable entry it upgrades (behind a writer that waits for that
+/// entry).
+fn waiting_reader(
+    kinds: &[LockKind],
+    i: usize,
+    upgrades: impl Fn(usize, usize) -> bool + Copy,
+) -> Option<usize> {
+    let u = (0..i).find(|&j| upgrades(i, j))?;
+    (u + 1..i)
+        .find(|&j| kinds[j] == LockKind::Read && waits_for_linked(kinds, j, upgrades).is_some())
+}
+
+/// Whether the upgrade at `i` is to be refused
+/// ([`crate::ErrorKind::UpgradeRefused`], its entry removed): no holder
+/// but its own entry is ahead of it, and a reader waits between the two.
+/// That reader waits for a writer that waits for the upgradeable entry:
+/// granted, the upgrade would let the reader in beside the write as soon
+/// as that writer gave up (a reader waits neither for an upgradeable
+/// entry nor for an upgrade behind it); waited for, it would wait for
+/// ever. Once the writer gives up, the reader holds, and an upgrade waits
+/// for it as for any holder. Entries are never added between the two, so
+/// an upgrade that holds stays clear of this.
+///
+/// # Panics
+/// If `i` is out of bounds.
+pub fn upgrade_refused(
+    kinds: &[LockKind],
+    i: usize,
+    upgrades: impl Fn(usize, usize) -> bool + Copy,
+) -> bool {
+    kinds[i] == LockKind::Upgrade
+        && waits_for_linked(kinds, i, upgrades).is_some_and(|j| {
+            kinds[j] == LockKind::Read && waits_for_linked(kinds, j, upgrades).is_some()
+        })
 }
 
 /// Whether entry `i` of a queue holds: [`waits_for`] finds nothing it
@@ -319,10 +358,13 @@ mod tests {
         assert_eq!(waits_for(&q, 2), Some(0));
     }
 
-    /// Random histories of one read-write queue with upgrades: whatever
-    /// arrives and leaves, the holders never clash, a holder keeps holding
-    /// until it leaves (grants are decided once), and some entry always
-    /// holds (no deadlock).
+    /// Random histories of one read-write queue with upgrades, in which
+    /// any entry may leave at any time (a holder lets go, a waiter gives
+    /// up) and an upgrade that [`upgrade_refused`] refuses is removed at
+    /// once (its owner is told): the holders never clash, a holder keeps
+    /// holding until it leaves (grants are decided once), and an upgrade
+    /// that waits waits for a holder other than its own entry (no
+    /// deadlock: its owner cannot let go while it waits).
     #[test]
     fn upgrades_never_clash_deadlock_or_take_back_a_grant() {
         use LockKind::*;
@@ -333,22 +375,37 @@ mod tests {
             seed ^= seed << 17;
             (seed % n as u64) as usize
         };
-        for _ in 0..2_000 {
+        let (mut upgrades, mut refused, mut granted) = (0, 0, 0);
+        for _ in 0..3_000 {
             // (id, kind, the id it upgrades)
             let mut q: Vec<(u32, LockKind, Option<u32>)> = Vec::new();
             let mut id = 0;
             let mut held_before: Vec<u32> = Vec::new();
-            for _ in 0..40 {
-                let kinds: Vec<LockKind> = q.iter().map(|e| e.1).collect();
+            for _ in 0..50 {
+                let kinds = |q: &[(u32, LockKind, Option<u32>)]| -> Vec<LockKind> {
+                    q.iter().map(|e| e.1).collect()
+                };
+                // The owners of refused upgrades take them back.
+                while let Some(i) = (0..q.len())
+                    .find(|&i| upgrade_refused(&kinds(&q), i, |a, b| q[a].2 == Some(q[b].0)))
+                {
+                    refused += 1;
+                    q.remove(i);
+                }
+                let k = kinds(&q);
                 let link = |i: usize, j: usize| q[i].2 == Some(q[j].0);
                 let holders: Vec<usize> = (0..q.len())
-                    .filter(|&i| holds_linked(&kinds, i, |a, b| a == b, link))
+                    .filter(|&i| holds_linked(&k, i, |a, b| a == b, link))
                     .collect();
                 let ids: Vec<u32> = holders.iter().map(|&i| q[i].0).collect();
-                assert!(q.is_empty() || !holders.is_empty(), "nobody holds: {q:?}");
                 for h in &held_before {
                     if q.iter().any(|e| e.0 == *h) {
                         assert!(ids.contains(h), "{h} held, then not: {q:?}");
+                    }
+                }
+                for &i in &holders {
+                    if q[i].1 == Upgrade && !held_before.contains(&q[i].0) {
+                        granted += 1;
                     }
                 }
                 let exclusive = holders
@@ -365,25 +422,24 @@ mod tests {
                     });
                     assert!(exclusive == 1 && alone, "clashing holders {ids:?}: {q:?}");
                 }
-                // An upgrade that waits, waits for some other holder (its
-                // holder cannot release while it waits for it).
                 for (i, e) in q.iter().enumerate() {
                     if e.1 == Upgrade && !holders.contains(&i) {
+                        let w = waits_for_linked(&k, i, link);
                         assert!(
-                            holders.iter().any(|&h| Some(q[h].0) != e.2),
-                            "upgrade {} waits for its own holder: {q:?}",
+                            w.is_some_and(|j| holders.contains(&j) && Some(q[j].0) != e.2),
+                            "upgrade {} waits for {w:?}, not another holder: {q:?}",
                             e.0
                         );
                     }
                 }
                 held_before = ids;
-                match next(5) {
-                    0 | 1 => {
+                match next(6) {
+                    0..=2 => {
                         id += 1;
                         let kind = [Read, Write, Upgradeable, Exclusive][next(4)];
                         q.push((id, kind, None));
                     }
-                    2 => {
+                    3 => {
                         // A holding upgradeable entry without an upgrade
                         // upgrades.
                         let up = holders.iter().map(|&i| q[i].0).find(|&u| {
@@ -392,22 +448,28 @@ mod tests {
                         });
                         if let Some(u) = up {
                             id += 1;
+                            upgrades += 1;
                             q.push((id, Upgrade, Some(u)));
                         }
                     }
-                    _ => {
-                        // A holder leaves: an upgraded one with its
-                        // upgrade, or its upgrade alone (a downgrade).
-                        if !holders.is_empty() {
-                            let gone = q[holders[next(holders.len())]].0;
-                            let upgraded = q.iter().any(|x| x.2 == Some(gone));
-                            let downgrade = upgraded && next(2) == 0;
-                            q.retain(|e| e.2 != Some(gone) && (downgrade || e.0 != gone));
-                        }
+                    _ if !q.is_empty() => {
+                        // Anyone leaves: a holder lets go (an upgraded one
+                        // with its upgrade, or its upgrade alone: a
+                        // downgrade), a waiter gives up.
+                        let gone = q[next(q.len())].0;
+                        let upgraded = q.iter().any(|x| x.2 == Some(gone));
+                        let downgrade = upgraded && next(2) == 0;
+                        q.retain(|e| e.2 != Some(gone) && (downgrade || e.0 != gone));
                     }
+                    _ => {}
                 }
             }
         }
+        // The histories did meet upgrades granted and refused.
+        assert!(
+            upgrades > 1_000 && refused > 50 && granted > 500,
+            "{upgrades} {refused} {granted}"
+        );
     }
 
     #[test]

@@ -38,7 +38,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget};
-use quorumlock_core::backend::{waits_for, waits_for_linked, AcquireRequest};
+use quorumlock_core::backend::{upgrade_refused, waits_for, waits_for_linked, AcquireRequest};
 use quorumlock_core::LockKind;
 
 /// The prefix of every value this library gives a meaning to.
@@ -253,7 +253,12 @@ pub(crate) fn waited(kind: LockKind, ahead: &[LockKind]) -> Option<usize> {
 /// ahead of it (keys and [`line_kind`]s, newest first), whose keys link
 /// upgrades to the entries they upgrade. `Some(n)`: it waits for the
 /// `n`th nearest entry (a holder; only that one is to be watched).
-pub(crate) fn waited_upgrade(mine: &[u8], ahead: &[(&[u8], LockKind)]) -> Option<usize> {
+/// `Err(())` when the upgrade is to be refused
+/// (`quorumlock_core::backend::upgrade_refused`).
+pub(crate) fn waited_upgrade(
+    mine: &[u8],
+    ahead: &[(&[u8], LockKind)],
+) -> Result<Option<usize>, ()> {
     let line: Vec<(&[u8], LockKind)> = ahead
         .iter()
         .rev()
@@ -262,7 +267,11 @@ pub(crate) fn waited_upgrade(mine: &[u8], ahead: &[(&[u8], LockKind)]) -> Option
         .collect();
     let kinds: Vec<LockKind> = line.iter().map(|(_, k)| *k).collect();
     let me = ahead.len();
-    waits_for_linked(&kinds, me, |i, j| upgrades(line[i].0, line[j].0)).map(|j| me - j)
+    let link = |i: usize, j: usize| upgrades(line[i].0, line[j].0);
+    if upgrade_refused(&kinds, me, link) {
+        return Err(());
+    }
+    Ok(waits_for_linked(&kinds, me, link).map(|j| me - j))
 }
 
 /// The range read of what an entry of `kind` waits for: for a reader the
@@ -460,8 +469,17 @@ mod tests {
             (r, LockKind::Read),
             (upgradeable.as_bytes(), LockKind::Upgradeable),
         ];
-        assert_eq!(waited_upgrade(upgrade.as_bytes(), &ahead), Some(1));
-        assert_eq!(waited_upgrade(upgrade.as_bytes(), &ahead[1..]), None);
+        assert_eq!(waited_upgrade(upgrade.as_bytes(), &ahead), Ok(Some(1)));
+        assert_eq!(waited_upgrade(upgrade.as_bytes(), &ahead[1..]), Ok(None));
+        // A reader waits behind a writer that waits for the upgradeable
+        // entry: refused.
+        let w = key("ns/a", LockKind::Write, 0x694e, &c);
+        let behind = [
+            (r, LockKind::Read),
+            (w.as_bytes(), LockKind::Write),
+            (upgradeable.as_bytes(), LockKind::Upgradeable),
+        ];
+        assert_eq!(waited_upgrade(upgrade.as_bytes(), &behind), Err(()));
         assert_eq!(ahead_limit(LockKind::Upgrade), usize::MAX);
     }
 

@@ -615,8 +615,12 @@ impl EtcdSession {
                     let line: Vec<(&[u8], LockKind)> =
                         ahead.iter().map(|kv| kv.key()).zip(kinds).collect();
                     match layout::waited_upgrade(key.as_bytes(), &line) {
-                        None => break,
-                        Some(n) => ahead[n - 1..n].to_vec(),
+                        Ok(None) => break,
+                        Ok(Some(n)) => ahead[n - 1..n].to_vec(),
+                        Err(()) => {
+                            self.delete_if(key, my_rev, req.count).await?;
+                            return Err(quorumlock_core::backend::refused_upgrade(&req.name));
+                        }
                     }
                 } else {
                     // Our other keys of a request for several permits are

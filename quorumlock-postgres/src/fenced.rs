@@ -160,8 +160,11 @@ pub async fn check_held<'a>(
                 ),
             ));
         }
-        cs.push(layout::parse_entry_name(g.entry())?.1);
-        ts.push(g.token() as i64);
+        // The store's token of the entry (an upgrade's `token()` is its
+        // upgradeable hold's).
+        let held = g.held_entry();
+        cs.push(layout::parse_entry_name(&held.entry)?.1);
+        ts.push(held.token as i64);
         names.push(g.name().as_str().to_string());
     }
     layout::check_schema(schema)?;

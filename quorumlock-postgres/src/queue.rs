@@ -7,7 +7,7 @@
 use std::time::SystemTime;
 use tokio_postgres::types::{ToSql, Type};
 
-use quorumlock_core::backend::{holds_linked, waits_for_linked};
+use quorumlock_core::backend::{holds_linked, upgrade_refused, waits_for_linked};
 use quorumlock_core::{LockKind, Result};
 use tokio_postgres::Transaction;
 use uuid::Uuid;
@@ -42,6 +42,10 @@ pub(crate) enum Standing {
     Gone,
     /// Granted, with this token.
     Held { token: u64 },
+    /// An upgrade to refuse
+    /// (`quorumlock_core::backend::upgrade_refused`): the caller removes
+    /// it in the same transaction.
+    Refused,
     /// Waiting; the entry it waits for belongs to a session that expires
     /// in this many ms unless renewed.
     Wait { ahead_ms: u64 },
@@ -161,7 +165,11 @@ pub(crate) async fn grant(
         })
         .collect();
     let (mut sessions, mut messages) = (Vec::new(), Vec::new());
-    for &i in &granted {
+    // Upgrades to refuse are woken too, to learn it.
+    let refused = (0..entries.len()).filter(|&i| {
+        entries[i].token.is_none() && upgrade_refused(&kinds, i, |a, b| upgrades(&entries, a, b))
+    });
+    for i in granted.iter().copied().chain(refused) {
         let e = &entries[i];
         // A request of several permits is told once, by its last entry.
         if Some(e.contender) != quiet && !e.more {
@@ -258,6 +266,9 @@ pub(crate) fn standing(entries: &[Entry], contender: Uuid) -> Standing {
         return Standing::Held { token: t as u64 };
     }
     let kinds: Vec<LockKind> = entries.iter().map(|e| e.kind).collect();
+    if upgrade_refused(&kinds, i, |a, b| upgrades(entries, a, b)) {
+        return Standing::Refused;
+    }
     let ahead_ms = waits_for_linked(&kinds, i, |a, b| upgrades(entries, a, b))
         .map_or(0, |j| entries[j].life_ms.max(0) as u64);
     Standing::Wait { ahead_ms }

@@ -173,6 +173,11 @@ impl PostgresSession {
                 let entries = queue::grant(&tx, sql, step.dead, entries, Some(me)).await?;
                 let standing = queue::standing(&entries, me);
                 let out = match standing {
+                    Standing::Refused => {
+                        tx.execute_typed(&sql.delete_contender, &[(&me, Type::UUID)])
+                            .await?;
+                        Enqueued::Standing(Standing::Refused)
+                    }
                     Standing::Wait { .. } if !wait => {
                         for c in &contenders {
                             tx.execute_typed(&sql.delete_contender, &[(c, Type::UUID)])
@@ -203,8 +208,13 @@ impl PostgresSession {
             Box::pin(async move {
                 let tx = client.transaction().await?;
                 let entries = queue::settle(&tx, &c.sql, &lock, Some(me)).await?;
+                let standing = queue::standing(&entries, me);
+                if standing == Standing::Refused {
+                    tx.execute_typed(&c.sql.delete_contender, &[(&me, Type::UUID)])
+                        .await?;
+                }
                 tx.commit().await?;
-                Ok(queue::standing(&entries, me))
+                Ok(standing)
             })
         });
         self.state.core.run("check entry", work).await
@@ -302,6 +312,9 @@ impl PostgresSession {
                     return Err(self.lost(
                         "our PostgreSQL entry is gone (session expired or killed, entry broken)",
                     ))
+                }
+                Standing::Refused => {
+                    return Err(quorumlock_core::backend::refused_upgrade(&req.name));
                 }
                 Standing::Wait { ahead_ms } => {
                     // Woken by the grant's message; also read again when

@@ -202,3 +202,27 @@ async fn the_next_holder_waits_for_an_open_fenced_transaction() {
     a.close().await;
     b.close().await;
 }
+
+/// An upgraded read hold checks as held: `check_held` looks at the
+/// upgrade's own entry and token (its `token()` is the upgradeable
+/// hold's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgraded_hold_checks_as_held() {
+    let Some(base) = base() else { return };
+    let ns = format!("fsql-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let url = format!("{}/{ns}", base.trim_end_matches('/'));
+    let a = LockClient::new(Arc::new(PostgresBackend::connect(&url).await.unwrap()));
+    let mut app_a = app(&base).await;
+    let mut u = a.rwlock("x").unwrap().upgradeable_read().await.unwrap();
+    {
+        let up = u.upgrade().await.unwrap();
+        let tx = app_a.transaction().await.unwrap();
+        check_held(&tx, DEFAULT_SCHEMA, [&*up])
+            .await
+            .expect("an upgraded hold checks as held");
+        tx.commit().await.unwrap();
+        up.downgrade().await.unwrap();
+    }
+    u.release().await.unwrap();
+    a.close().await;
+}

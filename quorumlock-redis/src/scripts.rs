@@ -125,15 +125,39 @@ local function holds(live, i)
     end
     return true
   elseif e.kind == 'g' then
-    local of = upgraded(e.id)
+    local of, u = upgraded(e.id), nil
     for j = 1, i - 1 do
-      if live[j].id ~= of and holds(live, j) then return false end
+      if live[j].id == of then
+        u = j
+      elseif holds(live, j) then
+        return false
+      end
+    end
+    -- Not while a reader waits between the two (see `refused`).
+    if u then
+      for j = u + 1, i - 1 do
+        if live[j].kind == 'r' and not holds(live, j) then return false end
+      end
     end
     return true
   elseif e.kind == 's' then
     return i + after(e.id) <= e.permits
   end
   return i == 1
+end
+-- Whether live[i] is an upgrade to refuse: no holder ahead of it but the
+-- entry it upgrades, and a reader waits between the two (behind a writer
+-- that waits for that entry): granted, it would let that reader in
+-- beside the write once the writer left; waited for, it would wait for
+-- ever (`quorumlock_core::backend::upgrade_refused`).
+local function refused(live, i)
+  local e = live[i]
+  if e.kind ~= 'g' or holds(live, i) then return false end
+  local of = upgraded(e.id)
+  for j = 1, i - 1 do
+    if live[j].id ~= of and holds(live, j) then return false end
+  end
+  return true
 end
 -- The live queue of L from its head up to and including the first entry
 -- that does not hold, purging dead entries met on the way: all that a
@@ -184,6 +208,9 @@ local function settle(L, live, skip)
       changed(L)
       -- A request of several permits is told once, by its last entry.
       if e.id ~= skip and after(e.id) == 0 then tell(e, 'g ' .. e.id) end
+    elseif e.token == 0 and e.id ~= skip and refused(live, i) then
+      -- Woken to learn it is refused.
+      tell(e, 'g ' .. e.id)
     end
   end
 end
@@ -217,11 +244,16 @@ local function waiting(seq, live, n)
   end
   return {'wait', seq, ahead}
 end
--- Where live[i] stands: held (with its token), or waiting.
+-- Where live[i] stands: held (with its token), refused (an upgrade,
+-- removed: see `refused`), or waiting.
 local function standing(L, live, i)
   local e = live[i]
   if e.token > 0 then
     return {'held', e.token, e.seq}
+  end
+  if refused(live, i) then
+    remove(L, e.id, e)
+    return {'refused'}
   end
   return waiting(e.seq, live, i - 1)
 end

@@ -36,6 +36,7 @@ impl fmt::Debug for RedisSession {
 #[derive(Debug, PartialEq, Eq)]
 enum Standing {
     Gone,
+    Refused,
     Fenced,
     Conflict(String),
     WouldBlock,
@@ -48,6 +49,7 @@ fn standing(reply: Vec<Value>) -> Result<Standing> {
     let num = |i: usize| parts.get(i).and_then(|s| s.parse::<i64>().ok());
     let s = match parts.first().map(String::as_str) {
         Some("gone") => Standing::Gone,
+        Some("refused") => Standing::Refused,
         Some("fenced") => Standing::Fenced,
         Some("wouldblock") => Standing::WouldBlock,
         Some("conflict") => Standing::Conflict(format!(
@@ -187,6 +189,10 @@ impl StoreSession for RedisSession {
                         ErrorKind::Conflict,
                         format!("{} is in use as {what}, not {:?}", req.name, req.kind),
                     ));
+                }
+                Standing::Refused => {
+                    self.state.routes.remove(&id);
+                    return Err(quorumlock_core::backend::refused_upgrade(&req.name));
                 }
                 Standing::WouldBlock => {
                     self.state.routes.remove(&id);

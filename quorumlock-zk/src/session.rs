@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use quorumlock_core::backend::{
-    waits_for, waits_for_linked, AcquireRequest, Acquired, Backoff, GrantMemory, SessionLiveness,
-    StoreSession,
+    refused_upgrade, upgrade_refused, waits_for, waits_for_linked, AcquireRequest, Acquired,
+    Backoff, GrantMemory, SessionLiveness, StoreSession,
 };
 use quorumlock_core::{Error, ErrorKind, LockKind, Result};
 use tokio::sync::mpsc;
@@ -256,6 +256,10 @@ impl SessionState {
                 ));
             };
             let kinds = layout::kinds(&sorted);
+            if upgrade_refused(&kinds, index, layout::links(&sorted)) {
+                self.delete(&c, &node).await?;
+                return Err(refused_upgrade(&req.name));
+            }
             let Some(ahead) = waits_for_linked(&kinds, index, layout::links(&sorted)) else {
                 if alone {
                     self.chains.keep(&dir, created.seq, parent.take());

@@ -320,6 +320,11 @@ pub async fn rw_upgradeable_read_upgrades_after_readers_drain(h: &Harness) {
         ErrorKind::UpgradeRefused,
         "re-entering an upgradeable read hold to write",
     );
+    assert_kind(
+        c.multi_lock_of([("up", LockKind::Upgradeable)]).map(|_| ()),
+        ErrorKind::InvalidArgument,
+        "a multi-lock of an upgradeable read",
+    );
     let mut plain = read(b, "up").await;
     assert_kind(
         plain.upgrade().await.map(|_| ()),
@@ -486,5 +491,110 @@ pub async fn rw_upgradeable_read_upgrades_after_readers_drain(h: &Harness) {
     );
     u.release().await.unwrap();
     crate::scratch::remove_scratch(c, &key).await;
+    case.finish().await;
+}
+
+/// An upgrade is refused (`UpgradeRefused`, nothing left on the store)
+/// while a reader waits behind a writer that waits for the upgradeable
+/// hold: granted, it would let that reader in beside the write as soon
+/// as the writer gave up; waited for, it would wait for ever (the reader
+/// waits for the writer, the writer for the upgradeable hold). Once the
+/// writer gives up, the reader holds and the upgrade waits for it.
+pub async fn rw_upgrade_refused_while_a_reader_waits_behind_a_writer(h: &Harness) {
+    let case = h.case();
+    let clients = case.clients(3).await;
+    let (a, b, c) = (&clients[0], &clients[1], &clients[2]);
+    if !a.backend().capabilities().upgradeable_read {
+        case.finish().await;
+        return;
+    }
+    // A reader holds; the upgradeable hold beside it; a writer queues
+    // behind, and a reader behind the writer.
+    let r0 = tokio::time::timeout(SOON, c.rwlock("upw").unwrap().read())
+        .await
+        .expect("a reader waited on a free lock")
+        .unwrap();
+    let mut u = a.rwlock("upw").unwrap().upgradeable_read().await.unwrap();
+    let writer = {
+        let b = b.clone();
+        tokio::spawn(async move { b.rwlock("upw").unwrap().write().await })
+    };
+    eventually("the writer to queue", || async {
+        waiters(a, "upw").await == 1
+    })
+    .await;
+    let reader = {
+        let c = c.clone();
+        tokio::spawn(async move { c.rwlock("upw").unwrap().read().await })
+    };
+    eventually("the reader to queue", || async {
+        waiters(a, "upw").await == 2
+    })
+    .await;
+    // The upgrade waits for the reader that holds; once that one leaves,
+    // it is refused, at once (not a TTL later).
+    let ttl = a.backend().capabilities().session_ttl;
+    let let_go = async {
+        eventually("the upgrade to queue", || async {
+            waiters(a, "upw").await == 3
+        })
+        .await;
+        r0.release().await.unwrap();
+        Instant::now()
+    };
+    let (upgraded, released) = tokio::join!(u.upgrade_timeout(SOON), let_go);
+    match upgraded {
+        Ok(up) => {
+            // The writer gives up: does the reader behind it get in
+            // beside the write?
+            writer.abort();
+            let beside = tokio::time::timeout(Duration::from_secs(2), reader).await;
+            panic!(
+                "upgraded (token {}) while a reader waited behind a writer; after the writer gave up the reader {}",
+                up.token(),
+                if beside.is_ok() { "was granted beside the write: two holders" } else { "still waited" }
+            );
+        }
+        Err(e) => assert_eq!(e.kind(), ErrorKind::UpgradeRefused, "{e}"),
+    }
+    assert!(
+        released.elapsed() < ttl / 2,
+        "the refusal came {:?} after the reader left (TTL {ttl:?})",
+        released.elapsed()
+    );
+    // Asked again, it is refused at once.
+    assert_kind(
+        u.upgrade_timeout(SOON).await.map(|_| ()),
+        ErrorKind::UpgradeRefused,
+        "an upgrade while a reader waits behind a writer",
+    );
+    assert!(u.is_held(), "a refused upgrade lost the read hold");
+    a.wait_idle().await;
+    assert_eq!(
+        waiters(a, "upw").await,
+        2,
+        "a refused upgrade left an entry, or took one away"
+    );
+    // The writer gives up: the reader holds beside the upgradeable hold,
+    // and an upgrade waits for it.
+    writer.abort();
+    let r = tokio::time::timeout(SOON, reader)
+        .await
+        .expect("the reader was not granted after the writer gave up")
+        .unwrap()
+        .unwrap();
+    assert_kind(
+        u.try_upgrade().await.map(|_| ()),
+        ErrorKind::WouldBlock,
+        "an upgrade beside a reader, tried",
+    );
+    r.release().await.unwrap();
+    drop(
+        tokio::time::timeout(SOON, u.upgrade())
+            .await
+            .expect("the upgrade waited after the reader left")
+            .unwrap(),
+    );
+    u.release().await.unwrap();
     case.finish().await;
 }

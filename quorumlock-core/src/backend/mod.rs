@@ -41,7 +41,9 @@ mod retry;
 pub mod schemes;
 
 pub use crate::inflight::{finish_on_drop, InFlightWrites};
-pub use crate::queue::{holds, holds_linked, holds_together, waits_for, waits_for_linked};
+pub use crate::queue::{
+    holds, holds_linked, holds_together, upgrade_refused, waits_for, waits_for_linked,
+};
 pub use crate::signal::{EntrySignals, SessionLiveness};
 pub use changes::{notified_feed, SoonestExpiry, FEED_HEARTBEAT};
 pub use delay::{DelayQueue, HELD_WATCH_DELAY};
@@ -49,6 +51,19 @@ pub use fenced::{check_kinds, refused, HeldEntry, KeyForm, KeyWrite, MAX_KEY_LEN
 pub use grants::{GrantMemory, LastGrant, QuietGrants};
 pub use namespace::Namespace;
 pub use retry::Backoff;
+
+/// The error of an upgrade the queue rule refuses
+/// ([`crate::queue::upgrade_refused`]), after its entry was removed.
+pub fn refused_upgrade(name: &LockName) -> crate::Error {
+    crate::Error::new(
+        crate::ErrorKind::UpgradeRefused,
+        format!(
+            "{name}: a reader waits behind a writer that waits for this upgradeable hold; \
+             upgrading now could let that reader in beside the write: try again once the \
+             writer has gone, or release and queue for writing"
+        ),
+    )
+}
 
 use crate::{LockKind, LockName, LockState, Result};
 

@@ -213,14 +213,23 @@ impl LockGuard {
                 format!("{}: {}", h.req.name, LossReason::HoldLimitReached),
             ));
         }
-        let entry = crate::backend::HeldEntry {
+        Ok((h.client.backend.clone(), self.held_entry()))
+    }
+
+    /// Our entry as the store knows it (its name, kind and the store's
+    /// own token of it), for a backend's checks of its own (such as
+    /// `quorumlock_postgres::check_held`). Its token is
+    /// [`token`](Self::token) except for an upgrade's write hold, whose
+    /// `token()` is its upgradeable hold's.
+    pub fn held_entry(&self) -> crate::backend::HeldEntry {
+        let h = self.held();
+        crate::backend::HeldEntry {
             name: h.req.name.clone(),
             kind: h.req.kind,
             entry: h.acquired.entry.clone(),
             token: h.acquired.token,
             session: h.session.store.id(),
-        };
-        Ok((h.client.backend.clone(), entry))
+        }
     }
 
     /// Rewrites our entry's value, only while the entry is ours (an
@@ -444,6 +453,15 @@ impl LockGuard {
             None => write,
         };
         write.held.as_mut().expect("a fresh guard").token = h.token;
+        // The write hold stands on the read hold: its loss (an operator's
+        // delete of that entry alone) is the write hold's too.
+        let (parent, child) = (h.req.signals.clone(), write.held().req.signals.clone());
+        h.client.runtime.spawn(async move {
+            tokio::select! {
+                reason = parent.lost() => child.lose(reason),
+                _ = child.finished() => {}
+            }
+        });
         Ok(Upgraded { write, _read: self })
     }
 

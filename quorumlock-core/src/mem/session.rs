@@ -63,6 +63,13 @@ impl StoreSession for MemSession {
                         entry: store::entry_name(&key, index),
                     })
                 }
+                Standing::Refused => {
+                    self.backend
+                        .store()
+                        .state()
+                        .remove_contender(&key, req.contender);
+                    return Err(crate::backend::refused_upgrade(&req.name));
+                }
                 Standing::Waits { .. } if !req.wait => {
                     self.backend
                         .store()

@@ -72,6 +72,8 @@ pub(super) enum Standing {
     Gone,
     /// First in the queue: holds the lock.
     Holds,
+    /// An upgrade to refuse ([`crate::queue::upgrade_refused`]).
+    Refused,
     /// Behind others; the entry ahead belongs to a session that expires
     /// at the given instant unless renewed.
     Waits { ahead_expires: Instant },
@@ -197,6 +199,7 @@ impl State {
         match q.iter().position(|e| e.index == index) {
             None => Standing::Gone,
             Some(i) if holds(q, i) => Standing::Holds,
+            Some(i) if refused(q, i) => Standing::Refused,
             Some(i) => {
                 let ahead_expires = q[..i]
                     .iter()
@@ -243,9 +246,10 @@ impl State {
             self.queues.remove(key);
             return removed;
         }
-        // Herd-free: wake only the entries that hold now and did not before.
+        // Herd-free: wake only the entries that hold now and did not
+        // before, and upgrades to refuse.
         for (i, e) in q.iter().enumerate() {
-            if holds(q, i) && !holders_before.contains(&e.index) {
+            if (holds(q, i) && !holders_before.contains(&e.index)) || refused(q, i) {
                 e.wake.notify_one();
             }
         }
@@ -420,6 +424,12 @@ fn holds(q: &[Entry], i: usize) -> bool {
         |a, b| q[a].contender == q[b].contender,
         |a, b| q[a].upgrades == Some(q[b].contender),
     )
+}
+
+/// Whether entry `i` is an upgrade to refuse.
+fn refused(q: &[Entry], i: usize) -> bool {
+    let kinds: Vec<LockKind> = q.iter().map(|e| e.kind).collect();
+    queue::upgrade_refused(&kinds, i, |a, b| q[a].upgrades == Some(q[b].contender))
 }
 
 fn holder_indexes(q: &[Entry]) -> Vec<u64> {
