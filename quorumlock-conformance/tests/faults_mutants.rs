@@ -45,6 +45,9 @@ enum Mutation {
     /// A request for several permits at once takes one: its holder
     /// believes it holds all of them.
     ManyAsOne,
+    /// An upgrade queues as a reader: its holder believes it writes while
+    /// other readers hold.
+    UpgradeAsRead,
 }
 
 #[derive(Debug)]
@@ -197,6 +200,14 @@ impl StoreSession for MutantSession {
                 }
                 r => return r,
             }
+        }
+        if matches!(self.mutation, Mutation::UpgradeAsRead)
+            && req.kind == quorumlock_core::LockKind::Upgrade
+        {
+            let mut read = req.clone();
+            read.kind = quorumlock_core::LockKind::Read;
+            read.upgrades = None;
+            return self.inner.acquire(&read).await;
         }
         if matches!(self.mutation, Mutation::ManyAsOne) && req.count > 1 {
             let mut one = req.clone();
@@ -359,6 +370,12 @@ async fn explorer_catches_a_deaf_change_feed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explorer_catches_permits_taken_one_for_many() {
     explorer_catches(Mutation::ManyAsOne).await;
+}
+
+/// Only upgrades of upgradeable read holds meet this mutant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explorer_catches_an_upgrade_beside_readers() {
+    explorer_catches(Mutation::UpgradeAsRead).await;
 }
 
 /// Only the explorer's fenced writes to the store meet this mutant.

@@ -7,6 +7,9 @@ use super::*;
 pub(super) enum Held {
     Exclusive,
     Read,
+    /// An upgradeable read: beside readers, never beside another one or a
+    /// writer (its own upgrade aside).
+    Upgradeable,
     Permit(u32),
 }
 
@@ -30,6 +33,11 @@ pub(super) struct Hold {
     /// it, so it is not a belief the checker can hold against the lock
     /// (its writes are still checked by the fenced register).
     pub(super) forced: bool,
+    /// For the write hold of an upgrade, the upgradeable hold (its index
+    /// in the log) it upgrades: the two overlap by design.
+    pub(super) upgrade_of: Option<usize>,
+    /// Its index in the log.
+    pub(super) id: usize,
 }
 
 /// Whom a forced fault hit.
@@ -73,6 +81,7 @@ impl Log {
         started: Instant,
     ) -> usize {
         let mut h = self.holds.lock().unwrap();
+        let id = h.len();
         h.push(Hold {
             name,
             client,
@@ -84,8 +93,16 @@ impl Log {
             ended: None,
             why: "still held",
             forced: false,
+            upgrade_of: None,
+            id,
         });
-        h.len() - 1
+        id
+    }
+
+    /// Records that hold `id` is the write hold of an upgrade of hold
+    /// `of`.
+    pub(super) fn upgrade_of(&self, id: usize, of: usize) {
+        self.holds.lock().unwrap()[id].upgrade_of = Some(of);
     }
 
     /// Records that hold `id` holds `count` permits at once.
@@ -164,6 +181,17 @@ impl Log {
     }
 }
 
+/// Whether holds of kinds `a` and `b` may hold at once: readers with
+/// readers and an upgradeable reader, permits with permits.
+fn shared(a: Held, b: Held) -> bool {
+    matches!(
+        (a, b),
+        (Held::Read, Held::Read | Held::Upgradeable)
+            | (Held::Upgradeable, Held::Read)
+            | (Held::Permit(_), Held::Permit(_))
+    )
+}
+
 /// The checker over the recorded history.
 pub(super) fn check(sh: &Shared) -> Vec<String> {
     let now = Instant::now();
@@ -182,8 +210,11 @@ pub(super) fn check(sh: &Shared) -> Vec<String> {
                 if b.acquired >= end(a) {
                     continue;
                 }
+                if b.upgrade_of == Some(a.id) || a.upgrade_of == Some(b.id) {
+                    continue;
+                }
                 match (a.kind, b.kind) {
-                    (Held::Read, Held::Read) | (Held::Permit(_), Held::Permit(_)) => {}
+                    (x, y) if shared(x, y) => {}
                     _ => out.push(format!(
                         "{name}: two holders at once: client {} ({:?}, token {}) and client {} ({:?}, token {}), overlap {:?}; {}",
                         a.client,
@@ -214,15 +245,23 @@ pub(super) fn check(sh: &Shared) -> Vec<String> {
             // Two shared holds (readers, permits) granted together may
             // return to their clients in either order; any other pair is
             // ordered by the store: the later one waited for the earlier.
+            // An upgrade keeps its upgradeable hold's token (its place):
+            // a reader granted beside that hold may have a larger one.
+            // Readers fence nothing; writes stay ordered.
             for b in &hs[i + 1..] {
-                let shared = |h: &Hold| matches!(h.kind, Held::Read | Held::Permit(_));
-                if shared(a) && shared(b) {
+                if shared(a.kind, b.kind) || (a.kind == Held::Read && b.upgrade_of.is_some()) {
                     continue;
                 }
                 if b.acquired > end(a) && b.token <= a.token {
                     out.push(format!(
-                        "{name}: token {} granted after a hold with token {} had ended",
-                        b.token, a.token
+                        "{name}: token {} ({:?}, client {}) granted after a hold with token {} ({:?}, client {}) had ended; {}",
+                        b.token,
+                        b.kind,
+                        b.client,
+                        a.token,
+                        a.kind,
+                        a.client,
+                        timeline(a, b, &forced, now)
                     ));
                 }
             }
@@ -317,6 +356,8 @@ mod tests {
             ended: None,
             why: "still held",
             forced: false,
+            upgrade_of: None,
+            id: 0,
         }
     }
 

@@ -127,6 +127,9 @@ pub struct OpCounts {
     pub hold_limits: u64,
     /// Grants of several permits at once ([`quorumlock_core::Semaphore::acquire_many`]).
     pub many_permits: u64,
+    /// Upgrades of upgradeable read holds granted
+    /// ([`quorumlock_core::LockGuard::upgrade`]).
+    pub upgrades: u64,
     /// Fenced writes sent to the store.
     pub fenced_writes: u64,
     /// Locks still held by a client when it closed.
@@ -189,6 +192,7 @@ struct Shared {
     multi_locks: AtomicU64,
     hold_limits: AtomicU64,
     many_permits: AtomicU64,
+    upgrades: AtomicU64,
     /// The rest of the clients' refusal switches, by client.
     refusals: Vec<Arc<Refusals>>,
 }
@@ -341,6 +345,7 @@ pub async fn explore(
         multi_locks: AtomicU64::new(0),
         hold_limits: AtomicU64::new(0),
         many_permits: AtomicU64::new(0),
+        upgrades: AtomicU64::new(0),
         refusals,
     });
     let lag_probe = tokio::spawn({
@@ -462,6 +467,7 @@ pub async fn explore(
             multi_locks: shared.multi_locks.load(Ordering::Relaxed),
             hold_limits: shared.hold_limits.load(Ordering::Relaxed),
             many_permits: shared.many_permits.load(Ordering::Relaxed),
+            upgrades: shared.upgrades.load(Ordering::Relaxed),
             fenced_writes,
             held_at_close,
             observed: observed_count,
@@ -769,6 +775,9 @@ async fn worker(c: LockClient, ci: usize, mut rng: StdRng, sh: Arc<Shared>, ttl:
         let (name, kind): (&'static str, Held) = match choice {
             0..=44 => (MUTEXES[rng.gen_range(0..MUTEXES.len())], Held::Exclusive),
             45..=59 => (RWLOCK, Held::Read),
+            // An upgradeable read, which may upgrade, where the store has
+            // them.
+            60..=66 if c.backend().capabilities().upgradeable_read => (RWLOCK, Held::Upgradeable),
             60..=74 => (RWLOCK, Held::Exclusive),
             _ => (SEMAPHORE.0, Held::Permit(SEMAPHORE.1)),
         };
@@ -784,6 +793,15 @@ async fn worker(c: LockClient, ci: usize, mut rng: StdRng, sh: Arc<Shared>, ttl:
                     c.rwlock(name)?.hold_at_most(l).read_timeout(wait).await
                 }
                 (RWLOCK, Held::Read, None) => c.rwlock(name)?.read_timeout(wait).await,
+                (RWLOCK, Held::Upgradeable, Some(l)) => {
+                    c.rwlock(name)?
+                        .hold_at_most(l)
+                        .upgradeable_read_timeout(wait)
+                        .await
+                }
+                (RWLOCK, Held::Upgradeable, None) => {
+                    c.rwlock(name)?.upgradeable_read_timeout(wait).await
+                }
                 (RWLOCK, _, Some(l)) => c.rwlock(name)?.hold_at_most(l).write_timeout(wait).await,
                 (RWLOCK, _, None) => c.rwlock(name)?.write_timeout(wait).await,
                 (_, Held::Permit(n), Some(l)) => {
@@ -835,7 +853,11 @@ async fn worker(c: LockClient, ci: usize, mut rng: StdRng, sh: Arc<Shared>, ttl:
             }
         };
         sh.ops.fetch_add(1, Ordering::Relaxed);
-        hold(g, name, ci, kind, started, &mut rng, &sh, ttl).await;
+        if kind == Held::Upgradeable {
+            hold_upgradeable(g, ci, started, &mut rng, &sh, ttl).await;
+        } else {
+            hold(g, name, ci, kind, started, &mut rng, &sh, ttl).await;
+        }
     }
 }
 
@@ -857,6 +879,106 @@ async fn hold(
         sh.log.set_count(id, g.count());
         sh.many_permits.fetch_add(1, Ordering::Relaxed);
     }
+    keep(&g, id, name, ci, kind, rng, sh, ttl).await;
+    if rng.gen_bool(0.5) {
+        let _ = g.release().await;
+    } else {
+        drop(g);
+    }
+}
+
+/// An upgradeable read hold of the read-write lock: kept a while, then
+/// most often upgraded (within a wait, or dropped after a few polls),
+/// the upgrade kept as a write hold (its own hold in the history, with
+/// the read hold's token) and downgraded by call or drop; then the read
+/// hold kept a little more and let go.
+async fn hold_upgradeable(
+    mut g: LockGuard,
+    ci: usize,
+    started: Instant,
+    rng: &mut StdRng,
+    sh: &Arc<Shared>,
+    ttl: Duration,
+) {
+    let id = sh
+        .log
+        .begin(RWLOCK, ci, Held::Upgradeable, g.token(), started);
+    let lost = g.lost();
+    let watcher = {
+        let sh = sh.clone();
+        tokio::spawn(async move {
+            lost.await;
+            sh.log.end(id, Instant::now(), "lost() heard");
+        })
+    };
+    let dwell = |rng: &mut StdRng| {
+        Duration::from_millis(rng.gen_range(0..=(ttl.as_millis() as u64 / 8).clamp(1, 150)))
+    };
+    tokio::time::sleep(dwell(rng)).await;
+    if rng.gen_bool(0.7) {
+        let wait = Duration::from_millis(rng.gen_range(20..=MAX_WAIT.as_millis() as u64));
+        let up_started = Instant::now();
+        let upgraded = if rng.gen_bool(0.15) {
+            let k = rng.gen_range(1..8);
+            let mut fut = Box::pin(g.upgrade_timeout(wait));
+            let out = poll_times(fut.as_mut(), k).await;
+            drop(fut);
+            if out.is_none() {
+                sh.drops.fetch_add(1, Ordering::Relaxed);
+            }
+            out.and_then(|r| r.ok())
+        } else {
+            match g.upgrade_timeout(wait).await {
+                Ok(up) => Some(up),
+                Err(e) => {
+                    if e.kind() != ErrorKind::LockLost {
+                        unexpected(sh, ci, "an upgrade", &e);
+                    }
+                    None
+                }
+            }
+        };
+        if let Some(up) = upgraded {
+            sh.upgrades.fetch_add(1, Ordering::Relaxed);
+            let uid = sh
+                .log
+                .begin(RWLOCK, ci, Held::Exclusive, up.token(), up_started);
+            sh.log.upgrade_of(uid, id);
+            keep(&up, uid, RWLOCK, ci, Held::Exclusive, rng, sh, ttl).await;
+            if rng.gen_bool(0.5) {
+                let _ = up.downgrade().await;
+            } else {
+                drop(up);
+            }
+            tokio::time::sleep(dwell(rng)).await;
+        }
+    }
+    sh.log.end(id, Instant::now(), "let go");
+    if let Some(d) = g.deadline().filter(|d| *d <= Instant::now()) {
+        sh.log.end(id, d, "local deadline or session loss");
+    }
+    watcher.abort();
+    if rng.gen_bool(0.5) {
+        let _ = g.release().await;
+    } else {
+        drop(g);
+    }
+}
+
+/// Records hold `id` of `g` until its holder lets go: its loss, its
+/// writes to the register and the store (a mutex or write side), the
+/// local deadline that ends its belief.
+#[allow(clippy::too_many_arguments)]
+async fn keep(
+    g: &LockGuard,
+    id: usize,
+    name: &'static str,
+    ci: usize,
+    kind: Held,
+    rng: &mut StdRng,
+    sh: &Arc<Shared>,
+    ttl: Duration,
+) {
     let lost = g.lost();
     let watcher = {
         let sh = sh.clone();
@@ -870,13 +992,13 @@ async fn hold(
             let _ = sh.registers[name].write(&format!("c{ci}"), g.token());
         }
     };
-    write(sh, &g);
+    write(sh, g);
     let dwell =
         Duration::from_millis(rng.gen_range(0..=(ttl.as_millis() as u64 / 4).clamp(1, 300)));
     tokio::time::sleep(dwell).await;
-    write(sh, &g);
+    write(sh, g);
     if rng.gen_bool(0.5) {
-        fenced_write(sh, &g, name, ci).await;
+        fenced_write(sh, g, name, ci).await;
     }
     sh.log.end(id, Instant::now(), "let go");
     if g.loss() == Some(quorumlock_core::LossReason::HoldLimitReached) {
@@ -890,11 +1012,6 @@ async fn hold(
         sh.log.end(id, d, "local deadline or session loss");
     }
     watcher.abort();
-    if rng.gen_bool(0.5) {
-        let _ = g.release().await;
-    } else {
-        drop(g);
-    }
 }
 
 /// Who the nemesis acts through: the admin (breaks, revokes, kills) and
