@@ -36,20 +36,7 @@ fn queues() -> Vec<Vec<LockKind>> {
         LockKind::Write,
     ];
     let mut out: Vec<Vec<LockKind>> = vec![Vec::new()];
-    let mut level: Vec<Vec<LockKind>> = vec![Vec::new()];
-    for _ in 0..5 {
-        level = level
-            .iter()
-            .flat_map(|q| {
-                kinds.iter().map(move |k| {
-                    let mut q = q.clone();
-                    q.push(*k);
-                    q
-                })
-            })
-            .collect();
-        out.extend(level.iter().cloned());
-    }
+    out.extend(sequences(&kinds, 5));
     for permits in 1..=3 {
         for len in 1..=5 {
             out.push(vec![LockKind::Semaphore { permits }; len]);
@@ -100,10 +87,28 @@ fn grouped_queues() -> Vec<(Vec<LockKind>, Vec<usize>)> {
 /// entry with the index of the entry it upgrades.
 fn upgrade_queues() -> Vec<(Vec<LockKind>, Vec<Option<usize>>)> {
     use LockKind::*;
-    let kinds = [Read, Write, Upgradeable, Exclusive];
-    let mut level: Vec<Vec<LockKind>> = vec![Vec::new()];
     let mut out = Vec::new();
-    for _ in 0..4 {
+    for q in sequences(&[Read, Write, Upgradeable, Exclusive], 4) {
+        let Some(u) = (0..q.len()).find(|&i| q[i] == Upgradeable && holds(&q, i)) else {
+            continue;
+        };
+        for tail in [None, Some(Read), Some(Write)] {
+            let mut kinds = q.clone();
+            kinds.push(Upgrade);
+            kinds.extend(tail);
+            let mut links = vec![None; kinds.len()];
+            links[q.len()] = Some(u);
+            out.push((kinds, links));
+        }
+    }
+    out
+}
+
+/// Every sequence of 1 to `max` of `kinds`, shortest first.
+fn sequences(kinds: &[LockKind], max: usize) -> Vec<Vec<LockKind>> {
+    let mut out = Vec::new();
+    let mut level: Vec<Vec<LockKind>> = vec![Vec::new()];
+    for _ in 0..max {
         level = level
             .iter()
             .flat_map(|q| {
@@ -114,19 +119,7 @@ fn upgrade_queues() -> Vec<(Vec<LockKind>, Vec<Option<usize>>)> {
                 })
             })
             .collect();
-        for q in &level {
-            let Some(u) = (0..q.len()).find(|&i| q[i] == Upgradeable && holds(q, i)) else {
-                continue;
-            };
-            for tail in [None, Some(Read), Some(Write)] {
-                let mut kinds = q.clone();
-                kinds.push(Upgrade);
-                kinds.extend(tail);
-                let mut links = vec![None; kinds.len()];
-                links[q.len()] = Some(u);
-                out.push((kinds, links));
-            }
-        }
+        out.extend(level.iter().cloned());
     }
     out
 }

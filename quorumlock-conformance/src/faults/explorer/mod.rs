@@ -130,6 +130,9 @@ pub struct OpCounts {
     /// Upgrades of upgradeable read holds granted
     /// ([`quorumlock_core::LockGuard::upgrade`]).
     pub upgrades: u64,
+    /// Upgrades refused (a reader waited behind a writer that waited for
+    /// the upgradeable hold).
+    pub refused_upgrades: u64,
     /// Fenced writes sent to the store.
     pub fenced_writes: u64,
     /// Locks still held by a client when it closed.
@@ -193,6 +196,7 @@ struct Shared {
     hold_limits: AtomicU64,
     many_permits: AtomicU64,
     upgrades: AtomicU64,
+    refused_upgrades: AtomicU64,
     /// The rest of the clients' refusal switches, by client.
     refusals: Vec<Arc<Refusals>>,
 }
@@ -346,6 +350,7 @@ pub async fn explore(
         hold_limits: AtomicU64::new(0),
         many_permits: AtomicU64::new(0),
         upgrades: AtomicU64::new(0),
+        refused_upgrades: AtomicU64::new(0),
         refusals,
     });
     let lag_probe = tokio::spawn({
@@ -468,6 +473,7 @@ pub async fn explore(
             hold_limits: shared.hold_limits.load(Ordering::Relaxed),
             many_permits: shared.many_permits.load(Ordering::Relaxed),
             upgrades: shared.upgrades.load(Ordering::Relaxed),
+            refused_upgrades: shared.refused_upgrades.load(Ordering::Relaxed),
             fenced_writes,
             held_at_close,
             observed: observed_count,
@@ -903,14 +909,7 @@ async fn hold_upgradeable(
     let id = sh
         .log
         .begin(RWLOCK, ci, Held::Upgradeable, g.token(), started);
-    let lost = g.lost();
-    let watcher = {
-        let sh = sh.clone();
-        tokio::spawn(async move {
-            lost.await;
-            sh.log.end(id, Instant::now(), "lost() heard");
-        })
-    };
+    let watcher = watch_loss(sh, &g, id);
     let dwell = |rng: &mut StdRng| {
         Duration::from_millis(rng.gen_range(0..=(ttl.as_millis() as u64 / 8).clamp(1, 150)))
     };
@@ -931,8 +930,13 @@ async fn hold_upgradeable(
             match g.upgrade_timeout(wait).await {
                 Ok(up) => Some(up),
                 Err(e) => {
-                    if e.kind() != ErrorKind::LockLost {
-                        unexpected(sh, ci, "an upgrade", &e);
+                    match e.kind() {
+                        // A reader waits behind a writer that waits for us.
+                        ErrorKind::UpgradeRefused => {
+                            sh.refused_upgrades.fetch_add(1, Ordering::Relaxed);
+                        }
+                        ErrorKind::LockLost => {}
+                        _ => unexpected(sh, ci, "an upgrade", &e),
                     }
                     None
                 }
@@ -965,6 +969,17 @@ async fn hold_upgradeable(
     }
 }
 
+/// Ends hold `id` in the history when `g`'s loss is heard (the task is
+/// aborted once the holder lets go).
+fn watch_loss(sh: &Arc<Shared>, g: &LockGuard, id: usize) -> tokio::task::JoinHandle<()> {
+    let lost = g.lost();
+    let sh = sh.clone();
+    tokio::spawn(async move {
+        lost.await;
+        sh.log.end(id, Instant::now(), "lost() heard");
+    })
+}
+
 /// Records hold `id` of `g` until its holder lets go: its loss, its
 /// writes to the register and the store (a mutex or write side), the
 /// local deadline that ends its belief.
@@ -979,14 +994,7 @@ async fn keep(
     sh: &Arc<Shared>,
     ttl: Duration,
 ) {
-    let lost = g.lost();
-    let watcher = {
-        let sh = sh.clone();
-        tokio::spawn(async move {
-            lost.await;
-            sh.log.end(id, Instant::now(), "lost() heard");
-        })
-    };
+    let watcher = watch_loss(sh, g, id);
     let write = |sh: &Shared, g: &LockGuard| {
         if kind == Held::Exclusive && g.is_held() {
             let _ = sh.registers[name].write(&format!("c{ci}"), g.token());

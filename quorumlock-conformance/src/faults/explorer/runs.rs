@@ -73,6 +73,7 @@ impl OpCounts {
         self.hold_limits += o.hold_limits;
         self.many_permits += o.many_permits;
         self.upgrades += o.upgrades;
+        self.refused_upgrades += o.refused_upgrades;
         self.fenced_writes += o.fenced_writes;
         self.held_at_close += o.held_at_close;
         self.observed += o.observed;
@@ -83,12 +84,13 @@ impl std::fmt::Display for OpCounts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "elections {} multi-locks {} hold-limits {} permits-at-once {} upgrades {} fenced-writes {} held-at-close {} observed-leaders {}",
+            "elections {} multi-locks {} hold-limits {} permits-at-once {} upgrades {} refused-upgrades {} fenced-writes {} held-at-close {} observed-leaders {}",
             self.elections,
             self.multi_locks,
             self.hold_limits,
             self.many_permits,
             self.upgrades,
+            self.refused_upgrades,
             self.fenced_writes,
             self.held_at_close,
             self.observed
