@@ -66,7 +66,8 @@ macro_rules! suite {
             list_reports_locks_under_a_prefix,
             kill_session_refuses_a_malformed_id,
             holder_values_seen_by_another_client,
-            hold_limit_ends_a_hold_its_holder_keeps
+            hold_limit_ends_a_hold_its_holder_keeps,
+            hold_limit_ends_an_upgrade_with_its_read_hold
         );
         $crate::__quorumlock_conformance_expand!($harness; [RwLock, Semaphore];
             holder_values_on_every_kind,

@@ -40,12 +40,12 @@ impl LockGuard {
         key: impl Into<String>,
         value: impl Into<Vec<u8>>,
     ) -> Result<()> {
-        let (backend, entry) = self.fence()?;
+        let (backend, entries) = self.fence()?;
         let write = KeyWrite::Put {
             key: key.into(),
             value: value.into(),
         };
-        backend.fenced_write(&[entry], &write).await
+        backend.fenced_write(&entries, &write).await
     }
 
     /// Deletes the store key `key` only while this guard's entry is still
@@ -54,9 +54,9 @@ impl LockGuard {
     /// # Cancel safety
     /// As [`fenced_put`](Self::fenced_put).
     pub async fn fenced_delete(&self, key: impl Into<String>) -> Result<()> {
-        let (backend, entry) = self.fence()?;
+        let (backend, entries) = self.fence()?;
         let write = KeyWrite::Delete { key: key.into() };
-        backend.fenced_write(&[entry], &write).await
+        backend.fenced_write(&entries, &write).await
     }
 }
 
@@ -96,7 +96,7 @@ impl MultiGuard {
         for g in self.guards() {
             let (b, e) = g.fence()?;
             backend.get_or_insert(b);
-            entries.push(e);
+            entries.extend(e);
         }
         let backend = backend.expect("a multi-lock has at least one name");
         backend.fenced_write(&entries, write).await

@@ -160,12 +160,13 @@ pub async fn check_held<'a>(
                 ),
             ));
         }
-        // The store's token of the entry (an upgrade's `token()` is its
-        // upgradeable hold's).
-        let held = g.held_entry();
-        cs.push(layout::parse_entry_name(&held.entry)?.1);
-        ts.push(held.token as i64);
-        names.push(g.name().as_str().to_string());
+        // The store's token of each entry (an upgrade's `token()` is its
+        // upgradeable hold's, and it stands on that hold's entry too).
+        for held in g.held_entries() {
+            cs.push(layout::parse_entry_name(&held.entry)?.1);
+            ts.push(held.token as i64);
+            names.push(g.name().as_str().to_string());
+        }
     }
     layout::check_schema(schema)?;
     let sql = layout::Sql::new(schema);

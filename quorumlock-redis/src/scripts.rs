@@ -331,7 +331,7 @@ if not mine then
   end
   return waiting(tonumber(seq), live, #live)
 end
-if live[mine].token == 0 and wait == '0' then
+if live[mine].token == 0 and wait == '0' and not refused(live, mine) then
   remove_request(L, id, count)
   settle(L, head(L), '')
   return {'wouldblock'}

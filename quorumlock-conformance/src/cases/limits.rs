@@ -140,3 +140,56 @@ pub async fn hold_limit_ends_a_hold_its_holder_keeps(h: &Harness) {
     remove_scratch(&b, &key).await;
     case.finish().await;
 }
+
+/// A hold limit on an upgradeable read hold ends its upgrade at the same
+/// instant, and both entries go: a reader that asked after the upgrade
+/// (it waits for the upgrade's entry) is granted within the limit and
+/// the TTL, although the holder keeps both guards and its session lives.
+pub async fn hold_limit_ends_an_upgrade_with_its_read_hold(h: &Harness) {
+    let case = h.case();
+    let (a, b) = (case.client().await, case.client().await);
+    if !a.backend().capabilities().upgradeable_read {
+        case.finish().await;
+        return;
+    }
+    let ttl = a.backend().capabilities().session_ttl;
+    let limit = Duration::from_millis(800);
+    let mut u = a
+        .rwlock("hlu")
+        .unwrap()
+        .hold_at_most(limit)
+        .upgradeable_read()
+        .await
+        .unwrap();
+    let up = tokio::time::timeout(SOON, u.upgrade())
+        .await
+        .expect("an upgrade of a lone hold waited")
+        .unwrap();
+    let reader = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            b.rwlock("hlu")
+                .unwrap()
+                .read_timeout(limit + ttl + Duration::from_secs(10))
+                .await
+        })
+    };
+    eventually("the reader to queue", || async {
+        waiters(&b, "hlu").await == 1
+    })
+    .await;
+    let reason = tokio::time::timeout(SOON, up.lost())
+        .await
+        .expect("the upgrade's loss at the limit");
+    assert_eq!(reason, LossReason::HoldLimitReached);
+    let r = reader
+        .await
+        .unwrap()
+        .expect("the reader was not granted after the limit: the upgrade's entry stayed");
+    assert!(up.loss().is_some());
+    r.release().await.unwrap();
+    drop(up);
+    assert!(!u.is_held(), "the read hold outlived its limit");
+    drop(u);
+    case.finish().await;
+}

@@ -562,11 +562,16 @@ pub async fn rw_upgrade_refused_while_a_reader_waits_behind_a_writer(h: &Harness
         "the refusal came {:?} after the reader left (TTL {ttl:?})",
         released.elapsed()
     );
-    // Asked again, it is refused at once.
+    // Asked again, it is refused at once, tried too.
     assert_kind(
         u.upgrade_timeout(SOON).await.map(|_| ()),
         ErrorKind::UpgradeRefused,
         "an upgrade while a reader waits behind a writer",
+    );
+    assert_kind(
+        u.try_upgrade().await.map(|_| ()),
+        ErrorKind::UpgradeRefused,
+        "an upgrade while a reader waits behind a writer, tried",
     );
     assert!(u.is_held(), "a refused upgrade lost the read hold");
     a.wait_idle().await;

@@ -55,6 +55,7 @@ impl LockGuard {
                 since: Instant::now(),
                 hold_until: None,
                 removal: Default::default(),
+                read_hold: None,
             }),
             depth: 1,
         }
@@ -92,10 +93,10 @@ impl LockGuard {
                 _ = req.signals.finished() => return,
                 _ = session.liveness.lost() => return,
             }
-            if req.signals.is_finished()
-                || req.signals.loss().is_some()
-                || !session.liveness.is_alive()
-            {
+            // An entry lost already is removed all the same (a no-op if
+            // it is gone): an upgrade's loss may be its read hold's, its
+            // own entry still there.
+            if req.signals.is_finished() || !session.liveness.is_alive() {
                 return;
             }
             // The loss first: from here on the guard says lost and its
@@ -168,6 +169,9 @@ struct Held {
     /// The removal of the entry (by a release or the hold limit), once
     /// done: its outcome, for whichever of both asks second.
     removal: Arc<tokio::sync::Mutex<Option<Removed>>>,
+    /// For an upgrade's write hold, the entry of the read hold it stands
+    /// on: its fenced writes check both.
+    read_hold: Option<crate::backend::HeldEntry>,
 }
 
 impl Held {
@@ -205,7 +209,7 @@ impl LockGuard {
 
     /// The store and our entry, for a fenced write; `LockLost` once the
     /// hold limit was reached (the entry may not be gone yet).
-    pub(crate) fn fence(&self) -> Result<(Arc<dyn Backend>, crate::backend::HeldEntry)> {
+    pub(crate) fn fence(&self) -> Result<(Arc<dyn Backend>, Vec<crate::backend::HeldEntry>)> {
         let h = self.held();
         if h.hold_until.is_some_and(|t| Instant::now() >= t) {
             return Err(Error::new(
@@ -213,23 +217,26 @@ impl LockGuard {
                 format!("{}: {}", h.req.name, LossReason::HoldLimitReached),
             ));
         }
-        Ok((h.client.backend.clone(), self.held_entry()))
+        Ok((h.client.backend.clone(), self.held_entries()))
     }
 
-    /// Our entry as the store knows it (its name, kind and the store's
-    /// own token of it), for a backend's checks of its own (such as
-    /// `quorumlock_postgres::check_held`). Its token is
-    /// [`token`](Self::token) except for an upgrade's write hold, whose
-    /// `token()` is its upgradeable hold's.
-    pub fn held_entry(&self) -> crate::backend::HeldEntry {
+    /// The entries this hold stands on, as the store knows them (name,
+    /// kind and the store's own token of each), for a backend's checks of
+    /// its own (such as `quorumlock_postgres::check_held`): our entry, and
+    /// for an upgrade's write hold also its read hold's (the write holds
+    /// only while both are there). The token of our entry is
+    /// [`token`](Self::token) except for an upgrade, whose `token()` is
+    /// its upgradeable hold's.
+    pub fn held_entries(&self) -> Vec<crate::backend::HeldEntry> {
         let h = self.held();
-        crate::backend::HeldEntry {
+        let own = crate::backend::HeldEntry {
             name: h.req.name.clone(),
             kind: h.req.kind,
             entry: h.acquired.entry.clone(),
             token: h.acquired.token,
             session: h.session.store.id(),
-        }
+        };
+        std::iter::once(own).chain(h.read_hold.clone()).collect()
     }
 
     /// Rewrites our entry's value, only while the entry is ours (an
@@ -390,10 +397,14 @@ impl LockGuard {
     /// this guard then holds for reading again. Only one upgradeable
     /// reader holds at a time, so two upgrades never wait for each other.
     ///
-    /// [`ErrorKind::UpgradeRefused`] for any other hold;
-    /// [`ErrorKind::LockLost`] if the read hold is lost before or while
-    /// the upgrade waits. A hold limit of this guard also ends the write
-    /// hold.
+    /// [`ErrorKind::UpgradeRefused`] for any other hold, and while a
+    /// reader waits behind a writer that waits for this hold (granted,
+    /// the upgrade would let that reader in beside the write once the
+    /// writer gave up; waited for, it would wait for ever:
+    /// [`crate::queue::upgrade_refused`]); [`ErrorKind::LockLost`] if the
+    /// read hold is lost before or while the upgrade waits. A hold limit
+    /// of this guard also ends the write hold, at the same instant. The
+    /// write hold's fenced writes check this hold's entry too.
     ///
     /// # Cancel safety
     /// Dropping the future leaves the read hold as it was and nothing of
@@ -403,7 +414,8 @@ impl LockGuard {
     }
 
     /// Upgrades only if no other reader holds: else
-    /// [`ErrorKind::WouldBlock`], and the read hold stays as it was.
+    /// [`ErrorKind::WouldBlock`] (or `UpgradeRefused`, as
+    /// [`upgrade`](Self::upgrade)), and the read hold stays as it was.
     ///
     /// # Cancel safety
     /// As [`upgrade`](Self::upgrade).
@@ -452,7 +464,11 @@ impl LockGuard {
             Some(at) => write.limited_until(at),
             None => write,
         };
-        write.held.as_mut().expect("a fresh guard").token = h.token;
+        let read_hold = self.held_entries().pop();
+        let h = self.held();
+        let w = write.held.as_mut().expect("a fresh guard");
+        w.token = h.token;
+        w.read_hold = read_hold;
         // The write hold stands on the read hold: its loss (an operator's
         // delete of that entry alone) is the write hold's too.
         let (parent, child) = (h.req.signals.clone(), write.held().req.signals.clone());

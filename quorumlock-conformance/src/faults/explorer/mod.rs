@@ -788,6 +788,14 @@ async fn worker(c: LockClient, ci: usize, mut rng: StdRng, sh: Arc<Shared>, ttl:
             _ => (SEMAPHORE.0, Held::Permit(SEMAPHORE.1)),
         };
         let how = rng.gen_range(0..10);
+        // Impatient writers of the read-write lock: they give up while
+        // others still queue behind them (readers and an upgradeable
+        // hold's upgrade meet a writer that leaves).
+        let wait = if name == RWLOCK && kind == Held::Exclusive && rng.gen_bool(0.5) {
+            Duration::from_millis(rng.gen_range(20..=120))
+        } else {
+            wait
+        };
         // Some holds end at a limit, often inside the hold's dwell.
         let limit = (how == 2).then(|| {
             Duration::from_millis(rng.gen_range(20..=(ttl.as_millis() as u64 / 4).clamp(21, 300)))
