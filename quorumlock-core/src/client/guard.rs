@@ -171,7 +171,7 @@ struct Held {
     removal: Arc<tokio::sync::Mutex<Option<Removed>>>,
     /// For an upgrade's write hold, the entry of the read hold it stands
     /// on: its fenced writes check both.
-    read_hold: Option<crate::backend::HeldEntry>,
+    read_hold: Option<Box<crate::backend::HeldEntry>>,
 }
 
 impl Held {
@@ -236,7 +236,9 @@ impl LockGuard {
             token: h.acquired.token,
             session: h.session.store.id(),
         };
-        std::iter::once(own).chain(h.read_hold.clone()).collect()
+        std::iter::once(own)
+            .chain(h.read_hold.as_deref().cloned())
+            .collect()
     }
 
     /// Rewrites our entry's value, only while the entry is ours (an
@@ -464,7 +466,7 @@ impl LockGuard {
             Some(at) => write.limited_until(at),
             None => write,
         };
-        let read_hold = self.held_entries().pop();
+        let read_hold = self.held_entries().pop().map(Box::new);
         let h = self.held();
         let w = write.held.as_mut().expect("a fresh guard");
         w.token = h.token;
