@@ -49,7 +49,7 @@ pub const UPGRADEABLE_FLAGS: u64 = 0x716c_6f63_6b75_7072; // "qlockupr"
 
 /// The `Flags` of an upgrade, `<prefix>/.rw/<session>-<upgraded
 /// contender>.up-<contender>`: its key starts with the key of the
-/// upgradeable entry it upgrades ([`upgraded_entry`]).
+/// upgradeable entry it upgrades.
 pub const UPGRADE_FLAGS: u64 = 0x716c_6f63_6b75_7077; // "qlockupw"
 
 /// The `Flags` of an acquire attempt's fence, `<ns>/.fence/<session>/<contender>`:

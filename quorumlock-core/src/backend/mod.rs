@@ -149,7 +149,7 @@ pub struct AcquireRequest {
     /// For an [`LockKind::Upgrade`]: the contender id of the upgradeable
     /// hold it upgrades, on the same session. The backend writes it into
     /// the entry, so that the queue rule
-    /// ([`waits_for_linked`](crate::queue::waits_for_linked)) lets the
+    /// ([`waits_for_linked`]) lets the
     /// upgrade hold beside that entry alone.
     pub upgrades: Option<uuid::Uuid>,
 }
