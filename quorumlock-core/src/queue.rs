@@ -153,8 +153,11 @@ fn waiting_reader(
 }
 
 /// Whether the upgrade at `i` is to be refused
-/// ([`crate::ErrorKind::UpgradeRefused`], its entry removed): no holder
-/// but its own entry is ahead of it, and a reader waits between the two.
+/// ([`crate::ErrorKind::UpgradeRefused`], its entry removed) instead of
+/// granted or left waiting: the upgradeable entry it upgrades is not in
+/// the queue (broken, or its session gone, before its holder learnt it);
+/// or no holder but that entry is ahead of it, and a reader waits
+/// between the two.
 /// That reader waits for a writer that waits for the upgradeable entry:
 /// granted, the upgrade would let the reader in beside the write as soon
 /// as that writer gave up (a reader waits neither for an upgradeable
@@ -171,9 +174,10 @@ pub fn upgrade_refused(
     upgrades: impl Fn(usize, usize) -> bool + Copy,
 ) -> bool {
     kinds[i] == LockKind::Upgrade
-        && waits_for_linked(kinds, i, upgrades).is_some_and(|j| {
-            kinds[j] == LockKind::Read && waits_for_linked(kinds, j, upgrades).is_some()
-        })
+        && (!(0..i).any(|j| upgrades(i, j))
+            || waits_for_linked(kinds, i, upgrades).is_some_and(|j| {
+                kinds[j] == LockKind::Read && waits_for_linked(kinds, j, upgrades).is_some()
+            }))
 }
 
 /// Whether entry `i` of a queue holds: [`waits_for`] finds nothing it
@@ -356,6 +360,9 @@ mod tests {
         assert_eq!(waits_for_linked(&q, 2, link), None, "upgraded");
         // Unlinked (a store that cannot tell), it waits for its own entry.
         assert_eq!(waits_for(&q, 2), Some(0));
+        // Its entry gone (broken before its holder learnt it): refused.
+        assert!(upgrade_refused(&[Read, Upgrade], 1, |_, _| false));
+        assert!(!upgrade_refused(&q, 2, link));
     }
 
     /// Random histories of one read-write queue with upgrades, in which

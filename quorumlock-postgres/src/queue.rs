@@ -162,6 +162,7 @@ pub(crate) async fn grant(
                     |a, b| (a..b).all(|x| entries[x].more),
                     |a, b| upgrades(&entries, a, b),
                 )
+                && !upgrade_refused(&kinds, i, |a, b| upgrades(&entries, a, b))
         })
         .collect();
     let (mut sessions, mut messages) = (Vec::new(), Vec::new());

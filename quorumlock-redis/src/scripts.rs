@@ -145,15 +145,21 @@ local function holds(live, i)
   end
   return i == 1
 end
--- Whether live[i] is an upgrade to refuse: no holder ahead of it but the
--- entry it upgrades, and a reader waits between the two (behind a writer
+-- Whether live[i] is an upgrade to refuse: the entry it upgrades is gone;
+-- or no holder ahead of it but that entry, and a reader waits between the two (behind a writer
 -- that waits for that entry): granted, it would let that reader in
 -- beside the write once the writer left; waited for, it would wait for
 -- ever (`quorumlock_core::backend::upgrade_refused`).
 local function refused(live, i)
   local e = live[i]
-  if e.kind ~= 'g' or holds(live, i) then return false end
-  local of = upgraded(e.id)
+  if e.kind ~= 'g' then return false end
+  local of, found = upgraded(e.id), false
+  for j = 1, i - 1 do
+    if live[j].id == of then found = true end
+  end
+  -- The entry it upgrades is gone (every entry ahead is in `live`).
+  if not found then return true end
+  if holds(live, i) then return false end
   for j = 1, i - 1 do
     if live[j].id ~= of and holds(live, j) then return false end
   end
@@ -202,7 +208,7 @@ end
 -- caller's own entry).
 local function settle(L, live, skip)
   for i, e in ipairs(live) do
-    if e.token == 0 and holds(live, i) then
+    if e.token == 0 and holds(live, i) and not refused(live, i) then
       e.token = next_token(L)
       redis.call('HSET', L .. '/.e', e.id, fmt(e))
       changed(L)

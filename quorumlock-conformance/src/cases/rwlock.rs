@@ -490,6 +490,19 @@ pub async fn rw_upgradeable_read_upgrades_after_readers_drain(h: &Harness) {
             .expect("an upgrade once the reader left"),
     );
     u.release().await.unwrap();
+    // Broken, the read hold upgrades to nothing: the store refuses an
+    // upgrade whose entry is gone, if its holder asks before it learns.
+    let mut u = rw(a).upgradeable_read().await.unwrap();
+    assert!(c.break_lock("up").await.unwrap());
+    let r = u.upgrade_timeout(Duration::from_secs(5)).await.map(|_| ());
+    match r {
+        Err(e) => assert!(
+            matches!(e.kind(), ErrorKind::LockLost | ErrorKind::UpgradeRefused),
+            "an upgrade of a broken hold: {e}"
+        ),
+        Ok(()) => panic!("an upgrade of a broken hold was granted"),
+    }
+    drop(u);
     crate::scratch::remove_scratch(c, &key).await;
     case.finish().await;
 }

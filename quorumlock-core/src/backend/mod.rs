@@ -58,9 +58,10 @@ pub fn refused_upgrade(name: &LockName) -> crate::Error {
     crate::Error::new(
         crate::ErrorKind::UpgradeRefused,
         format!(
-            "{name}: a reader waits behind a writer that waits for this upgradeable hold; \
-             upgrading now could let that reader in beside the write: try again once the \
-             writer has gone, or release and queue for writing"
+            "{name}: the upgradeable read hold is gone from the store, or a reader waits \
+             behind a writer that waits for it (upgrading now could let that reader in \
+             beside the write): try again once the writer has gone, or release and queue \
+             for writing"
         ),
     )
 }

@@ -198,8 +198,8 @@ impl State {
         };
         match q.iter().position(|e| e.index == index) {
             None => Standing::Gone,
-            Some(i) if holds(q, i) => Standing::Holds,
             Some(i) if refused(q, i) => Standing::Refused,
+            Some(i) if holds(q, i) => Standing::Holds,
             Some(i) => {
                 let ahead_expires = q[..i]
                     .iter()

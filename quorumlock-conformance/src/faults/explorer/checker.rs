@@ -247,9 +247,16 @@ pub(super) fn check(sh: &Shared) -> Vec<String> {
             // ordered by the store: the later one waited for the earlier.
             // An upgrade keeps its upgradeable hold's token (its place):
             // a reader granted beside that hold may have a larger one.
-            // Readers fence nothing; writes stay ordered.
+            // Readers fence nothing; writes stay ordered. Nor is an
+            // upgrade held against its own read hold (the same token; the
+            // read hold's belief may end at the session's deadline a
+            // moment before the upgrade's grant is recorded).
             for b in &hs[i + 1..] {
-                if shared(a.kind, b.kind) || (a.kind == Held::Read && b.upgrade_of.is_some()) {
+                if shared(a.kind, b.kind)
+                    || (a.kind == Held::Read && b.upgrade_of.is_some())
+                    || b.upgrade_of == Some(a.id)
+                    || a.upgrade_of == Some(b.id)
+                {
                     continue;
                 }
                 if b.acquired > end(a) && b.token <= a.token {
@@ -359,6 +366,36 @@ mod tests {
             upgrade_of: None,
             id: 0,
         }
+    }
+
+    /// An upgrade recorded as granted a moment after its read hold's
+    /// belief ended (the session's deadline) is not a token going back;
+    /// a writer of another client with that token would be.
+    #[test]
+    fn an_upgrade_is_not_held_against_its_own_read_hold() {
+        let t = Instant::now();
+        let ms = |n| t + Duration::from_millis(n);
+        let sh = Shared::new(&["m1"], HashMap::new(), Vec::new());
+        {
+            let mut holds = sh.log.holds.lock().unwrap();
+            let mut read = hold(0, ms(0), ms(1));
+            read.kind = Held::Upgradeable;
+            read.ended = Some(ms(50));
+            let mut up = hold(0, ms(40), ms(51));
+            up.id = 1;
+            up.upgrade_of = Some(0);
+            up.ended = Some(ms(50));
+            holds.extend([read, up]);
+        }
+        assert_eq!(check(&sh), Vec::<String>::new());
+        sh.log.holds.lock().unwrap()[1].upgrade_of = None;
+        let found = check(&sh);
+        assert!(
+            found
+                .iter()
+                .any(|v| v.contains("granted after a hold with token")),
+            "{found:?}"
+        );
     }
 
     #[test]

@@ -201,6 +201,34 @@ struct Shared {
     refusals: Vec<Arc<Refusals>>,
 }
 
+impl Shared {
+    /// A schedule's state, nothing recorded yet: a register per name.
+    fn new(
+        names: &[&'static str],
+        fenced_keys: HashMap<&'static str, String>,
+        refusals: Vec<Arc<Refusals>>,
+    ) -> Shared {
+        Shared {
+            log: Log::default(),
+            registers: names.iter().map(|n| (*n, FencedRegister::new())).collect(),
+            stop: AtomicBool::new(false),
+            ops: AtomicU64::new(0),
+            drops: AtomicU64::new(0),
+            errors: Mutex::new(Vec::new()),
+            lag: TimerLag::default(),
+            timed: Mutex::new(Vec::new()),
+            fenced_keys,
+            elections: AtomicU64::new(0),
+            multi_locks: AtomicU64::new(0),
+            hold_limits: AtomicU64::new(0),
+            many_permits: AtomicU64::new(0),
+            upgrades: AtomicU64::new(0),
+            refused_upgrades: AtomicU64::new(0),
+            refusals,
+        }
+    }
+}
+
 /// One timed acquire: (client, name, timeout, called, took).
 type Timed = (usize, &'static str, Duration, Instant, Duration);
 
@@ -335,24 +363,7 @@ pub async fn explore(
         .chain([&ELECTION])
         .map(|n| (*n, scratch_key(admin.backend().as_ref(), &parent, n)))
         .collect();
-    let shared = Arc::new(Shared {
-        log: Log::default(),
-        registers: names.iter().map(|n| (*n, FencedRegister::new())).collect(),
-        stop: AtomicBool::new(false),
-        ops: AtomicU64::new(0),
-        drops: AtomicU64::new(0),
-        errors: Mutex::new(Vec::new()),
-        lag: TimerLag::default(),
-        timed: Mutex::new(Vec::new()),
-        fenced_keys,
-        elections: AtomicU64::new(0),
-        multi_locks: AtomicU64::new(0),
-        hold_limits: AtomicU64::new(0),
-        many_permits: AtomicU64::new(0),
-        upgrades: AtomicU64::new(0),
-        refused_upgrades: AtomicU64::new(0),
-        refusals,
-    });
+    let shared = Arc::new(Shared::new(&names, fenced_keys, refusals));
     let lag_probe = tokio::spawn({
         let sh = shared.clone();
         async move { sh.lag.sample().await }
