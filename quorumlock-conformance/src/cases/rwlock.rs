@@ -2,6 +2,20 @@
 
 use super::*;
 
+/// Spawns `task` (an acquire of `name`) and waits until `c` sees
+/// `waiting` waiters on `name`: it has queued.
+async fn spawn_queued<T: Send + 'static>(
+    c: &LockClient,
+    name: &str,
+    waiting: usize,
+    what: &str,
+    task: impl Future<Output = T> + Send + 'static,
+) -> tokio::task::JoinHandle<T> {
+    let handle = tokio::spawn(task);
+    eventually(what, || async { waiters(c, name).await == waiting }).await;
+    handle
+}
+
 async fn read(c: &LockClient, name: &str) -> LockGuard {
     tokio::time::timeout(SOON, c.rwlock(name).unwrap().read())
         .await
@@ -342,17 +356,14 @@ pub async fn rw_upgradeable_read_upgrades_after_readers_drain(h: &Harness) {
     // A writer queues behind the upgradeable hold.
     let writer = {
         let c = c.clone();
-        tokio::spawn(async move {
+        spawn_queued(a, "up", 1, "the writer to queue", async move {
             let w = c.rwlock("up").unwrap().write().await.unwrap();
             let t = w.token();
             w.release().await.unwrap();
             t
         })
+        .await
     };
-    eventually("the writer to queue", || async {
-        waiters(a, "up").await == 1
-    })
-    .await;
 
     // Tried and timed-out upgrades change nothing.
     assert_kind(
@@ -404,17 +415,14 @@ pub async fn rw_upgradeable_read_upgrades_after_readers_drain(h: &Harness) {
     );
     let late_reader = {
         let b = b.clone();
-        tokio::spawn(async move {
+        spawn_queued(a, "up", 3, "the late reader to queue", async move {
             let r = read(&b, "up").await;
             let t = r.token();
             r.release().await.unwrap();
             t
         })
+        .await
     };
-    eventually("the late reader to queue", || async {
-        waiters(a, "up").await == 3
-    })
-    .await;
     r1.release().await.unwrap();
     assert!(
         tokio::time::timeout(Duration::from_millis(300), &mut granted)
@@ -530,20 +538,14 @@ pub async fn rw_upgrade_refused_while_a_reader_waits_behind_a_writer(h: &Harness
     let mut u = a.rwlock("upw").unwrap().upgradeable_read().await.unwrap();
     let writer = {
         let b = b.clone();
-        tokio::spawn(async move { b.rwlock("upw").unwrap().write().await })
+        let task = async move { b.rwlock("upw").unwrap().write().await };
+        spawn_queued(a, "upw", 1, "the writer to queue", task).await
     };
-    eventually("the writer to queue", || async {
-        waiters(a, "upw").await == 1
-    })
-    .await;
     let reader = {
         let c = c.clone();
-        tokio::spawn(async move { c.rwlock("upw").unwrap().read().await })
+        let task = async move { c.rwlock("upw").unwrap().read().await };
+        spawn_queued(a, "upw", 2, "the reader to queue", task).await
     };
-    eventually("the reader to queue", || async {
-        waiters(a, "upw").await == 2
-    })
-    .await;
     // The upgrade waits for the reader that holds; once that one leaves,
     // it is refused, at once (not a TTL later).
     let ttl = a.backend().capabilities().session_ttl;

@@ -228,17 +228,21 @@ impl LockGuard {
     /// [`token`](Self::token) except for an upgrade, whose `token()` is
     /// its upgradeable hold's.
     pub fn held_entries(&self) -> Vec<crate::backend::HeldEntry> {
+        std::iter::once(self.own_entry())
+            .chain(self.held().read_hold.as_deref().cloned())
+            .collect()
+    }
+
+    /// Our own entry as the store knows it.
+    fn own_entry(&self) -> crate::backend::HeldEntry {
         let h = self.held();
-        let own = crate::backend::HeldEntry {
+        crate::backend::HeldEntry {
             name: h.req.name.clone(),
             kind: h.req.kind,
             entry: h.acquired.entry.clone(),
             token: h.acquired.token,
             session: h.session.store.id(),
-        };
-        std::iter::once(own)
-            .chain(h.read_hold.as_deref().cloned())
-            .collect()
+        }
     }
 
     /// Rewrites our entry's value, only while the entry is ours (an
@@ -466,11 +470,9 @@ impl LockGuard {
             Some(at) => write.limited_until(at),
             None => write,
         };
-        let read_hold = self.held_entries().pop().map(Box::new);
-        let h = self.held();
         let w = write.held.as_mut().expect("a fresh guard");
         w.token = h.token;
-        w.read_hold = read_hold;
+        w.read_hold = Some(Box::new(self.own_entry()));
         // The write hold stands on the read hold: its loss (an operator's
         // delete of that entry alone) is the write hold's too.
         let (parent, child) = (h.req.signals.clone(), write.held().req.signals.clone());

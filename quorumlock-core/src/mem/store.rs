@@ -428,6 +428,10 @@ fn holds(q: &[Entry], i: usize) -> bool {
 
 /// Whether entry `i` is an upgrade to refuse.
 fn refused(q: &[Entry], i: usize) -> bool {
+    // Cheap first: called for every entry on every queue change.
+    if q[i].kind != LockKind::Upgrade {
+        return false;
+    }
     let kinds: Vec<LockKind> = q.iter().map(|e| e.kind).collect();
     queue::upgrade_refused(&kinds, i, |a, b| q[a].upgrades == Some(q[b].contender))
 }

@@ -905,11 +905,7 @@ async fn hold(
         sh.many_permits.fetch_add(1, Ordering::Relaxed);
     }
     keep(&g, id, name, ci, kind, rng, sh, ttl).await;
-    if rng.gen_bool(0.5) {
-        let _ = g.release().await;
-    } else {
-        drop(g);
-    }
+    release_or_drop(g, rng).await;
 }
 
 /// An upgradeable read hold of the read-write lock: kept a while, then
@@ -976,16 +972,8 @@ async fn hold_upgradeable(
             tokio::time::sleep(dwell(rng)).await;
         }
     }
-    sh.log.end(id, Instant::now(), "let go");
-    if let Some(d) = g.deadline().filter(|d| *d <= Instant::now()) {
-        sh.log.end(id, d, "local deadline or session loss");
-    }
-    watcher.abort();
-    if rng.gen_bool(0.5) {
-        let _ = g.release().await;
-    } else {
-        drop(g);
-    }
+    end_belief(sh, &g, id, watcher);
+    release_or_drop(g, rng).await;
 }
 
 /// Ends hold `id` in the history when `g`'s loss is heard (the task is
@@ -1027,18 +1015,33 @@ async fn keep(
     if rng.gen_bool(0.5) {
         fenced_write(sh, g, name, ci).await;
     }
-    sh.log.end(id, Instant::now(), "let go");
     if g.loss() == Some(quorumlock_core::LossReason::HoldLimitReached) {
         sh.hold_limits.fetch_add(1, Ordering::Relaxed);
     }
-    // `is_held()` says false from the local deadline on, whatever the
-    // reason the loss was later reported with and however late the task
-    // that fires `lost()` ran (on a loaded machine the store's own expiry
-    // can be heard first): a deadline already passed ended the belief.
+    end_belief(sh, g, id, watcher);
+}
+
+/// Ends hold `id` of `g` as its holder lets go: now, or at the local
+/// deadline if that passed already (`is_held()` says false from the
+/// local deadline on, whatever the reason the loss was later reported
+/// with and however late the task that fires `lost()` ran: on a loaded
+/// machine the store's own expiry can be heard first), and stops its
+/// loss watcher.
+fn end_belief(sh: &Shared, g: &LockGuard, id: usize, watcher: tokio::task::JoinHandle<()>) {
+    sh.log.end(id, Instant::now(), "let go");
     if let Some(d) = g.deadline().filter(|d| *d <= Instant::now()) {
         sh.log.end(id, d, "local deadline or session loss");
     }
     watcher.abort();
+}
+
+/// Lets go of `g`: by release or by drop, at random.
+async fn release_or_drop(g: LockGuard, rng: &mut StdRng) {
+    if rng.gen_bool(0.5) {
+        let _ = g.release().await;
+    } else {
+        drop(g);
+    }
 }
 
 /// Who the nemesis acts through: the admin (breaks, revokes, kills) and
