@@ -3,8 +3,8 @@
 //! `kill_session` and `changes` run through [`ZkCore::with_admin`]:
 //! `inspect`, `list` and `request_revoke` on the open lock session's
 //! connection, the break and `leftovers` (which wait) on the admin
-//! session; `changes` on a session of its own. None creates nodes of its
-//! own.
+//! session; `changes` on the admin session too, kept open while it
+//! watches ([`ZkCore::follow`]). None creates nodes of its own.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -41,38 +41,42 @@ impl ZkCore {
     /// a persistent recursive watch on the lock's node (ZooKeeper >= 3.6),
     /// so every event under it is an item: a contender created or
     /// deleted, a value rewritten, a break's mark, a semaphore's leases.
-    /// It runs on a session of its own, opened by the stream and closed
-    /// when the stream is dropped: held that long, the lock session's
-    /// client would keep that session open past its close. A lost
+    /// It runs on the admin session ([`ZkCore::follow`]), not on the lock
+    /// session (held that long, the lock session's client would keep
+    /// that session open past its close), and not on a session of its
+    /// own: an observer adds no connection and no pings. A lost
     /// connection ends the stream (with an error): the library does not
     /// set a persistent watch again after a reconnect, and the server
     /// does not replay what happened meanwhile (ZOOKEEPER-4698); the
-    /// watcher then opens a new session and watch and reads again.
+    /// watcher then sets a new watch (on a new session if that one
+    /// ended) and reads again.
     pub(crate) fn changes(self: &Arc<Self>, name: &LockName) -> ChangeFeed {
         let (core, dir) = (self.clone(), self.lock_dir(name));
         let feed = async move {
             let dir = dir?;
-            let (client, _) = core.connect(None).await?;
-            core.remember(&client);
+            let follow = core.follow().await?;
             core.count(1); // addWatch
-            let watcher = client
+            let watcher = follow
+                .client()
                 .watch(&dir, zk::AddWatchMode::PersistentRecursive)
                 .await
                 .map_err(|e| map(e, "watching a lock"))?;
-            Ok::<_, Error>((client, watcher))
+            Ok::<_, Error>((watcher, follow))
         };
         futures::stream::once(feed)
             .flat_map(|opened| match opened {
                 Err(e) => futures::stream::once(futures::future::ready(Err(e))).boxed(),
-                Ok((client, watcher)) => futures::stream::once(futures::future::ready(Ok(())))
+                // The watcher first: it is dropped before the session
+                // is let go.
+                Ok((watcher, follow)) => futures::stream::once(futures::future::ready(Ok(())))
                     .chain(futures::stream::unfold(
-                        (client, Some(watcher)),
-                        |(client, watcher)| async move {
+                        (Some(watcher), follow),
+                        |(watcher, follow)| async move {
                             let mut watcher = watcher?;
                             loop {
                                 let ev = watcher.changed().await;
                                 if ev.event_type != zk::EventType::Session {
-                                    return Some((Ok(()), (client, Some(watcher))));
+                                    return Some((Ok(()), (Some(watcher), follow)));
                                 }
                                 match ev.session_state {
                                     // The library does not set a persistent
@@ -87,14 +91,14 @@ impl ZkCore {
                                             ErrorKind::Connection,
                                             "the session watching the lock was disconnected",
                                         );
-                                        return Some((Err(e), (client, None)));
+                                        return Some((Err(e), (None, follow)));
                                     }
                                     s if s.is_terminated() => {
                                         // No event comes after this one.
                                         let e = crate::core::lost_session(&format!(
                                             "the session watching the lock ended ({s})"
                                         ));
-                                        return Some((Err(e), (client, None)));
+                                        return Some((Err(e), (None, follow)));
                                     }
                                     _ => {}
                                 }

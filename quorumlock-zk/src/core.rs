@@ -8,7 +8,7 @@
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
@@ -42,6 +42,11 @@ pub(crate) struct ZkCore {
     /// open; it never creates nodes of its own. The next lock session
     /// takes it over instead of connecting ([`ZkCore::take_admin`]).
     pub(crate) admin: tokio::sync::Mutex<Option<zk::Client>>,
+    /// Change feeds watching on the admin session ([`ZkCore::follow`]).
+    /// While there is one, the admin session is neither taken over by a
+    /// lock session (whose close would wait for the feed's clone) nor
+    /// closed after admin work.
+    pub(crate) following: AtomicUsize,
     /// The newest lock session: admin work runs on its connection while
     /// it is open, so that a backend holds one ZooKeeper connection, not
     /// two (a server takes 60 per client address by default,
@@ -155,6 +160,7 @@ impl ZkCore {
             negotiated_ms: AtomicU64::new(0),
             opened: Mutex::new(Vec::new()),
             admin: tokio::sync::Mutex::new(None),
+            following: AtomicUsize::new(0),
             current: Mutex::new(Weak::new()),
             known_dirs: Mutex::new(HashSet::new()),
             versions: Mutex::new(HashMap::new()),
@@ -436,14 +442,47 @@ impl ZkCore {
         // needed any more (if its slot is busy, the next admin call
         // closes it).
         if let Ok(mut slot) = self.admin.try_lock() {
-            slot.take();
+            if !self.followed() {
+                slot.take();
+            }
         }
+    }
+
+    /// Whether a change feed watches on the admin session.
+    fn followed(&self) -> bool {
+        self.following.load(Ordering::Acquire) > 0
+    }
+
+    /// The admin session's client for a change feed, opened if needed,
+    /// kept open while the returned [`Following`] lives: an observer adds
+    /// no connection (and no pings) to the one a backend holds for its
+    /// admin reads.
+    pub(crate) async fn follow(self: &Arc<Self>) -> Result<Following> {
+        let mut slot = self.admin.lock().await;
+        let client = match slot.as_ref() {
+            Some(c) if !c.state().is_terminated() => c.clone(),
+            _ => {
+                let (c, _) = self.connect(None).await?;
+                *slot = Some(c.clone());
+                c
+            }
+        };
+        // Counted under the slot's lock: `take_admin` looks under it.
+        self.following.fetch_add(1, Ordering::AcqRel);
+        Ok(Following {
+            client: Some(client),
+            core: self.clone(),
+        })
     }
 
     /// The admin session, taken out of its slot to become a lock session
     /// (one connection instead of two); `None` if there is none open.
     pub(crate) async fn take_admin(&self) -> Option<zk::Client> {
-        let client = self.admin.lock().await.take()?;
+        let mut slot = self.admin.lock().await;
+        if self.followed() {
+            return None;
+        }
+        let client = slot.take()?;
         (!client.state().is_terminated()).then_some(client)
     }
 
@@ -469,9 +508,34 @@ impl ZkCore {
             r => r,
         };
         if self.current_client().is_some() {
-            self.admin.lock().await.take();
+            let mut slot = self.admin.lock().await;
+            if !self.followed() {
+                slot.take();
+            }
         }
         r
+    }
+}
+
+/// The admin session's client as a change feed holds it
+/// ([`ZkCore::follow`]).
+pub(crate) struct Following {
+    client: Option<zk::Client>,
+    core: Arc<ZkCore>,
+}
+
+impl Following {
+    pub(crate) fn client(&self) -> &zk::Client {
+        self.client.as_ref().expect("held until dropped")
+    }
+}
+
+impl Drop for Following {
+    fn drop(&mut self) {
+        // The clone goes first: once the count is down, a lock session
+        // may take the admin session over.
+        self.client.take();
+        self.core.following.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

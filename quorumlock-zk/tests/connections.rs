@@ -155,3 +155,67 @@ async fn a_waiting_admin_call_does_not_hold_the_lock_session_open() {
     assert!(left.is_empty(), "left after close: {left:?}");
     assert!(took < Duration::from_secs(2), "close took {took:?}");
 }
+
+/// An observer watches on the connection its client has already (the
+/// admin session's): 20 clients each reading and observing an election
+/// hold 20 connections. Before, each watch opened a session of its own
+/// (40 connections, and twice the pings: the idle-watch fault scenario
+/// counted 14 messages in 3 s against 7).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_adds_no_connection() {
+    use futures::StreamExt;
+    let Some(base) = base_url() else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    let ns = format!("qlcnx-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let url = format!("{base}/{ns}");
+    let before = alive_connections(&base).await;
+    let mut observers = Vec::new();
+    let mut clients = Vec::new();
+    for i in 0..20 {
+        let backend = quorumlock_zk::ZkBackend::connect(&url)
+            .await
+            .unwrap_or_else(|e| panic!("client {i} of 20 could not connect: {e}"));
+        let client = LockClient::new(Arc::new(backend));
+        client.inspect("e").await.unwrap();
+        let mut observed = Box::pin(client.election("e").unwrap().observe());
+        let first = tokio::time::timeout(Duration::from_secs(30), observed.next())
+            .await
+            .expect("the observer reported nothing")
+            .expect("the observer ended")
+            .expect("the observer failed");
+        assert!(first.is_none(), "a leader nobody elected: {first:?}");
+        observers.push(observed);
+        clients.push(client);
+    }
+    let during = alive_connections(&base).await;
+    assert!(
+        during <= before + 20,
+        "20 clients observing an election: {during} connections open, {before} before"
+    );
+    // The observers still see a change.
+    let leader = clients[0]
+        .election("e")
+        .unwrap()
+        .campaign("here")
+        .await
+        .unwrap();
+    for (i, o) in observers.iter_mut().enumerate() {
+        let next = tokio::time::timeout(Duration::from_secs(30), o.next())
+            .await
+            .unwrap_or_else(|_| panic!("observer {i} did not see the leader"))
+            .expect("the observer ended")
+            .expect("the observer failed");
+        assert_eq!(
+            next.map(|l| l.value),
+            Some(b"here".to_vec()),
+            "observer {i}"
+        );
+    }
+    leader.resign().await.unwrap();
+    drop(observers);
+    for c in &clients {
+        c.close().await;
+    }
+}

@@ -78,6 +78,10 @@ pub trait NetControl: Send + Sync + fmt::Debug {
     fn mode(&self) -> NetMode;
     /// How many times the link was switched away from [`NetMode::Pass`].
     fn faults(&self) -> u64;
+    /// What the client sent across the link, counted on the link: chunks
+    /// of client bytes at a [`TcpProxy`] ([`ProxyStats::requests`]), calls
+    /// on the simulated `mem://` link.
+    fn requests(&self) -> u64;
     /// Arms a one-shot request-level fault ([`OneShot`]); `false` where
     /// the link cannot (the simulated `mem://` link).
     fn arm(&self, _fault: OneShot) -> bool {
@@ -99,6 +103,9 @@ impl NetControl for Arc<TcpProxy> {
     }
     fn faults(&self) -> u64 {
         (**self).faults()
+    }
+    fn requests(&self) -> u64 {
+        (**self).requests()
     }
     fn arm(&self, fault: OneShot) -> bool {
         TcpProxy::arm(self, fault);
@@ -356,6 +363,7 @@ macro_rules! fault_suite {
             late_grant_is_given_back,
             unreachable_store_is_unavailable,
             connect_checks_the_store,
+            idle_watch_sends_nothing_on_its_link,
             explore_random_schedules
         );
     };

@@ -64,6 +64,10 @@ pub struct ProxyStats {
     pub accepted: AtomicU64,
     /// Bytes forwarded, both directions.
     pub bytes: AtomicU64,
+    /// Chunks the clients sent (one read of client bytes each): a request,
+    /// a ping, or on HTTP/2 a window update: what a client sends, counted
+    /// outside the client.
+    pub requests: AtomicU64,
     /// Mode changes away from [`NetMode::Pass`], and one-shot faults spent.
     pub faults: AtomicU64,
 }
@@ -189,6 +193,10 @@ impl NetControl for TcpProxy {
 
     fn faults(&self) -> u64 {
         self.shared.stats.faults.load(Ordering::Relaxed)
+    }
+
+    fn requests(&self) -> u64 {
+        self.shared.stats.requests.load(Ordering::Relaxed)
     }
 
     fn arm(&self, fault: OneShot) -> bool {
@@ -390,6 +398,9 @@ async fn pump(
                     }
                     _ = killed.changed() => continue,
                 };
+                if way.up {
+                    stats.requests.fetch_add(1, Ordering::Relaxed);
+                }
                 let mut read_at = Instant::now();
                 match way.spend() {
                     Spend::Pass => {}

@@ -42,6 +42,7 @@ pub struct SimNet {
     mem: MemBackend,
     faults: AtomicU64,
     armed: Armed,
+    calls: Arc<AtomicU64>,
 }
 
 /// A one-shot fault armed for the next call ([`NetControl::arm`]).
@@ -63,15 +64,21 @@ impl SimNet {
             epoch: 0,
         });
         let armed = Armed::default();
+        let calls = Arc::new(AtomicU64::new(0));
         let net = Arc::new(SimNet {
             link: tx,
             mem: mem.clone(),
             faults: AtomicU64::new(0),
             armed: armed.clone(),
+            calls: calls.clone(),
         });
         let backend = Arc::new(SimBackend {
             inner: Arc::new(mem),
-            wire: Wire { link: rx, armed },
+            wire: Wire {
+                link: rx,
+                armed,
+                calls,
+            },
         });
         (net, backend)
     }
@@ -98,6 +105,10 @@ impl NetControl for SimNet {
 
     fn faults(&self) -> u64 {
         self.faults.load(Ordering::Relaxed)
+    }
+
+    fn requests(&self) -> u64 {
+        self.calls.load(Ordering::Relaxed)
     }
 
     /// Spent on the next call of this client: `LoseAnswer` runs the call
@@ -146,6 +157,8 @@ async fn broken_since(mut link: watch::Receiver<Link>, epoch: u64) {
 struct Wire {
     link: watch::Receiver<Link>,
     armed: Armed,
+    /// Calls that went out on the link ([`NetControl::requests`]).
+    calls: Arc<AtomicU64>,
 }
 
 impl Wire {
@@ -153,6 +166,7 @@ impl Wire {
     /// for the link to pass, and an armed one-shot fault is spent on it.
     async fn through<T>(&self, call: impl Future<Output = Result<T>>) -> Result<T> {
         let link = &self.link;
+        self.calls.fetch_add(1, Ordering::Relaxed);
         let fault = self.armed.lock().expect("poisoned").take();
         let mut rx = link.clone();
         match fault {

@@ -88,6 +88,14 @@ pub struct Capabilities {
     /// [`Backend::changes`] follows the store's own change notification
     /// (else watchers poll).
     pub changes: bool,
+    /// The store cannot tell a follower that a session expired, so
+    /// [`Backend::changes`] also reads, when the first session owning an
+    /// entry is due to expire, whether it did ([`notified_feed`]): while
+    /// nothing changes and a holder renews, one small read per two thirds
+    /// of the session TTL (none while the lock has no entry). `false`:
+    /// nothing is sent while nothing changes (the store's own expiry
+    /// notifies).
+    pub changes_read_expiry: bool,
     /// A semaphore request may take several permits at once
     /// ([`AcquireRequest::count`] above 1).
     pub acquire_many: bool,
@@ -106,6 +114,7 @@ impl Default for Capabilities {
             session_ttl: Duration::from_secs(10),
             proclaim: false,
             changes: false,
+            changes_read_expiry: false,
             acquire_many: false,
             upgradeable_read: false,
         }

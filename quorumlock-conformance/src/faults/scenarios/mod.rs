@@ -14,11 +14,13 @@ mod cluster;
 mod contention;
 mod loss;
 mod partition;
+mod watch;
 
 pub use cluster::*;
 pub use contention::*;
 pub use loss::*;
 pub use partition::*;
+pub use watch::*;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

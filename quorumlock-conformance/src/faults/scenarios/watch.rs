@@ -1,0 +1,134 @@
+//! Watches while nothing changes: what an observer sends, counted on its link.
+
+use futures::StreamExt;
+use quorumlock_core::Follow;
+
+use super::*;
+
+/// The election observed (the lock watched is [`LOCK`]).
+const ELECTION: &str = "leader";
+
+/// An observer of a held election and a `watch` of a held lock send no
+/// more over three idle seconds, counted on their links (the proxy, not
+/// the client's own counter), than a client that watches nothing: its
+/// session's keepalives, and the watch's own request at most; where the
+/// store cannot tell an expiry
+/// ([`changes_read_expiry`](quorumlock_core::backend::Capabilities::changes_read_expiry)),
+/// also a read of the holder's expiry when it is due. A poller
+/// on the same kind of link sends a read per interval, so the count sees
+/// a poll. Then the leader resigns and the lock is released: the observer
+/// and the watch report it, so they were quiet, not dead.
+pub async fn idle_watch_sends_nothing_on_its_link(t: &FaultTarget) -> Row {
+    const IDLE: Duration = Duration::from_secs(3);
+    const POLL: Duration = Duration::from_millis(100);
+    let mut s = Scene::new(t, "idle_watch_sends_nothing_on_its_link").await;
+    let within = s.soon();
+    let holder = s.client().await;
+    let leader = holder
+        .election(ELECTION)
+        .unwrap()
+        .campaign("here")
+        .await
+        .unwrap();
+    let held = holder.lock(LOCK).unwrap().acquire().await.unwrap();
+    let (observer, observer_link) = s.faulty().await;
+    let (watcher, watcher_link) = s.faulty().await;
+    let (poller, poller_link) = s.faulty().await;
+    let (idle, idle_link) = s.faulty().await;
+    // Each client reads once, so each has opened what a first request opens.
+    for c in [&observer, &watcher, &poller, &idle] {
+        c.inspect(LOCK).await.unwrap();
+    }
+    let mut observed = Box::pin(observer.election(ELECTION).unwrap().observe());
+    let mut watched = Box::pin(watcher.watch(LOCK, Follow::Notifications).unwrap());
+    let mut polled = Box::pin(poller.watch(LOCK, Follow::Poll(POLL)).unwrap());
+    let first = tokio::time::timeout(within, observed.next())
+        .await
+        .expect("the observer reported nothing")
+        .expect("the observer ended")
+        .expect("the observer failed");
+    assert_eq!(first.map(|l| l.value), Some(b"here".to_vec()));
+    let state = tokio::time::timeout(within, watched.next())
+        .await
+        .expect("the watch reported nothing")
+        .expect("the watch ended")
+        .expect("the watch failed");
+    assert_eq!(state.holders.len(), 1);
+    tokio::time::timeout(within, polled.next())
+        .await
+        .expect("the poller reported nothing")
+        .expect("the poller ended")
+        .expect("the poller failed");
+    let links = [&observer_link, &watcher_link, &poller_link, &idle_link];
+    let before = links.map(|l| l.requests());
+    let quiet = tokio::time::timeout(IDLE, async {
+        tokio::select! {
+            l = observed.next() => panic!("the observer reported {l:?} while nothing changed"),
+            w = watched.next() => panic!("the watch reported {w:?} while nothing changed"),
+            _ = async { loop { polled.next().await; } } => unreachable!(),
+        }
+    })
+    .await;
+    assert!(quiet.is_err());
+    let after = links.map(|l| l.requests());
+    let [observer_sent, watcher_sent, poller_sent, idle_sent] =
+        [0, 1, 2, 3].map(|i| after[i] - before[i]);
+    s.row.note(format!(
+        "sent over {IDLE:?} idle: observer {observer_sent}, watch {watcher_sent}, \
+         poller {poller_sent}, a client watching nothing {idle_sent}"
+    ));
+    // Slack of two: the watch's own request (a blocking query is sent
+    // again once the first read is answered) and a keepalive or ping
+    // falling on one side of the window's edge and not the other.
+    let mut allowed = idle_sent + 2;
+    let caps = s.admin.backend().capabilities();
+    if caps.changes_read_expiry {
+        // Where the store cannot tell an expiry (Redis, PostgreSQL), the
+        // feed reads the holder's expiry when it is due: the holder
+        // renews every third of the TTL, so the next is due two thirds
+        // of it later at the earliest. Two messages a read at most (a
+        // ping of the subscription, then the read).
+        let reads = IDLE.as_millis() / (caps.session_ttl * 2 / 3).as_millis() + 1;
+        allowed += 2 * reads as u64;
+    }
+    for (who, sent) in [("observer", observer_sent), ("watch", watcher_sent)] {
+        assert!(
+            sent <= allowed,
+            "{}: over {IDLE:?} with nothing changing the {who} sent {sent} messages \
+             on its link (at most {allowed}), a client watching nothing {idle_sent}",
+            t.name()
+        );
+    }
+    let polls = (IDLE.as_millis() / POLL.as_millis()) as u64;
+    assert!(
+        poller_sent >= idle_sent + polls / 3,
+        "{}: a poller every {POLL:?} sent {poller_sent} messages over {IDLE:?}, \
+         a client watching nothing {idle_sent}: the link does not count requests",
+        t.name()
+    );
+    drop(polled);
+    leader.resign().await.unwrap();
+    let next = tokio::time::timeout(within, observed.next())
+        .await
+        .expect("the observer did not report the resignation")
+        .expect("the observer ended")
+        .expect("the observer failed");
+    assert!(next.is_none(), "a leader after the resignation: {next:?}");
+    held.release().await.unwrap();
+    let freed = tokio::time::timeout(within, async {
+        loop {
+            let state = watched
+                .next()
+                .await
+                .expect("the watch ended")
+                .expect("the watch failed");
+            if state.holders.is_empty() {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(freed.is_ok(), "the watch did not report the release");
+    drop((observed, watched));
+    s.finish().await
+}
