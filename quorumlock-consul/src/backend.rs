@@ -147,7 +147,6 @@ impl Backend for ConsulBackend {
             session_ttl: self.core.config.ttl,
             proclaim: true,
             changes: true,
-            changes_read_expiry: false,
             acquire_many: false,
             upgradeable_read: true,
         }

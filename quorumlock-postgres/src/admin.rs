@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use quorumlock_core::backend::{notified_feed, ChangeFeed, SoonestExpiry};
+use quorumlock_core::backend::{notified_feed, ChangeFeed, Notice, SessionExpiries};
 use tokio::time::Instant;
 use tokio_postgres::types::Type;
 use tokio_postgres::AsyncMessage;
@@ -65,9 +65,12 @@ impl PostgresCore {
     /// every entry added, removed, granted or given a new value. A session
     /// that expires changes no row until a transaction next reads the
     /// queue, so the stream also wakes when the first session owning an
-    /// entry is due to expire ([`layout::Sql::soonest_expiry`], read on
+    /// entry is due to expire ([`layout::Sql::session_expiries`], read on
     /// the same connection after each change): an item if one did, else
-    /// it sleeps until the next.
+    /// it sleeps until the next. The `session_renewed` trigger tells of
+    /// each renewal on the same channel: heard, it moves its session's
+    /// expiry without a read, so while nothing changes and the holders
+    /// renew, nothing is sent.
     pub(crate) fn changes(self: &Arc<Self>, name: &LockName) -> ChangeFeed {
         let (core, lock) = (self.clone(), self.lock_key(name));
         notified_feed(async move {
@@ -80,8 +83,8 @@ impl PostgresCore {
                 let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
                 while let Some(m) = messages.next().await {
                     match m {
-                        Ok(AsyncMessage::Notification(_)) => {
-                            if tx.send(()).is_err() {
+                        Ok(AsyncMessage::Notification(n)) => {
+                            if tx.send(Notice::parse(n.payload())).is_err() {
                                 break;
                             }
                         }
@@ -131,43 +134,49 @@ impl PostgresCore {
                 return Err(quorumlock_core::Error::new(
                     quorumlock_core::ErrorKind::Unavailable,
                     format!(
-                        "{what}: the trigger {}.entries_changed is missing (the user may not \
-                         create triggers?): nothing notifies a change",
-                        core.config.schema
+                        "{what}: the trigger {s}.entries_changed or {s}.session_renewed is \
+                         missing (the user may not create triggers?): nothing notifies a change",
+                        s = core.config.schema
                     ),
                 ));
             }
             let client = Arc::new(client);
-            let soonest: SoonestExpiry = Box::new(move || {
+            let expiries: SessionExpiries = Box::new(move || {
                 let (core, client, lock) = (core.clone(), client.clone(), lock.clone());
-                Box::pin(async move { core.soonest_expiry(&client, &lock).await })
+                Box::pin(async move { core.session_expiries(&client, &lock).await })
             });
-            let notified =
+            let notices =
                 futures::stream::unfold(
                     rx,
-                    |mut rx| async move { rx.recv().await.map(|()| ((), rx)) },
+                    |mut rx| async move { rx.recv().await.map(|n| (n, rx)) },
                 );
-            Ok((Box::pin(notified), soonest))
+            Ok((Box::pin(notices), expiries))
         })
     }
 
-    /// When the first session owning an entry of `lock` expires unless
-    /// renewed (now if one is dead); `None` if it has no entry. On the
-    /// follower's own connection.
-    async fn soonest_expiry(
+    /// When each session owning an entry of `lock` expires unless renewed
+    /// (now for one that is dead). On the follower's own connection.
+    async fn session_expiries(
         &self,
         client: &tokio_postgres::Client,
         lock: &str,
-    ) -> Result<Option<Instant>> {
+    ) -> Result<Vec<(String, Instant)>> {
         let what = "reading when sessions expire";
         self.count();
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&lock];
-        let read = client.query_one(&self.sql.soonest_expiry, &params);
-        let ms: Option<i64> = match tokio::time::timeout(self.config.timeout, read).await {
-            Ok(r) => r.map_err(|e| error::map(e, what))?.get(0),
+        let read = client.query(&self.sql.session_expiries, &params);
+        let rows = match tokio::time::timeout(self.config.timeout, read).await {
+            Ok(r) => r.map_err(|e| error::map(e, what))?,
             Err(_) => return Err(error::timed_out(what, self.config.timeout)),
         };
-        Ok(ms.map(|ms| Instant::now() + Duration::from_millis(ms.max(0) as u64)))
+        let now = Instant::now();
+        rows.iter()
+            .map(|row| {
+                let session: String = row.try_get(0).map_err(|e| error::map(e, what))?;
+                let ms: i64 = row.try_get(1).map_err(|e| error::map(e, what))?;
+                Ok((session, now + Duration::from_millis(ms.max(0) as u64)))
+            })
+            .collect()
     }
 
     /// Every lock under `prefix` (or the namespace) that someone holds or

@@ -176,7 +176,6 @@ impl Backend for PostgresBackend {
             session_ttl: self.core.config.ttl,
             proclaim: true,
             changes: true,
-            changes_read_expiry: true,
             acquire_many: true,
             upgradeable_read: true,
         }

@@ -88,9 +88,12 @@ CREATE TABLE IF NOT EXISTS {s}.kv (
 "#;
 
 /// What notifies a lock's followers ([`Sql::follow_channel`]): the
-/// table `followers` (a row per lock and listening backend) and a trigger
+/// table `followers` (a row per lock and listening backend), a trigger
 /// that, for every entry added, removed, granted or given a new value,
-/// sends a `NOTIFY` on the lock's channel, only if the lock has a
+/// sends a `NOTIFY` on the lock's channel, and one that, for every
+/// session renewed, sends `r <session> <ms it lives>` on the channel of each
+/// lock it has an entry of (so the followers need not read when it
+/// expires, [`Sql::session_expiries`]); each only if the lock has a
 /// follower: a `NOTIFY` serialises the commits that send one (a lock held
 /// through commit), which cost the bench 6-45 % when every change sent
 /// one. PostgreSQL folds the copies one transaction sends on one channel
@@ -117,6 +120,24 @@ DROP TRIGGER IF EXISTS entries_changed ON {s}.entries;
 CREATE TRIGGER entries_changed
     AFTER INSERT OR DELETE OR UPDATE OF token, value ON {s}.entries
     FOR EACH ROW EXECUTE FUNCTION {s}.entries_changed();
+CREATE OR REPLACE FUNCTION {s}.session_renewed() RETURNS trigger LANGUAGE plpgsql AS $f$
+DECLARE
+    remaining bigint := (extract(epoch FROM (NEW.expires - clock_timestamp())) * 1000)::bigint;
+BEGIN
+    IF remaining > 0 THEN
+        -- From the followers (few; none for most renewals), not from the
+        -- session's entries (a bulk holder has thousands).
+        PERFORM pg_notify('qlc_' || md5(l.lock), 'r ' || NEW.id || ' ' || remaining)
+            FROM (SELECT DISTINCT f.lock FROM {s}.followers f
+                  WHERE EXISTS (SELECT 1 FROM {s}.entries e
+                                WHERE e.lock = f.lock AND e.session = NEW.id)) l;
+    END IF;
+    RETURN NULL;
+END $f$;
+DROP TRIGGER IF EXISTS session_renewed ON {s}.sessions;
+CREATE TRIGGER session_renewed
+    AFTER UPDATE OF expires ON {s}.sessions
+    FOR EACH ROW EXECUTE FUNCTION {s}.session_renewed();
 "#;
 
 /// Whether every object of [`SCHEMA`] exists, from the catalog alone:
@@ -135,10 +156,12 @@ fn schema_exists() -> String {
     format!("SELECT {}, {TRIGGER_EXISTS}", checks.join(" AND "))
 }
 
-/// Whether the [`TRIGGER`] is on the entries table, with its table of
-/// followers.
+/// Whether the [`TRIGGER`]s are on the entries and sessions tables,
+/// with their table of followers.
 const TRIGGER_EXISTS: &str = "(EXISTS (SELECT 1 FROM pg_trigger \
      WHERE tgname = 'entries_changed' AND tgrelid = to_regclass('{s}.entries')) \
+     AND EXISTS (SELECT 1 FROM pg_trigger \
+     WHERE tgname = 'session_renewed' AND tgrelid = to_regclass('{s}.sessions')) \
      AND to_regclass('{s}.followers') IS NOT NULL)";
 
 /// The sequence, tables and indexes [`SCHEMA`] creates, as `{s}.name`
@@ -229,10 +252,10 @@ pub(crate) struct Sql {
     /// `$1`: lock. Makes this backend (connection) a follower of the
     /// lock, and removes the rows of followers whose backend is gone.
     pub(crate) follow: String,
-    /// `$1`: lock. In ms, when the first session owning one of its
-    /// entries expires unless renewed: 0 if one is dead already, NULL if
-    /// it has no entry.
-    pub(crate) soonest_expiry: String,
+    /// `$1`: lock. Each session owning one of its entries (as text, as
+    /// the `session_renewed` trigger names it) and in ms when it expires
+    /// unless renewed: 0 if it is dead already.
+    pub(crate) session_expiries: String,
 }
 
 impl Sql {
@@ -309,9 +332,10 @@ impl Sql {
                    (SELECT 1 FROM pg_stat_activity a WHERE a.pid = f.pid)) \
                  INSERT INTO {s}.followers (lock, pid) VALUES ($1, pg_backend_pid()) \
                  ON CONFLICT DO NOTHING"),
-            soonest_expiry: f("SELECT min(GREATEST(COALESCE( \
+            session_expiries: f("SELECT e.session::text, min(GREATEST(COALESCE( \
                    (extract(epoch FROM (s.expires - clock_timestamp())) * 1000)::bigint, 0), 0)) \
-                 FROM {s}.entries e LEFT JOIN {s}.sessions s ON s.id = e.session WHERE e.lock = $1"),
+                 FROM {s}.entries e LEFT JOIN {s}.sessions s ON s.id = e.session WHERE e.lock = $1 \
+                 GROUP BY e.session"),
             sessions_left: f("SELECT id FROM {s}.sessions WHERE id = ANY($1) \
                  AND expires > clock_timestamp() \
                  UNION SELECT session FROM {s}.fences WHERE session = ANY($1)"),

@@ -101,6 +101,17 @@ async fn a_schema_without_the_trigger_gets_it() {
     ))
     .await
     .unwrap();
+    // A schema of the version before the renewals were told has no
+    // `session_renewed` either.
+    let renewed_query = format!(
+        "SELECT count(*) FROM pg_trigger WHERE tgname = 'session_renewed' \
+         AND tgrelid = to_regclass('\"{schema}\".sessions')"
+    );
+    db.batch_execute(&format!(
+        "DROP TRIGGER session_renewed ON \"{schema}\".sessions"
+    ))
+    .await
+    .unwrap();
 
     // A follower on a client that found the schema complete before: its
     // feed says that nothing notifies (the watch reads anyway).
@@ -120,13 +131,13 @@ async fn a_schema_without_the_trigger_gets_it() {
     // A new client adds it back.
     let second = LockClient::new(Arc::new(PostgresBackend::connect(&url).await.unwrap()));
     second.inspect("x").await.unwrap();
-    assert_eq!(
-        db.query_one(&count_query, &[])
-            .await
-            .unwrap()
-            .get::<_, i64>(0),
-        1
-    );
+    for q in [&count_query, &renewed_query] {
+        assert_eq!(
+            db.query_one(q, &[]).await.unwrap().get::<_, i64>(0),
+            1,
+            "{q}"
+        );
+    }
     let mut watch = Box::pin(
         second
             .watch("x", quorumlock_core::Follow::Notifications)

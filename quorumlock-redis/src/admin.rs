@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use futures::StreamExt;
-use quorumlock_core::backend::{notified_feed, ChangeFeed, SoonestExpiry};
+use quorumlock_core::backend::{notified_feed, ChangeFeed, Notice, SessionExpiries};
 use tokio::time::Instant;
 
 use quorumlock_core::{Contender, Error, ErrorKind, LockName, LockState, Result};
@@ -85,10 +85,11 @@ impl RedisCore {
     /// where every script that changes its queue publishes. A session
     /// that expires changes nothing until a script next loads the queue,
     /// so the stream also wakes when the first session owning an entry is
-    /// due to expire ([`scripts::SOONEST_EXPIRY`], read after each
-    /// change): an item if one did, else it sleeps until the next. While
-    /// nothing changes that is one read per renewal period of the
-    /// sessions' TTL, none while the lock has no entry.
+    /// due to expire ([`scripts::SESSION_EXPIRIES`], read after each
+    /// change): an item if one did, else it sleeps until the next. Each
+    /// renewal ([`scripts::RENEW`]) publishes on the channel too: heard,
+    /// it moves its session's expiry without a read, so while nothing
+    /// changes and the holders renew, nothing is sent.
     pub(crate) fn changes(self: &Arc<Self>, name: &LockName) -> ChangeFeed {
         let (core, key) = (self.clone(), self.lock_key(name));
         notified_feed(async move {
@@ -106,7 +107,7 @@ impl RedisCore {
             let (sink, messages) = ps.split();
             // The heartbeat pings the subscription's own connection: the
             // expiry read goes over another one.
-            let soonest: SoonestExpiry = Box::new(move || {
+            let expiries: SessionExpiries = Box::new(move || {
                 let (core, key, mut sink) = (core.clone(), key.clone(), sink.clone());
                 Box::pin(async move {
                     let timeout = core.config.timeout;
@@ -118,22 +119,26 @@ impl RedisCore {
                             return Err(error::timed_out("pinging a lock's subscription", timeout))
                         }
                     }
-                    core.soonest_expiry(&key).await
+                    core.session_expiries(&key).await
                 })
             });
-            Ok((messages.map(|_| ()), soonest))
+            let notices =
+                messages.map(|m| Notice::parse(&m.get_payload::<String>().unwrap_or_default()));
+            Ok((notices, expiries))
         })
     }
 
-    /// When the first session owning an entry of the lock `key` expires
-    /// unless renewed (now if one is gone); `None` if it has no entry.
-    async fn soonest_expiry(&self, key: &str) -> Result<Option<Instant>> {
-        let mut inv = scripts::SOONEST_EXPIRY.prepare_invoke();
+    /// When each session owning an entry of the lock `key` expires unless
+    /// renewed (now for one that is gone).
+    async fn session_expiries(&self, key: &str) -> Result<Vec<(String, Instant)>> {
+        let mut inv = scripts::SESSION_EXPIRIES.prepare_invoke();
         inv.arg(&self.prefix).arg(key);
-        let ms: i64 = self.script("reading when sessions expire", &inv).await?;
-        Ok(u64::try_from(ms)
-            .ok()
-            .map(|ms| Instant::now() + Duration::from_millis(ms)))
+        let flat: Vec<(String, u64)> = self.script("reading when sessions expire", &inv).await?;
+        let now = Instant::now();
+        Ok(flat
+            .into_iter()
+            .map(|(session, ms)| (session, now + Duration::from_millis(ms)))
+            .collect())
     }
 
     pub(crate) async fn list(&self, prefix: Option<&LockName>) -> Result<Vec<LockState>> {

@@ -127,7 +127,6 @@ impl Backend for RedisBackend {
             session_ttl: self.core.config.ttl,
             proclaim: true,
             changes: true,
-            changes_read_expiry: true,
             acquire_many: true,
             upgradeable_read: true,
         }

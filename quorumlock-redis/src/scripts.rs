@@ -529,6 +529,11 @@ return existed
 /// removed. A renewal whose answer was lost marks with a number the
 /// client never confirms, so its marks are renewed by the next one.
 ///
+/// Then tells the followers of each lock the session has an entry of
+/// that it lives `ttl` more (`r <session key> <ttl>` on the lock's
+/// channel, best effort as `changed`): they need not read its
+/// expiry ([`SESSION_EXPIRIES`]).
+///
 /// ARGV: P, sid, ttl, n, confirmed (0: none yet), the number of held
 /// entries, (lock key, contender, token) per held entry, then every
 /// contender the client owns. `{0}` if the session is gone, else `{1,
@@ -559,9 +564,14 @@ local marks = {}
 local old = redis.call('HGETALL', stray)
 for i = 1, #old, 2 do marks[old[i]] = old[i + 1] end
 redis.call('DEL', stray)
-local removed, queues, seen = 0, {}, {}
+local removed, queues, seen, told = 0, {}, {}, {}
+local renewed = 'r ' .. s .. ' ' .. ttl
 for _, m in ipairs(redis.call('SMEMBERS', s .. '/.locks')) do
   local L, id = string.match(m, '^(.*)/%.q/([^/]*)$')
+  if L and not told[L] then
+    told[L] = true
+    redis.pcall('PUBLISH', L .. '/.changes', renewed)
+  end
   if L and not owned[base(id)] then
     if marks[m] == confirmed then
       local v = redis.call('HGET', L .. '/.e', id)
@@ -631,26 +641,34 @@ return 1
     )
 });
 
-/// When the first session owning an entry of a lock expires unless
-/// renewed, in ms from now: 0 if one is gone already, -1 if the lock has
-/// no entry. ARGV: P, L. Nothing else tells a follower of the lock that
-/// an entry's session expired (its entries go when a script next loads
-/// the queue).
-pub(crate) static SOONEST_EXPIRY: LazyLock<Script> = LazyLock::new(|| {
+/// When each session owning an entry of a lock expires unless renewed:
+/// a flat list of session key and ms from now, 0 for one gone already (an
+/// entry that does not parse counts as a session key '' gone); none for a
+/// session without a TTL (it never expires). ARGV: P, L. Nothing else
+/// tells a follower of the lock that an entry's session expired (its
+/// entries go when a script next loads the queue); [`RENEW`] tells it of
+/// a renewal, by the same session key.
+pub(crate) static SESSION_EXPIRIES: LazyLock<Script> = LazyLock::new(|| {
     script(
         r#"
 local L = ARGV[2]
-local soonest = -1
+local out, seen = {}, {}
 for _, id in ipairs(redis.call('ZRANGE', L .. '/.q', 0, -1)) do
   local v = redis.call('HGET', L .. '/.e', id)
   local e = v and parse(v)
-  if not e then return 0 end
-  local pttl = redis.call('PTTL', ekey(e))
-  -- -2: gone (its entries go at the next load); -1: no TTL (never expires).
-  if pttl == -2 then return 0 end
-  if pttl >= 0 and (soonest < 0 or pttl < soonest) then soonest = pttl end
+  local s = e and ekey(e) or ''
+  if not seen[s] then
+    seen[s] = true
+    -- -2: gone (its entries go at the next load); -1: no TTL.
+    local pttl = e and redis.call('PTTL', s) or -2
+    if pttl == -2 then pttl = 0 end
+    if pttl >= 0 then
+      out[#out + 1] = s
+      out[#out + 1] = pttl
+    end
+  end
 end
-return soonest
+return out
 "#,
     )
 });

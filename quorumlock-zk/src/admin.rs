@@ -44,7 +44,9 @@ impl ZkCore {
     /// It runs on the admin session ([`ZkCore::follow`]), not on the lock
     /// session (held that long, the lock session's client would keep
     /// that session open past its close), and not on a session of its
-    /// own: an observer adds no connection and no pings. A lost
+    /// own: a client without a lock session holds one connection, pings
+    /// included, whether it observes or not (with one, the watch keeps
+    /// the admin session open while it runs). A lost
     /// connection ends the stream (with an error): the library does not
     /// set a persistent watch again after a reconnect, and the server
     /// does not replay what happened meanwhile (ZOOKEEPER-4698); the
@@ -84,8 +86,8 @@ impl ZkCore {
                                     // the explorer: no event after
                                     // `SyncConnected`), and events in between
                                     // are lost anyway (ZOOKEEPER-4698): end
-                                    // here, the watcher opens a new session
-                                    // and watch and reads again.
+                                    // here, the watcher sets a new watch
+                                    // and reads again.
                                     zk::SessionState::Disconnected => {
                                         let e = Error::new(
                                             ErrorKind::Connection,

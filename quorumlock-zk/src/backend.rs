@@ -179,7 +179,6 @@ impl Backend for ZkBackend {
                 .unwrap_or(self.core.config.session_timeout),
             proclaim: true,
             changes: true,
-            changes_read_expiry: false,
             acquire_many: true,
             upgradeable_read: true,
         }

@@ -496,10 +496,21 @@ impl ZkCore {
         Fut: Future<Output = Result<T>> + 'a,
     {
         let c = self.admin(use_).await?;
+        let failed = c.session_id();
         let r = match op(c).await {
             Err(e) if e.kind() == ErrorKind::SessionLost => {
                 tracing::debug!(error = %e, "admin session lost; retrying on a new one");
-                self.admin.lock().await.take();
+                // Only the session that failed, or one that ended: the
+                // slot may hold a newer one by now (a feed's, opened when
+                // it saw the old one end).
+                let mut slot = self.admin.lock().await;
+                if slot
+                    .as_ref()
+                    .is_some_and(|s| s.session_id() == failed || s.state().is_terminated())
+                {
+                    slot.take();
+                }
+                drop(slot);
                 match self.admin(use_).await {
                     Ok(c) => op(c).await,
                     Err(e) => Err(e),
@@ -535,7 +546,17 @@ impl Drop for Following {
         // The clone goes first: once the count is down, a lock session
         // may take the admin session over.
         self.client.take();
-        self.core.following.fetch_sub(1, Ordering::AcqRel);
+        let core = &self.core;
+        // The last feed gone while a lock session is open: the admin
+        // session is not needed any more (as after admin work; if its
+        // slot is busy, whoever holds it closes it or uses it).
+        if core.following.fetch_sub(1, Ordering::AcqRel) == 1 && core.current_client().is_some() {
+            if let Ok(mut slot) = core.admin.try_lock() {
+                if !core.followed() {
+                    slot.take();
+                }
+            }
+        }
     }
 }
 

@@ -219,3 +219,51 @@ async fn an_observer_adds_no_connection() {
         c.close().await;
     }
 }
+
+/// A client that holds a lock and observes: the watch runs on the admin
+/// session (the lock session's client, held that long, would keep that
+/// session open past its close), which closes when the observer is
+/// dropped: the client is back to one connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_dropped_beside_a_lock_session_leaves_one_connection() {
+    use futures::StreamExt;
+    let Some(base) = base_url() else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    let ns = format!("qlcnx-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let before = alive_connections(&base).await;
+    let backend = quorumlock_zk::ZkBackend::connect(format!("{base}/{ns}"))
+        .await
+        .unwrap();
+    let client = LockClient::new(Arc::new(backend));
+    let guard = client.lock("x").unwrap().acquire().await.unwrap();
+    let mut observed = Box::pin(client.election("e").unwrap().observe());
+    let first = tokio::time::timeout(Duration::from_secs(30), observed.next())
+        .await
+        .expect("the observer reported nothing")
+        .expect("the observer ended")
+        .expect("the observer failed");
+    assert!(first.is_none(), "a leader nobody elected: {first:?}");
+    let observing = alive_connections(&base).await;
+    assert!(
+        observing <= before + 2,
+        "a lock session and an observer: {observing} connections, {before} before"
+    );
+    drop(observed);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = alive_connections(&base).await;
+        if now <= before + 1 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the observer was dropped 10 s ago and the client holds {} connections",
+            now - before
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    guard.release().await.unwrap();
+    client.close().await;
+}

@@ -45,7 +45,7 @@ pub use crate::queue::{
     holds, holds_linked, holds_together, upgrade_refused, waits_for, waits_for_linked,
 };
 pub use crate::signal::{EntrySignals, SessionLiveness};
-pub use changes::{notified_feed, SoonestExpiry, FEED_HEARTBEAT};
+pub use changes::{notified_feed, Notice, SessionExpiries, FEED_HEARTBEAT};
 pub use delay::{DelayQueue, HELD_WATCH_DELAY};
 pub use fenced::{check_kinds, refused, HeldEntry, KeyForm, KeyWrite, MAX_KEY_LEN};
 pub use grants::{GrantMemory, LastGrant, QuietGrants};
@@ -88,14 +88,6 @@ pub struct Capabilities {
     /// [`Backend::changes`] follows the store's own change notification
     /// (else watchers poll).
     pub changes: bool,
-    /// The store cannot tell a follower that a session expired, so
-    /// [`Backend::changes`] also reads, when the first session owning an
-    /// entry is due to expire, whether it did ([`notified_feed`]): while
-    /// nothing changes and a holder renews, one small read per two thirds
-    /// of the session TTL (none while the lock has no entry). `false`:
-    /// nothing is sent while nothing changes (the store's own expiry
-    /// notifies).
-    pub changes_read_expiry: bool,
     /// A semaphore request may take several permits at once
     /// ([`AcquireRequest::count`] above 1).
     pub acquire_many: bool,
@@ -114,7 +106,6 @@ impl Default for Capabilities {
             session_ttl: Duration::from_secs(10),
             proclaim: false,
             changes: false,
-            changes_read_expiry: false,
             acquire_many: false,
             upgradeable_read: false,
         }

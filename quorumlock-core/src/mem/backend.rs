@@ -75,7 +75,6 @@ impl Backend for MemBackend {
             session_ttl: self.core.config.ttl,
             proclaim: true,
             changes: true,
-            changes_read_expiry: false,
             acquire_many: true,
             upgradeable_read: true,
         }

@@ -11,10 +11,10 @@ const ELECTION: &str = "leader";
 /// An observer of a held election and a `watch` of a held lock send no
 /// more over three idle seconds, counted on their links (the proxy, not
 /// the client's own counter), than a client that watches nothing: its
-/// session's keepalives, and the watch's own request at most; where the
-/// store cannot tell an expiry
-/// ([`changes_read_expiry`](quorumlock_core::backend::Capabilities::changes_read_expiry)),
-/// also a read of the holder's expiry when it is due. A poller
+/// session's keepalives, and the watch's own request at most (on Redis
+/// and PostgreSQL, which cannot tell a follower that a session expired,
+/// the holder's renewals are heard on the watch: no read of its expiry).
+/// A poller
 /// on the same kind of link sends a read per interval, so the count sees
 /// a poll. Then the leader resigns and the lock is released: the observer
 /// and the watch report it, so they were quiet, not dead.
@@ -80,17 +80,7 @@ pub async fn idle_watch_sends_nothing_on_its_link(t: &FaultTarget) -> Row {
     // Slack of two: the watch's own request (a blocking query is sent
     // again once the first read is answered) and a keepalive or ping
     // falling on one side of the window's edge and not the other.
-    let mut allowed = idle_sent + 2;
-    let caps = s.admin.backend().capabilities();
-    if caps.changes_read_expiry {
-        // Where the store cannot tell an expiry (Redis, PostgreSQL), the
-        // feed reads the holder's expiry when it is due: the holder
-        // renews every third of the TTL, so the next is due two thirds
-        // of it later at the earliest. Two messages a read at most (a
-        // ping of the subscription, then the read).
-        let reads = IDLE.as_millis() / (caps.session_ttl * 2 / 3).as_millis() + 1;
-        allowed += 2 * reads as u64;
-    }
+    let allowed = idle_sent + 2;
     for (who, sent) in [("observer", observer_sent), ("watch", watcher_sent)] {
         assert!(
             sent <= allowed,
