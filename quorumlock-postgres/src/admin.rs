@@ -134,9 +134,9 @@ impl PostgresCore {
                 return Err(quorumlock_core::Error::new(
                     quorumlock_core::ErrorKind::Unavailable,
                     format!(
-                        "{what}: the trigger {s}.entries_changed or {s}.session_renewed is \
-                         missing (the user may not create triggers?): nothing notifies a change",
-                        s = core.config.schema
+                        "{what}: the trigger {}.entries_changed is missing (the user may not \
+                         create triggers?): nothing notifies a change",
+                        core.config.schema
                     ),
                 ));
             }

@@ -101,8 +101,12 @@ CREATE TABLE IF NOT EXISTS {s}.kv (
 /// in a transaction of its own: a schema made before it existed gets it
 /// without the tables' statements, and a user who may not create
 /// triggers keeps working, without notifications (followers then read
-/// every few seconds). `DROP` and `CREATE` rather than `CREATE OR
-/// REPLACE TRIGGER`, which PostgreSQL 13 and older lack.
+/// every few seconds). A trigger is created only where it is missing
+/// (`CREATE OR REPLACE TRIGGER` is PostgreSQL 14's, and a `DROP TRIGGER`
+/// would take an exclusive lock on the hot table on every upgrade);
+/// `CREATE TRIGGER` takes a lock that waits for writers of the table in
+/// progress and holds up the next ones for as long as it takes: once,
+/// when the first client of a version finds its trigger missing.
 pub(crate) const TRIGGER: &str = r#"
 CREATE TABLE IF NOT EXISTS {s}.followers (
     lock text NOT NULL,
@@ -116,17 +120,14 @@ BEGIN
     END IF;
     RETURN NULL;
 END $f$;
-DROP TRIGGER IF EXISTS entries_changed ON {s}.entries;
-CREATE TRIGGER entries_changed
-    AFTER INSERT OR DELETE OR UPDATE OF token, value ON {s}.entries
-    FOR EACH ROW EXECUTE FUNCTION {s}.entries_changed();
 CREATE OR REPLACE FUNCTION {s}.session_renewed() RETURNS trigger LANGUAGE plpgsql AS $f$
 DECLARE
     remaining bigint := (extract(epoch FROM (NEW.expires - clock_timestamp())) * 1000)::bigint;
 BEGIN
     IF remaining > 0 THEN
-        -- From the followers (few; none for most renewals), not from the
-        -- session's entries (a bulk holder has thousands).
+        -- From the followers (few, mostly none: then the query is one
+        -- look at an empty table), not from the session's entries (a
+        -- bulk holder has thousands).
         PERFORM pg_notify('qlc_' || md5(l.lock), 'r ' || NEW.id || ' ' || remaining)
             FROM (SELECT DISTINCT f.lock FROM {s}.followers f
                   WHERE EXISTS (SELECT 1 FROM {s}.entries e
@@ -134,10 +135,21 @@ BEGIN
     END IF;
     RETURN NULL;
 END $f$;
-DROP TRIGGER IF EXISTS session_renewed ON {s}.sessions;
-CREATE TRIGGER session_renewed
-    AFTER UPDATE OF expires ON {s}.sessions
-    FOR EACH ROW EXECUTE FUNCTION {s}.session_renewed();
+DO $d$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger
+                   WHERE tgname = 'entries_changed' AND tgrelid = to_regclass('{s}.entries')) THEN
+        CREATE TRIGGER entries_changed
+            AFTER INSERT OR DELETE OR UPDATE OF token, value ON {s}.entries
+            FOR EACH ROW EXECUTE FUNCTION {s}.entries_changed();
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger
+                   WHERE tgname = 'session_renewed' AND tgrelid = to_regclass('{s}.sessions')) THEN
+        CREATE TRIGGER session_renewed
+            AFTER UPDATE OF expires ON {s}.sessions
+            FOR EACH ROW EXECUTE FUNCTION {s}.session_renewed();
+    END IF;
+END $d$;
 "#;
 
 /// Whether every object of [`SCHEMA`] exists, from the catalog alone:
@@ -157,11 +169,18 @@ fn schema_exists() -> String {
 }
 
 /// Whether the [`TRIGGER`]s are on the entries and sessions tables,
-/// with their table of followers.
+/// with their table of followers: else a client adds what is missing.
 const TRIGGER_EXISTS: &str = "(EXISTS (SELECT 1 FROM pg_trigger \
      WHERE tgname = 'entries_changed' AND tgrelid = to_regclass('{s}.entries')) \
      AND EXISTS (SELECT 1 FROM pg_trigger \
      WHERE tgname = 'session_renewed' AND tgrelid = to_regclass('{s}.sessions')) \
+     AND to_regclass('{s}.followers') IS NOT NULL)";
+
+/// Whether a follower can hear changes: `entries_changed` and the
+/// followers' table (without `session_renewed`, as on a schema its user
+/// may not upgrade, it reads each expiry when it is due).
+const CHANGES_TRIGGER_EXISTS: &str = "(EXISTS (SELECT 1 FROM pg_trigger \
+     WHERE tgname = 'entries_changed' AND tgrelid = to_regclass('{s}.entries')) \
      AND to_regclass('{s}.followers') IS NOT NULL)";
 
 /// The sequence, tables and indexes [`SCHEMA`] creates, as `{s}.name`
@@ -266,7 +285,7 @@ impl Sql {
             schema: f(SCHEMA),
             trigger: f(TRIGGER),
             schema_exists: f(&schema_exists()),
-            trigger_exists: f(&format!("SELECT {TRIGGER_EXISTS}")),
+            trigger_exists: f(&format!("SELECT {CHANGES_TRIGGER_EXISTS}")),
             lock_queue: format!("SELECT pg_advisory_xact_lock({ADVISORY_CLASS}, hashtext($1))"),
             purge: f("DELETE FROM {s}.entries e WHERE e.lock = $1 AND NOT EXISTS \
                  (SELECT 1 FROM {s}.sessions s WHERE s.id = e.session AND s.expires > clock_timestamp())"),

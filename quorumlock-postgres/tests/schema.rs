@@ -96,19 +96,31 @@ async fn a_schema_without_the_trigger_gets_it() {
             .get::<_, i64>(0),
         1
     );
-    db.batch_execute(&format!(
-        "DROP TRIGGER entries_changed ON \"{schema}\".entries"
-    ))
-    .await
-    .unwrap();
     // A schema of the version before the renewals were told has no
-    // `session_renewed` either.
+    // `session_renewed`: a follower hears changes all the same (it reads
+    // each expiry when due), also where its user could not add it.
     let renewed_query = format!(
         "SELECT count(*) FROM pg_trigger WHERE tgname = 'session_renewed' \
          AND tgrelid = to_regclass('\"{schema}\".sessions')"
     );
     db.batch_execute(&format!(
         "DROP TRIGGER session_renewed ON \"{schema}\".sessions"
+    ))
+    .await
+    .unwrap();
+    let feed = first
+        .backend()
+        .changes(&quorumlock_core::LockName::new("x").unwrap())
+        .expect("postgres follows changes");
+    let mut feed = Box::pin(feed);
+    let opened = tokio::time::timeout(Duration::from_secs(10), feed.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(opened.is_ok(), "a feed without session_renewed: {opened:?}");
+    drop(feed);
+    db.batch_execute(&format!(
+        "DROP TRIGGER entries_changed ON \"{schema}\".entries"
     ))
     .await
     .unwrap();

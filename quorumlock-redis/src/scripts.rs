@@ -531,8 +531,8 @@ return existed
 ///
 /// Then tells the followers of each lock the session has an entry of
 /// that it lives `ttl` more (`r <session key> <ttl>` on the lock's
-/// channel, best effort as `changed`): they need not read its
-/// expiry ([`SESSION_EXPIRIES`]).
+/// channel, where `PUBSUB NUMSUB` shows a subscriber; best effort as
+/// `changed`): they need not read its expiry ([`SESSION_EXPIRIES`]).
 ///
 /// ARGV: P, sid, ttl, n, confirmed (0: none yet), the number of held
 /// entries, (lock key, contender, token) per held entry, then every
@@ -570,7 +570,14 @@ for _, m in ipairs(redis.call('SMEMBERS', s .. '/.locks')) do
   local L, id = string.match(m, '^(.*)/%.q/([^/]*)$')
   if L and not told[L] then
     told[L] = true
-    redis.pcall('PUBLISH', L .. '/.changes', renewed)
+    -- Only where someone follows (a bulk holder's locks mostly have
+    -- nobody): a PUBLISH is replicated, the count is not. Best effort,
+    -- as `changed`.
+    local ch = L .. '/.changes'
+    local n = redis.pcall('PUBSUB', 'NUMSUB', ch)
+    if type(n) ~= 'table' or tonumber(n[2]) ~= 0 then
+      redis.pcall('PUBLISH', ch, renewed)
+    end
   end
   if L and not owned[base(id)] then
     if marks[m] == confirmed then

@@ -6,10 +6,13 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use futures::{FutureExt, Stream, StreamExt};
+use futures::{Stream, StreamExt};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::ChangeFeed;
@@ -65,11 +68,18 @@ pub const FEED_HEARTBEAT: Duration = Duration::from_secs(30);
 /// come are one), and one when a session of the lock's entries expired.
 /// The expiries are read once subscribed, after each later item is taken
 /// (not before: the item's reader comes first), when the first of them is
-/// due, and after [`FEED_HEARTBEAT`] without a word. A renewal heard
-/// ([`Notice::Renewed`]) moves its session's expiry and costs no read:
-/// while nothing changes and every holder renews, nothing is sent. A
-/// renewal missed costs the read it would have saved. A read that fails
-/// or a subscription that ends is yielded as `Err` and ends the stream.
+/// due, and after [`FEED_HEARTBEAT`] without a word.
+///
+/// A task takes the notices in as they come, whether the stream is
+/// polled or not: a change sets a flag, a renewal ([`Notice::Renewed`])
+/// the expiry of its session as of when it was heard (so a renewal heard
+/// long before the feed is next polled says no more than it did then);
+/// what waits is one flag and one instant per session, however long the
+/// stream is left alone. A renewal of a session the last read named
+/// moves its expiry and costs no read: while nothing changes and every
+/// holder renews, nothing is sent. A renewal missed costs the read it
+/// would have saved. A read that fails or a subscription that ends is
+/// yielded as `Err` and ends the stream.
 pub fn notified_feed<M>(
     open: impl Future<Output = Result<(M, SessionExpiries)>> + Send + 'static,
 ) -> ChangeFeed
@@ -78,13 +88,19 @@ where
 {
     futures::stream::once(async move {
         let (messages, read) = open.await?;
-        let expiries = read().await?.into_iter().collect();
-        Ok::<_, Error>(Following {
-            messages,
+        let mailbox = Arc::new(Mailbox::default());
+        let listener = tokio::spawn(listen(messages, mailbox.clone()));
+        let mut following = Following {
+            mailbox,
+            listener,
             read,
-            expiries,
+            expiries: HashMap::new(),
             stale: false,
-        })
+            check: false,
+            last_word: Instant::now(),
+        };
+        following.expiries = (following.read)().await?.into_iter().collect();
+        Ok::<_, Error>(following)
     })
     .flat_map(|opened| match opened {
         Err(e) => futures::stream::once(futures::future::ready(Err(e))).boxed(),
@@ -95,82 +111,145 @@ where
     .boxed()
 }
 
-struct Following<M> {
-    messages: M,
+/// What the listener heard and the feed has not taken yet.
+#[derive(Default)]
+struct Inbox {
+    changed: bool,
+    /// Per session, when it expires by its latest renewal heard.
+    renewed: HashMap<String, Instant>,
+    /// When the last notice came.
+    heard: Option<Instant>,
+    /// The subscription ended.
+    ended: bool,
+}
+
+#[derive(Default)]
+struct Mailbox {
+    inbox: Mutex<Inbox>,
+    wake: Notify,
+}
+
+/// Takes every notice in as it comes (see [`notified_feed`]).
+async fn listen<M>(mut messages: M, mailbox: Arc<Mailbox>)
+where
+    M: Stream<Item = Notice> + Send + Unpin + 'static,
+{
+    while let Some(notice) = messages.next().await {
+        let now = Instant::now();
+        {
+            let mut inbox = mailbox.inbox.lock().expect("poisoned");
+            inbox.heard = Some(now);
+            match notice {
+                Notice::Changed => inbox.changed = true,
+                Notice::Renewed { session, remaining } => {
+                    let at = now + remaining;
+                    let e = inbox.renewed.entry(session).or_insert(at);
+                    *e = (*e).max(at);
+                }
+            }
+        }
+        mailbox.wake.notify_one();
+    }
+    mailbox.inbox.lock().expect("poisoned").ended = true;
+    mailbox.wake.notify_one();
+}
+
+struct Following {
+    mailbox: Arc<Mailbox>,
+    listener: JoinHandle<()>,
     read: SessionExpiries,
     /// When each session of the lock's entries expires unless renewed.
     expiries: HashMap<String, Instant>,
     /// The expiries are to be read again (an item was just taken).
     stale: bool,
+    /// The expiries were read at a due time: an item if one has passed.
+    check: bool,
+    /// When the connection last proved alive (a read or a notice).
+    last_word: Instant,
 }
 
-impl<M> Following<M> {
+impl Drop for Following {
+    fn drop(&mut self) {
+        self.listener.abort();
+    }
+}
+
+/// What [`Following::take`] found waiting.
+struct Taken {
+    changed: bool,
+    ended: bool,
+}
+
+impl Following {
     /// When the first session of the lock's entries expires.
     fn due(&self) -> Option<Instant> {
         self.expiries.values().min().copied()
     }
 
-    /// Takes a renewal in; `true` for a change.
-    fn hear(&mut self, notice: Notice) -> bool {
-        match notice {
-            Notice::Changed => true,
-            Notice::Renewed { session, remaining } => {
-                // Only sessions read last: one that came since came with
-                // a change, whose read will show it.
-                if let Some(at) = self.expiries.get_mut(&session) {
-                    *at = Instant::now() + remaining;
-                }
-                false
+    /// Takes the inbox: renewals move the expiries of sessions the last
+    /// read named (one that came since came with a change, whose read
+    /// will show it; an expiry only moves later: a renewal heard before
+    /// the read says less than the read did).
+    fn take(&mut self) -> Taken {
+        let mut inbox = self.mailbox.inbox.lock().expect("poisoned");
+        for (session, at) in inbox.renewed.drain() {
+            if let Some(e) = self.expiries.get_mut(&session) {
+                *e = (*e).max(at);
             }
         }
+        if let Some(heard) = inbox.heard.take() {
+            self.last_word = self.last_word.max(heard);
+        }
+        Taken {
+            changed: std::mem::take(&mut inbox.changed),
+            ended: inbox.ended,
+        }
+    }
+
+    async fn read_expiries(&mut self) -> Result<()> {
+        let expiries = (self.read)().await?;
+        self.expiries = expiries.into_iter().collect();
+        self.last_word = Instant::now();
+        Ok(())
     }
 }
 
-async fn next<M>(following: Option<Following<M>>) -> Option<(Result<()>, Option<Following<M>>)>
-where
-    M: Stream<Item = Notice> + Send + Unpin + 'static,
-{
+async fn next(following: Option<Following>) -> Option<(Result<()>, Option<Following>)> {
     let mut f = following?;
     loop {
         if std::mem::take(&mut f.stale) {
-            match (f.read)().await {
-                Ok(e) => f.expiries = e.into_iter().collect(),
-                Err(e) => return Some((Err(e), None)),
+            if let Err(e) = f.read_expiries().await {
+                return Some((Err(e), None));
             }
         }
-        let heartbeat = Instant::now() + FEED_HEARTBEAT;
+        let taken = f.take();
+        if taken.ended {
+            let e = Error::new(
+                ErrorKind::Connection,
+                "the subscription to the lock's changes ended",
+            );
+            return Some((Err(e), None));
+        }
+        let expired =
+            std::mem::take(&mut f.check) && f.due().is_some_and(|at| at <= Instant::now());
+        if taken.changed || expired {
+            // A change, or a session expired (the next read purges it).
+            f.stale = true;
+            return Some((Ok(()), Some(f)));
+        }
+        let heartbeat = f.last_word + FEED_HEARTBEAT;
         let wake = f.due().map_or(heartbeat, |d| d.min(heartbeat));
         tokio::select! {
-            msg = f.messages.next() => {
-                let Some(notice) = msg else {
-                    let e = Error::new(
-                        ErrorKind::Connection,
-                        "the subscription to the lock's changes ended",
-                    );
-                    return Some((Err(e), None));
-                };
-                let mut changed = f.hear(notice);
-                while let Some(Some(notice)) = f.messages.next().now_or_never() {
-                    changed |= f.hear(notice);
-                }
-                if changed {
-                    f.stale = true;
-                    return Some((Ok(()), Some(f)));
-                }
-            }
+            // A due expiry first: the read decides, not renewals queued
+            // behind it.
+            biased;
             _ = tokio::time::sleep_until(wake) => {
-                match (f.read)().await {
-                    Ok(e) => {
-                        f.expiries = e.into_iter().collect();
-                        // A session expired: the next read purges it.
-                        if f.due().is_some_and(|at| at <= Instant::now()) {
-                            f.stale = true;
-                            return Some((Ok(()), Some(f)));
-                        }
-                    }
-                    Err(e) => return Some((Err(e), None)),
+                if let Err(e) = f.read_expiries().await {
+                    return Some((Err(e), None));
                 }
+                f.check = true;
             }
+            _ = f.mailbox.wake.notified() => {}
         }
     }
 }
@@ -178,11 +257,12 @@ where
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicU64, Ordering};
-    use std::sync::{Arc, Mutex};
 
     use futures::channel::mpsc;
 
     use super::*;
+
+    const TTL: Duration = Duration::from_secs(3);
 
     #[test]
     fn payloads_parse_to_notices() {
@@ -199,39 +279,72 @@ mod tests {
         );
     }
 
-    /// A feed over a channel of notices whose expiry reads answer what
-    /// `sessions` holds (a live session `ttl` from the read, a dead one
-    /// now) and are counted.
-    struct Rig {
-        tx: mpsc::UnboundedSender<Notice>,
-        reads: Arc<AtomicU64>,
-        sessions: Arc<Mutex<Vec<(&'static str, bool)>>>,
-        feed: ChangeFeed,
+    /// A store's sessions: each expires [`TTL`] after its last renewal.
+    #[derive(Default)]
+    struct Store {
+        renewed: Mutex<HashMap<&'static str, Instant>>,
+        reads: AtomicU64,
     }
 
-    fn rig(ttl: Duration, sessions: &[&'static str]) -> Rig {
-        let (tx, rx) = mpsc::unbounded();
-        let reads = Arc::new(AtomicU64::new(0));
-        let sessions: Vec<_> = sessions.iter().map(|s| (*s, true)).collect();
-        let sessions = Arc::new(Mutex::new(sessions));
-        let (r, s) = (reads.clone(), sessions.clone());
-        let read: SessionExpiries = Box::new(move || {
-            r.fetch_add(1, Ordering::Relaxed);
+    impl Store {
+        fn new(sessions: &[&'static str]) -> Arc<Store> {
+            let store = Store::default();
             let now = Instant::now();
-            let list = s
-                .lock()
-                .unwrap()
-                .iter()
-                .map(|(s, live)| (s.to_string(), if *live { now + ttl } else { now }))
-                .collect();
-            Box::pin(async move { Ok(list) })
-        });
-        let feed = notified_feed(async move { Ok((rx, read)) });
-        Rig {
-            tx,
-            reads,
-            sessions,
-            feed,
+            for s in sessions {
+                store.renewed.lock().unwrap().insert(*s, now);
+            }
+            Arc::new(store)
+        }
+
+        fn reads(&self) -> u64 {
+            self.reads.load(Ordering::Relaxed)
+        }
+
+        /// A feed of this store and the channel its notices come on.
+        fn feed(self: &Arc<Store>) -> (mpsc::UnboundedSender<Notice>, ChangeFeed) {
+            let (tx, rx) = mpsc::unbounded();
+            let store = self.clone();
+            let read: SessionExpiries = Box::new(move || {
+                store.reads.fetch_add(1, Ordering::Relaxed);
+                let now = Instant::now();
+                let list = store
+                    .renewed
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .map(|(s, at)| (s.to_string(), (*at + TTL).max(now)))
+                    .collect();
+                Box::pin(async move { Ok(list) })
+            });
+            (tx, notified_feed(async move { Ok((rx, read)) }))
+        }
+
+        /// `session` renews every third of the TTL for `lasting`, telling
+        /// `tx` of each renewal if given.
+        fn renew(
+            self: &Arc<Store>,
+            session: &'static str,
+            lasting: Duration,
+            tx: Option<mpsc::UnboundedSender<Notice>>,
+        ) {
+            let store = self.clone();
+            let until = Instant::now() + lasting;
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(TTL / 3).await;
+                    if Instant::now() > until {
+                        return;
+                    }
+                    store
+                        .renewed
+                        .lock()
+                        .unwrap()
+                        .insert(session, Instant::now());
+                    if let Some(tx) = &tx {
+                        let _ = tx.unbounded_send(renewed(session, TTL));
+                    }
+                }
+            });
         }
     }
 
@@ -242,39 +355,38 @@ mod tests {
         }
     }
 
+    async fn first(feed: &mut ChangeFeed) {
+        assert!(matches!(feed.next().await, Some(Ok(()))));
+    }
+
+    /// No item for `long`.
+    async fn quiet(feed: &mut ChangeFeed, long: Duration) {
+        tokio::select! {
+            i = feed.next() => panic!("an item while nothing changed: {i:?}"),
+            _ = tokio::time::sleep(long) => {}
+        }
+    }
+
     /// The holder's renewals heard, the feed reads nothing while nothing
-    /// changes; without them it reads at each due expiry.
+    /// changes; not heard, it reads at each due expiry.
     #[tokio::test(start_paused = true)]
     async fn a_heard_renewal_saves_the_expiry_read() {
-        let ttl = Duration::from_secs(3);
-        let mut heard = rig(ttl, &["s1"]);
-        let mut missed = rig(ttl, &["s1"]);
-        for r in [&mut heard, &mut missed] {
-            assert!(matches!(r.feed.next().await, Some(Ok(()))));
-            assert_eq!(r.reads.load(Ordering::Relaxed), 1);
-        }
-        let tx = heard.tx.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(ttl / 3).await;
-                if tx.unbounded_send(renewed("s1", ttl)).is_err() {
-                    return;
-                }
-            }
-        });
-        let quiet = async {
-            tokio::select! {
-                i = heard.feed.next() => panic!("an item while nothing changed: {i:?}"),
-                i = missed.feed.next() => panic!("an item while nothing changed: {i:?}"),
-                _ = tokio::time::sleep(ttl * 10) => {}
-            }
-        };
-        quiet.await;
-        assert_eq!(heard.reads.load(Ordering::Relaxed), 1, "renewals heard");
+        let (heard, missed) = (Store::new(&["s1"]), Store::new(&["s1"]));
+        let (tx, mut heard_feed) = heard.feed();
+        let (_tx, mut missed_feed) = missed.feed();
+        first(&mut heard_feed).await;
+        first(&mut missed_feed).await;
+        heard.renew("s1", TTL * 100, Some(tx));
+        missed.renew("s1", TTL * 100, None);
+        tokio::join!(
+            quiet(&mut heard_feed, TTL * 10),
+            quiet(&mut missed_feed, TTL * 10)
+        );
+        assert_eq!(heard.reads(), 1, "renewals heard");
         assert!(
-            missed.reads.load(Ordering::Relaxed) >= 10,
+            missed.reads() >= 10,
             "renewals missed: {} reads",
-            missed.reads.load(Ordering::Relaxed)
+            missed.reads()
         );
     }
 
@@ -282,23 +394,83 @@ mod tests {
     /// first one due: that session's expiry is reported.
     #[tokio::test(start_paused = true)]
     async fn another_sessions_renewal_does_not_hide_an_expiry() {
-        let ttl = Duration::from_secs(3);
-        let mut r = rig(ttl, &["s1"]);
-        assert!(matches!(r.feed.next().await, Some(Ok(()))));
+        let store = Store::new(&["s1"]);
+        let (tx, mut feed) = store.feed();
+        first(&mut feed).await;
         let started = Instant::now();
-        r.tx.unbounded_send(renewed("s2", ttl * 100)).unwrap();
-        // s1 dies: the read at its due expiry answers it expired.
-        r.sessions.lock().unwrap()[0].1 = false;
-        let tx = r.tx.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(ttl / 2).await;
-            let _ = tx.unbounded_send(renewed("s2", ttl * 100));
-        });
-        let item = tokio::time::timeout(ttl * 2, r.feed.next()).await;
+        tx.unbounded_send(renewed("s2", TTL * 100)).unwrap();
+        let item = tokio::time::timeout(TTL * 2, feed.next()).await;
         assert!(
             matches!(item, Ok(Some(Ok(())))),
             "no item at s1's expiry: {item:?}"
         );
-        assert!(started.elapsed() >= ttl);
+        assert!(started.elapsed() >= TTL);
+    }
+
+    /// A renewal of a session the last read did not name is not taken in
+    /// (here one that would make every moment due).
+    #[tokio::test(start_paused = true)]
+    async fn an_unnamed_sessions_renewal_is_not_taken_in() {
+        let store = Store::new(&["s1"]);
+        let (tx, mut feed) = store.feed();
+        first(&mut feed).await;
+        store.renew("s1", TTL * 100, Some(tx.clone()));
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                if tx
+                    .unbounded_send(renewed("s9", Duration::from_millis(1)))
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        });
+        quiet(&mut feed, TTL * 10).await;
+        assert_eq!(store.reads(), 1);
+    }
+
+    /// Renewals heard while nobody polls the feed, then the holder stops
+    /// renewing: its expiry is reported when it comes (its last renewal
+    /// plus the TTL), not a TTL after the feed is next polled (the
+    /// renewals taken as if heard then).
+    #[tokio::test(start_paused = true)]
+    async fn renewals_heard_while_nobody_polls_say_what_they_said_then() {
+        let store = Store::new(&["s1"]);
+        let (tx, mut feed) = store.feed();
+        first(&mut feed).await;
+        let started = Instant::now();
+        // Renewals at 1, 2 and 3 s: the session expires at 6 s.
+        store.renew("s1", TTL + Duration::from_millis(500), Some(tx.clone()));
+        tokio::time::sleep(Duration::from_millis(5_500)).await;
+        let item = tokio::time::timeout(TTL * 2, feed.next()).await;
+        assert!(
+            matches!(item, Ok(Some(Ok(())))),
+            "no item at s1's expiry: {item:?}"
+        );
+        let at = started.elapsed();
+        assert!(
+            at >= Duration::from_secs(6) && at <= Duration::from_millis(6_100),
+            "the expiry at 6 s reported at {at:?}"
+        );
+    }
+
+    /// Notices pile up in neither the feed nor its channel while nobody
+    /// polls: the listener takes them in, one instant per session.
+    #[tokio::test(start_paused = true)]
+    async fn notices_do_not_pile_up_while_nobody_polls() {
+        let store = Store::new(&["s1"]);
+        let (tx, mut feed) = store.feed();
+        first(&mut feed).await;
+        for _ in 0..10_000 {
+            tx.unbounded_send(renewed("s1", TTL)).unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        // The channel is empty: a closed sender's channel reports it at
+        // once, while the listener still runs.
+        assert!(tx.is_empty(), "the notices wait in the channel");
+        drop(feed);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(tx.is_closed(), "the listener outlived its feed");
     }
 }
