@@ -70,6 +70,19 @@ async fn a_client_connects_while_another_transaction_writes_the_tables() {
         .unwrap();
 }
 
+/// The first item of a new change feed of lock `x` (the feed dropped).
+async fn first_of_a_feed(client: &LockClient) -> quorumlock_core::Result<()> {
+    use futures::StreamExt;
+    let feed = client
+        .backend()
+        .changes(&quorumlock_core::LockName::new("x").unwrap())
+        .expect("postgres follows changes");
+    tokio::time::timeout(Duration::from_secs(10), Box::pin(feed).next())
+        .await
+        .expect("the feed said nothing")
+        .expect("the feed ended")
+}
+
 /// A schema made before the trigger that notifies followers existed: the
 /// next client adds the trigger alone (the tables' statements, with their
 /// table locks, do not run again), and a follower then hears a change; a
@@ -108,17 +121,8 @@ async fn a_schema_without_the_trigger_gets_it() {
     ))
     .await
     .unwrap();
-    let feed = first
-        .backend()
-        .changes(&quorumlock_core::LockName::new("x").unwrap())
-        .expect("postgres follows changes");
-    let mut feed = Box::pin(feed);
-    let opened = tokio::time::timeout(Duration::from_secs(10), feed.next())
-        .await
-        .unwrap()
-        .unwrap();
+    let opened = first_of_a_feed(&first).await;
     assert!(opened.is_ok(), "a feed without session_renewed: {opened:?}");
-    drop(feed);
     db.batch_execute(&format!(
         "DROP TRIGGER entries_changed ON \"{schema}\".entries"
     ))
@@ -127,14 +131,7 @@ async fn a_schema_without_the_trigger_gets_it() {
 
     // A follower on a client that found the schema complete before: its
     // feed says that nothing notifies (the watch reads anyway).
-    let feed = first
-        .backend()
-        .changes(&quorumlock_core::LockName::new("x").unwrap())
-        .expect("postgres follows changes");
-    let first_item = tokio::time::timeout(Duration::from_secs(10), Box::pin(feed).next())
-        .await
-        .unwrap()
-        .unwrap();
+    let first_item = first_of_a_feed(&first).await;
     assert!(
         first_item.is_err(),
         "a feed without the trigger: {first_item:?}"

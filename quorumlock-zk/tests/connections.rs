@@ -27,6 +27,33 @@ fn base_url() -> Option<String> {
     }
 }
 
+/// The server's URL and a fresh namespace's under it, with this file's
+/// turn held; `None` where no server is given.
+async fn serial_namespace() -> Option<(String, String, tokio::sync::MutexGuard<'static, ()>)> {
+    let base = base_url()?;
+    let serial = SERIAL.lock().await;
+    let ns = format!("qlcnx-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    Some((base, ns, serial))
+}
+
+/// An observer of election `name` and its first report (nobody leads).
+async fn observing(
+    client: &LockClient,
+    name: &str,
+) -> std::pin::Pin<
+    Box<impl futures::Stream<Item = quorumlock_core::Result<Option<quorumlock_core::Leader>>>>,
+> {
+    use futures::StreamExt;
+    let mut observed = Box::pin(client.election(name).unwrap().observe());
+    let first = tokio::time::timeout(Duration::from_secs(30), observed.next())
+        .await
+        .expect("the observer reported nothing")
+        .expect("the observer ended")
+        .expect("the observer failed");
+    assert!(first.is_none(), "a leader nobody elected: {first:?}");
+    observed
+}
+
 /// The server's open client connections (`mntr`'s
 /// `zk_num_alive_connections`).
 async fn alive_connections(url: &str) -> u64 {
@@ -49,11 +76,9 @@ async fn alive_connections(url: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forty_clients_on_one_host_each_hold_one_connection() {
-    let Some(base) = base_url() else {
+    let Some((base, ns, _serial)) = serial_namespace().await else {
         return;
     };
-    let _serial = SERIAL.lock().await;
-    let ns = format!("qlcnx-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     let url = format!("{base}/{ns}");
     let before = alive_connections(&base).await;
     let mut clients = Vec::new();
@@ -95,11 +120,9 @@ async fn forty_clients_on_one_host_each_hold_one_connection() {
 /// is sent, and the lock stays held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_fenced_value_is_refused_and_the_hold_survives() {
-    let Some(base) = base_url() else {
+    let Some((base, ns, _serial)) = serial_namespace().await else {
         return;
     };
-    let _serial = SERIAL.lock().await;
-    let ns = format!("qlcnx-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     let backend = quorumlock_zk::ZkBackend::connect(format!("{base}/{ns}"))
         .await
         .unwrap();
@@ -128,11 +151,9 @@ async fn an_oversized_fenced_value_is_refused_and_the_hold_survives() {
 /// reported the session it was holding open itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_admin_call_does_not_hold_the_lock_session_open() {
-    let Some(base) = base_url() else {
+    let Some((base, ns, _serial)) = serial_namespace().await else {
         return;
     };
-    let _serial = SERIAL.lock().await;
-    let ns = format!("qlcnx-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     let backend = Arc::new(
         quorumlock_zk::ZkBackend::connect(format!("{base}/{ns}"))
             .await
@@ -164,11 +185,9 @@ async fn a_waiting_admin_call_does_not_hold_the_lock_session_open() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_observer_adds_no_connection() {
     use futures::StreamExt;
-    let Some(base) = base_url() else {
+    let Some((base, ns, _serial)) = serial_namespace().await else {
         return;
     };
-    let _serial = SERIAL.lock().await;
-    let ns = format!("qlcnx-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     let url = format!("{base}/{ns}");
     let before = alive_connections(&base).await;
     let mut observers = Vec::new();
@@ -179,14 +198,7 @@ async fn an_observer_adds_no_connection() {
             .unwrap_or_else(|e| panic!("client {i} of 20 could not connect: {e}"));
         let client = LockClient::new(Arc::new(backend));
         client.inspect("e").await.unwrap();
-        let mut observed = Box::pin(client.election("e").unwrap().observe());
-        let first = tokio::time::timeout(Duration::from_secs(30), observed.next())
-            .await
-            .expect("the observer reported nothing")
-            .expect("the observer ended")
-            .expect("the observer failed");
-        assert!(first.is_none(), "a leader nobody elected: {first:?}");
-        observers.push(observed);
+        observers.push(observing(&client, "e").await);
         clients.push(client);
     }
     let during = alive_connections(&base).await;
@@ -226,29 +238,20 @@ async fn an_observer_adds_no_connection() {
 /// dropped: the client is back to one connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_observer_dropped_beside_a_lock_session_leaves_one_connection() {
-    use futures::StreamExt;
-    let Some(base) = base_url() else {
+    let Some((base, ns, _serial)) = serial_namespace().await else {
         return;
     };
-    let _serial = SERIAL.lock().await;
-    let ns = format!("qlcnx-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     let before = alive_connections(&base).await;
     let backend = quorumlock_zk::ZkBackend::connect(format!("{base}/{ns}"))
         .await
         .unwrap();
     let client = LockClient::new(Arc::new(backend));
     let guard = client.lock("x").unwrap().acquire().await.unwrap();
-    let mut observed = Box::pin(client.election("e").unwrap().observe());
-    let first = tokio::time::timeout(Duration::from_secs(30), observed.next())
-        .await
-        .expect("the observer reported nothing")
-        .expect("the observer ended")
-        .expect("the observer failed");
-    assert!(first.is_none(), "a leader nobody elected: {first:?}");
-    let observing = alive_connections(&base).await;
+    let observed = observing(&client, "e").await;
+    let during = alive_connections(&base).await;
     assert!(
-        observing <= before + 2,
-        "a lock session and an observer: {observing} connections, {before} before"
+        during <= before + 2,
+        "a lock session and an observer: {during} connections, {before} before"
     );
     drop(observed);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
