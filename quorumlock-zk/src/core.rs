@@ -417,15 +417,27 @@ impl ZkCore {
                 return Ok(c);
             }
         }
-        let mut slot = self.admin.lock().await;
-        if let Some(c) = slot.as_ref() {
-            if !c.state().is_terminated() {
-                return Ok(c.clone());
-            }
+        self.admin_in(&mut *self.admin.lock().await).await
+    }
+
+    /// The admin session in `slot` (the locked [`ZkCore::admin`] slot),
+    /// opened there if it is missing or ended.
+    async fn admin_in(&self, slot: &mut Option<zk::Client>) -> Result<zk::Client> {
+        if let Some(c) = slot.as_ref().filter(|c| !c.state().is_terminated()) {
+            return Ok(c.clone());
         }
         let (c, _) = self.connect(None).await?;
         *slot = Some(c.clone());
         Ok(c)
+    }
+
+    /// Closes the admin session in `slot` (the locked slot) unless a
+    /// change feed watches on it: a lock session is open, whose
+    /// connection admin work uses.
+    fn close_admin_in(&self, slot: &mut Option<zk::Client>) {
+        if !self.followed() {
+            slot.take();
+        }
     }
 
     /// The newest lock session's client, while that session is open.
@@ -442,9 +454,7 @@ impl ZkCore {
         // needed any more (if its slot is busy, the next admin call
         // closes it).
         if let Ok(mut slot) = self.admin.try_lock() {
-            if !self.followed() {
-                slot.take();
-            }
+            self.close_admin_in(&mut slot);
         }
     }
 
@@ -459,14 +469,7 @@ impl ZkCore {
     /// admin reads.
     pub(crate) async fn follow(self: &Arc<Self>) -> Result<Following> {
         let mut slot = self.admin.lock().await;
-        let client = match slot.as_ref() {
-            Some(c) if !c.state().is_terminated() => c.clone(),
-            _ => {
-                let (c, _) = self.connect(None).await?;
-                *slot = Some(c.clone());
-                c
-            }
-        };
+        let client = self.admin_in(&mut slot).await?;
         // Counted under the slot's lock: `take_admin` looks under it.
         self.following.fetch_add(1, Ordering::AcqRel);
         Ok(Following {
@@ -519,10 +522,7 @@ impl ZkCore {
             r => r,
         };
         if self.current_client().is_some() {
-            let mut slot = self.admin.lock().await;
-            if !self.followed() {
-                slot.take();
-            }
+            self.close_admin_in(&mut *self.admin.lock().await);
         }
         r
     }
@@ -552,9 +552,7 @@ impl Drop for Following {
         // slot is busy, whoever holds it closes it or uses it).
         if core.following.fetch_sub(1, Ordering::AcqRel) == 1 && core.current_client().is_some() {
             if let Ok(mut slot) = core.admin.try_lock() {
-                if !core.followed() {
-                    slot.take();
-                }
+                core.close_admin_in(&mut slot);
             }
         }
     }

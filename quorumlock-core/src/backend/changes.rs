@@ -99,7 +99,7 @@ where
             check: false,
             last_word: Instant::now(),
         };
-        following.expiries = (following.read)().await?.into_iter().collect();
+        following.read_expiries().await?;
         Ok::<_, Error>(following)
     })
     .flat_map(|opened| match opened {
@@ -160,9 +160,10 @@ struct Following {
     read: SessionExpiries,
     /// When each session of the lock's entries expires unless renewed.
     expiries: HashMap<String, Instant>,
-    /// The expiries are to be read again (an item was just taken).
+    /// The expiries are to be read again (an item was just taken, or one
+    /// of them is due).
     stale: bool,
-    /// The expiries were read at a due time: an item if one has passed.
+    /// The read is at a due time: an item if one has passed.
     check: bool,
     /// When the connection last proved alive (a read or a notice).
     last_word: Instant,
@@ -244,9 +245,7 @@ async fn next(following: Option<Following>) -> Option<(Result<()>, Option<Follow
             // behind it.
             biased;
             _ = tokio::time::sleep_until(wake) => {
-                if let Err(e) = f.read_expiries().await {
-                    return Some((Err(e), None));
-                }
+                f.stale = true;
                 f.check = true;
             }
             _ = f.mailbox.wake.notified() => {}

@@ -14,9 +14,8 @@ const ELECTION: &str = "leader";
 /// session's keepalives, and the watch's own request at most (on Redis
 /// and PostgreSQL, which cannot tell a follower that a session expired,
 /// the holder's renewals are heard on the watch: no read of its expiry).
-/// A poller
-/// on the same kind of link sends a read per interval, so the count sees
-/// a poll. Then the leader resigns and the lock is released: the observer
+/// A poller on the same kind of link sends a read per interval, so the
+/// count sees a poll. Then the leader resigns and the lock is released: the observer
 /// and the watch report it, so they were quiet, not dead.
 pub async fn idle_watch_sends_nothing_on_its_link(t: &FaultTarget) -> Row {
     const IDLE: Duration = Duration::from_secs(3);
@@ -42,23 +41,11 @@ pub async fn idle_watch_sends_nothing_on_its_link(t: &FaultTarget) -> Row {
     let mut observed = Box::pin(observer.election(ELECTION).unwrap().observe());
     let mut watched = Box::pin(watcher.watch(LOCK, Follow::Notifications).unwrap());
     let mut polled = Box::pin(poller.watch(LOCK, Follow::Poll(POLL)).unwrap());
-    let first = tokio::time::timeout(within, observed.next())
-        .await
-        .expect("the observer reported nothing")
-        .expect("the observer ended")
-        .expect("the observer failed");
+    let first = next_within(&mut observed, within, "the observer").await;
     assert_eq!(first.map(|l| l.value), Some(b"here".to_vec()));
-    let state = tokio::time::timeout(within, watched.next())
-        .await
-        .expect("the watch reported nothing")
-        .expect("the watch ended")
-        .expect("the watch failed");
+    let state = next_within(&mut watched, within, "the watch").await;
     assert_eq!(state.holders.len(), 1);
-    tokio::time::timeout(within, polled.next())
-        .await
-        .expect("the poller reported nothing")
-        .expect("the poller ended")
-        .expect("the poller failed");
+    next_within(&mut polled, within, "the poller").await;
     let links = [&observer_link, &watcher_link, &poller_link, &idle_link];
     let before = links.map(|l| l.requests());
     let quiet = tokio::time::timeout(IDLE, async {
@@ -98,11 +85,12 @@ pub async fn idle_watch_sends_nothing_on_its_link(t: &FaultTarget) -> Row {
     );
     drop(polled);
     leader.resign().await.unwrap();
-    let next = tokio::time::timeout(within, observed.next())
-        .await
-        .expect("the observer did not report the resignation")
-        .expect("the observer ended")
-        .expect("the observer failed");
+    let next = next_within(
+        &mut observed,
+        within,
+        "the observer, after the resignation,",
+    )
+    .await;
     assert!(next.is_none(), "a leader after the resignation: {next:?}");
     held.release().await.unwrap();
     let freed = tokio::time::timeout(within, async {
@@ -121,4 +109,16 @@ pub async fn idle_watch_sends_nothing_on_its_link(t: &FaultTarget) -> Row {
     assert!(freed.is_ok(), "the watch did not report the release");
     drop((observed, watched));
     s.finish().await
+}
+
+/// The next report of `stream` (`who` in the panics), within `within`.
+async fn next_within<T, S>(stream: &mut S, within: Duration, who: &str) -> T
+where
+    S: futures::Stream<Item = quorumlock_core::Result<T>> + Unpin,
+{
+    tokio::time::timeout(within, stream.next())
+        .await
+        .unwrap_or_else(|_| panic!("{who} reported nothing"))
+        .unwrap_or_else(|| panic!("{who} ended"))
+        .unwrap_or_else(|e| panic!("{who} failed: {e}"))
 }
