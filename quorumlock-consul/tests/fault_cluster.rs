@@ -19,6 +19,18 @@ quorumlock_conformance::cluster_fault_suite!(
     "60s"
 );
 
+// A member cut from its leader while its clients still reach it (each
+// link through its own proxy), and the mutant it must catch. No leader
+// election on the majority's side here, so Consul's shortest TTL will do.
+quorumlock_conformance::cluster_link_suite!(
+    quorumlock_conformance::faults::StoreKind::Consul,
+    |url| async move {
+        Ok(std::sync::Arc::new(quorumlock_consul::ConsulBackend::connect(&url).await?) as _)
+    },
+    "ttl",
+    "10s"
+);
+
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -13,3 +13,17 @@ quorumlock_conformance::cluster_fault_suite!(
     "ttl",
     "2s"
 );
+
+// A member cut from its leader while its clients still reach it (each
+// link through its own proxy), and the mutant it must catch.
+quorumlock_conformance::cluster_link_suite!(
+    quorumlock_conformance::faults::StoreKind::Etcd,
+    |url| async move {
+        Ok(
+            std::sync::Arc::new(quorumlock_etcd::EtcdBackend::connect(&url).await?)
+                as std::sync::Arc<dyn quorumlock_core::backend::Backend>,
+        )
+    },
+    "ttl",
+    "2s"
+);

@@ -1,7 +1,8 @@
 //! A launcher for three-node clusters of etcd, ZooKeeper and Consul on
 //! loopback (127.0.0.2, .3, .4, each node on its own address, ports of
 //! our own), able to kill -9, stop (SIGSTOP), continue, restart and find
-//! the leader.
+//! the leader, and (etcd and Consul, [`Cluster::start_linked`]) to cut one
+//! member from another while both serve their clients.
 //!
 //! Binaries: `/usr/bin/etcd` (or `QUORUMLOCK_ETCD_BIN`); ZooKeeper through
 //! `java` and `/usr/share/java/zookeeper.jar`; Consul from
@@ -18,6 +19,12 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::links::{PeerLinks, Pids};
+
+fn parse_ip(ip: &str) -> std::net::IpAddr {
+    ip.parse().expect("a literal address")
+}
+
 /// Which store a cluster runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoreKind {
@@ -30,6 +37,11 @@ pub enum StoreKind {
 }
 
 const IPS: [&str; 3] = ["127.0.0.2", "127.0.0.3", "127.0.0.4"];
+
+/// Where the members of a linked cluster listen for their peers (and,
+/// Consul, dial from): their advertised peer address is a router of
+/// [`PeerLinks`].
+const INNER_IPS: [&str; 3] = ["127.0.0.12", "127.0.0.13", "127.0.0.14"];
 
 /// One node of a [`Cluster`].
 #[derive(Debug)]
@@ -45,6 +57,10 @@ pub struct Cluster {
     kind: StoreKind,
     dir: PathBuf,
     nodes: Vec<Node>,
+    /// The members' process ids, for [`PeerLinks`] to tell who dialed.
+    pids: Pids,
+    /// Per-link faults between members, if started linked.
+    links: Option<PeerLinks>,
 }
 
 fn tmpdir(kind: StoreKind) -> PathBuf {
@@ -127,8 +143,37 @@ impl Cluster {
     /// the machine (they share addresses and ports): hold the returned
     /// turn as long as the cluster, and drop the cluster first.
     pub async fn start(kind: StoreKind) -> std::io::Result<(Cluster, ClusterTurn)> {
+        Self::start_with(kind, false).await
+    }
+
+    /// As [`start`](Self::start), with every member's peer traffic going
+    /// through one proxy per link (etcd and Consul), so that
+    /// [`cut`](Self::cut) can part two members while their clients still
+    /// reach both. ZooKeeper: `InvalidInput` (its ensemble test proxies
+    /// its quorum links itself).
+    pub async fn start_linked(kind: StoreKind) -> std::io::Result<(Cluster, ClusterTurn)> {
+        if kind == StoreKind::Zk {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "per-link faults are for etcd and Consul clusters",
+            ));
+        }
+        Self::start_with(kind, true).await
+    }
+
+    async fn start_with(kind: StoreKind, linked: bool) -> std::io::Result<(Cluster, ClusterTurn)> {
         let guard = ClusterTurn::take().await?;
+        let pids = Pids::default();
+        let links = if linked {
+            let port = Self::peer_port(kind);
+            let at = |ips: [&str; 3]| ips.map(|ip| SocketAddr::from((parse_ip(ip), port)));
+            Some(PeerLinks::start(at(IPS), at(INNER_IPS), pids.clone()).await?)
+        } else {
+            None
+        };
         let mut c = Cluster {
+            pids,
+            links,
             kind,
             dir: tmpdir(kind),
             nodes: IPS
@@ -169,6 +214,56 @@ impl Cluster {
             // A Consul client talks to one agent; node 0 is it.
             StoreKind::Consul => format!("consul://{}:38500", IPS[0]),
         }
+    }
+
+    /// The port members reach each other on (raft).
+    fn peer_port(kind: StoreKind) -> u16 {
+        match kind {
+            StoreKind::Etcd => 32380,
+            StoreKind::Zk => 32888,
+            StoreKind::Consul => 38300,
+        }
+    }
+
+    /// Blackholes both directions of the link between members `a` and
+    /// `b` (both keep serving their clients). Panics unless the cluster
+    /// was started with [`start_linked`](Self::start_linked).
+    pub fn cut(&self, a: usize, b: usize) {
+        self.peer_links().cut(a, b);
+    }
+
+    /// Lets the link between `a` and `b` pass again.
+    pub fn heal(&self, a: usize, b: usize) {
+        self.peer_links().heal(a, b);
+    }
+
+    /// Whether the cluster was started with per-link proxies.
+    pub fn is_linked(&self) -> bool {
+        self.links.is_some()
+    }
+
+    /// [`start_linked`](Self::start_linked) where the store has per-link
+    /// faults (etcd, Consul), [`start`](Self::start) otherwise.
+    pub async fn start_linked_if_supported(
+        kind: StoreKind,
+    ) -> std::io::Result<(Cluster, ClusterTurn)> {
+        Self::start_with(kind, kind != StoreKind::Zk).await
+    }
+
+    fn peer_links(&self) -> &PeerLinks {
+        self.links
+            .as_ref()
+            .expect("per-link faults need a cluster started with Cluster::start_linked")
+    }
+
+    /// A URL naming member `i` only (a client of that member alone).
+    pub fn member_url(&self, i: usize) -> String {
+        let scheme = match self.kind {
+            StoreKind::Etcd => "etcd",
+            StoreKind::Zk => "zk",
+            StoreKind::Consul => "consul",
+        };
+        format!("{scheme}://{}", self.client_addr(i))
     }
 
     /// The client address of node `i`.
@@ -222,7 +317,7 @@ impl Cluster {
                     format!("--data-dir={}", d.display()),
                     format!("--listen-client-urls=http://{ip}:32379"),
                     format!("--advertise-client-urls=http://{ip}:32379"),
-                    format!("--listen-peer-urls=http://{ip}:32380"),
+                    format!("--listen-peer-urls=http://{}:32380", self.peer_listen_ip(i)),
                     format!("--initial-advertise-peer-urls=http://{ip}:32380"),
                     format!("--initial-cluster={}", cluster.join(",")),
                     "--initial-cluster-state=new".into(),
@@ -254,7 +349,12 @@ impl Cluster {
                     "-bootstrap-expect=3".into(),
                     format!("-data-dir={}", d.display()),
                     format!("-node=qlf-n{i}"),
-                    format!("-bind={ip}"),
+                    // Linked: the server port (raft and RPC) is bound
+                    // and dialed from the inner address, gossip stays on
+                    // the member's own.
+                    format!("-bind={}", self.peer_listen_ip(i)),
+                    format!("-serf-lan-bind={ip}"),
+                    format!("-serf-wan-bind={ip}"),
                     format!("-advertise={ip}"),
                     format!("-client={ip}"),
                     "-http-port=38500".into(),
@@ -282,6 +382,16 @@ impl Cluster {
         }
     }
 
+    /// Where member `i` listens for its peers: its own address, or behind
+    /// the router of its links.
+    fn peer_listen_ip(&self, i: usize) -> &'static str {
+        if self.links.is_some() {
+            INNER_IPS[i]
+        } else {
+            IPS[i]
+        }
+    }
+
     fn spawn(&mut self, i: usize) -> std::io::Result<()> {
         std::fs::create_dir_all(self.data(i))?;
         let log = std::fs::OpenOptions::new()
@@ -292,7 +402,9 @@ impl Cluster {
         cmd.stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
-        self.nodes[i].child = Some(cmd.spawn()?);
+        let child = cmd.spawn()?;
+        self.pids.lock().expect("poisoned")[i] = Some(child.id());
+        self.nodes[i].child = Some(child);
         self.nodes[i].stopped = false;
         Ok(())
     }
@@ -311,6 +423,7 @@ impl Cluster {
             let _ = c.kill();
             let _ = c.wait();
         }
+        self.pids.lock().expect("poisoned")[i] = None;
     }
 
     /// SIGSTOP node `i`.
@@ -426,6 +539,21 @@ fn ask(addr: &str, req: &[u8]) -> Option<String> {
     let mut out = String::new();
     s.read_to_string(&mut out).ok()?;
     Some(out)
+}
+
+/// Whether the member at `addr` answers a read from its own copy, as a
+/// member cut from its leader still does (etcd: a serializable range;
+/// Consul: `?stale`; a missing key is an answer too).
+pub(crate) fn answers_from_its_copy(kind: StoreKind, addr: SocketAddr) -> bool {
+    let req: &[u8] = match kind {
+        StoreKind::Etcd => b"POST /v3/kv/range HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: 34\r\n\r\n{\"key\":\"AA==\",\"serializable\":true}",
+        StoreKind::Consul => b"GET /v1/kv/quorumlock-probe?stale HTTP/1.0\r\n\r\n",
+        StoreKind::Zk => return ask(&addr.to_string(), b"ruok").is_some_and(|a| a == "imok"),
+    };
+    ask(&addr.to_string(), req).is_some_and(|a| {
+        let status = a.split_whitespace().nth(1).unwrap_or_default();
+        status == "200" || (kind == StoreKind::Consul && status == "404")
+    })
 }
 
 /// What one member says of itself and its leader.

@@ -38,6 +38,7 @@ pub mod cluster;
 pub mod explorer;
 mod history;
 mod http_proxy;
+mod links;
 pub mod process;
 mod proxy;
 mod refusal;
@@ -45,6 +46,7 @@ mod register;
 mod report;
 pub mod scenarios;
 mod sim;
+pub mod trusting;
 mod unavailable;
 
 pub use cluster::{Cluster, ClusterTurn, StoreKind};
@@ -208,6 +210,30 @@ impl FaultTarget {
         let name = format!("{:?}-cluster", cluster.kind()).to_lowercase();
         let url = url::parse(&cluster.url()).expect("cluster URL");
         Self::new(&name, url, factory)
+    }
+
+    /// The same target with its clients talking to member `i` of
+    /// `cluster` alone (the options of its URL kept), named
+    /// `<name>-n<i>`.
+    pub fn on_member(&self, cluster: &Cluster, i: usize) -> FaultTarget {
+        let mut base = url::parse(&cluster.member_url(i)).expect("member URL");
+        base.set_path(self.base.path());
+        let options: Vec<(String, String)> = self
+            .base
+            .query_pairs()
+            .filter(|(k, _)| k != "endpoints")
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect();
+        if !options.is_empty() {
+            base.query_pairs_mut().extend_pairs(options);
+        }
+        FaultTarget {
+            name: format!("{}-n{i}", self.name),
+            base,
+            factory: self.factory.clone(),
+            link: Link::Proxy(cluster.client_addr(i)),
+            wrap: self.wrap.clone(),
+        }
     }
 
     /// The in-memory backend at `base` (a `mem://` URL; its `ttl` option
@@ -384,7 +410,8 @@ macro_rules! __fault_suite_expand {
 }
 
 /// Expands to one `#[tokio::test]` per cluster scenario. Each starts its
-/// own three-node cluster of `$kind` ([`StoreKind`]) on 127.0.0.2-4,
+/// own three-node cluster of `$kind` ([`StoreKind`]) on 127.0.0.2-4
+/// (linked where it can be: [`Cluster::start_linked_if_supported`]),
 /// connects through `$factory` to [`Cluster::url`] with `$key=$value`
 /// added to the URL (a short TTL), runs, and stops the cluster. Skipped
 /// `#[ignore]`d unless asked for (`cargo test -- --include-ignored`).
@@ -420,7 +447,9 @@ macro_rules! __cluster_fault_suite_expand {
             #[ignore = "three-node cluster scenario: scripts/chaos.sh runs it"]
             async fn $s() {
                 let kind: $crate::faults::StoreKind = $kind;
-                let (cluster, turn) = $crate::faults::Cluster::start(kind)
+                // etcd and Consul with per-link proxies (the explorer cuts
+                // single links there too).
+                let (cluster, turn) = $crate::faults::Cluster::start_linked_if_supported(kind)
                     .await
                     .expect("starting a three-node cluster");
                 // Dropped in reverse order, also on a panic: the cluster
@@ -432,5 +461,41 @@ macro_rules! __cluster_fault_suite_expand {
                 $crate::faults::scenarios::$s(&target, &mut cluster).await;
             }
         )*
+    };
+}
+
+/// Expands to the per-link cluster scenarios of `$kind` (etcd or Consul),
+/// each on its own three-node cluster from [`Cluster::start_linked`], as
+/// [`cluster_fault_suite!`](crate::cluster_fault_suite) does: the
+/// follower cut from its leader, and the same scenario failing on
+/// [`trusting::trusting_its_member`] (a client that believes what its
+/// member says). `#[ignore]`d: scripts/chaos.sh runs them.
+#[macro_export]
+macro_rules! cluster_link_suite {
+    ($kind:expr, $factory:expr, $key:expr, $value:expr) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        #[ignore = "three-node cluster scenario: scripts/chaos.sh runs it"]
+        async fn follower_cut_from_leader() {
+            $crate::faults::scenarios::on_linked_cluster($kind, $key, $value, $factory).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        #[ignore = "three-node cluster scenario: scripts/chaos.sh runs it"]
+        #[should_panic(expected = "two holders believed they held the lock at once")]
+        async fn follower_cut_catches_a_client_trusting_its_member() {
+            let kind: $crate::faults::StoreKind = $kind;
+            let factory = $factory;
+            $crate::faults::scenarios::on_linked_cluster(kind, $key, $value, move |url| {
+                let inner = factory(url.clone());
+                async move {
+                    Ok($crate::faults::trusting::trusting_its_member(
+                        inner.await?,
+                        &url,
+                        kind,
+                    ))
+                }
+            })
+            .await;
+        }
     };
 }

@@ -264,7 +264,32 @@ pub(super) async fn cluster_fault(cluster: &mut Cluster, seed: u64, ttl: Duratio
     let Some(leader) = cluster.leader().await else {
         return "no leader to fault";
     };
-    let what = match rng.gen_range(0..4) {
+    // Per-link cuts only where the cluster's links go through proxies.
+    let kinds = if cluster.is_linked() { 6 } else { 4 };
+    let what = match rng.gen_range(0..kinds) {
+        4 => {
+            // A follower cut from its leader past the TTL, still serving
+            // its clients (from its own copy, where it may).
+            let follower = (leader + rng.gen_range(1..3)) % 3;
+            cluster.cut(follower, leader);
+            tokio::time::sleep(ttl + Duration::from_millis(500)).await;
+            cluster.heal(follower, leader);
+            "a follower cut from its leader past the TTL"
+        }
+        5 => {
+            // The leader cut from both followers, still serving its
+            // clients until it learns it lost, until the others elect
+            // another (or the TTL has run).
+            cluster.cut(leader, (leader + 1) % 3);
+            cluster.cut(leader, (leader + 2) % 3);
+            let give_up = Instant::now() + ttl.max(Duration::from_secs(10));
+            while Instant::now() < give_up && cluster.leader().await.is_none_or(|l| l == leader) {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            cluster.heal(leader, (leader + 1) % 3);
+            cluster.heal(leader, (leader + 2) % 3);
+            "the leader cut from both followers until deposed"
+        }
         3 => {
             // A deposed leader: paused until the others elect a new one,
             // then resumed with its old view (a client on it may be
@@ -315,8 +340,10 @@ pub(super) async fn cluster_fault(cluster: &mut Cluster, seed: u64, ttl: Duratio
 /// Explorer schedules on a three-node cluster (`scripts/chaos.sh`): each
 /// also kills the leader, pauses the whole cluster past the TTL, kills
 /// a follower, or pauses the leader until the others elect a new one and
-/// resumes it (a deposed leader), early in the schedule (chosen by the
-/// seed), and heals it
+/// resumes it (a deposed leader), or on a linked cluster
+/// ([`Cluster::start_linked`]) cuts a follower from its leader past the
+/// TTL or the leader from both followers until deposed, early in the
+/// schedule (chosen by the seed), and heals it
 /// before the schedule's faults stop; `QUORUMLOCK_EXPLORE_AT_ONCE` schedules share each
 /// cluster fault. `QUORUMLOCK_EXPLORE_SECONDS` long (default: 2 rounds).
 pub async fn explore_on_cluster(t: &FaultTarget, cluster: &mut Cluster) -> Row {

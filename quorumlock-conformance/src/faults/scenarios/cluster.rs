@@ -170,3 +170,79 @@ async fn cluster_down_while_held(t: &FaultTarget, cluster: &mut Cluster, kill: b
     s.row.cycles = 2;
     s.finish().await
 }
+
+/// A follower cut from its leader (both directions of their peer link
+/// blackholed; the third member still reaches both) while the holder's
+/// client talks to that follower alone and a waiter's to the leader. The
+/// follower keeps answering its clients from its own copy, but nothing it
+/// says may keep the holder believing: the holder is told of its loss
+/// before the waiter is granted (the history judges), its late write is
+/// refused, and once the link heals nothing is left behind. Needs a
+/// cluster from [`Cluster::start_linked`].
+pub async fn follower_cut_from_leader(t: &FaultTarget, cluster: &mut Cluster) -> Row {
+    let mut s = Scene::new(t, "follower_cut_from_leader").await;
+    let leader = cluster.leader().await.expect("a leader");
+    let follower = (leader + 1) % 3;
+    let a = s.client_of(&t.on_member(cluster, follower)).await;
+    let b = s.client_of(&t.on_member(cluster, leader)).await;
+    let ga = acquire(&a, s.soon()).await;
+    let tra = s.history.track("a", &ga);
+    s.register.write("a", ga.token()).expect("first write");
+    let mut wb = s.waiter(&b, "b", s.soon() * 3);
+    s.until_waiters(1).await;
+    let cut_at = Instant::now();
+    cluster.cut(follower, leader);
+    s.row.faults += 1;
+    s.row.note(format!(
+        "n{follower} (the holder's) cut from its leader n{leader}"
+    ));
+    match tokio::time::timeout(s.ttl * 2 + Duration::from_secs(10), ga.lost()).await {
+        Ok(_) => s.row.loss_delay(cut_at.elapsed()),
+        Err(_) => s
+            .row
+            .violation("the holder on the cut follower was not told of its loss"),
+    }
+    let got = wb.holds(s.soon() * 2, "the waiter on the leader").await;
+    if got.token <= ga.token() {
+        s.row
+            .violation(format!("token {} after {}", got.token, ga.token()));
+    }
+    if s.register.write("a", ga.token()).is_ok() {
+        s.row.violation("the cut holder's late write was accepted");
+    }
+    cluster.heal(follower, leader);
+    cluster
+        .wait_serving(Duration::from_secs(90))
+        .await
+        .expect("every member serving after the heal");
+    tra.releasing();
+    let _ = ga.release().await;
+    wb.release().await.ok();
+    s.row.cycles = 2;
+    s.finish().await
+}
+
+/// Starts a linked cluster of `kind` ([`Cluster::start_linked`]), connects
+/// through `factory` with `key=value` added to the URL, and runs
+/// [`follower_cut_from_leader`] on it.
+pub async fn on_linked_cluster<F, Fut>(
+    kind: super::super::StoreKind,
+    key: &str,
+    value: &str,
+    factory: F,
+) -> Row
+where
+    F: Fn(quorumlock_core::url::Url) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = quorumlock_core::Result<Arc<dyn quorumlock_core::backend::Backend>>>
+        + Send
+        + 'static,
+{
+    let (cluster, turn) = Cluster::start_linked(kind)
+        .await
+        .expect("starting a three-node cluster");
+    // Dropped in reverse order, also on a panic: the cluster first.
+    let _turn = turn;
+    let mut cluster = cluster;
+    let target = FaultTarget::for_cluster(&cluster, factory).with_option(key, value);
+    follower_cut_from_leader(&target, &mut cluster).await
+}

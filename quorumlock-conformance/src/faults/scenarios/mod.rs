@@ -80,7 +80,14 @@ impl<'a> Scene<'a> {
 
     /// A client with a direct link.
     async fn client(&mut self) -> LockClient {
-        let c = self.target.client(&self.ns).await;
+        let target = self.target;
+        self.client_of(target).await
+    }
+
+    /// A client of `target` (e.g. one member of a cluster) in this
+    /// scene's namespace, with a direct link.
+    async fn client_of(&mut self, target: &FaultTarget) -> LockClient {
+        let c = target.client(&self.ns).await;
         self.clients.push(c.clone());
         c
     }

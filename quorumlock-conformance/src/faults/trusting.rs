@@ -1,0 +1,129 @@
+//! A mutant for the per-link cluster scenarios: a client that trusts the
+//! member it talks to. Its holders believe their session alive whenever
+//! that member answers a read from its own copy (etcd: a serializable
+//! range; Consul: `?stale`), which a member cut from its leader still
+//! does, and never hear of a loss. [`follower_cut_from_leader`] must catch
+//! it (two holders at once).
+//!
+//! [`follower_cut_from_leader`]: super::scenarios::follower_cut_from_leader
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use quorumlock_core::backend::{
+    Backend, Capabilities, ChangeFeed, HeldEntry, KeyWrite, SessionLiveness, StoreSession,
+};
+use quorumlock_core::url::Url;
+use quorumlock_core::{LockName, LockState, Result};
+use tokio::time::Instant;
+
+use super::cluster::{answers_from_its_copy, StoreKind};
+
+/// `inner`, connected through `url` (its first host is the member it
+/// trusts), with the mutation of this module.
+pub fn trusting_its_member(
+    inner: Arc<dyn Backend>,
+    url: &Url,
+    kind: StoreKind,
+) -> Arc<dyn Backend> {
+    let member = (
+        url.host_str()
+            .expect("a host")
+            .split(',')
+            .next()
+            .unwrap_or_default(),
+        url.port().expect("a port"),
+    )
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .expect("the member's address");
+    Arc::new(TrustsItsMember {
+        inner,
+        member,
+        kind,
+    })
+}
+
+#[derive(Debug)]
+struct TrustsItsMember {
+    inner: Arc<dyn Backend>,
+    member: SocketAddr,
+    kind: StoreKind,
+}
+
+#[async_trait]
+impl Backend for TrustsItsMember {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn describe(&self) -> String {
+        format!("{} trusting its member", self.inner.describe())
+    }
+    async fn open_session(&self, outer: Arc<SessionLiveness>) -> Result<Arc<dyn StoreSession>> {
+        let ttl = self.inner.capabilities().session_ttl;
+        let inner_l = Arc::new(SessionLiveness::new());
+        let session = self.inner.open_session(inner_l.clone()).await?;
+        let margin = SessionLiveness::margin(ttl);
+        let (kind, member) = (self.kind, self.member);
+        let weak = Arc::downgrade(&outer);
+        // The store's confirmations are passed on, its losses are not, and
+        // every answer of the member confirms too.
+        let confirm = move |outer: &SessionLiveness, answered: Option<Instant>| {
+            if let Some(d) = inner_l.deadline().filter(|_| inner_l.loss().is_none()) {
+                outer.confirm(d - (ttl - margin), ttl);
+            }
+            if let Some(at) = answered {
+                outer.confirm(at, ttl);
+            }
+        };
+        confirm(&outer, None);
+        tokio::spawn(async move {
+            while let Some(outer) = weak.upgrade() {
+                let asked = Instant::now();
+                let answered =
+                    tokio::task::spawn_blocking(move || answers_from_its_copy(kind, member))
+                        .await
+                        .unwrap_or(false);
+                confirm(&outer, answered.then_some(asked));
+                drop(outer);
+                tokio::time::sleep(ttl / 5).await;
+            }
+        });
+        Ok(session)
+    }
+    async fn inspect(&self, name: &LockName) -> Result<LockState> {
+        self.inner.inspect(name).await
+    }
+    async fn break_lock(&self, name: &LockName) -> Result<bool> {
+        self.inner.break_lock(name).await
+    }
+    async fn list(&self, prefix: Option<&LockName>) -> Result<Vec<LockState>> {
+        self.inner.list(prefix).await
+    }
+    async fn request_revoke(&self, name: &LockName) -> Result<bool> {
+        self.inner.request_revoke(name).await
+    }
+    async fn kill_session(&self, session: &str) -> Result<()> {
+        self.inner.kill_session(session).await
+    }
+    async fn leftovers(&self) -> Result<Vec<String>> {
+        self.inner.leftovers().await
+    }
+    fn requests_sent(&self) -> u64 {
+        self.inner.requests_sent()
+    }
+    async fn fenced_write(&self, held: &[HeldEntry], write: &KeyWrite) -> Result<()> {
+        self.inner.fenced_write(held, write).await
+    }
+    async fn read_key(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        self.inner.read_key(key).await
+    }
+    async fn write_key(&self, write: &KeyWrite) -> Result<()> {
+        self.inner.write_key(write).await
+    }
+    fn changes(&self, name: &LockName) -> Option<ChangeFeed> {
+        self.inner.changes(name)
+    }
+}
