@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use quorumlock_conformance::faults::{explorer, scenarios, FaultTarget};
+use quorumlock_conformance::faults::{explorer, mutants, scenarios, FaultTarget};
 use quorumlock_core::backend::{
     AcquireRequest, Acquired, Backend, Capabilities, EntrySignals, HeldEntry, KeyWrite,
     SessionLiveness, StoreSession,
@@ -100,29 +100,7 @@ impl Backend for Mutant {
     }
     async fn open_session(&self, outer: Arc<SessionLiveness>) -> Result<Arc<dyn StoreSession>> {
         if let Mutation::LateDeadline = self.mutation {
-            let ttl = self.inner.capabilities().session_ttl;
-            let inner_l = Arc::new(SessionLiveness::new());
-            let session = self.inner.open_session(inner_l.clone()).await?;
-            // Forward confirmations with twice the TTL; never forward a loss.
-            let fwd = |l: &SessionLiveness| {
-                if let Some(d) = l.deadline() {
-                    outer.confirm(d - (ttl - SessionLiveness::margin(ttl)), ttl * 2);
-                }
-            };
-            fwd(&inner_l);
-            let weak = Arc::downgrade(&outer);
-            tokio::spawn(async move {
-                while let Some(outer) = weak.upgrade() {
-                    if let Some(d) = inner_l.deadline() {
-                        outer.confirm(d - (ttl - SessionLiveness::margin(ttl)), ttl * 2);
-                    }
-                    if outer.loss().is_some() {
-                        return;
-                    }
-                    drop(outer);
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-            });
+            let session = mutants::open_with_late_deadline(&self.inner, outer, 2).await?;
             return Ok(Arc::new(MutantSession::new(
                 session,
                 self.inner.clone(),

@@ -39,6 +39,7 @@ pub mod explorer;
 mod history;
 mod http_proxy;
 mod links;
+pub mod mutants;
 pub mod process;
 mod proxy;
 mod refusal;
@@ -46,7 +47,6 @@ mod register;
 mod report;
 pub mod scenarios;
 mod sim;
-pub mod trusting;
 mod unavailable;
 
 pub use cluster::{Cluster, ClusterTurn, StoreKind};
@@ -132,6 +132,9 @@ pub struct FaultTarget {
     factory: BackendFactory,
     link: Link,
     wrap: Option<Wrap>,
+    /// The explorer may run a holder in a separate process (the test
+    /// binary has its test: [`fault_suite!`](crate::fault_suite)).
+    holder_processes: bool,
 }
 
 /// Wraps every backend a [`FaultTarget`] makes; see
@@ -197,6 +200,7 @@ impl FaultTarget {
             factory: Arc::new(move |u| Box::pin(factory(u))),
             link: Link::Proxy(target),
             wrap: None,
+            holder_processes: false,
         }
     }
 
@@ -233,6 +237,7 @@ impl FaultTarget {
             factory: self.factory.clone(),
             link: Link::Proxy(cluster.client_addr(i)),
             wrap: self.wrap.clone(),
+            holder_processes: false,
         }
     }
 
@@ -250,6 +255,7 @@ impl FaultTarget {
             }),
             link: Link::Mem,
             wrap: None,
+            holder_processes: false,
         }
     }
 
@@ -269,6 +275,20 @@ impl FaultTarget {
     ) -> FaultTarget {
         self.wrap = Some(Arc::new(wrap));
         self
+    }
+
+    /// The same target, for a test binary that has the explorer's holder
+    /// process test (`explorer_holder_child`, from
+    /// [`fault_suite!`](crate::fault_suite)): its schedules may run a
+    /// holder in a separate process. No effect on `mem://` (one process).
+    pub fn with_holder_processes(mut self) -> FaultTarget {
+        self.holder_processes = matches!(self.link, Link::Proxy(_));
+        self
+    }
+
+    /// Whether the explorer may run a holder in a separate process.
+    pub fn holder_processes(&self) -> bool {
+        self.holder_processes
     }
 
     fn wrapped(&self, b: Arc<dyn Backend>) -> Arc<dyn Backend> {
@@ -389,9 +409,25 @@ macro_rules! fault_suite {
             late_grant_is_given_back,
             unreachable_store_is_unavailable,
             connect_checks_the_store,
-            idle_watch_sends_nothing_on_its_link,
-            explore_random_schedules
+            idle_watch_sends_nothing_on_its_link
         );
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn explore_random_schedules() {
+            let Some(target) = $target else { return };
+            // This binary has the holder process's test (below).
+            let target = target.with_holder_processes();
+            $crate::faults::scenarios::explore_random_schedules(&target).await;
+        }
+
+        /// A holder process of `explore_random_schedules`, which runs it;
+        /// ignored otherwise.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        #[ignore = "a holder process of explore_random_schedules, run by it"]
+        async fn explorer_holder_child() {
+            let Some(target) = $target else { return };
+            $crate::faults::explorer::holder_child(&target).await;
+        }
     };
 }
 
@@ -468,7 +504,7 @@ macro_rules! __cluster_fault_suite_expand {
 /// each on its own three-node cluster from [`Cluster::start_linked`], as
 /// [`cluster_fault_suite!`](crate::cluster_fault_suite) does: the
 /// follower cut from its leader, and the same scenario failing on
-/// [`trusting::trusting_its_member`] (a client that believes what its
+/// [`mutants::trusting_its_member`] (a client that believes what its
 /// member says). `#[ignore]`d: scripts/chaos.sh runs them.
 #[macro_export]
 macro_rules! cluster_link_suite {
@@ -488,7 +524,7 @@ macro_rules! cluster_link_suite {
             $crate::faults::scenarios::on_linked_cluster(kind, $key, $value, move |url| {
                 let inner = factory(url.clone());
                 async move {
-                    Ok($crate::faults::trusting::trusting_its_member(
+                    Ok($crate::faults::mutants::trusting_its_member(
                         inner.await?,
                         &url,
                         kind,

@@ -17,7 +17,12 @@
 //! refuse every removal for a while (as a busy or read-only server does),
 //! and reads the schedule's locks as an operator one namespace up (the
 //! schedule's namespace is `qle-<id>/app`; `list` and `inspect` from
-//! `qle-<id>`). The checker then asks of the history:
+//! `qle-<id>`). On a real store one schedule in two also has a holder in
+//! a separate process (`holder_process.rs`), paused with SIGSTOP past the
+//! TTL and resumed, or killed with SIGKILL, while it holds; its hold and
+//! its fenced writes go into the history as any client's. On a linked
+//! cluster the rounds also cut single links (`runs.rs`). The checker then
+//! asks of the history:
 //! - no two holds of one name overlap (readers may share; at most N
 //!   permit holders), where a hold lasts from the acquire's return to the
 //!   release's start, the guard's `lost()`, or a forced break or session
@@ -43,12 +48,15 @@
 
 //!
 //! `mod.rs`: the workload and the nemesis of one schedule; `checker.rs`:
-//! the history and its checker; `runs.rs`: schedules by budget, on single
-//! nodes and clusters, and their report.
+//! the history and its checker; `holder_process.rs`: the holder in a
+//! separate process; `runs.rs`: schedules by budget, on single nodes and
+//! clusters, and their report.
 
 mod checker;
+mod holder_process;
 mod runs;
 
+pub use holder_process::{holder_child, HOLDER_ENV};
 pub use runs::{explore_on_cluster, explore_random_schedules};
 
 use checker::{check, Forced, Held, Log};
@@ -114,6 +122,10 @@ pub struct FaultCounts {
     /// One client's link cut while the clients close (healed within a
     /// TTL): the end of a session that does not get through at once.
     pub closing_cuts: u64,
+    /// The holder process paused (SIGSTOP) past the TTL and resumed.
+    pub process_pauses: u64,
+    /// The holder process killed (SIGKILL).
+    pub process_kills: u64,
 }
 
 /// The operations of a schedule beyond plain acquires, by kind.
@@ -398,20 +410,46 @@ pub async fn explore(
             }
         }
     });
-    let faults = nemesis(
-        StdRng::seed_from_u64(seed),
-        Sides {
-            admin: &admin,
-            operator: &operator,
-            clients: &clients,
-            nets: &nets,
+    // A holder in a separate process where the test binary has one
+    // (drawn from the seed apart from the nemesis).
+    let mut process_rng = StdRng::seed_from_u64(seed ^ 0x0b5e_55ed_0b5e_55ed);
+    let with_process = t.holder_processes() && process_rng.gen_bool(0.5);
+    let (mut faults, process_faults) = tokio::join!(
+        async {
+            let f = nemesis(
+                StdRng::seed_from_u64(seed),
+                Sides {
+                    admin: &admin,
+                    operator: &operator,
+                    clients: &clients,
+                    nets: &nets,
+                },
+                &shared,
+                shape.run_for,
+                ttl,
+            )
+            .await;
+            shared.stop.store(true, Ordering::SeqCst);
+            f
         },
-        &shared,
-        shape.run_for,
-        ttl,
-    )
-    .await;
-    shared.stop.store(true, Ordering::SeqCst);
+        async {
+            if with_process {
+                holder_process::holder_process(
+                    t,
+                    &ns,
+                    clients.len(),
+                    process_rng,
+                    shared.clone(),
+                    ttl,
+                )
+                .await
+            } else {
+                FaultCounts::default()
+            }
+        }
+    );
+    faults.process_pauses = process_faults.process_pauses;
+    faults.process_kills = process_faults.process_kills;
     for n in &nets {
         n.set_mode(NetMode::Pass);
     }
@@ -462,7 +500,6 @@ pub async fn explore(
             violations.push(format!("removing {key} after the schedule: {e}"));
         }
     }
-    let mut faults = faults;
     let closing = closing_faults(seed, &clients, &nets, ttl, &mut faults).await;
     for c in clients.iter().chain([&admin, &operator]) {
         c.close().await;

@@ -44,6 +44,8 @@ impl FaultCounts {
         self.operator_reads += o.operator_reads;
         self.saturations += o.saturations;
         self.closing_cuts += o.closing_cuts;
+        self.process_pauses += o.process_pauses;
+        self.process_kills += o.process_kills;
     }
 
     fn total(&self) -> u64 {
@@ -63,6 +65,8 @@ impl FaultCounts {
             + self.operator_reads
             + self.saturations
             + self.closing_cuts
+            + self.process_pauses
+            + self.process_kills
     }
 }
 
@@ -102,7 +106,7 @@ impl std::fmt::Display for FaultCounts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "delay {} blackhole {} cut {} reset {} break {} revoke {} kill {} drop {} lost-answer {} lost-request {} delayed-message {} cluster {} refused-removals {} operator-reads {} saturated-breaks {} closing-cuts {}",
+            "delay {} blackhole {} cut {} reset {} break {} revoke {} kill {} drop {} lost-answer {} lost-request {} delayed-message {} cluster {} refused-removals {} operator-reads {} saturated-breaks {} closing-cuts {} process-pauses {} process-kills {}",
             self.delay,
             self.blackhole,
             self.cut,
@@ -118,7 +122,9 @@ impl std::fmt::Display for FaultCounts {
             self.refusals,
             self.operator_reads,
             self.saturations,
-            self.closing_cuts
+            self.closing_cuts,
+            self.process_pauses,
+            self.process_kills
         )
     }
 }

@@ -1,9 +1,18 @@
-//! A mutant for the per-link cluster scenarios: a client that trusts the
-//! member it talks to. Its holders believe their session alive whenever
-//! that member answers a read from its own copy (etcd: a serializable
-//! range; Consul: `?stale`), which a member cut from its leader still
-//! does, and never hear of a loss. [`follower_cut_from_leader`] must catch
-//! it (two holders at once).
+//! Mutants of real stores' backends, for the scenarios and explorer
+//! faults that only a real store can run (a cluster's links, a holder in
+//! another process): each breaks one promise, and the fault that guards it
+//! must catch it.
+//!
+//! - [`trusting_its_member`]: a client that trusts the member it talks
+//!   to. Its holders believe their session alive whenever that member
+//!   answers a read from its own copy (etcd: a serializable range;
+//!   Consul: `?stale`), which a member cut from its leader still does,
+//!   and never hear of a loss. [`follower_cut_from_leader`] must catch it
+//!   (two holders at once).
+//! - [`late_deadline`]: a client that takes each confirmation of its
+//!   session for `factor` TTLs and never hears of a loss: a holder
+//!   process paused past the TTL still says held when it resumes. The
+//!   explorer's holder process must catch it.
 //!
 //! [`follower_cut_from_leader`]: super::scenarios::follower_cut_from_leader
 
@@ -39,34 +48,83 @@ pub fn trusting_its_member(
         .ok()
         .and_then(|mut a| a.next())
         .expect("the member's address");
-    Arc::new(TrustsItsMember {
+    Arc::new(Mutant {
         inner,
-        member,
-        kind,
+        mutation: Mutation::TrustsItsMember { member, kind },
     })
 }
 
+/// `inner`, its holders taking each confirmation of their session for
+/// `factor` TTLs and never hearing of a loss.
+pub fn late_deadline(inner: Arc<dyn Backend>, factor: u32) -> Arc<dyn Backend> {
+    Arc::new(Mutant {
+        inner,
+        mutation: Mutation::LateDeadline { factor },
+    })
+}
+
+/// Opens a session of `inner` for [`late_deadline`]: `outer` (what the
+/// client sees) takes each of the store's confirmations for `factor` TTLs
+/// and never a loss.
+pub async fn open_with_late_deadline(
+    inner: &Arc<dyn Backend>,
+    outer: Arc<SessionLiveness>,
+    factor: u32,
+) -> Result<Arc<dyn StoreSession>> {
+    let ttl = inner.capabilities().session_ttl;
+    let inner_l = Arc::new(SessionLiveness::new());
+    let session = inner.open_session(inner_l.clone()).await?;
+    let forward = move |outer: &SessionLiveness| {
+        if let Some(d) = inner_l.deadline() {
+            outer.confirm(d - (ttl - SessionLiveness::margin(ttl)), ttl * factor);
+        }
+    };
+    forward(&outer);
+    let weak = Arc::downgrade(&outer);
+    tokio::spawn(async move {
+        while let Some(outer) = weak.upgrade() {
+            forward(&outer);
+            if outer.loss().is_some() {
+                return;
+            }
+            drop(outer);
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    });
+    Ok(session)
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Mutation {
+    TrustsItsMember { member: SocketAddr, kind: StoreKind },
+    LateDeadline { factor: u32 },
+}
+
 #[derive(Debug)]
-struct TrustsItsMember {
+struct Mutant {
     inner: Arc<dyn Backend>,
-    member: SocketAddr,
-    kind: StoreKind,
+    mutation: Mutation,
 }
 
 #[async_trait]
-impl Backend for TrustsItsMember {
+impl Backend for Mutant {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
     fn describe(&self) -> String {
-        format!("{} trusting its member", self.inner.describe())
+        format!("{} mutated: {:?}", self.inner.describe(), self.mutation)
     }
     async fn open_session(&self, outer: Arc<SessionLiveness>) -> Result<Arc<dyn StoreSession>> {
+        let (kind, member) = match self.mutation {
+            Mutation::LateDeadline { factor } => {
+                return open_with_late_deadline(&self.inner, outer, factor).await
+            }
+            Mutation::TrustsItsMember { member, kind } => (kind, member),
+        };
         let ttl = self.inner.capabilities().session_ttl;
         let inner_l = Arc::new(SessionLiveness::new());
         let session = self.inner.open_session(inner_l.clone()).await?;
         let margin = SessionLiveness::margin(ttl);
-        let (kind, member) = (self.kind, self.member);
         let weak = Arc::downgrade(&outer);
         // The store's confirmations are passed on, its losses are not, and
         // every answer of the member confirms too.
