@@ -3,7 +3,10 @@
 //! proxy (their transactions' connections and their sessions' listeners
 //! alike), and a holder in a separate process that is stopped and killed
 //! (`process_fault_suite!`). Sessions use a 3 s TTL so that the scenarios
-//! that wait for an expiry stay short.
+//! that wait for an expiry stay short. The explorer steps the server's
+//! clock (for its namespace's sessions) in some schedules.
+
+mod common;
 
 fn target() -> Option<quorumlock_conformance::faults::FaultTarget> {
     quorumlock_conformance::faults::FaultTarget::from_env(
@@ -16,7 +19,10 @@ fn target() -> Option<quorumlock_conformance::faults::FaultTarget> {
             )
         },
     )
-    .map(|t| t.with_option("ttl", "3s"))
+    .map(|t| {
+        t.with_option("ttl", "3s")
+            .with_clock_step(common::step_namespace_clock)
+    })
 }
 
 quorumlock_conformance::fault_suite!(target());

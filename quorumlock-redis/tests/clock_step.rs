@@ -27,39 +27,13 @@ mod common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::{client, raw, url_with};
+use common::{client, step_clock, url_with};
 use quorumlock_conformance::faults::{NetControl, NetMode, TcpProxy};
 use quorumlock_conformance::support::{env_or_skip as env, unique_namespace};
 use quorumlock_core::{LockGuard, LossReason};
 use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_secs(5);
-
-/// Steps the server's clock forward by `delta` for every key of
-/// namespace `ns`: a key whose expiry is then past is gone at once, as
-/// Redis does on a clock step.
-async fn step_clock(base: &str, ns: &str, delta: Duration) {
-    let mut conn = raw(base).await;
-    let stepped: i64 = redis::cmd("EVAL")
-        .arg(
-            "local n = 0 \
-             for _, k in ipairs(redis.call('KEYS', ARGV[1])) do \
-               local at = redis.call('PEXPIRETIME', k) \
-               if at > 0 then \
-                 redis.call('PEXPIREAT', k, at - tonumber(ARGV[2])) \
-                 n = n + 1 \
-               end \
-             end \
-             return n",
-        )
-        .arg(0)
-        .arg(format!("{ns}/*"))
-        .arg(delta.as_millis() as u64)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert!(stepped > 0, "no key of {ns} has an expiry");
-}
 
 /// What happened after a step: when the holder learned of its loss, and
 /// when the second client was granted, from the step.
@@ -92,7 +66,8 @@ async fn step_while_held(delta: Duration, cut: bool) -> Option<After> {
     if cut {
         proxy.set_mode(NetMode::Blackhole);
     }
-    step_clock(&base, &ns, delta).await;
+    let stepped = step_clock(&base, &format!("{ns}/*"), delta).await;
+    assert!(stepped > 0, "no key of {ns} has an expiry");
     let stepped = Instant::now();
     let waiter = {
         let b = b.clone();

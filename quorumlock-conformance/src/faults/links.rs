@@ -48,18 +48,23 @@ impl PeerLinks {
             }
             links.push(row);
         }
-        let mut routers = Vec::new();
+        // Routers already started stop (on drop) if a later one fails.
+        let mut started = PeerLinks {
+            links,
+            routers: Vec::new(),
+        };
         for (to, addr) in advertised.into_iter().enumerate() {
             let listener = TcpListener::bind(addr).await?;
-            let inbound: Vec<Arc<TcpProxy>> = links.iter().map(|row| row[to].clone()).collect();
-            routers.push(tokio::spawn(route(
+            let inbound: Vec<Arc<TcpProxy>> =
+                started.links.iter().map(|row| row[to].clone()).collect();
+            started.routers.push(tokio::spawn(route(
                 listener,
                 listening[to],
                 inbound,
                 pids.clone(),
             )));
         }
-        Ok(PeerLinks { links, routers })
+        Ok(started)
     }
 
     /// Blackholes both directions between members `a` and `b`.

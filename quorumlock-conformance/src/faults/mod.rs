@@ -135,7 +135,18 @@ pub struct FaultTarget {
     /// The explorer may run a holder in a separate process (the test
     /// binary has its test: [`fault_suite!`](crate::fault_suite)).
     holder_processes: bool,
+    /// How to step the store's clock for one namespace, where it matters.
+    clock_step: Option<ClockStep>,
 }
+
+/// Steps the store's clock forward by the given span for every key (or
+/// row) of one namespace and what is under it, as a step of the server's
+/// wall clock acts on them (see [`FaultTarget::with_clock_step`]).
+pub type ClockStep = Arc<
+    dyn Fn(String, Duration) -> futures::future::BoxFuture<'static, Result<(), String>>
+        + Send
+        + Sync,
+>;
 
 /// Wraps every backend a [`FaultTarget`] makes; see
 /// [`FaultTarget::wrap_backends`].
@@ -201,6 +212,7 @@ impl FaultTarget {
             link: Link::Proxy(target),
             wrap: None,
             holder_processes: false,
+            clock_step: None,
         }
     }
 
@@ -238,6 +250,7 @@ impl FaultTarget {
             link: Link::Proxy(cluster.client_addr(i)),
             wrap: self.wrap.clone(),
             holder_processes: false,
+            clock_step: None,
         }
     }
 
@@ -256,6 +269,7 @@ impl FaultTarget {
             link: Link::Mem,
             wrap: None,
             holder_processes: false,
+            clock_step: None,
         }
     }
 
@@ -284,6 +298,26 @@ impl FaultTarget {
     pub fn with_holder_processes(mut self) -> FaultTarget {
         self.holder_processes = matches!(self.link, Link::Proxy(_));
         self
+    }
+
+    /// The same target, with a way to step its store's clock forward for
+    /// one namespace (`step(namespace, by)`): for stores whose session
+    /// expiries are absolute times of the server's wall clock (Redis,
+    /// PostgreSQL), the explorer then steps it once in some schedules,
+    /// by less than TTL/5 (which the documentation promises is safe),
+    /// while one client's link is blackholed.
+    pub fn with_clock_step<F, Fut>(mut self, step: F) -> FaultTarget
+    where
+        F: Fn(String, Duration) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), String>> + Send + 'static,
+    {
+        self.clock_step = Some(Arc::new(move |ns, by| Box::pin(step(ns, by))));
+        self
+    }
+
+    /// How to step the store's clock, if the target says.
+    pub fn clock_step(&self) -> Option<&ClockStep> {
+        self.clock_step.as_ref()
     }
 
     /// Whether the explorer may run a holder in a separate process.

@@ -13,6 +13,10 @@
 //!   session for `factor` TTLs and never hears of a loss: a holder
 //!   process paused past the TTL still says held when it resumes. The
 //!   explorer's holder process must catch it.
+//! - [`no_margin`]: a client whose local deadline keeps no margin (the
+//!   whole TTL from a renewal's sending). Safe while the server's clock
+//!   keeps time; the explorer's clock step (below TTL/5, which the margin
+//!   covers) must catch it.
 //!
 //! [`follower_cut_from_leader`]: super::scenarios::follower_cut_from_leader
 
@@ -63,6 +67,17 @@ pub fn late_deadline(inner: Arc<dyn Backend>, factor: u32) -> Arc<dyn Backend> {
     })
 }
 
+/// `inner` without the margin of its local deadline: each confirmation
+/// taken for the whole TTL from when its renewal was sent (not TTL less
+/// TTL/5), losses the store reported passed on. Safe while the server's
+/// clock keeps time; a forward step of the server's clock catches it.
+pub fn no_margin(inner: Arc<dyn Backend>) -> Arc<dyn Backend> {
+    Arc::new(Mutant {
+        inner,
+        mutation: Mutation::NoMargin,
+    })
+}
+
 /// Opens a session of `inner` for [`late_deadline`]: `outer` (what the
 /// client sees) takes each of the store's confirmations for `factor` TTLs
 /// and never a loss.
@@ -71,12 +86,43 @@ pub async fn open_with_late_deadline(
     outer: Arc<SessionLiveness>,
     factor: u32,
 ) -> Result<Arc<dyn StoreSession>> {
+    open_stretched(inner, outer, Stretch::Factor(factor)).await
+}
+
+/// How a mutant's session takes the store's confirmations.
+#[derive(Debug, Clone, Copy)]
+enum Stretch {
+    /// For this many TTLs; no loss passed on.
+    Factor(u32),
+    /// For the whole TTL (no margin); losses other than a passed local
+    /// deadline passed on.
+    NoMargin,
+}
+
+async fn open_stretched(
+    inner: &Arc<dyn Backend>,
+    outer: Arc<SessionLiveness>,
+    stretch: Stretch,
+) -> Result<Arc<dyn StoreSession>> {
     let ttl = inner.capabilities().session_ttl;
     let inner_l = Arc::new(SessionLiveness::new());
     let session = inner.open_session(inner_l.clone()).await?;
     let forward = move |outer: &SessionLiveness| {
+        // The deadline `inner_l` would have reached without a loss is not
+        // readable after one, so a loss stops the confirmations.
         if let Some(d) = inner_l.deadline() {
-            outer.confirm(d - (ttl - SessionLiveness::margin(ttl)), ttl * factor);
+            let sent = d - (ttl - SessionLiveness::margin(ttl));
+            match stretch {
+                Stretch::Factor(f) => outer.confirm(sent, ttl * f),
+                Stretch::NoMargin => {
+                    match inner_l.loss() {
+                        Some(quorumlock_core::LossReason::DeadlinePassed) | None => {}
+                        Some(reason) => outer.lose(reason),
+                    }
+                    // sent + 5/4 TTL - (5/4 TTL)/5 = sent + TTL.
+                    outer.confirm(sent, ttl * 5 / 4);
+                }
+            }
         }
     };
     forward(&outer);
@@ -98,6 +144,7 @@ pub async fn open_with_late_deadline(
 enum Mutation {
     TrustsItsMember { member: SocketAddr, kind: StoreKind },
     LateDeadline { factor: u32 },
+    NoMargin,
 }
 
 #[derive(Debug)]
@@ -118,6 +165,9 @@ impl Backend for Mutant {
         let (kind, member) = match self.mutation {
             Mutation::LateDeadline { factor } => {
                 return open_with_late_deadline(&self.inner, outer, factor).await
+            }
+            Mutation::NoMargin => {
+                return open_stretched(&self.inner, outer, Stretch::NoMargin).await
             }
             Mutation::TrustsItsMember { member, kind } => (kind, member),
         };

@@ -208,3 +208,29 @@ pub fn namespace(what: &str) -> String {
         &uuid::Uuid::new_v4().simple().to_string()[..12]
     )
 }
+
+/// Steps the server's clock forward by `by` for the sessions of namespace
+/// `ns` and under it, in the default schema, on the server of
+/// `QUORUMLOCK_TEST_POSTGRES_URL`: each session's `expires` (an absolute
+/// time of the server's clock) moves `by` earlier, as a step of that
+/// clock acts on it. The fault explorer's clock step.
+pub async fn step_namespace_clock(ns: String, by: std::time::Duration) -> Result<(), String> {
+    let base = base_url().ok_or("QUORUMLOCK_TEST_POSTGRES_URL is not set")?;
+    let (c, conn) = tokio_postgres::connect(&base, tokio_postgres::NoTls)
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    let stepped = c
+        .execute(
+            "UPDATE quorumlock.sessions \
+             SET expires = expires - $2::bigint * interval '1 millisecond' \
+             WHERE prefix LIKE $1 || '/%'",
+            &[&ns, &(by.as_millis() as i64)],
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    match stepped {
+        0 => Err(format!("no session of {ns}")),
+        _ => Ok(()),
+    }
+}

@@ -56,3 +56,39 @@ pub async fn session_set(
         .await
         .unwrap()
 }
+
+/// Steps the server's clock forward by `delta` for every key matching
+/// `pattern` (`<namespace>/*`): each key's absolute expiry moves `delta`
+/// earlier, and a key whose expiry is then past is gone at once, as Redis
+/// does on a clock step. Returns how many keys had an expiry.
+pub async fn step_clock(base: &str, pattern: &str, delta: Duration) -> i64 {
+    let mut conn = raw(base).await;
+    redis::cmd("EVAL")
+        .arg(
+            "local n = 0 \
+             for _, k in ipairs(redis.call('KEYS', ARGV[1])) do \
+               local at = redis.call('PEXPIRETIME', k) \
+               if at > 0 then \
+                 redis.call('PEXPIREAT', k, at - tonumber(ARGV[2])) \
+                 n = n + 1 \
+               end \
+             end \
+             return n",
+        )
+        .arg(0)
+        .arg(pattern)
+        .arg(delta.as_millis() as u64)
+        .query_async(&mut conn)
+        .await
+        .unwrap()
+}
+
+/// [`step_clock`] for every key of namespace `ns` and under it, on the
+/// server of `QUORUMLOCK_TEST_REDIS_URL`: the fault explorer's clock step.
+pub async fn step_namespace_clock(ns: String, by: Duration) -> Result<(), String> {
+    let base = std::env::var("QUORUMLOCK_TEST_REDIS_URL").map_err(|e| e.to_string())?;
+    match step_clock(&base, &format!("{ns}/*"), by).await {
+        0 => Err(format!("no key of {ns} has an expiry")),
+        _ => Ok(()),
+    }
+}

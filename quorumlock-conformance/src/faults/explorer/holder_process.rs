@@ -131,9 +131,10 @@ pub(super) async fn holder_process(
     let base = (Instant::now(), now_ms());
     let at = |ms: u64| base.0 + Duration::from_millis(ms.saturating_sub(base.1));
     let spawned = Command::new(exe)
+        // No `--exact`: a suite inside a module names it `<module>::...`;
+        // a child whose target is not this one returns at once.
         .args([
             "explorer_holder_child",
-            "--exact",
             "--ignored",
             "--nocapture",
             "--test-threads=1",
@@ -165,16 +166,28 @@ pub(super) async fn holder_process(
     // Past the TTL, by up to another TTL.
     let ttl_ms = ttl.as_millis() as u64;
     let pause = ttl + Duration::from_millis(rng.gen_range(ttl_ms / 2..=ttl_ms));
-    // (hold id, token, the last instant it said held)
-    let mut hold: Option<(usize, u64, Instant)> = None;
+    // (hold id, token, the last instant it said held, whether its last
+    // report said held)
+    let mut hold: Option<(usize, u64, Instant, bool)> = None;
     let mut fault_at: Option<Instant> = None;
     let mut killed_at = None;
     let mut stdin = stdin;
+    // Once the schedule stopped: how long the process may take to let go.
+    let mut give_up: Option<Instant> = None;
     loop {
         if sh.stop.load(Ordering::SeqCst) {
             // The schedule ended: the process lets go and closes.
             stdin = None;
             fault_at = None;
+            let give_up =
+                *give_up.get_or_insert_with(|| Instant::now() + ttl * 2 + Duration::from_secs(10));
+            if Instant::now() > give_up {
+                sh.errors
+                    .lock()
+                    .unwrap()
+                    .push("the holder process did not close after the schedule".into());
+                break;
+            }
         }
         let wake = fault_at.unwrap_or_else(|| Instant::now() + Duration::from_millis(100));
         let line = match tokio::time::timeout_at(wake, lines.next_line()).await {
@@ -183,10 +196,13 @@ pub(super) async fn holder_process(
                 if fault_at.take().is_some() {
                     match fate {
                         Fate::Paused => {
-                            signal(&child, "-STOP");
-                            counts.process_pauses += 1;
-                            tokio::time::sleep(pause).await;
-                            signal(&child, "-CONT");
+                            if signal(&child, "-STOP") {
+                                counts.process_pauses += 1;
+                                tokio::time::sleep(pause).await;
+                                if !signal(&child, "-CONT") {
+                                    let _ = child.start_kill();
+                                }
+                            }
                         }
                         Fate::Killed => {
                             let _ = child.start_kill();
@@ -204,7 +220,9 @@ pub(super) async fn holder_process(
             let mut p = rest.split(' ');
             let token: u64 = p.next().and_then(|s| s.parse().ok()).unwrap_or(0);
             let id = sh.log.begin(LOCK, pci, Held::Exclusive, token, started);
-            hold = Some((id, token, Instant::now()));
+            // As every hold of the workload does when it is granted.
+            let _ = sh.registers[LOCK].write("process", token);
+            hold = Some((id, token, Instant::now(), true));
             if stdin.is_some() {
                 fault_at = Some(Instant::now() + fault_after);
             }
@@ -213,12 +231,16 @@ pub(super) async fn holder_process(
             let began = at(p.next().and_then(|s| s.parse().ok()).unwrap_or(0));
             let held = p.next() == Some("held=true");
             let accepted = p.next() == Some("write=ok");
-            if let Some((_, token, last)) = &mut hold {
+            if let Some((_, token, last, said_held)) = &mut hold {
                 if held && began > *last {
                     *last = began;
                 }
+                *said_held = held;
+                // Milliseconds of the wall clock, truncated: the write may
+                // have been sent up to a millisecond before `began` reads.
+                let sent = began.checked_sub(Duration::from_millis(2)).unwrap_or(began);
                 sh.log
-                    .fenced_write(LOCK, pci, *token, began, Instant::now(), accepted);
+                    .fenced_write(LOCK, pci, *token, sent, Instant::now(), accepted);
             }
         } else if let Some(i) = line.find("FAILED ") {
             sh.errors.lock().unwrap().push(format!(
@@ -229,10 +251,16 @@ pub(super) async fn holder_process(
             break;
         }
     }
-    if let Some((id, _, last)) = hold {
-        let end = killed_at.map_or(last, |k| k.max(last));
+    if let Some((id, _, last, said_held)) = hold {
+        // A process that still said held when it was killed believed
+        // until it died.
+        let end = match killed_at {
+            Some(k) if said_held => k.max(last),
+            _ => last,
+        };
         sh.log.end(id, end, "the holder process's last belief");
     }
+    drop(stdin);
     match tokio::time::timeout(ttl * 2 + Duration::from_secs(10), child.wait()).await {
         Ok(_) => {}
         Err(_) => {
@@ -246,10 +274,12 @@ pub(super) async fn holder_process(
     counts
 }
 
-fn signal(child: &tokio::process::Child, sig: &str) {
-    if let Some(pid) = child.id() {
-        let _ = std::process::Command::new("kill")
+/// Sends `sig` to the child; whether it was sent.
+fn signal(child: &tokio::process::Child, sig: &str) -> bool {
+    child.id().is_some_and(|pid| {
+        std::process::Command::new("kill")
             .args([sig, pid.to_string().as_str()])
-            .status();
-    }
+            .status()
+            .is_ok_and(|s| s.success())
+    })
 }

@@ -20,8 +20,13 @@
 //! `qle-<id>`). On a real store one schedule in two also has a holder in
 //! a separate process (`holder_process.rs`), paused with SIGSTOP past the
 //! TTL and resumed, or killed with SIGKILL, while it holds; its hold and
-//! its fenced writes go into the history as any client's. On a linked
-//! cluster the rounds also cut single links (`runs.rs`). The checker then
+//! its fenced writes go into the history as any client's. Where the
+//! target can step the store's clock (Redis, PostgreSQL:
+//! `FaultTarget::with_clock_step`), one schedule in a few steps it
+//! forward by less than TTL/5 while a holder's link is blackholed past the
+//! TTL, and the checker holds the store to the margin the documentation
+//! promises. On a linked cluster the rounds also cut single links
+//! (`runs.rs`). The checker then
 //! asks of the history:
 //! - no two holds of one name overlap (readers may share; at most N
 //!   permit holders), where a hold lasts from the acquire's return to the
@@ -126,6 +131,9 @@ pub struct FaultCounts {
     pub process_pauses: u64,
     /// The holder process killed (SIGKILL).
     pub process_kills: u64,
+    /// The store's clock stepped forward (by less than TTL/5) while one
+    /// client's link was blackholed.
+    pub clock_steps: u64,
 }
 
 /// The operations of a schedule beyond plain acquires, by kind.
@@ -423,6 +431,8 @@ pub async fn explore(
                     operator: &operator,
                     clients: &clients,
                     nets: &nets,
+                    parent: &parent,
+                    clock_step: t.clock_step(),
                 },
                 &shared,
                 shape.run_for,
@@ -1084,11 +1094,16 @@ async fn release_or_drop(g: LockGuard, rng: &mut StdRng) {
 /// Who the nemesis acts through: the admin (breaks, revokes, kills) and
 /// the operator one namespace up (reads), both on direct links, and the
 /// workload's clients and their links.
+#[derive(Clone, Copy)]
 struct Sides<'a> {
     admin: &'a LockClient,
     operator: &'a LockClient,
     clients: &'a [LockClient],
     nets: &'a [Arc<dyn NetControl>],
+    /// The schedule's parent namespace (the operator's).
+    parent: &'a str,
+    /// How to step the store's clock, where the target has a way.
+    clock_step: Option<&'a super::ClockStep>,
 }
 
 async fn nemesis(
@@ -1103,7 +1118,10 @@ async fn nemesis(
         operator,
         clients,
         nets,
+        clock_step,
+        ..
     } = sides;
+    let mut step_rng = StdRng::seed_from_u64(rng.clone().gen::<u64>() ^ 0x57e9_c10c_57e9_c10c);
     let mut n = FaultCounts::default();
     let end = Instant::now() + run_for;
     let mut all: Vec<&'static str> = MUTEXES.to_vec();
@@ -1235,8 +1253,77 @@ async fn nemesis(
                 }
             }
         }
+        // Drawn apart from the faults above, so their seeds keep their
+        // choices: at most one step of the store's clock per schedule.
+        if let Some(step) = clock_step.filter(|_| n.clock_steps == 0 && step_rng.gen_ratio(1, 6)) {
+            n.clock_steps += 1;
+            n.blackhole += 1;
+            step_clock_while_cut(&mut step_rng, step, &sides, sh, ttl).await;
+        }
     }
     n
+}
+
+/// The store's clock stepped forward by less than TTL/5 for the
+/// schedule's namespace while a client holds a mutex with its link
+/// blackholed past the TTL (its renewals stop getting through, it keeps
+/// believing until its local deadline): its session expires up to that
+/// much earlier than its renewals said, which the local deadline's margin
+/// (TTL/5) covers, as the documentation promises. Meanwhile another
+/// client tries the mutexes every TTL/20 (a new arrival reads the stepped
+/// expiry at once) and keeps what it gets as the workload does.
+async fn step_clock_while_cut(
+    rng: &mut StdRng,
+    step: &super::ClockStep,
+    sides: &Sides<'_>,
+    sh: &Arc<Shared>,
+    ttl: Duration,
+) {
+    let ttl_ms = ttl.as_millis() as u64;
+    // TTL/10 to TTL/5 less TTL/50: below the margin.
+    let by = Duration::from_millis(rng.gen_range(ttl_ms / 10..=ttl_ms / 5 - ttl_ms / 50));
+    let ci = rng.gen_range(0..sides.clients.len());
+    let other = (ci + 1) % sides.clients.len();
+    let name = MUTEXES[rng.gen_range(0..MUTEXES.len())];
+    // The holder the step is about, if it gets the mutex within a TTL.
+    let started = Instant::now();
+    let held = match sides.clients[ci].lock(name) {
+        Ok(lock) => lock.acquire_timeout(ttl).await.ok(),
+        Err(_) => None,
+    };
+    let held = held.map(|g| {
+        let id = sh.log.begin(name, ci, Held::Exclusive, g.token(), started);
+        let _ = sh.registers[name].write(&format!("c{ci}"), g.token());
+        let watcher = watch_loss(sh, &g, id);
+        (g, id, watcher)
+    });
+    let net = &sides.nets[ci];
+    net.set_mode(NetMode::Blackhole);
+    tokio::time::sleep(Duration::from_millis(rng.gen_range(0..=ttl_ms / 2))).await;
+    if let Err(e) = step(sides.parent.to_string(), by).await {
+        eprintln!("explorer: the clock step failed: {e}");
+    }
+    let heal = Instant::now() + ttl + Duration::from_millis(rng.gen_range(0..=ttl_ms / 2));
+    while Instant::now() < heal {
+        for name in MUTEXES {
+            let started = Instant::now();
+            let Ok(lock) = sides.clients[other].lock(name) else {
+                continue;
+            };
+            if let Ok(g) = lock.try_acquire().await {
+                sh.ops.fetch_add(1, Ordering::Relaxed);
+                hold(g, name, other, Held::Exclusive, started, rng, sh, ttl).await;
+            }
+        }
+        tokio::time::sleep(ttl / 20).await;
+    }
+    if let Some((g, id, watcher)) = held {
+        end_belief(sh, &g, id, watcher);
+        net.set_mode(NetMode::Pass);
+        release_or_drop(g, rng).await;
+    } else {
+        net.set_mode(NetMode::Pass);
+    }
 }
 
 /// An acquire error the workload may meet under faults; any other is a

@@ -46,6 +46,7 @@ impl FaultCounts {
         self.closing_cuts += o.closing_cuts;
         self.process_pauses += o.process_pauses;
         self.process_kills += o.process_kills;
+        self.clock_steps += o.clock_steps;
     }
 
     fn total(&self) -> u64 {
@@ -67,6 +68,7 @@ impl FaultCounts {
             + self.closing_cuts
             + self.process_pauses
             + self.process_kills
+            + self.clock_steps
     }
 }
 
@@ -106,7 +108,7 @@ impl std::fmt::Display for FaultCounts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "delay {} blackhole {} cut {} reset {} break {} revoke {} kill {} drop {} lost-answer {} lost-request {} delayed-message {} cluster {} refused-removals {} operator-reads {} saturated-breaks {} closing-cuts {} process-pauses {} process-kills {}",
+            "delay {} blackhole {} cut {} reset {} break {} revoke {} kill {} drop {} lost-answer {} lost-request {} delayed-message {} cluster {} refused-removals {} operator-reads {} saturated-breaks {} closing-cuts {} process-pauses {} process-kills {} clock-steps {}",
             self.delay,
             self.blackhole,
             self.cut,
@@ -124,7 +126,8 @@ impl std::fmt::Display for FaultCounts {
             self.saturations,
             self.closing_cuts,
             self.process_pauses,
-            self.process_kills
+            self.process_kills,
+            self.clock_steps
         )
     }
 }

@@ -1,0 +1,95 @@
+//! Mutants that only the explorer's faults on a real store catch.
+//!
+//! - The holder process (SIGSTOP past the TTL, then SIGCONT) must catch a
+//!   holder that still believes when it resumes. Only the process is
+//!   mutated ([`mutants::late_deadline`]: each confirmation taken for
+//!   three TTLs, longer than any pause the explorer makes, and no loss
+//!   ever heard); the schedule's own clients are not, so whatever the
+//!   explorer finds there, the process fault found.
+//! - The clock step (the server's clock forward by less than TTL/5 while
+//!   a client's link is blackholed) must catch a client whose local
+//!   deadline keeps no margin ([`mutants::no_margin`]), which nothing
+//!   else the explorer does can tell from a correct one.
+
+mod common;
+
+use std::time::Duration;
+
+use quorumlock_conformance::faults::{explorer, mutants, FaultTarget};
+
+fn target() -> Option<FaultTarget> {
+    FaultTarget::from_env("redis", "QUORUMLOCK_TEST_REDIS_URL", |url| async move {
+        Ok(std::sync::Arc::new(quorumlock_redis::RedisBackend::connect(&url).await?) as _)
+    })
+    .map(|t| t.with_option("ttl", "2s"))
+}
+
+fn shape() -> explorer::Shape {
+    explorer::Shape {
+        run_for: Duration::from_secs(6),
+        ..explorer::Shape::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explorer_catches_a_paused_process_that_still_believes() {
+    let Some(t) = target() else { return };
+    let t = t.with_holder_processes();
+    let shape = shape();
+    // A schedule has a holder process one time in two and pauses it one
+    // time in two of those, once it holds: about one seed in four.
+    let mut pauses = 0;
+    for seed in 1..=32u64 {
+        let o = explorer::explore(&t, seed, shape, None).await;
+        pauses += o.faults.process_pauses;
+        if let Some(v) = o.violations.first() {
+            eprintln!("caught by seed {seed} (after {pauses} pauses): {v}");
+            // The process is client 3 (after the workload's three).
+            assert!(
+                o.faults.process_pauses > 0
+                    && v.contains("two holders at once")
+                    && v.contains("client 3 "),
+                "seed {seed} found {o:?}, not the paused process's belief"
+            );
+            return;
+        }
+    }
+    panic!("the explorer missed the process that believes past its pause ({pauses} pauses in 32 schedules)");
+}
+
+/// The holder process of the test above (mutated), which runs it;
+/// ignored otherwise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a holder process of the explorer, run by it"]
+async fn explorer_holder_child() {
+    let Some(t) = target() else { return };
+    let t = t.wrap_backends(|b| mutants::late_deadline(b, 3));
+    explorer::holder_child(&t).await;
+}
+
+/// A step of the server's clock by less than TTL/5 (the margin) while a
+/// client's renewals cannot get through: a correct client's local
+/// deadline passes before its session's stepped expiry, a client without
+/// the margin believes until after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explorer_catches_a_deadline_without_margin_by_a_clock_step() {
+    let Some(t) = target() else { return };
+    let t = t
+        .with_clock_step(common::step_namespace_clock)
+        .wrap_backends(mutants::no_margin);
+    let mut steps = 0;
+    for seed in 1..=32u64 {
+        let o = explorer::explore(&t, seed, shape(), None).await;
+        eprintln!("seed {seed}: {} holds, faults: {}", o.holds, o.faults);
+        steps += o.faults.clock_steps;
+        if let Some(v) = o.violations.first() {
+            eprintln!("caught by seed {seed} (after {steps} clock steps): {v}");
+            assert!(
+                o.faults.clock_steps > 0,
+                "seed {seed} found {v:?} without a clock step"
+            );
+            return;
+        }
+    }
+    panic!("the explorer missed the deadline without margin ({steps} clock steps in 32 schedules)");
+}
