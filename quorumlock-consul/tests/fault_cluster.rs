@@ -10,11 +10,17 @@
 //! than the renew slack, TTL x (0.8 - 0.5) = 18 s at 60 s. With a 10 s TTL
 //! every session is (rightly) declared lost during the election.
 
+async fn connect(
+    url: quorumlock_core::url::Url,
+) -> quorumlock_core::Result<Arc<dyn quorumlock_core::backend::Backend>> {
+    Ok(Arc::new(
+        quorumlock_consul::ConsulBackend::connect(&url).await?,
+    ))
+}
+
 quorumlock_conformance::cluster_fault_suite!(
     quorumlock_conformance::faults::StoreKind::Consul,
-    |url| async move {
-        Ok(std::sync::Arc::new(quorumlock_consul::ConsulBackend::connect(&url).await?) as _)
-    },
+    connect,
     "ttl",
     "60s"
 );
@@ -24,9 +30,7 @@ quorumlock_conformance::cluster_fault_suite!(
 // election on the majority's side here, so Consul's shortest TTL will do.
 quorumlock_conformance::cluster_link_suite!(
     quorumlock_conformance::faults::StoreKind::Consul,
-    |url| async move {
-        Ok(std::sync::Arc::new(quorumlock_consul::ConsulBackend::connect(&url).await?) as _)
-    },
+    connect,
     "ttl",
     "10s"
 );

@@ -2,14 +2,18 @@
 //! started on 127.0.0.2-4 (`#[ignore]`d: scripts/chaos.sh runs them with
 //! `--include-ignored`).
 
+use std::sync::Arc;
+
+use quorumlock_core::backend::Backend;
+use quorumlock_core::url::Url;
+
+async fn connect(url: Url) -> quorumlock_core::Result<Arc<dyn Backend>> {
+    Ok(Arc::new(quorumlock_etcd::EtcdBackend::connect(&url).await?))
+}
+
 quorumlock_conformance::cluster_fault_suite!(
     quorumlock_conformance::faults::StoreKind::Etcd,
-    |url| async move {
-        Ok(
-            std::sync::Arc::new(quorumlock_etcd::EtcdBackend::connect(&url).await?)
-                as std::sync::Arc<dyn quorumlock_core::backend::Backend>,
-        )
-    },
+    connect,
     "ttl",
     "2s"
 );
@@ -18,12 +22,7 @@ quorumlock_conformance::cluster_fault_suite!(
 // link through its own proxy), and the mutant it must catch.
 quorumlock_conformance::cluster_link_suite!(
     quorumlock_conformance::faults::StoreKind::Etcd,
-    |url| async move {
-        Ok(
-            std::sync::Arc::new(quorumlock_etcd::EtcdBackend::connect(&url).await?)
-                as std::sync::Arc<dyn quorumlock_core::backend::Backend>,
-        )
-    },
+    connect,
     "ttl",
     "2s"
 );
