@@ -4,8 +4,8 @@
 //!
 //! The process is the test binary again, running the ignored test
 //! `explorer_holder_child` ([`fault_suite!`](crate::fault_suite)) with
-//! [`HOLDER_ENV`] set. It waits for the schedule's first mutex, prints
-//! `HELD <token> <ms>`, then every 20 ms `TICK <ms> held=<bool>
+//! [`HOLDER_ENV`] set. It prints `ACQUIRING <ms>`, waits for the
+//! schedule's first mutex, prints `HELD <token> <ms>`, then every 20 ms `TICK <ms> held=<bool>
 //! write=<ok|refused>`: the wall-clock time the tick began, what its
 //! guard said, and whether its fenced write of the mutex's store key was
 //! accepted. It stops ticking once its guard says lost and the store
@@ -53,6 +53,7 @@ pub async fn holder_child(t: &FaultTarget) {
     let c = t.client(ns).await;
     let mut stdin = BufReader::new(tokio::io::stdin()).lines();
     let lock = c.lock(LOCK).expect("the schedule's mutex");
+    println!("ACQUIRING {}", now_ms());
     let g = tokio::select! {
         g = lock.acquire() => g,
         _ = stdin.next_line() => {
@@ -127,7 +128,9 @@ pub(super) async fn holder_process(
         return counts;
     };
     let exe = std::env::current_exe().expect("the test binary");
-    let started = Instant::now();
+    // When the acquire was called: the child says (`ACQUIRING`); until
+    // then, the spawn.
+    let mut started = Instant::now();
     let base = (Instant::now(), now_ms());
     let at = |ms: u64| base.0 + Duration::from_millis(ms.saturating_sub(base.1));
     let spawned = Command::new(exe)
@@ -216,7 +219,13 @@ pub(super) async fn holder_process(
             }
         };
         let Ok(Some(line)) = line else { break };
-        if let Some(rest) = line.find("HELD ").map(|i| &line[i + 5..]) {
+        if let Some(rest) = line.find("ACQUIRING ").map(|i| &line[i + 10..]) {
+            if let Ok(ms) = rest.trim().parse() {
+                // Truncated milliseconds: at most a millisecond early,
+                // which only widens the window a break is excused in.
+                started = at(ms);
+            }
+        } else if let Some(rest) = line.find("HELD ").map(|i| &line[i + 5..]) {
             let mut p = rest.split(' ');
             let token: u64 = p.next().and_then(|s| s.parse().ok()).unwrap_or(0);
             let id = sh.log.begin(LOCK, pci, Held::Exclusive, token, started);
