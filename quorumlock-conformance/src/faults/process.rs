@@ -76,22 +76,40 @@ pub async fn holder_child(t: &FaultTarget) {
     std::future::pending::<()>().await;
 }
 
-/// A child of this test binary holding [`LOCK`] in `ns`, and its output.
-async fn spawn_child(t: &FaultTarget, ns: &str) -> (Child, Lines<BufReader<ChildStdout>>) {
+/// This test binary again, running its ignored test `test` (by that name
+/// inside any module: a child whose target is not its own returns at
+/// once) with `var` set to `value`; stdout piped, killed when dropped.
+pub(crate) fn this_test_binary(test: &str, var: &str, value: String) -> Command {
     let exe = std::env::current_exe().expect("the test binary");
-    let mut child = Command::new(exe)
-        .args([
-            "separate_process_holder_child",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_ENV, format!("{} {ns}", t.name()))
+    let mut cmd = Command::new(exe);
+    cmd.args([test, "--ignored", "--nocapture", "--test-threads=1"])
+        .env(var, value)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawning the holder process");
+        .kill_on_drop(true);
+    cmd
+}
+
+/// Sends `sig` (`-STOP`, `-CONT`) to `child` with kill(1); whether it was
+/// sent.
+pub(crate) fn signal(child: &Child, sig: &str) -> bool {
+    child.id().is_some_and(|pid| {
+        std::process::Command::new("kill")
+            .args([sig, pid.to_string().as_str()])
+            .status()
+            .is_ok_and(|s| s.success())
+    })
+}
+
+/// A child of this test binary holding [`LOCK`] in `ns`, and its output.
+async fn spawn_child(t: &FaultTarget, ns: &str) -> (Child, Lines<BufReader<ChildStdout>>) {
+    let mut child = this_test_binary(
+        "separate_process_holder_child",
+        CHILD_ENV,
+        format!("{} {ns}", t.name()),
+    )
+    .spawn()
+    .expect("spawning the holder process");
     let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
     let held = tokio::time::timeout(SETTLE, async {
         while let Some(line) = lines.next_line().await.expect("the child's output") {
@@ -105,15 +123,6 @@ async fn spawn_child(t: &FaultTarget, ns: &str) -> (Child, Lines<BufReader<Child
     held.await
         .expect("the holder process did not take the lock in time");
     (child, lines)
-}
-
-fn signal(child: &Child, sig: &str) {
-    let pid = child.id().expect("the child is running").to_string();
-    let status = std::process::Command::new("kill")
-        .args([sig, pid.as_str()])
-        .status()
-        .expect("running kill");
-    assert!(status.success(), "kill {sig} {pid} failed");
 }
 
 /// A holder process paused with SIGSTOP past its TTL: another client gets
@@ -131,7 +140,7 @@ pub async fn separate_process_holder(t: &FaultTarget) -> Row {
 
     // Paused past the TTL, then resumed.
     let (mut child, mut lines) = spawn_child(t, &ns).await;
-    signal(&child, "-STOP");
+    assert!(signal(&child, "-STOP"), "kill -STOP of the holder failed");
     row.faults += 1;
     let g = admin
         .lock(LOCK)
@@ -146,7 +155,7 @@ pub async fn separate_process_holder(t: &FaultTarget) -> Row {
         });
     g.fenced_put(key.as_str(), "admin").await.unwrap();
     let resumed = now_ms();
-    signal(&child, "-CONT");
+    assert!(signal(&child, "-CONT"), "kill -CONT of the holder failed");
     let mut after = 0;
     let report = tokio::time::timeout(SETTLE, async {
         while let Some(line) = lines.next_line().await.expect("the child's output") {

@@ -21,8 +21,8 @@ use std::process::Stdio;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::Command;
 
+use super::super::process::{signal, this_test_binary};
 use super::*;
 
 /// Set in the child: `<target name>\t<namespace>\t<fenced key>`.
@@ -127,27 +127,18 @@ pub(super) async fn holder_process(
     let Some(key) = sh.fenced_keys.get(LOCK).cloned() else {
         return counts;
     };
-    let exe = std::env::current_exe().expect("the test binary");
     // When the acquire was called: the child says (`ACQUIRING`); until
     // then, the spawn.
     let mut started = Instant::now();
     let base = (Instant::now(), now_ms());
     let at = |ms: u64| base.0 + Duration::from_millis(ms.saturating_sub(base.1));
-    let spawned = Command::new(exe)
-        // No `--exact`: a suite inside a module names it `<module>::...`;
-        // a child whose target is not this one returns at once.
-        .args([
-            "explorer_holder_child",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(HOLDER_ENV, format!("{}\t{ns}\t{key}", t.name()))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn();
+    let spawned = this_test_binary(
+        "explorer_holder_child",
+        HOLDER_ENV,
+        format!("{}\t{ns}\t{key}", t.name()),
+    )
+    .stdin(Stdio::piped())
+    .spawn();
     let mut child = match spawned {
         Ok(c) => c,
         Err(e) => {
@@ -281,14 +272,4 @@ pub(super) async fn holder_process(
         }
     }
     counts
-}
-
-/// Sends `sig` to the child; whether it was sent.
-fn signal(child: &tokio::process::Child, sig: &str) -> bool {
-    child.id().is_some_and(|pid| {
-        std::process::Command::new("kill")
-            .args([sig, pid.to_string().as_str()])
-            .status()
-            .is_ok_and(|s| s.success())
-    })
 }
