@@ -137,6 +137,26 @@ pub struct FaultTarget {
     holder_processes: bool,
     /// How to step the store's clock for one namespace, where it matters.
     clock_step: Option<ClockStep>,
+    /// How to fail the store over to a replica that lacks the last writes,
+    /// where the target is a primary with a replica.
+    failover: Option<Arc<dyn Failover>>,
+}
+
+/// A primary with a replica that the explorer can fail over, losing the
+/// writes the replica did not get (see [`FaultTarget::with_failover`]).
+/// Redis replicates asynchronously; so does PostgreSQL without
+/// synchronous standbys.
+#[async_trait::async_trait]
+pub trait Failover: Send + Sync {
+    /// Cuts the replication link: every write from now on is lost at the
+    /// next [`promote`](Failover::promote).
+    async fn partition(&self) -> Result<(), String>;
+
+    /// Promotes the replica, moves the target's address to it (open
+    /// connections are closed, as a moved DNS name or Sentinel does), and
+    /// makes the old primary its replica, synced, so that the next
+    /// failover is one again.
+    async fn promote(&self) -> Result<(), String>;
 }
 
 /// Steps the store's clock forward by the given span for every key (or
@@ -213,6 +233,7 @@ impl FaultTarget {
             wrap: None,
             holder_processes: false,
             clock_step: None,
+            failover: None,
         }
     }
 
@@ -251,6 +272,7 @@ impl FaultTarget {
             wrap: self.wrap.clone(),
             holder_processes: false,
             clock_step: None,
+            failover: None,
         }
     }
 
@@ -270,6 +292,7 @@ impl FaultTarget {
             wrap: None,
             holder_processes: false,
             clock_step: None,
+            failover: None,
         }
     }
 
@@ -318,6 +341,23 @@ impl FaultTarget {
     /// How to step the store's clock, if the target says.
     pub fn clock_step(&self) -> Option<&ClockStep> {
         self.clock_step.as_ref()
+    }
+
+    /// The same target, whose store is a primary with a replica that
+    /// `failover` fails over: the explorer then fails it over in some
+    /// schedules, losing the writes since the replication link was cut,
+    /// and holds the store to what its documentation promises (tokens
+    /// keep growing, a fenced write of the lost holder is refused, the
+    /// lost holder is told within a TTL). Run such schedules one at a
+    /// time ([`explorer::explore`]): a failover hits every namespace.
+    pub fn with_failover(mut self, failover: Arc<dyn Failover>) -> FaultTarget {
+        self.failover = Some(failover);
+        self
+    }
+
+    /// How to fail the store over, if the target says.
+    pub fn failover(&self) -> Option<&Arc<dyn Failover>> {
+        self.failover.as_ref()
     }
 
     /// Whether the explorer may run a holder in a separate process.

@@ -17,6 +17,12 @@
 //!   whole TTL from a renewal's sending). Safe while the server's clock
 //!   keeps time; the explorer's clock step (below TTL/5, which the margin
 //!   covers) must catch it.
+//! - [`deaf_to_entry_loss`]: a client that never hears that one of its
+//!   entries is gone while its session lives (revokes and session losses
+//!   still reach it). Only a failover makes such a loss that nothing else
+//!   tells (a break's holder believes on, but the checker ends its hold at
+//!   the break, and fencing refuses its writes); the explorer's failover
+//!   must catch it.
 //!
 //! [`follower_cut_from_leader`]: super::scenarios::follower_cut_from_leader
 
@@ -25,7 +31,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use quorumlock_core::backend::{
-    Backend, Capabilities, ChangeFeed, HeldEntry, KeyWrite, SessionLiveness, StoreSession,
+    AcquireRequest, Acquired, Backend, Capabilities, ChangeFeed, EntrySignals, HeldEntry, KeyWrite,
+    SessionLiveness, StoreSession,
 };
 use quorumlock_core::url::Url;
 use quorumlock_core::{LockName, LockState, Result};
@@ -75,6 +82,16 @@ pub fn no_margin(inner: Arc<dyn Backend>) -> Arc<dyn Backend> {
     Arc::new(Mutant {
         inner,
         mutation: Mutation::NoMargin,
+    })
+}
+
+/// `inner`, its clients never hearing that an entry is gone (a break,
+/// an entry a failover lost) while the session lives; revoke requests
+/// and session losses still reach them.
+pub fn deaf_to_entry_loss(inner: Arc<dyn Backend>) -> Arc<dyn Backend> {
+    Arc::new(Mutant {
+        inner,
+        mutation: Mutation::DeafToEntryLoss,
     })
 }
 
@@ -145,6 +162,7 @@ enum Mutation {
     TrustsItsMember { member: SocketAddr, kind: StoreKind },
     LateDeadline { factor: u32 },
     NoMargin,
+    DeafToEntryLoss,
 }
 
 #[derive(Debug)]
@@ -168,6 +186,12 @@ impl Backend for Mutant {
             }
             Mutation::NoMargin => {
                 return open_stretched(&self.inner, outer, Stretch::NoMargin).await
+            }
+            Mutation::DeafToEntryLoss => {
+                return Ok(Arc::new(DeafSession {
+                    inner: self.inner.open_session(outer).await?,
+                    signals: Default::default(),
+                }))
             }
             Mutation::TrustsItsMember { member, kind } => (kind, member),
         };
@@ -233,5 +257,65 @@ impl Backend for Mutant {
     }
     fn changes(&self, name: &LockName) -> Option<ChangeFeed> {
         self.inner.changes(name)
+    }
+}
+
+/// A session whose entries' losses stay with the backend: each attempt
+/// goes to the store with signals of its own, of which only a revoke
+/// request is passed on (and the client's finish passed back).
+#[derive(Debug)]
+struct DeafSession {
+    inner: Arc<dyn StoreSession>,
+    /// The store's signals of each attempt, by contender.
+    signals: std::sync::Mutex<std::collections::HashMap<uuid::Uuid, EntrySignals>>,
+}
+
+impl DeafSession {
+    /// `req` with the store's signals of its attempt (new ones at its
+    /// first call).
+    fn to_store(&self, req: &AcquireRequest) -> AcquireRequest {
+        let mut map = self.signals.lock().unwrap();
+        let store = map.entry(req.contender).or_insert_with(|| {
+            let (client, store) = (req.signals.clone(), EntrySignals::new());
+            let relay = store.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = client.finished() => {}
+                    () = async {
+                        relay.revoke_requested().await;
+                        client.request_revoke();
+                        std::future::pending::<()>().await
+                    } => {}
+                }
+                relay.finish();
+            });
+            store
+        });
+        AcquireRequest {
+            signals: store.clone(),
+            ..req.clone()
+        }
+    }
+}
+
+#[async_trait]
+impl StoreSession for DeafSession {
+    fn id(&self) -> String {
+        self.inner.id()
+    }
+    async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired> {
+        self.inner.acquire(&self.to_store(req)).await
+    }
+    async fn release(&self, req: &AcquireRequest, held: &Acquired) -> Result<()> {
+        self.inner.release(&self.to_store(req), held).await
+    }
+    async fn abandon(&self, req: &AcquireRequest) -> Result<()> {
+        self.inner.abandon(&self.to_store(req)).await
+    }
+    async fn set_value(&self, req: &AcquireRequest, held: &Acquired, value: &[u8]) -> Result<()> {
+        self.inner.set_value(&self.to_store(req), held, value).await
+    }
+    async fn close(&self) -> Result<()> {
+        self.inner.close().await
     }
 }

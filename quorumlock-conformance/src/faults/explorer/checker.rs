@@ -47,6 +47,9 @@ pub(super) enum Forced {
     Name(&'static str),
     /// `kill_session` of a client's session.
     Client(usize),
+    /// A failover to a replica without the last writes: every hold (the
+    /// store may have lost any grant since the replication link was cut).
+    Failover,
 }
 
 /// One fenced write to the store.
@@ -161,6 +164,7 @@ impl Log {
                 let hits = match whom {
                     Forced::Name(n) => *n == h.name,
                     Forced::Client(c) => *c == h.client,
+                    Forced::Failover => true,
                 };
                 if !hits || *done <= h.started || *at >= end {
                     continue;
@@ -173,6 +177,7 @@ impl Log {
                     h.why = match whom {
                         Forced::Name(_) => "break",
                         Forced::Client(_) => "session kill",
+                        Forced::Failover => "failover",
                     };
                 }
             }

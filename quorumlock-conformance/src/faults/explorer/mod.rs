@@ -25,8 +25,13 @@
 //! `FaultTarget::with_clock_step`), one schedule in a few steps it
 //! forward by less than TTL/5 while a holder's link is blackholed past the
 //! TTL, and the checker holds the store to the margin the documentation
-//! promises. On a linked cluster the rounds also cut single links
-//! (`runs.rs`). The checker then
+//! promises. Where the target is a primary with a replica
+//! (`FaultTarget::with_failover`: Redis), most schedules cut the
+//! replication link, take a mutex (a grant the replica never gets) and
+//! promote the replica: every hold ends at the failover for the checker
+//! (a second holder of a lost grant is what the documentation allows),
+//! and the lost holder must be told within a TTL. On a linked cluster the
+//! rounds also cut single links (`runs.rs`). The checker then
 //! asks of the history:
 //! - no two holds of one name overlap (readers may share; at most N
 //!   permit holders), where a hold lasts from the acquire's return to the
@@ -39,7 +44,9 @@
 //!   had been granted (an election's leaders and a multi-lock's names are
 //!   holds as any other);
 //! - an observer of the election (on a faulty link from the start)
-//!   reports leaders whose tokens never go back, and follows the store
+//!   reports leaders whose tokens never go back (but while a failover is
+//!   under way: it may bring back a leader whose resignation it lost),
+//!   and follows the store
 //!   once the faults stop: the checker's own leadership, then nobody, each
 //!   reported within a bound (a watch that went deaf, or a reconnect that
 //!   did not read again, never gets there);
@@ -134,6 +141,8 @@ pub struct FaultCounts {
     /// The store's clock stepped forward (by less than TTL/5) while one
     /// client's link was blackholed.
     pub clock_steps: u64,
+    /// Failovers to a replica that lacked the last writes.
+    pub failovers: u64,
 }
 
 /// The operations of a schedule beyond plain acquires, by kind.
@@ -413,7 +422,9 @@ pub async fn explore(
             let mut reports = Box::pin(e.observe());
             while let Some(r) = reports.next().await {
                 if let Ok(l) = r {
-                    seen.lock().unwrap().push(l.map(|l| (l.token, l.value)));
+                    seen.lock()
+                        .unwrap()
+                        .push((Instant::now(), l.map(|l| (l.token, l.value))));
                 }
             }
         }
@@ -433,6 +444,7 @@ pub async fn explore(
                     nets: &nets,
                     parent: &parent,
                     clock_step: t.clock_step(),
+                    failover: t.failover(),
                 },
                 &shared,
                 shape.run_for,
@@ -492,7 +504,20 @@ pub async fn explore(
     violations.extend(overruns(&shared));
     violations.extend(shared.errors.lock().unwrap().drain(..));
     violations.extend(check(&shared));
-    violations.extend(observer_follows(&admin, &observed, bound).await);
+    // A failover may bring back a leader whose resignation it lost (the
+    // README's section "Failover"): the observer's reports while one was
+    // under way (and TTL/10 either side: replication lag, a report read
+    // just before the switch) are not held to the order of tokens.
+    let failovers: Vec<(Instant, Instant)> = shared
+        .log
+        .forced
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, _, whom)| matches!(whom, Forced::Failover))
+        .map(|(at, done, _)| (*at - ttl / 10, *done + ttl / 10))
+        .collect();
+    violations.extend(observer_follows(&admin, &observed, bound, &failovers).await);
     observer.abort();
     violations.extend(not_takeable(t, &ns, &names, ttl).await);
 
@@ -506,8 +531,16 @@ pub async fn explore(
     parents.dedup();
     for key in shared.fenced_keys.values().chain(parents.iter()) {
         let delete = quorumlock_core::backend::KeyWrite::Delete { key: key.clone() };
-        if let Err(e) = operator.backend().write_key(&delete).await {
-            violations.push(format!("removing {key} after the schedule: {e}"));
+        // A retryable error is the caller's to retry, as documented (the
+        // operator's connection may have met a failover's switch).
+        let mut tries = 0;
+        while let Err(e) = operator.backend().write_key(&delete).await {
+            tries += 1;
+            if !e.is_retryable() || tries == 3 {
+                violations.push(format!("removing {key} after the schedule: {e}"));
+                break;
+            }
+            tokio::time::sleep(ttl / 10).await;
         }
     }
     let closing = closing_faults(seed, &clients, &nets, ttl, &mut faults).await;
@@ -540,18 +573,28 @@ pub async fn explore(
     }
 }
 
-/// What the election's observer reported, in order: a leader's token
-/// and value, or nobody.
-type Reports = Mutex<Vec<Option<(u64, Vec<u8>)>>>;
+/// What the election's observer reported, in order, and when: a
+/// leader's token and value, or nobody.
+type Reports = Mutex<Vec<(Instant, Option<(u64, Vec<u8>)>)>>;
 
 /// What the election's observer reported (`seen`): tokens never going
-/// back, and, the faults over, the checker's own leadership and then
-/// nobody, each within `bound`.
-async fn observer_follows(admin: &LockClient, seen: &Reports, bound: Duration) -> Vec<String> {
+/// back (but for the reports within `excused`, failovers), and, the
+/// faults over, the checker's own leadership and then nobody, each within
+/// `bound`.
+async fn observer_follows(
+    admin: &LockClient,
+    seen: &Reports,
+    bound: Duration,
+    excused: &[(Instant, Instant)],
+) -> Vec<String> {
     let mut violations = Vec::new();
     {
         let seen = seen.lock().unwrap();
-        let tokens: Vec<u64> = seen.iter().flatten().map(|(t, _)| *t).collect();
+        let tokens: Vec<u64> = seen
+            .iter()
+            .filter(|(at, _)| !excused.iter().any(|(from, to)| from <= at && at <= to))
+            .filter_map(|(_, r)| r.as_ref().map(|(t, _)| *t))
+            .collect();
         if let Some(w) = tokens.windows(2).find(|w| w[1] < w[0]) {
             violations.push(format!(
                 "the election's observer reported token {} after {}",
@@ -562,11 +605,12 @@ async fn observer_follows(admin: &LockClient, seen: &Reports, bound: Duration) -
     let reported = |want: Option<(u64, Vec<u8>)>| async move {
         let give_up = Instant::now() + bound;
         loop {
-            if seen.lock().unwrap().last() == Some(&want) {
+            let last = seen.lock().unwrap().last().map(|(_, r)| r.clone());
+            if last.as_ref() == Some(&want) {
                 return Ok(());
             }
             if Instant::now() >= give_up {
-                return Err(seen.lock().unwrap().last().cloned());
+                return Err(last);
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -1104,6 +1148,9 @@ struct Sides<'a> {
     parent: &'a str,
     /// How to step the store's clock, where the target has a way.
     clock_step: Option<&'a super::ClockStep>,
+    /// How to fail the store over, where the target is a primary with a
+    /// replica.
+    failover: Option<&'a Arc<dyn super::Failover>>,
 }
 
 async fn nemesis(
@@ -1119,9 +1166,11 @@ async fn nemesis(
         clients,
         nets,
         clock_step,
+        failover,
         ..
     } = sides;
     let mut step_rng = StdRng::seed_from_u64(rng.clone().gen::<u64>() ^ 0x57e9_c10c_57e9_c10c);
+    let mut failover_rng = StdRng::seed_from_u64(rng.clone().gen::<u64>() ^ 0xfa11_0fe5_fa11_0fe5);
     let mut n = FaultCounts::default();
     let end = Instant::now() + run_for;
     let mut all: Vec<&'static str> = MUTEXES.to_vec();
@@ -1260,6 +1309,11 @@ async fn nemesis(
             n.blackhole += 1;
             step_clock_while_cut(&mut step_rng, step, &sides, sh, ttl).await;
         }
+        // Likewise: at most one failover per schedule.
+        if let Some(f) = failover.filter(|_| n.failovers == 0 && failover_rng.gen_ratio(1, 4)) {
+            n.failovers += 1;
+            failover_while_holding(&mut failover_rng, f, &sides, sh, ttl).await;
+        }
     }
     n
 }
@@ -1283,20 +1337,8 @@ async fn step_clock_while_cut(
     // TTL/10 to TTL/5 less TTL/50: below the margin.
     let by = Duration::from_millis(rng.gen_range(ttl_ms / 10..=ttl_ms / 5 - ttl_ms / 50));
     let ci = rng.gen_range(0..sides.clients.len());
-    let other = (ci + 1) % sides.clients.len();
     let name = MUTEXES[rng.gen_range(0..MUTEXES.len())];
-    // The holder the step is about, if it gets the mutex within a TTL.
-    let started = Instant::now();
-    let held = match sides.clients[ci].lock(name) {
-        Ok(lock) => lock.acquire_timeout(ttl).await.ok(),
-        Err(_) => None,
-    };
-    let held = held.map(|g| {
-        let id = sh.log.begin(name, ci, Held::Exclusive, g.token(), started);
-        let _ = sh.registers[name].write(&format!("c{ci}"), g.token());
-        let watcher = watch_loss(sh, &g, id);
-        (g, id, watcher)
-    });
+    let held = take_for_fault(&sides.clients[ci], ci, name, sh, ttl).await;
     let net = &sides.nets[ci];
     net.set_mode(NetMode::Blackhole);
     tokio::time::sleep(Duration::from_millis(rng.gen_range(0..=ttl_ms / 2))).await;
@@ -1304,25 +1346,109 @@ async fn step_clock_while_cut(
         eprintln!("explorer: the clock step failed: {e}");
     }
     let heal = Instant::now() + ttl + Duration::from_millis(rng.gen_range(0..=ttl_ms / 2));
-    while Instant::now() < heal {
-        for name in MUTEXES {
-            let started = Instant::now();
-            let Ok(lock) = sides.clients[other].lock(name) else {
-                continue;
-            };
-            if let Ok(g) = lock.try_acquire().await {
-                sh.ops.fetch_add(1, Ordering::Relaxed);
-                hold(g, name, other, Held::Exclusive, started, rng, sh, ttl).await;
-            }
-        }
-        tokio::time::sleep(ttl / 20).await;
-    }
+    let other = (ci + 1) % sides.clients.len();
+    try_mutexes_until(&sides.clients[other], other, heal, rng, sh, ttl).await;
     if let Some((g, id, watcher)) = held {
         end_belief(sh, &g, id, watcher);
         net.set_mode(NetMode::Pass);
         release_or_drop(g, rng).await;
     } else {
         net.set_mode(NetMode::Pass);
+    }
+}
+
+/// A failover that loses a grant: the replication link is cut, a client
+/// takes a mutex (a grant the replica never gets), the workload goes on
+/// for up to TTL/3 (its writes lost too), then the replica is promoted and
+/// every client moved to it. Every hold then ends at the failover for the
+/// checker (the store may have lost any grant made since the cut), so a
+/// second holder of the lost grant's mutex is what the documentation
+/// allows; what it promises is checked: tokens keep growing, the lost
+/// holder's fenced writes are refused, and the lost holder is told within
+/// a TTL of the failover (at its next renewal, TTL/3 apart). Meanwhile
+/// another client tries the mutexes every TTL/20 and keeps what it gets.
+async fn failover_while_holding(
+    rng: &mut StdRng,
+    failover: &Arc<dyn super::Failover>,
+    sides: &Sides<'_>,
+    sh: &Arc<Shared>,
+    ttl: Duration,
+) {
+    let ttl_ms = ttl.as_millis() as u64;
+    let at = Instant::now();
+    if let Err(e) = failover.partition().await {
+        eprintln!("explorer: cutting the replication link failed: {e}");
+        return;
+    }
+    let ci = rng.gen_range(0..sides.clients.len());
+    let name = MUTEXES[rng.gen_range(0..MUTEXES.len())];
+    let held = take_for_fault(&sides.clients[ci], ci, name, sh, ttl).await;
+    tokio::time::sleep(Duration::from_millis(rng.gen_range(0..=ttl_ms / 3))).await;
+    let promoted = failover.promote().await;
+    let done = Instant::now();
+    // Logged whatever `promote` said: it may have moved the clients.
+    sh.log.force(at, done, Forced::Failover);
+    if let Err(e) = promoted {
+        sh.errors
+            .lock()
+            .unwrap()
+            .push(format!("the failover did not complete: {e}"));
+    }
+    let other = (ci + 1) % sides.clients.len();
+    try_mutexes_until(&sides.clients[other], other, done + ttl, rng, sh, ttl).await;
+    if let Some((g, id, watcher)) = held {
+        if g.is_held() {
+            sh.errors.lock().unwrap().push(format!(
+                "client {ci} still held {name} (token {}) a TTL after a failover lost its grant (the failover took {} ms, from the cut of the replication link to the old primary synced as a replica)",
+                g.token(),
+                (done - at).as_millis()
+            ));
+        }
+        end_belief(sh, &g, id, watcher);
+        release_or_drop(g, rng).await;
+    }
+}
+
+/// The mutex `name` taken by client `ci` within a TTL for a fault to act
+/// on, recorded as the workload's holds are (the grant, the register
+/// write, the loss); `None` if it was not granted in time.
+async fn take_for_fault(
+    client: &LockClient,
+    ci: usize,
+    name: &'static str,
+    sh: &Arc<Shared>,
+    ttl: Duration,
+) -> Option<(LockGuard, usize, tokio::task::JoinHandle<()>)> {
+    let started = Instant::now();
+    let g = client.lock(name).ok()?.acquire_timeout(ttl).await.ok()?;
+    let id = sh.log.begin(name, ci, Held::Exclusive, g.token(), started);
+    let _ = sh.registers[name].write(&format!("c{ci}"), g.token());
+    let watcher = watch_loss(sh, &g, id);
+    Some((g, id, watcher))
+}
+
+/// Client `ci` tries the mutexes every TTL/20 until `until` and keeps
+/// what it gets as the workload does.
+async fn try_mutexes_until(
+    client: &LockClient,
+    ci: usize,
+    until: Instant,
+    rng: &mut StdRng,
+    sh: &Arc<Shared>,
+    ttl: Duration,
+) {
+    while Instant::now() < until {
+        for name in MUTEXES {
+            let started = Instant::now();
+            let Ok(lock) = client.lock(name) else {
+                continue;
+            };
+            if let Ok(g) = lock.try_acquire().await {
+                sh.ops.fetch_add(1, Ordering::Relaxed);
+                hold(g, name, ci, Held::Exclusive, started, rng, sh, ttl).await;
+            }
+        }
+        tokio::time::sleep(ttl / 20).await;
     }
 }
 
