@@ -10,6 +10,12 @@
 //!   a client's link is blackholed) must catch a client whose local
 //!   deadline keeps no margin ([`mutants::no_margin`]), which nothing
 //!   else the explorer does can tell from a correct one.
+//! - The failover (a primary and its replica, the replication link cut
+//!   before a grant, then the replica promoted) must catch a client that
+//!   never hears that one of its entries is gone
+//!   ([`mutants::deaf_to_entry_loss`]): the lost holder believes on,
+//!   while a break's holder, as deaf, is already judged ended at the
+//!   break and fenced off.
 
 mod common;
 
@@ -92,4 +98,35 @@ async fn explorer_catches_a_deadline_without_margin_by_a_clock_step() {
         }
     }
     panic!("the explorer missed the deadline without margin ({steps} clock steps in 32 schedules)");
+}
+
+/// A failover that loses a grant: the holder must be told within a TTL
+/// (at its next renewal, which finds its entry gone); a client deaf to
+/// its entries' losses believes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explorer_catches_a_client_deaf_to_entry_loss_by_a_failover() {
+    let Some(bin) = common::pair::server_binary() else {
+        return;
+    };
+    let pair = std::sync::Arc::new(common::pair::Pair::start(&bin).await);
+    let t = pair.target("2s").wrap_backends(mutants::deaf_to_entry_loss);
+    for seed in 1..=16u64 {
+        let o = explorer::explore(&t, seed, shape(), None).await;
+        eprintln!("seed {seed}: {} holds, faults: {}", o.holds, o.faults);
+        if let Some(v) = o.violations.first() {
+            eprintln!(
+                "caught by seed {seed} (after {} failovers): {v}",
+                pair.failovers()
+            );
+            assert!(
+                o.faults.failovers > 0 && v.contains("a TTL after a failover lost its grant"),
+                "seed {seed} found {v:?}, not the lost holder's belief"
+            );
+            return;
+        }
+    }
+    panic!(
+        "the explorer missed the client deaf to its entries' loss ({} failovers in 16 schedules)",
+        pair.failovers()
+    );
 }

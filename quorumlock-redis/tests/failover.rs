@@ -11,126 +11,18 @@
 //! on free ports; the replication link goes through the suite's TCP proxy
 //! so that it can be partitioned before the grant.
 
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU16, Ordering};
+mod common;
+
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::pair::{server_binary, synced, Server, Switch};
 use quorumlock_conformance::faults::{FencedRegister, NetControl, NetMode, TcpProxy};
-use quorumlock_conformance::support::free_port;
 use quorumlock_core::{ErrorKind, LockClient, LossReason};
 use quorumlock_redis::RedisBackend;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::process::{Child, Command};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
-
-fn server_binary() -> Option<String> {
-    match std::env::var("QUORUMLOCK_REDIS_SERVER") {
-        Ok(b) if !b.is_empty() => Some(b),
-        _ if std::env::var("QUORUMLOCK_TEST_REQUIRE").as_deref() == Ok("1") => {
-            panic!("QUORUMLOCK_REDIS_SERVER is not set and QUORUMLOCK_TEST_REQUIRE=1 (scripts/stores.sh up redis exports it)")
-        }
-        _ => {
-            eprintln!("SKIPPED: QUORUMLOCK_REDIS_SERVER is not set; start the stores with scripts/stores.sh up");
-            None
-        }
-    }
-}
-
-/// A `redis-server` of this test, killed when dropped, with its own
-/// directory (a replica writes the synced data there), removed too.
-struct Server {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Server {
-    async fn start(bin: &str, extra: &[&str]) -> Server {
-        let port = free_port();
-        let dir = tempfile::tempdir().unwrap();
-        let mut cmd = Command::new(bin);
-        cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
-            .arg("--dir")
-            .arg(dir.path())
-            .args(extra)
-            .stdout(std::process::Stdio::null())
-            .kill_on_drop(true);
-        let child = cmd.spawn().expect("starting redis-server");
-        let s = Server {
-            child,
-            port,
-            _dir: dir,
-        };
-        for _ in 0..100 {
-            if s.query::<String>(&mut redis::cmd("PING")).await.is_ok() {
-                return s;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("redis-server on {port} did not answer");
-    }
-
-    async fn query<T: redis::FromRedisValue>(&self, cmd: &mut redis::Cmd) -> redis::RedisResult<T> {
-        let client = redis::Client::open(format!("redis://127.0.0.1:{}", self.port))?;
-        let mut conn = client.get_multiplexed_async_connection().await?;
-        cmd.query_async(&mut conn).await
-    }
-
-    fn url(&self, port: u16, ns: &str) -> quorumlock_core::url::Url {
-        let _ = self;
-        quorumlock_core::url::parse(&format!("redis://127.0.0.1:{port}/{ns}?ttl=2s")).unwrap()
-    }
-}
-
-/// A TCP forwarder whose target can be switched: new connections go to
-/// the new target, open ones are closed (what a client sees when a
-/// failover moves the address it connects to).
-struct Switch {
-    addr: SocketAddr,
-    target: Arc<AtomicU16>,
-    conns: Arc<std::sync::Mutex<JoinSet<()>>>,
-    accept: tokio::task::JoinHandle<()>,
-}
-
-impl Switch {
-    async fn start(target: u16) -> Switch {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let target = Arc::new(AtomicU16::new(target));
-        let conns = Arc::new(std::sync::Mutex::new(JoinSet::new()));
-        let (t, c) = (target.clone(), conns.clone());
-        let accept = tokio::spawn(async move {
-            while let Ok((mut inbound, _)) = listener.accept().await {
-                let port = t.load(Ordering::SeqCst);
-                c.lock().unwrap().spawn(async move {
-                    if let Ok(mut out) = TcpStream::connect(("127.0.0.1", port)).await {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
-                    }
-                });
-            }
-        });
-        Switch {
-            addr,
-            target,
-            conns,
-            accept,
-        }
-    }
-
-    fn switch_to(&self, port: u16) {
-        self.target.store(port, Ordering::SeqCst);
-        self.conns.lock().unwrap().abort_all();
-    }
-}
-
-impl Drop for Switch {
-    fn drop(&mut self) {
-        self.accept.abort();
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failover_before_replication_loses_the_lock_and_the_token_fences_the_old_holder() {
@@ -141,17 +33,7 @@ async fn failover_before_replication_loses_the_lock_and_the_token_fences_the_old
         .unwrap();
     let link_port = link.addr().port().to_string();
     let mut replica = Server::start(&bin, &["--replicaof", "127.0.0.1", link_port.as_str()]).await;
-    for i in 0.. {
-        let info: String = replica
-            .query(redis::cmd("INFO").arg("replication"))
-            .await
-            .unwrap();
-        if info.contains("master_link_status:up") {
-            break;
-        }
-        assert!(i < 200, "the replica never synced: {info}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    synced(&replica).await;
 
     let ns = format!("qlfo-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     let switch = Switch::start(primary.port).await;
@@ -304,21 +186,6 @@ async fn wait_mode_counts_a_grant_only_once_the_replica_has_it() {
     let left = a.inspect("w").await.unwrap();
     assert!(left.is_free(), "an unacknowledged grant stayed: {left:?}");
     a.close().await;
-}
-
-/// Waits until `replica` reports its link to its primary up.
-async fn synced(replica: &Server) {
-    for i in 0.. {
-        let info: String = replica
-            .query(redis::cmd("INFO").arg("replication"))
-            .await
-            .unwrap();
-        if info.contains("master_link_status:up") {
-            return;
-        }
-        assert!(i < 200, "the replica never synced: {info}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// A release the failover loses: it reached the old primary, not the

@@ -2,7 +2,8 @@
 //! one real Redis, faulty clients behind the suite's TCP proxy. Sessions
 //! use a 3 s TTL so that the scenarios that wait for an expiry stay short.
 //! The explorer steps the server's clock (for its namespace's keys) in
-//! some schedules.
+//! some schedules; and it fails over a primary and replica of its own
+//! (`explore_random_schedules_with_failovers`).
 
 mod common;
 
@@ -26,3 +27,25 @@ quorumlock_conformance::process_fault_suite!(
     )
     .map(|t| t.with_option("ttl", "3s"))
 );
+
+/// The explorer over a primary and its replica of this test: in most
+/// schedules the replication link is cut, a client takes a mutex (a grant
+/// the replica never gets), the workload goes on, and the replica is
+/// promoted, the clients moved to it. The checker holds the store to what
+/// section "Failover" of the README promises: tokens keep growing, the
+/// lost holder's fenced writes are refused, it is told within a TTL (at
+/// its next renewal), and nothing is left behind. Schedules run one at a
+/// time (a failover hits every namespace); `scripts/chaos.sh` gives it
+/// its share of the explorer's time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explore_random_schedules_with_failovers() {
+    let Some(bin) = common::pair::server_binary() else {
+        return;
+    };
+    let pair = std::sync::Arc::new(common::pair::Pair::start(&bin).await);
+    quorumlock_conformance::faults::explorer::explore_random_schedules(&pair.target("3s")).await;
+    assert!(
+        pair.failovers() > 0,
+        "no schedule failed the pair over: the fault was not explored"
+    );
+}

@@ -4,6 +4,8 @@
 // Each test file uses some of these.
 #![allow(dead_code)]
 
+pub mod pair;
+
 use std::sync::Arc;
 use std::time::Duration;
 
