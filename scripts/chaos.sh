@@ -152,7 +152,7 @@ for b in "${backends[@]}"; do
   start=$(date +%s)
   # The explorer first: its share split between the explorer tests of the
   # target (etcd has one per version), which run one after the other.
-  n_explore=$(cargo test -q "${suite[@]}" -- --list 2>/dev/null | grep -c 'explore_random_schedules: test' || true)
+  n_explore=$(cargo test -q "${suite[@]}" -- --list 2>/dev/null | grep -c 'explore_random_schedules[a-z_]*: test' || true)
   [ "$n_explore" -gt 0 ] || n_explore=1
   out=$logs/$b.explore.log
   log "$b: explorer, ${explore_share}s over $n_explore target(s), $QUORUMLOCK_EXPLORE_AT_ONCE at once (log: $out); then ${QUORUMLOCK_CHAOS_SECONDS}s per scenario per pass"

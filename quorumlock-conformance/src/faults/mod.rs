@@ -155,8 +155,10 @@ pub trait Failover: Send + Sync {
     /// Promotes the replica, moves the target's address to it (open
     /// connections are closed, as a moved DNS name or Sentinel does), and
     /// makes the old primary its replica, synced, so that the next
-    /// failover is one again.
-    async fn promote(&self) -> Result<(), String>;
+    /// failover is one again. Returns when the address moved: from then
+    /// on a new request reaches the new primary only. An error means the
+    /// failover did not complete (the pair is left healed if it can be).
+    async fn promote(&self) -> Result<tokio::time::Instant, String>;
 }
 
 /// Steps the store's clock forward by the given span for every key (or

@@ -12,6 +12,7 @@ use quorumlock_conformance::support::free_port;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::process::{Child, Command};
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 
 pub fn server_binary() -> Option<String> {
     match std::env::var("QUORUMLOCK_REDIS_SERVER") {
@@ -95,8 +96,11 @@ impl Switch {
         let (t, c) = (target.clone(), conns.clone());
         let accept = tokio::spawn(async move {
             while let Ok((mut inbound, _)) = listener.accept().await {
+                // The port read under the lock `switch_to` takes: a
+                // connection is to the new target, or closed by it.
+                let mut conns = c.lock().unwrap();
                 let port = t.load(Ordering::SeqCst);
-                c.lock().unwrap().spawn(async move {
+                conns.spawn(async move {
                     if let Ok(mut out) = TcpStream::connect(("127.0.0.1", port)).await {
                         let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
                     }
@@ -112,8 +116,9 @@ impl Switch {
     }
 
     pub fn switch_to(&self, port: u16) {
+        let mut conns = self.conns.lock().unwrap();
         self.target.store(port, Ordering::SeqCst);
-        self.conns.lock().unwrap().abort_all();
+        conns.abort_all();
     }
 }
 
@@ -125,17 +130,23 @@ impl Drop for Switch {
 
 /// Waits until `replica` reports its link to its primary up.
 pub async fn synced(replica: &Server) {
-    for i in 0.. {
-        let info: String = replica
+    try_synced(replica).await.unwrap()
+}
+
+/// [`synced`], or why not within 10 s.
+async fn try_synced(replica: &Server) -> Result<(), String> {
+    let mut info = String::new();
+    for _ in 0..200 {
+        info = replica
             .query(redis::cmd("INFO").arg("replication"))
             .await
-            .unwrap();
+            .map_err(|e| format!("INFO of the replica: {e}"))?;
         if info.contains("master_link_status:up") {
-            return;
+            return Ok(());
         }
-        assert!(i < 200, "the replica never synced: {info}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    Err(format!("the replica never synced: {info}"))
 }
 
 /// Two servers, one the primary and one its replica, behind one address
@@ -153,18 +164,25 @@ pub struct Pair {
 }
 
 impl Pair {
-    /// Server 0 the primary, server 1 its replica, synced.
+    /// Server 0 the primary, server 1 its replica, synced. A full sync
+    /// starts at once (not after Redis's default 5 s of waiting for more
+    /// replicas), so that the old primary is a replica again soon after a
+    /// failover.
     pub async fn start(bin: &str) -> Pair {
-        let first = Server::start(bin, &[]).await;
+        const NO_DELAY: [&str; 2] = ["--repl-diskless-sync-delay", "0"];
+        let first = Server::start(bin, &NO_DELAY).await;
         let to_first = TcpProxy::start(([127, 0, 0, 1], first.port).into())
             .await
             .unwrap();
+        let to_first_port = to_first.addr().port().to_string();
         let second = Server::start(
             bin,
             &[
+                NO_DELAY[0],
+                NO_DELAY[1],
                 "--replicaof",
                 "127.0.0.1",
-                &to_first.addr().port().to_string(),
+                &to_first_port,
             ],
         )
         .await;
@@ -212,15 +230,20 @@ impl Failover for Pair {
         Ok(())
     }
 
-    async fn promote(&self) -> Result<(), String> {
+    async fn promote(&self) -> Result<Instant, String> {
         let p = self.primary.load(Ordering::SeqCst);
         let r = 1 - p;
         let fail = |what: &str, e: redis::RedisError| format!("{what}: {e}");
-        let _: () = self.servers[r]
-            .query(redis::cmd("REPLICAOF").arg("NO").arg("ONE"))
+        if let Err(e) = self.servers[r]
+            .query::<()>(redis::cmd("REPLICAOF").arg("NO").arg("ONE"))
             .await
-            .map_err(|e| fail("promoting the replica", e))?;
+        {
+            // No failover: the replica catches up again.
+            self.links[p].set_mode(NetMode::Pass);
+            return Err(fail("promoting the replica", e));
+        }
         self.switch.switch_to(self.servers[r].port);
+        let switched = Instant::now();
         self.primary.store(r, Ordering::SeqCst);
         self.promoted.fetch_add(1, Ordering::SeqCst);
         // The old primary, its writes since the cut dropped, replicates
@@ -234,7 +257,7 @@ impl Failover for Pair {
             .await
             .map_err(|e| fail("making the old primary a replica", e))?;
         self.links[p].set_mode(NetMode::Pass);
-        synced(&self.servers[p]).await;
-        Ok(())
+        try_synced(&self.servers[p]).await?;
+        Ok(switched)
     }
 }

@@ -26,11 +26,13 @@
 //! forward by less than TTL/5 while a holder's link is blackholed past the
 //! TTL, and the checker holds the store to the margin the documentation
 //! promises. Where the target is a primary with a replica
-//! (`FaultTarget::with_failover`: Redis), most schedules cut the
-//! replication link, take a mutex (a grant the replica never gets) and
-//! promote the replica: every hold ends at the failover for the checker
-//! (a second holder of a lost grant is what the documentation allows),
-//! and the lost holder must be told within a TTL. On a linked cluster the
+//! (`FaultTarget::with_failover`: Redis), every schedule cuts the
+//! replication link after one of its first three faults, takes a mutex (a
+//! grant the replica never gets) and promotes the replica: every hold
+//! from before the switch ends at the cut for the checker (a second
+//! holder of a lost grant, or of a session whose renewals were lost, is
+//! what the documentation allows), and the lost holder must be told
+//! within a TTL of the switch. On a linked cluster the
 //! rounds also cut single links (`runs.rs`). The checker then
 //! asks of the history:
 //! - no two holds of one name overlap (readers may share; at most N
@@ -505,9 +507,11 @@ pub async fn explore(
     violations.extend(shared.errors.lock().unwrap().drain(..));
     violations.extend(check(&shared));
     // A failover may bring back a leader whose resignation it lost (the
-    // README's section "Failover"): the observer's reports while one was
-    // under way (and TTL/10 either side: replication lag, a report read
-    // just before the switch) are not held to the order of tokens.
+    // README's section "Failover"): the observer's reports from the cut
+    // (less TTL/10: replication lag) to a TTL and TTL/10 after the switch
+    // (an answer of the old primary that a delayed-answer fault holds up
+    // to a TTL is delivered after the switch) are not held to the order
+    // of tokens.
     let failovers: Vec<(Instant, Instant)> = shared
         .log
         .forced
@@ -515,7 +519,7 @@ pub async fn explore(
         .unwrap()
         .iter()
         .filter(|(_, _, whom)| matches!(whom, Forced::Failover))
-        .map(|(at, done, _)| (*at - ttl / 10, *done + ttl / 10))
+        .map(|(at, done, _)| (*at - ttl / 10, *done + ttl + ttl / 10))
         .collect();
     violations.extend(observer_follows(&admin, &observed, bound, &failovers).await);
     observer.abort();
@@ -1171,11 +1175,15 @@ async fn nemesis(
     } = sides;
     let mut step_rng = StdRng::seed_from_u64(rng.clone().gen::<u64>() ^ 0x57e9_c10c_57e9_c10c);
     let mut failover_rng = StdRng::seed_from_u64(rng.clone().gen::<u64>() ^ 0xfa11_0fe5_fa11_0fe5);
+    // The failover comes after one of the first three faults.
+    let failover_after = failover_rng.gen_range(1..=3u32);
+    let mut rounds = 0u32;
     let mut n = FaultCounts::default();
     let end = Instant::now() + run_for;
     let mut all: Vec<&'static str> = MUTEXES.to_vec();
     all.extend([RWLOCK, SEMAPHORE.0, ELECTION]);
     while Instant::now() < end {
+        rounds += 1;
         tokio::time::sleep(Duration::from_millis(rng.gen_range(50..400))).await;
         let ci = rng.gen_range(0..nets.len());
         let net = &nets[ci];
@@ -1309,8 +1317,8 @@ async fn nemesis(
             n.blackhole += 1;
             step_clock_while_cut(&mut step_rng, step, &sides, sh, ttl).await;
         }
-        // Likewise: at most one failover per schedule.
-        if let Some(f) = failover.filter(|_| n.failovers == 0 && failover_rng.gen_ratio(1, 4)) {
+        // Likewise: one failover per schedule, where the target has one.
+        if let Some(f) = failover.filter(|_| rounds == failover_after) {
             n.failovers += 1;
             failover_while_holding(&mut failover_rng, f, &sides, sh, ttl).await;
         }
@@ -1360,13 +1368,14 @@ async fn step_clock_while_cut(
 /// A failover that loses a grant: the replication link is cut, a client
 /// takes a mutex (a grant the replica never gets), the workload goes on
 /// for up to TTL/3 (its writes lost too), then the replica is promoted and
-/// every client moved to it. Every hold then ends at the failover for the
-/// checker (the store may have lost any grant made since the cut), so a
-/// second holder of the lost grant's mutex is what the documentation
+/// every client moved to it. Every hold begun before the switch then ends
+/// at the cut for the checker (the store may have lost any grant, or any
+/// renewal, made since), so a second holder is what the documentation
 /// allows; what it promises is checked: tokens keep growing, the lost
-/// holder's fenced writes are refused, and the lost holder is told within
-/// a TTL of the failover (at its next renewal, TTL/3 apart). Meanwhile
-/// another client tries the mutexes every TTL/20 and keeps what it gets.
+/// holder's fenced writes are refused, holds begun after the switch
+/// exclude each other, and the lost holder is told within a TTL of the
+/// switch (at its next renewal, TTL/3 apart). Meanwhile another client
+/// tries the mutexes every TTL/20 and keeps what it gets.
 async fn failover_while_holding(
     rng: &mut StdRng,
     failover: &Arc<dyn super::Failover>,
@@ -1384,22 +1393,25 @@ async fn failover_while_holding(
     let name = MUTEXES[rng.gen_range(0..MUTEXES.len())];
     let held = take_for_fault(&sides.clients[ci], ci, name, sh, ttl).await;
     tokio::time::sleep(Duration::from_millis(rng.gen_range(0..=ttl_ms / 3))).await;
-    let promoted = failover.promote().await;
-    let done = Instant::now();
-    // Logged whatever `promote` said: it may have moved the clients.
+    // From the switch on, every new request reaches the new primary: the
+    // holds begun since are checked again. (A failed failover: from now.)
+    let done = match failover.promote().await {
+        Ok(switched) => switched,
+        Err(e) => {
+            sh.errors
+                .lock()
+                .unwrap()
+                .push(format!("the failover did not complete: {e}"));
+            Instant::now()
+        }
+    };
     sh.log.force(at, done, Forced::Failover);
-    if let Err(e) = promoted {
-        sh.errors
-            .lock()
-            .unwrap()
-            .push(format!("the failover did not complete: {e}"));
-    }
     let other = (ci + 1) % sides.clients.len();
     try_mutexes_until(&sides.clients[other], other, done + ttl, rng, sh, ttl).await;
     if let Some((g, id, watcher)) = held {
         if g.is_held() {
             sh.errors.lock().unwrap().push(format!(
-                "client {ci} still held {name} (token {}) a TTL after a failover lost its grant (the failover took {} ms, from the cut of the replication link to the old primary synced as a replica)",
+                "client {ci} still held {name} (token {}) a TTL after a failover lost its grant ({} ms from the cut of the replication link to the switch)",
                 g.token(),
                 (done - at).as_millis()
             ));
