@@ -170,6 +170,9 @@ pub type ClockStep = Arc<
         + Sync,
 >;
 
+/// What [`FaultTarget::as_mutant`] appends to a target's name.
+pub const MUTANT_SUFFIX: &str = "+mutant";
+
 /// Wraps every backend a [`FaultTarget`] makes; see
 /// [`FaultTarget::wrap_backends`].
 pub type Wrap = Arc<dyn Fn(Arc<dyn Backend>) -> Arc<dyn Backend> + Send + Sync>;
@@ -313,6 +316,16 @@ impl FaultTarget {
         wrap: impl Fn(Arc<dyn Backend>) -> Arc<dyn Backend> + Send + Sync + 'static,
     ) -> FaultTarget {
         self.wrap = Some(Arc::new(wrap));
+        self
+    }
+
+    /// The same target, named `<name>+mutant`: its backends are mutated
+    /// (see [`wrap_backends`](Self::wrap_backends)), so a violation is
+    /// what its test expects, and its rows are printed but not appended to
+    /// `scripts/chaos.sh`'s results ([`Row::record`]), where they would
+    /// count as failures.
+    pub fn as_mutant(mut self) -> FaultTarget {
+        self.name.push_str(MUTANT_SUFFIX);
         self
     }
 
@@ -588,7 +601,8 @@ macro_rules! cluster_link_suite {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         #[ignore = "three-node cluster scenario: scripts/chaos.sh runs it"]
         async fn follower_cut_from_leader() {
-            $crate::faults::scenarios::on_linked_cluster($kind, $key, $value, $factory).await;
+            $crate::faults::scenarios::on_linked_cluster($kind, $key, $value, $factory, false)
+                .await;
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -597,16 +611,22 @@ macro_rules! cluster_link_suite {
         async fn follower_cut_catches_a_client_trusting_its_member() {
             let kind: $crate::faults::StoreKind = $kind;
             let factory = $factory;
-            $crate::faults::scenarios::on_linked_cluster(kind, $key, $value, move |url| {
-                let inner = factory(url.clone());
-                async move {
-                    Ok($crate::faults::mutants::trusting_its_member(
-                        inner.await?,
-                        &url,
-                        kind,
-                    ))
-                }
-            })
+            $crate::faults::scenarios::on_linked_cluster(
+                kind,
+                $key,
+                $value,
+                move |url| {
+                    let inner = factory(url.clone());
+                    async move {
+                        Ok($crate::faults::mutants::trusting_its_member(
+                            inner.await?,
+                            &url,
+                            kind,
+                        ))
+                    }
+                },
+                true,
+            )
             .await;
         }
     };

@@ -98,8 +98,15 @@ impl Row {
     }
 
     /// Appends the row to `$QUORUMLOCK_CHAOS_RESULTS` if set, and prints it.
+    /// A mutant's row ([`FaultTarget::as_mutant`]) is only printed: its
+    /// violation is what its test asserts.
+    ///
+    /// [`FaultTarget::as_mutant`]: super::FaultTarget::as_mutant
     pub fn record(&self) {
         eprintln!("fault row: {}", self.tsv());
+        if self.backend.ends_with(super::MUTANT_SUFFIX) {
+            return;
+        }
         let Some(path) = std::env::var_os("QUORUMLOCK_CHAOS_RESULTS") else {
             return;
         };

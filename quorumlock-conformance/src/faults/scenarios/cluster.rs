@@ -224,12 +224,14 @@ pub async fn follower_cut_from_leader(t: &FaultTarget, cluster: &mut Cluster) ->
 
 /// Starts a linked cluster of `kind` ([`Cluster::start_linked`]), connects
 /// through `factory` with `key=value` added to the URL, and runs
-/// [`follower_cut_from_leader`] on it.
+/// [`follower_cut_from_leader`] on it. `mutant`: `factory` makes mutated
+/// backends, whose row is the test's to judge ([`FaultTarget::as_mutant`]).
 pub async fn on_linked_cluster<F, Fut>(
     kind: super::super::StoreKind,
     key: &str,
     value: &str,
     factory: F,
+    mutant: bool,
 ) -> Row
 where
     F: Fn(quorumlock_core::url::Url) -> Fut + Send + Sync + 'static,
@@ -243,6 +245,9 @@ where
     // Dropped in reverse order, also on a panic: the cluster first.
     let _turn = turn;
     let mut cluster = cluster;
-    let target = FaultTarget::for_cluster(&cluster, factory).with_option(key, value);
+    let mut target = FaultTarget::for_cluster(&cluster, factory).with_option(key, value);
+    if mutant {
+        target = target.as_mutant();
+    }
     follower_cut_from_leader(&target, &mut cluster).await
 }
