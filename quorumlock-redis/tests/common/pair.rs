@@ -8,23 +8,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use quorumlock_conformance::faults::{Failover, FaultTarget, NetControl, NetMode, TcpProxy};
-use quorumlock_conformance::support::free_port;
+use quorumlock_conformance::support::{env_or_skip, free_port};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::process::{Child, Command};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+/// The `redis-server` binary (`scripts/stores.sh up redis` exports it),
+/// or a loud skip (a panic when `QUORUMLOCK_TEST_REQUIRE=1`).
 pub fn server_binary() -> Option<String> {
-    match std::env::var("QUORUMLOCK_REDIS_SERVER") {
-        Ok(b) if !b.is_empty() => Some(b),
-        _ if std::env::var("QUORUMLOCK_TEST_REQUIRE").as_deref() == Ok("1") => {
-            panic!("QUORUMLOCK_REDIS_SERVER is not set and QUORUMLOCK_TEST_REQUIRE=1 (scripts/stores.sh up redis exports it)")
-        }
-        _ => {
-            eprintln!("SKIPPED: QUORUMLOCK_REDIS_SERVER is not set; start the stores with scripts/stores.sh up");
-            None
-        }
-    }
+    env_or_skip("QUORUMLOCK_REDIS_SERVER")
 }
 
 /// A `redis-server` of this test, killed when dropped, with its own
