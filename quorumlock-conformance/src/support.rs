@@ -25,12 +25,33 @@ pub fn unique_namespace(prefix: &str) -> String {
     )
 }
 
-/// A loopback port free right now, for a server the test starts.
+/// Where [`free_port`] looks: below Linux's ephemeral range (32768 and
+/// up), above the stores' fixed ports (`scripts/stores.sh`: 2181 to
+/// 18500) and Consul's Connect ranges (21000 to 21755).
+const SERVER_PORTS: std::ops::Range<u16> = 24_000..32_000;
+
+/// A loopback port for a server the test starts: free now, and one that
+/// nothing else takes before the server binds it. A port from `bind(0)`
+/// is an ephemeral one, which the kernel also gives to any outgoing
+/// connection (a probe, a peer's dial) and to a proxy's `bind(0)`: a
+/// ZooKeeper ensemble member whose election port went that way exited,
+/// and its ensemble never served. This one lies outside that range, and
+/// this process never hands it out twice.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-        .port()
+    use rand::Rng;
+    use std::collections::HashSet;
+    use std::sync::{Mutex, OnceLock};
+    static GIVEN: OnceLock<Mutex<HashSet<u16>>> = OnceLock::new();
+    let mut given = GIVEN.get_or_init(Mutex::default).lock().unwrap();
+    let mut rng = rand::thread_rng();
+    for _ in 0..1000 {
+        let port = rng.gen_range(SERVER_PORTS);
+        if !given.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.insert(port);
+            return port;
+        }
+    }
+    panic!("no free loopback port in {SERVER_PORTS:?} after 1000 tries");
 }
 
 /// With `QUORUMLOCK_TEST_LOG` set (a `tracing` filter, e.g.

@@ -36,7 +36,7 @@ impl Bouncer {
             u => u,
         };
         let dir = common::Scratch::new("pgbouncer");
-        let listen = common::free_port();
+        let listen = quorumlock_conformance::support::free_port();
         // Authentication is the server's: trust on loopback for the test
         // server, so the pooler trusts the users it lists.
         std::fs::write(dir.path("users.txt"), format!("\"{user}\" \"\"\n")).unwrap();

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use quorumlock_conformance::support::{env_or_skip as env, unique_namespace};
+use quorumlock_conformance::support::{env_or_skip as env, free_port, unique_namespace};
 use quorumlock_core::backend::Namespace;
 use quorumlock_core::{ErrorKind, LockClient};
 use quorumlock_redis::{RedisBackend, RedisConfig};
@@ -18,11 +18,7 @@ struct Server {
 }
 
 async fn start(bin: &str, password: &str) -> Server {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let child = Command::new(bin)
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
         .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])

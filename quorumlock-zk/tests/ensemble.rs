@@ -13,13 +13,14 @@
 //! `QUORUMLOCK_ENSEMBLE_RUNS` (default 3) sets how many cut/heal rounds
 //! the safety test makes on one ensemble.
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
 use quorumlock_conformance::faults::{NetControl, NetMode, TcpProxy};
+use quorumlock_conformance::support::free_port;
 use quorumlock_core::{LockClient, LossReason};
 use tokio::time::Instant;
 
@@ -27,17 +28,13 @@ const TICK_MS: u64 = 200;
 /// Large, so that a cut-off follower serves its stale copy for 5 s.
 const SYNC_LIMIT: u64 = 25;
 const JAR: &str = "/usr/share/java/zookeeper.jar";
+/// ZooKeeper logs through SLF4J; without a binding on the class path it
+/// logs nothing, and a member that fails leaves no trace in its `log`.
+const SLF4J_BINDING: &str = "/usr/share/java/slf4j-simple.jar";
 
 /// Ensembles of this file run one at a time (CPU, not ports: every
 /// ensemble takes free ports of its own).
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
 
 struct Server {
     client: u16,
@@ -121,12 +118,21 @@ impl Ensemble {
     fn spawn(&mut self, i: usize) {
         let d = self.dir.join(format!("n{i}"));
         let log = std::fs::File::create(d.join("log")).unwrap();
+        let mut class_path = JAR.to_string();
+        if std::path::Path::new(SLF4J_BINDING).exists() {
+            class_path = format!("{class_path}:{SLF4J_BINDING}");
+        }
         let child = Command::new("java")
             .args([
                 "-Xmx256m".to_string(),
                 format!("-Dzookeeper.log.dir={}", d.display()),
+                // A member whose first election messages found no peer
+                // listening yet backs off doubling up to this (default
+                // 60 s) before it asks again: bounded here so that the
+                // last one up joins within seconds.
+                "-Dzookeeper.fastleader.maxNotificationInterval=1000".into(),
                 "-cp".into(),
-                JAR.into(),
+                class_path,
                 "org.apache.zookeeper.server.quorum.QuorumPeerMain".into(),
                 d.join("zoo.cfg").display().to_string(),
             ])
@@ -181,7 +187,7 @@ impl Ensemble {
     }
 
     /// Waits until servers `which` serve clients as leader or follower.
-    async fn wait_serving(&self, which: &[usize], within: Duration) {
+    async fn wait_serving(&mut self, which: &[usize], within: Duration) {
         let start = Instant::now();
         loop {
             let modes = self.modes().await;
@@ -192,11 +198,20 @@ impl Ensemble {
             {
                 return;
             }
-            assert!(
-                start.elapsed() < within,
-                "ensemble not serving within {within:?}: {modes:?}; logs in {}",
-                self.dir.display()
-            );
+            // A member that exited (a port it could not bind: exit code
+            // 14) never serves: no need to wait the whole bound for it.
+            let exits: Vec<Option<std::process::ExitStatus>> = self
+                .servers
+                .iter_mut()
+                .map(|s| s.child.as_mut().and_then(|c| c.try_wait().ok().flatten()))
+                .collect();
+            if start.elapsed() >= within || exits.iter().any(Option::is_some) {
+                panic!(
+                    "ensemble not serving within {within:?}: {modes:?}, exited: {exits:?}; \
+                     logs in {}",
+                    self.dir.display()
+                );
+            }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
@@ -281,7 +296,7 @@ async fn follower_cut_from_leader_holder_loses_before_waiter_is_granted() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(3);
     let _turn = ONE_AT_A_TIME.lock().await;
-    let ens = Ensemble::start().await;
+    let mut ens = Ensemble::start().await;
     for run in 0..runs {
         let l = ens.leader().await;
         let f = (l + 1) % 3;

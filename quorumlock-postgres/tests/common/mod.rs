@@ -154,14 +154,6 @@ impl Drop for Scratch {
     }
 }
 
-/// A port on 127.0.0.1 that nothing listened on a moment ago.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
-
 /// Polls `probe` every 50 ms until it gives `Some`, for at most `within`
 /// (a wide bound: the event is what the test waits for).
 pub async fn wait_for<T, F, Fut>(what: &str, within: Duration, mut probe: F) -> T
