@@ -115,8 +115,10 @@ impl Election {
     /// The leader now, then every change of leader or of its value
     /// (`None`: nobody leads), in order. By default a read follows each
     /// change the store notifies ([`Follow::Notifications`]): nothing is
-    /// read while nothing changes, and a leadership is seen as long as
-    /// it lasts longer than one read of the store (about a round trip).
+    /// read while nothing changes, and a leadership is seen if it lasts
+    /// until the read after the change that began it (about a round trip
+    /// later, more while the observer's process is busy); a shorter one
+    /// may be merged into the next report.
     /// After a broken watch, the first read reports what changed
     /// meanwhile (the leadership in between, if any, is not seen). An
     /// error is yielded and the stream goes on.
