@@ -25,18 +25,36 @@ pub fn unique_namespace(prefix: &str) -> String {
     )
 }
 
-/// Where [`free_port`] looks: below Linux's ephemeral range (32768 and
-/// up), above the stores' fixed ports (`scripts/stores.sh`: 2181 to
-/// 18500) and Consul's Connect ranges (21000 to 21755).
-const SERVER_PORTS: std::ops::Range<u16> = 24_000..32_000;
+/// Where [`free_port`] looks: below Linux's ephemeral range (see
+/// [`server_ports`]), above the stores' fixed ports (`scripts/stores.sh`:
+/// 2181 to 18500; `docker/compose-cluster.yml`: up to 24793) and
+/// Consul's Connect ranges (21000 to 21755).
+const SERVER_PORTS: std::ops::Range<u16> = 25_000..32_000;
+
+/// [`SERVER_PORTS`], cut where this machine's ephemeral range begins
+/// (`ip_local_port_range`; 32768 by default). A machine whose range
+/// begins lower than that leaves the whole of it: there, an outgoing
+/// connection can take a port handed out before the server binds it.
+fn server_ports() -> std::ops::Range<u16> {
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok());
+    match ephemeral {
+        Some(low) if low > SERVER_PORTS.start + 1_000 => {
+            SERVER_PORTS.start..SERVER_PORTS.end.min(low)
+        }
+        _ => SERVER_PORTS,
+    }
+}
 
 /// A loopback port for a server the test starts: free now, and one that
 /// nothing else takes before the server binds it. A port from `bind(0)`
 /// is an ephemeral one, which the kernel also gives to any outgoing
 /// connection (a probe, a peer's dial) and to a proxy's `bind(0)`: a
-/// ZooKeeper ensemble member whose election port went that way exited,
-/// and its ensemble never served. This one lies outside that range, and
-/// this process never hands it out twice.
+/// ZooKeeper ensemble member whose election port goes that way exits
+/// (code 14) and its ensemble never serves, as one did in a full run.
+/// This one lies outside that range, and this process never hands it out
+/// twice.
 pub fn free_port() -> u16 {
     use rand::Rng;
     use std::collections::HashSet;
@@ -44,14 +62,15 @@ pub fn free_port() -> u16 {
     static GIVEN: OnceLock<Mutex<HashSet<u16>>> = OnceLock::new();
     let mut given = GIVEN.get_or_init(Mutex::default).lock().unwrap();
     let mut rng = rand::thread_rng();
+    let ports = server_ports();
     for _ in 0..1000 {
-        let port = rng.gen_range(SERVER_PORTS);
+        let port = rng.gen_range(ports.clone());
         if !given.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
             given.insert(port);
             return port;
         }
     }
-    panic!("no free loopback port in {SERVER_PORTS:?} after 1000 tries");
+    panic!("no free loopback port in {ports:?} after 1000 tries");
 }
 
 /// With `QUORUMLOCK_TEST_LOG` set (a `tracing` filter, e.g.

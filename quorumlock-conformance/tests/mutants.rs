@@ -34,6 +34,11 @@ enum Mutation {
     /// at join time does, against one taken at grant time): each kind's
     /// tokens still increase, across kinds they go down.
     RwTokensLag,
+    /// Offers no change feed: `observe` reads every 250 ms instead.
+    NoChangeFeed,
+    /// Loses every third notification of its change feed after the
+    /// first (the watch in place).
+    LosesNotifications,
 }
 
 /// How far [`Mutation::RwTokensLag`] puts read and write tokens back.
@@ -57,7 +62,16 @@ impl Backend for Mutant {
         self.inner.capabilities()
     }
     fn changes(&self, name: &LockName) -> Option<quorumlock_core::backend::ChangeFeed> {
-        self.inner.changes(name)
+        use futures::StreamExt;
+        match self.mutation {
+            Mutation::NoChangeFeed => None,
+            Mutation::LosesNotifications => self.inner.changes(name).map(|feed| {
+                feed.enumerate()
+                    .filter_map(|(i, item)| futures::future::ready((i % 3 != 2).then_some(item)))
+                    .boxed()
+            }),
+            _ => self.inner.changes(name),
+        }
     }
     fn describe(&self) -> String {
         format!("mutant {:?} of {}", self.mutation, self.inner.describe())
@@ -216,6 +230,8 @@ must_fail! {
     mutex_semaphore_caught_by_limit_case: SemaphoreAsMutex => semaphore_never_exceeds_permits;
     reversed_tokens_caught_by_kinds_case: ReversedTokens => tokens_increase_across_kinds;
     lagging_rw_tokens_caught_by_kinds_case: RwTokensLag => tokens_increase_across_kinds;
+    polling_observe_caught_by_short_leaderships: NoChangeFeed => election_observe_sees_every_short_leadership;
+    lost_notifications_caught_by_short_leaderships: LosesNotifications => election_observe_sees_every_short_leadership;
 }
 
 /// The unmutated wrapper passes, so the failures above come from the

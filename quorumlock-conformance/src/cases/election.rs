@@ -145,6 +145,43 @@ pub async fn election_observe_sees_changes(h: &Harness) {
 /// One leadership: its token and value.
 type Leadership = (u64, Vec<u8>);
 
+/// An observer's reports so far: how many, and each leader with the
+/// number of the report that showed it.
+#[derive(Default)]
+struct Reports {
+    count: usize,
+    leaders: Vec<(Leadership, usize)>,
+}
+
+/// Waits, at most [`SOON`], until `found` finds something in an
+/// observer's reports, and gives it; panics naming `what` if not, or if
+/// the observer ended first.
+async fn until<T>(
+    reports: &tokio::sync::watch::Receiver<Reports>,
+    what: &str,
+    mut found: impl FnMut(&Reports) -> Option<T>,
+) -> T {
+    let mut reports = reports.clone();
+    let mut it = None;
+    // The reports' read guard is let go at once: the observer's task
+    // needs it to write.
+    let waited = tokio::time::timeout(
+        SOON,
+        reports.wait_for(|r| {
+            it = found(r);
+            it.is_some()
+        }),
+    )
+    .await
+    .map(|r| r.map(drop));
+    match waited {
+        Ok(Ok(_)) => {}
+        Ok(Err(_)) => panic!("the observer ended before {what}"),
+        Err(_) => panic!("no {what} within {SOON:?}"),
+    }
+    it.expect("found")
+}
+
 /// Leadership changes for 10 s among three candidates, each leader
 /// resigning as soon as `observe` has reported it: `observe` reports
 /// every leader, in token order, exactly as the candidates themselves
@@ -157,9 +194,10 @@ type Leadership = (u64, Vec<u8>);
 /// holding for a fixed time: `observe` reads after each change, so a
 /// leadership shorter than that read may be merged into the next one (as
 /// `watch` documents), and a fixed 20 ms hold failed whenever the
-/// observer's read came later than that on a busy machine. A lost
-/// notification is caught by `election_observe_sees_changes`, where no
-/// later change makes up for it. The candidates start once both
+/// observer's read came later than that on a busy machine. A candidate
+/// campaigns again only once `observe` reported what followed its
+/// resign, so no later change makes up for a lost notification: the
+/// case waits in vain and fails. The candidates start once both
 /// observers have reported the election's state (nobody): `observe` owes
 /// no leadership that ended before it started.
 pub async fn election_observe_sees_every_short_leadership(h: &Harness) {
@@ -175,20 +213,20 @@ pub async fn election_observe_sees_every_short_leadership(h: &Harness) {
             .observe(),
     );
     let history: Arc<Mutex<Vec<Leadership>>> = Arc::default();
-    // Each observer's reports, and whether it reported the state at its
-    // start; ends at the `None` after the last leader (see below).
+    // Each observer's reports; ends at the `None` after the last leader
+    // (see below).
     let seen = |mut s: std::pin::Pin<
         Box<dyn futures::Stream<Item = quorumlock_core::Result<Option<Leader>>> + Send>,
     >| {
-        let (reports, seen) = tokio::sync::watch::channel((false, Vec::<Leadership>::new()));
+        let (reports, seen) = tokio::sync::watch::channel(Reports::default());
         let task = tokio::spawn(async move {
             while let Some(next) = s.next().await {
                 let mut last = false;
-                reports.send_modify(|(started, seen)| {
-                    *started = true;
+                reports.send_modify(|r| {
+                    r.count += 1;
                     match next {
-                        Ok(Some(l)) => seen.push((l.token, l.value)),
-                        Ok(None) => last = seen.last().is_some_and(|(_, v)| v == b"last"),
+                        Ok(Some(l)) => r.leaders.push(((l.token, l.value), r.count)),
+                        Ok(None) => last = r.leaders.last().is_some_and(|((_, v), _)| v == b"last"),
                         Err(e) => panic!("observe failed: {e}"),
                     }
                 });
@@ -202,25 +240,20 @@ pub async fn election_observe_sees_every_short_leadership(h: &Harness) {
     let (followed, followed_task) = seen(followed);
     let (polled, polled_task) = seen(polled);
     for (who, reports) in [("observer", &followed), ("poller", &polled)] {
-        tokio::time::timeout(SOON, reports.clone().wait_for(|(started, _)| *started))
-            .await
-            .unwrap_or_else(|_| panic!("the {who} to report the election"))
-            .unwrap_or_else(|_| panic!("the {who} ended before its first report"));
+        until(reports, &format!("the {who}'s first report"), |r| {
+            (r.count > 0).then_some(())
+        })
+        .await;
     }
-    let reported = |reports: &tokio::sync::watch::Receiver<(bool, Vec<Leadership>)>,
-                    l: Leadership| {
-        let mut reports = reports.clone();
+    // The number of the report that showed leadership `l`.
+    let reported = |reports: &tokio::sync::watch::Receiver<Reports>, l: Leadership| {
+        let reports = reports.clone();
         async move {
-            tokio::time::timeout(SOON, reports.wait_for(|(_, seen)| seen.contains(&l)))
-                .await
-                .map(|_| ())
-                .unwrap_or_else(|_| {
-                    panic!(
-                        "observe did not report leader {}:{} within {SOON:?}",
-                        l.0,
-                        String::from_utf8_lossy(&l.1)
-                    )
-                })
+            let what = format!("report of leader {}:{}", l.0, String::from_utf8_lossy(&l.1));
+            until(&reports, &what, |r| {
+                r.leaders.iter().find(|(seen, _)| *seen == l).map(|(_, at)| *at)
+            })
+            .await
         }
     };
     let deadline = Instant::now() + RUN;
@@ -237,12 +270,16 @@ pub async fn election_observe_sees_every_short_leadership(h: &Harness) {
                 let g = e.campaign(value.clone()).await.expect("campaign");
                 let others = leading.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 assert_eq!(others, 0, "{value} won while another candidate led");
-                let leadership = (g.token(), value.into_bytes());
+                let leadership = (g.token(), value.clone().into_bytes());
                 history.lock().unwrap().push(leadership.clone());
-                reported(followed, leadership).await;
+                let at = reported(followed, leadership).await;
                 // Before the resign: the next leader wins only after it.
                 leading.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
                 g.resign().await.expect("resign");
+                // Campaigning again is a change that would make up for a
+                // lost notification of the resign: first its report.
+                let what = format!("report after {value}'s resign");
+                until(followed, &what, |r| (r.count > at).then_some(())).await;
                 n += 1;
             }
         }
@@ -266,8 +303,10 @@ pub async fn election_observe_sees_every_short_leadership(h: &Harness) {
         .await
         .expect("the poller to see the end")
         .unwrap();
-    let followed = followed.borrow().1.clone();
-    let polled = polled.borrow().1.clone();
+    let leaders = |r: &tokio::sync::watch::Receiver<Reports>| -> Vec<Leadership> {
+        r.borrow().leaders.iter().map(|(l, _)| l.clone()).collect()
+    };
+    let (followed, polled) = (leaders(&followed), leaders(&polled));
     // Each leader waits for its report: an `observe` that polled every
     // 250 ms would allow some 40.
     assert!(
