@@ -162,9 +162,10 @@ impl StoreSession for MutantSession {
                 };
                 self.inner.acquire(&r).await
             }
-            Mutation::InspectReversed | Mutation::AbandonDoesNothing => {
-                self.inner.acquire(req).await
-            }
+            Mutation::InspectReversed
+            | Mutation::AbandonDoesNothing
+            | Mutation::NoChangeFeed
+            | Mutation::LosesNotifications => self.inner.acquire(req).await,
         }
     }
     async fn release(&self, req: &AcquireRequest, held: &Acquired) -> Result<()> {

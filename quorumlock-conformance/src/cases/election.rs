@@ -251,7 +251,10 @@ pub async fn election_observe_sees_every_short_leadership(h: &Harness) {
         async move {
             let what = format!("report of leader {}:{}", l.0, String::from_utf8_lossy(&l.1));
             until(&reports, &what, |r| {
-                r.leaders.iter().find(|(seen, _)| *seen == l).map(|(_, at)| *at)
+                r.leaders
+                    .iter()
+                    .find(|(seen, _)| *seen == l)
+                    .map(|(_, at)| *at)
             })
             .await
         }
