@@ -225,6 +225,7 @@ async fn a_release_lost_in_a_failover_does_not_keep_the_lock_held() {
     assert_eq!(acked, 1, "the replica did not acknowledge the grant");
     // ...the release is not: the replication link is partitioned first.
     link.set_mode(NetMode::Blackhole);
+    let bytes_at_cut = link.stats().bytes.load(Ordering::Relaxed);
     ga.release().await.unwrap();
     let on_primary: i64 = primary
         .query(redis::cmd("HLEN").arg(format!("{ns}/res/.e")))
@@ -235,7 +236,19 @@ async fn a_release_lost_in_a_failover_does_not_keep_the_lock_held() {
         .query(redis::cmd("HLEN").arg(format!("{ns}/res/.e")))
         .await
         .unwrap();
-    assert_eq!(on_replica, 1, "the replica got the release after all");
+    if on_replica != 1 {
+        // Failed once in a full run (run 3 of 7bf4c6c), not since in 30
+        // runs under load: what the next failure needs to be understood
+        // (did the link forward after the cut, or was the entry gone
+        // before it).
+        panic!(
+            "the replica got the release after all: HLEN {on_replica}; the link forwarded \
+             {} bytes after the cut; replication: {} | {}",
+            link.stats().bytes.load(Ordering::Relaxed) - bytes_at_cut,
+            replication(&primary).await,
+            replication(&replica).await
+        );
+    }
 
     // Failover: the replica becomes the primary, the old one dies, A's
     // address leads to the new primary.
@@ -369,4 +382,14 @@ async fn wait_mode_keeps_renewing_while_the_replica_does_not_answer() {
     while busy.join_next().await.is_some() {}
     g.release().await.unwrap();
     a.close().await;
+}
+
+/// A server's `INFO replication`, on one line: what a failed assertion
+/// about replication prints.
+async fn replication(s: &Server) -> String {
+    let info: String = s
+        .query(redis::cmd("INFO").arg("replication"))
+        .await
+        .unwrap_or_else(|e| format!("(INFO failed: {e})"));
+    format!("{}: {}", s.port, info.replace("\r\n", " "))
 }
