@@ -226,6 +226,7 @@ async fn a_release_lost_in_a_failover_does_not_keep_the_lock_held() {
     // ...the release is not: the replication link is partitioned first.
     link.set_mode(NetMode::Blackhole);
     let bytes_at_cut = link.stats().bytes.load(Ordering::Relaxed);
+    let loss_before_release = ga.loss();
     ga.release().await.unwrap();
     let on_primary: i64 = primary
         .query(redis::cmd("HLEN").arg(format!("{ns}/res/.e")))
@@ -242,8 +243,9 @@ async fn a_release_lost_in_a_failover_does_not_keep_the_lock_held() {
         // (did the link forward after the cut, or was the entry gone
         // before it).
         panic!(
-            "the replica got the release after all: HLEN {on_replica}; the link forwarded \
-             {} bytes after the cut; replication: {} | {}",
+            "the replica got the release after all: HLEN {on_replica}; A's loss before its \
+             release: {loss_before_release:?}; the link forwarded {} bytes after the cut; \
+             replication: {} | {}",
             link.stats().bytes.load(Ordering::Relaxed) - bytes_at_cut,
             replication(&primary).await,
             replication(&replica).await
