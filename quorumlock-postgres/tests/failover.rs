@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use quorumlock_conformance::faults::{NetControl, NetMode, TcpProxy};
+use quorumlock_conformance::support::free_port;
 use quorumlock_core::LockClient;
 use quorumlock_postgres::PostgresBackend;
 
@@ -137,7 +138,7 @@ impl Pair {
         let mut standby = Server {
             bin: bin.clone(),
             data: dir.path("standby"),
-            port: quorumlock_conformance::support::free_port(),
+            port: free_port(),
             running: false,
         };
         let mut backup = common::as_postgres(bin.join("pg_basebackup"));
@@ -221,7 +222,7 @@ async fn synchronous_standby_keeps_the_grant() {
         "synchronous_standby_names=standby".to_string(),
         "synchronous_commit=on".to_string(),
     ];
-    let port = quorumlock_conformance::support::free_port();
+    let port = free_port();
     let Some(mut pair) = Pair::start(&settings, port, port, "sync").await else {
         return;
     };
@@ -264,7 +265,7 @@ async fn asynchronous_standby_loses_the_grant_the_holder_is_told_tokens_stay_abo
         return;
     }
     let settings = ["synchronous_commit=on".to_string()];
-    let port = quorumlock_conformance::support::free_port();
+    let port = free_port();
     // The standby streams through a proxy, to cut its stream at will.
     let proxy = Arc::new(
         TcpProxy::start(([127, 0, 0, 1], port).into())

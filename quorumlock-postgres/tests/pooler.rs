@@ -10,6 +10,7 @@ mod common;
 use std::process::Stdio;
 use std::time::Duration;
 
+use quorumlock_conformance::support::free_port;
 use quorumlock_core::{ErrorKind, LockClient};
 use quorumlock_postgres::PostgresBackend;
 use tokio::process::{Child, Command};
@@ -36,7 +37,7 @@ impl Bouncer {
             u => u,
         };
         let dir = common::Scratch::new("pgbouncer");
-        let listen = quorumlock_conformance::support::free_port();
+        let listen = free_port();
         // Authentication is the server's: trust on loopback for the test
         // server, so the pooler trusts the users it lists.
         std::fs::write(dir.path("users.txt"), format!("\"{user}\" \"\"\n")).unwrap();

@@ -247,8 +247,8 @@ async fn a_release_lost_in_a_failover_does_not_keep_the_lock_held() {
              release: {loss_before_release:?}; the link forwarded {} bytes after the cut; \
              replication: {} | {}",
             link.stats().bytes.load(Ordering::Relaxed) - bytes_at_cut,
-            replication(&primary).await,
-            replication(&replica).await
+            one_line(&primary).await,
+            one_line(&replica).await
         );
     }
 
@@ -386,11 +386,10 @@ async fn wait_mode_keeps_renewing_while_the_replica_does_not_answer() {
     a.close().await;
 }
 
-/// A server's `INFO replication`, on one line: what a failed assertion
-/// about replication prints.
-async fn replication(s: &Server) -> String {
-    let info: String = s
-        .query(redis::cmd("INFO").arg("replication"))
+/// A server's `INFO replication` on one line, for a failure message.
+async fn one_line(s: &Server) -> String {
+    let info = s
+        .replication()
         .await
         .unwrap_or_else(|e| format!("(INFO failed: {e})"));
     format!("{}: {}", s.port, info.replace("\r\n", " "))

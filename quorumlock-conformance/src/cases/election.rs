@@ -261,7 +261,7 @@ pub async fn election_observe_sees_every_short_leadership(h: &Harness) {
     };
     let deadline = Instant::now() + RUN;
     // Leaders now, as the candidates themselves know it: never two.
-    let leading = std::sync::atomic::AtomicUsize::new(0);
+    let leading = AtomicUsize::new(0);
     let runs = candidates.iter().enumerate().map(|(i, c)| {
         let (c, history, followed, reported, leading) =
             (c.clone(), history.clone(), &followed, &reported, &leading);
@@ -271,13 +271,13 @@ pub async fn election_observe_sees_every_short_leadership(h: &Harness) {
             while Instant::now() < deadline {
                 let value = format!("c{i}-{n}");
                 let g = e.campaign(value.clone()).await.expect("campaign");
-                let others = leading.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let others = leading.fetch_add(1, Ordering::SeqCst);
                 assert_eq!(others, 0, "{value} won while another candidate led");
                 let leadership = (g.token(), value.clone().into_bytes());
                 history.lock().unwrap().push(leadership.clone());
                 let at = reported(followed, leadership).await;
                 // Before the resign: the next leader wins only after it.
-                leading.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                leading.fetch_sub(1, Ordering::SeqCst);
                 g.resign().await.expect("resign");
                 // Campaigning again is a change that would make up for a
                 // lost notification of the resign: first its report.

@@ -64,6 +64,11 @@ impl Server {
         cmd.query_async(&mut conn).await
     }
 
+    /// Its `INFO replication`.
+    pub async fn replication(&self) -> redis::RedisResult<String> {
+        self.query(redis::cmd("INFO").arg("replication")).await
+    }
+
     pub fn url(&self, port: u16, ns: &str) -> quorumlock_core::url::Url {
         let _ = self;
         quorumlock_core::url::parse(&format!("redis://127.0.0.1:{port}/{ns}?ttl=2s")).unwrap()
@@ -131,7 +136,7 @@ async fn try_synced(replica: &Server) -> Result<(), String> {
     let mut info = String::new();
     for _ in 0..200 {
         info = replica
-            .query(redis::cmd("INFO").arg("replication"))
+            .replication()
             .await
             .map_err(|e| format!("INFO of the replica: {e}"))?;
         if info.contains("master_link_status:up") {
