@@ -45,6 +45,7 @@ macro_rules! suite {
             local_owners_exclude_each_other,
             release_by_drop_and_by_release,
             forced_break_reports_loss,
+            release_right_after_a_break_reports_loss,
             cooperative_revoke,
             cancelled_acquire_at_each_await_point_leaves_nothing,
             cancelled_acquire_of_free_lock_leaves_no_holder,
@@ -153,6 +154,7 @@ macro_rules! __quorumlock_conformance_flavored {
             fifo_order_across_clients,
             release_by_drop_and_by_release,
             forced_break_reports_loss,
+            release_right_after_a_break_reports_loss,
             cooperative_revoke,
             cancelled_acquire_at_each_await_point_leaves_nothing,
             cancelled_acquire_of_free_lock_leaves_no_holder

@@ -6,7 +6,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use quorumlock_core::backend::{waits_for, AcquireRequest, Acquired, Backoff, LastGrant};
+use quorumlock_core::backend::{
+    entry_gone, waits_for, AcquireRequest, Acquired, Backoff, LastGrant,
+};
 use quorumlock_core::{Error, ErrorKind, LockKind, Result};
 
 use crate::api::{op, KvEntry, Record, Txn};
@@ -589,15 +591,13 @@ pub(crate) async fn release(
         let qkey = keys.queue(&s.id);
         ops.extend([op::delete(&qkey), op::get_tree(&keys.tree)]);
     }
-    if ops.len() > 1 {
-        // The queue key and the marker are named by our session, not by
-        // this grant: delete them only while `.lock` is still this grant
-        // (`delete-cas` of a missing `.lock` succeeds). A copy of this txn
-        // that lands late (its answer lost, the release sent again and
-        // done, and this session queued again) must not delete the newer
-        // attempt's queue key.
-        ops.insert(0, op::check_index(&keys.lock, at));
-    }
+    // Only while `.lock` is still this grant (`delete-cas` of a missing
+    // `.lock` succeeds; `check-index` does not): a gone `.lock` is a loss
+    // to report, and the queue key and the marker are named by our
+    // session, not by this grant. A copy of this txn that lands late (its
+    // answer lost, the release sent again and done, and this session
+    // queued again) must not delete the newer attempt's queue key.
+    ops.insert(0, op::check_index(&keys.lock, at));
     let released = s.write(keys, ops, "releasing").await;
     let one_txn = fast && matches!(released, Ok(Txn::Done(_)));
     s.lone_grants.released(&keys.lock, held.token, one_txn);
@@ -610,13 +610,17 @@ pub(crate) async fn release(
             Ok(())
         }
         Txn::Failed(errs) => {
-            // `.lock` is not at our token: broken (gone, or another
-            // holder's now), rewritten behind our back while still
-            // locked by this session, or released by an earlier copy of
-            // this txn whose answer was lost. Remove what this session
-            // has.
+            // `.lock` is not at our token: broken (gone, another holder's
+            // now, or marked broken), rewritten behind our back while
+            // still this grant (a proclaim whose answer was lost), or
+            // released by an earlier copy of this txn whose answer was
+            // lost (the client layer tells that from a loss). Remove what
+            // this session has; the read it goes by tells which.
             tracing::debug!(lock = %keys.lock, ?errs, "the lock was not at our token");
-            remove_read(s, keys).await
+            match remove_read(s, keys, Some(held.token)).await? {
+                true => Ok(()),
+                false => Err(entry_gone(req)),
+            }
         }
     }
 }
@@ -717,7 +721,7 @@ async fn leave_queue(s: &Arc<SessionState>, keys: &Keys, ours: Option<&KvEntry>)
             }
         }
     }
-    remove_read(s, keys).await
+    remove_read(s, keys, None).await.map(drop)
 }
 
 /// Remembers whether the mutex of `keys` had other contenders of ours
@@ -922,17 +926,19 @@ async fn give_back(
 /// finds the newer attempt's keys at other indexes and deletes nothing
 /// (the keys of a session have the same names from one attempt to the
 /// next). If something moved between the read and the txn (a break),
-/// read again.
-async fn remove_read(s: &Arc<SessionState>, keys: &Keys) -> Result<()> {
+/// read again. Whether that read showed `.lock` still the grant at
+/// `grant` (false without one).
+async fn remove_read(s: &Arc<SessionState>, keys: &Keys, grant: Option<u64>) -> Result<bool> {
     let qkey = keys.queue(&s.id);
     for _ in 0..MAX_ACQUIRE_RETRIES {
         let v = read_view(&s.core.api, keys).await?;
         let mut ops = Vec::new();
-        if let Some(l) = v
+        let ours = v
             .lock
             .as_ref()
-            .filter(|l| l.holder() == Some(s.id.as_str()))
-        {
+            .filter(|l| l.holder() == Some(s.id.as_str()));
+        let held = grant.is_some_and(|token| ours.is_some_and(|l| l.is_grant(&s.id, token)));
+        if let Some(l) = ours {
             ops.push(op::delete_cas(&keys.lock, l.modify_index));
             if let Some(r) = &v.revoke {
                 ops.push(op::delete_cas(&keys.revoke, r.modify_index));
@@ -942,10 +948,10 @@ async fn remove_read(s: &Arc<SessionState>, keys: &Keys) -> Result<()> {
             ops.push(op::delete_cas(&qkey, q.modify_index));
         }
         if ops.is_empty() {
-            return Ok(());
+            return Ok(held);
         }
         match s.write(keys, ops, "removing our entry").await? {
-            Txn::Done(_) => return Ok(()),
+            Txn::Done(_) => return Ok(held),
             Txn::Failed(errs) => {
                 tracing::debug!(lock = %keys.lock, ?errs, "the lock changed while removing our entry; re-reading");
             }
@@ -962,5 +968,5 @@ async fn remove_read(s: &Arc<SessionState>, keys: &Keys) -> Result<()> {
 /// [`remove_read`].
 pub(crate) async fn abandon(s: &Arc<SessionState>, keys: &Keys) -> Result<()> {
     s.unwatch(keys);
-    remove_read(s, keys).await
+    remove_read(s, keys, None).await.map(drop)
 }

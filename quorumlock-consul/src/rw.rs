@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use quorumlock_core::backend::{
-    refused_upgrade, upgrade_refused, waits_for_linked, AcquireRequest, Acquired,
+    entry_gone, refused_upgrade, upgrade_refused, waits_for_linked, AcquireRequest, Acquired,
 };
 use quorumlock_core::{Error, ErrorKind, Result};
 
@@ -187,17 +187,28 @@ async fn refuse_foreign_lock(
 }
 
 /// Releases a held read or write entry: one txn, the entry at our token
-/// and its revoke marker; if it is not at our token any more, removes
-/// what this session has of it.
-pub(crate) async fn release(s: &Arc<SessionState>, keys: &Keys, held: &Acquired) -> Result<()> {
+/// and its revoke marker; if it is not at our token any more (gone, or
+/// rewritten by a break), removes what this session has of it and
+/// reports the loss.
+pub(crate) async fn release(
+    s: &Arc<SessionState>,
+    req: &AcquireRequest,
+    keys: &Keys,
+    held: &Acquired,
+) -> Result<()> {
     s.unwatch_key(&held.entry);
+    // `check-index` fails on a missing key; `delete-cas` alone would not.
     let ops = vec![
+        op::check_index(&held.entry, held.token),
         op::delete_cas(&held.entry, held.token),
         op::delete(&rw_revoke(&held.entry)),
     ];
     match s.write(keys, ops, "releasing").await? {
         Txn::Done(_) => Ok(()),
-        Txn::Failed(_) => remove_rw(s, keys, &held.entry).await,
+        Txn::Failed(_) => {
+            remove_rw(s, keys, &held.entry).await?;
+            Err(entry_gone(req))
+        }
     }
 }
 

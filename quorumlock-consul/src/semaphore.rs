@@ -48,15 +48,18 @@ async fn wait_any_gone(s: &Arc<SessionState>, ahead: Vec<KvEntry>) -> Result<()>
 /// done, and this session joined again) finds the newer attempt's keys
 /// at other indexes and removes nothing. The client layer keeps the
 /// request until this returns, so what our session has here now is
-/// this request's.
-async fn remove_sem(s: &Arc<SessionState>, keys: &Keys) -> Result<()> {
+/// this request's. Whether `.lock` named us a holder on the read that
+/// the removal went by.
+async fn remove_sem(s: &Arc<SessionState>, keys: &Keys) -> Result<bool> {
     let sid = &s.id;
     let contender = keys.sem.contender(sid);
     for _ in 0..MAX_ACQUIRE_RETRIES {
         let v = read_sem(s, keys, 0).await?;
         let mut ops = Vec::new();
+        let mut holding = false;
         if let (Some(l), Some(st)) = (&v.lock, &v.state) {
             if l.flags == SEMAPHORE_FLAGS {
+                holding = st.holders.contains_key(sid.as_str());
                 let rest = v.without(sid, sid);
                 if st.holders.contains_key(sid.as_str())
                     || (rest.is_empty() && !st.holders.is_empty())
@@ -85,10 +88,10 @@ async fn remove_sem(s: &Arc<SessionState>, keys: &Keys) -> Result<()> {
             ops.push(op::delete_cas(&r.key, r.modify_index));
         }
         if ops.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         match s.write(keys, ops, "leaving a semaphore").await? {
-            Txn::Done(_) => return Ok(()),
+            Txn::Done(_) => return Ok(holding),
             Txn::Failed(errs) => {
                 tracing::debug!(?errs, "the semaphore changed while leaving it; re-reading");
             }
@@ -334,7 +337,7 @@ fn toggle_trailing_newline(b64: &str) -> String {
 
 /// Releases or abandons our permit (or our place in line): out of the
 /// monitor's hands, then [`remove_sem`].
-pub(crate) async fn remove(s: &Arc<SessionState>, keys: &Keys) -> Result<()> {
+pub(crate) async fn remove(s: &Arc<SessionState>, keys: &Keys) -> Result<bool> {
     s.unwatch_key(&keys.sem.contender(&s.id));
     remove_sem(s, keys).await
 }

@@ -21,7 +21,9 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use quorumlock_core::backend::{AcquireRequest, Acquired, Backoff, SessionLiveness, StoreSession};
+use quorumlock_core::backend::{
+    entry_gone, AcquireRequest, Acquired, Backoff, SessionLiveness, StoreSession,
+};
 use quorumlock_core::{Error, ErrorKind, LockKind, Result};
 use serde_json::json;
 use tokio::time::Instant;
@@ -282,13 +284,16 @@ impl StoreSession for ConsulSession {
     async fn release(&self, req: &AcquireRequest, held: &Acquired) -> Result<()> {
         let keys = Keys::new(&self.s.core.config, &req.name);
         if let LockKind::Semaphore { .. } = req.kind {
-            return self.remove_sem(req, &keys).await;
+            return match self.remove_sem(req, &keys).await? {
+                true => Ok(()),
+                false => Err(entry_gone(req)),
+            };
         }
         // A write of this attempt may still land after the release.
         self.s.fence(&keys, req).await?;
         match req.kind {
             LockKind::Read | LockKind::Write | LockKind::Upgradeable | LockKind::Upgrade => {
-                rw::release(&self.s, &keys, held).await
+                rw::release(&self.s, req, &keys, held).await
             }
             _ => mutex::release(&self.s, req, &keys, held).await,
         }
@@ -311,7 +316,7 @@ impl StoreSession for ConsulSession {
     async fn abandon(&self, req: &AcquireRequest) -> Result<()> {
         let keys = Keys::new(&self.s.core.config, &req.name);
         if let LockKind::Semaphore { .. } = req.kind {
-            return self.remove_sem(req, &keys).await;
+            return self.remove_sem(req, &keys).await.map(drop);
         }
         // A write of this attempt may still land after the removal.
         self.s.fence(&keys, req).await?;
@@ -423,15 +428,17 @@ impl ConsulSession {
     /// recorded wrote nothing (it is recorded before its first write, and
     /// forgotten only once removed): nothing to do, and above all not a
     /// removal on the main session, which another owner may be using.
-    async fn remove_sem(&self, req: &AcquireRequest, keys: &Keys) -> Result<()> {
+    /// Whether `.lock` still named the request a holder (true for one
+    /// with no session recorded: nothing to tell).
+    async fn remove_sem(&self, req: &AcquireRequest, keys: &Keys) -> Result<bool> {
         let Some(s) = self.used_by(req) else {
-            return Ok(());
+            return Ok(true);
         };
         // A write of this attempt may still land after the removal.
         s.fence(keys, req).await?;
-        semaphore::remove(&s, keys).await?;
+        let holding = semaphore::remove(&s, keys).await?;
         self.forget(req);
-        Ok(())
+        Ok(holding)
     }
 }
 

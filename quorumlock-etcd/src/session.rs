@@ -11,8 +11,8 @@ use etcd_client::{
     Compare, CompareOp, GetOptions, GetResponse, KeyValue, PutOptions, Txn, TxnOp, WatchFilterType,
 };
 use quorumlock_core::backend::{
-    AcquireRequest, Acquired, Backoff, InFlightWrites, LastGrant, QuietGrants, SessionLiveness,
-    StoreSession,
+    entry_gone, AcquireRequest, Acquired, Backoff, InFlightWrites, LastGrant, QuietGrants,
+    SessionLiveness, StoreSession,
 };
 use quorumlock_core::{Error, ErrorKind, LockKind, Result};
 use tokio::time::Instant;
@@ -162,14 +162,16 @@ impl EtcdSession {
     /// layer starts no newer attempt of ours on the name until this
     /// returns, and the late copy of an abandon or release deletes nothing
     /// but the revision it names), and is removed with the same txn.
-    async fn fenced_removal(&self, req: &AcquireRequest, key: &str, rev: i64) -> Result<()> {
+    /// Whether the key was at `rev` at the first try (for a release: our
+    /// held key was still there).
+    async fn fenced_removal(&self, req: &AcquireRequest, key: &str, rev: i64) -> Result<bool> {
         let fence = TxnOp::put(
             self.fence_key(req),
             "",
             Some(PutOptions::new().with_lease(self.state.lease)),
         );
         let mut rev = rev;
-        for _ in 0..8 {
+        for tries in 0..8 {
             let mut then = deletes(key, req.count);
             then.push(fence.clone());
             let txn = Txn::new()
@@ -178,7 +180,7 @@ impl EtcdSession {
                 .or_else([TxnOp::get(key, None)]);
             let resp = self.state.core.txn("fence contender", txn).await?;
             if resp.succeeded() {
-                return Ok(());
+                return Ok(tries == 0);
             }
             rev = range_at(&resp, 0)?
                 .kvs()
@@ -815,9 +817,13 @@ impl StoreSession for EtcdSession {
             // An earlier try of this attempt may still land (and create
             // the key again after this delete): fence it off as well.
             self.lone_grants.released(&pfx, held.token, false);
-            return self
+            return match self
                 .fenced_removal(req, &held.entry, held.token as i64)
-                .await;
+                .await?
+            {
+                true => Ok(()),
+                false => Err(entry_gone(req)),
+            };
         }
         let txn = Txn::new()
             .when([Compare::create_revision(
@@ -832,7 +838,12 @@ impl StoreSession for EtcdSession {
         let one_write = matches!(&released, Ok(r) if r.succeeded()
             && u64::try_from(header_revision(r)).ok() == held.token.checked_add(1));
         self.lone_grants.released(&pfx, held.token, one_write);
-        released.map(|_| ())
+        match released?.succeeded() {
+            true => Ok(()),
+            // Not at our grant's revision: deleted (a break, an expired
+            // lease) and perhaps taken again, never ours to delete.
+            false => Err(entry_gone(req)),
+        }
     }
 
     async fn set_value(&self, req: &AcquireRequest, held: &Acquired, value: &[u8]) -> Result<()> {
@@ -895,7 +906,7 @@ impl StoreSession for EtcdSession {
             // A write of this attempt may still land: remove and fence in
             // one txn (never a read first: the late write could land
             // between the read and the delete).
-            self.fenced_removal(req, &key, known.unwrap_or(0)).await?;
+            let _ = self.fenced_removal(req, &key, known.unwrap_or(0)).await?;
             self.attempt_done(req);
             return Ok(());
         }

@@ -11,7 +11,9 @@ use std::time::Duration;
 use tokio_postgres::types::{ToSql, Type};
 
 use async_trait::async_trait;
-use quorumlock_core::backend::{AcquireRequest, Acquired, Backoff, SessionLiveness, StoreSession};
+use quorumlock_core::backend::{
+    entry_gone, AcquireRequest, Acquired, Backoff, SessionLiveness, StoreSession,
+};
 use quorumlock_core::{Error, ErrorKind, Result};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -230,10 +232,10 @@ impl PostgresSession {
         me: Uuid,
         count: u32,
         fence: bool,
-    ) -> Result<()> {
+    ) -> Result<u64> {
         let c = self.state.core.clone();
         let sid = self.state.id;
-        let work: Work<()> = Box::new(move |client| {
+        let work: Work<u64> = Box::new(move |client| {
             Box::pin(async move {
                 let sql = &c.sql;
                 let tx = client.transaction().await?;
@@ -255,6 +257,7 @@ impl PostgresSession {
                     )
                 };
                 let step = queue::step(&tx, sql, &lock, own).await?;
+                let ((), removed) = step.own;
                 let mut entries = step.entries;
                 if !others.is_empty() {
                     for c in others {
@@ -265,7 +268,7 @@ impl PostgresSession {
                 }
                 queue::grant(&tx, sql, step.dead, entries, None).await?;
                 tx.commit().await?;
-                Ok(())
+                Ok(removed)
             })
         });
         self.state.core.run(what, work).await
@@ -371,8 +374,13 @@ impl StoreSession for PostgresSession {
         self.state.unroute(&req.contender);
         let lock = self.state.core.lock_key(&req.name);
         let fence = req.writes.outcome_unknown();
-        self.remove("release", lock, req.contender, req.count.max(1), fence)
-            .await
+        match self
+            .remove("release", lock, req.contender, req.count.max(1), fence)
+            .await?
+        {
+            0 => Err(entry_gone(req)),
+            _ => Ok(()),
+        }
     }
 
     async fn abandon(&self, req: &AcquireRequest) -> Result<()> {
@@ -380,7 +388,8 @@ impl StoreSession for PostgresSession {
         let lock = self.state.core.lock_key(&req.name);
         let fence = req.writes.outcome_unknown();
         self.remove("abandon", lock, req.contender, req.count.max(1), fence)
-            .await
+            .await?;
+        Ok(())
     }
 
     async fn set_value(&self, req: &AcquireRequest, held: &Acquired, value: &[u8]) -> Result<()> {

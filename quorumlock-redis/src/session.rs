@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use quorumlock_core::backend::{AcquireRequest, Acquired, Backoff, SessionLiveness, StoreSession};
+use quorumlock_core::backend::{
+    entry_gone, AcquireRequest, Acquired, Backoff, SessionLiveness, StoreSession,
+};
 use quorumlock_core::{Error, ErrorKind, Result};
 use redis::Value;
 use tokio::time::Instant;
@@ -241,8 +243,10 @@ impl StoreSession for RedisSession {
             .arg(&id)
             .arg(held.token)
             .arg(req.count.max(1));
-        self.state.core.script::<i64>("release", &inv).await?;
-        Ok(())
+        match self.state.core.script::<i64>("release", &inv).await? {
+            1 => Ok(()),
+            _ => Err(entry_gone(req)),
+        }
     }
 
     async fn set_value(&self, req: &AcquireRequest, held: &Acquired, value: &[u8]) -> Result<()> {
@@ -255,10 +259,7 @@ impl StoreSession for RedisSession {
             .arg(value);
         match self.state.core.script::<i64>("set value", &inv).await? {
             1 => Ok(()),
-            _ => Err(Error::new(
-                ErrorKind::LockLost,
-                format!("{}: our entry is gone", req.name),
-            )),
+            _ => Err(entry_gone(req)),
         }
     }
 

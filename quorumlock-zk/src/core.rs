@@ -24,6 +24,7 @@ use zookeeper_client as zk;
 
 use crate::config::{deadline_ttl, ZkConfig};
 use crate::error::map;
+use crate::layout;
 use crate::tls::TlsFiles;
 
 /// The backend-wide state: what the backend, its admin operations and
@@ -773,6 +774,38 @@ impl SessionState {
     }
 
     /// Deletes our node; whether it was still there.
+    /// Deletes our held `node`, expected at data `version` (see
+    /// [`ZkCore::data_version`]): whether it was still ours. A node found
+    /// rewritten is read: a break's mark means the hold was lost (the
+    /// node is deleted all the same), a revoke request's mark does not.
+    /// `false` too for a node already gone.
+    pub(crate) async fn delete_held(
+        &self,
+        c: &zk::Client,
+        node: &str,
+        version: i32,
+    ) -> Result<bool> {
+        let sent = self.send(1);
+        let r = c.delete(node, Some(version)).await;
+        self.heard(sent, &r);
+        match r {
+            Ok(()) => return Ok(true),
+            Err(zk::Error::NoNode) => return Ok(false),
+            Err(zk::Error::BadVersion) => {}
+            Err(e) => return Err(map(e, "deleting our contender node")),
+        }
+        self.send(1);
+        let read = c.get_data(node).await;
+        self.heard_read(&read);
+        let broken = match read {
+            Ok((data, _)) => layout::is_broken(&data),
+            Err(zk::Error::NoNode) => return Ok(false),
+            Err(e) => return Err(map(e, "reading our contender node")),
+        };
+        self.delete(c, node).await?;
+        Ok(!broken)
+    }
+
     pub(crate) async fn delete(&self, c: &zk::Client, node: &str) -> Result<bool> {
         let sent = self.send(1);
         let r = c.delete(node, None).await;

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use quorumlock_core::backend::{
-    refused_upgrade, upgrade_refused, waits_for, waits_for_linked, AcquireRequest, Acquired,
-    Backoff, GrantMemory, SessionLiveness, StoreSession,
+    entry_gone, refused_upgrade, upgrade_refused, waits_for, waits_for_linked, AcquireRequest,
+    Acquired, Backoff, GrantMemory, SessionLiveness, StoreSession,
 };
 use quorumlock_core::{Error, ErrorKind, LockKind, Result};
 use tokio::sync::mpsc;
@@ -560,14 +560,18 @@ impl StoreSession for ZkSession {
             return self.abandon(req).await;
         }
         self.state.mark_released(&req.contender);
-        self.state.core.forget_version(&held.entry);
+        let version = self.state.core.data_version(&held.entry);
         let c = self.state.client()?;
-        let deleted = self.state.delete(&c, &held.entry).await?;
+        let ours = self.state.delete_held(&c, &held.entry, version).await?;
+        self.state.core.forget_version(&held.entry);
         // Only a node we deleted ourselves lets the next acquire skip the
         // listing (one a breaker deleted does not).
         if let (Some((dir, _)), Some(seq)) = (held.entry.rsplit_once('/'), sequence_of(&held.entry))
         {
-            self.state.chains.released(dir, seq, deleted);
+            self.state.chains.released(dir, seq, ours);
+        }
+        if !ours {
+            return Err(entry_gone(req));
         }
         Ok(())
     }

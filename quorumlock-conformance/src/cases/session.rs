@@ -97,6 +97,32 @@ pub async fn forced_break_reports_loss(h: &Harness) {
     case.finish().await;
 }
 
+/// An operator breaks the lock and the holder releases at once, before
+/// its watch could tell it: the release still fails with `LockLost`
+/// (the work under the lock was not protected to its end), leaves
+/// nothing behind, and the next holder gets a larger token.
+pub async fn release_right_after_a_break_reports_loss(h: &Harness) {
+    let case = h.case();
+    let f = h.flavor();
+    let (a, b) = (case.client().await, case.client().await);
+    let g = acquire(f, &a, "brk-rel").await;
+    let broke = tokio::time::timeout(SOON, b.break_lock("brk-rel"))
+        .await
+        .expect("the break never finished")
+        .unwrap();
+    assert!(broke, "break found no holder");
+    let token = g.token();
+    assert_kind(
+        g.release().await,
+        ErrorKind::LockLost,
+        "release of a broken hold (the loss not yet reported)",
+    );
+    let g2 = acquire(f, &b, "brk-rel").await;
+    assert!(g2.token() > token);
+    g2.release().await.unwrap();
+    case.finish().await;
+}
+
 /// A revoke request reaches the holder, which keeps the lock until it lets go.
 pub async fn cooperative_revoke(h: &Harness) {
     let case = h.case();

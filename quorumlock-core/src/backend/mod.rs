@@ -324,6 +324,15 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     }
 }
 
+/// The [`crate::ErrorKind::LockLost`] of a release (or proclaim) that
+/// found the held entry of `req` gone from the store.
+pub fn entry_gone(req: &AcquireRequest) -> crate::Error {
+    crate::Error::new(
+        crate::ErrorKind::LockLost,
+        format!("{}: our entry is gone", req.name),
+    )
+}
+
 /// One store session (ZooKeeper session, etcd lease, Consul session).
 ///
 /// # Contract
@@ -370,6 +379,13 @@ pub trait StoreSession: Send + Sync + fmt::Debug + 'static {
 
     /// Removes a held entry. Must not remove anything else (a newer entry
     /// of the same session on the same name, etcd #22082).
+    ///
+    /// An entry that is not on the store any more as granted (deleted or
+    /// marked broken by an operator, purged, expired) is
+    /// [`crate::ErrorKind::LockLost`], after whatever is left of the
+    /// attempt was removed: the client layer reports it from
+    /// [`LockGuard::release`](crate::LockGuard::release), the lock was
+    /// lost before its release.
     async fn release(&self, req: &AcquireRequest, held: &Acquired) -> Result<()>;
 
     /// Removes whatever an unfinished `acquire` of `req` wrote, if anything.

@@ -507,7 +507,12 @@ impl LockGuard {
     /// it returns by the session's local deadline, within the TTL.
     ///
     /// Returns [`ErrorKind::LockLost`] if the lock had been lost before the
-    /// release: the work done under it was not protected. Returns the
+    /// release, or if the store could not confirm that it was still held
+    /// when released: our entry was gone (an operator's break or delete,
+    /// an expiry not heard of yet; also when a first try's answer was
+    /// lost, which may have removed it), or the session was lost before
+    /// the store answered. The work done under it may not have been
+    /// protected to its end. Returns the
     /// store's error if the store kept refusing the removal: the client
     /// then ended the session (so that the store drops the entry; the
     /// session's other locks report [`LossReason::SessionEnded`]). `Ok`

@@ -170,6 +170,16 @@ pub(super) const REFUSED_REMOVAL_TRIES: u32 = 3;
 /// to make the store drop the entry, and the error is returned: the
 /// removal was not confirmed.
 ///
+/// A release returns `Ok` only once the store removed our entry as
+/// granted. It returns [`ErrorKind::LockLost`] when the store no longer
+/// has the entry ([`StoreSession::release`](crate::backend::StoreSession::release)
+/// says so: broken by an operator, purged, expired), even after an
+/// earlier try whose answer was lost (that try may have removed it, or
+/// the lock was lost before: not confirmed either way), and when the
+/// session is lost before the store answered (the store drops the entry
+/// with the session, perhaps before the release reached it). An abandon
+/// is done in both cases.
+///
 /// # Cancel safety
 /// Dropping it stops the removal where it is; callers run it in the
 /// background when it must finish ([`spawn_cleanup`]).
@@ -181,9 +191,24 @@ pub(super) async fn remove_entry(
     let op = if held.is_some() { "release" } else { "abandon" };
     let mut backoff = backoff();
     let mut refused = 0;
+    // An earlier try may have been applied, its answer lost.
+    let mut maybe_applied = false;
+    // The session is gone: the store drops the entry with it. An abandon
+    // is done; a release was not confirmed (the store may have dropped
+    // the entry before the release reached it).
+    let session_gone = || match held {
+        None => Ok(()),
+        Some(_) => Err(Error::new(
+            ErrorKind::LockLost,
+            format!(
+                "the session was lost before the store confirmed the release of {}",
+                req.name
+            ),
+        )),
+    };
     loop {
         if !session.liveness.is_alive() {
-            return Ok(());
+            return session_gone();
         }
         let attempt = async {
             // A write of the attempt still in flight could land after
@@ -196,13 +221,28 @@ pub(super) async fn remove_entry(
         };
         let r = tokio::select! {
             r = attempt => r,
-            _ = session.liveness.lost() => return Ok(()),
+            _ = session.liveness.lost() => return session_gone(),
         };
         telemetry::store_call(op, r.as_ref().err().map(Error::kind));
         let e = match r {
             Ok(()) => return Ok(()),
             Err(e) => e,
         };
+        if e.kind() == ErrorKind::LockLost {
+            return match (held, maybe_applied) {
+                (None, _) => Ok(()),
+                (Some(_), false) => Err(e),
+                (Some(_), true) => Err(Error::new(
+                    ErrorKind::LockLost,
+                    format!(
+                        "the release of {} was not confirmed: its entry was gone when tried again after a try whose answer was lost (removed by that try, or lost before)",
+                        req.name
+                    ),
+                )
+                .with_source(e)),
+            };
+        }
+        maybe_applied |= matches!(e.kind(), ErrorKind::Timeout | ErrorKind::Connection);
         if !e.is_retryable() {
             refused += 1;
             if refused >= REFUSED_REMOVAL_TRIES {
@@ -226,7 +266,7 @@ pub(super) async fn remove_entry(
         tracing::debug!(error = %e, lock = %req.name, "removing entry failed, retrying");
         tokio::select! {
             () = backoff.wait() => {}
-            _ = session.liveness.lost() => return Ok(()),
+            _ = session.liveness.lost() => return session_gone(),
         }
     }
 }

@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use super::core::MemCore;
 use super::monitor::keepalive;
 use super::store::{self, Standing};
-use crate::backend::{AcquireRequest, Acquired, SessionLiveness, StoreSession};
+use crate::backend::{entry_gone, AcquireRequest, Acquired, SessionLiveness, StoreSession};
 use crate::{Error, ErrorKind, LossReason, Result};
 
 /// One session on a `mem://` store, renewed at a third of its TTL.
@@ -97,10 +97,13 @@ impl StoreSession for MemSession {
         let key = self.backend.key(&req.name);
         self.backend.count_request();
         let mut st = self.backend.store().state();
-        if req.count > 1 {
-            st.remove_contender(&key, req.contender);
+        let removed = if req.count > 1 {
+            st.remove_contender(&key, req.contender)
         } else {
-            st.remove_index(&key, held.token);
+            st.remove_index(&key, held.token)
+        };
+        if removed == 0 {
+            return Err(entry_gone(req));
         }
         Ok(())
     }
