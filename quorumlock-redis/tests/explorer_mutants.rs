@@ -16,6 +16,11 @@
 //!   ([`mutants::deaf_to_entry_loss`]): the lost holder believes on,
 //!   while a break's holder, as deaf, is already judged ended at the
 //!   break and fenced off.
+//! - An operator's `DEL` of a lock's entries (which tells nobody; the
+//!   holder hears of it at its next renewal) must catch a release that
+//!   answers `Ok` for an entry the store no longer has
+//!   ([`mutants::release_ignores_gone_entry`]): the checker holds every
+//!   release's outcome against the breaks before it.
 
 mod common;
 
@@ -129,4 +134,30 @@ async fn explorer_catches_a_client_deaf_to_entry_loss_by_a_failover() {
         "the explorer missed the client deaf to its entries' loss ({} failovers in 16 schedules)",
         pair.failovers()
     );
+}
+
+/// A release called after an operator deleted its entry must not answer
+/// `Ok` (the store no longer has the entry); the explorer's operator
+/// deletes must catch a client whose release does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explorer_catches_a_release_that_ignores_its_gone_entry() {
+    let Some(t) = target() else { return };
+    let t = t
+        .with_entry_delete(common::delete_lock_entries)
+        .wrap_backends(mutants::release_ignores_gone_entry);
+    let mut deletes = 0;
+    for seed in 1..=32u64 {
+        let o = explorer::explore(&t, seed, shape(), None).await;
+        eprintln!("seed {seed}: {} holds, faults: {}", o.holds, o.faults);
+        deletes += o.faults.operator_deletes;
+        if let Some(v) = o.violations.first() {
+            eprintln!("caught by seed {seed} (after {deletes} operator deletes): {v}");
+            assert!(
+                v.contains("returned Ok although a break"),
+                "seed {seed} found {v:?}, not a release that ignored its gone entry"
+            );
+            return;
+        }
+    }
+    panic!("the explorer missed the release that ignores its gone entry ({deletes} operator deletes in 32 schedules)");
 }

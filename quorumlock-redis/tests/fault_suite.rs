@@ -2,7 +2,8 @@
 //! one real Redis, faulty clients behind the suite's TCP proxy. Sessions
 //! use a 3 s TTL so that the scenarios that wait for an expiry stay short.
 //! The explorer steps the server's clock (for its namespace's keys) in
-//! some schedules; and it fails over a primary and replica of its own
+//! some schedules, deletes a lock's entries by hand (`DEL`) in some
+//! rounds; and it fails over a primary and replica of its own
 //! (`explore_random_schedules_with_failovers`).
 
 mod common;
@@ -16,7 +17,8 @@ quorumlock_conformance::fault_suite!(quorumlock_conformance::faults::FaultTarget
 )
 .map(|t| t
     .with_option("ttl", "3s")
-    .with_clock_step(common::step_namespace_clock)));
+    .with_clock_step(common::step_namespace_clock)
+    .with_entry_delete(common::delete_lock_entries)));
 quorumlock_conformance::process_fault_suite!(
     quorumlock_conformance::faults::FaultTarget::from_env(
         "redis",

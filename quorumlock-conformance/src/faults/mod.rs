@@ -137,6 +137,8 @@ pub struct FaultTarget {
     holder_processes: bool,
     /// How to step the store's clock for one namespace, where it matters.
     clock_step: Option<ClockStep>,
+    /// How an operator deletes a lock's entries with the store's own tool.
+    entry_delete: Option<EntryDelete>,
     /// How to fail the store over to a replica that lacks the last writes,
     /// where the target is a primary with a replica.
     failover: Option<Arc<dyn Failover>>,
@@ -168,6 +170,13 @@ pub type ClockStep = Arc<
     dyn Fn(String, Duration) -> futures::future::BoxFuture<'static, Result<(), String>>
         + Send
         + Sync,
+>;
+
+/// Deletes every entry of one lock (`delete(namespace, name)`) with the
+/// store's own tool, as an operator clearing a stuck lock by hand does:
+/// nothing tells the holder (see [`FaultTarget::with_entry_delete`]).
+pub type EntryDelete = Arc<
+    dyn Fn(String, String) -> futures::future::BoxFuture<'static, Result<(), String>> + Send + Sync,
 >;
 
 /// What [`FaultTarget::as_mutant`] appends to a target's name.
@@ -238,6 +247,7 @@ impl FaultTarget {
             wrap: None,
             holder_processes: false,
             clock_step: None,
+            entry_delete: None,
             failover: None,
         }
     }
@@ -277,6 +287,7 @@ impl FaultTarget {
             wrap: self.wrap.clone(),
             holder_processes: false,
             clock_step: None,
+            entry_delete: None,
             failover: None,
         }
     }
@@ -297,6 +308,7 @@ impl FaultTarget {
             wrap: None,
             holder_processes: false,
             clock_step: None,
+            entry_delete: None,
             failover: None,
         }
     }
@@ -351,6 +363,26 @@ impl FaultTarget {
     {
         self.clock_step = Some(Arc::new(move |ns, by| Box::pin(step(ns, by))));
         self
+    }
+
+    /// The same target, with a way for an operator to delete a lock's
+    /// entries behind its holders' backs (`delete(namespace, name)`, with
+    /// the store's own tool): the explorer then does so in some rounds,
+    /// and the checker holds every release's outcome against it (a holder
+    /// that has not heard of the loss must not be told its release went
+    /// through).
+    pub fn with_entry_delete<F, Fut>(mut self, delete: F) -> FaultTarget
+    where
+        F: Fn(String, String) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), String>> + Send + 'static,
+    {
+        self.entry_delete = Some(Arc::new(move |ns, name| Box::pin(delete(ns, name))));
+        self
+    }
+
+    /// How an operator deletes a lock's entries, if the target says.
+    pub fn entry_delete(&self) -> Option<&EntryDelete> {
+        self.entry_delete.as_ref()
     }
 
     /// How to step the store's clock, if the target says.

@@ -23,6 +23,10 @@
 //!   tells (a break's holder believes on, but the checker ends its hold at
 //!   the break, and fencing refuses its writes); the explorer's failover
 //!   must catch it.
+//! - [`release_ignores_gone_entry`]: a client whose release says `Ok`
+//!   when the store no longer has its entry (a break it has not heard
+//!   of yet). The explorer's checker of release outcomes must catch it
+//!   (a release `Ok` after a finished break of its hold).
 //!
 //! [`follower_cut_from_leader`]: super::scenarios::follower_cut_from_leader
 
@@ -95,6 +99,15 @@ pub fn deaf_to_entry_loss(inner: Arc<dyn Backend>) -> Arc<dyn Backend> {
     })
 }
 
+/// `inner`, its releases answering `Ok` when the store found the entry
+/// gone ([`quorumlock_core::ErrorKind::LockLost`]).
+pub fn release_ignores_gone_entry(inner: Arc<dyn Backend>) -> Arc<dyn Backend> {
+    Arc::new(Mutant {
+        inner,
+        mutation: Mutation::ReleaseIgnoresGone,
+    })
+}
+
 /// Opens a session of `inner` for [`late_deadline`]: `outer` (what the
 /// client sees) takes each of the store's confirmations for `factor` TTLs
 /// and never a loss.
@@ -163,6 +176,7 @@ enum Mutation {
     LateDeadline { factor: u32 },
     NoMargin,
     DeafToEntryLoss,
+    ReleaseIgnoresGone,
 }
 
 #[derive(Debug)]
@@ -191,6 +205,11 @@ impl Backend for Mutant {
                 return Ok(Arc::new(DeafSession {
                     inner: self.inner.open_session(outer).await?,
                     signals: Default::default(),
+                }))
+            }
+            Mutation::ReleaseIgnoresGone => {
+                return Ok(Arc::new(GoneIsReleased {
+                    inner: self.inner.open_session(outer).await?,
                 }))
             }
             Mutation::TrustsItsMember { member, kind } => (kind, member),
@@ -314,6 +333,37 @@ impl StoreSession for DeafSession {
     }
     async fn set_value(&self, req: &AcquireRequest, held: &Acquired, value: &[u8]) -> Result<()> {
         self.inner.set_value(&self.to_store(req), held, value).await
+    }
+    async fn close(&self) -> Result<()> {
+        self.inner.close().await
+    }
+}
+
+/// A session of [`release_ignores_gone_entry`].
+#[derive(Debug)]
+struct GoneIsReleased {
+    inner: Arc<dyn StoreSession>,
+}
+
+#[async_trait]
+impl StoreSession for GoneIsReleased {
+    fn id(&self) -> String {
+        self.inner.id()
+    }
+    async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired> {
+        self.inner.acquire(req).await
+    }
+    async fn release(&self, req: &AcquireRequest, held: &Acquired) -> Result<()> {
+        match self.inner.release(req, held).await {
+            Err(e) if e.kind() == quorumlock_core::ErrorKind::LockLost => Ok(()),
+            r => r,
+        }
+    }
+    async fn abandon(&self, req: &AcquireRequest) -> Result<()> {
+        self.inner.abandon(req).await
+    }
+    async fn set_value(&self, req: &AcquireRequest, held: &Acquired, value: &[u8]) -> Result<()> {
+        self.inner.set_value(req, held, value).await
     }
     async fn close(&self) -> Result<()> {
         self.inner.close().await

@@ -94,3 +94,21 @@ pub async fn step_namespace_clock(ns: String, by: Duration) -> Result<(), String
         _ => Ok(()),
     }
 }
+
+/// Deletes every entry of lock `name` of namespace `ns` (its queue, entries
+/// and values; its counter stays, so tokens keep growing) with `DEL`, on
+/// the server of `QUORUMLOCK_TEST_REDIS_URL`, as an operator clearing a
+/// stuck lock by hand does: the fault explorer's operator delete.
+pub async fn delete_lock_entries(ns: String, name: String) -> Result<(), String> {
+    let base = std::env::var("QUORUMLOCK_TEST_REDIS_URL").map_err(|e| e.to_string())?;
+    let mut conn = raw(&base).await;
+    let lock = format!("{ns}/{name}");
+    redis::cmd("DEL")
+        .arg(format!("{lock}/.q"))
+        .arg(format!("{lock}/.e"))
+        .arg(format!("{lock}/.v"))
+        .query_async::<i64>(&mut conn)
+        .await
+        .map(drop)
+        .map_err(|e| e.to_string())
+}

@@ -45,6 +45,8 @@ pub(super) struct Hold {
 pub(super) enum Forced {
     /// `break_lock` of a name.
     Name(&'static str),
+    /// An operator's delete of a name's entries with the store's tool.
+    Deleted(&'static str),
     /// `kill_session` of a client's session.
     Client(usize),
     /// A failover to a replica without the last writes: every hold (the
@@ -64,6 +66,14 @@ pub(super) struct FencedWrite {
     pub(super) accepted: bool,
 }
 
+/// A `release()` of a recorded hold, and whether it returned `Ok`.
+#[derive(Debug, Clone)]
+pub(super) struct Release {
+    pub(super) hold: usize,
+    pub(super) called: Instant,
+    pub(super) ok: bool,
+}
+
 /// The recorded history of a schedule.
 #[derive(Debug, Default)]
 pub(super) struct Log {
@@ -72,6 +82,8 @@ pub(super) struct Log {
     pub(super) forced: Mutex<Vec<(Instant, Instant, Forced)>>,
     /// Fenced writes to the store, accepted or refused.
     pub(super) fenced: Mutex<Vec<FencedWrite>>,
+    /// Releases (not drops) of holds.
+    pub(super) releases: Mutex<Vec<Release>>,
 }
 
 impl Log {
@@ -133,6 +145,15 @@ impl Log {
         });
     }
 
+    /// Records that hold `id` was released by a call at `called`.
+    pub(super) fn released(&self, id: usize, called: Instant, ok: bool) {
+        self.releases.lock().unwrap().push(Release {
+            hold: id,
+            called,
+            ok,
+        });
+    }
+
     /// The earliest end wins.
     pub(super) fn end(&self, id: usize, at: Instant, why: &'static str) {
         let mut h = self.holds.lock().unwrap();
@@ -162,7 +183,7 @@ impl Log {
             let end = h.ended.unwrap_or(now);
             for (at, done, whom) in &forced {
                 let hits = match whom {
-                    Forced::Name(n) => *n == h.name,
+                    Forced::Name(n) | Forced::Deleted(n) => *n == h.name,
                     Forced::Client(c) => *c == h.client,
                     Forced::Failover => true,
                 };
@@ -176,6 +197,7 @@ impl Log {
                     h.ended = Some(*at);
                     h.why = match whom {
                         Forced::Name(_) => "break",
+                        Forced::Deleted(_) => "operator's delete",
                         Forced::Client(_) => "session kill",
                         Forced::Failover => "failover",
                     };
@@ -206,6 +228,31 @@ pub(super) fn check(sh: &Shared) -> Vec<String> {
     let mut by_name: HashMap<&str, Vec<&Hold>> = HashMap::new();
     for h in holds.iter().filter(|h| !h.forced) {
         by_name.entry(h.name).or_default().push(h);
+    }
+    // A release that returned `Ok` although a break of its name (or an
+    // operator's delete of its entries), called after the grant, had
+    // finished before the release was called: the entry was removed (or
+    // marked), so no release can have found it as granted. `Ok` would
+    // tell the holder its work was protected.
+    for r in sh.log.releases.lock().unwrap().iter().filter(|r| r.ok) {
+        let h = &holds[r.hold];
+        let broke = forced.iter().find(|(at, done, whom)| {
+            matches!(whom, Forced::Name(n) | Forced::Deleted(n) if *n == h.name)
+                && *at > h.acquired
+                && *done < r.called
+        });
+        if let Some((at, done, whom)) = broke {
+            out.push(format!(
+                "{}: the release of client {}'s hold (token {}) returned Ok although a break of it had finished before ({:?} +{}..+{} ms, release +{} ms from the grant)",
+                h.name,
+                h.client,
+                h.token,
+                whom,
+                (*at - h.acquired).as_millis(),
+                (*done - h.acquired).as_millis(),
+                (r.called - h.acquired).as_millis()
+            ));
+        }
     }
     for (name, mut hs) in by_name {
         hs.sort_by_key(|h| h.acquired);

@@ -145,6 +145,8 @@ pub struct FaultCounts {
     pub clock_steps: u64,
     /// Failovers to a replica that lacked the last writes.
     pub failovers: u64,
+    /// A lock's entries deleted by an operator with the store's own tool.
+    pub operator_deletes: u64,
 }
 
 /// The operations of a schedule beyond plain acquires, by kind.
@@ -446,6 +448,7 @@ pub async fn explore(
                     nets: &nets,
                     parent: &parent,
                     clock_step: t.clock_step(),
+                    entry_delete: t.entry_delete(),
                     failover: t.failover(),
                 },
                 &shared,
@@ -1000,7 +1003,7 @@ async fn hold(
         sh.many_permits.fetch_add(1, Ordering::Relaxed);
     }
     keep(&g, id, name, ci, kind, rng, sh, ttl).await;
-    release_or_drop(g, rng).await;
+    let_go(g, id, rng, sh).await;
 }
 
 /// An upgradeable read hold of the read-write lock: kept a while, then
@@ -1068,7 +1071,7 @@ async fn hold_upgradeable(
         }
     }
     end_belief(sh, &g, id, watcher);
-    release_or_drop(g, rng).await;
+    let_go(g, id, rng, sh).await;
 }
 
 /// Ends hold `id` in the history when `g`'s loss is heard (the task is
@@ -1130,6 +1133,18 @@ fn end_belief(sh: &Shared, g: &LockGuard, id: usize, watcher: tokio::task::JoinH
     watcher.abort();
 }
 
+/// Lets go of hold `id`'s `g`: by release (its outcome recorded for the
+/// checker) or by drop, at random.
+async fn let_go(g: LockGuard, id: usize, rng: &mut StdRng, sh: &Shared) {
+    if rng.gen_bool(0.5) {
+        let called = Instant::now();
+        let ok = g.release().await.is_ok();
+        sh.log.released(id, called, ok);
+    } else {
+        drop(g);
+    }
+}
+
 /// Lets go of `g`: by release or by drop, at random.
 async fn release_or_drop(g: LockGuard, rng: &mut StdRng) {
     if rng.gen_bool(0.5) {
@@ -1152,6 +1167,9 @@ struct Sides<'a> {
     parent: &'a str,
     /// How to step the store's clock, where the target has a way.
     clock_step: Option<&'a super::ClockStep>,
+    /// How an operator deletes a lock's entries, where the target has a
+    /// way.
+    entry_delete: Option<&'a super::EntryDelete>,
     /// How to fail the store over, where the target is a primary with a
     /// replica.
     failover: Option<&'a Arc<dyn super::Failover>>,
@@ -1170,11 +1188,14 @@ async fn nemesis(
         clients,
         nets,
         clock_step,
+        entry_delete,
         failover,
+        parent,
         ..
     } = sides;
     let mut step_rng = StdRng::seed_from_u64(rng.clone().gen::<u64>() ^ 0x57e9_c10c_57e9_c10c);
     let mut failover_rng = StdRng::seed_from_u64(rng.clone().gen::<u64>() ^ 0xfa11_0fe5_fa11_0fe5);
+    let mut delete_rng = StdRng::seed_from_u64(rng.clone().gen::<u64>() ^ 0xde1e_7e00_de1e_7e00);
     // The failover comes after one of the first three faults.
     let failover_after = failover_rng.gen_range(1..=3u32);
     let mut rounds = 0u32;
@@ -1316,6 +1337,17 @@ async fn nemesis(
             n.clock_steps += 1;
             n.blackhole += 1;
             step_clock_while_cut(&mut step_rng, step, &sides, sh, ttl).await;
+        }
+        // Likewise: an operator deletes a mutex's entries by hand (the
+        // store's own tool, which tells nobody), in one round in four.
+        if let Some(delete) = entry_delete.filter(|_| delete_rng.gen_ratio(1, 4)) {
+            n.operator_deletes += 1;
+            let name = MUTEXES[delete_rng.gen_range(0..MUTEXES.len())];
+            let at = Instant::now();
+            match delete(format!("{parent}/app"), name.to_string()).await {
+                Ok(()) => sh.log.force(at, Instant::now(), Forced::Deleted(name)),
+                Err(e) => eprintln!("explorer: the operator's delete of {name} failed: {e}"),
+            }
         }
         // Likewise: one failover per schedule, where the target has one.
         if let Some(f) = failover.filter(|_| rounds == failover_after) {

@@ -48,6 +48,7 @@ impl FaultCounts {
         self.process_kills += o.process_kills;
         self.clock_steps += o.clock_steps;
         self.failovers += o.failovers;
+        self.operator_deletes += o.operator_deletes;
     }
 
     fn total(&self) -> u64 {
@@ -71,6 +72,7 @@ impl FaultCounts {
             + self.process_kills
             + self.clock_steps
             + self.failovers
+            + self.operator_deletes
     }
 }
 
@@ -110,7 +112,7 @@ impl std::fmt::Display for FaultCounts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "delay {} blackhole {} cut {} reset {} break {} revoke {} kill {} drop {} lost-answer {} lost-request {} delayed-message {} cluster {} refused-removals {} operator-reads {} saturated-breaks {} closing-cuts {} process-pauses {} process-kills {} clock-steps {} failovers {}",
+            "delay {} blackhole {} cut {} reset {} break {} revoke {} kill {} drop {} lost-answer {} lost-request {} delayed-message {} cluster {} refused-removals {} operator-reads {} saturated-breaks {} closing-cuts {} process-pauses {} process-kills {} clock-steps {} failovers {} operator-deletes {}",
             self.delay,
             self.blackhole,
             self.cut,
@@ -130,7 +132,8 @@ impl std::fmt::Display for FaultCounts {
             self.process_pauses,
             self.process_kills,
             self.clock_steps,
-            self.failovers
+            self.failovers,
+            self.operator_deletes
         )
     }
 }
