@@ -231,13 +231,18 @@ impl ZkCore {
     /// [`changes`](Self::changes) saw on another session (maybe another
     /// server) never shows the state before it.
     async fn inspect_once(&self, c: zk::Client, name: &LockName) -> Result<LockState> {
+        self.sync_lock(&c, name).await?;
+        self.read_state(c, name, Marked::Hide).await
+    }
+
+    /// Syncs the server of `c` with the leader for lock `name`'s reads.
+    async fn sync_lock(&self, c: &zk::Client, name: &LockName) -> Result<()> {
         let dir = self.lock_dir(name)?;
         self.count(1);
         match c.sync(&dir).await {
-            Ok(()) | Err(zk::Error::NoNode) => {}
-            Err(e) => return Err(map(e, "syncing with the leader")),
+            Ok(()) | Err(zk::Error::NoNode) => Ok(()),
+            Err(e) => Err(map(e, "syncing with the leader")),
         }
-        self.read_state(c, name, Marked::Hide).await
     }
 
     /// The lock as `inspect` shows it, or with the nodes a break marked
@@ -464,6 +469,9 @@ impl ZkCore {
 
     async fn break_once(&self, c: zk::Client, name: &LockName) -> Result<bool> {
         loop {
+            // Synced first: a holder granted through another server before
+            // the break was called is among those it breaks.
+            self.sync_lock(&c, name).await?;
             let state = self.read_state(c.clone(), name, Marked::Show).await?;
             if state.holders.is_empty() {
                 return Ok(false);

@@ -51,10 +51,15 @@ fn create_options() -> zk::CreateOptions<'static> {
     zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all())
 }
 
+/// The name prefix of every node of `req`'s attempt: `_c_<guid>-`.
+pub(crate) fn guid_prefix(req: &AcquireRequest) -> String {
+    format!("_c_{}-", req.contender.hyphenated())
+}
+
 /// The GUID prefix of `req`'s nodes (`_c_<guid>-`) and the path its
 /// nodes in `dir` are created with (the server appends the sequence).
 fn node_prefix(dir: &str, marker: &str, req: &AcquireRequest) -> (String, String) {
-    let guid_prefix = format!("_c_{}-", req.contender.hyphenated());
+    let guid_prefix = guid_prefix(req);
     let prefix = format!("{dir}/{guid_prefix}{marker}");
     (guid_prefix, prefix)
 }

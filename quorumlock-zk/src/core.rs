@@ -773,7 +773,6 @@ impl SessionState {
         self.held.lock().expect("poisoned").remove(contender);
     }
 
-    /// Deletes our node; whether it was still there.
     /// Deletes our held `node`, expected at data `version` (see
     /// [`ZkCore::data_version`]): whether it was still ours. A node found
     /// rewritten is read: a break's mark means the hold was lost (the
@@ -802,10 +801,11 @@ impl SessionState {
             Err(zk::Error::NoNode) => return Ok(false),
             Err(e) => return Err(map(e, "reading our contender node")),
         };
-        self.delete(c, node).await?;
-        Ok(!broken)
+        let deleted = self.delete(c, node).await?;
+        Ok(deleted && !broken)
     }
 
+    /// Deletes our node; whether it was still there.
     pub(crate) async fn delete(&self, c: &zk::Client, node: &str) -> Result<bool> {
         let sent = self.send(1);
         let r = c.delete(node, None).await;

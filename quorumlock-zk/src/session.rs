@@ -20,7 +20,7 @@ use tracing::Instrument;
 use zookeeper_client as zk;
 
 use crate::config::deadline_ttl;
-use crate::contender::{Created, Listing};
+use crate::contender::{guid_prefix, Created, Listing};
 use crate::core::{
     self, is_terminal, lost_session, retry_backoff, ParentWatch, SessionState, Shutdown, ZkCore,
     CHAINS_KEPT,
@@ -122,6 +122,56 @@ impl ZkSession {
             }
         })
     }
+
+    /// Removes every node of attempt `req` in `dir` (found by its GUID).
+    /// As after a lost create: the server may not have applied a create
+    /// of ours yet; after a sync it has.
+    async fn remove_attempt_nodes(
+        &self,
+        c: &zk::Client,
+        req: &AcquireRequest,
+        dir: &str,
+    ) -> Result<()> {
+        let session = &self.state;
+        session.sync_dir(c, dir).await?;
+        let Some(children) = session.list(c, dir).await? else {
+            return Ok(());
+        };
+        let prefix = guid_prefix(req);
+        for child in children.iter().filter(|n| n.starts_with(&prefix)) {
+            tracing::debug!(node = %child, "removing an abandoned contender node");
+            session.delete(c, &format!("{dir}/{child}")).await?;
+        }
+        Ok(())
+    }
+
+    /// Releases a held request of several permits: each of its leases
+    /// deleted as a held node ([`SessionState::delete_held`]), then what
+    /// the attempt has in the locks directory. Whether all `req.count`
+    /// leases were still ours (none gone, none marked by a break). Our
+    /// session sees its own creates, so the listing needs no sync.
+    async fn release_leases(&self, req: &AcquireRequest) -> Result<bool> {
+        let session = &self.state;
+        session.mark_released(&req.contender);
+        let dir = session.core.lock_dir(&req.name)?;
+        let leases = format!("{dir}/{}", layout::SEM_LEASES);
+        let c = session.client()?;
+        let prefix = guid_prefix(req);
+        let (mut found, mut intact) = (0, true);
+        for child in session.list(&c, &leases).await?.unwrap_or_default() {
+            if !child.starts_with(&prefix) {
+                continue;
+            }
+            let node = format!("{leases}/{child}");
+            let version = session.core.data_version(&node);
+            found += 1;
+            intact &= session.delete_held(&c, &node, version).await?;
+            session.core.forget_version(&node);
+        }
+        self.remove_attempt_nodes(&c, req, &format!("{dir}/{}", layout::SEM_LOCKS))
+            .await?;
+        Ok(intact && found >= req.count as usize)
+    }
 }
 
 impl SessionState {
@@ -211,7 +261,7 @@ impl SessionState {
         };
         let node = created.node;
         let our_name = node.rsplit('/').next().expect("a path").to_string();
-        let guid_prefix = format!("_c_{}-", req.contender.hyphenated());
+        let guid_prefix = guid_prefix(req);
         let mut listed = created.listed;
         let mut watched = created.watched;
         let mut parent = None;
@@ -424,7 +474,7 @@ impl SessionState {
         backoff: &mut Backoff,
     ) -> Result<()> {
         let our_lock = lock_node.rsplit('/').next().expect("a path").to_string();
-        let guid_prefix = format!("_c_{}-", req.contender.hyphenated());
+        let guid_prefix = guid_prefix(req);
         let conflict = |why: String| Error::new(ErrorKind::Conflict, why);
         loop {
             let children = match listed.take() {
@@ -555,9 +605,10 @@ impl StoreSession for ZkSession {
 
     async fn release(&self, req: &AcquireRequest, held: &Acquired) -> Result<()> {
         if req.count > 1 {
-            // Every lease of the request: found by its GUID.
-            self.state.core.forget_version(&held.entry);
-            return self.abandon(req).await;
+            return match self.release_leases(req).await? {
+                true => Ok(()),
+                false => Err(entry_gone(req)),
+            };
         }
         self.state.mark_released(&req.contender);
         let version = self.state.core.data_version(&held.entry);
@@ -623,7 +674,6 @@ impl StoreSession for ZkSession {
         session.mark_released(&req.contender);
         let dir = session.core.lock_dir(&req.name)?;
         let c = session.client()?;
-        let prefix_name = format!("_c_{}-", req.contender.hyphenated());
         let dirs = match req.kind {
             // The lease first: it counts against the permits.
             LockKind::Semaphore { .. } => vec![
@@ -633,16 +683,7 @@ impl StoreSession for ZkSession {
             _ => vec![dir],
         };
         for dir in dirs {
-            // As after a lost create: the server may not have applied a
-            // create of ours yet; after a sync it has.
-            session.sync_dir(&c, &dir).await?;
-            let Some(children) = session.list(&c, &dir).await? else {
-                continue;
-            };
-            for child in children.iter().filter(|n| n.starts_with(&prefix_name)) {
-                tracing::debug!(node = %child, "removing an abandoned contender node");
-                session.delete(&c, &format!("{dir}/{child}")).await?;
-            }
+            self.remove_attempt_nodes(&c, req, &dir).await?;
         }
         Ok(())
     }

@@ -377,5 +377,14 @@ pub async fn semaphore_acquire_many_is_atomic_and_in_order(h: &Harness) {
     );
     w.release().await.unwrap();
     drop(g);
+    // Released right after a break (before its loss can be heard): every
+    // entry of the request was gone, the release says so.
+    let g = sem(b).acquire_many(2).await.unwrap();
+    assert!(a.break_lock("many").await.unwrap());
+    assert_kind(
+        g.release().await,
+        ErrorKind::LockLost,
+        "release of a broken request of 2 permits",
+    );
     case.finish().await;
 }

@@ -220,6 +220,8 @@ pub(super) async fn remove_entry(
             }
         };
         let r = tokio::select! {
+            // An answer that came with the loss still counts.
+            biased;
             r = attempt => r,
             _ = session.liveness.lost() => return session_gone(),
         };
