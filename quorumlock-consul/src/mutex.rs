@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use quorumlock_core::backend::{
-    entry_gone, waits_for, AcquireRequest, Acquired, Backoff, LastGrant,
+    removed_if_found, waits_for, AcquireRequest, Acquired, Backoff, LastGrant,
 };
 use quorumlock_core::{Error, ErrorKind, LockKind, Result};
 
@@ -617,10 +617,7 @@ pub(crate) async fn release(
             // lost (the client layer tells that from a loss). Remove what
             // this session has; the read it goes by tells which.
             tracing::debug!(lock = %keys.lock, ?errs, "the lock was not at our token");
-            match remove_read(s, keys, Some(held.token)).await? {
-                true => Ok(()),
-                false => Err(entry_gone(req)),
-            }
+            removed_if_found(req, remove_read(s, keys, Some(held.token)).await?)
         }
     }
 }

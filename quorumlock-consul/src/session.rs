@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use quorumlock_core::backend::{
-    entry_gone, AcquireRequest, Acquired, Backoff, SessionLiveness, StoreSession,
+    removed_if_found, AcquireRequest, Acquired, Backoff, SessionLiveness, StoreSession,
 };
 use quorumlock_core::{Error, ErrorKind, LockKind, Result};
 use serde_json::json;
@@ -284,10 +284,7 @@ impl StoreSession for ConsulSession {
     async fn release(&self, req: &AcquireRequest, held: &Acquired) -> Result<()> {
         let keys = Keys::new(&self.s.core.config, &req.name);
         if let LockKind::Semaphore { .. } = req.kind {
-            return match self.remove_sem(req, &keys).await? {
-                true => Ok(()),
-                false => Err(entry_gone(req)),
-            };
+            return removed_if_found(req, self.remove_sem(req, &keys).await?);
         }
         // A write of this attempt may still land after the release.
         self.s.fence(&keys, req).await?;

@@ -11,7 +11,7 @@ use etcd_client::{
     Compare, CompareOp, GetOptions, GetResponse, KeyValue, PutOptions, Txn, TxnOp, WatchFilterType,
 };
 use quorumlock_core::backend::{
-    entry_gone, AcquireRequest, Acquired, Backoff, InFlightWrites, LastGrant, QuietGrants,
+    removed_if_found, AcquireRequest, Acquired, Backoff, InFlightWrites, LastGrant, QuietGrants,
     SessionLiveness, StoreSession,
 };
 use quorumlock_core::{Error, ErrorKind, LockKind, Result};
@@ -817,13 +817,10 @@ impl StoreSession for EtcdSession {
             // An earlier try of this attempt may still land (and create
             // the key again after this delete): fence it off as well.
             self.lone_grants.released(&pfx, held.token, false);
-            return match self
+            let found = self
                 .fenced_removal(req, &held.entry, held.token as i64)
-                .await?
-            {
-                true => Ok(()),
-                false => Err(entry_gone(req)),
-            };
+                .await?;
+            return removed_if_found(req, found);
         }
         let txn = Txn::new()
             .when([Compare::create_revision(
@@ -838,12 +835,9 @@ impl StoreSession for EtcdSession {
         let one_write = matches!(&released, Ok(r) if r.succeeded()
             && u64::try_from(header_revision(r)).ok() == held.token.checked_add(1));
         self.lone_grants.released(&pfx, held.token, one_write);
-        match released?.succeeded() {
-            true => Ok(()),
-            // Not at our grant's revision: deleted (a break, an expired
-            // lease) and perhaps taken again, never ours to delete.
-            false => Err(entry_gone(req)),
-        }
+        // Not at our grant's revision: deleted (a break, an expired
+        // lease) and perhaps taken again, never ours to delete.
+        removed_if_found(req, released?.succeeded())
     }
 
     async fn set_value(&self, req: &AcquireRequest, held: &Acquired, value: &[u8]) -> Result<()> {

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use quorumlock_core::backend::{
-    entry_gone, refused_upgrade, upgrade_refused, waits_for, waits_for_linked, AcquireRequest,
-    Acquired, Backoff, GrantMemory, SessionLiveness, StoreSession,
+    refused_upgrade, removed_if_found, upgrade_refused, waits_for, waits_for_linked,
+    AcquireRequest, Acquired, Backoff, GrantMemory, SessionLiveness, StoreSession,
 };
 use quorumlock_core::{Error, ErrorKind, LockKind, Result};
 use tokio::sync::mpsc;
@@ -605,10 +605,7 @@ impl StoreSession for ZkSession {
 
     async fn release(&self, req: &AcquireRequest, held: &Acquired) -> Result<()> {
         if req.count > 1 {
-            return match self.release_leases(req).await? {
-                true => Ok(()),
-                false => Err(entry_gone(req)),
-            };
+            return removed_if_found(req, self.release_leases(req).await?);
         }
         self.state.mark_released(&req.contender);
         let version = self.state.core.data_version(&held.entry);
@@ -621,10 +618,7 @@ impl StoreSession for ZkSession {
         {
             self.state.chains.released(dir, seq, ours);
         }
-        if !ours {
-            return Err(entry_gone(req));
-        }
-        Ok(())
+        removed_if_found(req, ours)
     }
 
     async fn set_value(&self, req: &AcquireRequest, held: &Acquired, value: &[u8]) -> Result<()> {

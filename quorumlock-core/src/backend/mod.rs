@@ -333,6 +333,15 @@ pub fn entry_gone(req: &AcquireRequest) -> crate::Error {
     )
 }
 
+/// A release's outcome from whether it `found` the held entry of `req`
+/// (and removed it): `Ok`, or [`entry_gone`].
+pub fn removed_if_found(req: &AcquireRequest, found: bool) -> crate::Result<()> {
+    match found {
+        true => Ok(()),
+        false => Err(entry_gone(req)),
+    }
+}
+
 /// One store session (ZooKeeper session, etcd lease, Consul session).
 ///
 /// # Contract
