@@ -147,6 +147,40 @@ async fn try_synced(replica: &Server) -> Result<(), String> {
     Err(format!("the replica never synced: {info}"))
 }
 
+/// Waits until `replica` has everything `primary` had written when it
+/// was called: the replica's processed offset (`slave_repl_offset`)
+/// reaches the primary's `master_repl_offset`, read first; panics after
+/// 10 s with both servers' `INFO replication`.
+///
+/// Not `WAIT`: it counts the replicas that acknowledged the asking
+/// connection's own last write, and [`Server::query`] asks on a new
+/// connection, which wrote nothing, so `WAIT 1` answers 1 at once while
+/// the replica may still lack the last writes (a failure of the failover
+/// test under load: the grant was still on its way when the test cut the
+/// link).
+pub async fn caught_up(primary: &Server, replica: &Server) {
+    let offset = |info: &str, field: &str| -> Option<u64> {
+        info.lines()
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    let info = primary.replication().await.unwrap();
+    let written = offset(&info, "master_repl_offset").expect("the primary's master_repl_offset");
+    let mut seen = String::new();
+    for _ in 0..200 {
+        seen = replica.replication().await.unwrap();
+        if offset(&seen, "slave_repl_offset").is_some_and(|o| o >= written) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!(
+        "the replica did not reach the primary's offset {written} within 10 s: {} | {}",
+        info.replace("\r\n", " "),
+        seen.replace("\r\n", " ")
+    );
+}
+
 /// Two servers, one the primary and one its replica, behind one address
 /// ([`Switch`]) that a failover moves. Each replicates from the other
 /// through a proxy of its own (`links[i]` leads to server `i`), so that
