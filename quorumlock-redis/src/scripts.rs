@@ -54,6 +54,17 @@ local function member(L, id) return L .. '/.q/' .. id end
 -- Best effort (`pcall`): a user whose ACL refuses the channel must not
 -- see a script abort halfway through its writes.
 local function changed(L) redis.pcall('PUBLISH', L .. '/.changes', '') end
+-- The caller's session `sid` lives `ttl` ms more from now, with the keys
+-- kept beside it; false if its key is gone (never brought back).
+local function extend(sid, ttl)
+  local s = skey(sid)
+  if redis.call('PEXPIRE', s, ttl) == 0 then return false end
+  -- The entry set, a TTL past the session key: see KILL.
+  redis.call('PEXPIRE', s .. '/.locks', 2 * tonumber(ttl))
+  redis.call('PEXPIRE', s .. '/.fenced', ttl)
+  redis.call('PEXPIRE', mkey(sid), ttl)
+  return true
+end
 -- A message to entry e's session's mailbox if that session lives, kept
 -- as long as the session.
 local function tell(e, msg)
@@ -263,6 +274,16 @@ local function standing(L, live, i)
   end
   return waiting(e.seq, live, i - 1)
 end
+-- live[i]'s standing (see `standing`) for its own client: a grant is
+-- evidence that its session lives, read in the step that decides it, so
+-- it renews the session as RENEW would. Its expiry may be earlier than
+-- the client counts on (a failover that lost the last renewals, a step of
+-- the server's clock): the grant must not outlive it.
+local function own_standing(L, live, i, ttl)
+  local r = standing(L, live, i)
+  if r[1] == 'held' then extend(live[i].sid, ttl) end
+  return r
+end
 "#;
 
 fn script(body: &str) -> Script {
@@ -342,12 +363,13 @@ if live[mine].token == 0 and wait == '0' and not refused(live, mine) then
   settle(L, head(L), '')
   return {'wouldblock'}
 end
-return standing(L, live, mine)
+return own_standing(L, live, mine, ARGV[10])
 "#,
     )
 });
 
-/// Look again at a waiting entry. ARGV: P, L, contender. `{'gone'}`,
+/// Look again at a waiting entry. ARGV: P, L, contender, the TTL (ms).
+/// `{'gone'}`,
 /// `{'held', token, seq}` or `{'wait', seq, ahead_ms}`.
 pub(crate) static CHECK: LazyLock<Script> = LazyLock::new(|| {
     script(
@@ -356,7 +378,7 @@ local L, id = ARGV[2], ARGV[3]
 local live, whole = head(L)
 settle(L, live, id)
 for i, e in ipairs(live) do
-  if e.id == id then return standing(L, live, i) end
+  if e.id == id then return own_standing(L, live, i, ARGV[4]) end
 end
 if whole then return {'gone'} end
 -- Behind the part read, so waiting: unless not queued, or its session
@@ -544,11 +566,7 @@ pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| {
 local sid, ttl, n, confirmed = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local last = 6 + 3 * tonumber(ARGV[6])
 local s = skey(sid)
-if redis.call('PEXPIRE', s, ttl) == 0 then return {0} end
--- The entry set, a TTL past the session key: see KILL.
-redis.call('PEXPIRE', s .. '/.locks', 2 * tonumber(ttl))
-redis.call('PEXPIRE', s .. '/.fenced', ttl)
-redis.call('PEXPIRE', mkey(sid), ttl)
+if not extend(sid, ttl) then return {0} end
 local missing = {}
 for i = 7, last, 3 do
   local v = redis.call('HGET', ARGV[i] .. '/.e', ARGV[i + 1])

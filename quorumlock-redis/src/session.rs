@@ -132,7 +132,10 @@ impl RedisSession {
 
     async fn check(&self, key: &str, id: &str) -> Result<Standing> {
         let mut inv = scripts::CHECK.prepare_invoke();
-        inv.arg(&self.state.core.prefix).arg(key).arg(id);
+        inv.arg(&self.state.core.prefix)
+            .arg(key)
+            .arg(id)
+            .arg(self.state.core.config.ttl.as_millis() as u64);
         standing(self.state.core.script("check entry", &inv).await?)
     }
 }

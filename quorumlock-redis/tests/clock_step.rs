@@ -27,10 +27,10 @@ mod common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::{client, step_clock, url_with};
+use common::{client, raw, step_clock, url_with};
 use quorumlock_conformance::faults::{NetControl, NetMode, TcpProxy};
 use quorumlock_conformance::support::{env_or_skip as env, unique_namespace};
-use quorumlock_core::{LockGuard, LossReason};
+use quorumlock_core::{ErrorKind, LockGuard, LossReason};
 use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_secs(5);
@@ -143,4 +143,102 @@ async fn a_step_beyond_the_ttl_expires_every_session_at_once() {
     assert!(r.granted < r.lost, "B {:?}, A {:?}", r.granted, r.lost);
     assert!(r.granted < TTL / 10, "B granted after {:?}", r.granted);
     assert!(r.lost < TTL / 3 + TTL / 3, "A told after {:?}", r.lost);
+}
+
+/// A session whose expiry on the server came earlier than its client
+/// believes (what a failover leaves when it lost the session's last
+/// renewals: the new primary keeps the expiry the last replicated one set,
+/// the README's "Failover"; or a forward step), and a grant made on it
+/// after that. The grant is evidence that the session lives, read in the
+/// step that decides it: it renews the session there, as a renewal would.
+/// Before, the session expired at the early time, a second client was
+/// granted, and the first one's guard said held until its next renewal
+/// (up to TTL/3 later): two holders, found by the fault explorer
+/// (`redis-failover`, seed 1795864033156949064, under chaos.sh's load).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_renews_a_session_whose_expiry_came_early() {
+    let Some(base) = env("QUORUMLOCK_TEST_REDIS_URL") else {
+        return;
+    };
+    let ns = unique_namespace("qlearly");
+    // A TTL of 10 s: A's first renewal is 3.3 s away, after the test's
+    // part that needs none.
+    let a = client(&url_with(&base, &ns, Some("ttl=10s"))).await;
+    let b = client(&url_with(&base, &ns, Some("ttl=10s"))).await;
+    // A's session opens with its first acquire.
+    a.lock("warm")
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let sid = a.session_id().await.unwrap();
+    let session = format!("{ns}/.session/{sid}");
+    let mut conn = raw(&base).await;
+    // A's session expires 300 ms from now on the server, its client
+    // still counting on 10 s; a marker key expires at the same instant.
+    let early: i64 = redis::cmd("EVAL")
+        .arg(
+            "redis.call('PEXPIRE', KEYS[1], 300) \
+             local at = redis.call('PEXPIRETIME', KEYS[1]) \
+             redis.call('SET', KEYS[2], '1', 'PXAT', at) \
+             return at",
+        )
+        .arg(2)
+        .arg(&session)
+        .arg(format!("{ns}/early-marker"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(early > 0, "A's session key {session} has no expiry");
+    let ga = a.lock("x").unwrap().acquire().await.unwrap();
+    // Until the early expiry has passed on the server's clock.
+    let waited = Instant::now();
+    loop {
+        let left: i64 = redis::cmd("EXISTS")
+            .arg(format!("{ns}/early-marker"))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if left == 0 {
+            break;
+        }
+        assert!(
+            waited.elapsed() < Duration::from_secs(5),
+            "the marker never expired"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let tried = b.lock("x").unwrap().try_acquire().await;
+    let a_held = ga.is_held();
+    match tried {
+        Ok(gb) => panic!(
+            "B was granted x (token {}) while A's guard said held: {a_held} (token {}); \
+             A's session key is {}",
+            gb.token(),
+            ga.token(),
+            if exists(&mut conn, &session).await {
+                "there"
+            } else {
+                "gone"
+            }
+        ),
+        Err(e) => assert_eq!(e.kind(), ErrorKind::WouldBlock, "{e}"),
+    }
+    assert!(a_held, "A's guard lost x: {:?}", ga.loss());
+    assert!(exists(&mut conn, &session).await, "A's session expired");
+    ga.release().await.unwrap();
+    a.close().await;
+    b.close().await;
+}
+
+async fn exists(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> bool {
+    redis::cmd("EXISTS")
+        .arg(key)
+        .query_async::<i64>(conn)
+        .await
+        .unwrap()
+        == 1
 }
