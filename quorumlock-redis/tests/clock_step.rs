@@ -176,6 +176,7 @@ async fn a_grant_renews_a_session_whose_expiry_came_early() {
         .unwrap();
     let sid = a.session_id().await.unwrap();
     let session = format!("{ns}/.session/{sid}");
+    let marker = format!("{ns}/early-marker");
     let mut conn = raw(&base).await;
     // A's session expires 300 ms from now on the server, its client
     // still counting on 10 s; a marker key expires at the same instant.
@@ -188,7 +189,7 @@ async fn a_grant_renews_a_session_whose_expiry_came_early() {
         )
         .arg(2)
         .arg(&session)
-        .arg(format!("{ns}/early-marker"))
+        .arg(&marker)
         .query_async(&mut conn)
         .await
         .unwrap();
@@ -196,15 +197,7 @@ async fn a_grant_renews_a_session_whose_expiry_came_early() {
     let ga = a.lock("x").unwrap().acquire().await.unwrap();
     // Until the early expiry has passed on the server's clock.
     let waited = Instant::now();
-    loop {
-        let left: i64 = redis::cmd("EXISTS")
-            .arg(format!("{ns}/early-marker"))
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        if left == 0 {
-            break;
-        }
+    while exists(&mut conn, &marker).await {
         assert!(
             waited.elapsed() < Duration::from_secs(5),
             "the marker never expired"
