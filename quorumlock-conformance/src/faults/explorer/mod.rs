@@ -852,7 +852,7 @@ async fn worker(c: LockClient, ci: usize, mut rng: StdRng, sh: Arc<Shared>, ttl:
             let r = if choice >= 95 {
                 take_set(&c, &mut rng, wait).await
             } else {
-                campaign(&c, ci, wait).await
+                lead(&c, ci, wait, started, &sh).await
             };
             sh.ops.fetch_add(1, Ordering::Relaxed);
             match r {
@@ -860,19 +860,10 @@ async fn worker(c: LockClient, ci: usize, mut rng: StdRng, sh: Arc<Shared>, ttl:
                     sh.multi_locks.fetch_add(1, Ordering::Relaxed);
                     hold_set(set, &members, ci, started, &mut rng, &sh, ttl).await;
                 }
-                Ok(Taken::Leader(g)) => {
+                Ok(Taken::Leader(g, id)) => {
                     sh.elections.fetch_add(1, Ordering::Relaxed);
-                    hold(
-                        g,
-                        ELECTION,
-                        ci,
-                        Held::Exclusive,
-                        started,
-                        &mut rng,
-                        &sh,
-                        ttl,
-                    )
-                    .await;
+                    keep(&g, id, ELECTION, ci, Held::Exclusive, &mut rng, &sh, ttl).await;
+                    let_go(g, id, &mut rng, &sh).await;
                 }
                 Err(e) => unexpected(
                     &sh,
@@ -1514,7 +1505,8 @@ fn unexpected(sh: &Shared, ci: usize, name: &str, e: &quorumlock_core::Error) {
 /// campaign gave.
 enum Taken {
     Set(quorumlock_core::MultiGuard, Vec<(&'static str, Held)>),
-    Leader(LockGuard),
+    /// The leader's guard and its hold in the history.
+    Leader(LockGuard, usize),
 }
 
 /// A multi-lock over two to four of the schedule's locks, each as its
@@ -1551,17 +1543,30 @@ async fn take_set(
     Ok(Taken::Set(set.acquire_timeout(wait).await?, members))
 }
 
-/// A campaign; the leader proclaims a new value once where the store can.
-async fn campaign(c: &LockClient, ci: usize, wait: Duration) -> quorumlock_core::Result<Taken> {
+/// A campaign, recorded as a hold of the election from its return; the
+/// leader then proclaims a new value once where the store can (a
+/// leader's act, inside its hold: a proclaim held up on a slow link does
+/// not move the grant later in the history).
+async fn lead(
+    c: &LockClient,
+    ci: usize,
+    wait: Duration,
+    started: Instant,
+    sh: &Shared,
+) -> quorumlock_core::Result<Taken> {
     let mut leader = c
         .election(ELECTION)?
         .campaign_timeout(format!("c{ci}"), wait)
         .await?;
+    let id = sh
+        .log
+        .begin(ELECTION, ci, Held::Exclusive, leader.token(), started);
     if c.backend().capabilities().proclaim {
-        // Lost meanwhile: the hold that follows ends at once.
+        // Lost meanwhile: the hold's end is then heard by its watcher or
+        // at its local deadline.
         let _ = leader.proclaim(format!("c{ci} proclaimed")).await;
     }
-    Ok(Taken::Leader(leader.into_guard()))
+    Ok(Taken::Leader(leader.into_guard(), id))
 }
 
 /// Holds every name of a multi-lock at once: one hold per name, with its
@@ -1711,5 +1716,45 @@ async fn saturated_break(
     }
     for w in waits {
         let _ = w.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A leader's hold begins in the history when its campaign returns,
+    /// before its proclaim: a proclaim held up on a slow link must not
+    /// move the grant later. Seen on the etcd cluster (seed
+    /// 1795868554935761756): a proclaim that took seconds recorded the
+    /// grant after the leader's session had ended and after a later
+    /// leader's whole hold, which the checker took for a smaller token
+    /// granted after a larger one.
+    #[tokio::test]
+    async fn a_leaders_hold_begins_before_its_proclaim() {
+        let t = FaultTarget::mem("mem://lead-record?ttl=10s");
+        let (backend, net) = t.faulty_backend("lead-record").await;
+        let c = LockClient::new(backend);
+        assert!(c.backend().capabilities().proclaim);
+        let sh = Shared::new(&[ELECTION], HashMap::new(), Vec::new());
+        let lag = Duration::from_millis(300);
+        net.set_mode(NetMode::Delay(lag));
+        let started = Instant::now();
+        let Taken::Leader(g, id) = lead(&c, 0, Duration::from_secs(5), started, &sh)
+            .await
+            .unwrap()
+        else {
+            unreachable!("a campaign leads")
+        };
+        let returned = Instant::now();
+        let recorded = sh.log.settled(returned)[id].acquired;
+        assert!(
+            returned - recorded >= lag,
+            "the leader's grant was recorded {:?} before the campaign's call returned, \
+             less than the {lag:?} its proclaim's request alone takes: recorded after the proclaim",
+            returned - recorded
+        );
+        net.set_mode(NetMode::Pass);
+        g.release().await.unwrap();
     }
 }
