@@ -4,7 +4,9 @@ scripts/bench.sh): one row per store, each figure as a ratio to that
 store's own floor measured in the same run, beside the targets of the
 performance issue (cycle <= 1.10x its floor; handoff p99 <= 1.5x the
 handoff floor's p99 with 4 to 64 waiters; 32 clients >= 0.9x the
-handoffs/s of 8; 10,000 locks on one client <= 1.5x the floor)."""
+handoffs/s of 8; 10,000 locks on one client <= 1.5x the floor), and beside
+the handoff and contention lines the store's own lock recipe done raw by
+as many parties (what the store itself does with that much contention)."""
 import json
 import pathlib
 import sys
@@ -44,28 +46,40 @@ for name, r in runs:
     )
 
 print()
-print("| store | handoff floor p50 / p99 ms | ours p99 ms at 4 / 16 / 64 waiters | ours p99 / floor p99 (target <= 1.5) |")
-print("|---|---|---|---|")
+print("| store | handoff floor p50 / p99 ms | ours p99 ms at 4 / 16 / 64 waiters | ours p99 / floor p99 (target <= 1.5) | the store's recipe raw, p99 ms at 4 / 16 / 64 parties | ours p99 / recipe p99 |")
+print("|---|---|---|---|---|---|")
 for name, r in runs:
     hf = r.get("handoff_floor")
     by_waiters = {h["waiters"]: h["gap"]["p99_ms"] for h in r["handoff"]}
     p99s = [by_waiters.get(w) for w in (4, 16, 64)]
     floor_p99 = hf["p99_ms"] if hf else None
+    by_parties = {h["parties"]: h["gap"]["p99_ms"] for h in r.get("recipe") or []}
+    raw = [by_parties.get(w) for w in (4, 16, 64)]
     print(
         f"| {name} | {num(hf and hf['p50_ms'])} / {num(floor_p99)} | {' / '.join(num(p) for p in p99s)} | "
-        f"{' / '.join(num(ratio(p, floor_p99)) for p in p99s)} |"
+        f"{' / '.join(num(ratio(p, floor_p99)) for p in p99s)} | {' / '.join(num(p) for p in raw)} | "
+        f"{' / '.join(num(ratio(p, q)) for p, q in zip(p99s, raw))} |"
     )
 
 print()
-print("| store | handoffs/s, 8 clients | 32 clients | 32 / 8 (target >= 0.9) | requests per handoff, 8 / 32 |")
-print("|---|---|---|---|---|")
+print("| store | handoffs/s, 8 clients | 32 clients | 32 / 8 (target >= 0.9) | requests per handoff, 8 / 32 | each client its own process: handoffs/s, 8 / 32 (in the bench's process / in processes) | the store's recipe raw: handoffs/s, 8 / 32 parties | recipe 32 / 8 | recipe requests per handoff, 8 / 32 |")
+print("|---|---|---|---|---|---|---|---|---|")
 for name, r in runs:
     by_clients = {c["clients"]: c for c in r["contended"]}
     a, b = by_clients.get(8), by_clients.get(32)
     if not a or not b:
         continue
+    by_parties = {h["parties"]: h for h in r.get("recipe") or []}
+    ra, rb = by_parties.get(8), by_parties.get(32)
+    procs = {c["clients"]: c for c in r.get("contended_processes") or []}
+    rate = lambda x: x and x["handoffs_per_s"]
+    reqs = lambda x: x and x["requests_per_handoff"]
     print(
         f"| {name} | {a['handoffs_per_s']:.0f} | {b['handoffs_per_s']:.0f} | "
         f"{b['handoffs_per_s'] / a['handoffs_per_s']:.2f} | "
-        f"{a['requests_per_handoff']:.1f} / {b['requests_per_handoff']:.1f} |"
+        f"{a['requests_per_handoff']:.1f} / {b['requests_per_handoff']:.1f} | "
+        f"{num(rate(procs.get(8)), '{:.0f}')} / {num(rate(procs.get(32)), '{:.0f}')} "
+        f"({num(ratio(a['handoffs_per_s'], rate(procs.get(8))))} / {num(ratio(b['handoffs_per_s'], rate(procs.get(32))))}) | "
+        f"{num(rate(ra), '{:.0f}')} / {num(rate(rb), '{:.0f}')} | {num(ratio(rate(rb), rate(ra)))} | "
+        f"{num(reqs(ra), '{:.1f}')} / {num(reqs(rb), '{:.1f}')} |"
     )

@@ -52,9 +52,9 @@ pub struct ConsulFloor {
     key: String,
 }
 
-type Result<T> = std::result::Result<T, String>;
+pub(crate) type Result<T> = std::result::Result<T, String>;
 
-fn text(e: impl std::fmt::Display) -> String {
+pub(crate) fn text(e: impl std::fmt::Display) -> String {
     e.to_string()
 }
 
@@ -278,7 +278,7 @@ impl Floor {
 
 /// The raw connection settings of a `postgres://` URL: its host, port,
 /// user, password and database.
-fn pg_config(url: &Url) -> Result<tokio_postgres::Config> {
+pub(crate) fn pg_config(url: &Url) -> Result<tokio_postgres::Config> {
     let c = quorumlock::postgres::PostgresConfig::from_url(url).map_err(text)?;
     let mut pg = tokio_postgres::Config::new();
     pg.host(&c.host)
@@ -455,7 +455,7 @@ pub async fn handoffs(url: &Url, count: usize) -> Result<Option<crate::Histogram
 /// The address a raw client of `url`'s store connects to (its own
 /// library's form, the store's default port); `None` for stores without
 /// a network floor.
-fn raw_address(url: &Url) -> Option<String> {
+pub(crate) fn raw_address(url: &Url) -> Option<String> {
     let host = url.host_str().unwrap_or("127.0.0.1");
     let port = url.port();
     Some(match url.scheme() {
@@ -719,7 +719,7 @@ async fn pg_handoffs(url: &Url, key: String, count: usize) -> Result<crate::Hist
 }
 
 /// A ZooKeeper client with the floor's session timeout.
-async fn zk_connect(endpoint: &str) -> Result<zookeeper_client::Client> {
+pub(crate) async fn zk_connect(endpoint: &str) -> Result<zookeeper_client::Client> {
     zookeeper_client::Client::connector()
         .with_session_timeout(Duration::from_secs(10))
         .connect(endpoint)
@@ -727,10 +727,11 @@ async fn zk_connect(endpoint: &str) -> Result<zookeeper_client::Client> {
         .map_err(text)
 }
 
-/// A Consul session of the floor's own: no health checks, no lock-delay.
-async fn consul_session(http: &reqwest::Client, base: &str) -> Result<String> {
+/// A Consul session of the floor's own: no health checks, no lock-delay,
+/// never renewed (its TTL outlives any run of the bench's parts).
+pub(crate) async fn consul_session(http: &reqwest::Client, base: &str) -> Result<String> {
     let body =
-        serde_json::json!({"TTL": "30s", "Behavior": "delete", "LockDelay": "0s", "Checks": []});
+        serde_json::json!({"TTL": "600s", "Behavior": "delete", "LockDelay": "0s", "Checks": []});
     let session = consul_put(http, &format!("{base}/v1/session/create"), &body).await?;
     Ok(session["ID"].as_str().ok_or("no session ID")?.to_string())
 }
@@ -753,7 +754,7 @@ async fn consul_txn(
 }
 
 /// PUTs `body` to `url`; the JSON answer of a 2xx.
-async fn consul_put(
+pub(crate) async fn consul_put(
     http: &reqwest::Client,
     url: &str,
     body: &serde_json::Value,

@@ -10,6 +10,8 @@
 
 mod alloc;
 mod floor;
+mod processes;
+mod recipe;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -61,8 +63,13 @@ struct Args {
     /// Seconds each contended measurement runs.
     #[arg(long, default_value_t = 3.0)]
     contended_secs: f64,
+    /// Party counts for the store's own lock recipe done raw (the floor
+    /// of the handoff and contention lines), each run for
+    /// `--contended-secs`.
+    #[arg(long, value_delimiter = ',', default_values_t = [4, 8, 16, 32, 64])]
+    recipe: Vec<usize>,
     /// Run only these parts (comma-separated: cycle, handoff, contended,
-    /// scale, loss); all when empty.
+    /// processes, recipe, scale, loss); all when empty.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Rounds of the loss-detection measurement.
@@ -71,6 +78,10 @@ struct Args {
     /// Write the JSON report here as well.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
+    /// Run as one worker process of the `processes` part (on `--url` as it
+    /// is, for `--contended-secs`); the bench starts these itself.
+    #[arg(long, hide = true)]
+    process_worker: bool,
 }
 
 fn summary(h: &Histogram) -> Value {
@@ -183,6 +194,13 @@ impl Handoffs {
     /// previous release started.
     async fn cycle(&self, lock: &quorumlock::Lock) -> quorumlock::Result<()> {
         let g = lock.acquire().await?;
+        self.granted();
+        self.releasing();
+        g.release().await
+    }
+
+    /// A grant: counted, and the gap since the last release started.
+    fn granted(&self) {
         self.granted.fetch_add(1, Ordering::Relaxed);
         if let Some(t) = self.last_release.lock().unwrap().take() {
             self.gaps
@@ -191,8 +209,19 @@ impl Handoffs {
                 .record(t.elapsed().as_micros().max(1) as u64)
                 .expect("in range");
         }
+    }
+
+    /// The holder starts its release now.
+    fn releasing(&self) {
         *self.last_release.lock().unwrap() = Some(Instant::now());
-        g.release().await
+    }
+
+    fn count(&self) -> u64 {
+        self.granted.load(Ordering::Relaxed)
+    }
+
+    fn gaps(&self) -> Histogram {
+        self.gaps.lock().unwrap().clone()
     }
 }
 
@@ -225,11 +254,11 @@ async fn handoff(url: &str, waiters: usize, handoffs: usize) -> quorumlock::Resu
     }
     let elapsed = start.elapsed();
     let sent = requests(&cs) - before;
-    let n = h.granted.load(Ordering::Relaxed);
+    let n = h.count();
     for c in &cs {
         c.close().await;
     }
-    let gaps = h.gaps.lock().unwrap().clone();
+    let gaps = h.gaps();
     Ok(json!({
         "waiters": waiters,
         "clients": cs.len(),
@@ -268,11 +297,11 @@ async fn contended(url: &str, n: usize, secs: f64) -> quorumlock::Result<Value> 
     }
     let elapsed = start.elapsed();
     let sent = requests(&cs) - before;
-    let got = h.granted.load(Ordering::Relaxed);
+    let got = h.count();
     for c in &cs {
         c.close().await;
     }
-    let gaps = h.gaps.lock().unwrap().clone();
+    let gaps = h.gaps();
     Ok(json!({
         "clients": n,
         "handoffs": got,
@@ -418,6 +447,10 @@ async fn loss_detection(url: &str, rounds: usize) -> quorumlock::Result<Value> {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
+    if args.process_worker {
+        processes::worker(&args.url, args.contended_secs).await?;
+        return Ok(());
+    }
     let run = format!("bench-{}", std::process::id());
     let url = url_in(&args.url, &run);
     let parsed = quorumlock::url::parse(&url)?;
@@ -457,6 +490,29 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             contention.push(contended(&url, n, args.contended_secs).await?);
         }
     }
+    let mut in_processes = Vec::new();
+    // A mem:// store lives in its process: workers would not share it.
+    if runs("processes") && scheme != "mem" {
+        for &n in &args.contended {
+            eprintln!(
+                "bench: {n} contending clients, each its own process, {} s",
+                args.contended_secs
+            );
+            in_processes.push(processes::contended(&url, n, args.contended_secs).await?);
+        }
+    }
+    let mut recipe = Vec::new();
+    if runs("recipe") {
+        for &n in &args.recipe {
+            eprintln!(
+                "bench: the store's recipe raw, {n} parties, {} s",
+                args.contended_secs
+            );
+            if let Some(r) = recipe::contended(&parsed, n, args.contended_secs).await? {
+                recipe.push(r);
+            }
+        }
+    }
     let (mut scale_small, mut scale) = (Value::Null, Value::Null);
     if runs("scale") {
         for (count, out) in [
@@ -490,6 +546,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "handoff_floor": handoff_floor.as_ref().map(summary),
         "handoff": handoffs,
         "contended": contention,
+        "contended_processes": in_processes,
+        "recipe_is": recipe::describe(&scheme),
+        "recipe": recipe,
         "scale_small": scale_small,
         "scale": scale,
         "loss_detection": loss,
@@ -548,6 +607,25 @@ fn print_markdown(r: &Value) {
         println!(
             "| contended, {} clients (own sessions), one lock | {} | {} | {} handoffs/s; {} store requests per handoff |",
             h["clients"],
+            f(&h["gap"]["p50_ms"]),
+            f(&h["gap"]["p99_ms"]),
+            f(&h["handoffs_per_s"]),
+            f(&h["requests_per_handoff"])
+        );
+    }
+    for h in r["contended_processes"].as_array().into_iter().flatten() {
+        println!(
+            "| contended, {} clients each in a process of its own, one lock | | | {} handoffs/s |",
+            h["clients"],
+            f(&h["handoffs_per_s"])
+        );
+    }
+    for h in r["recipe"].as_array().into_iter().flatten() {
+        println!(
+            "| the store's recipe raw ({}), {} parties on {} connections | {} | {} | {} handoffs/s; {} store requests per handoff |",
+            r["recipe_is"].as_str().unwrap_or(""),
+            h["parties"],
+            h["connections"],
             f(&h["gap"]["p50_ms"]),
             f(&h["gap"]["p99_ms"]),
             f(&h["handoffs_per_s"]),
