@@ -68,33 +68,23 @@ struct Shared {
     end: Arc<std::sync::OnceLock<Instant>>,
 }
 
-/// How one store's run went: the parties' time (from their start to the
-/// last one's end, set-up and clean-up left out, as the bench times ours)
-/// and the connections they used.
-struct Ran {
-    elapsed: Duration,
-    connections: usize,
-}
-
 impl Shared {
     fn sent(&self, n: u64) {
         self.requests.fetch_add(n, Ordering::Relaxed);
     }
 
-    /// A party was granted: the gap since the last release started, and
-    /// the mutual exclusion check.
-    fn granted(&self) -> Result<()> {
+    /// A party was granted: the gap since the last release started, the
+    /// mutual exclusion check (held across an await, so that a second
+    /// grant meanwhile is seen), then the start of its release.
+    async fn hold(&self) -> Result<()> {
         if self.held.swap(true, Ordering::SeqCst) {
             return Err("two parties of the raw recipe held at once".into());
         }
         self.handoffs.granted();
-        Ok(())
-    }
-
-    /// The holder starts its release.
-    fn releasing(&self) {
+        tokio::task::yield_now().await;
         self.held.store(false, Ordering::SeqCst);
         self.handoffs.releasing();
+        Ok(())
     }
 
     fn running(&self) -> bool {
@@ -110,7 +100,9 @@ pub async fn contended(url: &Url, parties: usize, secs: f64) -> Result<Option<Va
     let Some(address) = raw_address(url) else {
         return Ok(None);
     };
-    let connections = parties.clamp(1, MAX_CONNECTIONS);
+    // etcd and ZooKeeper parties share a pool; Consul's and PostgreSQL's
+    // each wait on a connection of their own.
+    let pooled = parties.clamp(1, MAX_CONNECTIONS);
     let run = format!("qlbench-recipe-{}-{parties}", std::process::id());
     let shared = Shared {
         handoffs: Handoffs::new(),
@@ -119,14 +111,14 @@ pub async fn contended(url: &Url, parties: usize, secs: f64) -> Result<Option<Va
         secs,
         end: Arc::new(std::sync::OnceLock::new()),
     };
-    let Ran {
-        elapsed,
-        connections,
-    } = match url.scheme() {
-        "etcd" => etcd(&address, &run, parties, connections, &shared).await?,
-        "zk" => zk(&address, &run, parties, connections, &shared).await?,
-        "consul" => consul(&address, &run, parties, &shared).await?,
-        "postgres" | "postgresql" => postgres(url, parties, &shared).await?,
+    let (elapsed, connections) = match url.scheme() {
+        "etcd" => (
+            etcd(&address, &run, parties, pooled, &shared).await?,
+            pooled,
+        ),
+        "zk" => (zk(&address, &run, parties, pooled, &shared).await?, pooled),
+        "consul" => (consul(&address, &run, parties, &shared).await?, parties),
+        "postgres" | "postgresql" => (postgres(url, parties, &shared).await?, parties),
         _ => return Ok(None),
     };
     let got = shared.handoffs.count();
@@ -175,7 +167,7 @@ async fn etcd(
     parties: usize,
     connections: usize,
     shared: &Shared,
-) -> Result<Ran> {
+) -> Result<Duration> {
     use etcd_client::{
         Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
         TxnOpResponse,
@@ -278,10 +270,7 @@ async fn etcd(
                         return Err("the party's key is gone".into());
                     }
                 }
-                shared.granted()?;
-                // Held across an await: a second grant meanwhile is seen.
-                tokio::task::yield_now().await;
-                shared.releasing();
+                shared.hold().await?;
                 client.delete(key.as_str(), None).await.map_err(text)?;
                 shared.sent(1);
             }
@@ -293,10 +282,7 @@ async fn etcd(
     for lease in leases {
         let _ = client.lease_revoke(lease).await;
     }
-    result.map(|elapsed| Ran {
-        elapsed,
-        connections,
-    })
+    result
 }
 
 async fn zk(
@@ -305,7 +291,7 @@ async fn zk(
     parties: usize,
     connections: usize,
     shared: &Shared,
-) -> Result<Ran> {
+) -> Result<Duration> {
     use zookeeper_client::{Acls, CreateMode};
     let mut clients = Vec::new();
     for _ in 0..connections {
@@ -353,10 +339,7 @@ async fn zk(
                         Err(e) => return Err(e.to_string()),
                     }
                 }
-                shared.granted()?;
-                // Held across an await: a second grant meanwhile is seen.
-                tokio::task::yield_now().await;
-                shared.releasing();
+                shared.hold().await?;
                 client
                     .delete(&format!("{dir}/{mine}"), None)
                     .await
@@ -370,13 +353,10 @@ async fn zk(
     // Each party deleted its node, so the folder is empty unless the run
     // failed (then its sessions' ends take the nodes, and the folder stays).
     let _ = clients[0].delete(&dir, None).await;
-    result.map(|elapsed| Ran {
-        elapsed,
-        connections,
-    })
+    result
 }
 
-async fn consul(base: &str, run: &str, parties: usize, shared: &Shared) -> Result<Ran> {
+async fn consul(base: &str, run: &str, parties: usize, shared: &Shared) -> Result<Duration> {
     let http = reqwest::Client::new();
     let mut sessions = Vec::new();
     for _ in 0..parties {
@@ -423,10 +403,7 @@ async fn consul(base: &str, run: &str, parties: usize, shared: &Shared) -> Resul
                         break;
                     }
                 }
-                shared.granted()?;
-                // Held across an await: a second grant meanwhile is seen.
-                tokio::task::yield_now().await;
-                shared.releasing();
+                shared.hold().await?;
                 let url = format!("{base}/v1/kv/{key}?release={session}");
                 consul_put(&http, &url, &Value::Null).await?;
                 shared.sent(1);
@@ -442,13 +419,10 @@ async fn consul(base: &str, run: &str, parties: usize, shared: &Shared) -> Resul
             .await;
     }
     let _ = http.delete(format!("{base}/v1/kv/{key}")).send().await;
-    result.map(|elapsed| Ran {
-        elapsed,
-        connections: parties,
-    })
+    result
 }
 
-async fn postgres(url: &Url, parties: usize, shared: &Shared) -> Result<Ran> {
+async fn postgres(url: &Url, parties: usize, shared: &Shared) -> Result<Duration> {
     let pg = pg_config(url)?;
     // One key per run, from the process id: runs never share it.
     let lock_key = (i64::from(std::process::id()) << 8) | (parties as i64 & 0xff);
@@ -478,10 +452,7 @@ async fn postgres(url: &Url, parties: usize, shared: &Shared) -> Result<Ran> {
             while shared.running() {
                 client.execute(take, &[&lock_key]).await.map_err(text)?;
                 shared.sent(1);
-                shared.granted()?;
-                // Held across an await: a second grant meanwhile is seen.
-                tokio::task::yield_now().await;
-                shared.releasing();
+                shared.hold().await?;
                 client.execute(give, &[&lock_key]).await.map_err(text)?;
                 shared.sent(1);
             }
@@ -489,8 +460,4 @@ async fn postgres(url: &Url, parties: usize, shared: &Shared) -> Result<Ran> {
         }
     })
     .await
-    .map(|elapsed| Ran {
-        elapsed,
-        connections: parties,
-    })
 }
