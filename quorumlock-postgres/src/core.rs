@@ -5,7 +5,7 @@
 //! tasks.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
@@ -52,6 +52,9 @@ pub(crate) struct PostgresCore {
     slots: tokio::sync::Semaphore,
     /// Set once the tables exist (created on first use).
     schema: OnceCell<()>,
+    /// The functions of `layout::STEPS` could not be created: every step
+    /// is a transaction decided in Rust.
+    slow_only: AtomicBool,
     /// Sessions this instance opened, for `leftovers`.
     pub(crate) opened: Mutex<Vec<Uuid>>,
 }
@@ -206,6 +209,7 @@ impl PostgresCore {
             idle: Mutex::new(Vec::new()),
             slots: tokio::sync::Semaphore::new(slots),
             schema: OnceCell::new(),
+            slow_only: AtomicBool::new(false),
             opened: Mutex::new(Vec::new()),
         }
     }
@@ -271,8 +275,11 @@ impl PostgresCore {
                     // Found complete: nothing to create, and no table lock
                     // taken (see `layout::schema_exists`).
                     let found = c.query_typed(&sql.schema_exists, &[]).await?;
-                    let (tables, trigger) =
-                        (found[0].get::<_, bool>(0), found[0].get::<_, bool>(1));
+                    let (tables, trigger, steps) = (
+                        found[0].get::<_, bool>(0),
+                        found[0].get::<_, bool>(1),
+                        found[0].get::<_, bool>(2),
+                    );
                     if !tables {
                         let tx = c.transaction().await?;
                         tx.execute_typed(&serialised, &[]).await?;
@@ -295,6 +302,25 @@ impl PostgresCore {
                                      every few seconds instead"
                                 );
                                 tx.rollback().await?;
+                            }
+                        }
+                    }
+                    if !steps {
+                        // Its own transaction too: without them, every
+                        // step is a transaction decided in Rust.
+                        let tx = c.transaction().await?;
+                        tx.execute_typed(&serialised, &[]).await?;
+                        match tx.batch_execute(&sql.steps).await {
+                            Ok(()) => tx.commit().await?,
+                            Err(e) => {
+                                tracing::warn!(
+                                    error = %e,
+                                    "could not create the lock functions: each acquire \
+                                     and release takes a transaction of several round \
+                                     trips instead of one statement"
+                                );
+                                tx.rollback().await?;
+                                self.slow_only.store(true, Ordering::Relaxed);
                             }
                         }
                     }
@@ -370,6 +396,12 @@ impl PostgresCore {
             }
             Err(_) => Err(error::timed_out(what, self.config.timeout)),
         }
+    }
+
+    /// Whether the steps of `layout::STEPS` may be used (read after the
+    /// first request, which creates them).
+    pub(crate) fn one_statement_steps(&self) -> bool {
+        !self.slow_only.load(Ordering::Relaxed)
     }
 
     pub(crate) fn record_session(&self, id: Uuid) {

@@ -152,20 +152,229 @@ BEGIN
 END $d$;
 "#;
 
+/// The kinds whose queues [`STEPS`] decide on the server: a mutex,
+/// writer, election candidate or upgradeable reader, each holding when
+/// first (in a queue of these kinds alone), and a single permit of a
+/// semaphore, holding when fewer than its count are ahead (in a queue of
+/// single permits of that count alone). For these queues the rule is a
+/// window: the first `w` entries hold (`w` = 1, or the permit count),
+/// each other waits for the entry `w` places ahead
+/// ([`fast_window`], checked against `quorumlock_core::backend::holds`).
+pub(crate) const FAST_KINDS: [&str; 4] = ["x", "w", "e", "u"];
+
+/// The window of a queue of stored kind `code` with `permits`, where
+/// [`STEPS`] decides it: `None` for the kinds left to the transactions
+/// in Rust (readers, upgrades, several permits at once).
+pub(crate) fn fast_window(code: &str, permits: i32) -> Option<usize> {
+    match code {
+        "s" => Some(permits.max(1) as usize),
+        c if FAST_KINDS.contains(&c) => Some(1),
+        _ => None,
+    }
+}
+
+/// One statement per step, for the queues whose rule is a window
+/// ([`fast_window`]): an acquire, a release and the grants after a
+/// change are each one round trip, where the transactions in
+/// `queue.rs` take five (the rule decided in Rust between them). Every
+/// other queue, and every case these do not cover (an entry already
+/// there, a kind of another window anywhere in the queue), is answered
+/// `slow` with nothing written, and goes to those transactions. Each
+/// runs under the queue's advisory lock, as they do, and writes what
+/// they would: the purge of dead entries (and the sweep after it), the
+/// grants in queue order with a `NOTIFY` to each new holder's session,
+/// the entry. A token or an arrival value that would not fit raises
+/// `QLTOK` with the numbers (`token <token> <timeline>`, `enqueue <seq>
+/// <timeline>`), so the statement writes nothing and Rust words the error
+/// ([`raised`]). `{s}` is the quoted schema; `$1` in [`PURGE`] and
+/// [`SWEEP`] is each function's first argument, the lock.
+pub(crate) const STEPS: &str = r#"
+CREATE OR REPLACE FUNCTION {s}.timeline_1() RETURNS bigint LANGUAGE plpgsql AS $f$
+DECLARE
+    tl bigint := {TIMELINE};
+BEGIN
+    IF tl < 1 OR tl > {MAX_TIMELINE} THEN
+        RAISE EXCEPTION USING ERRCODE = 'QLTOK', MESSAGE = 'enqueue 0 ' || tl;
+    END IF;
+    RETURN tl;
+END $f$;
+CREATE OR REPLACE FUNCTION {s}.settle_1(l text, w integer) RETURNS void LANGUAGE plpgsql AS $f$
+DECLARE
+    r record;
+    tl bigint;
+    nv bigint;
+BEGIN
+    FOR r IN SELECT e.contender, e.session, e.token FROM {s}.entries e
+             WHERE e.lock = l ORDER BY e.seq LIMIT w LOOP
+        CONTINUE WHEN r.token IS NOT NULL;
+        IF tl IS NULL THEN
+            tl := {s}.timeline_1();
+        END IF;
+        nv := nextval('{s}.seq');
+        IF nv >= (1::bigint << {SEQ_BITS}) THEN
+            RAISE EXCEPTION USING ERRCODE = 'QLTOK',
+                MESSAGE = 'token ' || ((tl << {SEQ_BITS}) + nv) || ' ' || tl;
+        END IF;
+        UPDATE {s}.entries SET token = (tl << {SEQ_BITS}) + nv WHERE contender = r.contender;
+        PERFORM pg_notify('ql_' || replace(r.session::text, '-', ''),
+                          'g ' || replace(r.contender::text, '-', ''));
+    END LOOP;
+END $f$;
+CREATE OR REPLACE FUNCTION {s}.enqueue_1(l text, c uuid, sid uuid, k text, p integer, v bytea,
+    wait boolean, OUT outcome text, OUT granted bigint, OUT ahead_ms bigint)
+LANGUAGE plpgsql AS $f$
+DECLARE
+    w integer := CASE WHEN k = 's' THEN GREATEST(p, 1) ELSE 1 END;
+    n bigint;
+    dead bigint;
+    tl bigint;
+    arrival bigint;
+    nv bigint;
+BEGIN
+    PERFORM pg_advisory_xact_lock({ADVISORY_CLASS}, hashtext(l));
+    IF NOT (k = 's' OR k IN ({FAST_KINDS})) OR EXISTS (SELECT 1 FROM {s}.entries e
+           WHERE e.lock = l AND (e.contender = c OR NOT
+             CASE WHEN k = 's' THEN e.kind = 's' AND e.permits = p
+                  ELSE e.kind IN ({FAST_KINDS}) END)) THEN
+        outcome := 'slow';
+        RETURN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM {s}.sessions WHERE id = sid
+                   AND expires > clock_timestamp() FOR KEY SHARE) THEN
+        outcome := 'dead';
+        RETURN;
+    END IF;
+    IF EXISTS (SELECT 1 FROM {s}.fences f WHERE f.contender = c) THEN
+        outcome := 'fenced';
+        RETURN;
+    END IF;
+    {PURGE};
+    GET DIAGNOSTICS dead = ROW_COUNT;
+    IF dead > 0 THEN
+        {SWEEP};
+    END IF;
+    PERFORM {s}.settle_1(l, w);
+    SELECT count(*) INTO n FROM {s}.entries e WHERE e.lock = l;
+    IF n >= w AND NOT wait THEN
+        outcome := 'busy';
+        RETURN;
+    END IF;
+    tl := {s}.timeline_1();
+    arrival := nextval('{s}.seq');
+    IF arrival < 0 OR arrival >= {ENQUEUE_LIMIT} THEN
+        RAISE EXCEPTION USING ERRCODE = 'QLTOK', MESSAGE = 'enqueue ' || arrival || ' ' || tl;
+    END IF;
+    IF n < w THEN
+        nv := nextval('{s}.seq');
+        IF nv >= (1::bigint << {SEQ_BITS}) THEN
+            RAISE EXCEPTION USING ERRCODE = 'QLTOK',
+                MESSAGE = 'token ' || ((tl << {SEQ_BITS}) + nv) || ' ' || tl;
+        END IF;
+        granted := (tl << {SEQ_BITS}) + nv;
+        outcome := 'held';
+    ELSE
+        SELECT GREATEST(COALESCE(
+                 (extract(epoch FROM (s.expires - clock_timestamp())) * 1000)::bigint, 0), 0)
+          INTO ahead_ms
+          FROM {s}.entries e LEFT JOIN {s}.sessions s ON s.id = e.session
+          WHERE e.lock = l ORDER BY e.seq OFFSET n - w LIMIT 1;
+        outcome := 'wait';
+    END IF;
+    INSERT INTO {s}.entries (lock, seq, contender, session, kind, permits, token, value)
+        VALUES (l, arrival, c, sid, k, p, granted, v);
+END $f$;
+CREATE OR REPLACE FUNCTION {s}.remove_1(l text, c uuid) RETURNS bigint LANGUAGE plpgsql AS $f$
+DECLARE
+    k text;
+    p integer;
+    dead bigint;
+BEGIN
+    PERFORM pg_advisory_xact_lock({ADVISORY_CLASS}, hashtext(l));
+    SELECT e.kind, e.permits INTO k, p FROM {s}.entries e WHERE e.lock = l AND e.contender = c;
+    IF NOT FOUND OR NOT (k = 's' OR k IN ({FAST_KINDS})) OR EXISTS (SELECT 1 FROM {s}.entries e
+           WHERE e.lock = l AND NOT
+             CASE WHEN k = 's' THEN e.kind = 's' AND e.permits = p
+                  ELSE e.kind IN ({FAST_KINDS}) END) THEN
+        RETURN NULL;
+    END IF;
+    DELETE FROM {s}.entries WHERE contender = c;
+    {PURGE};
+    GET DIAGNOSTICS dead = ROW_COUNT;
+    IF dead > 0 THEN
+        {SWEEP};
+    END IF;
+    PERFORM {s}.settle_1(l, CASE WHEN k = 's' THEN GREATEST(p, 1) ELSE 1 END);
+    RETURN 1;
+END $f$;
+"#;
+
+/// `$1`: lock. Removes the entries whose session is dead.
+const PURGE: &str = "DELETE FROM {s}.entries e WHERE e.lock = $1 AND NOT EXISTS \
+     (SELECT 1 FROM {s}.sessions s WHERE s.id = e.session AND s.expires > clock_timestamp())";
+
+/// Removes expired sessions that own no entry any more, and fences of
+/// sessions that are gone.
+const SWEEP: &str =
+    "WITH gone AS (DELETE FROM {s}.sessions s WHERE s.expires <= clock_timestamp() \
+       AND NOT EXISTS (SELECT 1 FROM {s}.entries e WHERE e.session = s.id) RETURNING s.id) \
+     DELETE FROM {s}.fences f WHERE f.session IN (SELECT id FROM gone) \
+       OR NOT EXISTS (SELECT 1 FROM {s}.sessions s WHERE s.id = f.session)";
+
+/// [`STEPS`] with its constants filled in (the schema still `{s}`).
+fn steps() -> String {
+    let kinds: Vec<String> = FAST_KINDS.iter().map(|k| format!("'{k}'")).collect();
+    STEPS
+        .replace("{PURGE}", PURGE)
+        .replace("{SWEEP}", SWEEP)
+        .replace("{TIMELINE}", TIMELINE)
+        .replace("{MAX_TIMELINE}", &MAX_TIMELINE.to_string())
+        .replace("{SEQ_BITS}", &SEQ_BITS.to_string())
+        .replace("{ENQUEUE_LIMIT}", &ENQUEUE_LIMIT.to_string())
+        .replace("{ADVISORY_CLASS}", &ADVISORY_CLASS.to_string())
+        .replace("{FAST_KINDS}", &kinds.join(", "))
+}
+
+/// Whether the functions of [`STEPS`] exist (by their signatures).
+const STEPS_EXIST: &str =
+    "(to_regprocedure('{s}.enqueue_1(text,uuid,uuid,text,integer,bytea,boolean)') \
+     IS NOT NULL AND to_regprocedure('{s}.remove_1(text,uuid)') IS NOT NULL)";
+
+/// The error a [`STEPS`] function raised (`QLTOK`) with `message`: the
+/// same as the transactions give ([`token`], [`check_enqueue`]).
+pub(crate) fn raised(message: &str) -> Error {
+    let mut words = message.split(' ');
+    let (what, a, b) = (words.next(), words.next(), words.next());
+    let numbers = a.and_then(|a| Some((a.parse::<i64>().ok()?, b?.parse::<i64>().ok()?)));
+    let checked = match (what, numbers) {
+        (Some("token"), Some((t, tl))) => token(t, tl).map(drop),
+        (Some("enqueue"), Some((seq, tl))) => check_enqueue(seq, tl),
+        _ => Ok(()),
+    };
+    checked.err().unwrap_or_else(|| {
+        Error::new(
+            ErrorKind::Internal,
+            format!("a lock function refused a step with {message:?}, which fits"),
+        )
+    })
+}
+
 /// Whether every object of [`SCHEMA`] exists, from the catalog alone:
 /// no lock on the tables. Checked before [`SCHEMA`] runs, because its
 /// `CREATE INDEX IF NOT EXISTS` takes a SHARE lock on an existing table
 /// before it finds the index there: a client starting while another
 /// transaction wrote the table waited behind it, and every later writer
 /// behind the new client. The objects are read off [`SCHEMA`] itself.
-/// Answers two booleans: the tables, and the [`TRIGGER`] (no relation:
-/// read from `pg_trigger`).
+/// Answers three booleans: the tables, the [`TRIGGER`] (no relation:
+/// read from `pg_trigger`), and the functions of [`STEPS`].
 fn schema_exists() -> String {
     let checks: Vec<String> = schema_objects()
         .iter()
         .map(|o| format!("to_regclass('{o}') IS NOT NULL"))
         .collect();
-    format!("SELECT {}, {TRIGGER_EXISTS}", checks.join(" AND "))
+    format!(
+        "SELECT {}, {TRIGGER_EXISTS}, {STEPS_EXIST}",
+        checks.join(" AND ")
+    )
 }
 
 /// Whether the [`TRIGGER`]s are on the entries and sessions tables,
@@ -215,6 +424,18 @@ pub(crate) struct Sql {
     /// Removes expired sessions that own no entry any more, and fences
     /// of sessions that are gone.
     pub(crate) sweep: String,
+    /// The functions of [`STEPS`].
+    pub(crate) steps: String,
+    /// `$1..$7`: lock, contender, session, kind, permits, value, wait.
+    /// One acquire's step where [`STEPS`] decides it: `slow`, `dead`,
+    /// `fenced`, `busy` (would wait), `held` with the token, `wait` with
+    /// when the session ahead expires unless renewed (ms).
+    pub(crate) enqueue_step: String,
+    /// `$1`: lock, `$2`: contender. One removal's step where [`STEPS`]
+    /// decides it: 1, or null for `slow`.
+    pub(crate) remove_step: String,
+    /// `$1`: contender. Its token, if it holds and its session lives.
+    pub(crate) held: String,
     /// `$1`: lock. The queue in arrival order, each entry with the
     /// remaining life of its session in ms.
     pub(crate) queue: String,
@@ -287,12 +508,14 @@ impl Sql {
             schema_exists: f(&schema_exists()),
             trigger_exists: f(&format!("SELECT {CHANGES_TRIGGER_EXISTS}")),
             lock_queue: format!("SELECT pg_advisory_xact_lock({ADVISORY_CLASS}, hashtext($1))"),
-            purge: f("DELETE FROM {s}.entries e WHERE e.lock = $1 AND NOT EXISTS \
-                 (SELECT 1 FROM {s}.sessions s WHERE s.id = e.session AND s.expires > clock_timestamp())"),
-            sweep: f("WITH gone AS (DELETE FROM {s}.sessions s WHERE s.expires <= clock_timestamp() \
-                   AND NOT EXISTS (SELECT 1 FROM {s}.entries e WHERE e.session = s.id) RETURNING s.id) \
-                 DELETE FROM {s}.fences f WHERE f.session IN (SELECT id FROM gone) \
-                   OR NOT EXISTS (SELECT 1 FROM {s}.sessions s WHERE s.id = f.session)"),
+            purge: f(PURGE),
+            sweep: f(SWEEP),
+            steps: f(&steps()),
+            enqueue_step: f("SELECT outcome, granted, ahead_ms \
+                 FROM {s}.enqueue_1($1, $2, $3, $4, $5, $6, $7)"),
+            remove_step: f("SELECT {s}.remove_1($1, $2)"),
+            held: f("SELECT e.token FROM {s}.entries e JOIN {s}.sessions s ON s.id = e.session \
+                 WHERE e.contender = $1 AND e.token IS NOT NULL AND s.expires > clock_timestamp()"),
             queue: f("SELECT e.seq, e.contender, e.session, e.kind, e.permits, e.token, e.created, \
                    e.value, e.revoke, \
                    COALESCE((extract(epoch FROM (s.expires - clock_timestamp())) * 1000)::bigint, 0) \
@@ -595,6 +818,49 @@ mod tests {
         assert_eq!(parse_session_id(&s.simple().to_string()).unwrap(), s);
         assert!(parse_session_id(&s.to_string()).is_err());
         assert_eq!(channel(&s).len(), 35);
+    }
+
+    /// The server's steps decide a queue by a window: in a queue of
+    /// entries of one window alone, entry `i` holds when `i < w`, else
+    /// waits for the entry `w` places ahead, by the shared rule. Readers,
+    /// upgrades and requests of several permits have none.
+    #[test]
+    fn the_window_is_the_queue_rule() {
+        let mutex_like: Vec<(&str, i32)> = FAST_KINDS.iter().map(|&c| (c, 0)).collect();
+        let groups = [mutex_like, vec![("s", 1)], vec![("s", 2)], vec![("s", 3)]];
+        for group in groups {
+            let w = fast_window(group[0].0, group[0].1).unwrap();
+            assert!(group.iter().all(|&(c, p)| fast_window(c, p) == Some(w)));
+            let kinds_of_window: Vec<LockKind> =
+                group.iter().map(|&(c, p)| kind_of(c, p)).collect();
+            // Every queue of up to 4 entries of those kinds.
+            let mut queues: Vec<Vec<LockKind>> = vec![Vec::new()];
+            for _ in 0..4 {
+                queues = queues
+                    .iter()
+                    .flat_map(|q| {
+                        kinds_of_window.iter().map(move |&k| {
+                            let mut q = q.clone();
+                            q.push(k);
+                            q
+                        })
+                    })
+                    .collect();
+                for q in &queues {
+                    for i in 0..q.len() {
+                        assert_eq!(
+                            quorumlock_core::backend::waits_for(q, i),
+                            i.checked_sub(w),
+                            "{q:?} entry {i}"
+                        );
+                    }
+                }
+            }
+        }
+        for (code, permits) in [("r", 0), ("s+", 2), (UPGRADE, 0)] {
+            assert_eq!(fast_window(code, permits), None, "{code}");
+        }
+        assert_eq!(fast_window(&upgrade_code(&Uuid::new_v4()), 0), None);
     }
 
     #[test]

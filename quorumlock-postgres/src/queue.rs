@@ -1,18 +1,21 @@
-//! The transactions' steps on one lock's queue: serialise on the queue,
-//! purge the entries of dead sessions, grant what now holds by the queue
-//! rule (`quorumlock_core::backend::holds`, decided here in Rust inside
-//! the transaction), and wake each new holder's session, the one waiter
-//! that can go next, with one `NOTIFY` (sent by the server at commit).
+//! The steps on one lock's queue: serialise on the queue, purge the
+//! entries of dead sessions, grant what now holds by the queue rule
+//! (`quorumlock_core::backend::holds`, decided here in Rust inside the
+//! transaction), and wake each new holder's session, the one waiter that
+//! can go next, with one `NOTIFY` (sent by the server at commit). Where
+//! the rule is a window (`layout::fast_window`), a step is first offered
+//! to the server's function of `layout::STEPS`, one statement that does
+//! the same or answers that it is left to the transaction.
 
 use std::time::SystemTime;
 use tokio_postgres::types::{ToSql, Type};
 
 use quorumlock_core::backend::{holds_linked, upgrade_refused, waits_for_linked};
-use quorumlock_core::{LockKind, Result};
-use tokio_postgres::Transaction;
+use quorumlock_core::{ErrorKind, LockKind, Result};
+use tokio_postgres::{Client, Transaction};
 use uuid::Uuid;
 
-use crate::core::{Fail, PostgresCore, Work};
+use crate::core::{quit, Fail, PostgresCore, Work};
 use crate::layout::{self, Sql};
 
 /// One entry of a queue as read in a transaction.
@@ -49,6 +52,125 @@ pub(crate) enum Standing {
     /// Waiting; the entry it waits for belongs to a session that expires
     /// in this many ms unless renewed.
     Wait { ahead_ms: u64 },
+}
+
+/// What an enqueue answers.
+#[derive(Debug)]
+pub(crate) enum Enqueued {
+    Standing(Standing),
+    WouldBlock,
+}
+
+/// The arguments of one acquire's step.
+pub(crate) struct Enqueue<'a> {
+    pub(crate) lock: &'a str,
+    pub(crate) contender: Uuid,
+    pub(crate) session: Uuid,
+    pub(crate) code: &'a str,
+    pub(crate) permits: i32,
+    pub(crate) value: &'a [u8],
+    pub(crate) wait: bool,
+}
+
+/// One acquire as one statement (`layout::STEPS`), where its queue's
+/// rule is a window ([`layout::fast_window`]): `None` when the server
+/// left it to the transaction (it wrote nothing then).
+///
+/// # Cancel safety
+/// One statement: dropped, it may or may not have been applied (the
+/// caller's writes are judged, as for the transaction).
+pub(crate) async fn enqueue_step(
+    client: &Client,
+    sql: &Sql,
+    e: &Enqueue<'_>,
+) -> std::result::Result<Option<Enqueued>, Fail> {
+    let row = client
+        .query_typed_one(
+            &sql.enqueue_step,
+            &[
+                (&e.lock, Type::TEXT),
+                (&e.contender, Type::UUID),
+                (&e.session, Type::UUID),
+                (&e.code, Type::TEXT),
+                (&e.permits, Type::INT4),
+                (&e.value, Type::BYTEA),
+                (&e.wait, Type::BOOL),
+            ],
+        )
+        .await
+        .map_err(refused)?;
+    let (outcome, granted, ahead_ms): (&str, Option<i64>, Option<i64>) =
+        (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+    Ok(Some(match (outcome, granted) {
+        ("slow", _) => return Ok(None),
+        ("held", Some(token)) => Enqueued::Standing(Standing::Held {
+            token: token as u64,
+        }),
+        ("wait", _) => Enqueued::Standing(Standing::Wait {
+            ahead_ms: ahead_ms.unwrap_or(0).max(0) as u64,
+        }),
+        ("busy", _) => Enqueued::WouldBlock,
+        ("dead", _) => return quit(ErrorKind::SessionLost, "our PostgreSQL session is gone"),
+        ("fenced", _) => return quit(ErrorKind::Internal, "this attempt was already abandoned"),
+        (other, _) => {
+            return quit(
+                ErrorKind::Internal,
+                format!("the lock function answered {other:?}"),
+            )
+        }
+    }))
+}
+
+/// One release (or abandon) of a single entry as one statement
+/// (`layout::STEPS`): `None` when the server left it to the transaction
+/// (it wrote nothing then), else how many entries it removed (1).
+///
+/// # Cancel safety
+/// One statement: dropped, it may or may not have been applied.
+pub(crate) async fn remove_step(
+    client: &Client,
+    sql: &Sql,
+    lock: &str,
+    contender: Uuid,
+) -> std::result::Result<Option<u64>, Fail> {
+    let row = client
+        .query_typed_one(
+            &sql.remove_step,
+            &[(&lock, Type::TEXT), (&contender, Type::UUID)],
+        )
+        .await
+        .map_err(refused)?;
+    Ok(row.try_get::<_, Option<i64>>(0)?.map(|n| n as u64))
+}
+
+/// Whether `contender` holds, read in one statement (no lock taken: a
+/// granted entry stays granted until removed): its token while its
+/// session lives, `None` otherwise (the caller's transaction then reads
+/// where it stands).
+///
+/// # Cancel safety
+/// Reads only.
+pub(crate) async fn held(
+    client: &Client,
+    sql: &Sql,
+    contender: Uuid,
+) -> std::result::Result<Option<u64>, Fail> {
+    let row = client
+        .query_typed_opt(&sql.held, &[(&contender, Type::UUID)])
+        .await?;
+    Ok(match row {
+        Some(r) => Some(r.try_get::<_, i64>(0)? as u64),
+        None => None,
+    })
+}
+
+/// A step's error: the words of `QLTOK` (a token or arrival value that
+/// does not fit, `layout::raised`), or the server's.
+fn refused(e: tokio_postgres::Error) -> Fail {
+    match e.as_db_error() {
+        Some(db) if db.code().code() == "QLTOK" => Fail::Quit(layout::raised(db.message())),
+        _ => Fail::Pg(e),
+    }
 }
 
 /// Serialises this transaction with every other on the queue of `lock`

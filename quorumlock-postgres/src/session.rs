@@ -1,8 +1,11 @@
 //! [`PostgresSession`]: one session row per client session, and the lock
-//! protocol on it: enqueue (one transaction that purges, checks for a
-//! clash, inserts the entry and grants what holds), wait for the one
-//! message that grants it (or for the session ahead to expire), release
-//! and abandon (one transaction each, which grants the next).
+//! protocol on it: enqueue (one step that purges, checks for a clash,
+//! inserts the entry and grants what holds), wait for the one message
+//! that grants it (or for the session ahead to expire), release and
+//! abandon (one step each, which grants the next). A step is one
+//! statement where the queue's rule is a window (`layout::STEPS`: a
+//! mutex-like lock, a semaphore taken one permit at a time), else a
+//! transaction decided in Rust (`queue.rs`).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -23,7 +26,7 @@ use uuid::Uuid;
 use crate::core::{quit, Fail, PostgresCore, SessionState, Work};
 use crate::layout;
 use crate::monitor::{keepalive, listen, supervise};
-use crate::queue::{self, Standing};
+use crate::queue::{self, Enqueue, Enqueued, Standing};
 
 /// One session row, shared by every lock of one client.
 pub(crate) struct PostgresSession {
@@ -37,13 +40,6 @@ impl fmt::Debug for PostgresSession {
             .field("id", &self.state.id.simple())
             .finish()
     }
-}
-
-/// What an enqueue's transaction answers.
-#[derive(Debug)]
-enum Enqueued {
-    Standing(Standing),
-    WouldBlock,
 }
 
 impl PostgresSession {
@@ -104,10 +100,11 @@ impl PostgresSession {
         Error::new(ErrorKind::SessionLost, why.to_string())
     }
 
-    /// The enqueue transaction: idempotent (a retry of an attempt whose
-    /// entry exists only reads where it stands), refused on a dead session
-    /// or a fenced-off attempt, `Conflict` on a clashing kind, and on
-    /// `wait == false` the entry removed again unless it holds.
+    /// The enqueue step: idempotent (a retry of an attempt whose entry
+    /// exists only reads where it stands), refused on a dead session or a
+    /// fenced-off attempt, `Conflict` on a clashing kind, and on `wait ==
+    /// false` no entry left unless it holds. One statement where the
+    /// server decides it (`queue::enqueue_step`), else a transaction.
     async fn enqueue(&self, req: &AcquireRequest, lock: &str) -> Result<Enqueued> {
         let c = self.state.core.clone();
         let (lock, sid, me) = (lock.to_string(), self.state.id, req.contender);
@@ -117,9 +114,31 @@ impl PostgresSession {
             .filter(|_| kind == quorumlock_core::LockKind::Upgrade);
         let contenders = layout::request_contenders(me, req.count.max(1));
         let name = req.name.clone();
+        // One statement where the queue's rule is a window: a single
+        // entry of a kind `layout::fast_window` knows.
+        let (code, permits) = layout::kind_code(kind);
+        let one_statement = c.one_statement_steps()
+            && contenders.len() == 1
+            && layout::fast_window(code, permits).is_some();
         let work: Work<Enqueued> = Box::new(move |client| {
             Box::pin(async move {
                 let sql = &c.sql;
+                if one_statement {
+                    let step = Enqueue {
+                        lock: &lock,
+                        contender: me,
+                        session: sid,
+                        code,
+                        permits,
+                        value: &value,
+                        wait,
+                    };
+                    if let Some(out) = queue::enqueue_step(client, sql, &step).await? {
+                        return Ok(out);
+                    }
+                    // The transaction below is a request of its own.
+                    c.count();
+                }
                 let tx = client.transaction().await?;
                 // One flight: the queue's lock, whether our session lives
                 // and this attempt was fenced off, the purge, the queue.
@@ -147,7 +166,6 @@ impl PostgresSession {
                             format!("{name} is in use as {:?}, not {kind:?}", e.kind),
                         );
                     }
-                    let (code, permits) = layout::kind_code(kind);
                     let upgrade = upgrades.map(|of| layout::upgrade_code(&of));
                     let code = upgrade.as_deref().unwrap_or(code);
                     // A request for several permits: its entries side by
@@ -201,13 +219,20 @@ impl PostgresSession {
             .await
     }
 
-    /// Where our entry stands now: one transaction that purges and grants
-    /// first.
+    /// Where our entry stands now: its token if it holds (one statement,
+    /// `queue::held`), else one transaction that purges and grants first
+    /// and then reads.
     async fn check(&self, lock: &str, me: Uuid) -> Result<Standing> {
         let c = self.state.core.clone();
         let lock = lock.to_string();
         let work: Work<Standing> = Box::new(move |client| {
             Box::pin(async move {
+                // Mostly woken by our grant's message: its token, read
+                // in one statement; else the whole step.
+                if let Some(token) = queue::held(client, &c.sql, me).await? {
+                    return Ok(Standing::Held { token });
+                }
+                c.count();
                 let tx = client.transaction().await?;
                 let entries = queue::settle(&tx, &c.sql, &lock, Some(me)).await?;
                 let standing = queue::standing(&entries, me);
@@ -224,20 +249,34 @@ impl PostgresSession {
 
     /// Removes `me`'s entry, and the others of its request of `count`
     /// permits (fencing the attempt off first when `fence`), and grants
-    /// the next, in one transaction.
+    /// the next: one statement where the server decides it
+    /// (`queue::remove_step`: one entry of a window's kind, no fence),
+    /// else one transaction.
     async fn remove(
         &self,
         what: &str,
         lock: String,
         me: Uuid,
+        kind: quorumlock_core::LockKind,
         count: u32,
         fence: bool,
     ) -> Result<u64> {
         let c = self.state.core.clone();
         let sid = self.state.id;
+        let (code, permits) = layout::kind_code(kind);
+        let one_statement = c.one_statement_steps()
+            && count <= 1
+            && !fence
+            && layout::fast_window(code, permits).is_some();
         let work: Work<u64> = Box::new(move |client| {
             Box::pin(async move {
                 let sql = &c.sql;
+                if one_statement {
+                    if let Some(removed) = queue::remove_step(client, sql, &lock, me).await? {
+                        return Ok(removed);
+                    }
+                    c.count();
+                }
                 let tx = client.transaction().await?;
                 // One flight: the queue's lock, the fence, the removal,
                 // the purge and the queue after them.
@@ -375,7 +414,14 @@ impl StoreSession for PostgresSession {
         let lock = self.state.core.lock_key(&req.name);
         let fence = req.writes.outcome_unknown();
         match self
-            .remove("release", lock, req.contender, req.count.max(1), fence)
+            .remove(
+                "release",
+                lock,
+                req.contender,
+                req.kind,
+                req.count.max(1),
+                fence,
+            )
             .await?
         {
             0 => Err(entry_gone(req)),
@@ -387,8 +433,15 @@ impl StoreSession for PostgresSession {
         self.state.unroute(&req.contender);
         let lock = self.state.core.lock_key(&req.name);
         let fence = req.writes.outcome_unknown();
-        self.remove("abandon", lock, req.contender, req.count.max(1), fence)
-            .await?;
+        self.remove(
+            "abandon",
+            lock,
+            req.contender,
+            req.kind,
+            req.count.max(1),
+            fence,
+        )
+        .await?;
         Ok(())
     }
 

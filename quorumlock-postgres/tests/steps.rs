@@ -1,0 +1,353 @@
+//! The one-statement steps on the server (`enqueue_1` and `remove_1` of
+//! the schema) against the one queue rule every store follows
+//! (`quorumlock_core::backend::holds`): for every queue of up to three
+//! entries of the mutex-like kinds, and every queue of up to four single
+//! permits of a semaphore of 1 to 3, with each entry's session alive or
+//! dead, the head's release and a new entry's acquire (waiting, and
+//! not), run by the server, leave the queue the rule says: dead entries
+//! purged, the entries that hold granted (tokens kept, new ones above
+//! every earlier token and growing along the queue), the new entry held,
+//! waiting or not added. A queue with an entry of another kind is left to
+//! the transactions: answered `slow` (null), nothing written.
+
+mod common;
+
+use std::sync::Arc;
+
+use quorumlock_core::backend::holds;
+use quorumlock_core::{LockClient, LockKind};
+use quorumlock_postgres::PostgresBackend;
+use tokio_postgres::Client;
+use uuid::Uuid;
+
+/// The stored kind codes of the mutex-like kinds and what they are.
+const MUTEX_LIKE: [(&str, LockKind); 4] = [
+    ("x", LockKind::Exclusive),
+    ("w", LockKind::Write),
+    ("e", LockKind::Election),
+    ("u", LockKind::Upgradeable),
+];
+
+/// One queue: each entry's stored kind, permits, and whether its session
+/// lives.
+#[derive(Debug, Clone)]
+struct Case {
+    entries: Vec<(&'static str, i32, LockKind, bool)>,
+}
+
+fn cases() -> Vec<Case> {
+    let mut out = Vec::new();
+    let mut kinds: Vec<Vec<(&'static str, i32, LockKind)>> = vec![Vec::new()];
+    for _ in 0..3 {
+        kinds = kinds
+            .iter()
+            .flat_map(|q| {
+                MUTEX_LIKE.iter().map(move |&(c, k)| {
+                    let mut q = q.clone();
+                    q.push((c, 0, k));
+                    q
+                })
+            })
+            .collect();
+        out.extend(with_lives(&kinds));
+    }
+    for permits in 1..=3 {
+        let k = LockKind::Semaphore { permits };
+        for len in 1..=4 {
+            out.extend(with_lives(&[vec![("s", permits as i32, k); len]]));
+        }
+    }
+    out
+}
+
+/// Every queue of `queues` with every choice of live and dead sessions.
+fn with_lives(queues: &[Vec<(&'static str, i32, LockKind)>]) -> Vec<Case> {
+    let mut out = Vec::new();
+    for q in queues {
+        for mask in 0..(1u32 << q.len()) {
+            out.push(Case {
+                entries: q
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &(c, p, k))| (c, p, k, mask & (1 << i) == 0))
+                    .collect(),
+            });
+        }
+    }
+    out
+}
+
+struct Db {
+    client: Client,
+    s: String,
+    timeline: i64,
+}
+
+/// An entry as written: its contender and token.
+#[derive(Debug, Clone, PartialEq)]
+struct Row {
+    contender: Uuid,
+    token: Option<i64>,
+}
+
+impl Db {
+    /// A session row, alive for an hour or dead a second ago.
+    async fn session(&self, alive: bool) -> Uuid {
+        let id = Uuid::new_v4();
+        let secs: f64 = if alive { 3600.0 } else { -1.0 };
+        self.client
+            .execute(
+                &format!(
+                    "INSERT INTO {}.sessions (id, prefix, ttl_ms, expires) VALUES \
+                     ($1, '', 3600000, clock_timestamp() + $2::float8 * interval '1 second')",
+                    self.s
+                ),
+                &[&id, &secs],
+            )
+            .await
+            .unwrap();
+        id
+    }
+
+    /// Writes `case` as the queue of `lock`, its holders by the rule
+    /// granted (in queue order): the rows.
+    async fn build(&self, lock: &str, case: &Case) -> Vec<Row> {
+        let kinds: Vec<LockKind> = case.entries.iter().map(|e| e.2).collect();
+        let mut rows = Vec::new();
+        for (i, &(code, permits, _, alive)) in case.entries.iter().enumerate() {
+            let session = self.session(alive).await;
+            let contender = Uuid::new_v4();
+            let granted = holds(&kinds, i);
+            let row = self
+                .client
+                .query_one(
+                    &format!(
+                        "INSERT INTO {s}.entries (lock, seq, contender, session, kind, permits, \
+                         token, value) VALUES ($1, nextval('{s}.seq'), $2, $3, $4, $5, \
+                         CASE WHEN $6 THEN ($7::bigint << 40) + nextval('{s}.seq') END, '') \
+                         RETURNING token",
+                        s = self.s
+                    ),
+                    &[
+                        &lock,
+                        &contender,
+                        &session,
+                        &code,
+                        &permits,
+                        &granted,
+                        &self.timeline,
+                    ],
+                )
+                .await
+                .unwrap();
+            rows.push(Row {
+                contender,
+                token: row.get(0),
+            });
+        }
+        rows
+    }
+
+    async fn rows(&self, lock: &str) -> Vec<Row> {
+        self.client
+            .query(
+                &format!(
+                    "SELECT contender, token FROM {}.entries WHERE lock = $1 ORDER BY seq",
+                    self.s
+                ),
+                &[&lock],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| Row {
+                contender: r.get(0),
+                token: r.get(1),
+            })
+            .collect()
+    }
+}
+
+/// Checks that `after` is `expected` (the entries that should be left, in
+/// order, with their kinds) granted by the rule: holders have tokens
+/// (kept from `before`, or new ones above every token of `before` and
+/// growing along the queue), waiters none.
+fn check_granted(what: &str, before: &[Row], expected: &[(Uuid, LockKind)], after: &[Row]) {
+    let contenders: Vec<Uuid> = after.iter().map(|r| r.contender).collect();
+    let want: Vec<Uuid> = expected.iter().map(|e| e.0).collect();
+    assert_eq!(contenders, want, "{what}: the entries left");
+    let kinds: Vec<LockKind> = expected.iter().map(|e| e.1).collect();
+    let highest = before.iter().filter_map(|r| r.token).max().unwrap_or(0);
+    let mut last_new = highest;
+    for (i, row) in after.iter().enumerate() {
+        let was = before.iter().find(|r| r.contender == row.contender);
+        match (holds(&kinds, i), row.token, was.and_then(|r| r.token)) {
+            (true, Some(t), Some(old)) => assert_eq!(t, old, "{what}: entry {i} kept its token"),
+            (true, Some(t), None) => {
+                assert!(
+                    t > last_new,
+                    "{what}: entry {i}'s new token {t} after {last_new}"
+                );
+                last_new = t;
+            }
+            (holds, token, _) => assert!(
+                !holds && token.is_none(),
+                "{what}: entry {i} holds by the rule: {holds}, has token {token:?}"
+            ),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_servers_steps_follow_the_queue_rule() {
+    let Some(base) = common::base_url() else {
+        return;
+    };
+    let schema = format!("qlsteps_{}", &Uuid::new_v4().simple().to_string()[..12]);
+    // A client makes the tables and the functions.
+    let client = LockClient::new(Arc::new(
+        PostgresBackend::connect(&format!("{base}?schema={schema}"))
+            .await
+            .unwrap(),
+    ));
+    client
+        .lock("warm")
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let raw = common::sql(&base).await;
+    let timeline: i64 = raw
+        .query_one(
+            "SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let db = Db {
+        client: raw,
+        s: format!("\"{schema}\""),
+        timeline,
+    };
+    let remove = format!("SELECT {}.remove_1($1, $2)", db.s);
+    let enqueue = format!(
+        "SELECT outcome, granted, ahead_ms FROM {}.enqueue_1($1, $2, $3, $4, $5, ''::bytea, $6)",
+        db.s
+    );
+    let cases = cases();
+    for (n, case) in cases.iter().enumerate() {
+        let what = |op: &str| format!("{op} on {:?}", case.entries);
+        let survivors = |rows: &[Row], skip_head: bool| -> Vec<(Uuid, LockKind)> {
+            rows.iter()
+                .zip(&case.entries)
+                .enumerate()
+                .filter(|(i, (_, e))| e.3 && !(skip_head && *i == 0))
+                .map(|(_, (r, e))| (r.contender, e.2))
+                .collect()
+        };
+
+        // The head releases.
+        let lock = format!("r{n}");
+        let before = db.build(&lock, case).await;
+        let removed: Option<i64> = db
+            .client
+            .query_one(&remove, &[&lock, &before[0].contender])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(removed, Some(1), "{}", what("release"));
+        let after = db.rows(&lock).await;
+        check_granted(&what("release"), &before, &survivors(&before, true), &after);
+
+        // A new entry of the head's kind, waiting and not.
+        for wait in [true, false] {
+            let lock = format!("a{n}{wait}");
+            let before = db.build(&lock, case).await;
+            let (code, permits, kind, _) = case.entries[0];
+            let me = Uuid::new_v4();
+            let session = db.session(true).await;
+            let row = db
+                .client
+                .query_one(&enqueue, &[&lock, &me, &session, &code, &permits, &wait])
+                .await
+                .unwrap();
+            let (outcome, granted, ahead_ms): (String, Option<i64>, Option<i64>) =
+                (row.get(0), row.get(1), row.get(2));
+            let mut expected = survivors(&before, false);
+            expected.push((me, kind));
+            let kinds: Vec<LockKind> = expected.iter().map(|e| e.1).collect();
+            let i = expected.len() - 1;
+            let what = what(&format!("acquire (wait {wait})"));
+            match (holds(&kinds, i), wait) {
+                (true, _) => {
+                    assert_eq!(outcome, "held", "{what}");
+                    assert!(granted.is_some(), "{what}");
+                }
+                (false, true) => {
+                    assert_eq!((outcome.as_str(), granted), ("wait", None), "{what}");
+                    // The one it waits for lives an hour.
+                    let ahead = ahead_ms.unwrap();
+                    assert!((3_500_000..=3_600_000).contains(&ahead), "{what}: {ahead}");
+                }
+                (false, false) => {
+                    assert_eq!(outcome, "busy", "{what}");
+                    expected.pop();
+                }
+            }
+            let after = db.rows(&lock).await;
+            check_granted(&what, &before, &expected, &after);
+            if let Some(t) = granted {
+                assert_eq!(after.last().unwrap().token, Some(t), "{what}");
+            }
+        }
+    }
+
+    // A queue with a reader, an upgrade or a request of several permits:
+    // left to the transactions, nothing written.
+    for entries in [
+        vec![("x", 0), ("r", 0)],
+        vec![("r", 0), ("w", 0)],
+        vec![("u", 0), ("gdeadbeef", 0)],
+        vec![("s+", 2), ("s", 2)],
+        vec![("s", 2), ("s", 3)],
+    ] {
+        let lock = format!("slow{entries:?}");
+        let case = Case {
+            entries: entries
+                .iter()
+                .map(|&(c, p)| (c, p, LockKind::Exclusive, true))
+                .collect(),
+        };
+        // Written as given (granted by a mutex's rule: the head).
+        let before = db.build(&lock, &case).await;
+        let removed: Option<i64> = db
+            .client
+            .query_one(&remove, &[&lock, &before[0].contender])
+            .await
+            .unwrap()
+            .get(0);
+        let me = Uuid::new_v4();
+        let session = db.session(true).await;
+        let (code, p) = match entries[0] {
+            ("s" | "s+", p) => ("s", p),
+            _ => ("x", 0),
+        };
+        let outcome: String = db
+            .client
+            .query_one(&enqueue, &[&lock, &me, &session, &code, &p, &true])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!((removed, outcome.as_str()), (None, "slow"), "{entries:?}");
+        assert_eq!(db.rows(&lock).await, before, "{entries:?}: nothing written");
+    }
+    client.close().await;
+    db.client
+        .batch_execute(&format!("DROP SCHEMA {} CASCADE", db.s))
+        .await
+        .unwrap();
+}
