@@ -186,7 +186,15 @@ pub(crate) fn fast_window(code: &str, permits: i32) -> Option<usize> {
 /// the entry. A token or an arrival value that would not fit raises
 /// `QLTOK` with the numbers (`token <token> <timeline>`, `enqueue <seq>
 /// <timeline>`), so the statement writes nothing and Rust words the error
-/// ([`raised`]). `{s}` is the quoted schema; `$1` in [`PURGE`] and
+/// ([`raised`]). They run with `enable_seqscan = off`: PL/pgSQL keeps a
+/// connection's plan of each statement, and a plan made while the
+/// entries table looked empty (a fresh schema, or just after
+/// autoanalyze found it empty) scanned the whole table on every call once
+/// it held thousands of entries (the bench's release of 10,000 locks took
+/// 3-6 s instead of 0.9, with 50 million rows read); every statement
+/// here has its index but the sweep's look at the fences, a small table.
+/// And with `jit = off`: that look's cost, raised by the setting,
+/// crossed `jit_above_cost`, and each sweep spent 100 ms compiling. `{s}` is the quoted schema; `$1` in [`PURGE`] and
 /// [`SWEEP`] is each function's first argument, the lock.
 pub(crate) const STEPS: &str = r#"
 CREATE OR REPLACE FUNCTION {s}.timeline_1() RETURNS bigint LANGUAGE plpgsql AS $f$
@@ -222,20 +230,27 @@ BEGIN
 END $f$;
 CREATE OR REPLACE FUNCTION {s}.enqueue_1(l text, c uuid, sid uuid, k text, p integer, v bytea,
     wait boolean, OUT outcome text, OUT granted bigint, OUT ahead_ms bigint)
-LANGUAGE plpgsql AS $f$
+LANGUAGE plpgsql SET enable_seqscan = off SET jit = off AS $f$
 DECLARE
     w integer := CASE WHEN k = 's' THEN GREATEST(p, 1) ELSE 1 END;
     n bigint;
+    odd bigint;
     dead bigint;
     tl bigint;
     arrival bigint;
     nv bigint;
 BEGIN
     PERFORM pg_advisory_xact_lock({ADVISORY_CLASS}, hashtext(l));
-    IF NOT (k = 's' OR k IN ({FAST_KINDS})) OR EXISTS (SELECT 1 FROM {s}.entries e
-           WHERE e.lock = l AND (e.contender = c OR NOT
+    IF NOT (k = 's' OR k IN ({FAST_KINDS})) THEN
+        outcome := 'slow';
+        RETURN;
+    END IF;
+    -- The queue's entries, and those of another window or this attempt.
+    SELECT count(*), count(*) FILTER (WHERE e.contender = c OR NOT
              CASE WHEN k = 's' THEN e.kind = 's' AND e.permits = p
-                  ELSE e.kind IN ({FAST_KINDS}) END)) THEN
+                  ELSE e.kind IN ({FAST_KINDS}) END)
+      INTO n, odd FROM {s}.entries e WHERE e.lock = l;
+    IF odd > 0 THEN
         outcome := 'slow';
         RETURN;
     END IF;
@@ -248,13 +263,15 @@ BEGIN
         outcome := 'fenced';
         RETURN;
     END IF;
-    {PURGE};
-    GET DIAGNOSTICS dead = ROW_COUNT;
-    IF dead > 0 THEN
-        {SWEEP};
+    IF n > 0 THEN
+        {PURGE};
+        GET DIAGNOSTICS dead = ROW_COUNT;
+        IF dead > 0 THEN
+            {SWEEP};
+            n := n - dead;
+        END IF;
+        PERFORM {s}.settle_1(l, w);
     END IF;
-    PERFORM {s}.settle_1(l, w);
-    SELECT count(*) INTO n FROM {s}.entries e WHERE e.lock = l;
     IF n >= w AND NOT wait THEN
         outcome := 'busy';
         RETURN;
@@ -283,27 +300,37 @@ BEGIN
     INSERT INTO {s}.entries (lock, seq, contender, session, kind, permits, token, value)
         VALUES (l, arrival, c, sid, k, p, granted, v);
 END $f$;
-CREATE OR REPLACE FUNCTION {s}.remove_1(l text, c uuid) RETURNS bigint LANGUAGE plpgsql AS $f$
+CREATE OR REPLACE FUNCTION {s}.remove_1(l text, c uuid) RETURNS bigint LANGUAGE plpgsql
+SET enable_seqscan = off SET jit = off AS $f$
 DECLARE
     k text;
     p integer;
+    others bigint;
+    odd bigint;
     dead bigint;
 BEGIN
     PERFORM pg_advisory_xact_lock({ADVISORY_CLASS}, hashtext(l));
     SELECT e.kind, e.permits INTO k, p FROM {s}.entries e WHERE e.lock = l AND e.contender = c;
-    IF NOT FOUND OR NOT (k = 's' OR k IN ({FAST_KINDS})) OR EXISTS (SELECT 1 FROM {s}.entries e
-           WHERE e.lock = l AND NOT
+    IF NOT FOUND OR NOT (k = 's' OR k IN ({FAST_KINDS})) THEN
+        RETURN NULL;
+    END IF;
+    -- The other entries, and those of another window.
+    SELECT count(*), count(*) FILTER (WHERE NOT
              CASE WHEN k = 's' THEN e.kind = 's' AND e.permits = p
-                  ELSE e.kind IN ({FAST_KINDS}) END) THEN
+                  ELSE e.kind IN ({FAST_KINDS}) END)
+      INTO others, odd FROM {s}.entries e WHERE e.lock = l AND e.contender <> c;
+    IF odd > 0 THEN
         RETURN NULL;
     END IF;
     DELETE FROM {s}.entries WHERE contender = c;
-    {PURGE};
-    GET DIAGNOSTICS dead = ROW_COUNT;
-    IF dead > 0 THEN
-        {SWEEP};
+    IF others > 0 THEN
+        {PURGE};
+        GET DIAGNOSTICS dead = ROW_COUNT;
+        IF dead > 0 THEN
+            {SWEEP};
+        END IF;
+        PERFORM {s}.settle_1(l, CASE WHEN k = 's' THEN GREATEST(p, 1) ELSE 1 END);
     END IF;
-    PERFORM {s}.settle_1(l, CASE WHEN k = 's' THEN GREATEST(p, 1) ELSE 1 END);
     RETURN 1;
 END $f$;
 "#;

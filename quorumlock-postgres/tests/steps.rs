@@ -220,14 +220,7 @@ async fn the_servers_steps_follow_the_queue_rule() {
         .await
         .unwrap();
     let raw = common::sql(&base).await;
-    let timeline: i64 = raw
-        .query_one(
-            "SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let timeline = common::timeline(&raw).await;
     let db = Db {
         client: raw,
         s: format!("\"{schema}\""),

@@ -22,14 +22,7 @@ async fn tokens_carry_the_timeline_and_never_wrap() {
     let schema = format!("qltok_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     let url = format!("{base}?schema={schema}");
     let db = common::sql(&base).await;
-    let timeline: i64 = db
-        .query_one(
-            "SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let timeline = common::timeline(&db).await;
     let a = LockClient::new(Arc::new(PostgresBackend::connect(&url).await.unwrap()));
     let b = LockClient::new(Arc::new(PostgresBackend::connect(&url).await.unwrap()));
     let c = LockClient::new(Arc::new(PostgresBackend::connect(&url).await.unwrap()));

@@ -184,6 +184,17 @@ pub async fn sql(url: &str) -> tokio_postgres::Client {
     c
 }
 
+/// The server's current WAL timeline, as the backend puts it into tokens.
+pub async fn timeline(db: &tokio_postgres::Client) -> i64 {
+    db.query_one(
+        "SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint",
+        &[],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
 /// A plain connection, or `None` while the server does not answer.
 pub async fn try_sql(url: &str) -> Option<tokio_postgres::Client> {
     let (c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
