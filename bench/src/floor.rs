@@ -447,9 +447,25 @@ pub async fn handoffs(url: &Url, count: usize) -> Result<Option<crate::Histogram
         "etcd" => etcd_handoffs(address, key, count).await.map(Some),
         "zk" => zk_handoffs(address, count).await.map(Some),
         "consul" => consul_handoffs(address, key, count).await.map(Some),
-        "postgres" | "postgresql" => pg_handoffs(url, key, count).await.map(Some),
+        "postgres" | "postgresql" => pg_handoffs(url, key, count, 0).await.map(Some),
         _ => Ok(None),
     }
+}
+
+/// The PostgreSQL handoff floor with `others` more connections listening
+/// on channels of their own, idle, as each client's session listens on
+/// its own: whether the server's `NOTIFY` costs grow with the listeners
+/// of the database, not of the channel. `None` on other stores.
+pub async fn pg_handoffs_among(
+    url: &Url,
+    count: usize,
+    others: usize,
+) -> Result<Option<crate::Histogram>> {
+    if !matches!(url.scheme(), "postgres" | "postgresql") {
+        return Ok(None);
+    }
+    let key = format!("qlbench-floor/handoff-among-{}", std::process::id());
+    pg_handoffs(url, key, count, others).await.map(Some)
 }
 
 /// The address a raw client of `url`'s store connects to (its own
@@ -668,10 +684,29 @@ struct PgParty {
     notified: tokio::sync::mpsc::UnboundedReceiver<()>,
 }
 
-async fn pg_handoffs(url: &Url, key: String, count: usize) -> Result<crate::Histogram> {
+async fn pg_handoffs(
+    url: &Url,
+    key: String,
+    count: usize,
+    others: usize,
+) -> Result<crate::Histogram> {
     use futures::StreamExt;
     let channel = format!("qlbench_{}", std::process::id());
     let pg = pg_config(url)?;
+    // Idle listeners, each on a channel nobody notifies; kept to the end.
+    let mut idle = Vec::new();
+    for i in 0..others {
+        let (client, mut connection) = pg.connect(tokio_postgres::NoTls).await.map_err(text)?;
+        tokio::spawn(async move {
+            let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+            while let Some(Ok(_)) = messages.next().await {}
+        });
+        client
+            .batch_execute(&format!("LISTEN {channel}_idle_{i}"))
+            .await
+            .map_err(text)?;
+        idle.push(client);
+    }
     let mut parties = Vec::new();
     for _ in 0..2 {
         let (client, mut connection) = pg.connect(tokio_postgres::NoTls).await.map_err(text)?;
@@ -715,6 +750,7 @@ async fn pg_handoffs(url: &Url, key: String, count: usize) -> Result<crate::Hist
     })
     .await;
     let _ = pg_op(&parties[0].client, &key, false).await;
+    drop(idle);
     h
 }
 

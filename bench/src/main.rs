@@ -475,9 +475,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let mut handoffs = Vec::new();
     let mut handoff_floor = None;
+    let mut handoff_floor_among = Vec::new();
     if runs("handoff") {
         eprintln!("bench: the floor of a handoff");
         handoff_floor = floor::handoffs(&parsed, args.handoffs).await?;
+        // As many other listening connections as the handoff's and the
+        // contended line's clients have sessions.
+        for others in [16, 32]
+            .into_iter()
+            .filter(|_| matches!(scheme.as_str(), "postgres" | "postgresql"))
+        {
+            eprintln!("bench: the floor of a handoff among {others} idle listeners");
+            if let Some(h) = floor::pg_handoffs_among(&parsed, args.handoffs, others).await? {
+                handoff_floor_among.push(json!({"others": others, "gap": summary(&h)}));
+            }
+        }
         for &w in &args.waiters {
             eprintln!("bench: handoff with {w} waiters");
             handoffs.push(handoff(&url, w, args.handoffs).await?);
@@ -544,6 +556,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "naive_floor": naive_floor.as_ref().map(summary),
         "handoff_floor_is": floor::describe_handoff(&scheme),
         "handoff_floor": handoff_floor.as_ref().map(summary),
+        "handoff_floor_among_listeners": handoff_floor_among,
         "handoff": handoffs,
         "contended": contention,
         "contended_processes": in_processes,
@@ -591,6 +604,18 @@ fn print_markdown(r: &Value) {
             "| floor of a handoff: {is} | {} | {} | |",
             f(&r["handoff_floor"]["p50_ms"]),
             f(&r["handoff_floor"]["p99_ms"])
+        );
+    }
+    for h in r["handoff_floor_among_listeners"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        println!(
+            "| floor of a handoff, {} other connections listening (idle, channels of their own) | {} | {} | |",
+            h["others"],
+            f(&h["gap"]["p50_ms"]),
+            f(&h["gap"]["p99_ms"])
         );
     }
     for h in r["handoff"].as_array().into_iter().flatten() {
