@@ -404,6 +404,28 @@ impl PostgresCore {
         !self.slow_only.load(Ordering::Relaxed)
     }
 
+    /// Whether a step's `failure` says the functions of `layout::STEPS`
+    /// cannot be run here (dropped since, or this user may not execute
+    /// them): then this one and every later step go to the transactions.
+    pub(crate) fn steps_unavailable(&self, failure: &Fail) -> bool {
+        let Fail::Pg(e) = failure else {
+            return false;
+        };
+        let unavailable = e.code().is_some_and(|c| {
+            *c == tokio_postgres::error::SqlState::UNDEFINED_FUNCTION
+                || *c == tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE
+        });
+        if unavailable {
+            tracing::warn!(
+                error = %e,
+                "the lock functions cannot be run: each acquire and release takes a \
+                 transaction of several round trips instead of one statement"
+            );
+            self.slow_only.store(true, Ordering::Relaxed);
+        }
+        unavailable
+    }
+
     pub(crate) fn record_session(&self, id: Uuid) {
         self.opened.lock().expect("poisoned").push(id);
     }

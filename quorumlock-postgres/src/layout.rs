@@ -197,7 +197,7 @@ pub(crate) fn fast_window(code: &str, permits: i32) -> Option<usize> {
 /// crossed `jit_above_cost`, and each sweep spent 100 ms compiling. `{s}` is the quoted schema; `$1` in [`PURGE`] and
 /// [`SWEEP`] is each function's first argument, the lock.
 pub(crate) const STEPS: &str = r#"
-CREATE OR REPLACE FUNCTION {s}.timeline_1() RETURNS bigint LANGUAGE plpgsql AS $f$
+CREATE OR REPLACE FUNCTION {s}.timeline_2() RETURNS bigint LANGUAGE plpgsql AS $f$
 DECLARE
     tl bigint := {TIMELINE};
 BEGIN
@@ -206,7 +206,7 @@ BEGIN
     END IF;
     RETURN tl;
 END $f$;
-CREATE OR REPLACE FUNCTION {s}.settle_1(l text, w integer) RETURNS void LANGUAGE plpgsql AS $f$
+CREATE OR REPLACE FUNCTION {s}.settle_2(l text, w integer) RETURNS void LANGUAGE plpgsql AS $f$
 DECLARE
     r record;
     tl bigint;
@@ -216,7 +216,7 @@ BEGIN
              WHERE e.lock = l ORDER BY e.seq LIMIT w LOOP
         CONTINUE WHEN r.token IS NOT NULL;
         IF tl IS NULL THEN
-            tl := {s}.timeline_1();
+            tl := {s}.timeline_2();
         END IF;
         nv := nextval('{s}.seq');
         IF nv >= (1::bigint << {SEQ_BITS}) THEN
@@ -228,7 +228,7 @@ BEGIN
                           'g ' || replace(r.contender::text, '-', ''));
     END LOOP;
 END $f$;
-CREATE OR REPLACE FUNCTION {s}.enqueue_1(l text, c uuid, sid uuid, k text, p integer, v bytea,
+CREATE OR REPLACE FUNCTION {s}.enqueue_2(l text, c uuid, sid uuid, k text, p integer, v bytea,
     wait boolean, OUT outcome text, OUT granted bigint, OUT ahead_ms bigint)
 LANGUAGE plpgsql SET enable_seqscan = off SET jit = off AS $f$
 DECLARE
@@ -266,20 +266,22 @@ BEGIN
     IF n > 0 THEN
         {PURGE};
         GET DIAGNOSTICS dead = ROW_COUNT;
-        IF dead > 0 THEN
-            {SWEEP};
-            n := n - dead;
-        END IF;
-        PERFORM {s}.settle_1(l, w);
+        n := n - dead;
+        PERFORM {s}.settle_2(l, w);
     END IF;
-    IF n >= w AND NOT wait THEN
-        outcome := 'busy';
-        RETURN;
-    END IF;
-    tl := {s}.timeline_1();
+    -- The arrival value first, as the transaction inserts before it
+    -- knows whether the entry would wait.
+    tl := {s}.timeline_2();
     arrival := nextval('{s}.seq');
     IF arrival < 0 OR arrival >= {ENQUEUE_LIMIT} THEN
         RAISE EXCEPTION USING ERRCODE = 'QLTOK', MESSAGE = 'enqueue ' || arrival || ' ' || tl;
+    END IF;
+    IF n >= w AND NOT wait THEN
+        outcome := 'busy';
+        IF dead > 0 THEN
+            {SWEEP};
+        END IF;
+        RETURN;
     END IF;
     IF n < w THEN
         nv := nextval('{s}.seq');
@@ -299,14 +301,20 @@ BEGIN
     END IF;
     INSERT INTO {s}.entries (lock, seq, contender, session, kind, permits, token, value)
         VALUES (l, arrival, c, sid, k, p, granted, v);
+    -- After the insert, as the transaction does: our session, with an
+    -- entry now, is not among the swept even if it expired this moment.
+    IF dead > 0 THEN
+        {SWEEP};
+    END IF;
 END $f$;
-CREATE OR REPLACE FUNCTION {s}.remove_1(l text, c uuid) RETURNS bigint LANGUAGE plpgsql
+CREATE OR REPLACE FUNCTION {s}.remove_2(l text, c uuid) RETURNS bigint LANGUAGE plpgsql
 SET enable_seqscan = off SET jit = off AS $f$
 DECLARE
     k text;
     p integer;
     others bigint;
     odd bigint;
+    removed bigint;
     dead bigint;
 BEGIN
     PERFORM pg_advisory_xact_lock({ADVISORY_CLASS}, hashtext(l));
@@ -322,16 +330,19 @@ BEGIN
     IF odd > 0 THEN
         RETURN NULL;
     END IF;
+    -- How many it removed: none if a session's end (which does not take
+    -- the queue's lock) deleted it since it was read.
     DELETE FROM {s}.entries WHERE contender = c;
+    GET DIAGNOSTICS removed = ROW_COUNT;
     IF others > 0 THEN
         {PURGE};
         GET DIAGNOSTICS dead = ROW_COUNT;
         IF dead > 0 THEN
             {SWEEP};
         END IF;
-        PERFORM {s}.settle_1(l, CASE WHEN k = 's' THEN GREATEST(p, 1) ELSE 1 END);
+        PERFORM {s}.settle_2(l, CASE WHEN k = 's' THEN GREATEST(p, 1) ELSE 1 END);
     END IF;
-    RETURN 1;
+    RETURN removed;
 END $f$;
 "#;
 
@@ -363,8 +374,8 @@ fn steps() -> String {
 
 /// Whether the functions of [`STEPS`] exist (by their signatures).
 const STEPS_EXIST: &str =
-    "(to_regprocedure('{s}.enqueue_1(text,uuid,uuid,text,integer,bytea,boolean)') \
-     IS NOT NULL AND to_regprocedure('{s}.remove_1(text,uuid)') IS NOT NULL)";
+    "(to_regprocedure('{s}.enqueue_2(text,uuid,uuid,text,integer,bytea,boolean)') \
+     IS NOT NULL AND to_regprocedure('{s}.remove_2(text,uuid)') IS NOT NULL)";
 
 /// The error a [`STEPS`] function raised (`QLTOK`) with `message`: the
 /// same as the transactions give ([`token`], [`check_enqueue`]).
@@ -459,9 +470,11 @@ pub(crate) struct Sql {
     /// when the session ahead expires unless renewed (ms).
     pub(crate) enqueue_step: String,
     /// `$1`: lock, `$2`: contender. One removal's step where [`STEPS`]
-    /// decides it: 1, or null for `slow`.
+    /// decides it: how many entries it removed (0 or 1), or null for
+    /// `slow`.
     pub(crate) remove_step: String,
-    /// `$1`: contender. Its token, if it holds and its session lives.
+    /// `$1`: contender. Its token, if it holds and its session lives, read
+    /// on a primary (a standby's copy may be behind a break).
     pub(crate) held: String,
     /// `$1`: lock. The queue in arrival order, each entry with the
     /// remaining life of its session in ms.
@@ -539,10 +552,11 @@ impl Sql {
             sweep: f(SWEEP),
             steps: f(&steps()),
             enqueue_step: f("SELECT outcome, granted, ahead_ms \
-                 FROM {s}.enqueue_1($1, $2, $3, $4, $5, $6, $7)"),
-            remove_step: f("SELECT {s}.remove_1($1, $2)"),
+                 FROM {s}.enqueue_2($1, $2, $3, $4, $5, $6, $7)"),
+            remove_step: f("SELECT {s}.remove_2($1, $2)"),
             held: f("SELECT e.token FROM {s}.entries e JOIN {s}.sessions s ON s.id = e.session \
-                 WHERE e.contender = $1 AND e.token IS NOT NULL AND s.expires > clock_timestamp()"),
+                 WHERE e.contender = $1 AND e.token IS NOT NULL AND s.expires > clock_timestamp() \
+                 AND NOT pg_is_in_recovery()"),
             queue: f("SELECT e.seq, e.contender, e.session, e.kind, e.permits, e.token, e.created, \
                    e.value, e.revoke, \
                    COALESCE((extract(epoch FROM (s.expires - clock_timestamp())) * 1000)::bigint, 0) \

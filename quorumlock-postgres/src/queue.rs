@@ -123,7 +123,9 @@ pub(crate) async fn enqueue_step(
 
 /// One release (or abandon) of a single entry as one statement
 /// (`layout::STEPS`): `None` when the server left it to the transaction
-/// (it wrote nothing then), else how many entries it removed (1).
+/// (it wrote nothing then), else how many entries it removed: 0 when a
+/// session's end deleted it since (the caller's release then fails, as
+/// after the transaction).
 ///
 /// # Cancel safety
 /// One statement: dropped, it may or may not have been applied.
@@ -145,8 +147,8 @@ pub(crate) async fn remove_step(
 
 /// Whether `contender` holds, read in one statement (no lock taken: a
 /// granted entry stays granted until removed): its token while its
-/// session lives, `None` otherwise (the caller's transaction then reads
-/// where it stands).
+/// session lives, on a primary; `None` otherwise (the caller's
+/// transaction then reads where it stands, and fails on a standby).
 ///
 /// # Cancel safety
 /// Reads only.

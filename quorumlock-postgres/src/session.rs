@@ -133,8 +133,11 @@ impl PostgresSession {
                         value: &value,
                         wait,
                     };
-                    if let Some(out) = queue::enqueue_step(client, sql, &step).await? {
-                        return Ok(out);
+                    match queue::enqueue_step(client, sql, &step).await {
+                        Ok(Some(out)) => return Ok(out),
+                        Ok(None) => {}
+                        Err(e) if c.steps_unavailable(&e) => {}
+                        Err(e) => return Err(e),
                     }
                     // The transaction below is a request of its own.
                     c.count();
@@ -272,8 +275,11 @@ impl PostgresSession {
             Box::pin(async move {
                 let sql = &c.sql;
                 if one_statement {
-                    if let Some(removed) = queue::remove_step(client, sql, &lock, me).await? {
-                        return Ok(removed);
+                    match queue::remove_step(client, sql, &lock, me).await {
+                        Ok(Some(removed)) => return Ok(removed),
+                        Ok(None) => {}
+                        Err(e) if c.steps_unavailable(&e) => {}
+                        Err(e) => return Err(e),
                     }
                     c.count();
                 }

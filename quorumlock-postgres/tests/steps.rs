@@ -1,4 +1,4 @@
-//! The one-statement steps on the server (`enqueue_1` and `remove_1` of
+//! The one-statement steps on the server (`enqueue_2` and `remove_2` of
 //! the schema) against the one queue rule every store follows
 //! (`quorumlock_core::backend::holds`): for every queue of up to three
 //! entries of the mutex-like kinds, and every queue of up to four single
@@ -19,6 +19,9 @@ use quorumlock_core::{LockClient, LockKind};
 use quorumlock_postgres::PostgresBackend;
 use tokio_postgres::Client;
 use uuid::Uuid;
+
+/// The server's release step.
+const REMOVE: &str = "remove_2";
 
 /// The stored kind codes of the mutex-like kinds and what they are.
 const MUTEX_LIKE: [(&str, LockKind); 4] = [
@@ -226,9 +229,9 @@ async fn the_servers_steps_follow_the_queue_rule() {
         s: format!("\"{schema}\""),
         timeline,
     };
-    let remove = format!("SELECT {}.remove_1($1, $2)", db.s);
+    let remove = format!("SELECT {}.remove_2($1, $2)", db.s);
     let enqueue = format!(
-        "SELECT outcome, granted, ahead_ms FROM {}.enqueue_1($1, $2, $3, $4, $5, ''::bytea, $6)",
+        "SELECT outcome, granted, ahead_ms FROM {}.enqueue_2($1, $2, $3, $4, $5, ''::bytea, $6)",
         db.s
     );
     let cases = cases();
@@ -341,6 +344,142 @@ async fn the_servers_steps_follow_the_queue_rule() {
     client.close().await;
     db.client
         .batch_execute(&format!("DROP SCHEMA {} CASCADE", db.s))
+        .await
+        .unwrap();
+}
+
+/// A release whose entry a session's end (a kill, `close`: they do not
+/// take the queue's lock) removes while the release's step waits for the
+/// row answers 0 removed, as the transaction counts it (the release then
+/// fails with `LockLost`), not 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_whose_entry_a_kill_removed_meanwhile_removes_nothing() {
+    let Some(base) = common::base_url() else {
+        return;
+    };
+    let schema = format!("qlsteps_{}", &Uuid::new_v4().simple().to_string()[..12]);
+    let client = LockClient::new(Arc::new(
+        PostgresBackend::connect(&format!("{base}?schema={schema}"))
+            .await
+            .unwrap(),
+    ));
+    client
+        .lock("warm")
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let raw = common::sql(&base).await;
+    let timeline = common::timeline(&raw).await;
+    let db = Db {
+        client: raw,
+        s: format!("\"{schema}\""),
+        timeline,
+    };
+    let case = Case {
+        entries: vec![("x", 0, LockKind::Exclusive, true)],
+    };
+    let held = db.build("killed", &case).await;
+    // The kill's transaction, its delete of the entry not committed yet.
+    let mut killer = common::sql(&base).await;
+    let kill = killer.transaction().await.unwrap();
+    let deleted = kill
+        .execute(
+            &format!("DELETE FROM {}.entries WHERE contender = $1", db.s),
+            &[&held[0].contender],
+        )
+        .await
+        .unwrap();
+    assert_eq!(deleted, 1);
+    // The release's step, waiting for the row.
+    let release = tokio::spawn({
+        let (url, s, contender) = (base.clone(), db.s.clone(), held[0].contender);
+        async move {
+            let c = common::sql(&url).await;
+            c.query_one(
+                &format!("SELECT {s}.{REMOVE}($1, $2)"),
+                &[&"killed", &contender],
+            )
+            .await
+            .unwrap()
+            .get::<_, Option<i64>>(0)
+        }
+    });
+    common::wait_for(
+        "the release's step waits for the row",
+        std::time::Duration::from_secs(10),
+        || async {
+            let waiting: i64 = db
+                .client
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                     AND query LIKE '%' || $1 || '%'",
+                    &[&REMOVE],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            (waiting > 0).then_some(())
+        },
+    )
+    .await;
+    kill.commit().await.unwrap();
+    assert_eq!(
+        release.await.unwrap(),
+        Some(0),
+        "the release removed nothing"
+    );
+    client.close().await;
+    db.client
+        .batch_execute(&format!("DROP SCHEMA {} CASCADE", db.s))
+        .await
+        .unwrap();
+}
+
+/// Functions dropped while clients run (or that this user may not run):
+/// the steps go to the transactions, and locks keep working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_work_when_the_functions_are_gone() {
+    let Some(base) = common::base_url() else {
+        return;
+    };
+    let schema = format!("qlsteps_{}", &Uuid::new_v4().simple().to_string()[..12]);
+    let url = format!("{base}?schema={schema}");
+    let a = LockClient::new(Arc::new(PostgresBackend::connect(&url).await.unwrap()));
+    let b = LockClient::new(Arc::new(PostgresBackend::connect(&url).await.unwrap()));
+    let held = a.lock("x").unwrap().acquire().await.unwrap();
+    let raw = common::sql(&base).await;
+    raw.batch_execute(&format!(
+        "DROP FUNCTION \"{schema}\".enqueue_2(text, uuid, uuid, text, integer, bytea, boolean); \
+         DROP FUNCTION \"{schema}\".remove_2(text, uuid)"
+    ))
+    .await
+    .unwrap();
+    let waiter = tokio::spawn({
+        let b = b.clone();
+        async move { b.lock("x").unwrap().acquire().await }
+    });
+    common::wait_for(
+        "the waiter queued",
+        std::time::Duration::from_secs(10),
+        || async { (a.inspect("x").await.unwrap().waiters.len() == 1).then_some(()) },
+    )
+    .await;
+    held.release().await.unwrap();
+    let next = tokio::time::timeout(std::time::Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter was not granted")
+        .unwrap()
+        .unwrap();
+    assert!(next.token() > 0);
+    next.release().await.unwrap();
+    assert!(a.inspect("x").await.unwrap().is_free());
+    a.close().await;
+    b.close().await;
+    raw.batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
         .await
         .unwrap();
 }
