@@ -171,6 +171,34 @@ impl Db {
     }
 }
 
+/// A schema of its own, its tables and functions made by a client (kept
+/// to the end); a plain connection to write and read it.
+async fn scratch(base: &str) -> (LockClient, Db) {
+    let schema = format!("qlsteps_{}", &Uuid::new_v4().simple().to_string()[..12]);
+    let client = LockClient::new(Arc::new(
+        PostgresBackend::connect(&format!("{base}?schema={schema}"))
+            .await
+            .unwrap(),
+    ));
+    client
+        .lock("warm")
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let raw = common::sql(base).await;
+    let timeline = common::timeline(&raw).await;
+    let db = Db {
+        client: raw,
+        s: format!("\"{schema}\""),
+        timeline,
+    };
+    (client, db)
+}
+
 /// Checks that `after` is `expected` (the entries that should be left, in
 /// order, with their kinds) granted by the rule: holders have tokens
 /// (kept from `before`, or new ones above every token of `before` and
@@ -206,29 +234,7 @@ async fn the_servers_steps_follow_the_queue_rule() {
     let Some(base) = common::base_url() else {
         return;
     };
-    let schema = format!("qlsteps_{}", &Uuid::new_v4().simple().to_string()[..12]);
-    // A client makes the tables and the functions.
-    let client = LockClient::new(Arc::new(
-        PostgresBackend::connect(&format!("{base}?schema={schema}"))
-            .await
-            .unwrap(),
-    ));
-    client
-        .lock("warm")
-        .unwrap()
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
-    let raw = common::sql(&base).await;
-    let timeline = common::timeline(&raw).await;
-    let db = Db {
-        client: raw,
-        s: format!("\"{schema}\""),
-        timeline,
-    };
+    let (client, db) = scratch(&base).await;
     let remove = format!("SELECT {}.remove_2($1, $2)", db.s);
     let enqueue = format!(
         "SELECT outcome, granted, ahead_ms FROM {}.enqueue_2($1, $2, $3, $4, $5, ''::bytea, $6)",
@@ -357,28 +363,7 @@ async fn a_release_whose_entry_a_kill_removed_meanwhile_removes_nothing() {
     let Some(base) = common::base_url() else {
         return;
     };
-    let schema = format!("qlsteps_{}", &Uuid::new_v4().simple().to_string()[..12]);
-    let client = LockClient::new(Arc::new(
-        PostgresBackend::connect(&format!("{base}?schema={schema}"))
-            .await
-            .unwrap(),
-    ));
-    client
-        .lock("warm")
-        .unwrap()
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
-    let raw = common::sql(&base).await;
-    let timeline = common::timeline(&raw).await;
-    let db = Db {
-        client: raw,
-        s: format!("\"{schema}\""),
-        timeline,
-    };
+    let (client, db) = scratch(&base).await;
     let case = Case {
         entries: vec![("x", 0, LockKind::Exclusive, true)],
     };
