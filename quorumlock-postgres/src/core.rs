@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
 use quorumlock_core::backend::{EntrySignals, SessionLiveness};
-use quorumlock_core::{Error, ErrorKind, LockName, LossReason, Result};
+use quorumlock_core::{Error, ErrorKind, LockKind, LockName, LossReason, Result};
 use tokio::sync::{Notify, OnceCell};
 use tokio_postgres::Client;
 use tokio_postgres_rustls::MakeRustlsConnect;
@@ -398,32 +398,42 @@ impl PostgresCore {
         }
     }
 
-    /// Whether the steps of `layout::STEPS` may be used (read after the
-    /// first request, which creates them).
-    pub(crate) fn one_statement_steps(&self) -> bool {
-        !self.slow_only.load(Ordering::Relaxed)
+    /// Whether a step of `kind` for `count` permits may be offered to
+    /// the functions of `layout::STEPS` (a window's kind, a single entry,
+    /// and the functions there: read after the first request, which
+    /// creates them).
+    pub(crate) fn one_statement(&self, kind: LockKind, count: u32) -> bool {
+        let (code, permits) = layout::kind_code(kind);
+        count <= 1
+            && layout::fast_window(code, permits).is_some()
+            && !self.slow_only.load(Ordering::Relaxed)
     }
 
-    /// Whether a step's `failure` says the functions of `layout::STEPS`
-    /// cannot be run here (dropped since, or this user may not execute
-    /// them): then this one and every later step go to the transactions.
-    pub(crate) fn steps_unavailable(&self, failure: &Fail) -> bool {
-        let Fail::Pg(e) = failure else {
-            return false;
+    /// A step's `answer` from the functions of `layout::STEPS`, with
+    /// their absence read as "left to the transaction" (`Ok(None)`):
+    /// dropped since, or this user may not execute them. Then this one
+    /// and every later step go to the transactions.
+    pub(crate) fn offered<T>(
+        &self,
+        answer: std::result::Result<Option<T>, Fail>,
+    ) -> std::result::Result<Option<T>, Fail> {
+        let Err(Fail::Pg(e)) = &answer else {
+            return answer;
         };
         let unavailable = e.code().is_some_and(|c| {
             *c == tokio_postgres::error::SqlState::UNDEFINED_FUNCTION
                 || *c == tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE
         });
-        if unavailable {
-            tracing::warn!(
-                error = %e,
-                "the lock functions cannot be run: each acquire and release takes a \
-                 transaction of several round trips instead of one statement"
-            );
-            self.slow_only.store(true, Ordering::Relaxed);
+        if !unavailable {
+            return answer;
         }
-        unavailable
+        tracing::warn!(
+            error = %e,
+            "the lock functions cannot be run: each acquire and release takes a \
+             transaction of several round trips instead of one statement"
+        );
+        self.slow_only.store(true, Ordering::Relaxed);
+        Ok(None)
     }
 
     pub(crate) fn record_session(&self, id: Uuid) {

@@ -114,12 +114,8 @@ impl PostgresSession {
             .filter(|_| kind == quorumlock_core::LockKind::Upgrade);
         let contenders = layout::request_contenders(me, req.count.max(1));
         let name = req.name.clone();
-        // One statement where the queue's rule is a window: a single
-        // entry of a kind `layout::fast_window` knows.
         let (code, permits) = layout::kind_code(kind);
-        let one_statement = c.one_statement_steps()
-            && contenders.len() == 1
-            && layout::fast_window(code, permits).is_some();
+        let one_statement = c.one_statement(kind, req.count.max(1));
         let work: Work<Enqueued> = Box::new(move |client| {
             Box::pin(async move {
                 let sql = &c.sql;
@@ -133,11 +129,8 @@ impl PostgresSession {
                         value: &value,
                         wait,
                     };
-                    match queue::enqueue_step(client, sql, &step).await {
-                        Ok(Some(out)) => return Ok(out),
-                        Ok(None) => {}
-                        Err(e) if c.steps_unavailable(&e) => {}
-                        Err(e) => return Err(e),
+                    if let Some(out) = c.offered(queue::enqueue_step(client, sql, &step).await)? {
+                        return Ok(out);
                     }
                     // The transaction below is a request of its own.
                     c.count();
@@ -266,20 +259,15 @@ impl PostgresSession {
     ) -> Result<u64> {
         let c = self.state.core.clone();
         let sid = self.state.id;
-        let (code, permits) = layout::kind_code(kind);
-        let one_statement = c.one_statement_steps()
-            && count <= 1
-            && !fence
-            && layout::fast_window(code, permits).is_some();
+        let one_statement = !fence && c.one_statement(kind, count);
         let work: Work<u64> = Box::new(move |client| {
             Box::pin(async move {
                 let sql = &c.sql;
                 if one_statement {
-                    match queue::remove_step(client, sql, &lock, me).await {
-                        Ok(Some(removed)) => return Ok(removed),
-                        Ok(None) => {}
-                        Err(e) if c.steps_unavailable(&e) => {}
-                        Err(e) => return Err(e),
+                    if let Some(removed) =
+                        c.offered(queue::remove_step(client, sql, &lock, me).await)?
+                    {
+                        return Ok(removed);
                     }
                     c.count();
                 }

@@ -151,6 +151,54 @@ impl Db {
         rows
     }
 
+    /// The server's release step of `contender`: how many it removed,
+    /// null for `slow`.
+    async fn remove(&self, lock: &str, contender: Uuid) -> Option<i64> {
+        self.client
+            .query_one(
+                &format!("SELECT {}.{REMOVE}($1, $2)", self.s),
+                &[&lock, &contender],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    }
+
+    /// The server's acquire step of a new entry `me` of a live session:
+    /// the outcome, the token, and when the entry ahead expires (ms).
+    async fn enqueue(
+        &self,
+        lock: &str,
+        me: Uuid,
+        code: &str,
+        permits: i32,
+        wait: bool,
+    ) -> (String, Option<i64>, Option<i64>) {
+        let session = self.session(true).await;
+        let row = self
+            .client
+            .query_one(
+                &format!(
+                    "SELECT outcome, granted, ahead_ms \
+                     FROM {}.enqueue_2($1, $2, $3, $4, $5, ''::bytea, $6)",
+                    self.s
+                ),
+                &[&lock, &me, &session, &code, &permits, &wait],
+            )
+            .await
+            .unwrap();
+        (row.get(0), row.get(1), row.get(2))
+    }
+
+    /// Closes the client and drops the schema.
+    async fn finish(self, client: LockClient) {
+        client.close().await;
+        self.client
+            .batch_execute(&format!("DROP SCHEMA {} CASCADE", self.s))
+            .await
+            .unwrap();
+    }
+
     async fn rows(&self, lock: &str) -> Vec<Row> {
         self.client
             .query(
@@ -235,11 +283,6 @@ async fn the_servers_steps_follow_the_queue_rule() {
         return;
     };
     let (client, db) = scratch(&base).await;
-    let remove = format!("SELECT {}.remove_2($1, $2)", db.s);
-    let enqueue = format!(
-        "SELECT outcome, granted, ahead_ms FROM {}.enqueue_2($1, $2, $3, $4, $5, ''::bytea, $6)",
-        db.s
-    );
     let cases = cases();
     for (n, case) in cases.iter().enumerate() {
         let what = |op: &str| format!("{op} on {:?}", case.entries);
@@ -255,12 +298,7 @@ async fn the_servers_steps_follow_the_queue_rule() {
         // The head releases.
         let lock = format!("r{n}");
         let before = db.build(&lock, case).await;
-        let removed: Option<i64> = db
-            .client
-            .query_one(&remove, &[&lock, &before[0].contender])
-            .await
-            .unwrap()
-            .get(0);
+        let removed = db.remove(&lock, before[0].contender).await;
         assert_eq!(removed, Some(1), "{}", what("release"));
         let after = db.rows(&lock).await;
         check_granted(&what("release"), &before, &survivors(&before, true), &after);
@@ -271,14 +309,7 @@ async fn the_servers_steps_follow_the_queue_rule() {
             let before = db.build(&lock, case).await;
             let (code, permits, kind, _) = case.entries[0];
             let me = Uuid::new_v4();
-            let session = db.session(true).await;
-            let row = db
-                .client
-                .query_one(&enqueue, &[&lock, &me, &session, &code, &permits, &wait])
-                .await
-                .unwrap();
-            let (outcome, granted, ahead_ms): (String, Option<i64>, Option<i64>) =
-                (row.get(0), row.get(1), row.get(2));
+            let (outcome, granted, ahead_ms) = db.enqueue(&lock, me, code, permits, wait).await;
             let mut expected = survivors(&before, false);
             expected.push((me, kind));
             let kinds: Vec<LockKind> = expected.iter().map(|e| e.1).collect();
@@ -326,32 +357,16 @@ async fn the_servers_steps_follow_the_queue_rule() {
         };
         // Written as given (granted by a mutex's rule: the head).
         let before = db.build(&lock, &case).await;
-        let removed: Option<i64> = db
-            .client
-            .query_one(&remove, &[&lock, &before[0].contender])
-            .await
-            .unwrap()
-            .get(0);
-        let me = Uuid::new_v4();
-        let session = db.session(true).await;
+        let removed = db.remove(&lock, before[0].contender).await;
         let (code, p) = match entries[0] {
             ("s" | "s+", p) => ("s", p),
             _ => ("x", 0),
         };
-        let outcome: String = db
-            .client
-            .query_one(&enqueue, &[&lock, &me, &session, &code, &p, &true])
-            .await
-            .unwrap()
-            .get(0);
+        let (outcome, _, _) = db.enqueue(&lock, Uuid::new_v4(), code, p, true).await;
         assert_eq!((removed, outcome.as_str()), (None, "slow"), "{entries:?}");
         assert_eq!(db.rows(&lock).await, before, "{entries:?}: nothing written");
     }
-    client.close().await;
-    db.client
-        .batch_execute(&format!("DROP SCHEMA {} CASCADE", db.s))
-        .await
-        .unwrap();
+    db.finish(client).await;
 }
 
 /// A release whose entry a session's end (a kill, `close`: they do not
@@ -417,11 +432,7 @@ async fn a_release_whose_entry_a_kill_removed_meanwhile_removes_nothing() {
         Some(0),
         "the release removed nothing"
     );
-    client.close().await;
-    db.client
-        .batch_execute(&format!("DROP SCHEMA {} CASCADE", db.s))
-        .await
-        .unwrap();
+    db.finish(client).await;
 }
 
 /// Functions dropped while clients run (or that this user may not run):
