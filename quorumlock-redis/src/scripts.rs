@@ -51,9 +51,16 @@ local function ekey(e) return e.p .. '.session/' .. e.sid end
 local function member(L, id) return L .. '/.q/' .. id end
 -- Tells the followers of L (`Backend::changes`) that its queue changed:
 -- a message on its channel, which costs nothing when nobody listens.
--- Best effort (`pcall`): a user whose ACL refuses the channel must not
--- see a script abort halfway through its writes.
-local function changed(L) redis.pcall('PUBLISH', L .. '/.changes', '') end
+-- Once per script and lock: a follower reads the queue after the script
+-- ends, so a second message would only make it read again. Best effort
+-- (`pcall`): a user whose ACL refuses the channel must not see a script
+-- abort halfway through its writes.
+local announced = {}
+local function changed(L)
+  if announced[L] then return end
+  announced[L] = true
+  redis.pcall('PUBLISH', L .. '/.changes', '')
+end
 -- The caller's session `sid` lives `ttl` ms more from now, with the keys
 -- kept beside it; false if its key is gone (never brought back).
 local function extend(sid, ttl)
@@ -216,12 +223,13 @@ local function next_token(L)
 end
 -- Grants every entry that holds and has no token yet: a token from
 -- `next_token`, and a message to its session alone (not to `skip`, the
--- caller's own entry).
+-- caller's own entry). An entry marked `unwritten` (queued by this
+-- script, not yet in the hash) is left for its writer to write once.
 local function settle(L, live, skip)
   for i, e in ipairs(live) do
     if e.token == 0 and holds(live, i) and not refused(live, i) then
       e.token = next_token(L)
-      redis.call('HSET', L .. '/.e', e.id, fmt(e))
+      if not e.unwritten then redis.call('HSET', L .. '/.e', e.id, fmt(e)) end
       changed(L)
       -- A request of several permits is told once, by its last entry.
       if e.id ~= skip and after(e.id) == 0 then tell(e, 'g ' .. e.id) end
@@ -302,6 +310,7 @@ pub(crate) static ENQUEUE: LazyLock<Script> = LazyLock::new(|| {
 local L, sid, id = ARGV[2], ARGV[3], ARGV[4]
 local kind, permits, wait, created = ARGV[5], tonumber(ARGV[6]), ARGV[7], ARGV[8]
 local count = tonumber(ARGV[11])
+local added = false
 if redis.call('EXISTS', skey(sid)) == 0 then return {'gone'} end
 if redis.call('ZSCORE', skey(sid) .. '/.fenced', id) then return {'fenced'} end
 local live, whole = head(L)
@@ -331,7 +340,7 @@ if not mine and not seq then
     settle(L, live, '')
     return {'wouldblock'}
   end
-  local locks = skey(sid) .. '/.locks'
+  added = true
   for j = 1, count do
     local eid = id
     if j < count then eid = id .. '.' .. j .. '.' .. count end
@@ -339,31 +348,50 @@ if not mine and not seq then
     local e = {kind = kind, permits = permits, sid = sid, created = created,
                token = 0, id = eid, seq = seq, p = P}
     redis.call('ZADD', L .. '/.q', seq, eid)
-    redis.call('HSET', L .. '/.e', eid, fmt(e))
     if ARGV[9] ~= '' then redis.call('HSET', L .. '/.v', eid, ARGV[9]) end
-    redis.call('SADD', locks, member(L, eid))
-    if whole then live[#live + 1] = e end
+    redis.call('SADD', skey(sid) .. '/.locks', member(L, eid))
+    if whole then
+      -- Written once, after `settle` (with its token if it holds).
+      e.unwritten = true
+      live[#live + 1] = e
+    else
+      redis.call('HSET', L .. '/.e', eid, fmt(e))
+    end
   end
   changed(L)
-  redis.call('PEXPIRE', locks, redis.call('PTTL', skey(sid)) + tonumber(ARGV[10]))
   if whole then mine = #live end
 end
 settle(L, live, id)
+for _, e in ipairs(live) do
+  if e.unwritten then
+    redis.call('HSET', L .. '/.e', e.id, fmt(e))
+    e.unwritten = nil
+  end
+end
+local answer
 if not mine then
   -- Queued (by now) behind the part of the queue that `head` read, with
   -- our session alive: waiting.
   if wait == '0' then
     remove_request(L, id, count)
-    return {'wouldblock'}
+    answer = {'wouldblock'}
+  else
+    answer = waiting(tonumber(seq), live, #live)
   end
-  return waiting(tonumber(seq), live, #live)
-end
-if live[mine].token == 0 and wait == '0' and not refused(live, mine) then
+elseif live[mine].token == 0 and wait == '0' and not refused(live, mine) then
   remove_request(L, id, count)
   settle(L, head(L), '')
-  return {'wouldblock'}
+  answer = {'wouldblock'}
+else
+  answer = own_standing(L, live, mine, ARGV[10])
 end
-return own_standing(L, live, mine, ARGV[10])
+-- New entries joined the session's entry set: it lives a TTL past the
+-- session key (see KILL). A grant renewed both already (`extend`).
+if added and answer[1] ~= 'held' then
+  redis.call('PEXPIRE', skey(sid) .. '/.locks',
+    redis.call('PTTL', skey(sid)) + tonumber(ARGV[10]))
+end
+return answer
 "#,
     )
 });

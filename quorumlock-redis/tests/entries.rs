@@ -4,7 +4,10 @@
 //!   a client one namespace up (where lock `x` of namespace `app` is lock
 //!   `app/x`) that lists or inspects it does not purge a live holder, and
 //!   its break reaches the holder at once;
-//! - a session's set of its entries shrinks as it releases them;
+//! - a session's set of its entries shrinks as it releases them, and
+//!   lives a TTL past its session key whether its entry holds or waits;
+//! - a step that queues and grants an entry tells the lock's followers
+//!   once;
 //! - a release the server refuses for a while (`BUSY`: a long script,
 //!   `MISCONF`: writes stopped after a failed snapshot) is retried until
 //!   the entry is gone, without ending the session (a `redis-server` of
@@ -16,6 +19,7 @@ mod common;
 use std::time::Duration;
 
 use common::{client, raw, session_set, url_with};
+use futures::StreamExt;
 use quorumlock_conformance::support::{env_or_skip as env, free_port, unique_namespace};
 use quorumlock_core::{ErrorKind, LockClient};
 use tokio::process::{Child, Command};
@@ -177,6 +181,127 @@ async fn a_sessions_set_of_entries_shrinks_as_it_releases() {
         .unwrap();
     drop(held);
     g.release().await.unwrap();
+    b.close().await;
+}
+
+/// The uncontended acquire queues and grants its entry in one script:
+/// the lock's followers get one message for it (they read the queue after
+/// the script anyway), the release one more. The session's entry set
+/// lives a TTL past the session key, whether its entry was granted at
+/// once or waits.
+#[tokio::test]
+async fn a_step_announces_once_and_the_entry_set_outlives_the_session() {
+    let Some(base) = env("QUORUMLOCK_TEST_REDIS_URL") else {
+        return;
+    };
+    let ns = unique_namespace("qlann");
+    let url = url_with(&base, &ns, Some("ttl=10s"));
+    let (a, b) = (client(&url).await, client(&url).await);
+    // Sessions open before the count starts.
+    a.lock("warm")
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    b.lock("warm")
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let conn = raw(&base).await;
+    let u = quorumlock_core::url::parse(&base).unwrap();
+    let plain = format!(
+        "redis://{}:{}/",
+        u.host_str().unwrap(),
+        u.port().unwrap_or(6379)
+    );
+    let mut ps = redis::Client::open(plain)
+        .unwrap()
+        .get_async_pubsub()
+        .await
+        .unwrap();
+    ps.psubscribe(format!("{ns}/x*")).await.unwrap();
+    let mut messages = ps.into_on_message();
+    // Messages up to a marker published after the step: the server writes
+    // them to the subscriber in the order they were published.
+    let mut count_changes = async |marker: &str| {
+        let _: i64 = redis::cmd("PUBLISH")
+            .arg(format!("{ns}/x{marker}"))
+            .arg("")
+            .query_async(&mut conn.clone())
+            .await
+            .unwrap();
+        let mut n = 0;
+        loop {
+            let m = tokio::time::timeout(Duration::from_secs(10), messages.next())
+                .await
+                .expect("the marker did not come")
+                .unwrap();
+            if m.get_channel_name().ends_with(marker) {
+                return n;
+            }
+            if m.get_channel_name() == format!("{ns}/x/.changes")
+                && m.get_payload_bytes().is_empty()
+            {
+                n += 1;
+            }
+        }
+    };
+    let held = a.lock("x").unwrap().acquire().await.unwrap();
+    assert_eq!(
+        count_changes("/m1").await,
+        1,
+        "messages for one uncontended acquire"
+    );
+
+    let pttl = |key: String| {
+        let mut conn = conn.clone();
+        async move {
+            redis::cmd("PTTL")
+                .arg(key)
+                .query_async::<i64>(&mut conn)
+                .await
+                .unwrap()
+        }
+    };
+    let outlives = async |sid: String| {
+        let session = pttl(format!("{ns}/.session/{sid}")).await;
+        let set = pttl(format!("{ns}/.session/{sid}/.locks")).await;
+        assert!(
+            session > 0 && set >= session + 5_000,
+            "entry set {set} ms, session key {session} ms (a TTL of 10 s)"
+        );
+    };
+    outlives(a.session_id().await.unwrap()).await;
+
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move { b.lock("x").unwrap().acquire().await })
+    };
+    let queued = async {
+        while b.inspect("x").await.unwrap().waiters.is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), queued)
+        .await
+        .expect("not queued");
+    outlives(b.session_id().await.unwrap()).await;
+
+    held.release().await.unwrap();
+    let g = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter was not granted")
+        .unwrap()
+        .unwrap();
+    g.release().await.unwrap();
+    a.close().await;
     b.close().await;
 }
 
