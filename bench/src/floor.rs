@@ -138,6 +138,35 @@ impl Floor {
         }
     }
 
+    /// The server's time spent running scripts so far, in µs, where the
+    /// store reports it: Redis's `INFO commandstats`, the `usec` of
+    /// `EVAL`, `EVALSHA` and `FCALL` (with the commands a script calls,
+    /// which are also counted on their own lines, so those are left out),
+    /// not counting the time requests wait to be read or answered. Both
+    /// the floor's cycle and ours are one script each way. `None`
+    /// elsewhere.
+    pub async fn server_busy_us(&mut self) -> Result<Option<u64>> {
+        let Floor::Redis { conn, .. } = self else {
+            return Ok(None);
+        };
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(conn)
+            .await
+            .map_err(text)?;
+        Ok(Some(
+            info.lines()
+                .filter(|l| {
+                    ["cmdstat_eval", "cmdstat_fcall"]
+                        .iter()
+                        .any(|p| l.starts_with(p))
+                })
+                .filter_map(|l| l.split(',').find_map(|f| f.strip_prefix("usec=")))
+                .filter_map(|v| v.parse::<u64>().ok())
+                .sum(),
+        ))
+    }
+
     /// One lock cycle at the floor: take, then give back.
     pub async fn cycle(&mut self) -> Result<()> {
         match self {
@@ -192,6 +221,74 @@ impl Floor {
             *secs = t.elapsed().as_secs_f64();
         }
         Ok((halves[0], halves[1]))
+    }
+
+    /// [`Self::scale`], each take followed by the watch that a held
+    /// lock's loss signal needs where that is a request of its own, as the
+    /// backends send it: on etcd a watch of the key from its put's
+    /// revision on, on one watch stream (sent, not waited for: the backend
+    /// does not wait for its own); on ZooKeeper an exists watch on the
+    /// node. The give-back half is the same deletes. `None` for the other
+    /// stores.
+    pub async fn scale_watched(
+        &self,
+        count: usize,
+        concurrency: usize,
+    ) -> Result<Option<(f64, f64)>> {
+        use futures::stream::{self, StreamExt, TryStreamExt};
+        let stream = match self {
+            Floor::Etcd { client, key, .. } => {
+                let mut watch = client.watch_client();
+                let stream = watch.watch(format!("{key}/w"), None).await.map_err(text)?;
+                let (sender, mut responses) = stream.split();
+                // Read, so the stream stays open and flows.
+                let reader =
+                    tokio::spawn(
+                        async move { while let Ok(Some(_)) = responses.message().await {} },
+                    );
+                Some((tokio::sync::Mutex::new(sender), reader))
+            }
+            Floor::Zk { .. } => None,
+            _ => return Ok(None),
+        };
+        let sender = stream.as_ref().map(|(s, _)| s);
+        let mut halves = [0.0; 2];
+        for (half, secs) in halves.iter_mut().enumerate() {
+            let t = std::time::Instant::now();
+            stream::iter(0..count)
+                .map(|i| async move {
+                    if half == 1 {
+                        return self.scale_op(i, false).await;
+                    }
+                    match self {
+                        Floor::Etcd { client, lease, key } => {
+                            let k = format!("{key}/s{i}");
+                            let opts = etcd_client::PutOptions::new().with_lease(*lease);
+                            let put = client.kv_client().put(k.as_str(), "", Some(opts)).await;
+                            let rev = put.map_err(text)?.header().map_or(0, |h| h.revision());
+                            let from =
+                                etcd_client::WatchOptions::new().with_start_revision(rev + 1);
+                            let sender = sender.ok_or("no watch stream")?;
+                            sender.lock().await.watch(k, Some(from)).await.map_err(text)
+                        }
+                        Floor::Zk { client, prefix, .. } => {
+                            self.scale_op(i, true).await?;
+                            let path = format!("{prefix}s{i}");
+                            client.check_and_watch_stat(&path).await.map_err(text)?;
+                            Ok(())
+                        }
+                        _ => Ok(()),
+                    }
+                })
+                .buffer_unordered(concurrency)
+                .try_collect::<Vec<()>>()
+                .await?;
+            *secs = t.elapsed().as_secs_f64();
+        }
+        if let Some((_, reader)) = stream {
+            reader.abort();
+        }
+        Ok(Some((halves[0], halves[1])))
     }
 
     async fn scale_op(&self, i: usize, take: bool) -> Result<()> {

@@ -131,20 +131,29 @@ const BLOCK: usize = 10;
 /// interleaved in blocks of [`BLOCK`] (floor first, then ours, then the
 /// other way round), so that a change of the machine's load during the
 /// run weighs on both alike.
+/// The uncontended cycle and its floor, in alternating blocks: each side's
+/// latencies, and where the store reports it
+/// ([`floor::Floor::server_busy_us`]) the server's time per cycle of each
+/// (ours, the floor's), read between blocks.
 async fn uncontended(
     url: &str,
     mut floor: Option<floor::Floor>,
     cycles: usize,
-) -> Result<(Histogram, Option<Histogram>), Box<dyn std::error::Error>> {
+) -> Result<(Histogram, Option<Histogram>, Option<[f64; 2]>), Box<dyn std::error::Error>> {
     let c = quorumlock::connect(url).await?;
     let lock = c.lock("uncontended")?;
     let (mut ours, mut theirs) = (histogram(), histogram());
+    let mut busy = Some([0u64; 2]);
     let mut i = 0;
     let mut block = 0;
     while i < cycles + WARMUP {
         let n = BLOCK.min(cycles + WARMUP - i);
         let record = i >= WARMUP;
         for side in [block % 2, 1 - block % 2] {
+            let before = match &mut floor {
+                Some(f) if record => f.server_busy_us().await?,
+                _ => None,
+            };
             for _ in 0..n {
                 let t = Instant::now();
                 if side == 0 {
@@ -160,6 +169,20 @@ async fn uncontended(
                     }
                 }
             }
+            if !record {
+                continue;
+            }
+            let after = match &mut floor {
+                Some(f) => f.server_busy_us().await?,
+                None => None,
+            };
+            busy = match (busy, before, after) {
+                (Some(mut b), Some(x), Some(y)) => {
+                    b[side] += y.saturating_sub(x);
+                    Some(b)
+                }
+                _ => None,
+            };
         }
         i += n;
         block += 1;
@@ -169,7 +192,8 @@ async fn uncontended(
     if let Some(f) = floor {
         f.close().await;
     }
-    Ok((ours, has_floor.then_some(theirs)))
+    let per_cycle = busy.map(|b| b.map(|us| us as f64 / cycles as f64));
+    Ok((ours, has_floor.then_some(theirs), per_cycle))
 }
 
 /// What the contending tasks of a handoff run share: grants counted, and
@@ -389,6 +413,10 @@ async fn scale_with_floor(
         let (take, give) = f.scale(count - 1, SCALE_CONCURRENCY).await?;
         v["floor_acquire_all_s"] = json!(take);
         v["floor_release_all_s"] = json!(give);
+        if let Some((take, give)) = f.scale_watched(count - 1, SCALE_CONCURRENCY).await? {
+            v["floor_watched_acquire_all_s"] = json!(take);
+            v["floor_watched_release_all_s"] = json!(give);
+        }
         f.close().await;
     }
     Ok(v)
@@ -462,10 +490,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let runs = |part: &str| args.only.is_empty() || args.only.iter().any(|p| p == part);
     let (mut cycle, mut floor, mut ratio, mut naive_floor) = (None, None, None, None);
+    let mut server_us = None;
     if runs("cycle") {
         eprintln!("bench: uncontended cycle and the floor, interleaved");
         let floor_conn = floor::Floor::connect(&parsed).await?;
-        let (c, f) = uncontended(&url, floor_conn, args.cycles).await?;
+        let (c, f, busy) = uncontended(&url, floor_conn, args.cycles).await?;
+        server_us = busy;
         ratio = f
             .as_ref()
             .map(|f| c.value_at_quantile(0.5) as f64 / f.value_at_quantile(0.5) as f64);
@@ -552,6 +582,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "floor": floor.as_ref().map(summary),
         "cycle": cycle.as_ref().map(summary),
         "cycle_over_floor_p50": ratio,
+        "server_us_per_cycle": server_us.map(|[ours, floor]| json!({"ours": ours, "floor": floor})),
         "naive_floor_is": naive_floor.as_ref().map(|_| "SET key PX NX + DEL key (the naive Redis lock)"),
         "naive_floor": naive_floor.as_ref().map(summary),
         "handoff_floor_is": floor::describe_handoff(&scheme),
@@ -599,6 +630,13 @@ fn print_markdown(r: &Value) {
         f(&r["cycle"]["p99_ms"]),
         f(&r["cycle_over_floor_p50"])
     );
+    if r["server_us_per_cycle"].is_object() {
+        println!(
+            "| server time in scripts per cycle (`INFO commandstats`): ours, the floor's | | | {} µs, {} µs |",
+            f(&r["server_us_per_cycle"]["ours"]),
+            f(&r["server_us_per_cycle"]["floor"])
+        );
+    }
     if let Some(is) = r["handoff_floor_is"].as_str() {
         println!(
             "| floor of a handoff: {is} | {} | {} | |",
@@ -661,8 +699,18 @@ fn print_markdown(r: &Value) {
         if s.is_null() {
             continue;
         }
+        // etcd and ZooKeeper: the floor with each lock's loss watch too.
+        let watched = if s["floor_watched_acquire_all_s"].is_null() {
+            String::new()
+        } else {
+            format!(
+                "; the floor with each lock's loss watch: acquire all {} s, release all {} s",
+                f(&s["floor_watched_acquire_all_s"]),
+                f(&s["floor_watched_release_all_s"])
+            )
+        };
         println!(
-            "| {} locks held by one client ({} session) | | | acquire all {} s (floor {} s, {} requests per lock), release all {} s (floor {} s, {} requests per lock); keepalive requests per TTL: {} with 1 lock, {} with all; {} bytes per lock |",
+            "| {} locks held by one client ({} session) | | | acquire all {} s (floor {} s, {} requests per lock), release all {} s (floor {} s, {} requests per lock); keepalive requests per TTL: {} with 1 lock, {} with all; {} bytes per lock{watched} |",
             s["locks"], s["sessions"], f(&s["acquire_all_s"]), f(&s["floor_acquire_all_s"]), f(&s["acquire_requests_per_lock"]), f(&s["release_all_s"]), f(&s["floor_release_all_s"]), f(&s["release_requests_per_lock"]), s["requests_per_ttl_one_lock"], s["requests_per_ttl_all_locks"], f(&s["client_bytes_per_lock"])
         );
     }
