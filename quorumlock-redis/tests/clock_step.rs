@@ -27,7 +27,7 @@ mod common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::{client, raw, step_clock, url_with};
+use common::{client, open_session, raw, step_clock, url_with};
 use quorumlock_conformance::faults::{NetControl, NetMode, TcpProxy};
 use quorumlock_conformance::support::{env_or_skip as env, unique_namespace};
 use quorumlock_core::{ErrorKind, LockGuard, LossReason};
@@ -166,14 +166,7 @@ async fn a_grant_renews_a_session_whose_expiry_came_early() {
     let a = client(&url_with(&base, &ns, Some("ttl=10s"))).await;
     let b = client(&url_with(&base, &ns, Some("ttl=10s"))).await;
     // A's session opens with its first acquire.
-    a.lock("warm")
-        .unwrap()
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    open_session(&a).await;
     let sid = a.session_id().await.unwrap();
     let session = format!("{ns}/.session/{sid}");
     let marker = format!("{ns}/early-marker");

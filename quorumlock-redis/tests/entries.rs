@@ -18,7 +18,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{client, raw, session_set, url_with};
+use common::{client, open_session, raw, session_set, until_queued, url_with};
 use futures::StreamExt;
 use quorumlock_conformance::support::{env_or_skip as env, free_port, unique_namespace};
 use quorumlock_core::{ErrorKind, LockClient};
@@ -74,14 +74,7 @@ async fn a_client_one_namespace_up_does_not_purge_live_entries() {
         let up = up.clone();
         tokio::spawn(async move { up.lock("app/x").unwrap().acquire().await })
     };
-    let queued = async {
-        while c.inspect("x").await.unwrap().waiters.is_empty() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(10), queued)
-        .await
-        .expect("the client one level up did not queue");
+    until_queued(&c, "x").await;
     let token = g.token();
     g.release().await.unwrap();
     let g2 = tokio::time::timeout(Duration::from_secs(5), waiter)
@@ -165,14 +158,7 @@ async fn a_sessions_set_of_entries_shrinks_as_it_releases() {
         let b = b.clone();
         tokio::spawn(async move { b.lock("h").unwrap().acquire().await })
     };
-    let queued = async {
-        while b.inspect("h").await.unwrap().waiters.is_empty() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(10), queued)
-        .await
-        .expect("not queued");
+    until_queued(&b, "h").await;
     a.close().await;
     let g = tokio::time::timeout(Duration::from_secs(5), waiter)
         .await
@@ -198,22 +184,8 @@ async fn a_step_announces_once_and_the_entry_set_outlives_the_session() {
     let url = url_with(&base, &ns, Some("ttl=10s"));
     let (a, b) = (client(&url).await, client(&url).await);
     // Sessions open before the count starts.
-    a.lock("warm")
-        .unwrap()
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
-    b.lock("warm")
-        .unwrap()
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    open_session(&a).await;
+    open_session(&b).await;
     let conn = raw(&base).await;
     let u = quorumlock_core::url::parse(&base).unwrap();
     let plain = format!(
@@ -284,14 +256,7 @@ async fn a_step_announces_once_and_the_entry_set_outlives_the_session() {
         let b = b.clone();
         tokio::spawn(async move { b.lock("x").unwrap().acquire().await })
     };
-    let queued = async {
-        while b.inspect("x").await.unwrap().waiters.is_empty() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(10), queued)
-        .await
-        .expect("not queued");
+    until_queued(&b, "x").await;
     outlives(b.session_id().await.unwrap()).await;
 
     held.release().await.unwrap();

@@ -26,6 +26,25 @@ pub async fn client(url: &str) -> LockClient {
     LockClient::new(Arc::new(RedisBackend::connect(url).await.unwrap()))
 }
 
+/// Opens `c`'s session (it opens with the first acquire): a lock
+/// `warm` taken and given back.
+pub async fn open_session(c: &LockClient) {
+    let g = c.lock("warm").unwrap().acquire().await.unwrap();
+    g.release().await.unwrap();
+}
+
+/// Waits (up to 10 s) until lock `name`, as `c` sees it, has a waiter.
+pub async fn until_queued(c: &LockClient, name: &str) {
+    let queued = async {
+        while c.inspect(name).await.unwrap().waiters.is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), queued)
+        .await
+        .unwrap_or_else(|_| panic!("nobody queued on {name} within 10 s"));
+}
+
 /// A plain connection to the server of `base`, for reading and poking at
 /// it behind the backend's back.
 pub async fn raw(base: &str) -> redis::aio::MultiplexedConnection {
