@@ -18,7 +18,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{client, open_session, raw, session_set, until_queued, url_with};
+use common::{client, open_session, plain_client, raw, session_set, until_queued, url_with};
 use futures::StreamExt;
 use quorumlock_conformance::support::{env_or_skip as env, free_port, unique_namespace};
 use quorumlock_core::{ErrorKind, LockClient};
@@ -187,17 +187,7 @@ async fn a_step_announces_once_and_the_entry_set_outlives_the_session() {
     open_session(&a).await;
     open_session(&b).await;
     let conn = raw(&base).await;
-    let u = quorumlock_core::url::parse(&base).unwrap();
-    let plain = format!(
-        "redis://{}:{}/",
-        u.host_str().unwrap(),
-        u.port().unwrap_or(6379)
-    );
-    let mut ps = redis::Client::open(plain)
-        .unwrap()
-        .get_async_pubsub()
-        .await
-        .unwrap();
+    let mut ps = plain_client(&base).get_async_pubsub().await.unwrap();
     ps.psubscribe(format!("{ns}/x*")).await.unwrap();
     let mut messages = ps.into_on_message();
     // Messages up to a marker published after the step: the server writes

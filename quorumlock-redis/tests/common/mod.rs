@@ -45,20 +45,24 @@ pub async fn until_queued(c: &LockClient, name: &str) {
         .unwrap_or_else(|_| panic!("nobody queued on {name} within 10 s"));
 }
 
-/// A plain connection to the server of `base`, for reading and poking at
-/// it behind the backend's back.
-pub async fn raw(base: &str) -> redis::aio::MultiplexedConnection {
+/// A plain client of the server of `base` (no namespace, no options).
+pub fn plain_client(base: &str) -> redis::Client {
     let u = quorumlock_core::url::parse(base).unwrap();
     let plain = format!(
         "redis://{}:{}/",
         u.host_str().unwrap(),
         u.port().unwrap_or(6379)
     );
+    redis::Client::open(plain).unwrap()
+}
+
+/// A plain connection to the server of `base`, for reading and poking at
+/// it behind the backend's back.
+pub async fn raw(base: &str) -> redis::aio::MultiplexedConnection {
     // Long enough for a busy script's own answer.
     let config =
         redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(10)));
-    redis::Client::open(plain)
-        .unwrap()
+    plain_client(base)
         .get_multiplexed_async_connection_with_config(&config)
         .await
         .unwrap()
