@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 
 args=()
 if [ "${1:-}" = "--quick" ]; then
-  args=(--cycles 100 --handoffs 40 --scale-locks 500 --scale-small 100 --loss-rounds 2 --recipe 4,8 --contended-secs 1); shift
+  args=(--warm-up-secs 2 --cycles 100 --handoffs 40 --scale-locks 500 --scale-small 100 --loss-rounds 2 --recipe 4,8 --contended-secs 1); shift
 fi
 if [ "${1:-}" = "--" ]; then shift; args+=("$@"); fi
 

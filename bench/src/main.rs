@@ -48,8 +48,9 @@ struct Args {
     #[arg(long, value_delimiter = ',', default_values_t = [1, 4, 16, 64])]
     waiters: Vec<usize>,
     /// Handoffs timed per waiter count (and for the handoff floor): with
-    /// 1,000, a p99 is the 10th-largest gap, not the second.
-    #[arg(long, default_value_t = 1000)]
+    /// 3,000, a p99 is the 30th-largest gap, so one pause of the server
+    /// (a JVM collection, a log roll) moves it less than at 1,000.
+    #[arg(long, default_value_t = 3000)]
     handoffs: usize,
     /// Locks held at once by one client for the scale measurement.
     #[arg(long, default_value_t = 10_000)]
@@ -72,6 +73,13 @@ struct Args {
     /// processes, recipe, scale, loss); all when empty.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
+    /// Seconds of unmeasured load on the store before anything is timed
+    /// (0: none): the floors' cycles and handoffs and ours, over and
+    /// over. A store started just before the run serves its first tens
+    /// of thousands of requests slower (ZooKeeper's JVM compiles its hot
+    /// paths then), and whichever line comes first would pay for it.
+    #[arg(long, default_value_t = 20.0)]
+    warm_up_secs: f64,
     /// Rounds of the loss-detection measurement.
     #[arg(long, default_value_t = 5)]
     loss_rounds: usize,
@@ -194,6 +202,29 @@ async fn uncontended(
     }
     let per_cycle = busy.map(|b| b.map(|us| us as f64 / cycles as f64));
     Ok((ours, has_floor.then_some(theirs), per_cycle))
+}
+
+/// Load for `secs` before anything is measured, every result thrown
+/// away: the uncontended cycle and its floor, the handoff floor, and our
+/// handoff with 4 waiters, in turn, in a namespace of its own. Seconds it
+/// ran (0 on `mem://`, which has no server to warm).
+async fn warm_up(
+    url: &str,
+    parsed: &quorumlock::url::Url,
+    secs: f64,
+) -> Result<f64, Box<dyn std::error::Error>> {
+    if secs <= 0.0 || parsed.scheme() == "mem" {
+        return Ok(0.0);
+    }
+    let url = url_in(url, "warm-up");
+    let start = Instant::now();
+    while start.elapsed().as_secs_f64() < secs {
+        let floor_conn = floor::Floor::connect(parsed).await?;
+        uncontended(&url, floor_conn, 100).await?;
+        floor::handoffs(parsed, 100).await?;
+        handoff(&url, 4, 200).await?;
+    }
+    Ok(start.elapsed().as_secs_f64())
 }
 
 /// What the contending tasks of a handoff run share: grants counted, and
@@ -489,6 +520,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
 
     let runs = |part: &str| args.only.is_empty() || args.only.iter().any(|p| p == part);
+    eprintln!("bench: warm-up, {} s", args.warm_up_secs);
+    let warmed_up = warm_up(&url, &parsed, args.warm_up_secs).await?;
     let (mut cycle, mut floor, mut ratio, mut naive_floor) = (None, None, None, None);
     let mut server_us = None;
     if runs("cycle") {
@@ -578,6 +611,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let report = json!({
         "store": quorumlock::url::redact(&parsed),
         "scheme": scheme,
+        "warm_up_s": warmed_up,
         "floor_is": floor::describe(&scheme),
         "floor": floor.as_ref().map(summary),
         "cycle": cycle.as_ref().map(summary),
@@ -609,6 +643,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 fn print_markdown(r: &Value) {
     let f = |v: &Value| v.as_f64().map_or("—".to_string(), |x| format!("{x:.3}"));
     println!("### {}\n", r["store"].as_str().unwrap_or("?"));
+    println!(
+        "After {} s of unmeasured load (the floors' cycles and handoffs, and ours).\n",
+        f(&r["warm_up_s"])
+    );
     println!("| measure | p50 ms | p99 ms | note |");
     println!("|---|---|---|---|");
     println!(
