@@ -87,6 +87,8 @@ pub(crate) struct Route {
     pub(crate) signals: EntrySignals,
     pub(crate) wake: Arc<Notify>,
     pub(crate) held: bool,
+    /// The token a grant's message carried, not yet taken by the waiter.
+    pub(crate) granted: Option<u64>,
 }
 
 impl SessionState {
@@ -100,6 +102,7 @@ impl SessionState {
                 signals,
                 wake: wake.clone(),
                 held: false,
+                granted: None,
             },
         );
         wake
@@ -125,10 +128,13 @@ impl SessionState {
             .collect()
     }
 
-    /// A held entry is gone: its loss, unless the client finished it.
+    /// A held entry is gone: its loss, unless the client finished it. A
+    /// grant's token not yet taken is dropped: the waiter reads instead,
+    /// and finds the entry gone.
     pub(crate) fn entry_gone(&self, contender: &Uuid) {
-        let routes = self.routes.lock().expect("poisoned");
-        if let Some(r) = routes.get(contender) {
+        let mut routes = self.routes.lock().expect("poisoned");
+        if let Some(r) = routes.get_mut(contender) {
+            r.granted = None;
             if r.held && !r.signals.is_finished() {
                 r.signals.lose(LossReason::EntryDeleted);
             }
@@ -144,15 +150,29 @@ impl SessionState {
         }
     }
 
-    pub(crate) fn wake(&self, contender: &Uuid) {
-        if let Some(r) = self.routes.lock().expect("poisoned").get(contender) {
+    /// A grant's message for `contender`: wakes its waiter, and keeps
+    /// the token for it when the message carried one.
+    pub(crate) fn granted(&self, contender: &Uuid, token: Option<u64>) {
+        if let Some(r) = self.routes.lock().expect("poisoned").get_mut(contender) {
+            if token.is_some() {
+                r.granted = token;
+            }
             r.wake.notify_one();
         }
     }
 
-    /// Wakes every waiter (after missed messages: they read again).
+    /// The token of `contender`'s grant as its message told it, once.
+    pub(crate) fn take_granted(&self, contender: &Uuid) -> Option<u64> {
+        let mut routes = self.routes.lock().expect("poisoned");
+        routes.get_mut(contender).and_then(|r| r.granted.take())
+    }
+
+    /// Wakes every waiter (after missed messages: they read again, and a
+    /// token told before is dropped, as a break after it may be among
+    /// the missed).
     pub(crate) fn wake_all(&self) {
-        for r in self.routes.lock().expect("poisoned").values() {
+        for r in self.routes.lock().expect("poisoned").values_mut() {
+            r.granted = None;
             r.wake.notify_one();
         }
     }

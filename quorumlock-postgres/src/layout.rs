@@ -197,7 +197,7 @@ pub(crate) fn fast_window(code: &str, permits: i32) -> Option<usize> {
 /// crossed `jit_above_cost`, and each sweep spent 100 ms compiling. `{s}` is the quoted schema; `$1` in [`PURGE`] and
 /// [`SWEEP`] is each function's first argument, the lock.
 pub(crate) const STEPS: &str = r#"
-CREATE OR REPLACE FUNCTION {s}.timeline_2() RETURNS bigint LANGUAGE plpgsql AS $f$
+CREATE OR REPLACE FUNCTION {s}.timeline_3() RETURNS bigint LANGUAGE plpgsql AS $f$
 DECLARE
     tl bigint := {TIMELINE};
 BEGIN
@@ -206,7 +206,7 @@ BEGIN
     END IF;
     RETURN tl;
 END $f$;
-CREATE OR REPLACE FUNCTION {s}.settle_2(l text, w integer) RETURNS void LANGUAGE plpgsql AS $f$
+CREATE OR REPLACE FUNCTION {s}.settle_3(l text, w integer) RETURNS void LANGUAGE plpgsql AS $f$
 DECLARE
     r record;
     tl bigint;
@@ -216,7 +216,7 @@ BEGIN
              WHERE e.lock = l ORDER BY e.seq LIMIT w LOOP
         CONTINUE WHEN r.token IS NOT NULL;
         IF tl IS NULL THEN
-            tl := {s}.timeline_2();
+            tl := {s}.timeline_3();
         END IF;
         nv := nextval('{s}.seq');
         IF nv >= (1::bigint << {SEQ_BITS}) THEN
@@ -224,11 +224,16 @@ BEGIN
                 MESSAGE = 'token ' || ((tl << {SEQ_BITS}) + nv) || ' ' || tl;
         END IF;
         UPDATE {s}.entries SET token = (tl << {SEQ_BITS}) + nv WHERE contender = r.contender;
+        -- A session of version 3 or later (its id a UUID of version
+        -- 8, `session_id`) is told the token too, and reads nothing
+        -- when woken; an older one reads it.
         PERFORM pg_notify('ql_' || replace(r.session::text, '-', ''),
-                          'g ' || replace(r.contender::text, '-', ''));
+                          'g ' || replace(r.contender::text, '-', '')
+                          || CASE WHEN substr(r.session::text, 15, 1) = '8'
+                                  THEN ' ' || ((tl << {SEQ_BITS}) + nv) ELSE '' END);
     END LOOP;
 END $f$;
-CREATE OR REPLACE FUNCTION {s}.enqueue_2(l text, c uuid, sid uuid, k text, p integer, v bytea,
+CREATE OR REPLACE FUNCTION {s}.enqueue_3(l text, c uuid, sid uuid, k text, p integer, v bytea,
     wait boolean, OUT outcome text, OUT granted bigint, OUT ahead_ms bigint)
 LANGUAGE plpgsql SET enable_seqscan = off SET jit = off AS $f$
 DECLARE
@@ -267,11 +272,11 @@ BEGIN
         {PURGE};
         GET DIAGNOSTICS dead = ROW_COUNT;
         n := n - dead;
-        PERFORM {s}.settle_2(l, w);
+        PERFORM {s}.settle_3(l, w);
     END IF;
     -- The arrival value first, as the transaction inserts before it
     -- knows whether the entry would wait.
-    tl := {s}.timeline_2();
+    tl := {s}.timeline_3();
     arrival := nextval('{s}.seq');
     IF arrival < 0 OR arrival >= {ENQUEUE_LIMIT} THEN
         RAISE EXCEPTION USING ERRCODE = 'QLTOK', MESSAGE = 'enqueue ' || arrival || ' ' || tl;
@@ -307,7 +312,7 @@ BEGIN
         {SWEEP};
     END IF;
 END $f$;
-CREATE OR REPLACE FUNCTION {s}.remove_2(l text, c uuid) RETURNS bigint LANGUAGE plpgsql
+CREATE OR REPLACE FUNCTION {s}.remove_3(l text, c uuid) RETURNS bigint LANGUAGE plpgsql
 SET enable_seqscan = off SET jit = off AS $f$
 DECLARE
     k text;
@@ -340,7 +345,7 @@ BEGIN
         IF dead > 0 THEN
             {SWEEP};
         END IF;
-        PERFORM {s}.settle_2(l, CASE WHEN k = 's' THEN GREATEST(p, 1) ELSE 1 END);
+        PERFORM {s}.settle_3(l, CASE WHEN k = 's' THEN GREATEST(p, 1) ELSE 1 END);
     END IF;
     RETURN removed;
 END $f$;
@@ -374,8 +379,8 @@ fn steps() -> String {
 
 /// Whether the functions of [`STEPS`] exist (by their signatures).
 const STEPS_EXIST: &str =
-    "(to_regprocedure('{s}.enqueue_2(text,uuid,uuid,text,integer,bytea,boolean)') \
-     IS NOT NULL AND to_regprocedure('{s}.remove_2(text,uuid)') IS NOT NULL)";
+    "(to_regprocedure('{s}.enqueue_3(text,uuid,uuid,text,integer,bytea,boolean)') \
+     IS NOT NULL AND to_regprocedure('{s}.remove_3(text,uuid)') IS NOT NULL)";
 
 /// The error a [`STEPS`] function raised (`QLTOK`) with `message`: the
 /// same as the transactions give ([`token`], [`check_enqueue`]).
@@ -552,8 +557,8 @@ impl Sql {
             sweep: f(SWEEP),
             steps: f(&steps()),
             enqueue_step: f("SELECT outcome, granted, ahead_ms \
-                 FROM {s}.enqueue_2($1, $2, $3, $4, $5, $6, $7)"),
-            remove_step: f("SELECT {s}.remove_2($1, $2)"),
+                 FROM {s}.enqueue_3($1, $2, $3, $4, $5, $6, $7)"),
+            remove_step: f("SELECT {s}.remove_3($1, $2)"),
             held: f("SELECT e.token FROM {s}.entries e JOIN {s}.sessions s ON s.id = e.session \
                  WHERE e.contender = $1 AND e.token IS NOT NULL AND s.expires > clock_timestamp() \
                  AND NOT pg_is_in_recovery()"),
@@ -731,6 +736,28 @@ pub(crate) fn parse_entry_name(entry: &str) -> Result<(&str, Uuid)> {
         })
 }
 
+/// A new session's id: random, as a UUID of version 8 (RFC 9562's
+/// custom version), which tells the step functions of [`STEPS`] that
+/// the session reads the token of a grant from its message
+/// ([`grant_message`]). A session of an older client has a version 4 id
+/// and is told `g <contender>` alone, so both share a schema.
+pub(crate) fn session_id() -> Uuid {
+    uuid::Builder::from_custom_bytes(Uuid::new_v4().into_bytes()).into_uuid()
+}
+
+/// A grant's message on its session's channel: `g <contender>`, and
+/// ` <token>` when the step that granted knew it. `None` for any other
+/// message.
+pub(crate) fn grant_message(msg: &str) -> Option<(Uuid, Option<u64>)> {
+    let mut words = msg.strip_prefix("g ")?.split(' ');
+    let contender = Uuid::try_parse(words.next()?).ok()?;
+    let token = match words.next() {
+        None => None,
+        Some(t) => Some(t.parse::<u64>().ok()?),
+    };
+    words.next().is_none().then_some((contender, token))
+}
+
 /// The channel a session listens on: `ql_<session, 32 hex digits>`.
 pub(crate) fn channel(session: &Uuid) -> String {
     format!("ql_{}", session.simple())
@@ -859,6 +886,32 @@ mod tests {
         assert_eq!(parse_session_id(&s.simple().to_string()).unwrap(), s);
         assert!(parse_session_id(&s.to_string()).is_err());
         assert_eq!(channel(&s).len(), 35);
+    }
+
+    /// A session id says it reads tokens from grant messages in the
+    /// character the step functions look at (`substr(id::text, 15, 1)`),
+    /// and grant messages of both forms parse; nothing else does.
+    #[test]
+    fn session_ids_and_grant_messages() {
+        let (a, b) = (session_id(), session_id());
+        assert_ne!(a, b);
+        assert_eq!(a.get_version_num(), 8);
+        assert_eq!(a.to_string().chars().nth(14), Some('8'));
+        assert_ne!(Uuid::new_v4().to_string().chars().nth(14), Some('8'));
+        let c = Uuid::new_v4();
+        let old = format!("g {}", c.simple());
+        assert_eq!(grant_message(&old), Some((c, None)));
+        assert_eq!(grant_message(&format!("{old} 42")), Some((c, Some(42))));
+        for bad in [
+            format!("{old} -1"),
+            format!("{old} 42 7"),
+            format!("{old} "),
+            format!("l {}", c.simple()),
+            "g".to_string(),
+            "g nope".to_string(),
+        ] {
+            assert_eq!(grant_message(&bad), None, "{bad:?}");
+        }
     }
 
     /// The server's steps decide a queue by a window: in a queue of

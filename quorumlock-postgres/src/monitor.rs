@@ -185,14 +185,17 @@ pub(crate) async fn supervise(
     }
 }
 
-/// One message of the session's channel: `g <contender>` (granted: wake
-/// its waiter), `l <contender>` (broken), `r <contender>` (revoke
-/// requested), `x` (the session was killed).
+/// One message of the session's channel: `g <contender> [<token>]`
+/// (granted: wake its waiter, with the token when the step knew it),
+/// `l <contender>` (broken), `r <contender>` (revoke requested), `x` (the
+/// session was killed).
 fn deliver(state: &SessionState, msg: &str) {
+    if let Some((c, token)) = layout::grant_message(msg) {
+        return state.granted(&c, token);
+    }
     let (what, contender) = msg.split_once(' ').unwrap_or((msg, ""));
     let contender = Uuid::try_parse(contender).ok();
     match (what, contender) {
-        ("g", Some(c)) => state.wake(&c),
         ("l", Some(c)) => state.entry_gone(&c),
         ("r", Some(c)) => state.revoke_requested(&c),
         ("x", _) => state.liveness.lose(LossReason::SessionExpired),

@@ -51,7 +51,7 @@ impl PostgresSession {
         core: Arc<PostgresCore>,
         liveness: Arc<SessionLiveness>,
     ) -> Result<Self> {
-        let id = Uuid::new_v4();
+        let id = layout::session_id();
         let ttl = core.config.ttl;
         let state = Arc::new(SessionState {
             core: core.clone(),
@@ -365,6 +365,16 @@ impl PostgresSession {
                         }
                     }
                     backoff.reset();
+                    // The token as the grant's message told it: written by
+                    // the step that granted, on a session that still
+                    // lives. Else (a message without one, a wake by time)
+                    // read where the entry stands.
+                    if let Some(token) = self.state.take_granted(&me) {
+                        if self.state.liveness.is_alive() {
+                            now = Standing::Held { token };
+                            continue;
+                        }
+                    }
                     now = loop {
                         match self.check(lock, me).await {
                             Err(e)

@@ -1,4 +1,4 @@
-//! The one-statement steps on the server (`enqueue_2` and `remove_2` of
+//! The one-statement steps on the server (`enqueue_3` and `remove_3` of
 //! the schema) against the one queue rule every store follows
 //! (`quorumlock_core::backend::holds`): for every queue of up to three
 //! entries of the mutex-like kinds, and every queue of up to four single
@@ -21,7 +21,10 @@ use tokio_postgres::Client;
 use uuid::Uuid;
 
 /// The server's release step.
-const REMOVE: &str = "remove_2";
+const REMOVE: &str = "remove_3";
+
+/// The server's acquire step.
+const ENQUEUE: &str = "enqueue_3";
 
 /// The stored kind codes of the mutex-like kinds and what they are.
 const MUTEX_LIKE: [(&str, LockKind); 4] = [
@@ -96,7 +99,11 @@ struct Row {
 impl Db {
     /// A session row, alive for an hour or dead a second ago.
     async fn session(&self, alive: bool) -> Uuid {
-        let id = Uuid::new_v4();
+        self.session_row(Uuid::new_v4(), alive).await
+    }
+
+    /// [`Self::session`] with the id `id`.
+    async fn session_row(&self, id: Uuid, alive: bool) -> Uuid {
         let secs: f64 = if alive { 3600.0 } else { -1.0 };
         self.client
             .execute(
@@ -175,12 +182,26 @@ impl Db {
         wait: bool,
     ) -> (String, Option<i64>, Option<i64>) {
         let session = self.session(true).await;
+        self.enqueue_in(lock, me, session, code, permits, wait)
+            .await
+    }
+
+    /// [`Self::enqueue`] in the session `session`.
+    async fn enqueue_in(
+        &self,
+        lock: &str,
+        me: Uuid,
+        session: Uuid,
+        code: &str,
+        permits: i32,
+        wait: bool,
+    ) -> (String, Option<i64>, Option<i64>) {
         let row = self
             .client
             .query_one(
                 &format!(
                     "SELECT outcome, granted, ahead_ms \
-                     FROM {}.enqueue_2($1, $2, $3, $4, $5, ''::bytea, $6)",
+                     FROM {}.{ENQUEUE}($1, $2, $3, $4, $5, ''::bytea, $6)",
                     self.s
                 ),
                 &[&lock, &me, &session, &code, &permits, &wait],
@@ -449,8 +470,8 @@ async fn locks_work_when_the_functions_are_gone() {
     let held = a.lock("x").unwrap().acquire().await.unwrap();
     let raw = common::sql(&base).await;
     raw.batch_execute(&format!(
-        "DROP FUNCTION \"{schema}\".enqueue_2(text, uuid, uuid, text, integer, bytea, boolean); \
-         DROP FUNCTION \"{schema}\".remove_2(text, uuid)"
+        "DROP FUNCTION \"{schema}\".{ENQUEUE}(text, uuid, uuid, text, integer, bytea, boolean); \
+         DROP FUNCTION \"{schema}\".{REMOVE}(text, uuid)"
     ))
     .await
     .unwrap();
@@ -475,6 +496,124 @@ async fn locks_work_when_the_functions_are_gone() {
     assert!(a.inspect("x").await.unwrap().is_free());
     a.close().await;
     b.close().await;
+    raw.batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .await
+        .unwrap();
+}
+
+/// A grant by the server's steps tells the token in its message to a
+/// session of this version (its id a UUID of version 8), whose waiter
+/// then reads nothing, and the contender alone to a session of an older
+/// client (version 4), as the functions of version 2 did: clients of both
+/// versions share a schema.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_tells_its_token_only_to_sessions_of_this_version() {
+    use futures::StreamExt;
+    use tokio_postgres::AsyncMessage;
+    let Some(base) = common::base_url() else {
+        return;
+    };
+    let (client, db) = scratch(&base).await;
+    let (listener, mut conn) = tokio_postgres::connect(&base, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let (tx, mut told) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut messages = futures::stream::poll_fn(move |cx| conn.poll_message(cx));
+        while let Some(Ok(m)) = messages.next().await {
+            if let AsyncMessage::Notification(n) = m {
+                let _ = tx.send((n.channel().to_string(), n.payload().to_string()));
+            }
+        }
+    });
+    let this_version = uuid::Builder::from_custom_bytes(Uuid::new_v4().into_bytes()).into_uuid();
+    for (session, with_token) in [(this_version, true), (Uuid::new_v4(), false)] {
+        let lock = format!("told-{with_token}");
+        let holder = Uuid::new_v4();
+        assert_eq!(db.enqueue(&lock, holder, "x", 0, true).await.0, "held");
+        db.session_row(session, true).await;
+        let channel = format!("ql_{}", session.simple());
+        listener
+            .batch_execute(&format!("LISTEN \"{channel}\""))
+            .await
+            .unwrap();
+        let waiter = Uuid::new_v4();
+        let queued = db.enqueue_in(&lock, waiter, session, "x", 0, true).await;
+        assert_eq!(queued.0, "wait");
+        assert_eq!(db.remove(&lock, holder).await, Some(1));
+        let message = tokio::time::timeout(std::time::Duration::from_secs(30), told.recv())
+            .await
+            .expect("no grant message within 30 s")
+            .unwrap();
+        let token = db.rows(&lock).await[0].token.expect("the waiter holds");
+        let want = if with_token {
+            format!("g {} {token}", waiter.simple())
+        } else {
+            format!("g {}", waiter.simple())
+        };
+        assert_eq!(message, (channel.clone(), want), "version 8: {with_token}");
+        listener
+            .batch_execute(&format!("UNLISTEN \"{channel}\""))
+            .await
+            .unwrap();
+    }
+    db.finish(client).await;
+}
+
+/// A waiter of this version, woken by its grant's message, holds on the
+/// token the message told: it sends nothing between the holder's release
+/// and its grant (before, it read its token in a statement of its own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_woken_waiter_holds_without_a_statement_of_its_own() {
+    let Some(base) = common::base_url() else {
+        return;
+    };
+    let schema = format!("qlsteps_{}", &Uuid::new_v4().simple().to_string()[..12]);
+    // Renewals every 40 s: none inside the handoff.
+    let url = format!("{base}?schema={schema}&ttl=120s");
+    let connect =
+        || async { LockClient::new(Arc::new(PostgresBackend::connect(&url).await.unwrap())) };
+    let (a, b) = (connect().await, connect().await);
+    for c in [&a, &b] {
+        let warm = c.lock("warm").unwrap().acquire().await.unwrap();
+        warm.release().await.unwrap();
+    }
+    let held = a.lock("x").unwrap().acquire().await.unwrap();
+    let waiter = tokio::spawn({
+        let b = b.clone();
+        async move { b.lock("x").unwrap().acquire().await }
+    });
+    let raw = common::sql(&base).await;
+    let entries = format!("SELECT count(*) FROM \"{schema}\".entries");
+    common::wait_for(
+        "the waiter's entry",
+        std::time::Duration::from_secs(30),
+        || async {
+            let n: i64 = raw.query_one(&entries, &[]).await.unwrap().get(0);
+            (n == 2).then_some(())
+        },
+    )
+    .await;
+    let before = b.backend().requests_sent();
+    let first = held.token();
+    held.release().await.unwrap();
+    let granted = waiter.await.unwrap().unwrap();
+    assert_eq!(
+        b.backend().requests_sent() - before,
+        0,
+        "statements the woken waiter sent"
+    );
+    let stored: i64 = raw
+        .query_one(&format!("SELECT token FROM \"{schema}\".entries"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(granted.token(), stored as u64);
+    assert!(granted.token() > first);
+    granted.release().await.unwrap();
+    for c in [a, b] {
+        c.close().await;
+    }
     raw.batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
         .await
         .unwrap();
