@@ -161,19 +161,29 @@ impl SessionState {
         }
     }
 
-    /// The token of `contender`'s grant as its message told it, once.
+    /// The token of `contender`'s grant as its message told it, once;
+    /// the entry is marked held in the same step, so that a break told
+    /// right after is its loss.
     pub(crate) fn take_granted(&self, contender: &Uuid) -> Option<u64> {
         let mut routes = self.routes.lock().expect("poisoned");
-        routes.get_mut(contender).and_then(|r| r.granted.take())
+        let r = routes.get_mut(contender)?;
+        let token = r.granted.take()?;
+        r.held = true;
+        Some(token)
     }
 
-    /// Wakes every waiter (after missed messages: they read again, and a
-    /// token told before is dropped, as a break after it may be among
-    /// the missed).
+    /// Wakes every waiter (after missed messages: they read again).
     pub(crate) fn wake_all(&self) {
+        for r in self.routes.lock().expect("poisoned").values() {
+            r.wake.notify_one();
+        }
+    }
+
+    /// Drops every grant's token not yet taken: the listener's connection
+    /// ended, and a break after the grant may never be told.
+    pub(crate) fn forget_granted(&self) {
         for r in self.routes.lock().expect("poisoned").values_mut() {
             r.granted = None;
-            r.wake.notify_one();
         }
     }
 }

@@ -747,15 +747,17 @@ pub(crate) fn session_id() -> Uuid {
 
 /// A grant's message on its session's channel: `g <contender>`, and
 /// ` <token>` when the step that granted knew it. `None` for any other
-/// message.
+/// message. A grant message with anything else after the contender (a
+/// later version's form) still wakes the waiter, without a token: it
+/// reads.
 pub(crate) fn grant_message(msg: &str) -> Option<(Uuid, Option<u64>)> {
     let mut words = msg.strip_prefix("g ")?.split(' ');
     let contender = Uuid::try_parse(words.next()?).ok()?;
-    let token = match words.next() {
-        None => None,
-        Some(t) => Some(t.parse::<u64>().ok()?),
+    let token = match (words.next(), words.next()) {
+        (Some(t), None) => t.parse::<u64>().ok(),
+        _ => None,
     };
-    words.next().is_none().then_some((contender, token))
+    Some((contender, token))
 }
 
 /// The channel a session listens on: `ql_<session, 32 hex digits>`.
@@ -889,8 +891,9 @@ mod tests {
     }
 
     /// A session id says it reads tokens from grant messages in the
-    /// character the step functions look at (`substr(id::text, 15, 1)`),
-    /// and grant messages of both forms parse; nothing else does.
+    /// character the step functions look at (`substr(id::text, 15, 1)`);
+    /// grant messages of both forms parse, one of another form wakes
+    /// without a token, and nothing else is a grant.
     #[test]
     fn session_ids_and_grant_messages() {
         let (a, b) = (session_id(), session_id());
@@ -902,14 +905,14 @@ mod tests {
         let old = format!("g {}", c.simple());
         assert_eq!(grant_message(&old), Some((c, None)));
         assert_eq!(grant_message(&format!("{old} 42")), Some((c, Some(42))));
-        for bad in [
+        for other in [
             format!("{old} -1"),
             format!("{old} 42 7"),
             format!("{old} "),
-            format!("l {}", c.simple()),
-            "g".to_string(),
-            "g nope".to_string(),
         ] {
+            assert_eq!(grant_message(&other), Some((c, None)), "{other:?}");
+        }
+        for bad in [format!("l {}", c.simple()), "g".into(), "g nope".into()] {
             assert_eq!(grant_message(&bad), None, "{bad:?}");
         }
     }

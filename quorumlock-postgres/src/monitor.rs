@@ -148,10 +148,11 @@ pub(crate) async fn listen(state: &Arc<SessionState>) -> Result<(Arc<Client>, Jo
     }
 }
 
-/// Keeps the session's listener: when its connection ends, opens another
-/// (backing off from 100 ms to 2 s), and wakes every waiter of the session
-/// to read its standing again (a grant's message may have been missed;
-/// held entries are checked by the next renewal).
+/// Keeps the session's listener: when its connection ends, drops the
+/// grants' tokens not yet taken, opens another connection (backing off
+/// from 100 ms to 2 s), and wakes every waiter of the session to read its
+/// standing again (a grant's message may have been missed; held entries
+/// are checked by the next renewal).
 pub(crate) async fn supervise(
     state: Arc<SessionState>,
     mut current: (Arc<Client>, JoinHandle<()>),
@@ -169,6 +170,7 @@ pub(crate) async fn supervise(
             return;
         }
         *state.listener.lock().expect("poisoned") = None;
+        state.forget_granted();
         current = loop {
             tokio::select! {
                 _ = state.stop.cancelled() => return,

@@ -369,8 +369,8 @@ impl PostgresSession {
                     // the step that granted, on a session that still
                     // lives. Else (a message without one, a wake by time)
                     // read where the entry stands.
-                    if let Some(token) = self.state.take_granted(&me) {
-                        if self.state.liveness.is_alive() {
+                    if self.state.liveness.is_alive() {
+                        if let Some(token) = self.state.take_granted(&me) {
                             now = Standing::Held { token };
                             continue;
                         }

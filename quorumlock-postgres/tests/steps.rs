@@ -569,8 +569,8 @@ async fn a_woken_waiter_holds_without_a_statement_of_its_own() {
         return;
     };
     let schema = format!("qlsteps_{}", &Uuid::new_v4().simple().to_string()[..12]);
-    // Renewals every 40 s: none inside the handoff.
-    let url = format!("{base}?schema={schema}&ttl=120s");
+    // Renewals every 8 hours: none inside the handoff.
+    let url = format!("{base}?schema={schema}&ttl=24h");
     let connect =
         || async { LockClient::new(Arc::new(PostgresBackend::connect(&url).await.unwrap())) };
     let (a, b) = (connect().await, connect().await);
