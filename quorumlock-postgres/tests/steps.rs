@@ -240,10 +240,15 @@ impl Db {
     }
 }
 
+/// The name of a schema of the test's own.
+fn scratch_schema() -> String {
+    format!("qlsteps_{}", &Uuid::new_v4().simple().to_string()[..12])
+}
+
 /// A schema of its own, its tables and functions made by a client (kept
 /// to the end); a plain connection to write and read it.
 async fn scratch(base: &str) -> (LockClient, Db) {
-    let schema = format!("qlsteps_{}", &Uuid::new_v4().simple().to_string()[..12]);
+    let schema = scratch_schema();
     let client = LockClient::new(Arc::new(
         PostgresBackend::connect(&format!("{base}?schema={schema}"))
             .await
@@ -463,7 +468,7 @@ async fn locks_work_when_the_functions_are_gone() {
     let Some(base) = common::base_url() else {
         return;
     };
-    let schema = format!("qlsteps_{}", &Uuid::new_v4().simple().to_string()[..12]);
+    let schema = scratch_schema();
     let url = format!("{base}?schema={schema}");
     let a = LockClient::new(Arc::new(PostgresBackend::connect(&url).await.unwrap()));
     let b = LockClient::new(Arc::new(PostgresBackend::connect(&url).await.unwrap()));
@@ -568,7 +573,7 @@ async fn a_woken_waiter_holds_without_a_statement_of_its_own() {
     let Some(base) = common::base_url() else {
         return;
     };
-    let schema = format!("qlsteps_{}", &Uuid::new_v4().simple().to_string()[..12]);
+    let schema = scratch_schema();
     // Renewals every 8 hours: none inside the handoff.
     let url = format!("{base}?schema={schema}&ttl=24h");
     let connect =
