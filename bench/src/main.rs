@@ -544,7 +544,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         handoff_floor = floor::handoffs(&parsed, args.handoffs).await?;
         // As many other listening connections as the handoff's and the
         // contended line's clients have sessions.
-        for others in [16, 32]
+        for others in [8, 16, 32]
             .into_iter()
             .filter(|_| matches!(scheme.as_str(), "postgres" | "postgresql"))
         {
