@@ -245,15 +245,16 @@ fn scratch_schema() -> String {
     format!("qlsteps_{}", &Uuid::new_v4().simple().to_string()[..12])
 }
 
+/// A lock client of its own on `url`.
+async fn connect(url: &str) -> LockClient {
+    LockClient::new(Arc::new(PostgresBackend::connect(url).await.unwrap()))
+}
+
 /// A schema of its own, its tables and functions made by a client (kept
 /// to the end); a plain connection to write and read it.
 async fn scratch(base: &str) -> (LockClient, Db) {
     let schema = scratch_schema();
-    let client = LockClient::new(Arc::new(
-        PostgresBackend::connect(&format!("{base}?schema={schema}"))
-            .await
-            .unwrap(),
-    ));
+    let client = connect(&format!("{base}?schema={schema}")).await;
     client
         .lock("warm")
         .unwrap()
@@ -470,8 +471,7 @@ async fn locks_work_when_the_functions_are_gone() {
     };
     let schema = scratch_schema();
     let url = format!("{base}?schema={schema}");
-    let a = LockClient::new(Arc::new(PostgresBackend::connect(&url).await.unwrap()));
-    let b = LockClient::new(Arc::new(PostgresBackend::connect(&url).await.unwrap()));
+    let (a, b) = (connect(&url).await, connect(&url).await);
     let held = a.lock("x").unwrap().acquire().await.unwrap();
     let raw = common::sql(&base).await;
     raw.batch_execute(&format!(
@@ -576,9 +576,7 @@ async fn a_woken_waiter_holds_without_a_statement_of_its_own() {
     let schema = scratch_schema();
     // Renewals every 8 hours: none inside the handoff.
     let url = format!("{base}?schema={schema}&ttl=24h");
-    let connect =
-        || async { LockClient::new(Arc::new(PostgresBackend::connect(&url).await.unwrap())) };
-    let (a, b) = (connect().await, connect().await);
+    let (a, b) = (connect(&url).await, connect(&url).await);
     for c in [&a, &b] {
         let warm = c.lock("warm").unwrap().acquire().await.unwrap();
         warm.release().await.unwrap();
