@@ -7,11 +7,13 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use quorumlock_core::backend::{EntrySignals, SessionLiveness};
 use quorumlock_core::{Error, ErrorKind, LockKind, LockName, LossReason, Result};
 use tokio::sync::{Notify, OnceCell};
+use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 use tokio_postgres_rustls::MakeRustlsConnect;
 use tokio_util::sync::CancellationToken;
@@ -47,9 +49,17 @@ pub(crate) struct PostgresCore {
     /// Idle connections, each one transaction at a time.
     idle: Mutex<Vec<Client>>,
     /// One permit per connection that may be open for transactions
-    /// ([`PostgresConfig::connections`]): a request holds one from
-    /// taking a connection to giving it back.
+    /// ([`PostgresConfig::connections`], but for the pipeline's): a
+    /// request holds one from taking a connection to giving it back.
     slots: tokio::sync::Semaphore,
+    /// The connection that single statements share, each sent without
+    /// waiting for the answers before it ([`Self::pipelined`]); `None`
+    /// until first used, after it broke or timed out, and always with
+    /// `connections=1`.
+    pipeline: Mutex<Option<Arc<Pipeline>>>,
+    /// Held while the pipeline's connection is opened, so that one is;
+    /// with when to try again after an open that failed.
+    pipeline_opening: tokio::sync::Mutex<Option<tokio::time::Instant>>,
     /// Set once the tables exist (created on first use).
     schema: OnceCell<()>,
     /// The functions of `layout::STEPS` could not be created: every step
@@ -205,6 +215,43 @@ impl From<tokio_postgres::Error> for Fail {
 pub(crate) type Work<T> =
     Box<dyn for<'c> FnOnce(&'c mut Client) -> BoxFuture<'c, std::result::Result<T, Fail>> + Send>;
 
+/// One statement's work on the shared connection ([`PostgresCore::pipelined`]).
+pub(crate) type Statement<T> =
+    Box<dyn for<'c> FnOnce(&'c Pipeline) -> BoxFuture<'c, std::result::Result<T, Fail>> + Send>;
+
+/// The connection that single statements share, with the steps'
+/// statements prepared on it once: the server then plans none of them
+/// again (planning the call of a step function cost the server as much
+/// as a row's `INSERT` does in all).
+pub(crate) struct Pipeline {
+    pub(crate) client: Client,
+    /// [`Sql::enqueue_step`] and [`Sql::remove_step`]: `None` where the
+    /// functions of `layout::STEPS` cannot be run (the steps then go to
+    /// the transactions).
+    pub(crate) enqueue_step: Option<tokio_postgres::Statement>,
+    pub(crate) remove_step: Option<tokio_postgres::Statement>,
+    /// [`Sql::held`].
+    pub(crate) held: tokio_postgres::Statement,
+}
+
+/// How long a statement on the pipeline's connection may wait for a lock
+/// (PostgreSQL's `lock_timeout` there) before it is rolled back and sent
+/// again on a connection of its own: about a hundred times what a step
+/// holds its queue's lock for, far less than what a transaction
+/// decided in Rust (several round trips), or one whose client went
+/// silent, holds it for.
+pub(crate) const PIPELINE_LOCK_TIMEOUT: Duration = Duration::from_millis(5);
+
+/// The connections of `connections=` that run transactions: all but the
+/// pipeline's, which takes one when there are two or more.
+fn transaction_connections(connections: u32) -> u32 {
+    if connections >= 2 {
+        connections - 1
+    } else {
+        connections
+    }
+}
+
 impl PostgresCore {
     pub(crate) fn new(
         config: PostgresConfig,
@@ -227,7 +274,7 @@ impl PostgresCore {
         );
         let prefix = config.namespace.prefix();
         let sql = Sql::new(&config.schema);
-        let slots = config.connections as usize;
+        let slots = transaction_connections(config.connections) as usize;
         PostgresCore {
             config,
             pg,
@@ -238,6 +285,8 @@ impl PostgresCore {
             settings,
             idle: Mutex::new(Vec::new()),
             slots: tokio::sync::Semaphore::new(slots),
+            pipeline: Mutex::new(None),
+            pipeline_opening: tokio::sync::Mutex::new(None),
             schema: OnceCell::new(),
             slow_only: AtomicBool::new(false),
             opened: Mutex::new(Vec::new()),
@@ -267,6 +316,11 @@ impl PostgresCore {
     /// A new connection, its messages driven by a task of its own (which
     /// ends with the connection).
     pub(crate) async fn connect(&self) -> Result<Client> {
+        self.connect_with(&self.settings).await
+    }
+
+    /// [`Self::connect`], with `settings` sent first.
+    async fn connect_with(&self, settings: &str) -> Result<Client> {
         let what = "connecting to PostgreSQL";
         let (client, connection) = self.open(what).await?;
         tokio::spawn(async move {
@@ -274,8 +328,7 @@ impl PostgresCore {
                 tracing::debug!(error = %e, "PostgreSQL connection ended");
             }
         });
-        match tokio::time::timeout(self.config.timeout, client.batch_execute(&self.settings)).await
-        {
+        match tokio::time::timeout(self.config.timeout, client.batch_execute(settings)).await {
             Ok(r) => r.map_err(|e| error::map(e, what))?,
             Err(_) => return Err(error::timed_out(what, self.config.timeout)),
         }
@@ -378,9 +431,168 @@ impl PostgresCore {
             return;
         }
         let mut idle = self.idle.lock().expect("poisoned");
-        if idle.len() < self.config.connections as usize {
+        if idle.len() < transaction_connections(self.config.connections) as usize {
             idle.push(client);
         }
+    }
+
+    /// Sends one statement of `work` on the connection that single
+    /// statements share ([`Pipeline`], where the steps are prepared),
+    /// behind those still in flight and without waiting for their
+    /// answers (PostgreSQL runs them in order): one request, counted,
+    /// bounded by the timeout, its errors mapped.
+    ///
+    /// `Ok(None)`, having sent nothing or written nothing: the statement
+    /// is the caller's to run on a connection of its own ([`Self::run`]).
+    /// So it is when there is no such connection (`connections=1`, the
+    /// tables not yet made), and when the statement waited for a lock
+    /// longer than [`PIPELINE_LOCK_TIMEOUT`]: the server then rolled it
+    /// back. A statement waiting for a queue whose lock a slow
+    /// transaction holds would hold up every statement behind it, of
+    /// every lock of the client; so it waits on a connection of its own.
+    ///
+    /// A connection that broke or gave no answer within the timeout is
+    /// not used again; the statements already on it end as it does (it
+    /// closes when the last of them ends, so until then the client has
+    /// one connection more than `connections=`). A statement slow for
+    /// another reason than a lock (a purge of thousands of dead entries)
+    /// holds up those behind it.
+    ///
+    /// # Cancel safety
+    /// Dropping the future does not stop a statement already sent; it
+    /// runs to its end on the server, in its place in the line.
+    pub(crate) async fn pipelined<T: Send + 'static>(
+        &self,
+        what: &str,
+        work: Statement<T>,
+    ) -> Result<Option<T>> {
+        let Some(pipeline) = self.pipeline().await else {
+            return Ok(None);
+        };
+        self.count();
+        let r = tokio::time::timeout(self.config.timeout, work(&pipeline)).await;
+        match r {
+            Ok(Ok(v)) => Ok(Some(v)),
+            Ok(Err(Fail::Quit(e))) => Err(e),
+            Ok(Err(Fail::Pg(e))) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                tracing::debug!(
+                    what,
+                    "a pipelined statement waited for a lock; again on a connection of its own"
+                );
+                Ok(None)
+            }
+            // A broken connection is closed: the next statement opens
+            // another.
+            Ok(Err(Fail::Pg(e))) => Err(error::map(e, what)),
+            Err(_) => {
+                let mut shared = self.pipeline.lock().expect("poisoned");
+                if shared.as_ref().is_some_and(|c| Arc::ptr_eq(c, &pipeline)) {
+                    *shared = None;
+                }
+                Err(error::timed_out(what, self.config.timeout))
+            }
+        }
+    }
+
+    /// The pipeline's connection, opened if there is none; `None` with
+    /// `connections=1`, before the tables exist, while another caller
+    /// opens it, and for a second after it could not be opened (the
+    /// statements go to the transactions' connections meanwhile, rather
+    /// than each waiting for a connection the server may refuse:
+    /// `max_connections` reached).
+    ///
+    /// # Cancel safety
+    /// Dropped while it opens the connection, that connection is closed;
+    /// the next caller opens another.
+    pub(crate) async fn pipeline(&self) -> Option<Arc<Pipeline>> {
+        if self.config.connections < 2 || !self.schema.initialized() {
+            return None;
+        }
+        let shared = || {
+            let c = self.pipeline.lock().expect("poisoned");
+            c.as_ref().filter(|c| !c.client.is_closed()).cloned()
+        };
+        if let Some(c) = shared() {
+            return Some(c);
+        }
+        // One caller opens it; the others meanwhile send theirs on
+        // connections of their own rather than wait for an open that may
+        // take up to three timeouts.
+        let Ok(mut retry) = self.pipeline_opening.try_lock() else {
+            return None;
+        };
+        if let Some(c) = shared() {
+            return Some(c);
+        }
+        if retry.is_some_and(|at| tokio::time::Instant::now() < at) {
+            return None;
+        }
+        match self.open_pipeline().await {
+            Ok(p) => {
+                *self.pipeline.lock().expect("poisoned") = Some(p.clone());
+                Some(p)
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "could not open the pipeline's connection");
+                *retry = Some(tokio::time::Instant::now() + Duration::from_secs(1));
+                None
+            }
+        }
+    }
+
+    /// A new [`Pipeline`].
+    ///
+    /// # Cancel safety
+    /// Dropped, the connection it opened is closed.
+    async fn open_pipeline(&self) -> Result<Arc<Pipeline>> {
+        let what = "preparing the lock statements";
+        let settings = format!(
+            "{}; SET lock_timeout = {}",
+            self.settings,
+            PIPELINE_LOCK_TIMEOUT.as_millis()
+        );
+        let client = self.connect_with(&settings).await?;
+        let prepare = async {
+            use tokio_postgres::types::Type;
+            let sql = &self.sql;
+            // Without the functions (dropped, or not ours to run) the
+            // steps are transactions, as `offered` decides.
+            let step = |answer| match answer {
+                Ok(statement) => Ok(Some(statement)),
+                Err(e) => self.offered(Err(Fail::Pg(e))).map_err(|f| match f {
+                    Fail::Pg(e) => e,
+                    Fail::Quit(_) => unreachable!("preparing quits nothing"),
+                }),
+            };
+            let enqueue = [
+                Type::TEXT,
+                Type::UUID,
+                Type::UUID,
+                Type::TEXT,
+                Type::INT4,
+                Type::BYTEA,
+                Type::BOOL,
+            ];
+            let enqueue_step = step(client.prepare_typed(&sql.enqueue_step, &enqueue).await)?;
+            let remove_step = step(
+                client
+                    .prepare_typed(&sql.remove_step, &[Type::TEXT, Type::UUID])
+                    .await,
+            )?;
+            let held = client.prepare_typed(&sql.held, &[Type::UUID]).await?;
+            Ok::<_, tokio_postgres::Error>((enqueue_step, remove_step, held))
+        };
+        let (enqueue_step, remove_step, held) =
+            match tokio::time::timeout(self.config.timeout, prepare).await {
+                Ok(r) => r.map_err(|e| error::map(e, what))?,
+                Err(_) => return Err(error::timed_out(what, self.config.timeout)),
+            };
+        Ok(Arc::new(Pipeline {
+            client,
+            enqueue_step,
+            remove_step,
+            held,
+        }))
     }
 
     /// Runs `work` on a connection of its own: one request, counted,

@@ -7,6 +7,7 @@
 //! to the server's function of `layout::STEPS`, one statement that does
 //! the same or answers that it is left to the transaction.
 
+use std::sync::Arc;
 use std::time::SystemTime;
 use tokio_postgres::types::{ToSql, Type};
 
@@ -15,7 +16,7 @@ use quorumlock_core::{ErrorKind, LockKind, Result};
 use tokio_postgres::{Client, Transaction};
 use uuid::Uuid;
 
-use crate::core::{quit, Fail, PostgresCore, Work};
+use crate::core::{quit, Fail, Pipeline, PostgresCore, Work};
 use crate::layout::{self, Sql};
 
 /// One entry of a queue as read in a transaction.
@@ -62,14 +63,30 @@ pub(crate) enum Enqueued {
 }
 
 /// The arguments of one acquire's step.
-pub(crate) struct Enqueue<'a> {
-    pub(crate) lock: &'a str,
+#[derive(Clone)]
+pub(crate) struct Enqueue {
+    pub(crate) lock: String,
     pub(crate) contender: Uuid,
     pub(crate) session: Uuid,
-    pub(crate) code: &'a str,
+    pub(crate) code: &'static str,
     pub(crate) permits: i32,
-    pub(crate) value: &'a [u8],
+    pub(crate) value: Arc<[u8]>,
     pub(crate) wait: bool,
+}
+
+/// Where a step's statement runs: on a connection of its own (its text
+/// and types sent with it, nothing prepared), or on the pipeline's
+/// connection, prepared there.
+#[derive(Clone, Copy)]
+pub(crate) enum On<'a> {
+    Own(&'a Client),
+    Pipeline(&'a Pipeline),
+}
+
+/// The values of typed `params`, for a prepared statement (whose types
+/// the server knows).
+fn untyped<'a>(params: &'a [(&'a (dyn ToSql + Sync), Type)]) -> Vec<&'a (dyn ToSql + Sync)> {
+    params.iter().map(|(v, _)| *v).collect()
 }
 
 /// One acquire as one statement (`layout::STEPS`), where its queue's
@@ -80,25 +97,27 @@ pub(crate) struct Enqueue<'a> {
 /// One statement: dropped, it may or may not have been applied (the
 /// caller's writes are judged, as for the transaction).
 pub(crate) async fn enqueue_step(
-    client: &Client,
+    on: On<'_>,
     sql: &Sql,
-    e: &Enqueue<'_>,
+    e: &Enqueue,
 ) -> std::result::Result<Option<Enqueued>, Fail> {
-    let row = client
-        .query_typed_one(
-            &sql.enqueue_step,
-            &[
-                (&e.lock, Type::TEXT),
-                (&e.contender, Type::UUID),
-                (&e.session, Type::UUID),
-                (&e.code, Type::TEXT),
-                (&e.permits, Type::INT4),
-                (&e.value, Type::BYTEA),
-                (&e.wait, Type::BOOL),
-            ],
-        )
-        .await
-        .map_err(refused)?;
+    let params: [(&(dyn ToSql + Sync), Type); 7] = [
+        (&e.lock, Type::TEXT),
+        (&e.contender, Type::UUID),
+        (&e.session, Type::UUID),
+        (&e.code, Type::TEXT),
+        (&e.permits, Type::INT4),
+        (&&*e.value, Type::BYTEA),
+        (&e.wait, Type::BOOL),
+    ];
+    let row = match on {
+        On::Own(client) => client.query_typed_one(&sql.enqueue_step, &params).await,
+        On::Pipeline(p) => match &p.enqueue_step {
+            Some(statement) => p.client.query_one(statement, &untyped(&params)).await,
+            None => return Ok(None),
+        },
+    }
+    .map_err(refused)?;
     let (outcome, granted, ahead_ms): (&str, Option<i64>, Option<i64>) =
         (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
     Ok(Some(match (outcome, granted) {
@@ -130,18 +149,20 @@ pub(crate) async fn enqueue_step(
 /// # Cancel safety
 /// One statement: dropped, it may or may not have been applied.
 pub(crate) async fn remove_step(
-    client: &Client,
+    on: On<'_>,
     sql: &Sql,
     lock: &str,
     contender: Uuid,
 ) -> std::result::Result<Option<u64>, Fail> {
-    let row = client
-        .query_typed_one(
-            &sql.remove_step,
-            &[(&lock, Type::TEXT), (&contender, Type::UUID)],
-        )
-        .await
-        .map_err(refused)?;
+    let params: [(&(dyn ToSql + Sync), Type); 2] = [(&lock, Type::TEXT), (&contender, Type::UUID)];
+    let row = match on {
+        On::Own(client) => client.query_typed_one(&sql.remove_step, &params).await,
+        On::Pipeline(p) => match &p.remove_step {
+            Some(statement) => p.client.query_one(statement, &untyped(&params)).await,
+            None => return Ok(None),
+        },
+    }
+    .map_err(refused)?;
     Ok(row.try_get::<_, Option<i64>>(0)?.map(|n| n as u64))
 }
 
@@ -153,13 +174,15 @@ pub(crate) async fn remove_step(
 /// # Cancel safety
 /// Reads only.
 pub(crate) async fn held(
-    client: &Client,
+    on: On<'_>,
     sql: &Sql,
     contender: Uuid,
 ) -> std::result::Result<Option<u64>, Fail> {
-    let row = client
-        .query_typed_opt(&sql.held, &[(&contender, Type::UUID)])
-        .await?;
+    let params: [(&(dyn ToSql + Sync), Type); 1] = [(&contender, Type::UUID)];
+    let row = match on {
+        On::Own(client) => client.query_typed_opt(&sql.held, &params).await?,
+        On::Pipeline(p) => p.client.query_opt(&p.held, &untyped(&params)).await?,
+    };
     Ok(match row {
         Some(r) => Some(r.try_get::<_, i64>(0)? as u64),
         None => None,

@@ -23,10 +23,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use crate::core::{quit, Fail, PostgresCore, SessionState, Work};
+use crate::core::{quit, Fail, PostgresCore, SessionState, Statement, Work};
 use crate::layout;
 use crate::monitor::{keepalive, listen, supervise};
-use crate::queue::{self, Enqueue, Enqueued, Standing};
+use crate::queue::{self, Enqueue, Enqueued, On, Standing};
 
 /// One session row, shared by every lock of one client.
 pub(crate) struct PostgresSession {
@@ -43,14 +43,22 @@ impl fmt::Debug for PostgresSession {
 }
 
 impl PostgresSession {
-    /// Listens on the session's channel, inserts its row (confirming it
-    /// with the insert's send time: the server set its expiry to its own
-    /// clock at the insert plus the TTL), and starts the keepalive and the
+    /// Opens the connection that single statements share (where the
+    /// tables exist: else the first statement does), listens on the
+    /// session's channel, inserts its row (confirming it with the
+    /// insert's send time: the server set its expiry to its own clock at
+    /// the insert plus the TTL), and starts the keepalive and the
     /// listener's supervisor.
+    ///
+    /// # Cancel safety
+    /// Dropped before the row's insert was sent, it leaves no session
+    /// row; after, a row that no keepalive renews, which expires.
     pub(crate) async fn open(
         core: Arc<PostgresCore>,
         liveness: Arc<SessionLiveness>,
     ) -> Result<Self> {
+        // Before the row: a drop here leaves no session behind.
+        core.pipeline().await;
         let id = layout::session_id();
         let ttl = core.config.ttl;
         let state = Arc::new(SessionState {
@@ -115,103 +123,130 @@ impl PostgresSession {
         let contenders = layout::request_contenders(me, req.count.max(1));
         let name = req.name.clone();
         let (code, permits) = layout::kind_code(kind);
+        let step = Enqueue {
+            lock: lock.clone(),
+            contender: me,
+            session: sid,
+            code,
+            permits,
+            value: value.as_slice().into(),
+            wait,
+        };
         let one_statement = c.one_statement(kind, req.count.max(1));
-        let work: Work<Enqueued> = Box::new(move |client| {
-            Box::pin(async move {
-                let sql = &c.sql;
-                if one_statement {
-                    let step = Enqueue {
-                        lock: &lock,
-                        contender: me,
-                        session: sid,
-                        code,
-                        permits,
-                        value: &value,
-                        wait,
-                    };
-                    if let Some(out) = c.offered(queue::enqueue_step(client, sql, &step).await)? {
-                        return Ok(out);
-                    }
-                    // The transaction below is a request of its own.
-                    c.count();
-                }
-                let tx = client.transaction().await?;
-                // One flight: the queue's lock, whether our session lives
-                // and this attempt was fenced off, the purge, the queue.
-                let by_session = [(&sid as &(dyn ToSql + Sync), Type::UUID)];
-                let by_attempt = [(&me as &(dyn ToSql + Sync), Type::UUID)];
-                let checks = async {
-                    futures::try_join!(
-                        tx.query_typed_opt(&sql.session_alive, &by_session),
-                        tx.query_typed_opt(&sql.fenced, &by_attempt)
-                    )
-                };
-                let step = queue::step(&tx, sql, &lock, checks).await?;
-                let (alive, fenced) = step.own;
-                if alive.is_none() {
-                    return quit(ErrorKind::SessionLost, "our PostgreSQL session is gone");
-                }
-                if fenced.is_some() {
-                    return quit(ErrorKind::Internal, "this attempt was already abandoned");
-                }
-                let mut entries = step.entries;
-                if !entries.iter().any(|e| e.contender == me) {
-                    if let Some(e) = entries.iter().find(|e| kind.conflicts_with(e.kind)) {
-                        return quit(
-                            ErrorKind::Conflict,
-                            format!("{name} is in use as {:?}, not {kind:?}", e.kind),
-                        );
-                    }
-                    let upgrade = upgrades.map(|of| layout::upgrade_code(&of));
-                    let code = upgrade.as_deref().unwrap_or(code);
-                    // A request for several permits: its entries side by
-                    // side, each but the last marked as followed by more.
-                    for (j, c) in contenders.iter().enumerate() {
-                        let code = if j + 1 < contenders.len() {
-                            layout::MORE_PERMITS
-                        } else {
-                            code
-                        };
-                        let row: [(&(dyn ToSql + Sync), Type); 6] = [
-                            (&lock, Type::TEXT),
-                            (c, Type::UUID),
-                            (&sid, Type::UUID),
-                            (&code, Type::TEXT),
-                            (&permits, Type::INT4),
-                            (&value, Type::BYTEA),
-                        ];
-                        let row = tx.query_typed_one(&sql.insert, &row).await?;
-                        layout::check_enqueue(row.try_get(0)?, row.try_get(1)?)
-                            .map_err(Fail::Quit)?;
-                    }
-                    entries = queue::read(&tx, sql, &lock).await?;
-                }
-                let entries = queue::grant(&tx, sql, step.dead, entries, Some(me)).await?;
-                let standing = queue::standing(&entries, me);
-                let out = match standing {
-                    Standing::Refused => {
-                        tx.execute_typed(&sql.delete_contender, &[(&me, Type::UUID)])
-                            .await?;
-                        Enqueued::Standing(Standing::Refused)
-                    }
-                    Standing::Wait { .. } if !wait => {
-                        for c in &contenders {
-                            tx.execute_typed(&sql.delete_contender, &[(c, Type::UUID)])
-                                .await?;
+        let piped = step.clone();
+        let work = move |one_statement: bool| -> Work<Enqueued> {
+            Box::new(move |client| {
+                Box::pin(async move {
+                    let sql = &c.sql;
+                    if one_statement {
+                        if let Some(out) =
+                            c.offered(queue::enqueue_step(On::Own(client), sql, &step).await)?
+                        {
+                            return Ok(out);
                         }
-                        Enqueued::WouldBlock
+                        // The transaction below is a request of its own.
+                        c.count();
                     }
-                    s => Enqueued::Standing(s),
-                };
-                tx.commit().await?;
-                Ok(out)
+                    let tx = client.transaction().await?;
+                    // One flight: the queue's lock, whether our session lives
+                    // and this attempt was fenced off, the purge, the queue.
+                    let by_session = [(&sid as &(dyn ToSql + Sync), Type::UUID)];
+                    let by_attempt = [(&me as &(dyn ToSql + Sync), Type::UUID)];
+                    let checks = async {
+                        futures::try_join!(
+                            tx.query_typed_opt(&sql.session_alive, &by_session),
+                            tx.query_typed_opt(&sql.fenced, &by_attempt)
+                        )
+                    };
+                    let step = queue::step(&tx, sql, &lock, checks).await?;
+                    let (alive, fenced) = step.own;
+                    if alive.is_none() {
+                        return quit(ErrorKind::SessionLost, "our PostgreSQL session is gone");
+                    }
+                    if fenced.is_some() {
+                        return quit(ErrorKind::Internal, "this attempt was already abandoned");
+                    }
+                    let mut entries = step.entries;
+                    if !entries.iter().any(|e| e.contender == me) {
+                        if let Some(e) = entries.iter().find(|e| kind.conflicts_with(e.kind)) {
+                            return quit(
+                                ErrorKind::Conflict,
+                                format!("{name} is in use as {:?}, not {kind:?}", e.kind),
+                            );
+                        }
+                        let upgrade = upgrades.map(|of| layout::upgrade_code(&of));
+                        let code = upgrade.as_deref().unwrap_or(code);
+                        // A request for several permits: its entries side by
+                        // side, each but the last marked as followed by more.
+                        for (j, c) in contenders.iter().enumerate() {
+                            let code = if j + 1 < contenders.len() {
+                                layout::MORE_PERMITS
+                            } else {
+                                code
+                            };
+                            let row: [(&(dyn ToSql + Sync), Type); 6] = [
+                                (&lock, Type::TEXT),
+                                (c, Type::UUID),
+                                (&sid, Type::UUID),
+                                (&code, Type::TEXT),
+                                (&permits, Type::INT4),
+                                (&value, Type::BYTEA),
+                            ];
+                            let row = tx.query_typed_one(&sql.insert, &row).await?;
+                            layout::check_enqueue(row.try_get(0)?, row.try_get(1)?)
+                                .map_err(Fail::Quit)?;
+                        }
+                        entries = queue::read(&tx, sql, &lock).await?;
+                    }
+                    let entries = queue::grant(&tx, sql, step.dead, entries, Some(me)).await?;
+                    let standing = queue::standing(&entries, me);
+                    let out = match standing {
+                        Standing::Refused => {
+                            tx.execute_typed(&sql.delete_contender, &[(&me, Type::UUID)])
+                                .await?;
+                            Enqueued::Standing(Standing::Refused)
+                        }
+                        Standing::Wait { .. } if !wait => {
+                            for c in &contenders {
+                                tx.execute_typed(&sql.delete_contender, &[(c, Type::UUID)])
+                                    .await?;
+                            }
+                            Enqueued::WouldBlock
+                        }
+                        s => Enqueued::Standing(s),
+                    };
+                    tx.commit().await?;
+                    Ok(out)
+                })
             })
-        });
+        };
         let core = self.state.core.clone();
         req.writes
-            .run_judged(async move { core.run("enqueue", work).await }, |r| {
-                r.as_ref().is_err_and(|e| e.kind() == ErrorKind::Connection)
-            })
+            .run_judged(
+                async move {
+                    let mut one_statement = one_statement;
+                    if one_statement {
+                        let c = core.clone();
+                        let statement: Statement<Option<Enqueued>> = Box::new(move |client| {
+                            Box::pin(async move {
+                                c.offered(
+                                    queue::enqueue_step(On::Pipeline(client), &c.sql, &piped).await,
+                                )
+                            })
+                        });
+                        match core.pipelined("enqueue", statement).await? {
+                            Some(Some(out)) => return Ok(out),
+                            // Left to the transaction by the server.
+                            Some(None) => one_statement = false,
+                            // Not sent, or rolled back waiting for the
+                            // queue's lock: again on a connection of its own.
+                            None => {}
+                        }
+                    }
+                    core.run("enqueue", work(one_statement)).await
+                },
+                |r| r.as_ref().is_err_and(|e| e.kind() == ErrorKind::Connection),
+            )
             .await
     }
 
@@ -219,16 +254,28 @@ impl PostgresSession {
     /// `queue::held`), else one transaction that purges and grants first
     /// and then reads.
     async fn check(&self, lock: &str, me: Uuid) -> Result<Standing> {
-        let c = self.state.core.clone();
+        let core = &self.state.core;
+        // Mostly woken by our grant's message: its token, read in one
+        // statement; else the whole step.
+        let c = core.clone();
+        let read: Statement<Option<u64>> = Box::new(move |client| {
+            Box::pin(async move { queue::held(On::Pipeline(client), &c.sql, me).await })
+        });
+        let read = core.pipelined("check entry", read).await?;
+        if let Some(Some(token)) = read {
+            return Ok(Standing::Held { token });
+        }
+        let read_first = read.is_none();
+        let c = core.clone();
         let lock = lock.to_string();
         let work: Work<Standing> = Box::new(move |client| {
             Box::pin(async move {
-                // Mostly woken by our grant's message: its token, read
-                // in one statement; else the whole step.
-                if let Some(token) = queue::held(client, &c.sql, me).await? {
-                    return Ok(Standing::Held { token });
+                if read_first {
+                    if let Some(token) = queue::held(On::Own(client), &c.sql, me).await? {
+                        return Ok(Standing::Held { token });
+                    }
+                    c.count();
                 }
-                c.count();
                 let tx = client.transaction().await?;
                 let entries = queue::settle(&tx, &c.sql, &lock, Some(me)).await?;
                 let standing = queue::standing(&entries, me);
@@ -240,7 +287,7 @@ impl PostgresSession {
                 Ok(standing)
             })
         });
-        self.state.core.run("check entry", work).await
+        core.run("check entry", work).await
     }
 
     /// Removes `me`'s entry, and the others of its request of `count`
@@ -259,13 +306,31 @@ impl PostgresSession {
     ) -> Result<u64> {
         let c = self.state.core.clone();
         let sid = self.state.id;
-        let one_statement = !fence && c.one_statement(kind, count);
+        let mut one_statement = !fence && c.one_statement(kind, count);
+        if one_statement {
+            let (step, lock) = (c.clone(), lock.clone());
+            let statement: Statement<Option<u64>> = Box::new(move |client| {
+                Box::pin(async move {
+                    step.offered(
+                        queue::remove_step(On::Pipeline(client), &step.sql, &lock, me).await,
+                    )
+                })
+            });
+            match c.pipelined(what, statement).await? {
+                Some(Some(removed)) => return Ok(removed),
+                // Left to the transaction by the server.
+                Some(None) => one_statement = false,
+                // Not sent, or rolled back waiting for the queue's lock:
+                // again on a connection of its own.
+                None => {}
+            }
+        }
         let work: Work<u64> = Box::new(move |client| {
             Box::pin(async move {
                 let sql = &c.sql;
                 if one_statement {
                     if let Some(removed) =
-                        c.offered(queue::remove_step(client, sql, &lock, me).await)?
+                        c.offered(queue::remove_step(On::Own(client), sql, &lock, me).await)?
                     {
                         return Ok(removed);
                     }

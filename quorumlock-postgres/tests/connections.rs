@@ -33,6 +33,31 @@ async fn most_connections(url: String, app: String, done: Arc<AtomicBool>) -> i6
     most.load(Ordering::Relaxed)
 }
 
+/// A lock client on `url` whose server connections carry an application
+/// name of their own (returned), with its session (and listener) opened.
+async fn named_client(url: &str) -> (LockClient, String) {
+    let config = PostgresConfig::parse(url).unwrap();
+    let app = format!("qlconn-{}", uuid::Uuid::new_v4().simple());
+    let mut pg = quorumlock_postgres::tokio_postgres::Config::new();
+    pg.host(&config.host)
+        .port(config.port)
+        .user(&config.user)
+        .dbname(&config.database)
+        .application_name(&app);
+    let backend = PostgresBackend::from_client(pg, config).await.unwrap();
+    let client = LockClient::new(Arc::new(backend));
+    client
+        .lock("warm")
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    (client, app)
+}
+
 #[tokio::test]
 async fn sixty_four_acquires_in_flight_use_at_most_the_configured_connections() {
     let Some(base) = common::base_url() else {
@@ -43,27 +68,7 @@ async fn sixty_four_acquires_in_flight_use_at_most_the_configured_connections() 
         &uuid::Uuid::new_v4().simple().to_string()[..12]
     );
     for connections in [2u32, 4] {
-        let config =
-            PostgresConfig::parse(&format!("{base}/{ns}?connections={connections}")).unwrap();
-        let app = format!("qlconn-{}", uuid::Uuid::new_v4().simple());
-        let mut pg = quorumlock_postgres::tokio_postgres::Config::new();
-        pg.host(&config.host)
-            .port(config.port)
-            .user(&config.user)
-            .dbname(&config.database)
-            .application_name(&app);
-        let backend = PostgresBackend::from_client(pg, config).await.unwrap();
-        let client = LockClient::new(Arc::new(backend));
-        // The session (and its listener) before the burst.
-        client
-            .lock("warm")
-            .unwrap()
-            .acquire()
-            .await
-            .unwrap()
-            .release()
-            .await
-            .unwrap();
+        let (client, app) = named_client(&format!("{base}/{ns}?connections={connections}")).await;
 
         let done = Arc::new(AtomicBool::new(false));
         let watcher = tokio::spawn(most_connections(base.clone(), app.clone(), done.clone()));
@@ -100,4 +105,101 @@ async fn sixty_four_acquires_in_flight_use_at_most_the_configured_connections() 
             "the sampling saw the client's connections: {most}"
         );
     }
+}
+
+/// Queues whose lock a transaction keeps (a client in the middle of a
+/// transaction decided in Rust, or one that went silent there) hold up
+/// the acquires of those locks, not those of the client's other locks:
+/// not when every connection for transactions waits for one, nor when a
+/// statement for one went first on the connection that single
+/// statements share (it gives up waiting after `lock_timeout` and waits
+/// on a connection of its own). Before the shared connection, acquires
+/// of other locks waited for a connection until the queues were let go.
+#[tokio::test]
+async fn a_queue_held_by_a_slow_transaction_holds_up_no_other_lock() {
+    let Some(base) = common::base_url() else {
+        return;
+    };
+    let ns = common::namespace("qlstuck");
+    // A timeout longer than the test: the waits for the queues last.
+    let (client, app) =
+        named_client(&format!("{base}/{ns}?connections=3&ttl=90s&timeout=30s")).await;
+
+    // The queues of `stuck-0` to `stuck-5`, kept by a transaction of our
+    // own, and an acquire of each: more than the client has connections.
+    let mut holder = common::sql(&base).await;
+    let tx = holder.transaction().await.unwrap();
+    for i in 0..6 {
+        tx.execute(
+            "SELECT pg_advisory_xact_lock(7433323, hashtext($1))",
+            &[&format!("{ns}/stuck-{i}")],
+        )
+        .await
+        .unwrap();
+    }
+    let stuck: Vec<_> = (0..6)
+        .map(|i| {
+            let c = client.clone();
+            tokio::spawn(async move {
+                c.lock(format!("stuck-{i}"))?
+                    .acquire()
+                    .await?
+                    .release()
+                    .await
+            })
+        })
+        .collect();
+    let watcher = common::sql(&base).await;
+    let waiting = || async {
+        let row = watcher
+            .query_one(
+                "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+                 WHERE a.application_name = $1 AND l.locktype = 'advisory' AND NOT l.granted",
+                &[&app],
+            )
+            .await
+            .unwrap();
+        row.get::<_, i64>(0)
+    };
+    // Both connections for transactions wait for a queue.
+    common::wait_for(
+        "the client's connections waiting for the queues",
+        Duration::from_secs(10),
+        || async { (waiting().await >= 2).then_some(()) },
+    )
+    .await;
+
+    let others = stream::iter(0..32)
+        .map(|i| {
+            let c = client.clone();
+            async move {
+                c.lock(format!("free/{i}"))?
+                    .acquire()
+                    .await?
+                    .release()
+                    .await
+            }
+        })
+        .buffer_unordered(8)
+        .collect::<Vec<_>>();
+    let others = tokio::time::timeout(Duration::from_secs(10), others)
+        .await
+        .expect("acquires of other locks waited for the held queues");
+    for r in others {
+        r.unwrap();
+    }
+    assert!(
+        waiting().await >= 2,
+        "the queues were still held while the others went through"
+    );
+
+    tx.commit().await.unwrap();
+    for s in stuck {
+        tokio::time::timeout(Duration::from_secs(60), s)
+            .await
+            .expect("the acquires of the held queues went on once they were let go")
+            .unwrap()
+            .unwrap();
+    }
+    client.close().await;
 }
