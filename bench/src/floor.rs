@@ -12,7 +12,7 @@ pub fn describe(scheme: &str) -> &'static str {
         "zk" => "create(ephemeral sequential) + delete",
         "consul" | "consuls" => "txn lock + txn unlock, one session",
         "redis" | "rediss" => "the same queue work raw: one script each way (session check, queue, entry, token, session's set; removal and head read)",
-        "postgres" | "postgresql" => "INSERT row + DELETE row (autocommit, one connection)",
+        "postgres" | "postgresql" => "INSERT row + DELETE row (autocommit, prepared, one connection)",
         _ => "none (in-process)",
     }
 }
@@ -36,9 +36,18 @@ pub enum Floor {
         session: String,
     },
     Postgres {
-        client: tokio_postgres::Client,
+        pg: PgFloor,
         key: String,
     },
+}
+
+/// A raw connection with the floor's two statements prepared on it (one
+/// round trip each, nothing parsed again), as the backend prepares its
+/// steps.
+pub(crate) struct PgFloor {
+    client: tokio_postgres::Client,
+    insert: tokio_postgres::Statement,
+    delete: tokio_postgres::Statement,
 }
 
 /// The floor's own table (dropped by nobody: one row per lock while held).
@@ -124,15 +133,9 @@ impl Floor {
                 Ok(Some(Floor::Redis { conn, key, session }))
             }
             "postgres" | "postgresql" => {
-                let client = pg_connect(url).await?;
-                client
-                    .batch_execute(&format!(
-                        "CREATE TABLE IF NOT EXISTS {PG_TABLE} (name text PRIMARY KEY)"
-                    ))
-                    .await
-                    .map_err(text)?;
+                let pg = pg_prepare(pg_connect(url).await?).await?;
                 let key = format!("qlbench-floor/{}", std::process::id());
-                Ok(Some(Floor::Postgres { client, key }))
+                Ok(Some(Floor::Postgres { pg, key }))
             }
             _ => Ok(None),
         }
@@ -196,9 +199,9 @@ impl Floor {
                 redis_queue_op(conn, key, session, "c", true).await?;
                 redis_queue_op(conn, key, session, "c", false).await?;
             }
-            Floor::Postgres { client, key } => {
-                pg_op(client, key, true).await?;
-                pg_op(client, key, false).await?;
+            Floor::Postgres { pg, key } => {
+                pg_op(pg, key, true).await?;
+                pg_op(pg, key, false).await?;
             }
         }
         Ok(())
@@ -322,8 +325,8 @@ impl Floor {
                 let lock = format!("{key}/s{i}");
                 redis_queue_op(&mut conn.clone(), &lock, session, "c", take).await?;
             }
-            Floor::Postgres { client, key } => {
-                pg_op(client, &format!("{key}/s{i}"), take).await?;
+            Floor::Postgres { pg, key } => {
+                pg_op(pg, &format!("{key}/s{i}"), take).await?;
             }
         }
         Ok(())
@@ -397,17 +400,31 @@ async fn pg_connect(url: &Url) -> Result<tokio_postgres::Client> {
     Ok(client)
 }
 
+/// The floor's table made if missing, and its two statements prepared on
+/// `client`.
+async fn pg_prepare(client: tokio_postgres::Client) -> Result<PgFloor> {
+    client
+        .batch_execute(&format!(
+            "CREATE TABLE IF NOT EXISTS {PG_TABLE} (name text PRIMARY KEY)"
+        ))
+        .await
+        .map_err(text)?;
+    let insert = format!("INSERT INTO {PG_TABLE} (name) VALUES ($1)");
+    let delete = format!("DELETE FROM {PG_TABLE} WHERE name = $1");
+    Ok(PgFloor {
+        insert: client.prepare(&insert).await.map_err(text)?,
+        delete: client.prepare(&delete).await.map_err(text)?,
+        client,
+    })
+}
+
 /// `INSERT` the lock's row (take) or `DELETE` it (give back), each its
-/// own autocommit statement.
-async fn pg_op(client: &tokio_postgres::Client, key: &str, take: bool) -> Result<()> {
-    let sql = if take {
-        format!("INSERT INTO {PG_TABLE} (name) VALUES ($1)")
-    } else {
-        format!("DELETE FROM {PG_TABLE} WHERE name = $1")
-    };
-    let n = client.execute(&sql, &[&key]).await.map_err(text)?;
+/// own autocommit statement, prepared.
+async fn pg_op(pg: &PgFloor, key: &str, take: bool) -> Result<()> {
+    let statement = if take { &pg.insert } else { &pg.delete };
+    let n = pg.client.execute(statement, &[&key]).await.map_err(text)?;
     if n != 1 {
-        return Err(format!("{sql}: {n} rows"));
+        return Err(format!("{take:?}: {n} rows"));
     }
     Ok(())
 }
@@ -524,7 +541,9 @@ pub fn describe_handoff(scheme: &str) -> Option<&'static str> {
         "etcd" | "etcds" => Some("delete seen by a watcher, then its put(key, lease)"),
         "zk" => Some("delete seen by an exists watch, then its create(ephemeral)"),
         "consul" | "consuls" => Some("txn unlock seen by a blocking read, then its txn lock"),
-        "postgres" | "postgresql" => Some("DELETE + NOTIFY seen by a LISTEN, then its INSERT"),
+        "postgres" | "postgresql" => {
+            Some("DELETE + NOTIFY (one prepared statement) seen by a LISTEN, then its INSERT")
+        }
         _ => None,
     }
 }
@@ -777,7 +796,10 @@ async fn consul_handoffs(base: String, key: String, count: usize) -> Result<crat
 /// One side of the PostgreSQL handoff floor: a connection, and the
 /// notifications of the channel it listens on.
 struct PgParty {
-    client: tokio_postgres::Client,
+    pg: PgFloor,
+    /// The release: the row's `DELETE` and the `NOTIFY`, one statement
+    /// (one commit, as the backend's release), prepared.
+    release: tokio_postgres::Statement,
     notified: tokio::sync::mpsc::UnboundedReceiver<()>,
 }
 
@@ -817,27 +839,46 @@ async fn pg_handoffs(
             }
         });
         client
-            .batch_execute(&format!(
-                "CREATE TABLE IF NOT EXISTS {PG_TABLE} (name text PRIMARY KEY); LISTEN {channel}"
-            ))
+            .batch_execute(&format!("LISTEN {channel}"))
             .await
             .map_err(text)?;
-        parties.push(PgParty { client, notified });
+        let pg = pg_prepare(client).await?;
+        let release = format!(
+            "WITH d AS (DELETE FROM {PG_TABLE} WHERE name = $1 RETURNING name) \
+             SELECT pg_notify($2, '') FROM d"
+        );
+        let release = pg.client.prepare(&release).await.map_err(text)?;
+        parties.push(PgParty {
+            pg,
+            release,
+            notified,
+        });
     }
     let mut parties: [PgParty; 2] = parties.try_into().map_err(|_| "two parties")?;
-    pg_op(&parties[0].client, &key, true).await?;
-    let release = format!("DELETE FROM {PG_TABLE} WHERE name = '{key}'; NOTIFY {channel}");
+    pg_op(&parties[0].pg, &key, true).await?;
     let key2 = key.clone();
+    let channel2 = channel.clone();
     let h = ping_pong(&mut parties, count, move |holder, waiter| {
-        let (key, release) = (key2.clone(), release.clone());
+        let (key, channel) = (key2.clone(), channel2.clone());
         Box::pin(async move {
             // Both listen: drop what the holder's own release will echo.
             while waiter.notified.try_recv().is_ok() {}
             let t = std::time::Instant::now();
-            let give = async { holder.client.batch_execute(&release).await.map_err(text) };
+            let give = async {
+                let n = holder
+                    .pg
+                    .client
+                    .execute(&holder.release, &[&key, &channel])
+                    .await
+                    .map_err(text)?;
+                if n != 1 {
+                    return Err(format!("the release found {n} rows"));
+                }
+                Ok(())
+            };
             let take = async {
                 waiter.notified.recv().await.ok_or("the listener ended")?;
-                pg_op(&waiter.client, &key, true).await?;
+                pg_op(&waiter.pg, &key, true).await?;
                 Ok::<_, String>(t.elapsed())
             };
             let (_, gap) = tokio::try_join!(give, take)?;
@@ -846,7 +887,7 @@ async fn pg_handoffs(
         })
     })
     .await;
-    let _ = pg_op(&parties[0].client, &key, false).await;
+    let _ = pg_op(&parties[0].pg, &key, false).await;
     drop(idle);
     h
 }
