@@ -240,7 +240,7 @@ pub(crate) struct Pipeline {
 /// holds its queue's lock for, far less than what a transaction
 /// decided in Rust (several round trips), or one whose client went
 /// silent, holds it for.
-pub(crate) const PIPELINE_LOCK_TIMEOUT: Duration = Duration::from_millis(5);
+const PIPELINE_LOCK_TIMEOUT: Duration = Duration::from_millis(5);
 
 /// The connections of `connections=` that run transactions: all but the
 /// pipeline's, which takes one when there are two or more.

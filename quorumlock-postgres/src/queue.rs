@@ -83,10 +83,27 @@ pub(crate) enum On<'a> {
     Pipeline(&'a Pipeline),
 }
 
-/// The values of typed `params`, for a prepared statement (whose types
-/// the server knows).
-fn untyped<'a>(params: &'a [(&'a (dyn ToSql + Sync), Type)]) -> Vec<&'a (dyn ToSql + Sync)> {
-    params.iter().map(|(v, _)| *v).collect()
+/// The one row of a step function's call with `params`: its `text` and
+/// types sent on a connection of its own, or the statement `prepared`
+/// picks on the pipeline (whose types the server knows). `None` where it
+/// was not prepared there (the functions cannot be run): nothing sent,
+/// the step left to the transaction.
+async fn step_row(
+    on: On<'_>,
+    text: &str,
+    prepared: fn(&Pipeline) -> Option<&tokio_postgres::Statement>,
+    params: &[(&(dyn ToSql + Sync), Type)],
+) -> std::result::Result<Option<tokio_postgres::Row>, tokio_postgres::Error> {
+    match on {
+        On::Own(client) => client.query_typed_one(text, params).await.map(Some),
+        On::Pipeline(p) => match prepared(p) {
+            Some(statement) => {
+                let values: Vec<_> = params.iter().map(|(v, _)| *v).collect();
+                p.client.query_one(statement, &values).await.map(Some)
+            }
+            None => Ok(None),
+        },
+    }
 }
 
 /// One acquire as one statement (`layout::STEPS`), where its queue's
@@ -110,14 +127,12 @@ pub(crate) async fn enqueue_step(
         (&&*e.value, Type::BYTEA),
         (&e.wait, Type::BOOL),
     ];
-    let row = match on {
-        On::Own(client) => client.query_typed_one(&sql.enqueue_step, &params).await,
-        On::Pipeline(p) => match &p.enqueue_step {
-            Some(statement) => p.client.query_one(statement, &untyped(&params)).await,
-            None => return Ok(None),
-        },
-    }
-    .map_err(refused)?;
+    let Some(row) = step_row(on, &sql.enqueue_step, |p| p.enqueue_step.as_ref(), &params)
+        .await
+        .map_err(refused)?
+    else {
+        return Ok(None);
+    };
     let (outcome, granted, ahead_ms): (&str, Option<i64>, Option<i64>) =
         (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
     Ok(Some(match (outcome, granted) {
@@ -155,14 +170,12 @@ pub(crate) async fn remove_step(
     contender: Uuid,
 ) -> std::result::Result<Option<u64>, Fail> {
     let params: [(&(dyn ToSql + Sync), Type); 2] = [(&lock, Type::TEXT), (&contender, Type::UUID)];
-    let row = match on {
-        On::Own(client) => client.query_typed_one(&sql.remove_step, &params).await,
-        On::Pipeline(p) => match &p.remove_step {
-            Some(statement) => p.client.query_one(statement, &untyped(&params)).await,
-            None => return Ok(None),
-        },
-    }
-    .map_err(refused)?;
+    let Some(row) = step_row(on, &sql.remove_step, |p| p.remove_step.as_ref(), &params)
+        .await
+        .map_err(refused)?
+    else {
+        return Ok(None);
+    };
     Ok(row.try_get::<_, Option<i64>>(0)?.map(|n| n as u64))
 }
 
@@ -181,7 +194,7 @@ pub(crate) async fn held(
     let params: [(&(dyn ToSql + Sync), Type); 1] = [(&contender, Type::UUID)];
     let row = match on {
         On::Own(client) => client.query_typed_opt(&sql.held, &params).await?,
-        On::Pipeline(p) => p.client.query_opt(&p.held, &untyped(&params)).await?,
+        On::Pipeline(p) => p.client.query_opt(&p.held, &[&contender]).await?,
     };
     Ok(match row {
         Some(r) => Some(r.try_get::<_, i64>(0)? as u64),

@@ -115,8 +115,7 @@ impl PostgresSession {
     /// server decides it (`queue::enqueue_step`), else a transaction.
     async fn enqueue(&self, req: &AcquireRequest, lock: &str) -> Result<Enqueued> {
         let c = self.state.core.clone();
-        let (lock, sid, me) = (lock.to_string(), self.state.id, req.contender);
-        let (kind, wait, value) = (req.kind, req.wait, req.value.clone());
+        let (sid, me, kind, wait) = (self.state.id, req.contender, req.kind, req.wait);
         let upgrades = req
             .upgrades
             .filter(|_| kind == quorumlock_core::LockKind::Upgrade);
@@ -124,12 +123,12 @@ impl PostgresSession {
         let name = req.name.clone();
         let (code, permits) = layout::kind_code(kind);
         let step = Enqueue {
-            lock: lock.clone(),
+            lock: lock.to_string(),
             contender: me,
             session: sid,
             code,
             permits,
-            value: value.as_slice().into(),
+            value: req.value.as_slice().into(),
             wait,
         };
         let one_statement = c.one_statement(kind, req.count.max(1));
@@ -138,6 +137,7 @@ impl PostgresSession {
             Box::new(move |client| {
                 Box::pin(async move {
                     let sql = &c.sql;
+                    let (lock, value) = (step.lock.as_str(), &step.value[..]);
                     if one_statement {
                         if let Some(out) =
                             c.offered(queue::enqueue_step(On::Own(client), sql, &step).await)?
@@ -158,7 +158,7 @@ impl PostgresSession {
                             tx.query_typed_opt(&sql.fenced, &by_attempt)
                         )
                     };
-                    let step = queue::step(&tx, sql, &lock, checks).await?;
+                    let step = queue::step(&tx, sql, lock, checks).await?;
                     let (alive, fenced) = step.own;
                     if alive.is_none() {
                         return quit(ErrorKind::SessionLost, "our PostgreSQL session is gone");
@@ -196,7 +196,7 @@ impl PostgresSession {
                             layout::check_enqueue(row.try_get(0)?, row.try_get(1)?)
                                 .map_err(Fail::Quit)?;
                         }
-                        entries = queue::read(&tx, sql, &lock).await?;
+                        entries = queue::read(&tx, sql, lock).await?;
                     }
                     let entries = queue::grant(&tx, sql, step.dead, entries, Some(me)).await?;
                     let standing = queue::standing(&entries, me);

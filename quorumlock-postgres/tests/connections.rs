@@ -46,15 +46,7 @@ async fn named_client(url: &str) -> (LockClient, String) {
         .application_name(&app);
     let backend = PostgresBackend::from_client(pg, config).await.unwrap();
     let client = LockClient::new(Arc::new(backend));
-    client
-        .lock("warm")
-        .unwrap()
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    common::open_session(&client).await;
     (client, app)
 }
 

@@ -255,15 +255,7 @@ async fn connect(url: &str) -> LockClient {
 async fn scratch(base: &str) -> (LockClient, Db) {
     let schema = scratch_schema();
     let client = connect(&format!("{base}?schema={schema}")).await;
-    client
-        .lock("warm")
-        .unwrap()
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    common::open_session(&client).await;
     let raw = common::sql(base).await;
     let timeline = common::timeline(&raw).await;
     let db = Db {
