@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use quorumlock_core::backend::{
-    finish_on_drop, AcquireRequest, Backoff, EntrySignals, InFlightWrites, QuietGrants,
-    SessionLiveness,
+    finish_on_drop, AcquireRequest, Backoff, ContendedLocks, EntrySignals, InFlightWrites,
+    QuietGrants, SessionLiveness,
 };
 use quorumlock_core::{Error, ErrorKind, Result};
 use tokio::sync::Notify;
@@ -106,7 +106,7 @@ pub(crate) struct SessionState {
     /// Mutexes (by `.lock` key) that had other contenders of ours when
     /// this session last released them: their next acquire skips the
     /// one-txn fast path (it would only take `.lock` to give it back).
-    pub contended: Mutex<HashSet<String>>,
+    pub contended: ContendedLocks,
     /// Tokens of mutexes held through the fast path: they have no queue
     /// key, so their release is `.lock` and its revoke marker only.
     pub fast_held: Mutex<HashSet<u64>>,
@@ -270,7 +270,7 @@ impl SessionState {
             watch: Mutex::new(Watch::default()),
             watch_changed: Notify::new(),
             ops: Mutex::new(HashMap::new()),
-            contended: Mutex::new(Default::default()),
+            contended: ContendedLocks::new(CONTENDED_MEMORY),
             fast_held: Mutex::new(Default::default()),
             lone_grants: QuietGrants::new(CONTENDED_MEMORY),
             fences: Mutex::new(VecDeque::new()),

@@ -14,7 +14,7 @@ use quorumlock_core::{Error, ErrorKind, LockKind, Result};
 use crate::api::{op, KvEntry, Record, Txn};
 use crate::core::{
     failed, now_ms, read_after_lock, read_view, session_gone, session_lost, would_block,
-    SessionState, Transient, CONTENDED_MEMORY, MAX_ACQUIRE_RETRIES,
+    SessionState, Transient, MAX_ACQUIRE_RETRIES,
 };
 use crate::layout::{line_kinds, others_ahead, Keys, View, LOCK_FLAGS, QUEUE_FLAGS};
 
@@ -186,7 +186,7 @@ impl<'a> Attempt<'a> {
     /// path. Skipped for a mutex that was contended at its last release.
     async fn fast_path(&self, transient: &mut Transient<'_>) -> Result<Fast> {
         let (s, keys) = (self.s, &self.keys);
-        let contended = s.contended.lock().expect("poisoned").contains(&keys.lock);
+        let contended = s.contended.contains(&keys.lock);
         let tried = if contended {
             None
         } else {
@@ -724,15 +724,7 @@ async fn leave_queue(s: &Arc<SessionState>, keys: &Keys, ours: Option<&KvEntry>)
 /// Remembers whether the mutex of `keys` had other contenders of ours
 /// (its next acquire then skips the fast path).
 fn note_contention(s: &Arc<SessionState>, keys: &Keys, contended: bool) {
-    let mut c = s.contended.lock().expect("poisoned");
-    if !contended {
-        c.remove(&keys.lock);
-    } else if !c.contains(&keys.lock) {
-        if c.len() >= CONTENDED_MEMORY {
-            c.clear();
-        }
-        c.insert(keys.lock.clone());
-    }
+    s.contended.note(&keys.lock, contended);
 }
 
 /// The one-txn acquire of a free mutex: `check-not-exists` of `.lock`,

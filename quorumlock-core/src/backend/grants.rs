@@ -139,9 +139,74 @@ impl QuietGrants {
     }
 }
 
+/// The locks whose last acquire by us met other contenders: what lets
+/// the next acquire of such a lock go straight to the work a contended
+/// acquire needs instead of first trying what only pays off on a free
+/// lock (Consul: the one-txn take of a free `.lock`; etcd: the read of
+/// what it waits for, in the enqueue txn rather than after it), while an
+/// acquire of a lock not met contended (the thousands of distinct locks
+/// of a bulk holder) keeps the cheaper request. Bounded: past `capacity`
+/// locks, all are forgotten at once.
+#[derive(Debug)]
+pub struct ContendedLocks {
+    capacity: usize,
+    locks: std::sync::Mutex<std::collections::HashSet<String>>,
+}
+
+impl ContendedLocks {
+    /// An empty memory of at most `capacity` locks.
+    pub fn new(capacity: usize) -> Self {
+        ContendedLocks {
+            capacity,
+            locks: Default::default(),
+        }
+    }
+
+    /// Whether our last acquire of `key` met other contenders.
+    pub fn contains(&self, key: &str) -> bool {
+        self.locks.lock().expect("poisoned").contains(key)
+    }
+
+    /// Records whether an acquire of `key` met other contenders.
+    pub fn note(&self, key: &str, contended: bool) {
+        let mut locks = self.locks.lock().expect("poisoned");
+        if !contended {
+            locks.remove(key);
+        } else if !locks.contains(key) {
+            if locks.len() >= self.capacity {
+                locks.clear();
+            }
+            locks.insert(key.to_string());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn contended_locks_are_remembered_until_met_free_or_too_many() {
+        let c = ContendedLocks::new(2);
+        assert!(!c.contains("a"));
+        c.note("a", true);
+        assert!(c.contains("a"));
+        c.note("a", false);
+        assert!(!c.contains("a"), "met free");
+        c.note("a", true);
+        c.note("b", true);
+        c.note("b", true);
+        assert!(
+            c.contains("a") && c.contains("b"),
+            "b noted twice is one lock"
+        );
+        c.note("c", true);
+        assert!(c.contains("c"));
+        assert!(
+            !c.contains("a") && !c.contains("b"),
+            "past capacity, forgotten"
+        );
+    }
 
     #[test]
     fn grant_memory_hands_over_only_cleanly_released_grants() {

@@ -48,7 +48,7 @@ pub use crate::signal::{EntrySignals, SessionLiveness};
 pub use changes::{notified_feed, Notice, SessionExpiries, FEED_HEARTBEAT};
 pub use delay::{DelayQueue, HELD_WATCH_DELAY};
 pub use fenced::{check_kinds, refused, HeldEntry, KeyForm, KeyWrite, MAX_KEY_LEN};
-pub use grants::{GrantMemory, LastGrant, QuietGrants};
+pub use grants::{ContendedLocks, GrantMemory, LastGrant, QuietGrants};
 pub use namespace::Namespace;
 pub use retry::Backoff;
 
