@@ -253,10 +253,11 @@ local function remove(L, id, e)
   if e then redis.call('SREM', ekey(e) .. '/.locks', member(L, id)) end
   changed(L)
 end
--- Removes the `count` entries of request `id` of L (its last is `id`).
-local function remove_request(L, id, count)
+-- Removes the `count` entries of request `id` of L (its last is `id`,
+-- `e` if the caller parsed it already).
+local function remove_request(L, id, count, e)
   for j = 1, count - 1 do remove(L, id .. '.' .. j .. '.' .. count) end
-  remove(L, id)
+  remove(L, id, e)
 end
 -- A waiting entry's answer: its seq, and the shortest time to live of
 -- the sessions of live[1..n] (ahead of it; when to look again if nobody
@@ -430,7 +431,7 @@ local v = redis.call('HGET', L .. '/.e', id)
 local e = v and parse(v)
 local found = 0
 if e and e.token == token then
-  remove_request(L, id, count)
+  remove_request(L, id, count, e)
   found = 1
 end
 settle(L, head(L), '')
