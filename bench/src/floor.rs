@@ -5,20 +5,67 @@ use std::time::Duration;
 
 use quorumlock::url::Url;
 
-/// What the floor of a scheme is, in words, for the report.
+/// What the floor of a scheme's uncontended cycle is, in words, for
+/// the report: the same work as ours done raw, where the store's naive
+/// lock is less ([`describe_naive`]).
 pub fn describe(scheme: &str) -> &'static str {
     match scheme {
-        "etcd" | "etcds" => "put(key, lease) + delete(key)",
+        "etcd" | "etcds" => "the same txns raw: put(key, lease) if the attempt's fence key is absent and the key new, then delete(key) if at its create revision",
         "zk" => "create(ephemeral sequential) + delete",
-        "consul" | "consuls" => "txn lock + txn unlock, one session",
+        "consul" | "consuls" => "the same txns raw: [check-not-exists .lock, lock .lock, check-not-exists queue key, check-not-exists fence key] + [check-index .lock, delete-cas .lock], one session",
         "redis" | "rediss" => "the same queue work raw: one script each way (session check, queue, entry, token, session's set; removal and head read)",
         "postgres" | "postgresql" => "INSERT row + DELETE row (autocommit, prepared, one connection)",
         _ => "none (in-process)",
     }
 }
 
+/// The store's naive lock, the second floor of the cycle, where it is
+/// less work than ours: the plain writes without the guards.
+pub fn describe_naive(scheme: &str) -> Option<&'static str> {
+    match scheme {
+        "etcd" | "etcds" => Some("put(key, lease) + delete(key)"),
+        "consul" | "consuls" => Some("txn lock + txn unlock, one session"),
+        "redis" | "rediss" => Some("SET key PX NX + DEL key (the naive Redis lock)"),
+        _ => None,
+    }
+}
+
+/// Which cycle a floor runs.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Work {
+    /// The same work as ours, done raw ([`describe`]).
+    Same,
+    /// The store's naive lock ([`describe_naive`]).
+    Naive,
+}
+
+/// The floors of the uncontended cycle, timed in turn with ours: the
+/// same work done raw first (what the cycle is judged against), then
+/// the naive lock where the store has one that is less work.
+pub async fn cycle_floors(url: &Url) -> Result<Vec<Floor>> {
+    let mut floors = Vec::new();
+    for work in [Work::Same, Work::Naive] {
+        if work == Work::Naive && describe_naive(url.scheme()).is_none() {
+            break;
+        }
+        if let Some(mut f) = Floor::connect(url).await? {
+            f.work = work;
+            floors.push(f);
+        }
+    }
+    Ok(floors)
+}
+
 /// A connection set up to run floor cycles, one at a time.
-pub enum Floor {
+pub struct Floor {
+    /// Which cycle [`Floor::cycle`] runs (the scale floors are the same
+    /// either way).
+    pub work: Work,
+    conn: FloorConn,
+}
+
+/// A floor's connection to its store.
+enum FloorConn {
     Etcd {
         client: Box<etcd_client::Client>,
         lease: i64,
@@ -53,6 +100,10 @@ pub(crate) struct PgFloor {
 /// The floor's own table (dropped by nobody: one row per lock while held).
 const PG_TABLE: &str = "qlbench_floor";
 
+/// The value the same-work floors write with a lock's key: as long as
+/// the entry value of ours (kind, time, the default holder value).
+const SAME_WORK_VALUE: &str = "x 1764400000000 bench-host:12345";
+
 /// A Consul agent, a session of the floor's own, and its `.lock` key.
 pub struct ConsulFloor {
     http: reqwest::Client,
@@ -68,8 +119,16 @@ pub(crate) fn text(e: impl std::fmt::Display) -> String {
 }
 
 impl Floor {
-    /// Connects for `url`'s store; `None` for stores without a network floor.
+    /// Connects for `url`'s store, to run the same work as ours; `None`
+    /// for stores without a network floor.
     pub async fn connect(url: &Url) -> Result<Option<Floor>> {
+        Ok(Self::connect_conn(url).await?.map(|conn| Floor {
+            work: Work::Same,
+            conn,
+        }))
+    }
+
+    async fn connect_conn(url: &Url) -> Result<Option<FloorConn>> {
         let Some(address) = raw_address(url) else {
             return Ok(None);
         };
@@ -80,7 +139,7 @@ impl Floor {
                     .map_err(text)?;
                 let lease = client.lease_grant(30, None).await.map_err(text)?.id();
                 let key = format!("qlbench-floor/{lease:x}");
-                Ok(Some(Floor::Etcd {
+                Ok(Some(FloorConn::Etcd {
                     client: Box::new(client),
                     lease,
                     key,
@@ -96,7 +155,7 @@ impl Floor {
                     Err(e) => return Err(e.to_string()),
                 }
                 let prefix = format!("{parent}/n-");
-                Ok(Some(Floor::Zk {
+                Ok(Some(FloorConn::Zk {
                     client,
                     parent,
                     prefix,
@@ -106,7 +165,7 @@ impl Floor {
                 let http = reqwest::Client::new();
                 let session = consul_session(&http, &address).await?;
                 let key = format!("qlbench-floor/{session}/.lock");
-                Ok(Some(Floor::Consul(ConsulFloor {
+                Ok(Some(FloorConn::Consul(ConsulFloor {
                     http,
                     base: address,
                     session,
@@ -130,12 +189,12 @@ impl Floor {
                     .query_async::<()>(&mut conn.clone())
                     .await
                     .map_err(text)?;
-                Ok(Some(Floor::Redis { conn, key, session }))
+                Ok(Some(FloorConn::Redis { conn, key, session }))
             }
             "postgres" | "postgresql" => {
                 let pg = pg_prepare(pg_connect(url).await?).await?;
                 let key = format!("qlbench-floor/{}", std::process::id());
-                Ok(Some(Floor::Postgres { pg, key }))
+                Ok(Some(FloorConn::Postgres { pg, key }))
             }
             _ => Ok(None),
         }
@@ -149,7 +208,7 @@ impl Floor {
     /// the floor's cycle and ours are one script each way. `None`
     /// elsewhere.
     pub async fn server_busy_us(&mut self) -> Result<Option<u64>> {
-        let Floor::Redis { conn, .. } = self else {
+        let FloorConn::Redis { conn, .. } = &mut self.conn else {
             return Ok(None);
         };
         let info: String = redis::cmd("INFO")
@@ -172,8 +231,8 @@ impl Floor {
 
     /// One lock cycle at the floor: take, then give back.
     pub async fn cycle(&mut self) -> Result<()> {
-        match self {
-            Floor::Etcd { client, lease, key } => {
+        match (&mut self.conn, self.work) {
+            (FloorConn::Etcd { client, lease, key }, Work::Naive) => {
                 let opts = etcd_client::PutOptions::new().with_lease(*lease);
                 client
                     .put(key.as_str(), "", Some(opts))
@@ -181,7 +240,13 @@ impl Floor {
                     .map_err(text)?;
                 client.delete(key.as_str(), None).await.map_err(text)?;
             }
-            Floor::Zk { client, prefix, .. } => {
+            (FloorConn::Etcd { client, lease, key }, Work::Same) => {
+                // After a quiet cycle ours is the put alone, no read.
+                let mut kv = client.kv_client();
+                let rev = etcd_same_take(&mut kv, *lease, key, false).await?;
+                etcd_same_give(&mut kv, key, rev).await?;
+            }
+            (FloorConn::Zk { client, prefix, .. }, _) => {
                 use zookeeper_client::{Acls, CreateMode};
                 let opts = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
                 let (_, seq) = client.create(prefix, b"", &opts).await.map_err(text)?;
@@ -190,16 +255,25 @@ impl Floor {
                     .await
                     .map_err(text)?;
             }
-            Floor::Consul(c) => {
+            (FloorConn::Consul(c), Work::Naive) => {
                 for verb in ["lock", "unlock"] {
                     consul_txn(&c.http, &c.base, verb, &c.key, &c.session).await?;
                 }
             }
-            Floor::Redis { conn, key, session } => {
+            (FloorConn::Consul(c), Work::Same) => {
+                // After a quiet cycle ours reads nothing in its take.
+                let index = consul_same_take(c, &c.key, false).await?;
+                consul_same_give(c, &c.key, index).await?;
+            }
+            (FloorConn::Redis { conn, key, session }, Work::Same) => {
                 redis_queue_op(conn, key, session, "c", true).await?;
                 redis_queue_op(conn, key, session, "c", false).await?;
             }
-            Floor::Postgres { pg, key } => {
+            (FloorConn::Redis { conn, key, .. }, Work::Naive) => {
+                redis_op(conn, key, true).await?;
+                redis_op(conn, key, false).await?;
+            }
+            (FloorConn::Postgres { pg, key }, _) => {
                 pg_op(pg, key, true).await?;
                 pg_op(pg, key, false).await?;
             }
@@ -208,22 +282,38 @@ impl Floor {
     }
 
     /// The floor of taking `count` distinct locks on one client and giving
-    /// them back: `count` raw writes (etcd: put with the lease; ZooKeeper:
-    /// create ephemeral; Consul: txn `lock`), `concurrency` in flight, then
-    /// as many deletes (txn `unlock`). Seconds for each half.
+    /// them back, `concurrency` in flight: [`Work::Same`], the requests
+    /// ours sends for a lock it never took before, done raw (etcd: the
+    /// put guarded as ours, with Go's read of the oldest contender in its
+    /// txn; Consul: the take of a free `.lock` with ours' checks and its
+    /// read of the lock's keys; then the guarded deletes); [`Work::Naive`]
+    /// the plain writes (etcd: put with the lease; Consul: txn `lock`,
+    /// then `unlock`). ZooKeeper: create ephemeral, then delete; Redis:
+    /// the same-work scripts; PostgreSQL: `INSERT`, then `DELETE`.
+    /// Seconds for each half.
     pub async fn scale(&self, count: usize, concurrency: usize) -> Result<(f64, f64)> {
         use futures::stream::{self, StreamExt, TryStreamExt};
-        let mut halves = [0.0; 2];
-        for (half, secs) in halves.iter_mut().enumerate() {
-            let t = std::time::Instant::now();
-            stream::iter(0..count)
-                .map(|i| self.scale_op(i, half == 0))
-                .buffer_unordered(concurrency)
-                .try_collect::<Vec<()>>()
-                .await?;
-            *secs = t.elapsed().as_secs_f64();
-        }
-        Ok((halves[0], halves[1]))
+        let t = std::time::Instant::now();
+        let taken: Vec<(usize, u64)> = stream::iter(0..count)
+            .map(|i| async move { Ok::<_, String>((i, self.scale_take(i).await?)) })
+            .buffer_unordered(concurrency)
+            .try_collect()
+            .await?;
+        let take_secs = t.elapsed().as_secs_f64();
+        Ok((take_secs, self.scale_give_all(taken, concurrency).await?))
+    }
+
+    /// Gives back every lock of `taken` (each with what its take
+    /// answered), `concurrency` in flight: seconds.
+    async fn scale_give_all(&self, taken: Vec<(usize, u64)>, concurrency: usize) -> Result<f64> {
+        use futures::stream::{self, StreamExt, TryStreamExt};
+        let t = std::time::Instant::now();
+        stream::iter(taken)
+            .map(|(i, at)| self.scale_give(i, at))
+            .buffer_unordered(concurrency)
+            .try_collect::<Vec<()>>()
+            .await?;
+        Ok(t.elapsed().as_secs_f64())
     }
 
     /// [`Self::scale`], each take followed by the watch that a held
@@ -239,8 +329,8 @@ impl Floor {
         concurrency: usize,
     ) -> Result<Option<(f64, f64)>> {
         use futures::stream::{self, StreamExt, TryStreamExt};
-        let stream = match self {
-            Floor::Etcd { client, key, .. } => {
+        let stream = match &self.conn {
+            FloorConn::Etcd { client, key, .. } => {
                 let mut watch = client.watch_client();
                 let stream = watch.watch(format!("{key}/w"), None).await.map_err(text)?;
                 let (sender, mut responses) = stream.split();
@@ -251,82 +341,122 @@ impl Floor {
                     );
                 Some((tokio::sync::Mutex::new(sender), reader))
             }
-            Floor::Zk { .. } => None,
+            FloorConn::Zk { .. } => None,
             _ => return Ok(None),
         };
         let sender = stream.as_ref().map(|(s, _)| s);
-        let mut halves = [0.0; 2];
-        for (half, secs) in halves.iter_mut().enumerate() {
-            let t = std::time::Instant::now();
-            stream::iter(0..count)
-                .map(|i| async move {
-                    if half == 1 {
-                        return self.scale_op(i, false).await;
+        let t = std::time::Instant::now();
+        let taken: Vec<(usize, u64)> = stream::iter(0..count)
+            .map(|i| async move {
+                let at = self.scale_take(i).await?;
+                match &self.conn {
+                    FloorConn::Etcd { key, .. } => {
+                        let k = etcd_scale_key(key, i);
+                        let from =
+                            etcd_client::WatchOptions::new().with_start_revision(at as i64 + 1);
+                        let sender = sender.ok_or("no watch stream")?;
+                        sender
+                            .lock()
+                            .await
+                            .watch(k, Some(from))
+                            .await
+                            .map_err(text)?;
                     }
-                    match self {
-                        Floor::Etcd { client, lease, key } => {
-                            let k = format!("{key}/s{i}");
-                            let opts = etcd_client::PutOptions::new().with_lease(*lease);
-                            let put = client.kv_client().put(k.as_str(), "", Some(opts)).await;
-                            let rev = put.map_err(text)?.header().map_or(0, |h| h.revision());
-                            let from =
-                                etcd_client::WatchOptions::new().with_start_revision(rev + 1);
-                            let sender = sender.ok_or("no watch stream")?;
-                            sender.lock().await.watch(k, Some(from)).await.map_err(text)
-                        }
-                        Floor::Zk { client, prefix, .. } => {
-                            self.scale_op(i, true).await?;
-                            let path = format!("{prefix}s{i}");
-                            client.check_and_watch_stat(&path).await.map_err(text)?;
-                            Ok(())
-                        }
-                        _ => Ok(()),
+                    FloorConn::Zk { client, prefix, .. } => {
+                        let path = format!("{prefix}s{i}");
+                        client.check_and_watch_stat(&path).await.map_err(text)?;
                     }
-                })
-                .buffer_unordered(concurrency)
-                .try_collect::<Vec<()>>()
-                .await?;
-            *secs = t.elapsed().as_secs_f64();
-        }
+                    _ => {}
+                }
+                Ok::<_, String>((i, at))
+            })
+            .buffer_unordered(concurrency)
+            .try_collect()
+            .await?;
+        let take_secs = t.elapsed().as_secs_f64();
+        let give_secs = self.scale_give_all(taken, concurrency).await?;
         if let Some((_, reader)) = stream {
             reader.abort();
         }
-        Ok(Some((halves[0], halves[1])))
+        Ok(Some((take_secs, give_secs)))
     }
 
-    async fn scale_op(&self, i: usize, take: bool) -> Result<()> {
-        match self {
-            Floor::Etcd { client, lease, key } => {
-                let mut kv = client.kv_client();
-                let k = format!("{key}/s{i}");
-                if take {
-                    let opts = etcd_client::PutOptions::new().with_lease(*lease);
-                    kv.put(k, "", Some(opts)).await.map_err(text)?;
-                } else {
-                    kv.delete(k, None).await.map_err(text)?;
-                }
+    /// Takes the `i`th lock of [`Self::scale`]: the revision or index
+    /// its give-back checks (0 where none is).
+    async fn scale_take(&self, i: usize) -> Result<u64> {
+        match (&self.conn, self.work) {
+            (FloorConn::Etcd { client, lease, key }, Work::Same) => {
+                let k = etcd_scale_key(key, i);
+                let rev = etcd_same_take(&mut client.kv_client(), *lease, &k, true).await?;
+                Ok(rev as u64)
             }
-            Floor::Zk { client, prefix, .. } => {
+            (FloorConn::Etcd { client, lease, key }, Work::Naive) => {
+                let k = etcd_scale_key(key, i);
+                let opts = etcd_client::PutOptions::new().with_lease(*lease);
+                let put = client.kv_client().put(k, "", Some(opts)).await;
+                Ok(put.map_err(text)?.header().map_or(0, |h| h.revision()) as u64)
+            }
+            (FloorConn::Zk { client, prefix, .. }, _) => {
                 use zookeeper_client::{Acls, CreateMode};
+                let opts = CreateMode::Ephemeral.with_acls(Acls::anyone_all());
                 let path = format!("{prefix}s{i}");
-                if take {
-                    let opts = CreateMode::Ephemeral.with_acls(Acls::anyone_all());
-                    client.create(&path, b"", &opts).await.map_err(text)?;
-                } else {
-                    client.delete(&path, None).await.map_err(text)?;
-                }
+                client.create(&path, b"", &opts).await.map_err(text)?;
+                Ok(0)
             }
-            Floor::Consul(c) => {
-                let verb = if take { "lock" } else { "unlock" };
+            (FloorConn::Consul(c), Work::Same) => {
+                consul_same_take(c, &format!("{}/s{i}/.lock", c.key), true).await
+            }
+            (FloorConn::Consul(c), Work::Naive) => {
                 let key = format!("{}/s{i}", c.key);
-                consul_txn(&c.http, &c.base, verb, &key, &c.session).await?;
+                consul_txn(&c.http, &c.base, "lock", &key, &c.session).await
             }
-            Floor::Redis { conn, key, session } => {
+            (FloorConn::Redis { conn, key, session }, Work::Same) => {
                 let lock = format!("{key}/s{i}");
-                redis_queue_op(&mut conn.clone(), &lock, session, "c", take).await?;
+                redis_queue_op(&mut conn.clone(), &lock, session, "c", true).await?;
+                Ok(0)
             }
-            Floor::Postgres { pg, key } => {
-                pg_op(pg, &format!("{key}/s{i}"), take).await?;
+            (FloorConn::Redis { conn, key, .. }, Work::Naive) => {
+                redis_op(&mut conn.clone(), &format!("{key}/n{i}"), true).await?;
+                Ok(0)
+            }
+            (FloorConn::Postgres { pg, key }, _) => {
+                pg_op(pg, &format!("{key}/s{i}"), true).await?;
+                Ok(0)
+            }
+        }
+    }
+
+    /// Gives back the `i`th lock of [`Self::scale`], taken at `at`.
+    async fn scale_give(&self, i: usize, at: u64) -> Result<()> {
+        match (&self.conn, self.work) {
+            (FloorConn::Etcd { client, key, .. }, Work::Same) => {
+                let k = etcd_scale_key(key, i);
+                etcd_same_give(&mut client.kv_client(), &k, at as i64).await?;
+            }
+            (FloorConn::Etcd { client, key, .. }, Work::Naive) => {
+                let k = etcd_scale_key(key, i);
+                client.kv_client().delete(k, None).await.map_err(text)?;
+            }
+            (FloorConn::Zk { client, prefix, .. }, _) => {
+                let path = format!("{prefix}s{i}");
+                client.delete(&path, None).await.map_err(text)?;
+            }
+            (FloorConn::Consul(c), Work::Same) => {
+                consul_same_give(c, &format!("{}/s{i}/.lock", c.key), at).await?;
+            }
+            (FloorConn::Consul(c), Work::Naive) => {
+                let key = format!("{}/s{i}", c.key);
+                consul_txn(&c.http, &c.base, "unlock", &key, &c.session).await?;
+            }
+            (FloorConn::Redis { conn, key, session }, Work::Same) => {
+                let lock = format!("{key}/s{i}");
+                redis_queue_op(&mut conn.clone(), &lock, session, "c", false).await?;
+            }
+            (FloorConn::Redis { conn, key, .. }, Work::Naive) => {
+                redis_op(&mut conn.clone(), &format!("{key}/n{i}"), false).await?;
+            }
+            (FloorConn::Postgres { pg, key }, _) => {
+                pg_op(pg, &format!("{key}/s{i}"), false).await?;
             }
         }
         Ok(())
@@ -334,16 +464,16 @@ impl Floor {
 
     /// Removes what the floor left on the store.
     pub async fn close(self) {
-        match self {
-            Floor::Etcd {
+        match self.conn {
+            FloorConn::Etcd {
                 mut client, lease, ..
             } => {
                 let _ = client.lease_revoke(lease).await;
             }
-            Floor::Zk { client, parent, .. } => {
+            FloorConn::Zk { client, parent, .. } => {
                 let _ = client.delete(&parent, None).await;
             }
-            Floor::Consul(c) => {
+            FloorConn::Consul(c) => {
                 let destroy = format!("{}/v1/session/destroy/{}", c.base, c.session);
                 let _ = c.http.put(destroy).send().await;
                 // `.lock` and the scale floor's keys under it.
@@ -353,7 +483,7 @@ impl Floor {
                     .send()
                     .await;
             }
-            Floor::Redis {
+            FloorConn::Redis {
                 mut conn,
                 key,
                 session,
@@ -371,7 +501,7 @@ impl Floor {
                     .query_async::<()>(&mut conn)
                     .await;
             }
-            Floor::Postgres { .. } => {} // every row was deleted by its cycle
+            FloorConn::Postgres { .. } => {} // every row was deleted by its cycle
         }
     }
 }
@@ -484,35 +614,6 @@ async fn redis_queue_op(
         .await
         .map_err(text)?;
     Ok(())
-}
-
-/// The naive Redis lock's cycle (`SET key PX NX` + `DEL key`), timed
-/// `cycles` times after a warm-up: the second floor of a Redis run,
-/// beside the same-work one. `None` for other stores.
-pub async fn naive_redis(url: &Url, cycles: usize) -> Result<Option<crate::Histogram>> {
-    if url.scheme() != "redis" {
-        return Ok(None);
-    }
-    let Some(address) = raw_address(url) else {
-        return Ok(None);
-    };
-    let client = redis::Client::open(address).map_err(text)?;
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .map_err(text)?;
-    let key = format!("qlbench-floor/naive-{}", std::process::id());
-    let mut h = crate::histogram();
-    for i in 0..cycles + crate::WARMUP {
-        let t = std::time::Instant::now();
-        redis_op(&mut conn, &key, true).await?;
-        redis_op(&mut conn, &key, false).await?;
-        if i >= crate::WARMUP {
-            h.record(t.elapsed().as_micros().max(1) as u64)
-                .map_err(text)?;
-        }
-    }
-    Ok(Some(h))
 }
 
 /// `SET key 1 PX 30000 NX` (take) or `DEL key` (give back): the naive
@@ -913,6 +1014,9 @@ pub(crate) async fn consul_session(http: &reqwest::Client, base: &str) -> Result
 /// One Consul txn of `verb` (`lock` or `unlock`) on `key` for `session`,
 /// with the flags `consul lock` puts on its `.lock`; the key's modify
 /// index after it.
+/// The flags of our `.lock` (quorumlock-consul's `LOCK_FLAGS`).
+const CONSUL_LOCK_FLAGS: u64 = 0x2ddc_cbc0_58a5_0c18;
+
 async fn consul_txn(
     http: &reqwest::Client,
     base: &str,
@@ -920,11 +1024,114 @@ async fn consul_txn(
     key: &str,
     session: &str,
 ) -> Result<u64> {
-    let op = serde_json::json!([{"KV": {"Verb": verb, "Key": key, "Session": session, "Flags": 0x2ddc_cbc0_58a5_0c18u64}}]);
+    let op = serde_json::json!([{"KV": {"Verb": verb, "Key": key, "Session": session, "Flags": CONSUL_LOCK_FLAGS}}]);
     let r = consul_put(http, &format!("{base}/v1/txn"), &op).await?;
     r["Results"][0]["KV"]["ModifyIndex"]
         .as_u64()
         .ok_or_else(|| format!("no index in {r}"))
+}
+
+/// Ours' take of a free `.lock` (`lock`), raw: `.lock` absent, then
+/// locked by our session with our flags and a record, our queue key
+/// absent (a late fast take never lands once we queued), the attempt's
+/// fence key absent; with `read`, the lock's keys read in the same txn
+/// (what ours reads on a lock it has no quiet last cycle of). A refused
+/// take fails the request (409). `.lock`'s index.
+async fn consul_same_take(c: &ConsulFloor, lock: &str, read: bool) -> Result<u64> {
+    use base64::Engine as _;
+    let value = base64::engine::general_purpose::STANDARD.encode(SAME_WORK_VALUE);
+    let tree = lock.strip_suffix(".lock").unwrap_or(lock);
+    let mut ops = vec![
+        serde_json::json!({"KV": {"Verb": "check-not-exists", "Key": lock}}),
+        serde_json::json!({"KV": {"Verb": "lock", "Key": lock, "Session": c.session, "Flags": CONSUL_LOCK_FLAGS, "Value": value}}),
+    ];
+    if read {
+        ops.push(serde_json::json!({"KV": {"Verb": "get-tree", "Key": tree}}));
+    }
+    ops.extend([
+        serde_json::json!({"KV": {"Verb": "check-not-exists", "Key": format!("{tree}q/{}", c.session)}}),
+        serde_json::json!({"KV": {"Verb": "check-not-exists", "Key": format!("{tree}fence")}}),
+    ]);
+    let r = consul_put(
+        &c.http,
+        &format!("{}/v1/txn", c.base),
+        &serde_json::Value::Array(ops),
+    )
+    .await?;
+    // The checks answer nothing: `.lock` is the first result.
+    r["Results"][0]["KV"]["ModifyIndex"]
+        .as_u64()
+        .ok_or_else(|| format!("no index in {r}"))
+}
+
+/// Ours' release of `.lock` taken at `index`, raw: at that index only
+/// (`check-index` fails on a missing `.lock`, `delete-cas` would not).
+async fn consul_same_give(c: &ConsulFloor, lock: &str, index: u64) -> Result<()> {
+    let give = serde_json::json!([
+        {"KV": {"Verb": "check-index", "Key": lock, "Index": index}},
+        {"KV": {"Verb": "delete-cas", "Key": lock, "Index": index}},
+    ]);
+    consul_put(&c.http, &format!("{}/v1/txn", c.base), &give).await?;
+    Ok(())
+}
+
+/// Ours' put of an entry, raw: guarded as ours (the attempt's fence key
+/// absent, the key new), with the lease; with `read`, Go's read of the
+/// oldest contender in the same txn (ours' enqueue txn on a lock it has
+/// no quiet last cycle of). The revision it wrote at.
+async fn etcd_same_take(
+    kv: &mut etcd_client::KvClient,
+    lease: i64,
+    key: &str,
+    read: bool,
+) -> Result<i64> {
+    use etcd_client::{
+        Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    };
+    let mut then = vec![TxnOp::put(
+        key,
+        SAME_WORK_VALUE,
+        Some(PutOptions::new().with_lease(lease)),
+    )];
+    if read {
+        // The lock's prefix, where the key is the one entry.
+        let prefix = key.rsplit_once('/').map_or(key, |(p, _)| p);
+        let oldest = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(1);
+        then.push(TxnOp::get(format!("{prefix}/"), Some(oldest)));
+    }
+    let txn = Txn::new()
+        .when([
+            Compare::version(format!("{key}/fence"), CompareOp::Equal, 0),
+            Compare::create_revision(key, CompareOp::Equal, 0),
+        ])
+        .and_then(then);
+    let r = kv.txn(txn).await.map_err(text)?;
+    if !r.succeeded() {
+        return Err("a guard of the floor's put failed".into());
+    }
+    Ok(r.header().map_or(0, |h| h.revision()))
+}
+
+/// The entry key of the `i`th lock of the scale floor: the one key
+/// under the lock's own prefix, as ours is.
+fn etcd_scale_key(key: &str, i: usize) -> String {
+    format!("{key}/s{i}/e")
+}
+
+/// Ours' delete of an entry, raw: only of the key at its create
+/// revision `rev`.
+async fn etcd_same_give(kv: &mut etcd_client::KvClient, key: &str, rev: i64) -> Result<()> {
+    use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+    let txn = Txn::new()
+        .when([Compare::create_revision(key, CompareOp::Equal, rev)])
+        .and_then([TxnOp::delete(key, None)]);
+    if !kv.txn(txn).await.map_err(text)?.succeeded() {
+        return Err("a guard of the floor's delete failed".into());
+    }
+    Ok(())
 }
 
 /// PUTs `body` to `url`; the JSON answer of a 2xx.

@@ -132,34 +132,38 @@ fn requests(clients: &[LockClient]) -> u64 {
     clients.iter().map(|c| c.backend().requests_sent()).sum()
 }
 
-/// Cycles timed back to back before switching between the floor and ours.
+/// Cycles timed back to back before switching between the floors and ours.
 const BLOCK: usize = 10;
 
-/// The uncontended cycle (acquire + release on one client) and the floor,
-/// interleaved in blocks of [`BLOCK`] (floor first, then ours, then the
-/// other way round), so that a change of the machine's load during the
-/// run weighs on both alike.
-/// The uncontended cycle and its floor, in alternating blocks: each side's
-/// latencies, and where the store reports it
-/// ([`floor::Floor::server_busy_us`]) the server's time per cycle of each
-/// (ours, the floor's), read between blocks.
+/// The uncontended cycle (acquire + release on one client) and its
+/// floors ([`floor::cycle_floors`]), interleaved in blocks of [`BLOCK`],
+/// each block starting one side later than the last, so that a change of
+/// the machine's load during the run weighs on all alike: our latencies,
+/// each floor's, and where the store reports it
+/// ([`floor::Floor::server_busy_us`]) the server's time per cycle of ours
+/// and of the first floor, read between blocks.
 async fn uncontended(
     url: &str,
-    mut floor: Option<floor::Floor>,
+    mut floors: Vec<floor::Floor>,
     cycles: usize,
-) -> Result<(Histogram, Option<Histogram>, Option<[f64; 2]>), Box<dyn std::error::Error>> {
+) -> Result<(Histogram, Vec<Histogram>, Option<[f64; 2]>), Box<dyn std::error::Error>> {
     let c = quorumlock::connect(url).await?;
     let lock = c.lock("uncontended")?;
-    let (mut ours, mut theirs) = (histogram(), histogram());
+    let mut ours = histogram();
+    let mut theirs: Vec<Histogram> = floors.iter().map(|_| histogram()).collect();
     let mut busy = Some([0u64; 2]);
+    let sides = floors.len() + 1;
     let mut i = 0;
     let mut block = 0;
     while i < cycles + WARMUP {
         let n = BLOCK.min(cycles + WARMUP - i);
         let record = i >= WARMUP;
-        for side in [block % 2, 1 - block % 2] {
-            let before = match &mut floor {
-                Some(f) if record => f.server_busy_us().await?,
+        for side in (0..sides).map(|s| (s + block) % sides) {
+            // Side 0 is ours, side k the (k-1)th floor; the server's time
+            // is read around ours and the first floor's.
+            let timed = record && side < 2;
+            let before = match floors.first_mut() {
+                Some(f) if timed => f.server_busy_us().await?,
                 _ => None,
             };
             for _ in 0..n {
@@ -167,20 +171,22 @@ async fn uncontended(
                 if side == 0 {
                     let g = lock.acquire().await?;
                     g.release().await?;
-                    if record {
-                        ours.record(t.elapsed().as_micros().max(1) as u64)?;
-                    }
-                } else if let Some(f) = &mut floor {
-                    f.cycle().await?;
-                    if record {
-                        theirs.record(t.elapsed().as_micros().max(1) as u64)?;
-                    }
+                } else {
+                    floors[side - 1].cycle().await?;
+                }
+                if record {
+                    let h = if side == 0 {
+                        &mut ours
+                    } else {
+                        &mut theirs[side - 1]
+                    };
+                    h.record(t.elapsed().as_micros().max(1) as u64)?;
                 }
             }
-            if !record {
+            if !timed {
                 continue;
             }
-            let after = match &mut floor {
+            let after = match floors.first_mut() {
                 Some(f) => f.server_busy_us().await?,
                 None => None,
             };
@@ -196,12 +202,14 @@ async fn uncontended(
         block += 1;
     }
     c.close().await;
-    let has_floor = floor.is_some();
-    if let Some(f) = floor {
+    if floors.is_empty() {
+        busy = None;
+    }
+    for f in floors {
         f.close().await;
     }
     let per_cycle = busy.map(|b| b.map(|us| us as f64 / cycles as f64));
-    Ok((ours, has_floor.then_some(theirs), per_cycle))
+    Ok((ours, theirs, per_cycle))
 }
 
 /// Load for `secs` before anything is measured, every result thrown
@@ -219,8 +227,7 @@ async fn warm_up(
     let url = url_in(url, "warm-up");
     let start = Instant::now();
     while start.elapsed().as_secs_f64() < secs {
-        let floor_conn = floor::Floor::connect(parsed).await?;
-        uncontended(&url, floor_conn, 100).await?;
+        uncontended(&url, floor::cycle_floors(parsed).await?, 100).await?;
         floor::handoffs(parsed, 100).await?;
         handoff(&url, 4, 200).await?;
     }
@@ -432,8 +439,10 @@ async fn scale(url: &str, count: usize) -> quorumlock::Result<Value> {
     }))
 }
 
-/// [`scale`], then its floor: the same number of raw writes, as many in
-/// flight.
+/// [`scale`], then its floors, as many locks, as many in flight: the
+/// same work raw ([`floor::Floor::scale`]), with each lock's loss watch
+/// where that is a request of its own ([`floor::Floor::scale_watched`]),
+/// and the store's naive lock where it has one.
 async fn scale_with_floor(
     url: &str,
     parsed: &quorumlock::url::Url,
@@ -449,6 +458,16 @@ async fn scale_with_floor(
             v["floor_watched_release_all_s"] = json!(give);
         }
         f.close().await;
+    }
+    // The store's naive lock, beside the same work.
+    if floor::describe_naive(parsed.scheme()).is_some() {
+        if let Some(mut f) = floor::Floor::connect(parsed).await? {
+            f.work = floor::Work::Naive;
+            let (take, give) = f.scale(count - 1, SCALE_CONCURRENCY).await?;
+            v["floor_naive_acquire_all_s"] = json!(take);
+            v["floor_naive_release_all_s"] = json!(give);
+            f.close().await;
+        }
     }
     Ok(v)
 }
@@ -523,18 +542,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     eprintln!("bench: warm-up, {} s", args.warm_up_secs);
     let warmed_up = warm_up(&url, &parsed, args.warm_up_secs).await?;
     let (mut cycle, mut floor, mut ratio, mut naive_floor) = (None, None, None, None);
+    let mut naive_ratio = None;
     let mut server_us = None;
     if runs("cycle") {
         eprintln!("bench: uncontended cycle and the floor, interleaved");
-        let floor_conn = floor::Floor::connect(&parsed).await?;
-        let (c, f, busy) = uncontended(&url, floor_conn, args.cycles).await?;
+        let floors = floor::cycle_floors(&parsed).await?;
+        let (c, mut f, busy) = uncontended(&url, floors, args.cycles).await?;
         server_us = busy;
-        ratio = f
-            .as_ref()
-            .map(|f| c.value_at_quantile(0.5) as f64 / f.value_at_quantile(0.5) as f64);
+        let over =
+            |f: &Histogram| c.value_at_quantile(0.5) as f64 / f.value_at_quantile(0.5) as f64;
+        ratio = f.first().map(over);
+        naive_ratio = f.get(1).map(over);
+        naive_floor = (f.len() > 1).then(|| f.remove(1));
+        floor = f.into_iter().next();
         cycle = Some(c);
-        floor = f;
-        naive_floor = floor::naive_redis(&parsed, args.cycles).await?;
     }
     let mut handoffs = Vec::new();
     let mut handoff_floor = None;
@@ -617,8 +638,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "cycle": cycle.as_ref().map(summary),
         "cycle_over_floor_p50": ratio,
         "server_us_per_cycle": server_us.map(|[ours, floor]| json!({"ours": ours, "floor": floor})),
-        "naive_floor_is": naive_floor.as_ref().map(|_| "SET key PX NX + DEL key (the naive Redis lock)"),
+        "naive_floor_is": naive_floor.as_ref().and_then(|_| floor::describe_naive(&scheme)),
         "naive_floor": naive_floor.as_ref().map(summary),
+        "cycle_over_naive_floor_p50": naive_ratio,
         "handoff_floor_is": floor::describe_handoff(&scheme),
         "handoff_floor": handoff_floor.as_ref().map(summary),
         "handoff_floor_among_listeners": handoff_floor_among,
@@ -663,10 +685,13 @@ fn print_markdown(r: &Value) {
         );
     }
     println!(
-        "| acquire + release, uncontended | {} | {} | {} x floor (p50) |",
+        "| acquire + release, uncontended | {} | {} | {} x floor (p50){} |",
         f(&r["cycle"]["p50_ms"]),
         f(&r["cycle"]["p99_ms"]),
-        f(&r["cycle_over_floor_p50"])
+        f(&r["cycle_over_floor_p50"]),
+        r["cycle_over_naive_floor_p50"]
+            .as_f64()
+            .map_or(String::new(), |x| format!(", {x:.3} x the second floor"))
     );
     if r["server_us_per_cycle"].is_object() {
         println!(
@@ -747,8 +772,17 @@ fn print_markdown(r: &Value) {
                 f(&s["floor_watched_release_all_s"])
             )
         };
+        let naive = if s["floor_naive_acquire_all_s"].is_null() {
+            String::new()
+        } else {
+            format!(
+                "; the naive lock's floor: acquire all {} s, release all {} s",
+                f(&s["floor_naive_acquire_all_s"]),
+                f(&s["floor_naive_release_all_s"])
+            )
+        };
         println!(
-            "| {} locks held by one client ({} session) | | | acquire all {} s (floor {} s, {} requests per lock), release all {} s (floor {} s, {} requests per lock); keepalive requests per TTL: {} with 1 lock, {} with all; {} bytes per lock{watched} |",
+            "| {} locks held by one client ({} session) | | | acquire all {} s (floor {} s, {} requests per lock), release all {} s (floor {} s, {} requests per lock); keepalive requests per TTL: {} with 1 lock, {} with all; {} bytes per lock{watched}{naive} |",
             s["locks"], s["sessions"], f(&s["acquire_all_s"]), f(&s["floor_acquire_all_s"]), f(&s["acquire_requests_per_lock"]), f(&s["release_all_s"]), f(&s["floor_release_all_s"]), f(&s["release_requests_per_lock"]), s["requests_per_ttl_one_lock"], s["requests_per_ttl_all_locks"], f(&s["client_bytes_per_lock"])
         );
     }
