@@ -527,20 +527,8 @@ impl EtcdSession {
             .first_contender(&pfx_slash, range_at(&resp, 1)?.kvs(), &key, my_rev)
             .await?
             .filter(|o| o.create_revision() != my_rev);
-        let first = if first_is_enough {
-            // Not first: a try-acquire needs no more; a waiter reads
-            // its nearest predecessor below.
-            match &oldest {
-                None => Some(Vec::new()),
-                Some(o) if !req.wait => Some(vec![o.clone()]),
-                Some(_) => None,
-            }
-        } else if resp.succeeded() {
-            let kvs = range_at(&resp, 2)?;
-            Some(self.ahead(pfx, kind, None, kvs.kvs(), &key, my_rev).await?)
-        } else {
-            None
-        };
+        // The conflict first: it needs no more reads (what we would wait
+        // for may need a read of its own, which could fail first).
         if let Some(o) = &oldest {
             let theirs = layout::kind_of(o);
             if kind.conflicts_with(theirs) {
@@ -556,6 +544,20 @@ impl EtcdSession {
                 ));
             }
         }
+        let first = if first_is_enough {
+            // Not first: a try-acquire needs no more; a waiter reads
+            // its nearest predecessor below.
+            match &oldest {
+                None => Some(Vec::new()),
+                Some(o) if !req.wait => Some(vec![o.clone()]),
+                Some(_) => None,
+            }
+        } else if resp.succeeded() {
+            let kvs = range_at(&resp, 2)?;
+            Some(self.ahead(pfx, kind, None, kvs.kvs(), &key, my_rev).await?)
+        } else {
+            None
+        };
 
         Ok(Enqueued {
             my_rev,
