@@ -762,25 +762,23 @@ fn print_markdown(r: &Value) {
         if s.is_null() {
             continue;
         }
+        // A further floor's two halves, where the run measured it.
+        let other = |field: &str, what: &str| {
+            let take = &s[format!("floor_{field}_acquire_all_s")];
+            let give = &s[format!("floor_{field}_release_all_s")];
+            if take.is_null() {
+                String::new()
+            } else {
+                format!(
+                    "; {what}: acquire all {} s, release all {} s",
+                    f(take),
+                    f(give)
+                )
+            }
+        };
         // etcd and ZooKeeper: the floor with each lock's loss watch too.
-        let watched = if s["floor_watched_acquire_all_s"].is_null() {
-            String::new()
-        } else {
-            format!(
-                "; the floor with each lock's loss watch: acquire all {} s, release all {} s",
-                f(&s["floor_watched_acquire_all_s"]),
-                f(&s["floor_watched_release_all_s"])
-            )
-        };
-        let naive = if s["floor_naive_acquire_all_s"].is_null() {
-            String::new()
-        } else {
-            format!(
-                "; the naive lock's floor: acquire all {} s, release all {} s",
-                f(&s["floor_naive_acquire_all_s"]),
-                f(&s["floor_naive_release_all_s"])
-            )
-        };
+        let watched = other("watched", "the floor with each lock's loss watch");
+        let naive = other("naive", "the naive lock's floor");
         println!(
             "| {} locks held by one client ({} session) | | | acquire all {} s (floor {} s, {} requests per lock), release all {} s (floor {} s, {} requests per lock); keepalive requests per TTL: {} with 1 lock, {} with all; {} bytes per lock{watched}{naive} |",
             s["locks"], s["sessions"], f(&s["acquire_all_s"]), f(&s["floor_acquire_all_s"]), f(&s["acquire_requests_per_lock"]), f(&s["release_all_s"]), f(&s["floor_release_all_s"]), f(&s["release_requests_per_lock"]), s["requests_per_ttl_one_lock"], s["requests_per_ttl_all_locks"], f(&s["client_bytes_per_lock"])
