@@ -17,6 +17,14 @@ pub fn env_or_skip(var: &str) -> Option<String> {
     }
 }
 
+/// Opens `client`'s session (a session opens with the first acquire) by
+/// taking and giving back a lock `warm` of its own, so that what a test
+/// does or measures next does not pay for it.
+pub async fn open_session(client: &quorumlock_core::LockClient) {
+    let warm = client.lock("warm").unwrap().acquire().await.unwrap();
+    warm.release().await.unwrap();
+}
+
 /// A namespace no other test uses: `prefix-` and 12 hex digits.
 pub fn unique_namespace(prefix: &str) -> String {
     format!(

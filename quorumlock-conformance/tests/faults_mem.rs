@@ -27,15 +27,7 @@ async fn a_late_deadline_timer_does_not_add_the_abandon_grace() {
     let (backend, net) = t.faulty_backend("late").await;
     let waiter = LockClient::new(backend);
     // A session first, so that the timed acquire's time goes to waiting.
-    waiter
-        .lock("warm")
-        .unwrap()
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    quorumlock_conformance::support::open_session(&waiter).await;
 
     let timeout = Duration::from_millis(300);
     let start = Instant::now();

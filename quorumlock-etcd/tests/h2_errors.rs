@@ -286,14 +286,7 @@ async fn late_enqueue_after_an_h2_reset_creates_nothing(var: &str) {
         quorumlock_etcd::EtcdBackend::connect(&long).await.unwrap(),
     ));
     // Opens our session.
-    ours.lock("warm")
-        .unwrap()
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    quorumlock_conformance::support::open_session(&ours).await;
     let g0 = other.lock("h2m").unwrap().acquire().await.unwrap();
     let config = quorumlock_etcd::EtcdConfig::from_url(&url).unwrap();
     let prefix = config

@@ -473,14 +473,7 @@ async fn late_enqueue_after_abandon_creates_nothing(var: &str) {
     short.query_pairs_mut().append_pair("ttl", "30s");
     let ours = client_at(&short).await;
     // Opens our session (and the connection that is held below).
-    ours.lock("warm")
-        .unwrap()
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    quorumlock_conformance::support::open_session(&ours).await;
 
     proxy.hold();
     let c = ours.clone();

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::stream::{self, StreamExt};
+use quorumlock_conformance::support::open_session;
 use quorumlock_core::LockClient;
 use quorumlock_postgres::{PostgresBackend, PostgresConfig};
 
@@ -46,7 +47,7 @@ async fn named_client(url: &str) -> (LockClient, String) {
         .application_name(&app);
     let backend = PostgresBackend::from_client(pg, config).await.unwrap();
     let client = LockClient::new(Arc::new(backend));
-    common::open_session(&client).await;
+    open_session(&client).await;
     (client, app)
 }
 

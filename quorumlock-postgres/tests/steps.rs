@@ -14,6 +14,7 @@ mod common;
 
 use std::sync::Arc;
 
+use quorumlock_conformance::support::open_session;
 use quorumlock_core::backend::holds;
 use quorumlock_core::{LockClient, LockKind};
 use quorumlock_postgres::PostgresBackend;
@@ -255,7 +256,7 @@ async fn connect(url: &str) -> LockClient {
 async fn scratch(base: &str) -> (LockClient, Db) {
     let schema = scratch_schema();
     let client = connect(&format!("{base}?schema={schema}")).await;
-    common::open_session(&client).await;
+    open_session(&client).await;
     let raw = common::sql(base).await;
     let timeline = common::timeline(&raw).await;
     let db = Db {
@@ -570,8 +571,7 @@ async fn a_woken_waiter_holds_without_a_statement_of_its_own() {
     let url = format!("{base}?schema={schema}&ttl=24h");
     let (a, b) = (connect(&url).await, connect(&url).await);
     for c in [&a, &b] {
-        let warm = c.lock("warm").unwrap().acquire().await.unwrap();
-        warm.release().await.unwrap();
+        open_session(c).await;
     }
     let held = a.lock("x").unwrap().acquire().await.unwrap();
     let waiter = tokio::spawn({

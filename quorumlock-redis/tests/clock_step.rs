@@ -27,8 +27,9 @@ mod common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::{client, open_session, raw, step_clock, url_with};
+use common::{client, raw, step_clock, url_with};
 use quorumlock_conformance::faults::{NetControl, NetMode, TcpProxy};
+use quorumlock_conformance::support::open_session;
 use quorumlock_conformance::support::{env_or_skip as env, unique_namespace};
 use quorumlock_core::{ErrorKind, LockGuard, LossReason};
 use tokio::time::Instant;

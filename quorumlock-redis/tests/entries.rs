@@ -18,8 +18,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{client, open_session, plain_client, raw, session_set, until_queued, url_with};
+use common::{client, plain_client, raw, session_set, until_queued, url_with};
 use futures::StreamExt;
+use quorumlock_conformance::support::open_session;
 use quorumlock_conformance::support::{env_or_skip as env, free_port, unique_namespace};
 use quorumlock_core::{ErrorKind, LockClient};
 use tokio::process::{Child, Command};

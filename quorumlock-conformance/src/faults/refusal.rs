@@ -261,14 +261,7 @@ pub async fn late_grant_is_given_back(t: &FaultTarget) -> Row {
     let (backend, switch) = Refusals::wrap(t.backend(&ns).await);
     let late = LockClient::new(backend);
     // The session first, so that the stall hits the grant alone.
-    late.lock("warm")
-        .unwrap()
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    crate::support::open_session(&late).await;
 
     switch.stall_grant_ms.store(400, Ordering::SeqCst);
     row.faults += 1;

@@ -204,20 +204,6 @@ pub async fn try_sql(url: &str) -> Option<tokio_postgres::Client> {
     Some(c)
 }
 
-/// Opens `client`'s session (and its listener) by taking and giving back
-/// a lock of its own, so that what a test measures next does not.
-pub async fn open_session(client: &quorumlock_core::LockClient) {
-    client
-        .lock("warm")
-        .unwrap()
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
-}
-
 /// A namespace of its own for one test.
 pub fn namespace(what: &str) -> String {
     format!(

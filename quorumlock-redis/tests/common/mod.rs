@@ -26,13 +26,6 @@ pub async fn client(url: &str) -> LockClient {
     LockClient::new(Arc::new(RedisBackend::connect(url).await.unwrap()))
 }
 
-/// Opens `c`'s session (it opens with the first acquire): a lock
-/// `warm` taken and given back.
-pub async fn open_session(c: &LockClient) {
-    let g = c.lock("warm").unwrap().acquire().await.unwrap();
-    g.release().await.unwrap();
-}
-
 /// Waits (up to 10 s) until lock `name`, as `c` sees it, has a waiter.
 pub async fn until_queued(c: &LockClient, name: &str) {
     let queued = async {
