@@ -202,9 +202,6 @@ async fn uncontended(
         block += 1;
     }
     c.close().await;
-    if floors.is_empty() {
-        busy = None;
-    }
     for f in floors {
         f.close().await;
     }

@@ -200,7 +200,7 @@ impl<'a> Attempt<'a> {
         }) = tried
         else {
             if !contended {
-                note_contention(s, keys, true); // `.lock` is taken
+                s.contended.note(&keys.lock, true); // `.lock` is taken
             }
             return Ok(Fast::Queue(None));
         };
@@ -215,7 +215,7 @@ impl<'a> Attempt<'a> {
             }
             return Ok(Fast::Granted(self.granted(token)));
         }
-        note_contention(s, keys, true);
+        s.contended.note(&keys.lock, true);
         // Given back and joined: go on from the lock as that txn read
         // it. Else (our grant was taken from us first, or the join's
         // answer was lost and it did not go through) join below.
@@ -605,7 +605,8 @@ pub(crate) async fn release(
         Txn::Done(results) => {
             if !fast {
                 let v = View::from_entries(keys, results);
-                note_contention(s, keys, !(v.queue.is_empty() && v.rw.is_empty()));
+                s.contended
+                    .note(&keys.lock, !(v.queue.is_empty() && v.rw.is_empty()));
             }
             Ok(())
         }
@@ -719,12 +720,6 @@ async fn leave_queue(s: &Arc<SessionState>, keys: &Keys, ours: Option<&KvEntry>)
         }
     }
     remove_read(s, keys, None).await.map(drop)
-}
-
-/// Remembers whether the mutex of `keys` had other contenders of ours
-/// (its next acquire then skips the fast path).
-fn note_contention(s: &Arc<SessionState>, keys: &Keys, contended: bool) {
-    s.contended.note(&keys.lock, contended);
 }
 
 /// The one-txn acquire of a free mutex: `check-not-exists` of `.lock`,
