@@ -65,8 +65,8 @@ for name, r in runs:
     )
 
 print()
-print("| store | handoffs/s, 8 clients | 32 clients | 32 / 8 (target >= 0.9) | requests per handoff, 8 / 32 | each client its own process: handoffs/s, 8 / 32 (in the bench's process / in processes) | the store's recipe raw: handoffs/s, 8 / 32 parties | recipe 32 / 8 | recipe requests per handoff, 8 / 32 |")
-print("|---|---|---|---|---|---|---|---|---|")
+print("| store | handoffs/s, 8 clients | 32 clients | 32 / 8 (target >= 0.9) | requests per handoff, 8 / 32 | each client its own process: handoffs/s, 8 / 32 (in the bench's process / in processes) | all clients in one other process: handoffs/s, 8 / 32 (in the bench's process / in the other) | the store's recipe raw: handoffs/s, 8 / 32 parties | recipe 32 / 8 | recipe requests per handoff, 8 / 32 |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for name, r in runs:
     by_clients = {c["clients"]: c for c in r["contended"]}
     a, b = by_clients.get(8), by_clients.get(32)
@@ -75,6 +75,7 @@ for name, r in runs:
     by_parties = {h["parties"]: h for h in r.get("recipe") or []}
     ra, rb = by_parties.get(8), by_parties.get(32)
     procs = {c["clients"]: c for c in r.get("contended_processes") or []}
+    other = {c["clients"]: c for c in r.get("contended_one_process") or []}
     rate = lambda x: x and x["handoffs_per_s"]
     reqs = lambda x: x and x["requests_per_handoff"]
     print(
@@ -83,6 +84,8 @@ for name, r in runs:
         f"{a['requests_per_handoff']:.1f} / {b['requests_per_handoff']:.1f} | "
         f"{num(rate(procs.get(8)), '{:.0f}')} / {num(rate(procs.get(32)), '{:.0f}')} "
         f"({num(ratio(a['handoffs_per_s'], rate(procs.get(8))))} / {num(ratio(b['handoffs_per_s'], rate(procs.get(32))))}) | "
+        f"{num(rate(other.get(8)), '{:.0f}')} / {num(rate(other.get(32)), '{:.0f}')} "
+        f"({num(ratio(a['handoffs_per_s'], rate(other.get(8))))} / {num(ratio(b['handoffs_per_s'], rate(other.get(32))))}) | "
         f"{num(rate(ra), '{:.0f}')} / {num(rate(rb), '{:.0f}')} | {num(ratio(rate(rb), rate(ra)))} | "
         f"{num(reqs(ra), '{:.1f}')} / {num(reqs(rb), '{:.1f}')} |"
     )

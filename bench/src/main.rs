@@ -90,6 +90,9 @@ struct Args {
     /// is, for `--contended-secs`); the bench starts these itself.
     #[arg(long, hide = true)]
     process_worker: bool,
+    /// The clients of one worker process.
+    #[arg(long, hide = true, default_value_t = 1)]
+    process_clients: usize,
 }
 
 fn summary(h: &Histogram) -> Value {
@@ -519,13 +522,28 @@ async fn loss_detection(url: &str, rounds: usize) -> quorumlock::Result<Value> {
     }))
 }
 
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     if args.process_worker {
-        processes::worker(&args.url, args.contended_secs).await?;
+        // A worker of one client runs on one runtime thread, as a program
+        // that holds one lock would: not two per process competing for the
+        // host's cores with every other worker's. One of many clients runs
+        // on tokio's default runtime, as the bench does.
+        let rt = if args.process_clients == 1 {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?
+        } else {
+            tokio::runtime::Runtime::new()?
+        };
+        let work = processes::worker(&args.url, args.process_clients, args.contended_secs);
+        rt.block_on(work)?;
         return Ok(());
     }
+    tokio::runtime::Runtime::new()?.block_on(run(args))
+}
+
+async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let run = format!("bench-{}", std::process::id());
     let url = url_in(&args.url, &run);
     let parsed = quorumlock::url::parse(&url)?;
@@ -583,15 +601,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             contention.push(contended(&url, n, args.contended_secs).await?);
         }
     }
-    let mut in_processes = Vec::new();
+    let (mut in_processes, mut in_one_process) = (Vec::new(), Vec::new());
     // A mem:// store lives in its process: workers would not share it.
     if runs("processes") && scheme != "mem" {
+        let secs = args.contended_secs;
         for &n in &args.contended {
-            eprintln!(
-                "bench: {n} contending clients, each its own process, {} s",
-                args.contended_secs
-            );
-            in_processes.push(processes::contended(&url, n, args.contended_secs).await?);
+            eprintln!("bench: {n} contending clients, each its own process, {secs} s");
+            in_processes.push(processes::contended(&url, n, n, secs).await?);
+            eprintln!("bench: {n} contending clients, all in one other process, {secs} s");
+            in_one_process.push(processes::contended(&url, n, 1, secs).await?);
         }
     }
     let mut recipe = Vec::new();
@@ -644,6 +662,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "handoff": handoffs,
         "contended": contention,
         "contended_processes": in_processes,
+        "contended_one_process": in_one_process,
         "recipe_is": recipe::describe(&scheme),
         "recipe": recipe,
         "scale_small": scale_small,
@@ -739,6 +758,13 @@ fn print_markdown(r: &Value) {
     for h in r["contended_processes"].as_array().into_iter().flatten() {
         println!(
             "| contended, {} clients each in a process of its own, one lock | | | {} handoffs/s |",
+            h["clients"],
+            f(&h["handoffs_per_s"])
+        );
+    }
+    for h in r["contended_one_process"].as_array().into_iter().flatten() {
+        println!(
+            "| contended, {} clients all in one other process, one lock | | | {} handoffs/s |",
             h["clients"],
             f(&h["handoffs_per_s"])
         );

@@ -1,14 +1,19 @@
-//! The contended measurement again with each client in a process of its
-//! own: an outside check that the bench does not measure itself (its
-//! tasks, its counting allocator, its histograms on one runtime of two
-//! workers, beside the clients' own tasks).
+//! The contended measurement again outside the bench's process: an
+//! outside check that the bench does not measure itself (its tasks, its
+//! counting allocator, its histograms on one runtime of two workers,
+//! beside the clients' own tasks). Two shapes: each client in a process
+//! of its own (one runtime thread each, as a program holding one lock
+//! runs), and all the clients in one other process (on tokio's default
+//! runtime, as the bench's own clients are): the program of an outside
+//! check with the same API.
 //!
-//! The parent starts `n` copies of this program as workers; each connects,
-//! opens its session (one acquire and release of another lock) and says
-//! `ready`; once all are ready the parent says `go` to each, and each
-//! takes and gives back the lock until the run's seconds are over, then
-//! prints how many grants it had. Only the rate is compared: gaps between
-//! processes would need one clock, and the figure to check is the rate.
+//! The parent starts the workers (copies of this program); each connects
+//! its clients, opens their sessions (one acquire and release of another
+//! lock) and says `ready`; once all are ready the parent says `go` to
+//! each, and each client takes and gives back the lock until the run's
+//! seconds are over; each worker then prints how many grants its clients
+//! had. Only the rate is compared: gaps between processes would need one
+//! clock, and the figure to check is the rate.
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -22,16 +27,18 @@ use crate::floor::{text, Result};
 /// The lock every worker of a run contends for.
 const LOCK: &str = "contended-processes";
 
-/// `n` worker processes contend for one lock of `url` (a run's namespace,
-/// used as it is) for `secs`: handoffs per second, from the parent's `go`
-/// to the last worker's end, as [`crate::contended`] counts from its
-/// start to its last task's end.
-pub async fn contended(url: &str, n: usize, secs: f64) -> Result<Value> {
+/// `n` clients contend for one lock of `url` (a run's namespace, used as
+/// it is) for `secs`, in `processes` worker processes (`n` divisible by
+/// it): handoffs per second, from the parent's `go` to the last worker's
+/// end, as [`crate::contended`] counts from its start to its last task's
+/// end.
+pub async fn contended(url: &str, n: usize, processes: usize, secs: f64) -> Result<Value> {
     let exe = std::env::current_exe().map_err(text)?;
     let mut workers = Vec::new();
-    for _ in 0..n {
+    for _ in 0..processes {
         let mut child = Command::new(&exe)
             .args(["--process-worker", "--url", url])
+            .arg(format!("--process-clients={}", n / processes))
             .arg(format!("--contended-secs={secs}"))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -85,16 +92,20 @@ pub async fn contended(url: &str, n: usize, secs: f64) -> Result<Value> {
     }
     Ok(json!({
         "clients": n,
+        "processes": processes,
         "handoffs": grants,
         "handoffs_per_s": grants as f64 / elapsed.as_secs_f64(),
     }))
 }
 
-/// One worker: what [`contended`] starts.
-pub async fn worker(url: &str, secs: f64) -> quorumlock::Result<()> {
-    let c = quorumlock::connect(url).await?;
-    c.lock("warm")?.acquire().await?.release().await?;
-    let lock = c.lock(LOCK)?;
+/// One worker with `clients` clients: what [`contended`] starts.
+pub async fn worker(url: &str, clients: usize, secs: f64) -> quorumlock::Result<()> {
+    let mut cs = Vec::new();
+    for _ in 0..clients {
+        let c = quorumlock::connect(url).await?;
+        c.lock("warm")?.acquire().await?.release().await?;
+        cs.push(c);
+    }
     println!("ready");
     let mut line = String::new();
     BufReader::new(tokio::io::stdin())
@@ -103,27 +114,51 @@ pub async fn worker(url: &str, secs: f64) -> quorumlock::Result<()> {
         .map_err(|e| quorumlock::Error::new(quorumlock::ErrorKind::Internal, e.to_string()))?;
     if line.trim() != "go" {
         // The bench went away before the start: nothing to measure.
-        c.close().await;
+        for c in &cs {
+            c.close().await;
+        }
         return Err(quorumlock::Error::new(
             quorumlock::ErrorKind::Internal,
             format!("the bench said {line:?} instead of go"),
         ));
     }
     let end = Instant::now() + Duration::from_secs_f64(secs);
-    let mut grants = 0u64;
-    let run = async {
-        while Instant::now() < end {
-            let g = lock.acquire().await?;
-            grants += 1;
-            g.release().await?;
-        }
-        Ok(())
+    // One task per client, as the bench's own contended clients run.
+    let tasks: Vec<_> = cs
+        .iter()
+        .map(|c| {
+            let lock = c.lock(LOCK);
+            tokio::spawn(async move {
+                let lock = lock?;
+                let mut grants = 0u64;
+                while Instant::now() < end {
+                    let g = lock.acquire().await?;
+                    grants += 1;
+                    g.release().await?;
+                }
+                Ok::<_, quorumlock::Error>(grants)
+            })
+        })
+        .collect();
+    let mut run = Ok(0u64);
+    for t in tasks {
+        let got = t.await.unwrap_or_else(|e| {
+            Err(quorumlock::Error::new(
+                quorumlock::ErrorKind::Internal,
+                format!("a worker task failed: {e}"),
+            ))
+        });
+        run = match (run, got) {
+            (Ok(a), Ok(b)) => Ok(a + b),
+            (Err(e), _) | (_, Err(e)) => Err(e),
+        };
     }
-    .await;
-    if run.is_ok() {
+    if let Ok(grants) = &run {
         println!("grants {grants}");
     }
     // Closed on an error too: nothing of a failed worker stays held.
-    c.close().await;
-    run
+    for c in &cs {
+        c.close().await;
+    }
+    run.map(|_| ())
 }
