@@ -103,9 +103,10 @@ pub(crate) struct SessionState {
     /// Per-lock write serialization: a write of an acquire runs to its end
     /// even if the acquire is dropped, and `abandon` queues behind it.
     ops: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    /// Mutexes (by `.lock` key) that had other contenders of ours when
-    /// this session last released them: their next acquire skips the
-    /// one-txn fast path (it would only take `.lock` to give it back).
+    /// Mutexes (by `.lock` key) that were taken, or had other contenders
+    /// of ours in line, at this session's last try or queued grant: their
+    /// next acquire skips the one-txn fast path (it would only take
+    /// `.lock` to give it back).
     pub contended: ContendedLocks,
     /// Tokens of mutexes held through the fast path: they have no queue
     /// key, so their release is `.lock` and its revoke marker only.

@@ -169,6 +169,17 @@ impl<'a> Attempt<'a> {
         Err(would_block(&self.keys))
     }
 
+    /// A queued grant remembers whether others were in line when it was
+    /// decided (read in the grant's own step): while they were, this
+    /// session's next acquire of the lock queues at once instead of trying
+    /// the fast path. Read there, not by the release: a release that read
+    /// the line for this would read all of it (Consul cannot read one
+    /// neighbour), a cost that grows with the waiters at every handoff.
+    fn note_line(&self, line: &[(LockKind, KvEntry)]) {
+        let others = line.iter().any(|(_, e)| !self.is_our_entry(e));
+        self.s.contended.note(&self.keys.lock, others);
+    }
+
     /// Our queue key in `view`.
     fn our_entry<'v>(&self, view: &'v View) -> Option<&'v KvEntry> {
         view.queue.iter().find(|e| self.is_our_entry(e))
@@ -183,7 +194,8 @@ impl<'a> Attempt<'a> {
     /// one txn gives `.lock` back and joins the queue behind it, so FIFO
     /// holds. Any failure (`.lock` held, a lock-delay, another recipe's
     /// `.lock`) leaves nothing written and falls through to the queued
-    /// path. Skipped for a mutex that was contended at its last release.
+    /// path. Skipped for a mutex that was contended at this session's
+    /// last try or queued grant ([`Self::note_line`]).
     async fn fast_path(&self, transient: &mut Transient<'_>) -> Result<Fast> {
         let (s, keys) = (self.s, &self.keys);
         let contended = s.contended.contains(&keys.lock);
@@ -316,6 +328,7 @@ impl<'a> Attempt<'a> {
     ) -> Result<Next> {
         let token = l.modify_index;
         if !others_ahead(line, &self.qkey, token) {
+            self.note_line(line);
             return Ok(Next::Granted(self.granted(token)));
         }
         if let Some(v) = give_back(self.s, self.req, &self.keys, token, None, transient).await? {
@@ -433,7 +446,8 @@ impl<'a> Attempt<'a> {
                     .ok_or_else(|| {
                         Error::new(ErrorKind::Internal, "Consul txn returned no .lock entry")
                     })?;
-                if view.is_some() {
+                if let Some(v) = view {
+                    self.note_line(&v.line(keys));
                     return Ok(Next::Granted(self.granted(lock.modify_index)));
                 }
                 // `check-session` and `check-index` answer with our entry
@@ -584,12 +598,8 @@ pub(crate) async fn release(
         ops.push(op::delete(&keys.revoke));
     }
     if !fast {
-        // A queued holder: its queue key, and whether anyone of ours
-        // waits (then our next acquire queues at once instead of
-        // trying the fast path). A fast holder had nobody ahead, has no
-        // queue key, and learns of waiters from its next fast try.
-        let qkey = keys.queue(&s.id);
-        ops.extend([op::delete(&qkey), op::get_tree(&keys.tree)]);
+        // A queued holder: its queue key. A fast holder has none.
+        ops.push(op::delete(&keys.queue(&s.id)));
     }
     // Only while `.lock` is still this grant (`delete-cas` of a missing
     // `.lock` succeeds; `check-index` does not): a gone `.lock` is a loss
@@ -602,14 +612,7 @@ pub(crate) async fn release(
     let one_txn = fast && matches!(released, Ok(Txn::Done(_)));
     s.lone_grants.released(&keys.lock, held.token, one_txn);
     match released? {
-        Txn::Done(results) => {
-            if !fast {
-                let v = View::from_entries(keys, results);
-                s.contended
-                    .note(&keys.lock, !(v.queue.is_empty() && v.rw.is_empty()));
-            }
-            Ok(())
-        }
+        Txn::Done(_) => Ok(()),
         Txn::Failed(errs) => {
             // `.lock` is not at our token: broken (gone, another holder's
             // now, or marked broken), rewritten behind our back while
