@@ -105,8 +105,8 @@ pub(crate) struct SessionState {
     ops: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Mutexes (by `.lock` key) that were taken, or had other contenders
     /// of ours in line, at this session's last try or queued grant: their
-    /// next acquire skips the one-txn fast path (it would only take
-    /// `.lock` to give it back).
+    /// next acquire skips the one-txn fast path (it would fail, or take
+    /// `.lock` only to give it back).
     pub contended: ContendedLocks,
     /// Tokens of mutexes held through the fast path: they have no queue
     /// key, so their release is `.lock` and its revoke marker only.

@@ -3,6 +3,7 @@
 //! the grant, the give-back of a grant that would jump the line, and the
 //! release and removal of a mutex.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -66,6 +67,8 @@ struct Attempt<'a> {
     qkey: String,
     /// The attempt's contender id, as our records carry it.
     contender: String,
+    /// It waited for a holder outside our line ([`Self::wait_holder`]).
+    held_up: AtomicBool,
 }
 
 /// How the fast path ended.
@@ -119,6 +122,7 @@ impl<'a> Attempt<'a> {
             qkey: keys.queue(&s.id),
             keys,
             contender: req.contender.to_string(),
+            held_up: AtomicBool::new(false),
         }
     }
 
@@ -169,15 +173,20 @@ impl<'a> Attempt<'a> {
         Err(would_block(&self.keys))
     }
 
-    /// A queued grant remembers whether others were in line when it was
-    /// decided (read in the grant's own step): while they were, this
-    /// session's next acquire of the lock queues at once instead of trying
-    /// the fast path. Read there, not by the release: a release that read
-    /// the line for this would read all of it (Consul cannot read one
-    /// neighbour), a cost that grows with the waiters at every handoff.
+    /// A queued grant remembers whether the lock was contended: others
+    /// in `line`, as last read before the grant (the take txn's own read,
+    /// or the view it rests on), or a holder outside our line that this
+    /// attempt waited for (while it waited, others may have joined behind
+    /// it unseen). While it was, this session's next acquire of the lock
+    /// queues at once instead of trying the fast path. Noted here, not by
+    /// the release: a release that read the line for this would read all
+    /// of it (Consul cannot read one neighbour), a cost that grows with
+    /// the waiters at every handoff. A hint only: either path is correct;
+    /// a contender that joins during the hold is seen by the next fast try.
     fn note_line(&self, line: &[(LockKind, KvEntry)]) {
         let others = line.iter().any(|(_, e)| !self.is_our_entry(e));
-        self.s.contended.note(&self.keys.lock, others);
+        let held_up = self.held_up.load(Ordering::Relaxed);
+        self.s.contended.note(&self.keys.lock, others || held_up);
     }
 
     /// Our queue key in `view`.
@@ -385,6 +394,7 @@ impl<'a> Attempt<'a> {
             return self.leave(ours.as_ref()).await;
         }
         let held = l.clone();
+        self.held_up.store(true, Ordering::Relaxed);
         view.lock = transient.retry(|| self.s.wait_lock(keys, &held)).await?;
         Ok(true)
     }

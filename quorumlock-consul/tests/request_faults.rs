@@ -1337,7 +1337,8 @@ async fn late_proclaim_after_resign_changes_nothing() {
 // own attempt, which are gone.
 
 /// A txn of lock `name` that deletes our queue key (an abandon, or a
-/// try-acquire leaving the line) and takes nothing.
+/// try-acquire leaving the line) and takes nothing: not a release, which
+/// checks `.lock` at its token first.
 fn queue_removal(env: &Env, name: &str) -> Match {
     Match::any()
         .method("PUT")
@@ -1346,6 +1347,7 @@ fn queue_removal(env: &Env, name: &str) -> Match {
         .body(&format!("{}queue/", env.key(name)))
         .body_not(r#""Verb":"lock""#)
         .body_not(r#""Verb":"get-tree""#)
+        .body_not(r#""Verb":"check-index""#)
 }
 
 /// Issue 37, bug 1: A's waiting acquire times out and is abandoned; the
