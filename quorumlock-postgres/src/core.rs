@@ -358,10 +358,11 @@ impl PostgresCore {
                     // Found complete: nothing to create, and no table lock
                     // taken (see `layout::schema_exists`).
                     let found = c.query_typed(&sql.schema_exists, &[]).await?;
-                    let (tables, trigger, steps) = (
+                    let (tables, trigger, steps, current) = (
                         found[0].get::<_, bool>(0),
                         found[0].get::<_, bool>(1),
                         found[0].get::<_, bool>(2),
+                        found[0].get::<_, bool>(3),
                     );
                     if !tables {
                         let tx = c.transaction().await?;
@@ -404,6 +405,24 @@ impl PostgresCore {
                                 );
                                 tx.rollback().await?;
                                 self.slow_only.store(true, Ordering::Relaxed);
+                            }
+                        }
+                    } else if !current {
+                        // Made by an earlier version, without a setting
+                        // they have now: replaced, the same steps. Without
+                        // the right to, they are still used as they are.
+                        let tx = c.transaction().await?;
+                        tx.execute_typed(&serialised, &[]).await?;
+                        match tx.batch_execute(&sql.steps).await {
+                            Ok(()) => tx.commit().await?,
+                            Err(e) => {
+                                tracing::warn!(
+                                    error = %e,
+                                    "could not update the lock functions: a lock taken and \
+                                     given back thousands of times reads its dead entries at \
+                                     each step until a vacuum removes them"
+                                );
+                                tx.rollback().await?;
                             }
                         }
                     }

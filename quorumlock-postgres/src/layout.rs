@@ -193,6 +193,14 @@ pub(crate) fn fast_window(code: &str, permits: i32) -> Option<usize> {
 /// it held thousands of entries (the bench's release of 10,000 locks took
 /// 3-6 s instead of 0.9, with 50 million rows read); every statement
 /// here has its index but the sweep's look at the fences, a small table.
+/// With `enable_bitmapscan = off` too: each release leaves its entry dead
+/// in the table until a vacuum, and a busy lock has thousands; a plain
+/// index scan marks the dead entries it meets, so the next scan skips
+/// them, where a bitmap scan returns every one, at every step (chosen
+/// for a table not analyzed yet that dead entries had grown: one lock's
+/// acquire went from 0.18 to 0.35 ms over 9,000 cycles, and its steps
+/// returned 4,000 index entries each after 2,000;
+/// `tests/steps.rs` `a_busy_locks_dead_entries_are_not_read_at_every_step`).
 /// And with `jit = off`: that look's cost, raised by the setting,
 /// crossed `jit_above_cost`, and each sweep spent 100 ms compiling. `{s}` is the quoted schema; `$1` in [`PURGE`] and
 /// [`SWEEP`] is each function's first argument, the lock.
@@ -235,7 +243,7 @@ BEGIN
 END $f$;
 CREATE OR REPLACE FUNCTION {s}.enqueue_3(l text, c uuid, sid uuid, k text, p integer, v bytea,
     wait boolean, OUT outcome text, OUT granted bigint, OUT ahead_ms bigint)
-LANGUAGE plpgsql SET enable_seqscan = off SET jit = off AS $f$
+LANGUAGE plpgsql SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off AS $f$
 DECLARE
     w integer := CASE WHEN k = 's' THEN GREATEST(p, 1) ELSE 1 END;
     n bigint;
@@ -313,7 +321,7 @@ BEGIN
     END IF;
 END $f$;
 CREATE OR REPLACE FUNCTION {s}.remove_3(l text, c uuid) RETURNS bigint LANGUAGE plpgsql
-SET enable_seqscan = off SET jit = off AS $f$
+SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off AS $f$
 DECLARE
     k text;
     p integer;
@@ -382,6 +390,15 @@ const STEPS_EXIST: &str =
     "(to_regprocedure('{s}.enqueue_3(text,uuid,uuid,text,integer,bytea,boolean)') \
      IS NOT NULL AND to_regprocedure('{s}.remove_3(text,uuid)') IS NOT NULL)";
 
+/// Whether the functions of [`STEPS`] carry every setting they are made
+/// with now: a schema made by an earlier version has them without
+/// `enable_bitmapscan = off`, and a client replaces them (the same
+/// steps: a client of that version still runs them the same way).
+const STEPS_CURRENT: &str = "(NOT EXISTS (SELECT 1 FROM pg_proc p \
+     WHERE p.oid IN (to_regprocedure('{s}.enqueue_3(text,uuid,uuid,text,integer,bytea,boolean)'), \
+                     to_regprocedure('{s}.remove_3(text,uuid)')) \
+     AND NOT 'enable_bitmapscan=off' = ANY(COALESCE(p.proconfig, '{}'))))";
+
 /// The error a [`STEPS`] function raised (`QLTOK`) with `message`: the
 /// same as the transactions give ([`token`], [`check_enqueue`]).
 pub(crate) fn raised(message: &str) -> Error {
@@ -407,15 +424,16 @@ pub(crate) fn raised(message: &str) -> Error {
 /// before it finds the index there: a client starting while another
 /// transaction wrote the table waited behind it, and every later writer
 /// behind the new client. The objects are read off [`SCHEMA`] itself.
-/// Answers three booleans: the tables, the [`TRIGGER`] (no relation:
-/// read from `pg_trigger`), and the functions of [`STEPS`].
+/// Answers four booleans: the tables, the [`TRIGGER`] (no relation:
+/// read from `pg_trigger`), the functions of [`STEPS`], and whether
+/// those are current ([`STEPS_CURRENT`]).
 fn schema_exists() -> String {
     let checks: Vec<String> = schema_objects()
         .iter()
         .map(|o| format!("to_regclass('{o}') IS NOT NULL"))
         .collect();
     format!(
-        "SELECT {}, {TRIGGER_EXISTS}, {STEPS_EXIST}",
+        "SELECT {}, {TRIGGER_EXISTS}, {STEPS_EXIST}, {STEPS_CURRENT}",
         checks.join(" AND ")
     )
 }
