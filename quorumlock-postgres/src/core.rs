@@ -266,10 +266,16 @@ impl PostgresCore {
         // Set by a statement on each new connection, not by the startup
         // packet's `options`, which poolers refuse (pgbouncer: "unsupported
         // startup parameter: options"); in session mode the pooler's
-        // `DISCARD ALL` drops them with the client.
+        // `DISCARD ALL` drops them with the client. And no bitmap scans,
+        // as in the lock functions (`layout::STEPS`): a busy lock's queue
+        // holds its dead entries until a vacuum, and a bitmap scan reads
+        // every one at every step, where an index scan marks them so the
+        // next one skips them (`tests/steps.rs`
+        // `a_busy_read_locks_dead_entries_are_not_read_at_every_step`).
         let ms = config.timeout.as_millis();
         let settings = format!(
-            "SET idle_in_transaction_session_timeout = {ms}; SET statement_timeout = {}",
+            "SET idle_in_transaction_session_timeout = {ms}; SET statement_timeout = {}; \
+             SET enable_bitmapscan = off",
             ms * 2
         );
         let prefix = config.namespace.prefix();

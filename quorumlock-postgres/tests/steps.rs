@@ -654,23 +654,7 @@ async fn a_busy_locks_dead_entries_are_not_read_at_every_step() {
     };
     let (client, db) = scratch(&base).await;
     let session = db.session(true).await;
-    // A table never analyzed (a new schema, autovacuum not yet come), grown
-    // by 20,000 entries of other locks that came and went: the planner
-    // takes a queue for 0.5 % of the table's rows, about a hundred, and
-    // reads one with a bitmap scan unless told not to. Autovacuum is kept
-    // off this table so it stays so for the test.
-    db.client
-        .batch_execute(&format!(
-            "ALTER TABLE {s}.entries SET (autovacuum_enabled = false); \
-             INSERT INTO {s}.entries (lock, seq, contender, session, kind, permits, value) \
-               SELECT 'other/' || i, nextval('{s}.seq'), gen_random_uuid(), '{session}', \
-                      'x', 0, '' FROM generate_series(1, 20000) i; \
-             DELETE FROM {s}.entries WHERE lock LIKE 'other/%'",
-            s = db.s
-        ))
-        .await
-        .unwrap();
-    const CYCLES: i64 = 2_000;
+    db.grow_with_dead_entries(session).await;
     for _ in 0..CYCLES {
         let me = Uuid::new_v4();
         let (outcome, ..) = db.enqueue_in("busy", me, session, "x", 0, true).await;
@@ -690,7 +674,87 @@ async fn a_busy_locks_dead_entries_are_not_read_at_every_step() {
         read < CYCLES / 20,
         "one acquire and release of a lock with {CYCLES} dead entries read {read} of its index's entries"
     );
+    assert!(read > 0, "the server counts what the scans read");
     db.finish(client).await;
+}
+
+/// The same for the steps the transactions in Rust take (a reader here;
+/// upgrades and requests of several permits too, and every step where
+/// the functions could not be made): their purge and their read of the
+/// queue run on the client's own connections. Counted from the server's
+/// statistics of the queue's index, which a connection sends once idle
+/// (within ten seconds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_read_locks_dead_entries_are_not_read_at_every_step() {
+    let Some(base) = common::base_url() else {
+        return;
+    };
+    let (client, db) = scratch(&base).await;
+    let session = db.session(true).await;
+    db.grow_with_dead_entries(session).await;
+    let returned = format!(
+        "SELECT idx_tup_read FROM pg_stat_user_indexes \
+         WHERE indexrelid = '{}.entries_pkey'::regclass",
+        db.s
+    );
+    let read = || async {
+        db.client
+            .query_one(&returned, &[])
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+    let before = read().await;
+    let lock = client.rwlock("busy").unwrap();
+    for _ in 0..CYCLES {
+        lock.read().await.unwrap().release().await.unwrap();
+    }
+    // Sent once the client's connections idle: wait until the count
+    // stops moving for longer than the server waits to send it.
+    let mut after = read().await;
+    let mut still_since = tokio::time::Instant::now();
+    let give_up = still_since + std::time::Duration::from_secs(60);
+    while still_since.elapsed() < std::time::Duration::from_secs(12)
+        && tokio::time::Instant::now() < give_up
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let now = read().await;
+        if now != after {
+            (after, still_since) = (now, tokio::time::Instant::now());
+        }
+    }
+    let per_cycle = (after - before) / CYCLES;
+    assert!(
+        per_cycle < CYCLES / 20,
+        "{CYCLES} read locks taken and given back read {per_cycle} of the queue's index \
+         entries each, with up to {CYCLES} of them dead"
+    );
+    assert!(after > before, "the server counts what the scans read");
+    db.finish(client).await;
+}
+
+/// Cycles of one lock in the tests of dead entries.
+const CYCLES: i64 = 2_000;
+
+impl Db {
+    /// A table never analyzed (a new schema, autovacuum not yet come),
+    /// grown by 20,000 entries of other locks that came and went: the
+    /// planner takes a queue for 0.5 % of the table's rows, about a
+    /// hundred, and reads one with a bitmap scan unless told not to.
+    /// Autovacuum is kept off this table so it stays so for the test.
+    async fn grow_with_dead_entries(&self, session: Uuid) {
+        self.client
+            .batch_execute(&format!(
+                "ALTER TABLE {s}.entries SET (autovacuum_enabled = false); \
+                 INSERT INTO {s}.entries (lock, seq, contender, session, kind, permits, value) \
+                   SELECT 'other/' || i, nextval('{s}.seq'), gen_random_uuid(), '{session}', \
+                          'x', 0, '' FROM generate_series(1, 20000) i; \
+                 DELETE FROM {s}.entries WHERE lock LIKE 'other/%'",
+                s = self.s
+            ))
+            .await
+            .unwrap();
+    }
 }
 
 /// A schema whose steps an earlier version made, without
@@ -731,7 +795,8 @@ async fn steps_made_without_a_setting_of_this_version_are_replaced() {
     let g = new.lock("x").unwrap().acquire().await.unwrap();
     assert_eq!(with_setting().await, 2, "replaced by the new client");
     g.release().await.unwrap();
-    // The client that found them as they were goes on using them.
+    // The client that found them current when it started goes on using
+    // them as they are now.
     old.lock("x")
         .unwrap()
         .acquire()
