@@ -376,60 +376,41 @@ impl PostgresCore {
                         tx.batch_execute(&sql.schema).await?;
                         tx.commit().await?;
                     }
+                    // Each in a transaction of its own: without the right
+                    // to make it, locks still work.
                     if !trigger {
-                        // Its own transaction: without the right to create
-                        // it, locks still work (followers read every few
-                        // seconds instead, see `changes`).
-                        let tx = c.transaction().await?;
-                        tx.execute_typed(&serialised, &[]).await?;
-                        match tx.batch_execute(&sql.trigger).await {
-                            Ok(()) => tx.commit().await?,
-                            Err(e) => {
-                                tracing::warn!(
-                                    error = %e,
-                                    "could not create the trigger that notifies followers \
-                                     of a lock (observe, status --watch): they will read \
-                                     every few seconds instead"
-                                );
-                                tx.rollback().await?;
-                            }
+                        if let Err(e) = serialised_batch(c, &serialised, &sql.trigger).await? {
+                            tracing::warn!(
+                                error = %e,
+                                "could not create the trigger that notifies followers \
+                                 of a lock (observe, status --watch): they will read \
+                                 every few seconds instead"
+                            );
                         }
                     }
                     if !steps {
-                        // Its own transaction too: without them, every
-                        // step is a transaction decided in Rust.
-                        let tx = c.transaction().await?;
-                        tx.execute_typed(&serialised, &[]).await?;
-                        match tx.batch_execute(&sql.steps).await {
-                            Ok(()) => tx.commit().await?,
-                            Err(e) => {
-                                tracing::warn!(
-                                    error = %e,
-                                    "could not create the lock functions: each acquire \
-                                     and release takes a transaction of several round \
-                                     trips instead of one statement"
-                                );
-                                tx.rollback().await?;
-                                self.slow_only.store(true, Ordering::Relaxed);
-                            }
+                        // Without them, every step is a transaction
+                        // decided in Rust.
+                        if let Err(e) = serialised_batch(c, &serialised, &sql.steps).await? {
+                            tracing::warn!(
+                                error = %e,
+                                "could not create the lock functions: each acquire \
+                                 and release takes a transaction of several round \
+                                 trips instead of one statement"
+                            );
+                            self.slow_only.store(true, Ordering::Relaxed);
                         }
                     } else if !current {
                         // Made by an earlier version, without a setting
                         // they have now: replaced, the same steps. Without
                         // the right to, they are still used as they are.
-                        let tx = c.transaction().await?;
-                        tx.execute_typed(&serialised, &[]).await?;
-                        match tx.batch_execute(&sql.steps).await {
-                            Ok(()) => tx.commit().await?,
-                            Err(e) => {
-                                tracing::warn!(
-                                    error = %e,
-                                    "could not update the lock functions: a lock taken and \
-                                     given back thousands of times reads its dead entries at \
-                                     each step until a vacuum removes them"
-                                );
-                                tx.rollback().await?;
-                            }
+                        if let Err(e) = serialised_batch(c, &serialised, &sql.steps).await? {
+                            tracing::warn!(
+                                error = %e,
+                                "could not update the lock functions: a lock taken and \
+                                 given back thousands of times reads its dead entries at \
+                                 each step until a vacuum removes them"
+                            );
                         }
                     }
                     Ok::<_, tokio_postgres::Error>(())
@@ -711,4 +692,27 @@ impl PostgresCore {
 /// A quorumlock error as the end of a transaction.
 pub(crate) fn quit<T>(kind: ErrorKind, msg: impl Into<String>) -> std::result::Result<T, Fail> {
     Err(Fail::Quit(Error::new(kind, msg.into())))
+}
+
+/// Runs `batch` in a transaction of its own after `serialised` (the
+/// advisory lock every client's schema work takes): `Ok(Err(e))` if the
+/// batch failed and was rolled back (a right the user lacks, say), `Err`
+/// if the connection did.
+async fn serialised_batch(
+    c: &mut Client,
+    serialised: &str,
+    batch: &str,
+) -> std::result::Result<std::result::Result<(), tokio_postgres::Error>, tokio_postgres::Error> {
+    let tx = c.transaction().await?;
+    tx.execute_typed(serialised, &[]).await?;
+    match tx.batch_execute(batch).await {
+        Ok(()) => {
+            tx.commit().await?;
+            Ok(Ok(()))
+        }
+        Err(e) => {
+            tx.rollback().await?;
+            Ok(Err(e))
+        }
+    }
 }

@@ -797,14 +797,8 @@ async fn steps_made_without_a_setting_of_this_version_are_replaced() {
     g.release().await.unwrap();
     // The client that found them current when it started goes on using
     // them as they are now.
-    old.lock("x")
-        .unwrap()
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    let g = old.lock("x").unwrap().acquire().await.unwrap();
+    g.release().await.unwrap();
     old.close().await;
     new.close().await;
     raw.batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
