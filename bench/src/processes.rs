@@ -100,11 +100,9 @@ pub async fn contended(url: &str, n: usize, processes: usize, secs: f64) -> Resu
 
 /// One worker with `clients` clients: what [`contended`] starts.
 pub async fn worker(url: &str, clients: usize, secs: f64) -> quorumlock::Result<()> {
-    let mut cs = Vec::new();
-    for _ in 0..clients {
-        let c = quorumlock::connect(url).await?;
+    let cs = crate::clients(url, clients).await?;
+    for c in &cs {
         c.lock("warm")?.acquire().await?.release().await?;
-        cs.push(c);
     }
     println!("ready");
     let mut line = String::new();
@@ -112,47 +110,15 @@ pub async fn worker(url: &str, clients: usize, secs: f64) -> quorumlock::Result<
         .read_line(&mut line)
         .await
         .map_err(|e| quorumlock::Error::new(quorumlock::ErrorKind::Internal, e.to_string()))?;
-    if line.trim() != "go" {
+    let run = if line.trim() == "go" {
+        contend(&cs, secs).await
+    } else {
         // The bench went away before the start: nothing to measure.
-        for c in &cs {
-            c.close().await;
-        }
-        return Err(quorumlock::Error::new(
+        Err(quorumlock::Error::new(
             quorumlock::ErrorKind::Internal,
             format!("the bench said {line:?} instead of go"),
-        ));
-    }
-    let end = Instant::now() + Duration::from_secs_f64(secs);
-    // One task per client, as the bench's own contended clients run.
-    let tasks: Vec<_> = cs
-        .iter()
-        .map(|c| {
-            let lock = c.lock(LOCK);
-            tokio::spawn(async move {
-                let lock = lock?;
-                let mut grants = 0u64;
-                while Instant::now() < end {
-                    let g = lock.acquire().await?;
-                    grants += 1;
-                    g.release().await?;
-                }
-                Ok::<_, quorumlock::Error>(grants)
-            })
-        })
-        .collect();
-    let mut run = Ok(0u64);
-    for t in tasks {
-        let got = t.await.unwrap_or_else(|e| {
-            Err(quorumlock::Error::new(
-                quorumlock::ErrorKind::Internal,
-                format!("a worker task failed: {e}"),
-            ))
-        });
-        run = match (run, got) {
-            (Ok(a), Ok(b)) => Ok(a + b),
-            (Err(e), _) | (_, Err(e)) => Err(e),
-        };
-    }
+        ))
+    };
     if let Ok(grants) = &run {
         println!("grants {grants}");
     }
@@ -160,5 +126,28 @@ pub async fn worker(url: &str, clients: usize, secs: f64) -> quorumlock::Result<
     for c in &cs {
         c.close().await;
     }
-    run.map(|_| ())
+    run.map(drop)
+}
+
+/// Each of `cs` takes and gives back [`LOCK`] on a task of its own (as
+/// the bench's own contended clients run) for `secs`: the grants of all.
+async fn contend(cs: &[quorumlock::LockClient], secs: f64) -> quorumlock::Result<u64> {
+    let end = Instant::now() + Duration::from_secs_f64(secs);
+    let mut tasks = Vec::new();
+    for c in cs {
+        let lock = c.lock(LOCK)?;
+        tasks.push(tokio::spawn(async move {
+            let mut grants = 0u64;
+            while Instant::now() < end {
+                lock.acquire().await?.release().await?;
+                grants += 1;
+            }
+            Ok::<_, quorumlock::Error>(grants)
+        }));
+    }
+    let mut grants = 0;
+    for t in tasks {
+        grants += t.await.expect("a worker task panicked")?;
+    }
+    Ok(grants)
 }

@@ -183,8 +183,8 @@ impl<'a> Attempt<'a> {
     /// of it (Consul cannot read one neighbour), a cost that grows with
     /// the waiters at every handoff. A hint only: either path is correct;
     /// a contender that joins during the hold is seen by the next fast try.
-    fn note_line(&self, line: &[(LockKind, KvEntry)]) {
-        let others = line.iter().any(|(_, e)| !self.is_our_entry(e));
+    fn note_line<'e>(&self, line: impl IntoIterator<Item = &'e KvEntry>) {
+        let others = line.into_iter().any(|e| !self.is_our_entry(e));
         let held_up = self.held_up.load(Ordering::Relaxed);
         self.s.contended.note(&self.keys.lock, others || held_up);
     }
@@ -337,7 +337,7 @@ impl<'a> Attempt<'a> {
     ) -> Result<Next> {
         let token = l.modify_index;
         if !others_ahead(line, &self.qkey, token) {
-            self.note_line(line);
+            self.note_line(line.iter().map(|(_, e)| e));
             return Ok(Next::Granted(self.granted(token)));
         }
         if let Some(v) = give_back(self.s, self.req, &self.keys, token, None, transient).await? {
@@ -457,7 +457,7 @@ impl<'a> Attempt<'a> {
                         Error::new(ErrorKind::Internal, "Consul txn returned no .lock entry")
                     })?;
                 if let Some(v) = view {
-                    self.note_line(&v.line(keys));
+                    self.note_line(v.queue.iter().chain(&v.rw));
                     return Ok(Next::Granted(self.granted(lock.modify_index)));
                 }
                 // `check-session` and `check-index` answer with our entry

@@ -267,7 +267,9 @@ impl PostgresCore {
         // packet's `options`, which poolers refuse (pgbouncer: "unsupported
         // startup parameter: options"); in session mode the pooler's
         // `DISCARD ALL` drops them with the client. And no bitmap scans,
-        // as in the lock functions (`layout::STEPS`): a busy lock's queue
+        // as in the lock functions (`layout::STEPS`, which carry the
+        // setting themselves for a plain caller and a client of an
+        // earlier version, whose connections lack it): a busy lock's queue
         // holds its dead entries until a vacuum, and a bitmap scan reads
         // every one at every step, where an index scan marks them so the
         // next one skips them (`tests/steps.rs`

@@ -385,19 +385,26 @@ fn steps() -> String {
         .replace("{FAST_KINDS}", &kinds.join(", "))
 }
 
-/// Whether the functions of [`STEPS`] exist (by their signatures).
-const STEPS_EXIST: &str =
-    "(to_regprocedure('{s}.enqueue_3(text,uuid,uuid,text,integer,bytea,boolean)') \
-     IS NOT NULL AND to_regprocedure('{s}.remove_3(text,uuid)') IS NOT NULL)";
+/// The functions of [`STEPS`] a client calls, by their signatures.
+const STEP_FUNCTIONS: [&str; 2] = [
+    "{s}.enqueue_3(text,uuid,uuid,text,integer,bytea,boolean)",
+    "{s}.remove_3(text,uuid)",
+];
 
-/// Whether the functions of [`STEPS`] carry every setting they are made
-/// with now: a schema made by an earlier version has them without
-/// `enable_bitmapscan = off`, and a client replaces them (the same
-/// steps: a client of that version still runs them the same way).
-const STEPS_CURRENT: &str = "(NOT EXISTS (SELECT 1 FROM pg_proc p \
-     WHERE p.oid IN (to_regprocedure('{s}.enqueue_3(text,uuid,uuid,text,integer,bytea,boolean)'), \
-                     to_regprocedure('{s}.remove_3(text,uuid)')) \
-     AND NOT 'enable_bitmapscan=off' = ANY(COALESCE(p.proconfig, '{}'))))";
+/// Whether the functions of [`STEPS`] exist, and whether they carry
+/// every setting they are made with now: a schema made by an earlier
+/// version has them without `enable_bitmapscan = off`, and a client
+/// replaces them (the same steps: a client of that version still runs
+/// them the same way). Two booleans.
+fn steps_exist_and_current() -> String {
+    let procs = STEP_FUNCTIONS.map(|f| format!("to_regprocedure('{f}')"));
+    format!(
+        "({} IS NOT NULL), (NOT EXISTS (SELECT 1 FROM pg_proc p WHERE p.oid IN ({}) \
+         AND NOT 'enable_bitmapscan=off' = ANY(COALESCE(p.proconfig, '{{}}'))))",
+        procs.join(" IS NOT NULL AND "),
+        procs.join(", ")
+    )
+}
 
 /// The error a [`STEPS`] function raised (`QLTOK`) with `message`: the
 /// same as the transactions give ([`token`], [`check_enqueue`]).
@@ -426,15 +433,16 @@ pub(crate) fn raised(message: &str) -> Error {
 /// behind the new client. The objects are read off [`SCHEMA`] itself.
 /// Answers four booleans: the tables, the [`TRIGGER`] (no relation:
 /// read from `pg_trigger`), the functions of [`STEPS`], and whether
-/// those are current ([`STEPS_CURRENT`]).
+/// those are current ([`steps_exist_and_current`]).
 fn schema_exists() -> String {
     let checks: Vec<String> = schema_objects()
         .iter()
         .map(|o| format!("to_regclass('{o}') IS NOT NULL"))
         .collect();
     format!(
-        "SELECT {}, {TRIGGER_EXISTS}, {STEPS_EXIST}, {STEPS_CURRENT}",
-        checks.join(" AND ")
+        "SELECT {}, {TRIGGER_EXISTS}, {}",
+        checks.join(" AND "),
+        steps_exist_and_current()
     )
 }
 

@@ -629,15 +629,43 @@ impl Db {
         );
         self.client.batch_execute("BEGIN").await.unwrap();
         let before: i64 = self.client.query_one(&count, &[]).await.unwrap().get(0);
-        let me = Uuid::new_v4();
-        let (outcome, ..) = self.enqueue_in(lock, me, session, "x", 0, true).await;
-        assert_eq!(outcome, "held", "the lock is free");
-        assert_eq!(self.remove(lock, me).await, Some(1));
+        self.cycle(lock, session).await;
         let after: i64 = self.client.query_one(&count, &[]).await.unwrap().get(0);
         self.client.batch_execute("COMMIT").await.unwrap();
         after - before
     }
+
+    /// One acquire of the free mutex `lock` by `session` (held at once),
+    /// and its release, by the server's steps.
+    async fn cycle(&self, lock: &str, session: Uuid) {
+        let me = Uuid::new_v4();
+        let (outcome, ..) = self.enqueue_in(lock, me, session, "x", 0, true).await;
+        assert_eq!(outcome, "held", "the lock is free");
+        assert_eq!(self.remove(lock, me).await, Some(1));
+    }
+
+    /// A table never analyzed (a new schema, autovacuum not yet come),
+    /// grown by 20,000 entries of other locks that came and went: the
+    /// planner takes a queue for 0.5 % of the table's rows, about a
+    /// hundred, and reads one with a bitmap scan unless told not to.
+    /// Autovacuum is kept off this table so it stays so for the test.
+    async fn grow_with_dead_entries(&self, session: Uuid) {
+        self.client
+            .batch_execute(&format!(
+                "ALTER TABLE {s}.entries SET (autovacuum_enabled = false); \
+                 INSERT INTO {s}.entries (lock, seq, contender, session, kind, permits, value) \
+                   SELECT 'other/' || i, nextval('{s}.seq'), gen_random_uuid(), '{session}', \
+                          'x', 0, '' FROM generate_series(1, 20000) i; \
+                 DELETE FROM {s}.entries WHERE lock LIKE 'other/%'",
+                s = self.s
+            ))
+            .await
+            .unwrap();
+    }
 }
+
+/// Cycles of one lock in the tests of dead entries.
+const CYCLES: i64 = 2_000;
 
 /// Each acquire and release of a lock leaves a dead entry until a vacuum
 /// removes it; a lock taken and given back thousands of times a second
@@ -656,10 +684,7 @@ async fn a_busy_locks_dead_entries_are_not_read_at_every_step() {
     let session = db.session(true).await;
     db.grow_with_dead_entries(session).await;
     for _ in 0..CYCLES {
-        let me = Uuid::new_v4();
-        let (outcome, ..) = db.enqueue_in("busy", me, session, "x", 0, true).await;
-        assert_eq!(outcome, "held", "the lock is free");
-        assert_eq!(db.remove("busy", me).await, Some(1));
+        db.cycle("busy", session).await;
     }
     // A dead entry is marked only once no transaction can still see it:
     // another test's open transaction may hold that off for a while, so
@@ -731,30 +756,6 @@ async fn a_busy_read_locks_dead_entries_are_not_read_at_every_step() {
     );
     assert!(after > before, "the server counts what the scans read");
     db.finish(client).await;
-}
-
-/// Cycles of one lock in the tests of dead entries.
-const CYCLES: i64 = 2_000;
-
-impl Db {
-    /// A table never analyzed (a new schema, autovacuum not yet come),
-    /// grown by 20,000 entries of other locks that came and went: the
-    /// planner takes a queue for 0.5 % of the table's rows, about a
-    /// hundred, and reads one with a bitmap scan unless told not to.
-    /// Autovacuum is kept off this table so it stays so for the test.
-    async fn grow_with_dead_entries(&self, session: Uuid) {
-        self.client
-            .batch_execute(&format!(
-                "ALTER TABLE {s}.entries SET (autovacuum_enabled = false); \
-                 INSERT INTO {s}.entries (lock, seq, contender, session, kind, permits, value) \
-                   SELECT 'other/' || i, nextval('{s}.seq'), gen_random_uuid(), '{session}', \
-                          'x', 0, '' FROM generate_series(1, 20000) i; \
-                 DELETE FROM {s}.entries WHERE lock LIKE 'other/%'",
-                s = self.s
-            ))
-            .await
-            .unwrap();
-    }
 }
 
 /// A schema whose steps an earlier version made, without
