@@ -409,9 +409,10 @@ impl PostgresCore {
                         if let Err(e) = serialised_batch(c, &serialised, &sql.steps).await? {
                             tracing::warn!(
                                 error = %e,
-                                "could not update the lock functions: a lock taken and \
-                                 given back thousands of times reads its dead entries at \
-                                 each step until a vacuum removes them"
+                                "could not update the lock functions to this version's \
+                                 settings: they are used as they are (a busy lock's dead \
+                                 entries may be read at each step until a vacuum, and its \
+                                 statements planned again at each call)"
                             );
                         }
                     }

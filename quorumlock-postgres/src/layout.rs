@@ -202,7 +202,14 @@ pub(crate) fn fast_window(code: &str, permits: i32) -> Option<usize> {
 /// returned 4,000 index entries each after 2,000;
 /// `tests/steps.rs` `a_busy_locks_dead_entries_are_not_read_at_every_step`).
 /// And with `jit = off`: that look's cost, raised by the setting,
-/// crossed `jit_above_cost`, and each sweep spent 100 ms compiling. `{s}` is the quoted schema; `$1` in [`PURGE`] and
+/// crossed `jit_above_cost`, and each sweep spent 100 ms compiling.
+/// And with `plan_cache_mode = force_generic_plan`: every statement
+/// here finds its rows by key, and PL/pgSQL otherwise plans a statement
+/// again at every call once the table's statistics make the plan for any
+/// lock look costlier than one for this lock (a lock that had many
+/// entries when the table was analyzed): planning cost each acquire and
+/// release 30-40 us, a third of its time on the server
+/// ([`STEP_SETTINGS`]). `{s}` is the quoted schema; `$1` in [`PURGE`] and
 /// [`SWEEP`] is each function's first argument, the lock.
 pub(crate) const STEPS: &str = r#"
 CREATE OR REPLACE FUNCTION {s}.timeline_3() RETURNS bigint LANGUAGE plpgsql AS $f$
@@ -243,7 +250,7 @@ BEGIN
 END $f$;
 CREATE OR REPLACE FUNCTION {s}.enqueue_3(l text, c uuid, sid uuid, k text, p integer, v bytea,
     wait boolean, OUT outcome text, OUT granted bigint, OUT ahead_ms bigint)
-LANGUAGE plpgsql SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off AS $f$
+LANGUAGE plpgsql {SETTINGS} AS $f$
 DECLARE
     w integer := CASE WHEN k = 's' THEN GREATEST(p, 1) ELSE 1 END;
     n bigint;
@@ -321,7 +328,7 @@ BEGIN
     END IF;
 END $f$;
 CREATE OR REPLACE FUNCTION {s}.remove_3(l text, c uuid) RETURNS bigint LANGUAGE plpgsql
-SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off AS $f$
+{SETTINGS} AS $f$
 DECLARE
     k text;
     p integer;
@@ -371,10 +378,24 @@ const SWEEP: &str =
      DELETE FROM {s}.fences f WHERE f.session IN (SELECT id FROM gone) \
        OR NOT EXISTS (SELECT 1 FROM {s}.sessions s WHERE s.id = f.session)";
 
+/// The settings the functions of [`STEPS`] a client calls are made with
+/// (why each: [`STEPS`]), as `pg_proc.proconfig` lists them.
+const STEP_SETTINGS: [&str; 4] = [
+    "enable_seqscan=off",
+    "enable_bitmapscan=off",
+    "jit=off",
+    "plan_cache_mode=force_generic_plan",
+];
+
 /// [`STEPS`] with its constants filled in (the schema still `{s}`).
 fn steps() -> String {
     let kinds: Vec<String> = FAST_KINDS.iter().map(|k| format!("'{k}'")).collect();
+    let settings: Vec<String> = STEP_SETTINGS
+        .iter()
+        .map(|s| format!("SET {}", s.replacen('=', " = ", 1)))
+        .collect();
     STEPS
+        .replace("{SETTINGS}", &settings.join(" "))
         .replace("{PURGE}", PURGE)
         .replace("{SWEEP}", SWEEP)
         .replace("{TIMELINE}", TIMELINE)
@@ -392,17 +413,20 @@ const STEP_FUNCTIONS: [&str; 2] = [
 ];
 
 /// Whether the functions of [`STEPS`] exist, and whether they carry
-/// every setting they are made with now: a schema made by an earlier
-/// version has them without `enable_bitmapscan = off`, and a client
-/// replaces them (the same steps: a client of that version still runs
-/// them the same way). Two booleans.
+/// every setting they are made with now ([`STEP_SETTINGS`]): a schema
+/// made by an earlier version has them without `enable_bitmapscan = off`
+/// or `plan_cache_mode = force_generic_plan`, and a client replaces them
+/// (the same steps: a client of that version still runs them the same
+/// way). Two booleans.
 fn steps_exist_and_current() -> String {
     let procs = STEP_FUNCTIONS.map(|f| format!("to_regprocedure('{f}')"));
+    let settings: Vec<String> = STEP_SETTINGS.iter().map(|s| format!("'{s}'")).collect();
     format!(
         "({} IS NOT NULL), (NOT EXISTS (SELECT 1 FROM pg_proc p WHERE p.oid IN ({}) \
-         AND NOT 'enable_bitmapscan=off' = ANY(COALESCE(p.proconfig, '{{}}'))))",
+         AND NOT COALESCE(p.proconfig, '{{}}') @> ARRAY[{}]))",
         procs.join(" IS NOT NULL AND "),
-        procs.join(", ")
+        procs.join(", "),
+        settings.join(", ")
     )
 }
 

@@ -759,8 +759,9 @@ async fn a_busy_read_locks_dead_entries_are_not_read_at_every_step() {
 }
 
 /// A schema whose steps an earlier version made, without
-/// `enable_bitmapscan = off` (see the test above): the first client of
-/// this version replaces them, and locks go on working.
+/// `enable_bitmapscan = off` (see the test above) or without
+/// `plan_cache_mode = force_generic_plan`: the first client of this
+/// version replaces them, and locks go on working.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn steps_made_without_a_setting_of_this_version_are_replaced() {
     let Some(base) = common::base_url() else {
@@ -771,37 +772,46 @@ async fn steps_made_without_a_setting_of_this_version_are_replaced() {
     let old = connect(&url).await;
     open_session(&old).await;
     let raw = common::sql(&base).await;
-    let settings = format!(
-        "SELECT count(*) FROM pg_proc WHERE oid IN \
-         ('\"{schema}\".{ENQUEUE}(text,uuid,uuid,text,integer,bytea,boolean)'::regprocedure, \
-          '\"{schema}\".{REMOVE}(text,uuid)'::regprocedure) \
-         AND 'enable_bitmapscan=off' = ANY(proconfig)"
-    );
-    let with_setting = || async {
-        raw.query_one(&settings, &[])
-            .await
-            .unwrap()
-            .get::<_, i64>(0)
-    };
-    assert_eq!(with_setting().await, 2, "made with the setting");
-    raw.batch_execute(&format!(
-        "ALTER FUNCTION \"{schema}\".{ENQUEUE}(text, uuid, uuid, text, integer, bytea, boolean) \
-           RESET enable_bitmapscan; \
-         ALTER FUNCTION \"{schema}\".{REMOVE}(text, uuid) RESET enable_bitmapscan"
-    ))
-    .await
-    .unwrap();
-    assert_eq!(with_setting().await, 0, "as an earlier version made them");
-    let new = connect(&url).await;
-    let g = new.lock("x").unwrap().acquire().await.unwrap();
-    assert_eq!(with_setting().await, 2, "replaced by the new client");
-    g.release().await.unwrap();
-    // The client that found them current when it started goes on using
-    // them as they are now.
-    let g = old.lock("x").unwrap().acquire().await.unwrap();
-    g.release().await.unwrap();
+    for (setting, value) in [
+        ("enable_bitmapscan", "off"),
+        ("plan_cache_mode", "force_generic_plan"),
+    ] {
+        let settings = format!(
+            "SELECT count(*) FROM pg_proc WHERE oid IN \
+             ('\"{schema}\".{ENQUEUE}(text,uuid,uuid,text,integer,bytea,boolean)'::regprocedure, \
+              '\"{schema}\".{REMOVE}(text,uuid)'::regprocedure) \
+             AND '{setting}={value}' = ANY(proconfig)"
+        );
+        let with_setting = || async {
+            raw.query_one(&settings, &[])
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+        };
+        assert_eq!(with_setting().await, 2, "made with {setting}");
+        raw.batch_execute(&format!(
+            "ALTER FUNCTION \"{schema}\".{ENQUEUE}(text, uuid, uuid, text, integer, bytea, boolean) \
+               RESET {setting}; \
+             ALTER FUNCTION \"{schema}\".{REMOVE}(text, uuid) RESET {setting}"
+        ))
+        .await
+        .unwrap();
+        assert_eq!(with_setting().await, 0, "as an earlier version made them");
+        let new = connect(&url).await;
+        let g = new.lock("x").unwrap().acquire().await.unwrap();
+        assert_eq!(
+            with_setting().await,
+            2,
+            "{setting} put back by the new client"
+        );
+        g.release().await.unwrap();
+        new.close().await;
+        // The client that found them current when it started goes on
+        // using them as they are now.
+        let g = old.lock("x").unwrap().acquire().await.unwrap();
+        g.release().await.unwrap();
+    }
     old.close().await;
-    new.close().await;
     raw.batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
         .await
         .unwrap();
