@@ -14,7 +14,7 @@ pub fn describe(scheme: &str) -> &'static str {
         "zk" => "create(ephemeral sequential) + delete",
         "consul" | "consuls" => "the same txns raw: [check-not-exists .lock, lock .lock, check-not-exists queue key, check-not-exists fence key] + [check-index .lock, delete-cas .lock], one session",
         "redis" | "rediss" => "the same queue work raw: one script each way (session check, queue, entry, token, session's set; removal and head read)",
-        "postgres" | "postgresql" => "INSERT row + DELETE row (autocommit, prepared, one connection)",
+        "postgres" | "postgresql" => "the same queue work raw: one prepared statement each way (the queue's advisory lock, its entries counted, the session read alive with a key-share lock, the attempt's fence looked up, the entry with a timeline token; the entry deleted, the queue counted), tables with ours' indexes",
         _ => "none (in-process)",
     }
 }
@@ -26,6 +26,9 @@ pub fn describe_naive(scheme: &str) -> Option<&'static str> {
         "etcd" | "etcds" => Some("put(key, lease) + delete(key)"),
         "consul" | "consuls" => Some("txn lock + txn unlock, one session"),
         "redis" | "rediss" => Some("SET key PX NX + DEL key (the naive Redis lock)"),
+        "postgres" | "postgresql" => {
+            Some("INSERT row + DELETE row (autocommit, prepared, one connection)")
+        }
         _ => None,
     }
 }
@@ -84,6 +87,7 @@ enum FloorConn {
     },
     Postgres {
         pg: PgFloor,
+        same: PgSameWork,
         key: String,
     },
 }
@@ -96,6 +100,71 @@ pub(crate) struct PgFloor {
     insert: tokio_postgres::Statement,
     delete: tokio_postgres::Statement,
 }
+
+/// The same-work floor's statements, prepared on a [`PgFloor`]'s
+/// connection, and its session's id.
+pub(crate) struct PgSameWork {
+    take: tokio_postgres::Statement,
+    give: tokio_postgres::Statement,
+    session: String,
+}
+
+/// The numbers of the same-work floors' sessions and contenders in this
+/// process ([`pg_uuid`]): a new contender per attempt, as ours (one used
+/// again would make each insert's unique check visit every dead entry it
+/// left).
+static PG_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The same-work floor's tables and sequence, with the columns and
+/// indexes of the backend's entries (written here, not taken from its
+/// schema), and a session table (dropped by nobody: rows only while held,
+/// and the floor's session while it runs).
+const PG_SAME_WORK_TABLES: &str = "
+CREATE SEQUENCE IF NOT EXISTS qlbench_seq;
+CREATE TABLE IF NOT EXISTS qlbench_sessions (id uuid PRIMARY KEY, expires timestamptz NOT NULL);
+CREATE TABLE IF NOT EXISTS qlbench_entries (
+    lock text NOT NULL, seq bigint NOT NULL, contender uuid NOT NULL UNIQUE,
+    session uuid NOT NULL, kind text NOT NULL, permits integer NOT NULL, token bigint,
+    revoke boolean NOT NULL DEFAULT false,
+    created timestamptz NOT NULL DEFAULT clock_timestamp(), value bytea NOT NULL,
+    PRIMARY KEY (lock, seq));
+CREATE INDEX IF NOT EXISTS qlbench_entries_session ON qlbench_entries (session);
+CREATE TABLE IF NOT EXISTS qlbench_fences (contender uuid PRIMARY KEY, session uuid NOT NULL);
+";
+
+/// The same-work take: `$1` lock, `$2` contender, `$3` session, `$4`
+/// value. The queue's advisory lock, then its entries counted, the
+/// session read alive and held against its removal, the fence looked
+/// up, and the entry inserted holding, with a token of the server's
+/// timeline above the sequence's next value; the token, or no row.
+/// One statement has one snapshot, taken before the advisory lock is:
+/// its reads are not ordered after that lock as a correct lock's must
+/// be (the backend's function reads in a statement after it). A floor of
+/// the cost, not a lock; the correct raw form, a transaction of the lock
+/// and then this, costs one more statement each way.
+const PG_SAME_TAKE: &str = "
+WITH queue_lock AS MATERIALIZED (SELECT pg_advisory_xact_lock(7496294, hashtext($1))),
+     queue AS (SELECT count(*) AS n FROM queue_lock, qlbench_entries e WHERE e.lock = $1),
+     alive AS (SELECT 1 FROM qlbench_sessions s
+               WHERE s.id = $3::text::uuid AND s.expires > clock_timestamp() FOR KEY SHARE)
+INSERT INTO qlbench_entries (lock, seq, contender, session, kind, permits, token, value)
+SELECT $1, nextval('qlbench_seq'), $2::text::uuid, $3::text::uuid, 'x', 1,
+       (('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint << 40)
+         + nextval('qlbench_seq'), $4
+  FROM queue, alive
+ WHERE queue.n = 0
+   AND NOT EXISTS (SELECT 1 FROM qlbench_fences f WHERE f.contender = $2::text::uuid)
+RETURNING token";
+
+/// The same-work give-back: `$1` lock, `$2` contender. The queue's
+/// advisory lock, the entry deleted, the entries left counted (whom to
+/// grant next); the count deleted and the count left.
+const PG_SAME_GIVE: &str = "
+WITH queue_lock AS MATERIALIZED (SELECT pg_advisory_xact_lock(7496294, hashtext($1))),
+     gone AS (DELETE FROM qlbench_entries
+              WHERE contender = $2::text::uuid AND EXISTS (SELECT 1 FROM queue_lock)
+              RETURNING 1)
+SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM qlbench_entries e WHERE e.lock = $1)";
 
 /// The floor's own table (dropped by nobody: one row per lock while held).
 const PG_TABLE: &str = "qlbench_floor";
@@ -193,8 +262,9 @@ impl Floor {
             }
             "postgres" | "postgresql" => {
                 let pg = pg_prepare(pg_connect(url).await?).await?;
+                let same = pg_prepare_same_work(&pg.client).await?;
                 let key = format!("qlbench-floor/{}", std::process::id());
-                Ok(Some(FloorConn::Postgres { pg, key }))
+                Ok(Some(FloorConn::Postgres { pg, same, key }))
             }
             _ => Ok(None),
         }
@@ -273,9 +343,13 @@ impl Floor {
                 redis_op(conn, key, true).await?;
                 redis_op(conn, key, false).await?;
             }
-            (FloorConn::Postgres { pg, key }, _) => {
+            (FloorConn::Postgres { pg, key, .. }, Work::Naive) => {
                 pg_op(pg, key, true).await?;
                 pg_op(pg, key, false).await?;
+            }
+            (FloorConn::Postgres { pg, same, key }, Work::Same) => {
+                let contender = pg_same_take(pg, same, key).await?;
+                pg_same_give(pg, same, key, contender).await?;
             }
         }
         Ok(())
@@ -288,8 +362,9 @@ impl Floor {
     /// txn; Consul: the take of a free `.lock` with ours' checks and its
     /// read of the lock's keys; then the guarded deletes); [`Work::Naive`]
     /// the plain writes (etcd: put with the lease; Consul: txn `lock`,
-    /// then `unlock`). ZooKeeper: create ephemeral, then delete; Redis:
-    /// the same-work scripts; PostgreSQL: `INSERT`, then `DELETE`.
+    /// then `unlock`; Redis: `SET NX`, then `DEL`; PostgreSQL: `INSERT`,
+    /// then `DELETE`). ZooKeeper: create ephemeral, then delete; Redis and
+    /// PostgreSQL's same work: their same-work statements.
     /// Seconds for each half.
     pub async fn scale(&self, count: usize, concurrency: usize) -> Result<(f64, f64)> {
         use futures::stream::{self, StreamExt, TryStreamExt};
@@ -419,9 +494,12 @@ impl Floor {
                 redis_op(&mut conn.clone(), &format!("{key}/n{i}"), true).await?;
                 Ok(0)
             }
-            (FloorConn::Postgres { pg, key }, _) => {
-                pg_op(pg, &format!("{key}/s{i}"), true).await?;
+            (FloorConn::Postgres { pg, key, .. }, Work::Naive) => {
+                pg_op(pg, &format!("{key}/n{i}"), true).await?;
                 Ok(0)
+            }
+            (FloorConn::Postgres { pg, same, key }, Work::Same) => {
+                pg_same_take(pg, same, &format!("{key}/s{i}")).await
             }
         }
     }
@@ -455,8 +533,11 @@ impl Floor {
             (FloorConn::Redis { conn, key, .. }, Work::Naive) => {
                 redis_op(&mut conn.clone(), &format!("{key}/n{i}"), false).await?;
             }
-            (FloorConn::Postgres { pg, key }, _) => {
-                pg_op(pg, &format!("{key}/s{i}"), false).await?;
+            (FloorConn::Postgres { pg, key, .. }, Work::Naive) => {
+                pg_op(pg, &format!("{key}/n{i}"), false).await?;
+            }
+            (FloorConn::Postgres { pg, same, key }, Work::Same) => {
+                pg_same_give(pg, same, &format!("{key}/s{i}"), at).await?;
             }
         }
         Ok(())
@@ -501,7 +582,16 @@ impl Floor {
                     .query_async::<()>(&mut conn)
                     .await;
             }
-            FloorConn::Postgres { .. } => {} // every row was deleted by its cycle
+            // Every entry was deleted by its cycle; the session goes.
+            FloorConn::Postgres { pg, same, .. } => {
+                let _ = pg
+                    .client
+                    .execute(
+                        "DELETE FROM qlbench_sessions WHERE id = $1::text::uuid",
+                        &[&same.session],
+                    )
+                    .await;
+            }
         }
     }
 }
@@ -546,6 +636,83 @@ async fn pg_prepare(client: tokio_postgres::Client) -> Result<PgFloor> {
         delete: client.prepare(&delete).await.map_err(text)?,
         client,
     })
+}
+
+/// The same-work floor's tables made if missing, its session written
+/// (alive for an hour), its statements prepared on `client`, whose plans
+/// are kept from scans that return every dead entry of a busy lock, as
+/// the backend's are (`enable_seqscan` and `enable_bitmapscan` off).
+async fn pg_prepare_same_work(client: &tokio_postgres::Client) -> Result<PgSameWork> {
+    client
+        .batch_execute(&format!(
+            "{PG_SAME_WORK_TABLES} SET enable_seqscan = off; SET enable_bitmapscan = off;"
+        ))
+        .await
+        .map_err(pg_text)?;
+    let session = pg_uuid(PG_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    client
+        .execute(
+            "INSERT INTO qlbench_sessions (id, expires) \
+             VALUES ($1::text::uuid, clock_timestamp() + interval '1 hour')",
+            &[&session],
+        )
+        .await
+        .map_err(pg_text)?;
+    Ok(PgSameWork {
+        take: client.prepare(PG_SAME_TAKE).await.map_err(pg_text)?,
+        give: client.prepare(PG_SAME_GIVE).await.map_err(pg_text)?,
+        session,
+    })
+}
+
+/// A PostgreSQL error with the server's message (its `Display` alone is
+/// "db error").
+fn pg_text(e: tokio_postgres::Error) -> String {
+    e.as_db_error()
+        .map_or_else(|| e.to_string(), ToString::to_string)
+}
+
+/// A UUID of this process and `n`, as text.
+fn pg_uuid(n: u64) -> String {
+    let pid = std::process::id();
+    format!(
+        "{:08x}-{:04x}-4{:03x}-8{:03x}-{:012x}",
+        pid,
+        (n >> 48) & 0xffff,
+        (n >> 36) & 0xfff,
+        (n >> 24) & 0xfff,
+        n & 0xff_ffff
+    )
+}
+
+/// Takes `lock` with the same work as ours, with a new contender:
+/// the contender's number, for [`pg_same_give`].
+async fn pg_same_take(pg: &PgFloor, same: &PgSameWork, lock: &str) -> Result<u64> {
+    let n = PG_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let contender = pg_uuid(n);
+    let value = SAME_WORK_VALUE.as_bytes();
+    let rows = pg
+        .client
+        .query(&same.take, &[&lock, &contender, &same.session, &value])
+        .await
+        .map_err(pg_text)?;
+    match rows.first().map(|r| r.get::<_, i64>(0)) {
+        Some(token) if token > 0 => Ok(n),
+        other => Err(format!("the same-work take of {lock} answered {other:?}")),
+    }
+}
+
+/// Gives back `lock`, taken by contender number `n`.
+async fn pg_same_give(pg: &PgFloor, same: &PgSameWork, lock: &str, n: u64) -> Result<()> {
+    let row = pg
+        .client
+        .query_one(&same.give, &[&lock, &pg_uuid(n)])
+        .await
+        .map_err(pg_text)?;
+    match row.get::<_, i64>(0) {
+        1 => Ok(()),
+        gone => Err(format!("the same-work give-back of {lock} deleted {gone}")),
+    }
 }
 
 /// `INSERT` the lock's row (take) or `DELETE` it (give back), each its
