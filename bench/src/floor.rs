@@ -14,7 +14,7 @@ pub fn describe(scheme: &str) -> &'static str {
         "zk" => "create(ephemeral sequential) + delete",
         "consul" | "consuls" => "the same txns raw: [check-not-exists .lock, lock .lock, check-not-exists queue key, check-not-exists fence key] + [check-index .lock, delete-cas .lock], one session",
         "redis" | "rediss" => "the same queue work raw: one script each way (session check, queue, entry, token, session's set; removal and head read)",
-        "postgres" | "postgresql" => "the same queue work raw: one prepared statement each way (the queue's advisory lock, its entries counted, the session read alive with a key-share lock, the attempt's fence looked up, the entry with a timeline token; the entry deleted, the queue counted), tables with ours' indexes",
+        "postgres" | "postgresql" => "the same queue work raw: one prepared statement each way (the queue's advisory lock, its entries counted, the session read alive with a key-share lock, the attempt's fence looked up, the entry with a timeline token; the entry deleted, the queue counted), tables with ours' indexes (not ours' trigger for followers, nor the release's read of the entry's kind)",
         _ => "none (in-process)",
     }
 }
@@ -141,10 +141,14 @@ CREATE TABLE IF NOT EXISTS qlbench_fences (contender uuid PRIMARY KEY, session u
 /// its reads are not ordered after that lock as a correct lock's must
 /// be (the backend's function reads in a statement after it). A floor of
 /// the cost, not a lock; the correct raw form, a transaction of the lock
-/// and then this, costs one more statement each way.
+/// and then this, costs one more statement each way. The lock is an
+/// uncorrelated `EXISTS`, which the server runs before the scan it
+/// guards (in a join, the scan of a lock without entries could come
+/// first and end it before the lock was taken).
 const PG_SAME_TAKE: &str = "
 WITH queue_lock AS MATERIALIZED (SELECT pg_advisory_xact_lock(7496294, hashtext($1))),
-     queue AS (SELECT count(*) AS n FROM queue_lock, qlbench_entries e WHERE e.lock = $1),
+     queue AS (SELECT count(*) AS n FROM qlbench_entries e
+               WHERE e.lock = $1 AND EXISTS (SELECT 1 FROM queue_lock)),
      alive AS (SELECT 1 FROM qlbench_sessions s
                WHERE s.id = $3::text::uuid AND s.expires > clock_timestamp() FOR KEY SHARE)
 INSERT INTO qlbench_entries (lock, seq, contender, session, kind, permits, token, value)
@@ -157,8 +161,9 @@ SELECT $1, nextval('qlbench_seq'), $2::text::uuid, $3::text::uuid, 'x', 1,
 RETURNING token";
 
 /// The same-work give-back: `$1` lock, `$2` contender. The queue's
-/// advisory lock, the entry deleted, the entries left counted (whom to
-/// grant next); the count deleted and the count left.
+/// advisory lock, the entry deleted, the queue's entries counted (whom to
+/// grant next; the statement's snapshot still has the deleted one): the
+/// count deleted and that count.
 const PG_SAME_GIVE: &str = "
 WITH queue_lock AS MATERIALIZED (SELECT pg_advisory_xact_lock(7496294, hashtext($1))),
      gone AS (DELETE FROM qlbench_entries
@@ -639,13 +644,16 @@ async fn pg_prepare(client: tokio_postgres::Client) -> Result<PgFloor> {
 }
 
 /// The same-work floor's tables made if missing, its session written
-/// (alive for an hour), its statements prepared on `client`, whose plans
-/// are kept from scans that return every dead entry of a busy lock, as
-/// the backend's are (`enable_seqscan` and `enable_bitmapscan` off).
+/// (alive for an hour; a row a failed run of a process with the same id
+/// left is taken over), its statements prepared on `client`, planned as
+/// the backend's functions are: kept from scans that return every dead
+/// entry of a busy lock (`enable_seqscan` and `enable_bitmapscan` off),
+/// and planned once (`plan_cache_mode = force_generic_plan`).
 async fn pg_prepare_same_work(client: &tokio_postgres::Client) -> Result<PgSameWork> {
     client
         .batch_execute(&format!(
-            "{PG_SAME_WORK_TABLES} SET enable_seqscan = off; SET enable_bitmapscan = off;"
+            "{PG_SAME_WORK_TABLES} SET enable_seqscan = off; SET enable_bitmapscan = off; \
+             SET plan_cache_mode = force_generic_plan;"
         ))
         .await
         .map_err(pg_text)?;
@@ -653,7 +661,8 @@ async fn pg_prepare_same_work(client: &tokio_postgres::Client) -> Result<PgSameW
     client
         .execute(
             "INSERT INTO qlbench_sessions (id, expires) \
-             VALUES ($1::text::uuid, clock_timestamp() + interval '1 hour')",
+             VALUES ($1::text::uuid, clock_timestamp() + interval '1 hour') \
+             ON CONFLICT (id) DO UPDATE SET expires = excluded.expires",
             &[&session],
         )
         .await
