@@ -620,7 +620,7 @@ pub(crate) fn pg_config(url: &Url) -> Result<tokio_postgres::Config> {
 /// task of its own.
 async fn pg_connect(url: &Url) -> Result<tokio_postgres::Client> {
     let pg = pg_config(url)?;
-    let (client, connection) = pg.connect(tokio_postgres::NoTls).await.map_err(text)?;
+    let (client, connection) = pg.connect(tokio_postgres::NoTls).await.map_err(pg_text)?;
     tokio::spawn(connection);
     Ok(client)
 }
@@ -633,12 +633,12 @@ async fn pg_prepare(client: tokio_postgres::Client) -> Result<PgFloor> {
             "CREATE TABLE IF NOT EXISTS {PG_TABLE} (name text PRIMARY KEY)"
         ))
         .await
-        .map_err(text)?;
+        .map_err(pg_text)?;
     let insert = format!("INSERT INTO {PG_TABLE} (name) VALUES ($1)");
     let delete = format!("DELETE FROM {PG_TABLE} WHERE name = $1");
     Ok(PgFloor {
-        insert: client.prepare(&insert).await.map_err(text)?,
-        delete: client.prepare(&delete).await.map_err(text)?,
+        insert: client.prepare(&insert).await.map_err(pg_text)?,
+        delete: client.prepare(&delete).await.map_err(pg_text)?,
         client,
     })
 }
@@ -676,7 +676,7 @@ async fn pg_prepare_same_work(client: &tokio_postgres::Client) -> Result<PgSameW
 
 /// A PostgreSQL error with the server's message (its `Display` alone is
 /// "db error").
-fn pg_text(e: tokio_postgres::Error) -> String {
+pub(crate) fn pg_text(e: tokio_postgres::Error) -> String {
     e.as_db_error()
         .map_or_else(|| e.to_string(), ToString::to_string)
 }
@@ -728,7 +728,11 @@ async fn pg_same_give(pg: &PgFloor, same: &PgSameWork, lock: &str, n: u64) -> Re
 /// own autocommit statement, prepared.
 async fn pg_op(pg: &PgFloor, key: &str, take: bool) -> Result<()> {
     let statement = if take { &pg.insert } else { &pg.delete };
-    let n = pg.client.execute(statement, &[&key]).await.map_err(text)?;
+    let n = pg
+        .client
+        .execute(statement, &[&key])
+        .await
+        .map_err(pg_text)?;
     if n != 1 {
         return Err(format!("{take:?}: {n} rows"));
     }
@@ -1092,7 +1096,7 @@ async fn pg_handoffs(
     // Idle listeners, each on a channel nobody notifies; kept to the end.
     let mut idle = Vec::new();
     for i in 0..others {
-        let (client, mut connection) = pg.connect(tokio_postgres::NoTls).await.map_err(text)?;
+        let (client, mut connection) = pg.connect(tokio_postgres::NoTls).await.map_err(pg_text)?;
         tokio::spawn(async move {
             let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
             while let Some(Ok(_)) = messages.next().await {}
@@ -1100,12 +1104,12 @@ async fn pg_handoffs(
         client
             .batch_execute(&format!("LISTEN {channel}_idle_{i}"))
             .await
-            .map_err(text)?;
+            .map_err(pg_text)?;
         idle.push(client);
     }
     let mut parties = Vec::new();
     for _ in 0..2 {
-        let (client, mut connection) = pg.connect(tokio_postgres::NoTls).await.map_err(text)?;
+        let (client, mut connection) = pg.connect(tokio_postgres::NoTls).await.map_err(pg_text)?;
         let (tx, notified) = tokio::sync::mpsc::unbounded_channel();
         tokio::spawn(async move {
             let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
@@ -1118,13 +1122,13 @@ async fn pg_handoffs(
         client
             .batch_execute(&format!("LISTEN {channel}"))
             .await
-            .map_err(text)?;
+            .map_err(pg_text)?;
         let pg = pg_prepare(client).await?;
         let release = format!(
             "WITH d AS (DELETE FROM {PG_TABLE} WHERE name = $1 RETURNING name) \
              SELECT pg_notify($2, '') FROM d"
         );
-        let release = pg.client.prepare(&release).await.map_err(text)?;
+        let release = pg.client.prepare(&release).await.map_err(pg_text)?;
         parties.push(PgParty {
             pg,
             release,
@@ -1147,7 +1151,7 @@ async fn pg_handoffs(
                     .client
                     .execute(&holder.release, &[&key, &channel])
                     .await
-                    .map_err(text)?;
+                    .map_err(pg_text)?;
                 if n != 1 {
                     return Err(format!("the release found {n} rows"));
                 }

@@ -37,7 +37,9 @@ use std::time::{Duration, Instant};
 use quorumlock::url::Url;
 use serde_json::{json, Value};
 
-use crate::floor::{consul_put, consul_session, pg_config, raw_address, text, zk_connect, Result};
+use crate::floor::{
+    consul_put, consul_session, pg_config, pg_text, raw_address, text, zk_connect, Result,
+};
 use crate::Handoffs;
 
 /// At most this many connections for one run's parties (as many as the
@@ -428,7 +430,7 @@ async fn postgres(url: &Url, parties: usize, shared: &Shared) -> Result<Duration
     let lock_key = (i64::from(std::process::id()) << 8) | (parties as i64 & 0xff);
     let mut clients = Vec::new();
     for _ in 0..parties {
-        let (client, connection) = pg.connect(tokio_postgres::NoTls).await.map_err(text)?;
+        let (client, connection) = pg.connect(tokio_postgres::NoTls).await.map_err(pg_text)?;
         tokio::spawn(connection);
         clients.push(client);
     }
@@ -438,11 +440,11 @@ async fn postgres(url: &Url, parties: usize, shared: &Shared) -> Result<Duration
         let take = client
             .prepare("SELECT pg_advisory_lock($1)")
             .await
-            .map_err(text)?;
+            .map_err(pg_text)?;
         let give = client
             .prepare("SELECT pg_advisory_unlock($1)")
             .await
-            .map_err(text)?;
+            .map_err(pg_text)?;
         prepared.push(Arc::new((client, take, give)));
     }
     run_parties(parties, shared, |i| {
@@ -450,10 +452,10 @@ async fn postgres(url: &Url, parties: usize, shared: &Shared) -> Result<Duration
         async move {
             let (client, take, give) = &*party;
             while shared.running() {
-                client.execute(take, &[&lock_key]).await.map_err(text)?;
+                client.execute(take, &[&lock_key]).await.map_err(pg_text)?;
                 shared.sent(1);
                 shared.hold().await?;
-                client.execute(give, &[&lock_key]).await.map_err(text)?;
+                client.execute(give, &[&lock_key]).await.map_err(pg_text)?;
                 shared.sent(1);
             }
             Ok(())
