@@ -3,7 +3,7 @@
 //! bounded by the timeout, its errors mapped), and [`SessionState`], what
 //! one session shares with its tasks.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -69,16 +69,20 @@ pub(crate) struct Routes(Mutex<HashMap<String, Route>>);
 pub(crate) struct Route {
     pub(crate) signals: EntrySignals,
     pub(crate) wake: Arc<Notify>,
+    /// The lock key: a renewal tells the lock's followers (see
+    /// `monitor::renew`).
+    lock: String,
     /// Once granted: the lock key and token, for the renewal's check.
     held: Option<(String, u64)>,
 }
 
 impl Routes {
-    pub(crate) fn add(&self, id: &str, signals: EntrySignals) -> Arc<Notify> {
+    pub(crate) fn add(&self, id: &str, lock: &str, signals: EntrySignals) -> Arc<Notify> {
         let wake = Arc::new(Notify::new());
         let route = Route {
             signals,
             wake: wake.clone(),
+            lock: lock.to_string(),
             held: None,
         };
         self.0
@@ -114,8 +118,14 @@ impl Routes {
     /// Every contender this client owns: attempts not released or
     /// abandoned, waiting or held (the renewal removes the session's
     /// other entries).
-    pub(crate) fn owned(&self) -> Vec<String> {
+    pub(crate) fn owned(&self) -> HashSet<String> {
         self.0.lock().expect("poisoned").keys().cloned().collect()
+    }
+
+    /// The locks of the contenders this client owns, each once.
+    pub(crate) fn locks(&self) -> HashSet<String> {
+        let routes = self.0.lock().expect("poisoned");
+        routes.values().map(|r| r.lock.clone()).collect()
     }
 
     /// The renewal found these held entries gone from the store.
@@ -205,6 +215,29 @@ impl RedisCore {
         let mut conn = self.conn.clone();
         match tokio::time::timeout(self.config.timeout, cmd.query_async(&mut conn)).await {
             Ok(r) => r.map_err(|e| error::map(e, what)),
+            Err(_) => Err(error::timed_out(what, self.config.timeout)),
+        }
+    }
+
+    /// Sends the commands of `pipe` in one request, as
+    /// [`cmd`](Self::cmd): each command's answer, a server error among
+    /// them as [`Value::ServerError`].
+    pub(crate) async fn pipeline(&self, what: &str, pipe: &redis::Pipeline) -> Result<Vec<Value>> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let mut conn = self.conn.clone();
+        match tokio::time::timeout(self.config.timeout, pipe.query_async(&mut conn)).await {
+            Ok(r) => r.map_err(|e| error::map(e, what)),
+            Err(_) => Err(error::timed_out(what, self.config.timeout)),
+        }
+    }
+
+    /// Loads `script` into the server's cache (for an `EVALSHA` sent in a
+    /// pipeline, which does not load it by itself), as [`cmd`](Self::cmd).
+    pub(crate) async fn load_script(&self, what: &str, script: &redis::Script) -> Result<()> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let mut conn = self.conn.clone();
+        match tokio::time::timeout(self.config.timeout, script.load_async(&mut conn)).await {
+            Ok(r) => r.map(drop).map_err(|e| error::map(e, what)),
             Err(_) => Err(error::timed_out(what, self.config.timeout)),
         }
     }

@@ -57,6 +57,34 @@ pub(crate) fn parse_entry_name(entry: &str) -> Option<(&str, &str)> {
     entry.rsplit_once("/.q/")
 }
 
+/// The contender of entry `id`: its request's, for one of the entries of a
+/// request for several permits (`<contender>.<j>.<k>`; the scripts'
+/// `base`).
+pub(crate) fn contender_of(id: &str) -> &str {
+    id.split('.').next().unwrap_or(id)
+}
+
+/// Whether `entry` (an `L/.e` value, `kind permits sid created token P`)
+/// is session `sid`'s of prefix `prefix`, granted with `token` (the
+/// scripts' `parse`).
+pub(crate) fn entry_is(entry: &str, sid: &str, prefix: &str, token: u64) -> bool {
+    let mut f = entry.splitn(6, ' ');
+    let (Some(kind), Some(permits), Some(s), Some(created), Some(t), Some(p)) =
+        (f.next(), f.next(), f.next(), f.next(), f.next(), f.next())
+    else {
+        return false;
+    };
+    let digits = |x: &str| !x.is_empty() && x.bytes().all(|b| b.is_ascii_digit());
+    kind.len() == 1
+        && kind.bytes().all(|b| b.is_ascii_alphabetic())
+        && digits(permits)
+        && digits(created)
+        && s == sid
+        && p == prefix
+        && digits(t)
+        && t.parse::<u64>() == Ok(token)
+}
+
 /// A session id: 32 lowercase hex digits (a UUID without dashes).
 pub(crate) fn check_session_id(sid: &str) -> Result<()> {
     if sid.len() == 32 && sid.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
@@ -128,6 +156,33 @@ mod tests {
             let e = check_session_id(bad).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{bad}");
         }
+    }
+
+    #[test]
+    fn entries_are_read_as_the_scripts_read_them() {
+        let sid = "0123456789abcdef0123456789abcdef";
+        let e = format!("x 0 {sid} 1700000000000 42 ns/");
+        assert!(entry_is(&e, sid, "ns/", 42));
+        assert!(!entry_is(&e, sid, "ns/", 43), "another grant");
+        assert!(!entry_is(&e, sid, "", 42), "another namespace's");
+        assert!(
+            !entry_is(&e, &sid.replace('0', "1"), "ns/", 42),
+            "another session's"
+        );
+        // A prefix may hold spaces: the rest of the value.
+        let spaced = format!("s 3 {sid} 1 7 a b/");
+        assert!(entry_is(&spaced, sid, "a b/", 7));
+        for bad in [
+            "",
+            "x 0",
+            &format!("xx 0 {sid} 1 42 ns/"),
+            &format!("x 0 {sid} 1 -42 ns/"),
+        ] {
+            assert!(!entry_is(bad, sid, "ns/", 42), "{bad:?}");
+        }
+        assert_eq!(contender_of("abc"), "abc");
+        assert_eq!(contender_of("abc.1.3"), "abc");
+        assert_eq!(contender_of("abcgdef"), "abcgdef");
     }
 
     #[test]

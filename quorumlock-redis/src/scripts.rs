@@ -559,75 +559,62 @@ return existed
 });
 
 /// Renews a session and what lives as long as it (its entry set a TTL
-/// longer, see [`KILL`]); checks that the
-/// session's held entries are still there (a failover to a replica that
-/// never got a grant keeps the session key but not the entry); and
-/// reconciles the session's entries with what its client owns.
+/// longer, see [`KILL`]): one step of O(1) work, however many entries the
+/// session has. ARGV: P, sid, ttl. 1, or 0 if the session is gone.
 ///
-/// Reconciling: an entry of the session (a member of its `.locks` set)
-/// whose contender is not among those the client owns (every attempt it
-/// has not released or abandoned: waiting or held) is one it gave up
-/// whose removal was lost (a release or abandon a failover lost) or that
-/// was made after it (an enqueue that landed late). Such an entry is
-/// marked with this renewal's number `n` (in `P.session/<sid>/.stray`)
-/// and removed, its queue settled, by the first later renewal whose
-/// client saw renewal `n` answered (it sends that number as `confirmed`).
-/// Two steps because an attempt the client started after it built this
-/// renewal's list may have enqueued before the renewal runs: not listed,
-/// yet owned. Its enqueue ran before renewal `n` (which marked it), so it
-/// was added to the client's list before renewal `n` was answered, so
-/// before the next renewal's list was built: listed there, it is not
-/// removed. A renewal whose answer was lost marks with a number the
-/// client never confirms, so its marks are renewed by the next one.
-///
-/// Then tells the followers of each lock the session has an entry of
-/// that it lives `ttl` more (`r <session key> <ttl>` on the lock's
-/// channel, where `PUBSUB NUMSUB` shows a subscriber; best effort as
-/// `changed`): they need not read its expiry ([`SESSION_EXPIRIES`]).
-///
-/// ARGV: P, sid, ttl, n, confirmed (0: none yet), the number of held
-/// entries, (lock key, contender, token) per held entry, then every
-/// contender the client owns. `{0}` if the session is gone, else `{1,
-/// entries removed, missing contender...}`.
+/// The rest of a renewal is sent in parts of at most
+/// `monitor::RENEWAL_PART` entries each (`monitor::renew`), so that a
+/// client holding many locks never keeps Redis, which runs one command
+/// at a time, busy for long: the check that the held entries are still
+/// there (a failover to a replica that never got a grant keeps the
+/// session key but not the entry), the followers' notices, and
+/// [`RECONCILE`] of the entries its client no longer owns.
 pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| {
     script(
         r#"
+if not extend(ARGV[2], ARGV[3]) then return 0 end
+return 1
+"#,
+    )
+});
+
+/// Removes the session's entries its client no longer owns, two renewals
+/// after it first found them.
+///
+/// An entry of the session (a member of its `.locks` set) whose contender
+/// is not among those the client owns (every attempt it has not released
+/// or abandoned: waiting or held) is one it gave up whose removal was
+/// lost (a release or abandon a failover lost) or that was made after it
+/// (an enqueue that landed late). The client lists the set's members
+/// after it took the list of what it owns, and sends the members not
+/// owned here. Such a member is marked with the renewal's number `n` (in
+/// `P.session/<sid>/.stray`) and removed, its queue settled, by the first
+/// later renewal that names it again and whose client saw renewal `n`
+/// answered whole (it sends that number as `confirmed`). Two steps
+/// because an attempt the client started after it took renewal `n`'s
+/// list may have enqueued before the members were listed: not owned by
+/// that list, yet owned. Its enqueue came before the listing, so it was
+/// routed before renewal `n` was answered, so before the next renewal's
+/// list was taken: owned there, it is not named again. A renewal whose
+/// answer was lost marks with a number the client never confirms, so its
+/// marks are renewed by the next one; one that lands late only marks (or
+/// removes) members no list owned, and a contender is never owned again.
+///
+/// ARGV: P, sid, ttl, n, confirmed (0: none yet), then members not owned.
+/// The number of entries removed.
+pub(crate) static RECONCILE: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
 local sid, ttl, n, confirmed = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local last = 6 + 3 * tonumber(ARGV[6])
 local s = skey(sid)
-if not extend(sid, ttl) then return {0} end
-local missing = {}
-for i = 7, last, 3 do
-  local v = redis.call('HGET', ARGV[i] .. '/.e', ARGV[i + 1])
-  local e = v and parse(v)
-  if not e or e.token ~= tonumber(ARGV[i + 2]) or e.sid ~= sid or e.p ~= P then
-    missing[#missing + 1] = ARGV[i + 1]
-  end
-end
-local owned = {}
-for i = last + 1, #ARGV do owned[ARGV[i]] = true end
+if redis.call('EXISTS', s) == 0 then return 0 end
 local stray = s .. '/.stray'
-local marks = {}
-local old = redis.call('HGETALL', stray)
-for i = 1, #old, 2 do marks[old[i]] = old[i + 1] end
-redis.call('DEL', stray)
-local removed, queues, seen, told = 0, {}, {}, {}
-local renewed = 'r ' .. s .. ' ' .. ttl
-for _, m in ipairs(redis.call('SMEMBERS', s .. '/.locks')) do
+local removed, queues, seen = 0, {}, {}
+for i = 6, #ARGV do
+  local m = ARGV[i]
   local L, id = string.match(m, '^(.*)/%.q/([^/]*)$')
-  if L and not told[L] then
-    told[L] = true
-    -- Only where someone follows (a bulk holder's locks mostly have
-    -- nobody): a PUBLISH is replicated, the count is not. Best effort,
-    -- as `changed`.
-    local ch = L .. '/.changes'
-    local n = redis.pcall('PUBSUB', 'NUMSUB', ch)
-    if type(n) ~= 'table' or tonumber(n[2]) ~= 0 then
-      redis.pcall('PUBLISH', ch, renewed)
-    end
-  end
-  if L and not owned[base(id)] then
-    if marks[m] == confirmed then
+  if L then
+    if redis.call('HGET', stray, m) == confirmed then
       local v = redis.call('HGET', L .. '/.e', id)
       local e = v and parse(v)
       if e and e.sid == sid and e.p == P then
@@ -639,6 +626,7 @@ for _, m in ipairs(redis.call('SMEMBERS', s .. '/.locks')) do
         end
       end
       redis.call('SREM', s .. '/.locks', m)
+      redis.call('HDEL', stray, m)
     else
       redis.call('HSET', stray, m, n)
     end
@@ -646,9 +634,7 @@ for _, m in ipairs(redis.call('SMEMBERS', s .. '/.locks')) do
 end
 redis.call('PEXPIRE', stray, ttl)
 for _, L in ipairs(queues) do settle(L, head(L), '') end
-local out = {1, removed}
-for _, id in ipairs(missing) do out[#out + 1] = id end
-return out
+return removed
 "#,
     )
 });
@@ -700,8 +686,8 @@ return 1
 /// entry that does not parse counts as a session key '' gone); none for a
 /// session without a TTL (it never expires). ARGV: P, L. Nothing else
 /// tells a follower of the lock that an entry's session expired (its
-/// entries go when a script next loads the queue); [`RENEW`] tells it of
-/// a renewal, by the same session key.
+/// entries go when a script next loads the queue); a renewal tells it of
+/// a renewal, by the same session key (`monitor::renew`).
 pub(crate) static SESSION_EXPIRIES: LazyLock<Script> = LazyLock::new(|| {
     script(
         r#"

@@ -150,7 +150,7 @@ impl StoreSession for RedisSession {
         let key = self.state.core.lock_key(&req.name);
         let id = layout::request_id(req);
         // Routed before the entry exists, so no message for it is missed.
-        let wake = self.state.routes.add(&id, req.signals.clone());
+        let wake = self.state.routes.add(&id, &key, req.signals.clone());
         let (kind, permits) = layout::kind_code(req.kind);
         let mut inv = scripts::ENQUEUE.prepare_invoke();
         inv.arg(&self.state.core.prefix)
