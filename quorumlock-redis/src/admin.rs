@@ -87,9 +87,9 @@ impl RedisCore {
     /// so the stream also wakes when the first session owning an entry is
     /// due to expire ([`scripts::SESSION_EXPIRIES`], read after each
     /// change): an item if one did, else it sleeps until the next. Each
-    /// renewal ([`scripts::RENEW`]) publishes on the channel too: heard,
-    /// it moves its session's expiry without a read, so while nothing
-    /// changes and the holders renew, nothing is sent.
+    /// renewal's audit (`monitor.rs`) publishes on the channel too:
+    /// heard, it moves its session's expiry without a read, so while
+    /// nothing changes and the holders renew, nothing is sent.
     pub(crate) fn changes(self: &Arc<Self>, name: &LockName) -> ChangeFeed {
         let (core, key) = (self.clone(), self.lock_key(name));
         notified_feed(async move {

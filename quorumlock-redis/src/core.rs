@@ -69,8 +69,8 @@ pub(crate) struct Routes(Mutex<HashMap<String, Route>>);
 pub(crate) struct Route {
     pub(crate) signals: EntrySignals,
     pub(crate) wake: Arc<Notify>,
-    /// The lock key: a renewal tells the lock's followers (see
-    /// `monitor::renew`).
+    /// The lock key: a renewal's audit tells the lock's followers (see
+    /// `monitor::Audit::finish`).
     lock: String,
     /// Once granted: the lock key and token, for the renewal's check.
     held: Option<(String, u64)>,

@@ -32,7 +32,7 @@ fn mailbox_block(ttl: Duration) -> Duration {
 /// longer has it. A failed renewal is tried again sooner; the local
 /// deadline ends the session if none gets through.
 ///
-/// Each renewal also starts an audit of the session ([`audit`]: its held
+/// Each renewal also starts an audit of the session ([`Audit`]: its held
 /// entries still there, the entries its client no longer owns removed,
 /// the followers told), unless the last one is still running. The audit
 /// of a session of many entries takes several requests; it never holds
@@ -46,6 +46,9 @@ pub(crate) async fn keepalive(session: Arc<SessionState>) {
     let mut n = 0u64;
     let confirmed = Arc::new(AtomicU64::new(0));
     let auditing = Arc::new(AtomicBool::new(false));
+    // After a failed renewal the next one is sent alone: nothing but the
+    // extend is between the session and its deadline.
+    let mut failed = false;
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -53,7 +56,7 @@ pub(crate) async fn keepalive(session: Arc<SessionState>) {
             _ = tokio::time::sleep(pause) => {}
         }
         n += 1;
-        let audit = (!auditing.load(Ordering::Acquire)).then(|| Audit::take(&session));
+        let audit = (!failed && !auditing.load(Ordering::Acquire)).then(|| Audit::take(&session));
         match renew(&session, audit).await {
             Ok(Renewal::Gone) => {
                 tracing::info!("redis session key is gone");
@@ -64,23 +67,29 @@ pub(crate) async fn keepalive(session: Arc<SessionState>) {
                 liveness.confirm(sent, ttl);
                 *session.confirmed.lock().expect("poisoned") = sent;
                 pause = ttl / 3;
+                failed = false;
                 if let Some((audit, first)) = audit {
                     auditing.store(true, Ordering::Release);
-                    let (session, confirmed, auditing) =
-                        (session.clone(), confirmed.clone(), auditing.clone());
+                    let running = Running(auditing.clone());
+                    let (session, confirmed) = (session.clone(), confirmed.clone());
                     let since = confirmed.load(Ordering::Acquire);
                     tokio::spawn(async move {
-                        match audit.finish(&session, n, since, sent, first).await {
+                        let finished = tokio::select! {
+                            _ = session.stop.cancelled() => return,
+                            r = audit.finish(&session, n, since, sent, first) => r,
+                        };
+                        match finished {
                             Ok(()) => confirmed.store(n, Ordering::Release),
                             Err(e) => tracing::debug!(error = %e, "the session's audit failed"),
                         }
-                        auditing.store(false, Ordering::Release);
+                        drop(running);
                     });
                 }
             }
             Err(e) => {
                 tracing::debug!(error = %e, "renewal failed; trying again");
                 pause = ttl / 10;
+                failed = true;
             }
         }
     }
@@ -92,15 +101,24 @@ pub(crate) async fn keepalive(session: Arc<SessionState>) {
 /// script kept Redis busy for 55 ms).
 pub(crate) const RENEWAL_PART: usize = 512;
 
+/// An audit runs while this lives (cleared even if its task panics).
+struct Running(Arc<AtomicBool>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
 /// What one renewal did.
 enum Renewal {
     /// The session key is gone.
     Gone,
     /// Renewed (the step sent at `sent`), with the audit it started and
-    /// the answers to its first requests, sent with the renewal.
+    /// the answers to the audit's first reads if they were sent with it.
     Renewed {
         sent: Instant,
-        audit: Option<(Audit, Vec<Value>)>,
+        audit: Option<(Audit, Option<Vec<Value>>)>,
     },
 }
 
@@ -115,10 +133,19 @@ struct Audit {
 }
 
 /// One renewal: the session's expiry moved on ([`scripts::RENEW`], one
-/// step of O(1) work), and with `audit`, in the same request, its first
-/// part of each read: the first held entries, the first page of the
-/// session's entry set, the first locks' follower counts.
+/// step of O(1) work), and, in the same request, the first reads of
+/// `audit` if its session is small ([`Audit::rides_along`]). Bounded by
+/// the request timeout as a whole (with the script loaded again if the
+/// server lost it).
 async fn renew(session: &SessionState, audit: Option<Audit>) -> Result<Renewal> {
+    let what = "renew session";
+    let timeout = session.core.config.timeout;
+    tokio::time::timeout(timeout, renew_once(session, audit))
+        .await
+        .unwrap_or_else(|_| Err(error::timed_out(what, timeout)))
+}
+
+async fn renew_once(session: &SessionState, audit: Option<Audit>) -> Result<Renewal> {
     let core = &session.core;
     let mut inv = scripts::RENEW.prepare_invoke();
     inv.arg(&core.prefix)
@@ -126,7 +153,8 @@ async fn renew(session: &SessionState, audit: Option<Audit>) -> Result<Renewal> 
         .arg(core.config.ttl.as_millis() as u64);
     let mut pipe = redis::pipe();
     pipe.ignore_errors().invoke_script(&inv);
-    if let Some(a) = &audit {
+    let along = audit.as_ref().is_some_and(Audit::rides_along);
+    if let Some(a) = audit.as_ref().filter(|_| along) {
         a.first_reads(session, &mut pipe);
     }
     let mut loaded = false;
@@ -135,7 +163,7 @@ async fn renew(session: &SessionState, audit: Option<Audit>) -> Result<Renewal> 
         let mut answers = core.pipeline("renew session", &pipe).await?.into_iter();
         match answers.next() {
             Some(Value::Int(1)) => {
-                let audit = audit.map(|a| (a, answers.collect()));
+                let audit = audit.map(|a| (a, along.then(|| answers.collect())));
                 return Ok(Renewal::Renewed { sent, audit });
             }
             Some(Value::Int(0)) => return Ok(Renewal::Gone),
@@ -169,6 +197,14 @@ impl Audit {
         }
     }
 
+    /// Whether its first reads go in the renewal's request: at most
+    /// [`RENEWAL_PART`] held entries and locks, so that the renewal's
+    /// answer (which confirms the session) stays small. A larger audit
+    /// sends them in a request of its own, right after.
+    fn rides_along(&self) -> bool {
+        self.held.len() <= RENEWAL_PART && self.channels.len() <= RENEWAL_PART
+    }
+
     fn entry_set(session: &SessionState) -> String {
         let key = layout::session_key(&session.core.prefix, &session.sid);
         format!("{key}/.locks")
@@ -189,7 +225,7 @@ impl Audit {
     }
 
     /// The rest of the audit of renewal `n`, from the answers to its
-    /// `first` reads: the held entries gone (or another's now) reported
+    /// `first` reads (sent now if they did not go with the renewal): the held entries gone (or another's now) reported
     /// lost (a failover to a replica that never got a grant keeps the
     /// session key but not the entry); the entry set's members listed
     /// and those not owned sent to [`scripts::RECONCILE`] (with
@@ -205,10 +241,19 @@ impl Audit {
         n: u64,
         confirmed: u64,
         sent: Instant,
-        first: Vec<Value>,
+        first: Option<Vec<Value>>,
     ) -> Result<()> {
         let core = &session.core;
         let what = "audit the session";
+        let first = match first {
+            Some(answers) => answers,
+            None => {
+                let mut pipe = redis::pipe();
+                pipe.ignore_errors();
+                self.first_reads(session, &mut pipe);
+                core.pipeline(what, &pipe).await?
+            }
+        };
         let bad = || Error::new(ErrorKind::Internal, "an audit read answered garbage");
         let mut first = first.into_iter();
         // The held entries.
@@ -330,12 +375,7 @@ async fn tell_followers(
     counts: Vec<Value>,
 ) {
     let core = &session.core;
-    let left = core.config.ttl.saturating_sub(sent.elapsed());
-    let notice = format!(
-        "r {} {}",
-        layout::session_key(&core.prefix, &session.sid),
-        left.as_millis()
-    );
+    let key = layout::session_key(&core.prefix, &session.sid);
     let mut counts = counts.into_iter();
     for part in channels.chunks(RENEWAL_PART) {
         let answer = match counts.next() {
@@ -361,6 +401,10 @@ async fn tell_followers(
         if followed.is_empty() {
             continue;
         }
+        // What is left of the TTL as this part is sent (a follower counts
+        // it from when the store sent the notice).
+        let left = core.config.ttl.saturating_sub(sent.elapsed());
+        let notice = format!("r {key} {}", left.as_millis());
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         for c in followed {

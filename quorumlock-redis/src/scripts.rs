@@ -563,7 +563,7 @@ return existed
 /// session has. ARGV: P, sid, ttl. 1, or 0 if the session is gone.
 ///
 /// The rest of a renewal is sent in parts of at most
-/// `monitor::RENEWAL_PART` entries each (`monitor::renew`), so that a
+/// `monitor::RENEWAL_PART` entries each (`monitor::Audit`), so that a
 /// client holding many locks never keeps Redis, which runs one command
 /// at a time, busy for long: the check that the held entries are still
 /// there (a failover to a replica that never got a grant keeps the
@@ -687,7 +687,7 @@ return 1
 /// session without a TTL (it never expires). ARGV: P, L. Nothing else
 /// tells a follower of the lock that an entry's session expired (its
 /// entries go when a script next loads the queue); a renewal tells it of
-/// a renewal, by the same session key (`monitor::renew`).
+/// a renewal, by the same session key (`monitor::Audit::finish`).
 pub(crate) static SESSION_EXPIRIES: LazyLock<Script> = LazyLock::new(|| {
     script(
         r#"
