@@ -58,8 +58,7 @@ pub(crate) fn parse_entry_name(entry: &str) -> Option<(&str, &str)> {
 }
 
 /// The contender of entry `id`: its request's, for one of the entries of a
-/// request for several permits (`<contender>.<j>.<k>`; the scripts'
-/// `base`).
+/// request for several permits (`<contender>.<j>.<k>`).
 pub(crate) fn contender_of(id: &str) -> &str {
     id.split('.').next().unwrap_or(id)
 }

@@ -29,12 +29,15 @@ fn mailbox_block(ttl: Duration) -> Duration {
 
 /// Renews the session every third of its TTL ([`renew`]); confirms each
 /// renewal with its send time, and reports the session lost when Redis no
-/// longer has it. A failed renewal is tried again sooner; the local
-/// deadline ends the session if none gets through.
+/// longer has it, and a held entry lost when Redis no longer has that
+/// (read by the renewal for a session of at most [`RENEWAL_PART`] held
+/// entries, else by its audit). A failed renewal is tried again sooner;
+/// the local deadline ends the session if none gets through.
 ///
-/// Each renewal also starts an audit of the session ([`Audit`]: its held
-/// entries still there, the entries its client no longer owns removed,
-/// the followers told), unless the last one is still running. The audit
+/// Each renewal also starts an audit of the session ([`Audit`]: the
+/// entries its client no longer owns removed, the followers told, a
+/// large session's held entries read), unless the last one is still
+/// running. The audit
 /// of a session of many entries takes several requests; it never holds
 /// up the next renewal.
 pub(crate) async fn keepalive(session: Arc<SessionState>) {
@@ -46,9 +49,6 @@ pub(crate) async fn keepalive(session: Arc<SessionState>) {
     let mut n = 0u64;
     let confirmed = Arc::new(AtomicU64::new(0));
     let auditing = Arc::new(AtomicBool::new(false));
-    // After a failed renewal the next one is sent alone: nothing but the
-    // extend is between the session and its deadline.
-    let mut failed = false;
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -56,18 +56,29 @@ pub(crate) async fn keepalive(session: Arc<SessionState>) {
             _ = tokio::time::sleep(pause) => {}
         }
         n += 1;
-        let audit = (!failed && !auditing.load(Ordering::Acquire)).then(|| Audit::take(&session));
-        match renew(&session, audit).await {
+        // A small session's held entries are read by every renewal, in
+        // its own request (as one script did before audits); a larger
+        // one's by its audit.
+        let held = session.routes.held();
+        let (checked, held) = if held.len() <= RENEWAL_PART {
+            (held, Vec::new())
+        } else {
+            (Vec::new(), held)
+        };
+        let audit = (!auditing.load(Ordering::Acquire)).then(|| Audit::take(&session, held));
+        match renew(&session, &checked, audit).await {
             Ok(Renewal::Gone) => {
                 tracing::info!("redis session key is gone");
                 liveness.lose(LossReason::SessionExpired);
                 return;
             }
-            Ok(Renewal::Renewed { sent, audit }) => {
+            Ok(Renewal::Renewed { sent, held, audit }) => {
                 liveness.confirm(sent, ttl);
                 *session.confirmed.lock().expect("poisoned") = sent;
                 pause = ttl / 3;
-                failed = false;
+                if let Err(e) = report_gone(&session, &checked, held) {
+                    tracing::debug!(error = %e, "reading the held entries failed");
+                }
                 if let Some((audit, first)) = audit {
                     auditing.store(true, Ordering::Release);
                     let running = Running(auditing.clone());
@@ -89,7 +100,6 @@ pub(crate) async fn keepalive(session: Arc<SessionState>) {
             Err(e) => {
                 tracing::debug!(error = %e, "renewal failed; trying again");
                 pause = ttl / 10;
-                failed = true;
             }
         }
     }
@@ -114,10 +124,12 @@ impl Drop for Running {
 enum Renewal {
     /// The session key is gone.
     Gone,
-    /// Renewed (the step sent at `sent`), with the audit it started and
-    /// the answers to the audit's first reads if they were sent with it.
+    /// Renewed (the step sent at `sent`), with the reads of the held
+    /// entries sent with it, the audit it started and the answers to the
+    /// audit's first reads if they were sent with it.
     Renewed {
         sent: Instant,
+        held: Vec<Value>,
         audit: Option<(Audit, Option<Vec<Value>>)>,
     },
 }
@@ -125,7 +137,8 @@ enum Renewal {
 /// One audit of the session, from what its client had when the renewal
 /// that started it was sent: every contender it owns (taken before
 /// anything of the session is read: see `scripts::RECONCILE`), its held
-/// entries (lock key, contender, token), the locks of its entries.
+/// entries (lock key, contender, token) when there are more than the
+/// renewal reads itself, the locks of its entries.
 struct Audit {
     owned: HashSet<String>,
     held: Vec<(String, String, u64)>,
@@ -133,19 +146,27 @@ struct Audit {
 }
 
 /// One renewal: the session's expiry moved on ([`scripts::RENEW`], one
-/// step of O(1) work), and, in the same request, the first reads of
-/// `audit` if its session is small ([`Audit::rides_along`]). Bounded by
-/// the request timeout as a whole (with the script loaded again if the
-/// server lost it).
-async fn renew(session: &SessionState, audit: Option<Audit>) -> Result<Renewal> {
+/// step of O(1) work), and, in the same request, the reads of `held` (at
+/// most [`RENEWAL_PART`]) and the first reads of `audit` if its session
+/// is small ([`Audit::rides_along`]). Bounded by the request timeout as a
+/// whole (with the script loaded again if the server lost it).
+async fn renew(
+    session: &SessionState,
+    held: &[(String, String, u64)],
+    audit: Option<Audit>,
+) -> Result<Renewal> {
     let what = "renew session";
     let timeout = session.core.config.timeout;
-    tokio::time::timeout(timeout, renew_once(session, audit))
+    tokio::time::timeout(timeout, renew_once(session, held, audit))
         .await
         .unwrap_or_else(|_| Err(error::timed_out(what, timeout)))
 }
 
-async fn renew_once(session: &SessionState, audit: Option<Audit>) -> Result<Renewal> {
+async fn renew_once(
+    session: &SessionState,
+    held: &[(String, String, u64)],
+    audit: Option<Audit>,
+) -> Result<Renewal> {
     let core = &session.core;
     let mut inv = scripts::RENEW.prepare_invoke();
     inv.arg(&core.prefix)
@@ -153,6 +174,7 @@ async fn renew_once(session: &SessionState, audit: Option<Audit>) -> Result<Rene
         .arg(core.config.ttl.as_millis() as u64);
     let mut pipe = redis::pipe();
     pipe.ignore_errors().invoke_script(&inv);
+    held_reads(held, &mut pipe);
     let along = audit.as_ref().is_some_and(Audit::rides_along);
     if let Some(a) = audit.as_ref().filter(|_| along) {
         a.first_reads(session, &mut pipe);
@@ -163,8 +185,9 @@ async fn renew_once(session: &SessionState, audit: Option<Audit>) -> Result<Rene
         let mut answers = core.pipeline("renew session", &pipe).await?.into_iter();
         match answers.next() {
             Some(Value::Int(1)) => {
+                let held = answers.by_ref().take(held.len()).collect();
                 let audit = audit.map(|a| (a, along.then(|| answers.collect())));
-                return Ok(Renewal::Renewed { sent, audit });
+                return Ok(Renewal::Renewed { sent, held, audit });
             }
             Some(Value::Int(0)) => return Ok(Renewal::Gone),
             // The server lost its scripts (a restart, a failover, `SCRIPT
@@ -188,11 +211,11 @@ async fn renew_once(session: &SessionState, audit: Option<Audit>) -> Result<Rene
 }
 
 impl Audit {
-    fn take(session: &SessionState) -> Audit {
+    fn take(session: &SessionState, held: Vec<(String, String, u64)>) -> Audit {
         let routes = &session.routes;
         Audit {
             owned: routes.owned(),
-            held: routes.held(),
+            held,
             channels: routes.locks().into_iter().map(changes_channel).collect(),
         }
     }
@@ -215,9 +238,7 @@ impl Audit {
     /// the commands of a pipeline): every held entry, the first page of
     /// the entry set, the follower counts of every lock.
     fn first_reads(&self, session: &SessionState, pipe: &mut redis::Pipeline) {
-        for (key, id, _) in &self.held {
-            pipe.cmd("HGET").arg(format!("{key}/.e")).arg(id);
-        }
+        held_reads(&self.held, pipe);
         pipe.add_command(sscan(&Self::entry_set(session), 0));
         for part in self.channels.chunks(RENEWAL_PART) {
             pipe.add_command(numsub(part));
@@ -258,7 +279,7 @@ impl Audit {
         let mut first = first.into_iter();
         // The held entries.
         let answers: Vec<Value> = first.by_ref().take(self.held.len()).collect();
-        self.report_gone(session, answers)?;
+        report_gone(session, &self.held, answers)?;
         // The members not owned.
         let set = Self::entry_set(session);
         let mut page = first.next().ok_or_else(bad)?;
@@ -311,31 +332,42 @@ impl Audit {
         }
         Ok(())
     }
+}
 
-    /// Reports lost each held entry whose read (in `answers`) is not ours
-    /// with its token.
-    fn report_gone(&self, session: &SessionState, answers: Vec<Value>) -> Result<()> {
-        if answers.len() != self.held.len() {
-            return Err(Error::new(
-                ErrorKind::Internal,
-                "an audit read answered garbage",
-            ));
-        }
-        let mut gone = Vec::new();
-        for ((_, id, token), answer) in self.held.iter().zip(answers) {
-            let ours = match answer {
-                Value::ServerError(e) => return Err(error::map(e.into(), "audit the session")),
-                Value::BulkString(v) => std::str::from_utf8(&v)
-                    .is_ok_and(|v| layout::entry_is(v, &session.sid, &session.core.prefix, *token)),
-                _ => false,
-            };
-            if !ours {
-                gone.push(id.clone());
-            }
-        }
-        session.routes.missing(&gone);
-        Ok(())
+/// The reads of each held entry (lock key, contender, token).
+fn held_reads(held: &[(String, String, u64)], pipe: &mut redis::Pipeline) {
+    for (key, id, _) in held {
+        pipe.cmd("HGET").arg(format!("{key}/.e")).arg(id);
     }
+}
+
+/// Reports lost each entry of `held` whose read (in `answers`) is not
+/// ours with its token.
+fn report_gone(
+    session: &SessionState,
+    held: &[(String, String, u64)],
+    answers: Vec<Value>,
+) -> Result<()> {
+    if answers.len() != held.len() {
+        return Err(Error::new(
+            ErrorKind::Internal,
+            "a read of the held entries answered garbage",
+        ));
+    }
+    let mut gone = Vec::new();
+    for ((_, id, token), answer) in held.iter().zip(answers) {
+        let ours = match answer {
+            Value::ServerError(e) => return Err(error::map(e.into(), "read the held entries")),
+            Value::BulkString(v) => std::str::from_utf8(&v)
+                .is_ok_and(|v| layout::entry_is(v, &session.sid, &session.core.prefix, *token)),
+            _ => false,
+        };
+        if !ours {
+            gone.push(id.clone());
+        }
+    }
+    session.routes.missing(&gone);
+    Ok(())
 }
 
 fn changes_channel(lock: String) -> String {

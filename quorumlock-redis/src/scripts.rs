@@ -118,8 +118,6 @@ local function after(id)
   if j then return tonumber(k) - tonumber(j) end
   return 0
 end
--- The contender of entry `id` (its request's last entry's id).
-local function base(id) return string.match(id, '^[^.]*') end
 -- The id of the upgradeable entry that upgrade `id` upgrades
 -- (`<contender>g<its contender>`).
 local function upgraded(id) return string.match(id, 'g(%x+)$') end
