@@ -69,11 +69,11 @@ pub(crate) struct Routes(Mutex<HashMap<String, Route>>);
 pub(crate) struct Route {
     pub(crate) signals: EntrySignals,
     pub(crate) wake: Arc<Notify>,
-    /// The lock key: a renewal's audit tells the lock's followers (see
-    /// `monitor::Audit::finish`).
+    /// The lock key: for the renewal's check once granted, and its
+    /// audit's notice to the lock's followers (`monitor.rs`).
     lock: String,
-    /// Once granted: the lock key and token, for the renewal's check.
-    held: Option<(String, u64)>,
+    /// Once granted: the token, for the renewal's check.
+    held: Option<u64>,
 }
 
 impl Routes {
@@ -96,9 +96,9 @@ impl Routes {
         self.0.lock().expect("poisoned").remove(id);
     }
 
-    pub(crate) fn granted(&self, id: &str, key: &str, token: u64) {
+    pub(crate) fn granted(&self, id: &str, token: u64) {
         if let Some(r) = self.0.lock().expect("poisoned").get_mut(id) {
-            r.held = Some((key.to_string(), token));
+            r.held = Some(token);
         }
     }
 
@@ -108,10 +108,7 @@ impl Routes {
         routes
             .iter()
             .filter(|(_, r)| !r.signals.is_finished())
-            .filter_map(|(id, r)| {
-                let (key, token) = r.held.as_ref()?;
-                Some((key.clone(), id.clone(), *token))
-            })
+            .filter_map(|(id, r)| Some((r.lock.clone(), id.clone(), r.held?)))
             .collect()
     }
 
@@ -211,9 +208,19 @@ impl RedisCore {
     /// Sends one command: counts it, bounds it by the timeout, maps its
     /// error.
     pub(crate) async fn cmd<T: FromRedisValue>(&self, what: &str, cmd: &redis::Cmd) -> Result<T> {
-        self.requests.fetch_add(1, Ordering::Relaxed);
         let mut conn = self.conn.clone();
-        match tokio::time::timeout(self.config.timeout, cmd.query_async(&mut conn)).await {
+        self.bounded(what, cmd.query_async(&mut conn)).await
+    }
+
+    /// One request on the shared connection: counted, bounded by the
+    /// timeout, its error mapped.
+    async fn bounded<T>(
+        &self,
+        what: &str,
+        request: impl std::future::Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        match tokio::time::timeout(self.config.timeout, request).await {
             Ok(r) => r.map_err(|e| error::map(e, what)),
             Err(_) => Err(error::timed_out(what, self.config.timeout)),
         }
@@ -223,23 +230,17 @@ impl RedisCore {
     /// [`cmd`](Self::cmd): each command's answer, a server error among
     /// them as [`Value::ServerError`].
     pub(crate) async fn pipeline(&self, what: &str, pipe: &redis::Pipeline) -> Result<Vec<Value>> {
-        self.requests.fetch_add(1, Ordering::Relaxed);
         let mut conn = self.conn.clone();
-        match tokio::time::timeout(self.config.timeout, pipe.query_async(&mut conn)).await {
-            Ok(r) => r.map_err(|e| error::map(e, what)),
-            Err(_) => Err(error::timed_out(what, self.config.timeout)),
-        }
+        self.bounded(what, pipe.query_async(&mut conn)).await
     }
 
     /// Loads `script` into the server's cache (for an `EVALSHA` sent in a
     /// pipeline, which does not load it by itself), as [`cmd`](Self::cmd).
     pub(crate) async fn load_script(&self, what: &str, script: &redis::Script) -> Result<()> {
-        self.requests.fetch_add(1, Ordering::Relaxed);
         let mut conn = self.conn.clone();
-        match tokio::time::timeout(self.config.timeout, script.load_async(&mut conn)).await {
-            Ok(r) => r.map(drop).map_err(|e| error::map(e, what)),
-            Err(_) => Err(error::timed_out(what, self.config.timeout)),
-        }
+        self.bounded(what, script.load_async(&mut conn))
+            .await
+            .map(drop)
     }
 
     /// Runs one script (EVALSHA, EVAL if the server lacks it), as
@@ -249,12 +250,8 @@ impl RedisCore {
         what: &str,
         inv: &ScriptInvocation<'_>,
     ) -> Result<T> {
-        self.requests.fetch_add(1, Ordering::Relaxed);
         let mut conn = self.conn.clone();
-        match tokio::time::timeout(self.config.timeout, inv.invoke_async(&mut conn)).await {
-            Ok(r) => r.map_err(|e| error::map(e, what)),
-            Err(_) => Err(error::timed_out(what, self.config.timeout)),
-        }
+        self.bounded(what, inv.invoke_async(&mut conn)).await
     }
 
     /// In WAIT mode, whether `wait_replicas` replicas acknowledged the

@@ -37,9 +37,8 @@ fn mailbox_block(ttl: Duration) -> Duration {
 /// Each renewal also starts an audit of the session ([`Audit`]: the
 /// entries its client no longer owns removed, the followers told, a
 /// large session's held entries read), unless the last one is still
-/// running. The audit
-/// of a session of many entries takes several requests; it never holds
-/// up the next renewal.
+/// running. The audit of a session of many entries takes several
+/// requests; it never holds up the next renewal.
 pub(crate) async fn keepalive(session: Arc<SessionState>) {
     let (liveness, stop) = (&session.liveness, &session.stop);
     let ttl = session.core.config.ttl;
@@ -246,9 +245,10 @@ impl Audit {
     }
 
     /// The rest of the audit of renewal `n`, from the answers to its
-    /// `first` reads (sent now if they did not go with the renewal): the held entries gone (or another's now) reported
-    /// lost (a failover to a replica that never got a grant keeps the
-    /// session key but not the entry); the entry set's members listed
+    /// `first` reads (sent now if they did not go with the renewal): the
+    /// held entries gone (or another's now) reported lost (a failover to
+    /// a replica that never got a grant keeps the session key but not
+    /// the entry); the entry set's members listed
     /// and those not owned sent to [`scripts::RECONCILE`] (with
     /// `confirmed`, the last renewal whose audit was answered whole); the
     /// followers of each lock told that the session lives a TTL after

@@ -123,7 +123,7 @@ impl RedisSession {
     /// it.
     async fn granted(&self, key: &str, id: &str, token: u64) -> Result<Acquired> {
         self.state.core.replicated(key, id, token).await?;
-        self.state.routes.granted(id, key, token);
+        self.state.routes.granted(id, token);
         Ok(Acquired {
             token,
             entry: layout::entry_name(key, id),
