@@ -503,34 +503,39 @@ async fn scale_with_floor(
     let mut v = scale(url, count).await?;
     let c = quorumlock::connect(url).await?;
     let first = c.lock("scale/l0")?.acquire().await?;
-    let same = floor::Floor::connect(parsed).await?;
-    let naive = match floor::describe_naive(parsed.scheme()) {
-        Some(_) => floor::Floor::connect(parsed).await?.map(|mut f| {
-            f.work = floor::Work::Naive;
-            f
-        }),
-        None => None,
-    };
-    // Side by side: ours, the same work, with the loss watch, naive.
+    // Side by side: ours, the same work, with the loss watch, naive. Each
+    // floor on a connection of its own for its burst, as ours has had
+    // its session throughout: an etcd floor's lease is never renewed.
     let names = ["", "floor_", "floor_watched_", "floor_naive_"];
+    let naive = floor::describe_naive(parsed.scheme()).is_some();
     let mut times: [Vec<(f64, f64)>; 4] = Default::default();
     for round in 0..SCALE_ROUNDS {
         for k in 0..names.len() {
             let side = (k + round) % names.len();
-            let took = match (side, &same, &naive) {
-                (0, _, _) => {
-                    let t = Instant::now();
-                    let guards = acquire_all(&c, &format!("scale/r{round}/l"), count).await?;
-                    let take = t.elapsed().as_secs_f64();
-                    let t = Instant::now();
-                    release_all(guards).await?;
-                    Some((take, t.elapsed().as_secs_f64()))
-                }
-                (1, Some(f), _) => Some(f.scale(count - 1, SCALE_CONCURRENCY).await?),
-                (2, Some(f), _) => f.scale_watched(count - 1, SCALE_CONCURRENCY).await?,
-                (3, _, Some(f)) => Some(f.scale(count - 1, SCALE_CONCURRENCY).await?),
-                _ => None,
+            if side == 0 {
+                let t = Instant::now();
+                let guards = acquire_all(&c, &format!("scale/r{round}/l"), count).await?;
+                let take = t.elapsed().as_secs_f64();
+                let t = Instant::now();
+                release_all(guards).await?;
+                times[0].push((take, t.elapsed().as_secs_f64()));
+                continue;
+            }
+            if side == 3 && !naive {
+                continue;
+            }
+            let Some(mut f) = floor::Floor::connect(parsed).await? else {
+                continue;
             };
+            let took = match side {
+                1 => Some(f.scale(count - 1, SCALE_CONCURRENCY).await?),
+                2 => f.scale_watched(count - 1, SCALE_CONCURRENCY).await?,
+                _ => {
+                    f.work = floor::Work::Naive;
+                    Some(f.scale(count - 1, SCALE_CONCURRENCY).await?)
+                }
+            };
+            f.close().await;
             if let Some(t) = took {
                 times[side].push(t);
             }
@@ -538,9 +543,6 @@ async fn scale_with_floor(
     }
     first.release().await?;
     c.close().await;
-    for f in [same, naive].into_iter().flatten() {
-        f.close().await;
-    }
     for (name, t) in names.iter().zip(&times) {
         if t.is_empty() {
             continue;
