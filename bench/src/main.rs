@@ -388,6 +388,24 @@ const SCALE_ROUNDS: usize = 5;
 /// Rounds of each contended measurement (see where they run).
 const CONTENDED_ROUNDS: usize = 3;
 
+/// Where the clients of a contended measurement run.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Contenders {
+    InBench,
+    EachInAProcess,
+    InOneOtherProcess,
+}
+
+impl Contenders {
+    fn label(self) -> &'static str {
+        match self {
+            Contenders::InBench => "bench",
+            Contenders::EachInAProcess => "processes",
+            Contenders::InOneOtherProcess => "one other process",
+        }
+    }
+}
+
 /// Of a measurement's rounds, the one of median handoffs/s, with every
 /// round's rate beside it (`handoffs_per_s_rounds`).
 fn median_round(mut rounds: Vec<Value>) -> Value {
@@ -395,11 +413,17 @@ fn median_round(mut rounds: Vec<Value>) -> Value {
         .iter()
         .map(|r| r["handoffs_per_s"].as_f64().unwrap_or(0.0))
         .collect();
-    let mut order: Vec<usize> = (0..rounds.len()).collect();
-    order.sort_by(|&a, &b| rates[a].total_cmp(&rates[b]));
-    let mut v = rounds.swap_remove(order[rounds.len() / 2]);
+    let mut v = rounds.swap_remove(median_at(&rates));
     v["handoffs_per_s_rounds"] = json!(rates);
     v
+}
+
+/// Where in `xs` its median is (the upper of the middle two of an even
+/// count; the bench's rounds are odd).
+fn median_at(xs: &[f64]) -> usize {
+    let mut order: Vec<usize> = (0..xs.len()).collect();
+    order.sort_by(|&a, &b| xs[a].total_cmp(&xs[b]));
+    order[xs.len() / 2]
 }
 
 /// One client holds `count` locks: the requests and keepalive requests
@@ -475,18 +499,6 @@ async fn release_all(guards: Vec<LockGuard>) -> quorumlock::Result<()> {
         .collect()
 }
 
-/// The median of `xs` (the mean of the middle two of an even count).
-fn median(xs: &[f64]) -> f64 {
-    let mut v = xs.to_vec();
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
 /// [`scale`], then [`SCALE_ROUNDS`] rounds of bursts of `count - 1`
 /// locks, acquired then released, `SCALE_CONCURRENCY` in flight: ours
 /// (new lock names each round, on one client that holds one more lock
@@ -549,8 +561,8 @@ async fn scale_with_floor(
         }
         let take: Vec<f64> = t.iter().map(|x| x.0).collect();
         let give: Vec<f64> = t.iter().map(|x| x.1).collect();
-        v[format!("{name}acquire_all_s")] = json!(median(&take));
-        v[format!("{name}release_all_s")] = json!(median(&give));
+        v[format!("{name}acquire_all_s")] = json!(take[median_at(&take)]);
+        v[format!("{name}release_all_s")] = json!(give[median_at(&give)]);
         v[format!("{name}acquire_all_s_rounds")] = json!(take);
         v[format!("{name}release_all_s_rounds")] = json!(give);
     }
@@ -684,13 +696,13 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     // first one later each round, and of each its round of median rate
     // ([`median_round`]). One run of 3 s each decided whether 32 clients
     // made 0.9 of 8's rate by this machine's run-to-run spread (10-20 %).
-    let mut kinds: Vec<&str> = Vec::new();
+    let mut kinds: Vec<Contenders> = Vec::new();
     if runs("contended") {
-        kinds.push("bench");
+        kinds.push(Contenders::InBench);
     }
     // A mem:// store lives in its process: workers would not share it.
     if runs("processes") && scheme != "mem" {
-        kinds.extend(["processes", "one other process"]);
+        kinds.extend([Contenders::EachInAProcess, Contenders::InOneOtherProcess]);
     }
     let counts = &args.contended;
     let secs = args.contended_secs;
@@ -700,27 +712,27 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             let at = (k + round) % rounds.len();
             let (kind, n) = (kinds[at / counts.len()], counts[at % counts.len()]);
             eprintln!(
-                "bench: {n} contending clients ({kind}), {secs} s, round {}",
+                "bench: {n} contending clients ({}), {secs} s, round {}",
+                kind.label(),
                 round + 1
             );
             rounds[at].push(match kind {
-                "bench" => contended(&url, n, secs).await?,
-                "processes" => processes::contended(&url, n, n, secs).await?,
-                _ => processes::contended(&url, n, 1, secs).await?,
+                Contenders::InBench => contended(&url, n, secs).await?,
+                Contenders::EachInAProcess => processes::contended(&url, n, n, secs).await?,
+                Contenders::InOneOtherProcess => processes::contended(&url, n, 1, secs).await?,
             });
         }
     }
-    let mut measured = rounds.into_iter().map(median_round);
-    let mut take = |kind: &str| -> Vec<Value> {
-        if kinds.contains(&kind) {
-            measured.by_ref().take(counts.len()).collect()
-        } else {
-            Vec::new()
+    let measured: Vec<Value> = rounds.into_iter().map(median_round).collect();
+    let of = |kind: Contenders| -> Vec<Value> {
+        match kinds.iter().position(|k| *k == kind) {
+            Some(i) => measured[i * counts.len()..(i + 1) * counts.len()].to_vec(),
+            None => Vec::new(),
         }
     };
-    let contention = take("bench");
-    let in_processes = take("processes");
-    let in_one_process = take("one other process");
+    let contention = of(Contenders::InBench);
+    let in_processes = of(Contenders::EachInAProcess);
+    let in_one_process = of(Contenders::InOneOtherProcess);
     let mut recipe = Vec::new();
     if runs("recipe") {
         for &n in &args.recipe {
