@@ -575,17 +575,23 @@ impl Floor {
                 session,
             } => {
                 // Every queue was emptied by its cycle; the counters, the
-                // session and its set are left.
-                let mut keys: Vec<String> = redis::cmd("KEYS")
-                    .arg(format!("{key}*"))
-                    .query_async(&mut conn)
-                    .await
-                    .unwrap_or_default();
-                keys.push(session);
-                let _ = redis::cmd("DEL")
-                    .arg(keys)
-                    .query_async::<()>(&mut conn)
-                    .await;
+                // session and its set are left. Found by `SCAN` (`KEYS`
+                // would hold the server for the whole keyspace at once).
+                let mut keys = vec![session];
+                if let Ok(mut found) =
+                    redis::AsyncCommands::scan_match::<_, String>(&mut conn, format!("{key}*"))
+                        .await
+                {
+                    while let Some(Ok(k)) = futures::StreamExt::next(&mut found).await {
+                        keys.push(k);
+                    }
+                }
+                for some in keys.chunks(512) {
+                    let _ = redis::cmd("DEL")
+                        .arg(some)
+                        .query_async::<()>(&mut conn)
+                        .await;
+                }
             }
             // Every entry was deleted by its cycle; the session goes.
             FloorConn::Postgres { pg, same, .. } => {
