@@ -49,8 +49,8 @@ for name, r in runs:
     )
 
 print()
-print("| store | handoff floor p50 / p99 ms | ours p99 ms at 4 / 16 / 64 waiters | ours p99 / floor p99 (target <= 1.5) | the store's recipe raw, p99 ms at 4 / 16 / 64 parties | ours p99 / recipe p99 |")
-print("|---|---|---|---|---|---|")
+print("| store | handoff floor p50 / p99 ms | ours p99 ms at 4 / 16 / 64 waiters | ours p99 / floor p99 (target <= 1.5) | the store's recipe raw, p99 ms at 4 / 16 / 64 parties | ours p99 / recipe p99 | our queue raw, handoffs overlapping (etcd): p99 ms at 4 / 16 parties | ours p99 / that, 4 / 16 |")
+print("|---|---|---|---|---|---|---|---|")
 for name, r in runs:
     hf = r.get("handoff_floor")
     by_waiters = {h["waiters"]: h["gap"]["p99_ms"] for h in r["handoff"]}
@@ -58,10 +58,13 @@ for name, r in runs:
     floor_p99 = hf["p99_ms"] if hf else None
     by_parties = {h["parties"]: h["gap"]["p99_ms"] for h in r.get("recipe") or []}
     raw = [by_parties.get(w) for w in (4, 16, 64)]
+    by_queue = {h["parties"]: h["gap"]["p99_ms"] for h in r.get("handoff_floor_queue") or []}
+    queue = [by_queue.get(w) for w in (4, 16)]
     print(
         f"| {name} | {num(hf and hf['p50_ms'])} / {num(floor_p99)} | {' / '.join(num(p) for p in p99s)} | "
         f"{' / '.join(num(ratio(p, floor_p99)) for p in p99s)} | {' / '.join(num(p) for p in raw)} | "
-        f"{' / '.join(num(ratio(p, q)) for p, q in zip(p99s, raw))} |"
+        f"{' / '.join(num(ratio(p, q)) for p, q in zip(p99s, raw))} | {' / '.join(num(q) for q in queue)} | "
+        f"{' / '.join(num(ratio(p, q)) for p, q in zip(p99s[:2], queue))} |"
     )
 
 print()

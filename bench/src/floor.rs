@@ -871,6 +871,207 @@ pub async fn pg_handoffs_among(
     pg_handoffs(url, key, count, others).await.map(Some)
 }
 
+/// etcd's handoff done raw with handoffs overlapping, as contenders make
+/// them: `parties` raw clients (each its own lease and watch stream)
+/// queue on one prefix the way ours do (a key each, the oldest holds),
+/// each in a loop: its key and the line in one txn, a watch on the key
+/// just ahead from now, the line read again (and one more watch if the
+/// store moved since the first one's start: etcd serves a watch left
+/// behind from a loop that runs every 100 ms), the delete awaited, the
+/// grant's read (its own key and the line, linearizable), and its
+/// release at once. The one-at-a-time floor ([`handoffs`]) has none of
+/// the enqueues, watches and reads of the others around a handoff. Each
+/// figure is the time from a release starting to the next grant, over
+/// `count` grants after [`crate::WARMUP`]; with the requests per handoff.
+/// `None` on other stores.
+pub async fn etcd_queue_handoffs(
+    url: &Url,
+    parties: usize,
+    count: usize,
+) -> Result<Option<(crate::Histogram, f64)>> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+    if url.scheme() != "etcd" {
+        return Ok(None);
+    }
+    let Some(address) = raw_address(url) else {
+        return Ok(None);
+    };
+    let prefix = format!("qlbench-floor/queue-{}-{parties}/", std::process::id());
+    let shared = Arc::new(QueueRun {
+        released_at: Mutex::new(None),
+        gaps: Mutex::new(crate::histogram()),
+        grants: AtomicU64::new(0),
+        requests: AtomicU64::new(0),
+        total: (count + crate::WARMUP) as u64,
+    });
+    let mut tasks = Vec::new();
+    for id in 0..parties {
+        let (address, prefix, shared) = (address.clone(), prefix.clone(), shared.clone());
+        tasks.push(tokio::spawn(etcd_queue_party(address, prefix, id, shared)));
+    }
+    let all = futures::future::try_join_all(tasks);
+    match tokio::time::timeout(Duration::from_secs(300), all).await {
+        Ok(Ok(results)) => results.into_iter().collect::<Result<Vec<()>>>()?,
+        Ok(Err(e)) => return Err(text(e)),
+        Err(_) => return Err("the raw etcd queue did not finish in 300 s".into()),
+    };
+    let gaps = shared.gaps.lock().unwrap().clone();
+    let per = shared.requests.load(Ordering::Relaxed) as f64
+        / shared.grants.load(Ordering::Relaxed).max(1) as f64;
+    Ok(Some((gaps, per)))
+}
+
+/// What the parties of [`etcd_queue_handoffs`] share.
+struct QueueRun {
+    released_at: std::sync::Mutex<Option<std::time::Instant>>,
+    gaps: std::sync::Mutex<crate::Histogram>,
+    grants: std::sync::atomic::AtomicU64,
+    requests: std::sync::atomic::AtomicU64,
+    total: u64,
+}
+
+/// One party of [`etcd_queue_handoffs`], until the run has its grants.
+async fn etcd_queue_party(
+    address: String,
+    prefix: String,
+    id: usize,
+    run: std::sync::Arc<QueueRun>,
+) -> Result<()> {
+    use etcd_client::{
+        Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+        TxnOpResponse,
+    };
+    use std::sync::atomic::Ordering;
+    let count = |n: u64| run.requests.fetch_add(n, Ordering::Relaxed);
+    let mut client = etcd_client::Client::connect([address], None)
+        .await
+        .map_err(text)?;
+    let lease = client.lease_grant(300, None).await.map_err(text)?.id();
+    let mut watch = client
+        .watch(format!("{prefix}none"), None)
+        .await
+        .map_err(text)?;
+    // Its own created answer, before any watch of the queue.
+    watch.message().await.map_err(text)?;
+    let line_opts = || {
+        GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+    };
+    // The keys created before ours, oldest first, from the range read
+    // at `at` of a txn's answer.
+    let ahead = |r: &etcd_client::TxnResponse, at: usize, mine: i64| -> Vec<String> {
+        match r.op_responses().get(at) {
+            Some(TxnOpResponse::Get(g)) => g
+                .kvs()
+                .iter()
+                .filter(|kv| kv.create_revision() < mine)
+                .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
+                .collect(),
+            _ => Vec::new(),
+        }
+    };
+    let mut n = 0u64;
+    while run.grants.load(Ordering::Relaxed) < run.total {
+        n += 1;
+        let key = format!("{prefix}{id:03}-{n}");
+        let put = TxnOp::put(key.as_str(), "", Some(PutOptions::new().with_lease(lease)));
+        let txn = Txn::new().and_then([put, TxnOp::get(prefix.as_str(), Some(line_opts()))]);
+        let r = client.txn(txn).await.map_err(text)?;
+        count(1);
+        let mine = r.header().map_or(0, |h| h.revision());
+        let mut line = ahead(&r, 1, mine);
+        // The key watched, its watches, and the revision the last one
+        // started at; whether to read again before waiting (creating a
+        // watch swallows the others' events).
+        let mut watching: Option<(String, Vec<i64>, i64)> = None;
+        let mut read_again = false;
+        while let Some(pred) = line.last().cloned() {
+            if watching.as_ref().map(|w| &w.0) != Some(&pred) {
+                if let Some((_, ids, _)) = watching.take() {
+                    for w in ids {
+                        watch.cancel(w).await.map_err(text)?;
+                    }
+                }
+                let (w, at) = etcd_watch_created(&mut watch, &pred).await?;
+                count(1);
+                watching = Some((pred.clone(), vec![w], at));
+            } else if !read_again {
+                let ids = &watching.as_ref().expect("watching").1;
+                loop {
+                    let m = watch.message().await.map_err(text)?.ok_or("watch ended")?;
+                    if ids.contains(&m.watch_id())
+                        && m.events()
+                            .iter()
+                            .any(|e| e.event_type() == EventType::Delete)
+                    {
+                        break;
+                    }
+                }
+            }
+            read_again = false;
+            let txn = Txn::new().and_then([
+                TxnOp::get(key.as_str(), None),
+                TxnOp::get(prefix.as_str(), Some(line_opts())),
+            ]);
+            let r = client.txn(txn).await.map_err(text)?;
+            count(1);
+            let read_at = r.header().map_or(0, |h| h.revision());
+            line = ahead(&r, 1, mine);
+            if let Some((k, ids, at)) = watching.as_mut() {
+                if line.last() == Some(k) && read_at > *at && ids.len() == 1 {
+                    let (w, at2) = etcd_watch_created(&mut watch, k).await?;
+                    count(1);
+                    ids.push(w);
+                    *at = at2;
+                    read_again = true;
+                }
+            }
+        }
+        if let Some((_, ids, _)) = watching.take() {
+            for w in ids {
+                watch.cancel(w).await.map_err(text)?;
+            }
+        }
+        let grant = run.grants.fetch_add(1, Ordering::Relaxed);
+        let now = std::time::Instant::now();
+        if let Some(t) = run.released_at.lock().unwrap().replace(now) {
+            if grant >= crate::WARMUP as u64 {
+                let gap = now.duration_since(t).as_micros().max(1) as u64;
+                run.gaps.lock().unwrap().record(gap).map_err(text)?;
+            }
+        }
+        let release = Txn::new()
+            .when([Compare::create_revision(
+                key.as_str(),
+                CompareOp::Equal,
+                mine,
+            )])
+            .and_then([TxnOp::delete(key.as_str(), None)]);
+        client.txn(release).await.map_err(text)?;
+        count(1);
+    }
+    let _ = client.lease_revoke(lease).await;
+    Ok(())
+}
+
+/// A watch of the deletes of `key` from now on `stream`, once etcd has
+/// created it: its id and the revision it started at.
+async fn etcd_watch_created(
+    stream: &mut etcd_client::WatchStream,
+    key: &str,
+) -> Result<(i64, i64)> {
+    let opts = etcd_client::WatchOptions::new().with_filters([etcd_client::WatchFilterType::NoPut]);
+    stream.watch(key, Some(opts)).await.map_err(text)?;
+    loop {
+        let m = stream.message().await.map_err(text)?.ok_or("watch ended")?;
+        if m.created() {
+            return Ok((m.watch_id(), m.header().map_or(0, |h| h.revision())));
+        }
+    }
+}
+
 /// The address a raw client of `url`'s store connects to (its own
 /// library's form, the store's default port); `None` for stores without
 /// a network floor.

@@ -673,6 +673,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut handoffs = Vec::new();
     let mut handoff_floor = None;
     let mut handoff_floor_among = Vec::new();
+    let mut handoff_floor_queue = Vec::new();
     if runs("handoff") {
         eprintln!("bench: the floor of a handoff");
         handoff_floor = floor::handoffs(&parsed, args.handoffs).await?;
@@ -685,6 +686,20 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             eprintln!("bench: the floor of a handoff among {others} idle listeners");
             if let Some(h) = floor::pg_handoffs_among(&parsed, args.handoffs, others).await? {
                 handoff_floor_among.push(json!({"others": others, "gap": summary(&h)}));
+            }
+        }
+        // etcd: the same queue as ours, raw, with handoffs overlapping
+        // as the waiters below make them.
+        for parties in [4, 16].into_iter().filter(|_| scheme == "etcd") {
+            eprintln!("bench: the same queue raw, {parties} parties");
+            if let Some((h, per)) =
+                floor::etcd_queue_handoffs(&parsed, parties, args.handoffs).await?
+            {
+                handoff_floor_queue.push(json!({
+                    "parties": parties,
+                    "gap": summary(&h),
+                    "requests_per_handoff": per,
+                }));
             }
         }
         for &w in &args.waiters {
@@ -780,6 +795,12 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         "handoff_floor_is": floor::describe_handoff(&scheme),
         "handoff_floor": handoff_floor.as_ref().map(summary),
         "handoff_floor_among_listeners": handoff_floor_among,
+        "handoff_floor_queue_is": (scheme == "etcd").then_some(
+            "ours' queue done raw (a key each, the oldest holds; enqueue txn, watch the one \
+             just ahead from now and read again, a second watch if the store moved, the \
+             grant's linearizable read, release at once), every party looping"
+        ),
+        "handoff_floor_queue": handoff_floor_queue,
         "handoff": handoffs,
         "contended": contention,
         "contended_processes": in_processes,
@@ -854,6 +875,15 @@ fn print_markdown(r: &Value) {
             h["others"],
             f(&h["gap"]["p50_ms"]),
             f(&h["gap"]["p99_ms"])
+        );
+    }
+    for h in r["handoff_floor_queue"].as_array().into_iter().flatten() {
+        println!(
+            "| the same queue raw, {} parties, handoffs overlapping | {} | {} | {} store requests per handoff |",
+            h["parties"],
+            f(&h["gap"]["p50_ms"]),
+            f(&h["gap"]["p99_ms"]),
+            f(&h["requests_per_handoff"])
         );
     }
     for h in r["handoff"].as_array().into_iter().flatten() {
