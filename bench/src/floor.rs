@@ -889,7 +889,7 @@ pub async fn etcd_queue_handoffs(
     parties: usize,
     count: usize,
 ) -> Result<Option<(crate::Histogram, f64)>> {
-    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::atomic::AtomicU64;
     use std::sync::{Arc, Mutex};
     if url.scheme() != "etcd" {
         return Ok(None);
@@ -898,27 +898,34 @@ pub async fn etcd_queue_handoffs(
         return Ok(None);
     };
     let prefix = format!("qlbench-floor/queue-{}-{parties}/", std::process::id());
-    let shared = Arc::new(QueueRun {
+    let run = Arc::new(QueueRun {
         released_at: Mutex::new(None),
         gaps: Mutex::new(crate::histogram()),
         grants: AtomicU64::new(0),
         requests: AtomicU64::new(0),
+        timed_requests: Mutex::new((0, 0)),
         total: (count + crate::WARMUP) as u64,
     });
-    let mut tasks = Vec::new();
+    let mut tasks = tokio::task::JoinSet::new();
     for id in 0..parties {
-        let (address, prefix, shared) = (address.clone(), prefix.clone(), shared.clone());
-        tasks.push(tokio::spawn(etcd_queue_party(address, prefix, id, shared)));
+        let (address, prefix, run) = (address.clone(), prefix.clone(), run.clone());
+        tasks.spawn(etcd_queue_party(address, prefix, id, run));
     }
-    let all = futures::future::try_join_all(tasks);
-    match tokio::time::timeout(Duration::from_secs(300), all).await {
-        Ok(Ok(results)) => results.into_iter().collect::<Result<Vec<()>>>()?,
-        Ok(Err(e)) => return Err(text(e)),
-        Err(_) => return Err("the raw etcd queue did not finish in 300 s".into()),
+    // The first party to fail ends the run (the one behind it would wait
+    // for a delete that never comes); dropping the set stops the others.
+    let all = async {
+        while let Some(done) = tasks.join_next().await {
+            done.map_err(text)??;
+        }
+        Ok::<_, String>(())
     };
-    let gaps = shared.gaps.lock().unwrap().clone();
-    let per = shared.requests.load(Ordering::Relaxed) as f64
-        / shared.grants.load(Ordering::Relaxed).max(1) as f64;
+    match tokio::time::timeout(Duration::from_secs(300), all).await {
+        Ok(r) => r?,
+        Err(_) => return Err("the raw etcd queue did not finish in 300 s".into()),
+    }
+    let gaps = run.gaps.lock().unwrap().clone();
+    let (first, last) = *run.timed_requests.lock().unwrap();
+    let per = last.saturating_sub(first) as f64 / (gaps.len().max(2) - 1) as f64;
     Ok(Some((gaps, per)))
 }
 
@@ -928,15 +935,36 @@ struct QueueRun {
     gaps: std::sync::Mutex<crate::Histogram>,
     grants: std::sync::atomic::AtomicU64,
     requests: std::sync::atomic::AtomicU64,
+    /// The requests sent by the first and by the last timed grant.
+    timed_requests: std::sync::Mutex<(u64, u64)>,
     total: u64,
 }
 
-/// One party of [`etcd_queue_handoffs`], until the run has its grants.
+/// One party of [`etcd_queue_handoffs`], until the run has its grants;
+/// its lease revoked however it ends (its keys go with it).
 async fn etcd_queue_party(
     address: String,
     prefix: String,
     id: usize,
     run: std::sync::Arc<QueueRun>,
+) -> Result<()> {
+    let mut client = etcd_client::Client::connect([address], None)
+        .await
+        .map_err(text)?;
+    // Longer than the run may take: never renewed.
+    let lease = client.lease_grant(3600, None).await.map_err(text)?.id();
+    let r = etcd_queue_loop(&mut client, lease, &prefix, id, &run).await;
+    let _ = client.lease_revoke(lease).await;
+    r
+}
+
+/// The loop of [`etcd_queue_party`].
+async fn etcd_queue_loop(
+    client: &mut etcd_client::Client,
+    lease: i64,
+    prefix: &str,
+    id: usize,
+    run: &QueueRun,
 ) -> Result<()> {
     use etcd_client::{
         Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
@@ -944,10 +972,6 @@ async fn etcd_queue_party(
     };
     use std::sync::atomic::Ordering;
     let count = |n: u64| run.requests.fetch_add(n, Ordering::Relaxed);
-    let mut client = etcd_client::Client::connect([address], None)
-        .await
-        .map_err(text)?;
-    let lease = client.lease_grant(300, None).await.map_err(text)?.id();
     let mut watch = client
         .watch(format!("{prefix}none"), None)
         .await
@@ -959,29 +983,43 @@ async fn etcd_queue_party(
             .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Ascend)
     };
-    // The keys created before ours, oldest first, from the range read
-    // at `at` of a txn's answer.
-    let ahead = |r: &etcd_client::TxnResponse, at: usize, mine: i64| -> Vec<String> {
+    let range = |r: &etcd_client::TxnResponse, at: usize| -> Vec<(String, i64)> {
         match r.op_responses().get(at) {
             Some(TxnOpResponse::Get(g)) => g
                 .kvs()
                 .iter()
-                .filter(|kv| kv.create_revision() < mine)
-                .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
+                .map(|kv| {
+                    (
+                        String::from_utf8_lossy(kv.key()).into_owned(),
+                        kv.create_revision(),
+                    )
+                })
                 .collect(),
             _ => Vec::new(),
         }
+    };
+    let revision = |r: &etcd_client::TxnResponse| {
+        r.header()
+            .map(|h| h.revision())
+            .ok_or_else(|| "a txn answer without a header".to_string())
     };
     let mut n = 0u64;
     while run.grants.load(Ordering::Relaxed) < run.total {
         n += 1;
         let key = format!("{prefix}{id:03}-{n}");
         let put = TxnOp::put(key.as_str(), "", Some(PutOptions::new().with_lease(lease)));
-        let txn = Txn::new().and_then([put, TxnOp::get(prefix.as_str(), Some(line_opts()))]);
+        let txn = Txn::new().and_then([put, TxnOp::get(prefix, Some(line_opts()))]);
         let r = client.txn(txn).await.map_err(text)?;
         count(1);
-        let mine = r.header().map_or(0, |h| h.revision());
-        let mut line = ahead(&r, 1, mine);
+        let mine = revision(&r)?;
+        // The keys created before ours, oldest first.
+        let ahead = |line: Vec<(String, i64)>| -> Vec<String> {
+            line.into_iter()
+                .filter(|(_, created)| *created < mine)
+                .map(|(k, _)| k)
+                .collect()
+        };
+        let mut line = ahead(range(&r, 1));
         // The key watched, its watches, and the revision the last one
         // started at; whether to read again before waiting (creating a
         // watch swallows the others' events).
@@ -992,6 +1030,7 @@ async fn etcd_queue_party(
                 if let Some((_, ids, _)) = watching.take() {
                     for w in ids {
                         watch.cancel(w).await.map_err(text)?;
+                        count(1);
                     }
                 }
                 let (w, at) = etcd_watch_created(&mut watch, &pred).await?;
@@ -1001,10 +1040,13 @@ async fn etcd_queue_party(
                 let ids = &watching.as_ref().expect("watching").1;
                 loop {
                     let m = watch.message().await.map_err(text)?.ok_or("watch ended")?;
+                    // A delete, or a watch etcd cancelled (compaction):
+                    // read again.
                     if ids.contains(&m.watch_id())
-                        && m.events()
-                            .iter()
-                            .any(|e| e.event_type() == EventType::Delete)
+                        && (m.canceled()
+                            || m.events()
+                                .iter()
+                                .any(|e| e.event_type() == EventType::Delete))
                     {
                         break;
                     }
@@ -1013,12 +1055,16 @@ async fn etcd_queue_party(
             read_again = false;
             let txn = Txn::new().and_then([
                 TxnOp::get(key.as_str(), None),
-                TxnOp::get(prefix.as_str(), Some(line_opts())),
+                TxnOp::get(prefix, Some(line_opts())),
             ]);
             let r = client.txn(txn).await.map_err(text)?;
             count(1);
-            let read_at = r.header().map_or(0, |h| h.revision());
-            line = ahead(&r, 1, mine);
+            // Granted only on a read that shows our own key.
+            if !range(&r, 0).iter().any(|(_, created)| *created == mine) {
+                return Err(format!("the raw queue's key {key} is gone"));
+            }
+            let read_at = revision(&r)?;
+            line = ahead(range(&r, 1));
             if let Some((k, ids, at)) = watching.as_mut() {
                 if line.last() == Some(k) && read_at > *at && ids.len() == 1 {
                     let (w, at2) = etcd_watch_created(&mut watch, k).await?;
@@ -1032,14 +1078,25 @@ async fn etcd_queue_party(
         if let Some((_, ids, _)) = watching.take() {
             for w in ids {
                 watch.cancel(w).await.map_err(text)?;
+                count(1);
             }
         }
         let grant = run.grants.fetch_add(1, Ordering::Relaxed);
         let now = std::time::Instant::now();
+        let timed = (crate::WARMUP as u64..run.total).contains(&grant);
         if let Some(t) = run.released_at.lock().unwrap().replace(now) {
-            if grant >= crate::WARMUP as u64 {
+            if timed {
                 let gap = now.duration_since(t).as_micros().max(1) as u64;
                 run.gaps.lock().unwrap().record(gap).map_err(text)?;
+            }
+        }
+        if grant == crate::WARMUP as u64 || grant + 1 == run.total {
+            let sent = run.requests.load(Ordering::Relaxed);
+            let mut t = run.timed_requests.lock().unwrap();
+            if grant + 1 == run.total {
+                t.1 = sent;
+            } else {
+                t.0 = sent;
             }
         }
         let release = Txn::new()
@@ -1049,10 +1106,12 @@ async fn etcd_queue_party(
                 mine,
             )])
             .and_then([TxnOp::delete(key.as_str(), None)]);
-        client.txn(release).await.map_err(text)?;
+        let released = client.txn(release).await.map_err(text)?;
         count(1);
+        if !released.succeeded() {
+            return Err(format!("the raw queue's key {key} was gone at its release"));
+        }
     }
-    let _ = client.lease_revoke(lease).await;
     Ok(())
 }
 
