@@ -691,15 +691,10 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         // etcd: the same queue as ours, raw, with handoffs overlapping
         // as the waiters below make them.
         for parties in [4, 16].into_iter().filter(|_| scheme == "etcd") {
-            eprintln!("bench: the same queue raw, {parties} parties");
-            if let Some((h, per)) =
-                floor::etcd_queue_handoffs(&parsed, parties, args.handoffs).await?
-            {
-                handoff_floor_queue.push(json!({
-                    "parties": parties,
-                    "gap": summary(&h),
-                    "requests_per_handoff": per,
-                }));
+            let secs = args.contended_secs;
+            eprintln!("bench: the same queue raw, {parties} parties, {secs} s");
+            if let Some(q) = recipe::etcd_queue(&parsed, parties, secs).await? {
+                handoff_floor_queue.push(q);
             }
         }
         for &w in &args.waiters {
@@ -796,9 +791,9 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         "handoff_floor": handoff_floor.as_ref().map(summary),
         "handoff_floor_among_listeners": handoff_floor_among,
         "handoff_floor_queue_is": (scheme == "etcd").then_some(
-            "ours' queue done raw (a key each, the oldest holds; enqueue txn, watch the one \
-             just ahead from now and read again, a second watch if the store moved, the \
-             grant's linearizable read, release at once), every party looping"
+            "the store's recipe as above with ours' second watch when the store moved \
+             between the first one's start and the read after it: ours' queue done raw, \
+             every party queueing again at once"
         ),
         "handoff_floor_queue": handoff_floor_queue,
         "handoff": handoffs,
