@@ -68,8 +68,8 @@ for name, r in runs:
     )
 
 print()
-print("| store | handoffs/s, 8 clients | 32 clients | 32 / 8 (target >= 0.9) | requests per handoff, 8 / 32 | each client its own process: handoffs/s, 8 / 32 (in the bench's process / in processes) | all clients in one other process: handoffs/s, 8 / 32 (in the bench's process / in the other) | the store's recipe raw: handoffs/s, 8 / 32 parties | recipe 32 / 8 | recipe requests per handoff, 8 / 32 |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+print("| store | handoffs/s, 8 clients | 32 clients | 32 / 8 (target >= 0.9) | requests per handoff, 8 / 32 | each client its own process: handoffs/s, 8 / 32 (in the bench's process / in processes) | all clients in one other process: handoffs/s, 8 / 32 (in the bench's process / in the other) | the store's recipe raw: handoffs/s, 8 / 32 parties | recipe 32 / 8 | recipe requests per handoff, 8 / 32 | the bench's user CPU per handoff, us, 8 / 32: ours (the recipe's) |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
 for name, r in runs:
     by_clients = {c["clients"]: c for c in r["contended"]}
     a, b = by_clients.get(8), by_clients.get(32)
@@ -81,6 +81,7 @@ for name, r in runs:
     other = {c["clients"]: c for c in r.get("contended_one_process") or []}
     rate = lambda x: x and x["handoffs_per_s"]
     reqs = lambda x: x and x["requests_per_handoff"]
+    user = lambda x: x and (x.get("cpu_us_per_handoff") or {}).get("user")
     print(
         f"| {name} | {a['handoffs_per_s']:.0f} | {b['handoffs_per_s']:.0f} | "
         f"{b['handoffs_per_s'] / a['handoffs_per_s']:.2f} | "
@@ -90,5 +91,6 @@ for name, r in runs:
         f"{num(rate(other.get(8)), '{:.0f}')} / {num(rate(other.get(32)), '{:.0f}')} "
         f"({num(ratio(a['handoffs_per_s'], rate(other.get(8))))} / {num(ratio(b['handoffs_per_s'], rate(other.get(32))))}) | "
         f"{num(rate(ra), '{:.0f}')} / {num(rate(rb), '{:.0f}')} | {num(ratio(rate(rb), rate(ra)))} | "
-        f"{num(reqs(ra), '{:.1f}')} / {num(reqs(rb), '{:.1f}')} |"
+        f"{num(reqs(ra), '{:.1f}')} / {num(reqs(rb), '{:.1f}')} | "
+        f"{num(user(a), '{:.0f}')} / {num(user(b), '{:.0f}')} ({num(user(ra), '{:.0f}')} / {num(user(rb), '{:.0f}')}) |"
     )

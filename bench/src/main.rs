@@ -95,6 +95,50 @@ struct Args {
     process_clients: usize,
 }
 
+/// The CPU time this process has used so far in user mode and in the
+/// kernel (all threads), from `/proc/self/stat` (Linux; `None`
+/// elsewhere). Its difference over a contended run, per handoff, is the
+/// client's cost of a handoff, the user part being the client's own
+/// code (the kernel's part, its sockets and wake-ups, varies from run to
+/// run by a third on this machine). A user cost that grows with the
+/// number of clients where the raw recipe's does not is ours to find: a
+/// sort of the queue that searched every name at each of its
+/// comparisons cost ZooKeeper's clients about 130 us of user time a
+/// handoff at 32 clients before a profile found it.
+fn process_cpu() -> Option<Cpu> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The fields after the command name (which may hold spaces) start
+    // at the state (field 3): utime and stime are fields 14 and 15, in
+    // ticks of USER_HZ, 100 on Linux.
+    let mut fields = stat.rsplit_once(')')?.1.split_whitespace().skip(11);
+    let mut next = || fields.next()?.parse::<u64>().ok();
+    let (user, system) = (next()?, next()?);
+    Some(Cpu {
+        user: Duration::from_millis(user * 10),
+        system: Duration::from_millis(system * 10),
+    })
+}
+
+/// CPU time in user mode and in the kernel ([`process_cpu`]).
+#[derive(Clone, Copy)]
+struct Cpu {
+    user: Duration,
+    system: Duration,
+}
+
+impl Cpu {
+    /// Microseconds of each per handoff, from `before` to `self`.
+    fn per_handoff_since(self, before: Cpu, handoffs: u64) -> Value {
+        let us = |now: Duration, then: Duration| {
+            now.saturating_sub(then).as_secs_f64() * 1e6 / handoffs.max(1) as f64
+        };
+        json!({
+            "user": us(self.user, before.user),
+            "system": us(self.system, before.system),
+        })
+    }
+}
+
 fn summary(h: &Histogram) -> Value {
     let ms = |us: u64| (us as f64) / 1000.0;
     json!({
@@ -341,6 +385,7 @@ async fn contended(url: &str, n: usize, secs: f64) -> quorumlock::Result<Value> 
     }
     let h = Handoffs::new();
     let before = requests(&cs);
+    let cpu = process_cpu();
     let start = Instant::now();
     let end = start + Duration::from_secs_f64(secs);
     let mut tasks = Vec::new();
@@ -360,6 +405,9 @@ async fn contended(url: &str, n: usize, secs: f64) -> quorumlock::Result<Value> 
     let elapsed = start.elapsed();
     let sent = requests(&cs) - before;
     let got = h.count();
+    let cpu = process_cpu()
+        .zip(cpu)
+        .map(|(now, then)| now.per_handoff_since(then, got));
     for c in &cs {
         c.close().await;
     }
@@ -369,6 +417,7 @@ async fn contended(url: &str, n: usize, secs: f64) -> quorumlock::Result<Value> 
         "handoffs": got,
         "gap": summary(&gaps),
         "requests_per_handoff": sent as f64 / got.max(1) as f64,
+        "cpu_us_per_handoff": cpu,
         "handoffs_per_s": got as f64 / elapsed.as_secs_f64(),
     }))
 }
@@ -893,12 +942,14 @@ fn print_markdown(r: &Value) {
     }
     for h in r["contended"].as_array().into_iter().flatten() {
         println!(
-            "| contended, {} clients (own sessions), one lock | {} | {} | {} handoffs/s; {} store requests per handoff |",
+            "| contended, {} clients (own sessions), one lock | {} | {} | {} handoffs/s; {} store requests per handoff; the bench's CPU per handoff {} us user, {} us kernel |",
             h["clients"],
             f(&h["gap"]["p50_ms"]),
             f(&h["gap"]["p99_ms"]),
             f(&h["handoffs_per_s"]),
-            f(&h["requests_per_handoff"])
+            f(&h["requests_per_handoff"]),
+            f(&h["cpu_us_per_handoff"]["user"]),
+            f(&h["cpu_us_per_handoff"]["system"])
         );
     }
     for h in r["contended_processes"].as_array().into_iter().flatten() {
@@ -917,14 +968,16 @@ fn print_markdown(r: &Value) {
     }
     for h in r["recipe"].as_array().into_iter().flatten() {
         println!(
-            "| the store's recipe raw ({}), {} parties on {} connections | {} | {} | {} handoffs/s; {} store requests per handoff |",
+            "| the store's recipe raw ({}), {} parties on {} connections | {} | {} | {} handoffs/s; {} store requests per handoff; the bench's CPU per handoff {} us user, {} us kernel |",
             r["recipe_is"].as_str().unwrap_or(""),
             h["parties"],
             h["connections"],
             f(&h["gap"]["p50_ms"]),
             f(&h["gap"]["p99_ms"]),
             f(&h["handoffs_per_s"]),
-            f(&h["requests_per_handoff"])
+            f(&h["requests_per_handoff"]),
+            f(&h["cpu_us_per_handoff"]["user"]),
+            f(&h["cpu_us_per_handoff"]["system"])
         );
     }
     for s in [&r["scale_small"], &r["scale"]] {

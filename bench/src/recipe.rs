@@ -68,6 +68,9 @@ struct Shared {
     secs: f64,
     /// Set when the parties start (after the set-up).
     end: Arc<std::sync::OnceLock<Instant>>,
+    /// The process's CPU time over the parties' run (not their set-up
+    /// and clean-up outside it).
+    cpu: Arc<std::sync::OnceLock<Value>>,
 }
 
 impl Shared {
@@ -136,6 +139,7 @@ async fn contended_as(
         held: Arc::new(AtomicBool::new(false)),
         secs,
         end: Arc::new(std::sync::OnceLock::new()),
+        cpu: Arc::new(std::sync::OnceLock::new()),
     };
     let (elapsed, connections) = match url.scheme() {
         "etcd" => (
@@ -155,6 +159,7 @@ async fn contended_as(
         "handoffs": got,
         "gap": crate::summary(&gaps),
         "requests_per_handoff": shared.requests.load(Ordering::Relaxed) as f64 / got.max(1) as f64,
+        "cpu_us_per_handoff": shared.cpu.get(),
         "handoffs_per_s": got as f64 / elapsed.as_secs_f64(),
     })))
 }
@@ -172,6 +177,7 @@ where
         .end
         .set(start + Duration::from_secs_f64(shared.secs))
         .map_err(|_| "a recipe run started twice")?;
+    let cpu = crate::process_cpu();
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..parties {
         tasks.spawn(party(i));
@@ -184,7 +190,13 @@ where
             tasks.abort_all();
         }
     }
-    first.map(|()| start.elapsed())
+    let elapsed = start.elapsed();
+    if let Some((now, then)) = crate::process_cpu().zip(cpu) {
+        let _ = shared
+            .cpu
+            .set(now.per_handoff_since(then, shared.handoffs.count()));
+    }
+    first.map(|()| elapsed)
 }
 
 async fn etcd(
