@@ -360,10 +360,12 @@ impl Api {
                 .pool_max_idle_per_host(idle)
                 .pool_idle_timeout(Duration::from_secs(20))
                 .tcp_nodelay(true);
-            if !config.tls {
+            if !config.tls && !tls_proxy_for_http() {
                 // Plain HTTP checks no certificate: the system's roots,
-                // parsed at each build (hundreds of PEM files, about 5 ms
-                // of CPU a client here), are not loaded at all.
+                // parsed at each build (hundreds of PEM files, about 4 ms
+                // of CPU a client here), are not loaded at all. A redirect
+                // to https:// then fails its handshake (`consuls://` is
+                // the URL for an agent over TLS).
                 b = b.tls_built_in_root_certs(false);
             } else if let Some(certs) = &roots {
                 // `ca=` is the trust: not added to the system's roots.
@@ -780,6 +782,19 @@ pub(crate) mod op {
         }
         .into()
     }
+}
+
+/// Whether the environment names a proxy for plain HTTP that is itself
+/// reached over TLS (`http_proxy` or `all_proxy`, either case, with
+/// `https://`: the variables reqwest reads for an `http://` URL). Such a
+/// proxy's certificate is checked against the system's roots, so a
+/// `consul://` client loads them after all.
+fn tls_proxy_for_http() -> bool {
+    ["http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"]
+        .iter()
+        .any(|v| {
+            std::env::var(v).is_ok_and(|p| p.trim().to_ascii_lowercase().starts_with("https://"))
+        })
 }
 
 #[cfg(test)]
