@@ -19,11 +19,9 @@ use quorumlock_core::ErrorKind;
 const NOT_A_CERTIFICATE: &str =
     "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n";
 
-/// Builds a backend that sends nothing at connect (`lazy=true`), to an
-/// address nobody answers on: only the client's own set-up can fail.
-async fn lazy(url: &str) -> quorumlock_core::Result<quorumlock_consul::ConsulBackend> {
-    quorumlock_consul::ConsulBackend::connect(url).await
-}
+/// A backend that sends nothing at connect (`lazy=true`), to an address
+/// nobody answers on: only the client's own set-up can fail.
+const LAZY: &str = "consul://127.0.0.1:1/plain-http?lazy=true";
 
 #[test]
 fn plain_http_reads_no_system_certificate() {
@@ -37,13 +35,13 @@ fn plain_http_reads_no_system_certificate() {
     std::env::set_var("SSL_CERT_DIR", dir.path().join("no-such-dir"));
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        lazy("consul://127.0.0.1:1/plain-http?lazy=true")
+        quorumlock_consul::ConsulBackend::connect(LAZY)
             .await
             .expect("consul:// builds its clients whatever the system's certificate store holds");
         // The store is read after all for an https:// proxy, and its
         // failure is the client's.
         std::env::set_var("http_proxy", "https://127.0.0.1:1");
-        let e = lazy("consul://127.0.0.1:1/plain-http?lazy=true")
+        let e = quorumlock_consul::ConsulBackend::connect(LAZY)
             .await
             .expect_err("with an https:// proxy the unparsable store is read");
         assert_eq!(e.kind(), ErrorKind::Internal, "{e:?}");
