@@ -8,7 +8,7 @@
 use quorumlock_core::backend::{holds, holds_linked, holds_together};
 use quorumlock_core::LockKind;
 
-use super::LIB;
+use super::{with_lib, LIB};
 use crate::layout::kind_code;
 
 /// Runs the script's `holds` on `live` (built from the kinds) and returns
@@ -139,7 +139,7 @@ fn entry_id(request: &[usize], i: usize) -> String {
 
 /// Where the script with `lib` and the shared rule disagree.
 fn disagreements(con: &mut redis::Connection, lib: &str) -> Vec<String> {
-    let script = redis::Script::new(&format!("{lib}\n{PROBE}"));
+    let script = redis::Script::new(&with_lib(lib, PROBE));
     let mut out = Vec::new();
     let plain = queues().into_iter().map(|q| {
         let request = (0..q.len()).collect::<Vec<_>>();
