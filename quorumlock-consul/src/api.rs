@@ -255,6 +255,8 @@ impl Api {
     /// caller built (its TLS settings and timeouts are its own). Loss
     /// detection and renewals skip the in-flight cap but share its
     /// connection pool (which opens a connection whenever none is idle).
+    /// Its redirect policy is its own: `redirect(Policy::none())` keeps
+    /// the ACL token to the agent's address, as [`Api::new`]'s clients do.
     pub fn with_http(config: &ConsulConfig, http: reqwest::Client) -> Result<Api> {
         Self::with_clients(config, http.clone(), http)
     }
@@ -359,13 +361,15 @@ impl Api {
                 .connect_timeout(Duration::from_secs(5))
                 .pool_max_idle_per_host(idle)
                 .pool_idle_timeout(Duration::from_secs(20))
-                .tcp_nodelay(true);
+                .tcp_nodelay(true)
+                // Every request carries the ACL token in `X-Consul-Token`,
+                // which reqwest keeps across a redirect to another host:
+                // a redirect is an error (`Api::send`), never followed.
+                .redirect(reqwest::redirect::Policy::none());
             if !config.tls && !tls_proxy_for_http() {
                 // Plain HTTP checks no certificate: the system's roots,
                 // parsed at each build (hundreds of PEM files, about 4 ms
-                // of CPU a client here), are not loaded at all. A redirect
-                // to https:// then fails its handshake (`consuls://` is
-                // the URL for an agent over TLS).
+                // of CPU a client here), are not loaded at all.
                 b = b.tls_built_in_root_certs(false);
             } else if let Some(certs) = &roots {
                 // `ca=` is the trust: not added to the system's roots.
@@ -420,7 +424,23 @@ impl Api {
             None
         };
         self.requests.fetch_add(1, Ordering::Relaxed);
-        r.send().await.map_err(ApiError::Transport)
+        let resp = r.send().await.map_err(ApiError::Transport)?;
+        if resp.status().is_redirection() {
+            let to = resp
+                .headers()
+                .get(reqwest::header::LOCATION)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("no location");
+            return Err(ApiError::Status {
+                code: resp.status().as_u16(),
+                body: format!(
+                    "a redirect to {to:.200}, not followed (a request carries the ACL token, \
+                     for the address in the URL only): give the address that serves \
+                     Consul's API, with consuls:// for HTTPS"
+                ),
+            });
+        }
+        Ok(resp)
     }
 
     async fn body(resp: reqwest::Response) -> ApiResult<(u16, String)> {

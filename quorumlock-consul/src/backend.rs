@@ -93,6 +93,10 @@ impl ConsulBackend {
     /// roots, client certificate, proxy and timeouts), talking to the
     /// agent of `config` (`host`, `port`, `tls`, `token`, `datacenter`;
     /// `ca_file` is not read). Checked as [`ConsulBackend::from_config`].
+    /// A redirect is followed or not by the client's own policy (a 3xx
+    /// that reaches the backend is an error): build it with
+    /// `redirect(reqwest::redirect::Policy::none())` to keep the ACL
+    /// token, sent in `X-Consul-Token`, to the agent's address.
     ///
     /// # Cancel Safety
     /// Only reads; safe to drop.

@@ -18,7 +18,9 @@ mod session;
 
 /// The `reqwest` crate [`ConsulBackend::from_client`] takes a client of:
 /// build it as `quorumlock_consul::reqwest::Client::builder()`, at the
-/// version this crate uses, with no dependency of your own.
+/// version this crate uses, with no dependency of your own, and with
+/// `.redirect(reqwest::redirect::Policy::none())`: the default follows a
+/// redirect to another host with the `X-Consul-Token` header.
 pub use reqwest;
 
 pub use backend::ConsulBackend;
