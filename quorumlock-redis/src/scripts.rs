@@ -310,10 +310,13 @@ fn script(body: &str) -> Script {
 /// callgrind).
 ///
 /// A definition is a top-level `local` line (`local function name` or
-/// `local name =`), the comment lines above it and every line up to the
-/// next one; it is used when its name appears as a word in the text kept.
-/// A word in a comment or a string keeps a definition it need not, never
-/// the other way round, so a name a script calls is always defined.
+/// `local name =`, one name), the comment lines above it and every line
+/// up to the next one; it is used when its name appears as a word in a
+/// line of the text kept that is not a comment line (`--`; the scripts
+/// have no long strings, `[[`, in which such a line would be text). A
+/// word in a string or after code on its line keeps a definition it need
+/// not, never the other way round, so a name a script calls is always
+/// defined.
 fn with_lib(lib: &str, body: &str) -> String {
     struct Definition<'a> {
         name: &'a str,
@@ -347,7 +350,8 @@ fn with_lib(lib: &str, body: &str) -> String {
     let mut used = vec![false; defs.len()];
     let mut pending = vec![body.to_owned()];
     while let Some(text) = pending.pop() {
-        for word in words(&text) {
+        let code = text.lines().filter(|l| !l.trim_start().starts_with("--"));
+        for word in code.flat_map(words) {
             for (i, def) in defs.iter().enumerate() {
                 if !used[i] && def.name == word {
                     used[i] = true;
@@ -875,10 +879,22 @@ mod tests {
         for name in ["P", "skey", "extend", "load", "waiting", "standing"] {
             assert!(!defined(&script).contains(&name), "{name} is carried");
         }
+        // A name in a comment line keeps nothing: `holds`' comment names
+        // `head`.
+        let script = with_lib(LIB, "return holds({}, 1)");
+        assert_eq!(defined(&script), ["after", "upgraded", "holds"]);
     }
 
     #[test]
     fn a_script_that_uses_everything_carries_the_whole_library() {
+        // One name per top-level `local`: `with_lib` reads the first.
+        for line in LIB.lines().filter(|l| l.starts_with("local ")) {
+            let declared = line.split(['=', '(']).next().unwrap();
+            assert!(
+                !declared.contains(','),
+                "two names in one definition: {line}"
+            );
+        }
         let names = defined(LIB);
         assert!(names.len() > 20, "{names:?}");
         let body = names.join("\n");
