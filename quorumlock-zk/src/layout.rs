@@ -125,25 +125,37 @@ pub(crate) fn links(sorted: &[String]) -> impl Fn(usize, usize) -> bool + Copy +
 /// text after the LAST marker (Curator's `fixForSorting`, which the
 /// read-write lock applies for both of its markers). `None` for other
 /// children (nested locks, a semaphore's `locks`/`leases`).
+///
+/// One pass from the end, which stops at the first marker met (a few
+/// bytes from the end in a contender's name), rather than a search for
+/// each marker over the whole name: a contender classifies every child
+/// at each read of its queue. No marker is a prefix of another, so at
+/// most one starts at a given byte.
 pub(crate) fn classify(child: &str) -> Option<(Role, &str)> {
-    let mut best: Option<(usize, Role)> = None;
-    for role in [Role::Mutex, Role::Read, Role::Write, Role::Latch] {
-        if let Some(i) = child.rfind(role.marker()) {
-            match best {
-                Some((j, _)) if j >= i => {}
-                _ => best = Some((i, role)),
-            }
-        }
-    }
-    best.map(|(i, role)| {
-        let head = &child[..i];
-        let role = match role {
-            Role::Read if head.ends_with(&format!("-{UPGRADE_TAG}")) => Role::Upgradeable,
-            Role::Write if upgraded_contender(child).is_some() => Role::Upgrade,
-            r => r,
-        };
-        (role, &child[i + role.marker().len()..])
-    })
+    const ROLES: [Role; 4] = [Role::Mutex, Role::Read, Role::Write, Role::Latch];
+    let bytes = child.as_bytes();
+    let (i, role) = (0..bytes.len()).rev().find_map(|i| {
+        let rest = &bytes[i..];
+        ROLES
+            .into_iter()
+            .find(|r| rest.starts_with(r.marker().as_bytes()))
+            .map(|r| (i, r))
+    })?;
+    // A marker is ASCII, so `i` is a character boundary.
+    let head = &child[..i];
+    let role = match role {
+        Role::Read if tagged_upgradeable(head) => Role::Upgradeable,
+        Role::Write if upgraded_contender(child).is_some() => Role::Upgrade,
+        r => r,
+    };
+    Some((role, &child[i + role.marker().len()..]))
+}
+
+/// Whether the text before a read marker ends with `-up-`: an upgradeable
+/// reader's.
+fn tagged_upgradeable(head: &str) -> bool {
+    head.strip_suffix(UPGRADE_TAG)
+        .is_some_and(|h| h.ends_with('-'))
 }
 
 /// Contender children (mutex, read and write entries: one queue) sorted by
@@ -412,6 +424,72 @@ mod tests {
             classify("_c_x-up-nothex-__WRIT__0000000001"),
             Some((Role::Write, "0000000001"))
         );
+    }
+
+    /// `classify` as it was (a search for each marker, the last wins, the
+    /// first role of the list on a tie), the reference of the one-pass
+    /// version.
+    fn classify_by_search(child: &str) -> Option<(Role, &str)> {
+        let mut best: Option<(usize, Role)> = None;
+        for role in [Role::Mutex, Role::Read, Role::Write, Role::Latch] {
+            if let Some(i) = child.rfind(role.marker()) {
+                match best {
+                    Some((j, _)) if j >= i => {}
+                    _ => best = Some((i, role)),
+                }
+            }
+        }
+        best.map(|(i, role)| {
+            let head = &child[..i];
+            let role = match role {
+                Role::Read if head.ends_with(&format!("-{UPGRADE_TAG}")) => Role::Upgradeable,
+                Role::Write if upgraded_contender(child).is_some() => Role::Upgrade,
+                r => r,
+            };
+            (role, &child[i + role.marker().len()..])
+        })
+    }
+
+    /// Every name built from pieces that are markers, parts of markers,
+    /// upgrade tags, a contender id, non-ASCII text and sequence numbers,
+    /// up to four pieces: the one-pass `classify` answers as the search did.
+    #[test]
+    fn classify_in_one_pass_answers_as_the_search_did() {
+        let pieces = [
+            "_c_0b6a8b5e-1111-4222-8333-944455566677-",
+            LOCK_MARKER,
+            READ_MARKER,
+            WRITE_MARKER,
+            LATCH_MARKER,
+            "up-",
+            "-up-",
+            "0b6a8b5e111142228333944455566677-",
+            "__",
+            "lo",
+            "ck-",
+            "__RE",
+            "AD__",
+            "é",
+            "0000000007",
+            "",
+        ];
+        let mut names = vec![String::new()];
+        for _ in 0..4 {
+            let longer: Vec<String> = names
+                .iter()
+                .flat_map(|n| pieces.iter().map(move |p| format!("{n}{p}")))
+                .collect();
+            names.extend(longer);
+            names.sort();
+            names.dedup();
+        }
+        assert!(names.len() > 10_000, "{}", names.len());
+        let mut classified = 0;
+        for name in &names {
+            assert_eq!(classify(name), classify_by_search(name), "{name:?}");
+            classified += usize::from(classify(name).is_some());
+        }
+        assert!(classified > names.len() / 2, "{classified}");
     }
 
     #[test]
