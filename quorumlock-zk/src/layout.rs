@@ -166,8 +166,8 @@ pub(crate) fn sort_contenders(children: Vec<String>) -> Vec<String> {
 
 /// The children for which `tail_at` finds where their sort key starts,
 /// in the (stable) order of those keys. `tail_at` runs once per child,
-/// not at each of the sort's comparisons: with `classify` (four marker
-/// searches) at every comparison, the searches were a fifth of the
+/// not at each of the sort's comparisons: with `classify` (then four
+/// marker searches) at every comparison, the searches were a fifth of the
 /// client process's CPU samples with 32 clients contending.
 fn sort_by_tail(children: Vec<String>, tail_at: impl Fn(&str) -> Option<usize>) -> Vec<String> {
     let mut keyed: Vec<(usize, String)> = children
