@@ -16,10 +16,29 @@ use tokio::net::TcpListener;
 const TOKEN: &str = "a-token-for-the-agent-only";
 
 type Answer = Arc<dyn Fn(&str) -> String + Send + Sync>;
+type Heads = Arc<Mutex<Vec<String>>>;
+
+/// An address on loopback that answers each request with `answer(head)`,
+/// and the request heads it has read.
+async fn listen(answer: impl Fn(&str) -> String + Send + Sync + 'static) -> (u16, Heads) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let heads = Heads::default();
+    tokio::spawn(serve(listener, heads.clone(), Arc::new(answer)));
+    (port, heads)
+}
+
+/// An HTTP/1.1 answer with `status`, the `headers` lines and `body`.
+fn response(status: &str, headers: &str, body: &str) -> String {
+    format!(
+        "HTTP/1.1 {status}\r\n{headers}Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
 
 /// Answers each connection's requests with `answer(head)` until it
 /// closes, and keeps every request head it read.
-async fn serve(listener: TcpListener, heads: Arc<Mutex<Vec<String>>>, answer: Answer) {
+async fn serve(listener: TcpListener, heads: Heads, answer: Answer) {
     loop {
         let Ok((mut conn, _)) = listener.accept().await else {
             return;
@@ -65,34 +84,21 @@ async fn serve(listener: TcpListener, heads: Arc<Mutex<Vec<String>>>, answer: An
 
 #[tokio::test]
 async fn a_redirect_is_not_followed_and_the_token_stays_with_the_address_given() {
-    let elsewhere = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let elsewhere_port = elsewhere.local_addr().unwrap().port();
-    let reached = Arc::new(Mutex::new(Vec::new()));
-    tokio::spawn(serve(
-        elsewhere,
-        reached.clone(),
-        Arc::new(|_| {
-            // A leader, so that a client that got here would go on.
-            let body = "\"127.0.0.1:8300\"";
-            format!(
-            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Consul-Index: 1\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
+    // A leader, so that a client that got here would go on.
+    let (elsewhere_port, reached) = listen(|_| {
+        response(
+            "200 OK",
+            "Content-Type: application/json\r\nX-Consul-Index: 1\r\n",
+            "\"127.0.0.1:8300\"",
         )
-        }),
-    ));
-    let redirecting = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = redirecting.local_addr().unwrap().port();
-    let asked = Arc::new(Mutex::new(Vec::new()));
-    tokio::spawn(serve(
-        redirecting,
-        asked.clone(),
-        Arc::new(move |head| {
-            let path = head.split(' ').nth(1).unwrap_or("/");
-            format!(
-            "HTTP/1.1 307 Temporary Redirect\r\nLocation: http://127.0.0.1:{elsewhere_port}{path}\r\nContent-Length: 0\r\n\r\n"
-        )
-        }),
-    ));
+    })
+    .await;
+    let (port, asked) = listen(move |head| {
+        let path = head.split(' ').nth(1).unwrap_or("/");
+        let to = format!("Location: http://127.0.0.1:{elsewhere_port}{path}\r\n");
+        response("307 Temporary Redirect", &to, "")
+    })
+    .await;
 
     let url = format!("consul://127.0.0.1:{port}/redirect?token={TOKEN}&connect_timeout=3s");
     let connected = quorumlock_consul::ConsulBackend::connect(&url).await;

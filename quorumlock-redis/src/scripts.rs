@@ -325,11 +325,7 @@ fn with_lib(lib: &str, body: &str) -> String {
     let mut defs: Vec<Definition<'_>> = Vec::new();
     let mut comments = String::new();
     for line in lib.lines() {
-        let name = line
-            .strip_prefix("local function ")
-            .or_else(|| line.strip_prefix("local "))
-            .and_then(|rest| words(rest).next());
-        match (name, defs.last_mut()) {
+        match (defined_name(line), defs.last_mut()) {
             (Some(name), _) => defs.push(Definition {
                 name,
                 text: std::mem::take(&mut comments) + line + "\n",
@@ -368,6 +364,14 @@ fn with_lib(lib: &str, body: &str) -> String {
         .collect();
     out.push_str(body);
     out
+}
+
+/// The name a top-level `local` line defines (`local function name`,
+/// `local name =`).
+fn defined_name(line: &str) -> Option<&str> {
+    line.strip_prefix("local function ")
+        .or_else(|| line.strip_prefix("local "))
+        .and_then(|rest| words(rest).next())
 }
 
 /// The Lua names in `text` (and its other words).
@@ -843,17 +847,11 @@ return 1
 mod queue_rule_tests;
 #[cfg(test)]
 mod tests {
-    use super::{with_lib, words, LIB};
+    use super::{defined_name, with_lib, LIB};
 
     /// The names `text` defines at its top level, in order.
     fn defined(text: &str) -> Vec<&str> {
-        text.lines()
-            .filter_map(|l| {
-                l.strip_prefix("local function ")
-                    .or_else(|| l.strip_prefix("local "))
-            })
-            .filter_map(|rest| words(rest).next())
-            .collect()
+        text.lines().filter_map(defined_name).collect()
     }
 
     #[test]
